@@ -1,0 +1,26 @@
+# Quick start: `make demo` (a full migration on the embedded database) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat setup.py | cksum | cut -d' ' -f1)
+
+.PHONY: test test-engine demo ui clean-db
+
+$(STAMP): setup.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip >/dev/null
+	$(PY) -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*; touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+# The engine's tests only (used by CI against a second PostgreSQL server).
+test-engine: $(STAMP)
+	$(PY) -m pytest -q tests/engine
+
+demo: $(STAMP)
+	$(VENV)/bin/migrate demo
+
+clean-db:
+	$(VENV)/bin/migrate db stop || true
+	rm -rf .migrate

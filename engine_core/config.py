@@ -1,0 +1,71 @@
+"""Engine settings from the environment, validated at start-up with the variable's name in the error."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine_core.errors import ConfigError
+
+WINDOW = 25  # rows per transaction: 2 savepoints per row under Postgres's 64 cached subxids
+PAGE_SIZE = 500  # the source's maximum listing page
+STRIPES = 4
+
+
+def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def _float(env: dict[str, str], name: str, default: float, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    lane_width: int = 4
+    stale_lock_seconds: float = 30 * 60
+    heartbeat_seconds: float = 5.0
+    pressure_threshold: int = 0  # active queries above which workers defer; 0 = off
+    max_attempts: int = 8
+    retry_backoff_seconds: float = 2.0
+    log_cap: int = 200
+
+    @property
+    def max_inflight(self) -> int:
+        # 2x the lane width: the per-run fairness bound
+        return 2 * self.lane_width
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        return cls(
+            lane_width=_int(env, "MIGRATE_LANE_WIDTH", 4, minimum=1),
+            stale_lock_seconds=_float(env, "MIGRATE_STALE_LOCK_SECONDS", 30 * 60, minimum=0.0),
+            heartbeat_seconds=_float(env, "MIGRATE_HEARTBEAT_SECONDS", 5.0, minimum=0.0),
+            pressure_threshold=_int(env, "MIGRATE_PRESSURE_THRESHOLD", 0, minimum=0),
+            max_attempts=_int(env, "MIGRATE_MAX_ATTEMPTS", 8, minimum=1),
+            retry_backoff_seconds=_float(env, "MIGRATE_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0),
+        )
+
+
+def migrate_home(env: dict[str, str] | None = None) -> Path:
+    env = dict(os.environ if env is None else env)
+    return Path(env.get("MIGRATE_HOME") or "./.migrate").expanduser().resolve()

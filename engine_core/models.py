@@ -1,0 +1,115 @@
+"""Values the engine passes around: runs, tasks, outcomes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+TERMINAL = ("stopped", "succeeded", "failed")
+LIVE = ("running", "stopping")
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    tenant_id: str
+    source: str
+    source_account: str
+    status: str
+    current_phase: int
+    plan: tuple[tuple[str, ...], ...]
+    options: dict[str, Any]
+    dry_run: bool
+    cancel_requested: bool
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        return f"run #{self.id} ({self.source} for tenant {self.tenant_id!r})"
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(k for group in self.plan for k in group)
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Run:
+        return cls(
+            id=row["id"],
+            tenant_id=row["tenant_id"],
+            source=row["source"],
+            source_account=row["source_account"],
+            status=row["status"],
+            current_phase=row["current_phase"],
+            plan=tuple(tuple(g) for g in row["plan"]),
+            options=dict(row.get("options") or {}),
+            dry_run=row["dry_run"],
+            cancel_requested=row["cancel_requested"],
+            started_at=row.get("started_at"),
+            finished_at=row.get("finished_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    migration_id: int
+    phase: int
+    kind: str
+    cursor_key: str
+    cursor: dict[str, Any]
+    processed_offset: int
+    status: str
+    attempts: int
+    stats: dict[str, Any]
+    locked_by: str | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Task:
+        return cls(
+            id=row["id"],
+            migration_id=row["migration_id"],
+            phase=row["phase"],
+            kind=row["kind"],
+            cursor_key=row["cursor_key"],
+            cursor=dict(row.get("cursor") or {}),
+            processed_offset=row["processed_offset"],
+            status=row["status"],
+            attempts=row["attempts"],
+            stats=dict(row.get("stats") or {}),
+            locked_by=row.get("locked_by"),
+        )
+
+
+@dataclass(frozen=True)
+class Successor:
+    """A task a finishing task creates: the next page of its stripe, or work found by discovery."""
+
+    cursor_key: str
+    cursor: dict[str, Any]
+    kind: str | None = None  # defaults to the finishing task's kind
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    successors: tuple[Successor, ...] = ()
+
+
+@dataclass
+class Stats:
+    """A task's counters; `imported` created rows, `matched` linked existing ones."""
+
+    values: dict[str, int] = field(default_factory=dict)
+
+    def bump(self, key: str, n: int = 1) -> None:
+        self.values[key] = int(self.values.get(key, 0)) + n
+
+    def get(self, key: str) -> int:
+        return int(self.values.get(key, 0))
+
+    def copy(self) -> Stats:
+        return Stats(dict(self.values))

@@ -1,0 +1,56 @@
+"""What a source provider gives the engine: its phases, its seed cursors, and a task runner."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from engine_core.errors import ConfigError
+from engine_core.models import Run, Successor, TaskOutcome
+
+if TYPE_CHECKING:
+    from engine_core.context import TaskContext
+
+
+class Provider(Protocol):
+    source: str
+
+    def phases(self) -> list[list[str]]:
+        """Ordered kind groups; a phase starts only when the one before it has closed."""
+
+    def account(self) -> str:
+        """The source account key the budget is shared on (never a secret)."""
+
+    def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
+        """The first tasks of a kind when its phase opens. No I/O: discovery is a task of its own."""
+
+    def run_task(self, ctx: TaskContext) -> TaskOutcome:
+        """Do one task's work through ctx (windows, checkpoints); return its successors."""
+
+
+ProviderFactory = Callable[[Run | None], Provider]
+_REGISTRY: dict[str, ProviderFactory] = {}
+
+
+def register(source: str, factory: ProviderFactory) -> None:
+    _REGISTRY[source] = factory
+
+
+def provider_for(source: str, run: Run | None = None) -> Provider:
+    if source not in _REGISTRY:
+        _load_builtin(source)
+    try:
+        factory = _REGISTRY[source]
+    except KeyError:
+        raise ConfigError(f"unknown source {source!r}; known: {sorted(_REGISTRY)}") from None
+    return factory(run)
+
+
+def _load_builtin(source: str) -> None:
+    # Built-in providers register themselves on import.
+    if source == "example":
+        import engine_core.providers.example  # noqa: F401
+    elif source == "pipedrive":
+        try:
+            import engine_core.providers.pipedrive.provider  # noqa: F401
+        except ImportError:
+            pass

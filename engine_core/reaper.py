@@ -1,0 +1,84 @@
+"""The reaper's four sweeps, as plain functions over the database.
+
+None of them decides anything the tasks do not already say: each repeats what a finishing task
+would have done had its worker lived.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine_core.config import Settings
+from engine_core.db import Database
+from engine_core.models import Run
+from engine_core.planner import advance_phase, top_up
+from engine_core.providers.base import Provider, provider_for
+
+ProviderResolver = Callable[[Run], Provider]
+
+
+def release_stale(db: Database, threshold_seconds: float) -> list[int]:
+    """Sweep 1: running tasks whose lock is older than the threshold go back to pending, cursor intact."""
+    return [r["id"] for r in db.fetch_all("stale_running_tasks", {"threshold": float(threshold_seconds)})]
+
+
+def refill(db: Database, settings: Settings) -> dict[int, int]:
+    """Sweep 2: top every live run up to its in-flight limit; returns {run_id: claimable-now count}."""
+    below: dict[int, int] = {}
+    for row in db.fetch_all("live_runs"):
+        if row["status"] != "running" or row["cancel_requested"]:
+            continue
+        top_up(db, row["id"], settings)
+        counts = db.fetch_one("inflight_count", {"run_id": row["id"]}) or {}
+        if counts.get("running", 0) < settings.lane_width and counts.get("enqueued", 0) > 0:
+            below[row["id"]] = counts.get("enqueued", 0)
+    return below
+
+
+def advance(db: Database, settings: Settings, providers: ProviderResolver) -> list[int]:
+    """Sweep 3: phases that closed without a winner (its worker died between finish and advance)."""
+    advanced = []
+    for row in db.fetch_all("live_runs"):
+        run = Run.from_row(row)
+        if run.status != "running" or run.cancel_requested:
+            continue
+        if advance_phase(db, run.id, run.current_phase, providers(run), settings):
+            advanced.append(run.id)
+    return advanced
+
+
+def finalize(db: Database, threshold_seconds: float) -> list[int]:
+    """Sweep 4: runs whose heartbeat stopped with nothing left to do get their terminal status."""
+    done = []
+    for row in db.fetch_all("runs_needing_finalize", {"threshold": float(threshold_seconds)}):
+        if row["status"] == "stopping":
+            settled = db.fetch_one("settle_stop", {"run_id": row["id"]})
+        else:
+            settled = db.fetch_one("finalize_run", {"run_id": row["id"]})
+        if settled:
+            done.append(row["id"])
+    return done
+
+
+@dataclass
+class SweepReport:
+    released: list[int] = field(default_factory=list)
+    advanced: list[int] = field(default_factory=list)
+    finalized: list[int] = field(default_factory=list)
+    below_width: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def quiet(self) -> bool:
+        return not (self.released or self.advanced or self.finalized)
+
+
+def sweep(db: Database, settings: Settings | None = None, providers: ProviderResolver | None = None) -> SweepReport:
+    """All four, in the order that lets one tick repair a dead worker end to end."""
+    settings = settings or Settings.from_env()
+    providers = providers or (lambda run: provider_for(run.source, run))
+    report = SweepReport()
+    report.released = release_stale(db, settings.stale_lock_seconds)
+    report.advanced = advance(db, settings, providers)
+    report.below_width = refill(db, settings)
+    report.finalized = finalize(db, settings.stale_lock_seconds)
+    return report

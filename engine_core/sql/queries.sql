@@ -1,0 +1,307 @@
+-- Named statements of the engine. Code refers to them by name; parameters are %(named)s.
+
+-- name: live_run_for_tenant --
+SELECT * FROM migrations
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND status IN ('running', 'stopping')
+ ORDER BY id DESC LIMIT 1;
+
+-- name: latest_run_for_tenant --
+SELECT * FROM migrations
+ WHERE tenant_id = %(tenant_id)s AND (%(source)s::text IS NULL OR source = %(source)s)
+ ORDER BY id DESC LIMIT 1;
+
+-- name: get_run --
+SELECT * FROM migrations WHERE id = %(run_id)s;
+
+-- name: insert_run --
+-- Fenced by the partial unique index migrations_one_live_run: a second live run fails to insert.
+INSERT INTO migrations (tenant_id, source, source_account, plan, options, dry_run)
+VALUES (%(tenant_id)s, %(source)s, %(source_account)s, %(plan)s, %(options)s, %(dry_run)s)
+RETURNING *;
+
+-- name: insert_task --
+-- Find-or-create on (run, kind, cursor_key): seeding or a successor twice creates one task.
+INSERT INTO migration_tasks (migration_id, phase, kind, cursor_key, cursor)
+VALUES (%(run_id)s, %(phase)s, %(kind)s, %(cursor_key)s, %(cursor)s)
+ON CONFLICT ON CONSTRAINT migration_tasks_cursor DO NOTHING
+RETURNING id;
+
+-- name: get_task --
+SELECT * FROM migration_tasks WHERE id = %(task_id)s;
+
+-- name: lock_run_lane --
+-- Serialises top-ups of one run so the in-flight bound is exact (transaction-scoped).
+SELECT pg_advisory_xact_lock(7741, %(run_id)s::int);
+
+-- name: enqueue_pending --
+-- Refill to the deficit: only tasks not yet enqueued are new work. Re-enqueueing a task that is
+-- already enqueued (the seed's one-successor bug) adds nothing and lets the pool decay to one.
+WITH inflight AS (
+    SELECT count(*) AS n FROM migration_tasks
+     WHERE migration_id = %(run_id)s
+       AND (status = 'running' OR (status = 'pending' AND enqueued_at IS NOT NULL))
+)
+UPDATE migration_tasks SET enqueued_at = now(), updated_at = now()
+ WHERE id IN (
+    SELECT t.id FROM migration_tasks t JOIN migrations m ON m.id = t.migration_id
+     WHERE t.migration_id = %(run_id)s AND t.status = 'pending' AND t.enqueued_at IS NULL
+       AND t.phase = m.current_phase AND m.status = 'running'
+     ORDER BY t.id
+     LIMIT GREATEST(0, %(max_inflight)s - (SELECT n FROM inflight))
+ )
+RETURNING id;
+
+-- name: inflight_count --
+SELECT count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'pending' AND enqueued_at IS NOT NULL) AS enqueued,
+       count(*) FILTER (WHERE status = 'pending') AS pending
+  FROM migration_tasks WHERE migration_id = %(run_id)s;
+
+-- name: claim_task --
+-- The claim fence: of workers racing for one task, only the one that sees it pending proceeds.
+UPDATE migration_tasks
+   SET status = 'running', attempts = attempts + 1, locked_at = now(), locked_by = %(worker)s,
+       started_at = COALESCE(started_at, now()), updated_at = now()
+ WHERE id = %(task_id)s AND status = 'pending'
+RETURNING *;
+
+-- name: claim_next --
+-- Oldest enqueued task of the run's current phase; `status = 'pending'` is the fence, SKIP LOCKED
+-- only spares racing workers a wait. Gated on the barrier and the stop flag.
+UPDATE migration_tasks t
+   SET status = 'running', attempts = t.attempts + 1, locked_at = now(), locked_by = %(worker)s,
+       started_at = COALESCE(t.started_at, now()), updated_at = now()
+ WHERE t.id = (
+        SELECT c.id FROM migration_tasks c JOIN migrations m ON m.id = c.migration_id
+         WHERE (%(run_id)s::bigint IS NULL OR c.migration_id = %(run_id)s)
+           AND c.status = 'pending' AND c.enqueued_at IS NOT NULL
+           AND c.phase = m.current_phase
+           AND m.status = 'running' AND NOT m.cancel_requested
+           AND (c.not_before IS NULL OR c.not_before <= now())
+         ORDER BY c.enqueued_at, c.id
+         LIMIT 1
+           FOR UPDATE OF c SKIP LOCKED)
+   AND t.status = 'pending'
+RETURNING t.*;
+
+-- name: checkpoint_task --
+-- Written inside the window's transaction; fenced on our lock so a worker whose task was
+-- released as stale cannot commit rows for it.
+UPDATE migration_tasks
+   SET processed_offset = %(offset)s, stats = %(stats)s, locked_at = now(), updated_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s;
+
+-- name: touch_task --
+UPDATE migration_tasks SET locked_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s;
+
+-- name: update_task_cursor --
+-- A task that moves its own cursor (e.g. next page of a deal's mail) restarts its offset with it.
+UPDATE migration_tasks
+   SET cursor = %(cursor)s, processed_offset = %(offset)s, stats = %(stats)s, locked_at = now(), updated_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s;
+
+-- name: finish_task --
+-- Only the worker holding the lock can finish the task.
+UPDATE migration_tasks
+   SET status = %(status)s, stats = %(stats)s, error = %(error)s, finished_at = now(),
+       locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s
+RETURNING id;
+
+-- name: release_task --
+-- Back to pending with the cursor and offset intact; `refund` gives back the attempt for waits
+-- that are not failures (a spent daily budget).
+UPDATE migration_tasks
+   SET status = 'pending', locked_at = NULL, locked_by = NULL, error = %(error)s,
+       not_before = %(not_before)s, attempts = GREATEST(0, attempts - %(refund)s), updated_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s
+RETURNING id;
+
+-- name: cancel_running_task --
+UPDATE migration_tasks
+   SET status = 'cancelled', stats = %(stats)s, locked_at = NULL, locked_by = NULL, updated_at = now()
+ WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s
+RETURNING id;
+
+-- name: heartbeat_run --
+-- Throttled: the run row is hot, so it is rewritten at most once per interval.
+UPDATE migrations SET heartbeat_at = now()
+ WHERE id = %(run_id)s AND heartbeat_at < now() - make_interval(secs => %(interval)s);
+
+-- name: advance_phase --
+-- The barrier. Two fences: `current_phase = phase` (a late task of an earlier phase advances
+-- nothing) and NOT EXISTS pending/running (only the last finisher of the phase wins).
+UPDATE migrations
+   SET current_phase = %(phase)s + 1, updated_at = now()
+ WHERE id = %(run_id)s AND current_phase = %(phase)s AND status = 'running'
+   AND NOT cancel_requested
+   AND NOT EXISTS (SELECT 1 FROM migration_tasks
+                    WHERE migration_id = %(run_id)s AND phase = %(phase)s
+                      AND status IN ('pending', 'running'))
+RETURNING *;
+
+-- name: finalize_run --
+-- Terminal once; the status says whether any task failed.
+UPDATE migrations
+   SET status = CASE WHEN EXISTS (SELECT 1 FROM migration_tasks
+                                   WHERE migration_id = %(run_id)s AND status = 'failed')
+                     THEN 'failed' ELSE 'succeeded' END,
+       finished_at = now(), updated_at = now()
+ WHERE id = %(run_id)s AND status = 'running' AND current_phase >= jsonb_array_length(plan)
+RETURNING *;
+
+-- name: request_stop --
+UPDATE migrations SET cancel_requested = true, status = 'stopping', updated_at = now()
+ WHERE id = %(run_id)s AND status = 'running'
+RETURNING *;
+
+-- name: cancel_pending_tasks --
+UPDATE migration_tasks SET status = 'cancelled', enqueued_at = NULL, updated_at = now()
+ WHERE migration_id = %(run_id)s AND status = 'pending';
+
+-- name: settle_stop --
+-- A stopping run becomes stopped once nothing of it runs.
+UPDATE migrations SET status = 'stopped', finished_at = now(), updated_at = now()
+ WHERE id = %(run_id)s AND status = 'stopping'
+   AND NOT EXISTS (SELECT 1 FROM migration_tasks WHERE migration_id = %(run_id)s AND status = 'running')
+RETURNING *;
+
+-- name: reopen_run --
+-- Retry/resume: back to live; the partial unique index re-checks admission.
+UPDATE migrations
+   SET status = 'running', cancel_requested = false, finished_at = NULL,
+       heartbeat_at = now(), updated_at = now()
+ WHERE id = %(run_id)s AND status IN ('stopped', 'failed', 'succeeded')
+RETURNING *;
+
+-- name: rearm_tasks --
+UPDATE migration_tasks
+   SET status = 'pending', attempts = 0, enqueued_at = NULL, not_before = NULL,
+       locked_at = NULL, locked_by = NULL, finished_at = NULL, updated_at = now()
+ WHERE migration_id = %(run_id)s AND status = ANY(%(statuses)s::text[])
+RETURNING phase;
+
+-- name: rewind_barrier --
+-- Retry's fix for work stranded behind the barrier: go back to the earliest re-armed phase.
+UPDATE migrations SET current_phase = LEAST(current_phase, %(phase)s), updated_at = now()
+ WHERE id = %(run_id)s
+RETURNING *;
+
+-- name: log_append --
+-- One statement per task: append the task's grouped entries and keep the newest `cap`.
+UPDATE migrations
+   SET log = (SELECT COALESCE(jsonb_agg(e ORDER BY ord), '[]'::jsonb)
+                FROM (SELECT e, ord
+                        FROM jsonb_array_elements(log || %(entries)s::jsonb) WITH ORDINALITY AS x(e, ord)
+                       ORDER BY ord DESC LIMIT %(cap)s) newest)
+ WHERE id = %(run_id)s;
+
+-- name: claim_record --
+-- The ledger's contract: created/matched rows are exclusive (no row returned: roll back the
+-- write, it is already here); skipped/failed rows are placeholders a real write takes over.
+INSERT INTO migration_records
+       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason)
+VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(record_type)s,
+        %(record_id)s, %(action)s, %(reason)s)
+ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
+   SET migration_id = EXCLUDED.migration_id, record_type = EXCLUDED.record_type,
+       record_id = EXCLUDED.record_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
+       created_at = now()
+ WHERE migration_records.action IN ('skipped', 'failed')
+RETURNING id;
+
+-- name: note_placeholder --
+-- A skip or a failure claims nothing: it only fills an empty slot or refreshes another placeholder.
+INSERT INTO migration_records
+       (migration_id, tenant_id, source, kind, source_id, action, reason)
+VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s)
+ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
+   SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
+       created_at = now()
+ WHERE migration_records.action IN ('skipped', 'failed')
+RETURNING id;
+
+-- name: resolve_references --
+-- One query per page: source ids -> local ids, only through rows actually written.
+SELECT r.kind, r.source_id, r.record_id
+  FROM migration_records r
+  JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
+    ON r.kind = want.kind AND r.source_id = want.source_id
+ WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s AND r.action IN ('created', 'matched');
+
+-- name: claimed_source_ids --
+SELECT source_id FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');
+
+-- name: explain_record --
+SELECT r.*, m.status AS run_status
+  FROM migration_records r JOIN migrations m ON m.id = r.migration_id
+ WHERE r.tenant_id = %(tenant_id)s AND r.kind = %(kind)s AND r.source_id = %(source_id)s
+   AND (%(source)s::text IS NULL OR r.source = %(source)s);
+
+-- name: active_queries --
+SELECT count(*) AS n FROM pg_stat_activity
+ WHERE state = 'active' AND backend_type = 'client backend' AND pid <> pg_backend_pid();
+
+-- name: rollup_tasks --
+SELECT phase, kind, status, count(*) AS n,
+       COALESCE(sum((stats->>'imported')::bigint), 0) AS imported,
+       COALESCE(sum((stats->>'matched')::bigint), 0) AS matched,
+       COALESCE(sum((stats->>'already_here')::bigint), 0) AS already_here,
+       COALESCE(sum((stats->>'skipped')::bigint), 0) AS skipped,
+       COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
+       COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
+       min(started_at) AS first_started, max(finished_at) AS last_finished
+  FROM migration_tasks WHERE migration_id = %(run_id)s
+ GROUP BY phase, kind, status ORDER BY phase, kind, status;
+
+-- name: failed_task_reasons --
+SELECT kind, COALESCE(error, 'unknown') AS reason, count(*) AS n
+  FROM migration_tasks WHERE migration_id = %(run_id)s AND status = 'failed'
+ GROUP BY kind, error ORDER BY n DESC;
+
+-- name: duration_by_payload --
+-- The seed's first question: does task time move with the task's own payload?
+SELECT CASE WHEN COALESCE((stats->>%(stat)s)::int, 0) >= %(top)s THEN %(top)s::text || '+'
+            ELSE COALESCE(stats->>%(stat)s, '0') END                          AS payload,
+       count(*)                                                              AS tasks,
+       round(avg(extract(epoch FROM finished_at - started_at))::numeric, 2)  AS avg_seconds,
+       round(max(extract(epoch FROM finished_at - started_at))::numeric, 2)  AS max_seconds
+  FROM migration_tasks
+ WHERE migration_id = %(run_id)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+   AND status = 'succeeded'
+ GROUP BY 1 ORDER BY min(COALESCE((stats->>%(stat)s)::int, 0));
+
+-- name: stale_running_tasks --
+-- Reaper sweep 1: a running task whose lock is older than the threshold lost its worker.
+UPDATE migration_tasks
+   SET status = 'pending', locked_at = NULL, locked_by = NULL,
+       error = 'released: worker lock older than ' || %(threshold)s::text || 's', updated_at = now()
+ WHERE status = 'running' AND locked_at < now() - make_interval(secs => %(threshold)s)
+RETURNING id, migration_id;
+
+-- name: live_runs --
+SELECT * FROM migrations WHERE status IN ('running', 'stopping') ORDER BY id;
+
+-- name: runs_needing_finalize --
+-- Reaper sweep 4: heartbeat stopped, nothing left running, no terminal status.
+SELECT m.* FROM migrations m
+ WHERE m.status IN ('running', 'stopping')
+   AND m.heartbeat_at < now() - make_interval(secs => %(threshold)s)
+   AND NOT EXISTS (SELECT 1 FROM migration_tasks t WHERE t.migration_id = m.id
+                    AND t.status IN ('pending', 'running'))
+ ORDER BY m.id;
+
+-- name: runs_for_tenant --
+SELECT * FROM migrations WHERE tenant_id = %(tenant_id)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: unqueue_later_phases --
+-- After a rewind, tasks of later phases leave the lane until the barrier reaches them again.
+UPDATE migration_tasks SET enqueued_at = NULL
+ WHERE migration_id = %(run_id)s AND status = 'pending' AND phase > %(phase)s AND enqueued_at IS NOT NULL;
+
+-- name: phase_open_tasks --
+SELECT count(*) AS n FROM migration_tasks
+ WHERE migration_id = %(run_id)s AND phase = %(phase)s AND status IN ('pending', 'running');

