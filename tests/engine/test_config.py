@@ -1,0 +1,25 @@
+"""Bad configuration fails at start-up with the variable's name."""
+from __future__ import annotations
+
+import pytest
+
+from engine_core.config import Settings
+from engine_core.db import database_url
+from engine_core.errors import ConfigError
+
+
+@pytest.mark.parametrize("name,value", [("MIGRATE_LANE_WIDTH", "four"), ("MIGRATE_LANE_WIDTH", "0"),
+                                        ("MIGRATE_STALE_LOCK_SECONDS", "soon"), ("MIGRATE_MAX_ATTEMPTS", "-1")])
+def test_bad_settings_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
+
+
+def test_bad_database_url_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="DATABASE_URL"):
+        database_url({"DATABASE_URL": "mysql://nope"})
+
+
+def test_defaults() -> None:
+    s = Settings.from_env({})
+    assert (s.lane_width, s.max_inflight, s.stale_lock_seconds) == (4, 8, 1800)

@@ -1,0 +1,55 @@
+"""Behaviour 13: the run log keeps grouped reasons capped at 200 entries, buffered per task and
+appended once per task - a task with 1,000 failed rows appends once, not 1,000 times."""
+from __future__ import annotations
+
+from engine_core import runs
+from engine_core.providers.base import provider_for
+from engine_core.runlog import RunLog
+from engine_core.worker import Worker
+from tests.engine.support import FAST, task_rows
+
+
+def _count_log_writes(db) -> None:
+    db.sql("CREATE TABLE log_writes (n int)")
+    db.sql("""CREATE FUNCTION note_log_write() RETURNS trigger AS $$ BEGIN
+              IF NEW.log IS DISTINCT FROM OLD.log THEN INSERT INTO log_writes VALUES (1); END IF;
+              RETURN NEW; END $$ LANGUAGE plpgsql""")
+    db.sql("CREATE TRIGGER t BEFORE UPDATE ON migrations FOR EACH ROW EXECUTE FUNCTION note_log_write()")
+
+
+def test_a_task_with_1000_failed_rows_appends_to_the_log_once(db) -> None:
+    _count_log_writes(db)
+    bad = list(range(1, 1001))
+    run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"],
+                         options={"page_size": 1010, "counts": {"companies": 1010}, "malformed": {"companies": bad}}, settings=FAST)
+    task = task_rows(db, run.id)[0]
+    assert Worker(db, settings=FAST).execute(task["id"]) == "succeeded"
+    assert db.sql("SELECT count(*) AS n FROM log_writes")[0]["n"] == 1
+    log = db.sql("SELECT log FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["log"]
+    assert len(log) == 1 and log[0]["count"] == 1000 and len(log[0]["samples"]) == 5
+    assert task_rows(db, run.id)[0]["stats"]["failed"] == 1000
+
+
+def _word(i: int) -> str:
+    return "".join(chr(97 + int(d)) for d in str(i))  # numbers are grouped away; letters are not
+
+
+def test_the_log_is_capped_at_200_newest_entries(db) -> None:
+    run = runs.start_run(db, provider_for("example"), "acme", settings=FAST)
+    for batch in range(3):
+        log = RunLog(run.id, cap=200)
+        for i in range(150):
+            log.note("error", "companies", f"distinct reason {_word(batch)}-{_word(i)}")
+        with db.connection() as c:
+            log.flush(c)
+    entries = db.sql("SELECT log FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["log"]
+    assert len(entries) == 200
+    assert entries[-1]["reason"] == f"distinct reason {_word(2)}-{_word(149)}"
+    assert entries[0]["reason"] == f"distinct reason {_word(1)}-{_word(100)}"
+
+
+def test_a_task_with_more_groups_than_the_cap_flushes_early(db) -> None:
+    log = RunLog(1, cap=3)
+    for i in range(3):
+        log.note("error", "k", f"reason {chr(97 + i)}")
+    assert log.should_flush_early()

@@ -1,0 +1,70 @@
+"""Behaviour 12: stop sets a flag checked before every claim (it lands within one task); retry
+re-arms failed tasks and rewinds the barrier to the earliest phase that has them; resume re-arms
+cancelled tasks. Later-phase tasks already seeded keep their progress."""
+from __future__ import annotations
+
+import threading
+
+from engine_core import runs
+from engine_core.providers.base import provider_for
+from engine_core.worker import Worker, drain_threads
+from tests.engine.support import FAST, task_rows
+
+OPTS = {"page_size": 10, "counts": {"companies": 40, "contacts": 40, "deals": 40, "activities": 40, "notes": 40}}
+
+
+def test_stop_lands_within_one_task_and_resume_finishes_exactly(db) -> None:
+    p = provider_for("example")
+    run = runs.start_run(db, p, "acme", options={**OPTS, "row_delay": 0.002}, settings=FAST)
+    w = Worker(db, settings=FAST)
+    assert w.drain(run.id, max_tasks=3).executed == {"succeeded": 3}
+    stopped = runs.stop(db, run.id)
+    assert stopped.status == "stopped"
+    assert w.drain(run.id).executed == {}, "no claim after stop"
+    statuses = {t["status"] for t in task_rows(db, run.id)}
+    assert statuses <= {"succeeded", "cancelled"}
+    resumed = runs.resume(db, run.id, p, settings=FAST)
+    assert resumed.status == "running"
+    drain_threads(db, run.id, width=4, settings=FAST)
+    assert runs.get_run(db, run.id).status == "succeeded"
+    per = db.sql("SELECT kind, count(*) AS n, count(DISTINCT source_id) AS d FROM example_items GROUP BY kind")
+    assert all(r["n"] == r["d"] == 40 for r in per) and len(per) == 5
+
+
+def test_stop_while_a_task_runs_keeps_its_progress(db) -> None:
+    p = provider_for("example")
+    run = runs.start_run(db, p, "acme", kinds=["companies"], options={"page_size": 200, "counts": {"companies": 200}, "row_delay": 0.005}, settings=FAST)
+    w = Worker(db, settings=FAST)
+    t = threading.Thread(target=w.drain, args=(run.id,))
+    t.start()
+    while not db.sql("SELECT 1 FROM migration_tasks WHERE processed_offset >= 25 LIMIT 1"):
+        pass
+    runs.stop(db, run.id)
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert runs.get_run(db, run.id).status == "stopped"
+    assert not db.sql("SELECT 1 FROM migration_tasks WHERE status IN ('running', 'pending')")
+
+
+def test_retry_rewinds_the_barrier_and_keeps_later_progress(db) -> None:
+    p = provider_for("example")
+    run = runs.start_run(db, p, "acme", options={**OPTS, "fail_pages": {"contacts": [10]}}, settings=FAST)
+    drain_threads(db, run.id, width=4, settings=FAST)
+    failed = runs.get_run(db, run.id)
+    assert failed.status == "failed" and failed.current_phase == 5
+    later = {t["id"]: t["status"] for t in task_rows(db, run.id) if t["phase"] > 1}
+    assert set(later.values()) == {"succeeded"}
+    skipped_deals = db.sql("SELECT count(*) AS n FROM migration_records WHERE kind = 'deals' AND action = 'skipped'")[0]["n"]
+    assert skipped_deals > 0  # their contacts were on the failed page
+
+    db.sql("UPDATE migrations SET options = options - 'fail_pages'")  # the cause is removed
+    retried = runs.retry(db, run.id, p, settings=FAST)
+    assert retried.status == "running" and retried.current_phase == 1, "rewound to the failed task's phase"
+    assert db.fetch_one("inflight_count", {"run_id": run.id})["enqueued"] == 1
+    drain_threads(db, run.id, width=4, settings=FAST)
+    done = runs.get_run(db, run.id)
+    assert done.status == "succeeded"
+    after = {t["id"]: t["status"] for t in task_rows(db, run.id) if t["id"] in later}
+    assert after == later  # later phases were not re-run
+    contacts = db.sql("SELECT count(*) AS n FROM example_items WHERE kind = 'contacts'")[0]["n"]
+    assert contacts == 40
