@@ -1,0 +1,568 @@
+"""Pipedrive over HTTP: one request with a retry policy, pages of both pagination styles, mail.
+
+Paths are given exactly as the published spec's servers place them: v2 under `/api/v2/...`
+(cursor pagination) and v1 under `/v1/...` (offset pagination); the base URL is the host root
+(`https://api.pipedrive.com`, or the sandbox's `http://127.0.0.1:PORT`).
+
+The API token travels only in the `x-api-token` header: never in a URL, a log line, an exception
+message or `repr()`; text the server echoes back is scrubbed of it before it reaches a message.
+
+The retry decision is pure (`should_retry`, `backoff`, `parse_retry_after`, `parse_daily_wait`,
+`rate_limit_scope`) and tested with exact sequences; the client only wires them together:
+
+* transient failures (5xx, 408, timeouts, dropped connections, cut-off bodies) retry with
+  exponential backoff and injected jitter, up to `max_retries`, then raise `TransientHTTPError`;
+* a burst 429 waits the parsed wait (bounded) and retries, counting toward `max_retries`;
+* a daily 429 raises `DailyLimitReached` at once (the budget is spent for hours; the worker parks).
+
+Every attempt first takes a rate-limit slot from the shared `Budget` (or from a `Reservation` the
+caller took for a fetch round), and every response's rate-limit headers are handed back to it.
+One client is shared by the fetch threads of a process: `httpx.Client` is thread-safe and the pool
+is sized for 16+ concurrent requests (four lane threads x four fetch threads).
+"""
+from __future__ import annotations
+
+import email.utils
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Protocol
+
+import httpx
+
+from engine_core.errors import RateLimitParked, TaskStopped
+from engine_core.providers.pipedrive.errors import (
+    AuthError,
+    BadResponse,
+    Cancelled,
+    DailyLimitReached,
+    NotFound,
+    PipedriveError,
+    RateLimited,
+    RequestRejected,
+    Scope,
+    TransientHTTPError,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_PAGE = 500  # the API's largest page, v1 and v2 alike
+RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
+DEFAULT_BURST_WAIT = 2.0  # one burst window, when a 429 names no wait at all
+MAX_BURST_WAIT = 30.0  # a burst window is 2 s; anything longer is a confused header, not a plan
+RATE_HEADER_PREFIXES = ("x-ratelimit-", "x-daily-ratelimit-", "x-daily-requests-left")
+# The transport failures worth another attempt: timeouts, resets/drops, bodies cut short.
+TRANSIENT_TRANSPORT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+# --- the pure retry decision -------------------------------------------------------------------
+
+
+def should_retry(error_or_status: BaseException | int, attempt: int, max_retries: int) -> bool:
+    """Whether a failed attempt is worth another; `attempt` counts the retries already made (0 first).
+
+    A bare status cannot tell a burst 429 from a daily one: pass the typed error when there is one.
+    """
+    if attempt >= max_retries:
+        return False
+    if isinstance(error_or_status, int) and not isinstance(error_or_status, bool):
+        return error_or_status == 429 or error_or_status in RETRY_STATUSES
+    error = error_or_status
+    if isinstance(error, (DailyLimitReached, Cancelled)):
+        return False
+    if isinstance(error, RateLimited):
+        return error.scope == "burst"
+    if isinstance(error, TransientHTTPError):
+        return True
+    if isinstance(error, BadResponse):
+        return error.malformed
+    return isinstance(error, TRANSIENT_TRANSPORT)
+
+
+def backoff(attempt: int, *, base: float = 0.5, cap: float = 30.0, jitter: float) -> float:
+    """Seconds before retry `attempt` (0 first): exponential, capped, half of it scaled by jitter.
+
+    "Equal jitter": the step is min(cap, base * 2**attempt); the wait is step/2 + step/2 * jitter,
+    so it never collapses to zero and never exceeds the cap. `jitter` is a draw in [0, 1).
+    """
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError(f"jitter must be in [0, 1), got {jitter!r}")
+    step = min(cap, base * 2.0 ** min(max(attempt, 0), 62))
+    return step / 2.0 + step / 2.0 * jitter
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    if isinstance(headers, httpx.Headers):
+        return headers.get(name)
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _seconds(raw: str | None, now: float) -> float | None:
+    """A header's wait in seconds: a number, or an HTTP date (Retry-After allows both)."""
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        return max(0.0, when.timestamp() - now)
+    if value != value or value in (float("inf"), float("-inf")):
+        return None
+    return max(0.0, value)
+
+
+def parse_retry_after(
+    headers: Mapping[str, str], *, default: float = DEFAULT_BURST_WAIT, now: float | None = None
+) -> float:
+    """The wait a burst 429 asks for: `Retry-After`, then `x-ratelimit-reset` (seconds), then default."""
+    now = time.time() if now is None else now
+    for name in ("retry-after", "x-ratelimit-reset"):
+        seconds = _seconds(_header(headers, name), now)
+        if seconds is not None:
+            return seconds
+    return default
+
+
+def seconds_to_utc_midnight(now: float) -> float:
+    """Pipedrive's daily budget is counted per UTC day."""
+    moment = datetime.fromtimestamp(now, tz=timezone.utc)
+    midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1.0, midnight.timestamp() - now)
+
+
+def parse_daily_wait(headers: Mapping[str, str], *, now: float | None = None) -> float:
+    """The wait until the daily budget resets: `Retry-After`, then `x-daily-ratelimit-reset`, then
+    the next UTC midnight. (`x-ratelimit-reset` is the burst window's, so it is not used here.)"""
+    now = time.time() if now is None else now
+    for name in ("retry-after", "x-daily-ratelimit-reset"):
+        seconds = _seconds(_header(headers, name), now)
+        if seconds is not None:
+            return seconds
+    return seconds_to_utc_midnight(now)
+
+
+def rate_limit_scope(headers: Mapping[str, str], body: str = "") -> Scope:
+    """A 429 is the daily budget's when the headers say no daily tokens remain or the body says so."""
+    remaining = _header(headers, "x-daily-ratelimit-token-remaining")
+    if remaining is not None:
+        try:
+            if float(remaining) <= 0:
+                return "daily"
+        except ValueError:
+            pass
+    lowered = body.lower()
+    if "daily" in lowered or "token budget" in lowered:
+        return "daily"
+    return "burst"
+
+
+# --- values and collaborators ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: its rows and where the next page starts (cursor for v2, offset for v1)."""
+
+    rows: tuple[dict[str, Any], ...] = ()
+    next_cursor: str | None = None
+    next_start: int | None = None
+    more: bool = False
+
+
+class SlotBudget(Protocol):
+    """What the client needs from `engine_core.budget.Budget`."""
+
+    def acquire(self, cancel: threading.Event | None = None) -> None: ...
+
+    def observe(self, headers: Mapping[str, str]) -> None: ...
+
+    def note_rate_limited(self, scope: Scope, retry_after: float) -> None: ...
+
+
+class SlotHolder(Protocol):
+    """Slots reserved ahead (`Budget.reserve(n)`): spending one needs no database."""
+
+    def spend(self, cancel: threading.Event | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: PipedriveError
+    cause: BaseException | None = field(default=None)
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+class PipedriveClient:
+    """A thread-safe Pipedrive API client: token in a header, typed errors, paced by a Budget."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        budget: SlotBudget | None = None,
+        timeout: float = 10.0,
+        transport: httpx.BaseTransport | None = None,
+        max_retries: int = 5,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: Callable[[], float] = random.random,
+        cancel: threading.Event | None = None,
+        max_burst_wait: float = MAX_BURST_WAIT,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not token or any(c.isspace() for c in token):
+            raise ValueError("a Pipedrive API token is required (non-empty, no whitespace)")
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.max_burst_wait = max_burst_wait
+        self._token = token
+        self._budget = budget
+        self._sleep = sleep
+        self._rng = rng
+        self._cancel = cancel
+        self._wall = wall_clock
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"x-api-token": token, "accept": "application/json"},
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            transport=transport,
+            # 4 lane threads x 4 fetch threads = 16 requests in flight; room for retries on top.
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"PipedriveClient(base_url={self.base_url!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PipedriveClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def get(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
+    ) -> dict[str, Any]:
+        """One GET with the retry policy; returns the whole JSON envelope (`success`, `data`, ...)."""
+        return self._call(path, params, cancel=cancel, reservation=reservation)
+
+    def list_v2(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = MAX_PAGE,
+        cancel: threading.Event | None = None,
+    ) -> Page:
+        """One page of a v2 listing (cursor pagination: `additional_data.next_cursor`)."""
+        _require_prefix(path, "/api/v2/")
+        query = dict(params or {})
+        query["limit"] = _check_limit(limit)
+        if cursor:
+            query["cursor"] = cursor
+        body = self._call(path, query, cancel=cancel)
+        rows = _rows(body, path)
+        extra = body.get("additional_data")
+        next_cursor = extra.get("next_cursor") if isinstance(extra, dict) else None
+        if next_cursor is not None and not isinstance(next_cursor, str):
+            raise BadResponse("next_cursor is not a string", method="GET", path=path, status=200)
+        if next_cursor and next_cursor == cursor:
+            raise BadResponse("the next cursor repeats this page's", method="GET", path=path, status=200)
+        return Page(rows=rows, next_cursor=next_cursor or None, more=bool(next_cursor))
+
+    def list_v1(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        start: int = 0,
+        limit: int = MAX_PAGE,
+        cancel: threading.Event | None = None,
+    ) -> Page:
+        """One page of a v1 listing (offset pagination: `additional_data.pagination`)."""
+        _require_prefix(path, "/v1/")
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
+        query = dict(params or {})
+        query["start"] = start
+        query["limit"] = _check_limit(limit)
+        body = self._call(path, query, cancel=cancel)
+        rows = _rows(body, path)
+        extra = body.get("additional_data")
+        extra = extra if isinstance(extra, dict) else {}
+        # The spec's schemas disagree: most nest it under `pagination`, some list it flat.
+        pagination = extra.get("pagination") if isinstance(extra.get("pagination"), dict) else extra
+        more = bool(pagination.get("more_items_in_collection"))
+        if not more:
+            return Page(rows=rows, next_start=None, more=False)
+        next_start = pagination.get("next_start")
+        if next_start is None:
+            next_start = start + len(rows)
+        if not isinstance(next_start, int) or next_start <= start:
+            raise BadResponse("next_start does not advance", method="GET", path=path, status=200)
+        return Page(rows=rows, next_start=next_start, more=True)
+
+    def iter_v2(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        cursor: str | None = None,
+        limit: int = MAX_PAGE,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Page]:
+        """Every page of a v2 listing from `cursor` on."""
+        while True:
+            page = self.list_v2(path, params, cursor=cursor, limit=limit, cancel=cancel)
+            yield page
+            if not page.more:
+                return
+            cursor = page.next_cursor
+
+    def iter_v1(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        start: int = 0,
+        limit: int = MAX_PAGE,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Page]:
+        """Every page of a v1 listing from `start` on."""
+        while True:
+            page = self.list_v1(path, params, start=start, limit=limit, cancel=cancel)
+            yield page
+            if not page.more or page.next_start is None:
+                return
+            start = page.next_start
+
+    def mail_messages(
+        self, deal_id: int, start: int = 0, limit: int = MAX_PAGE, *, cancel: threading.Event | None = None
+    ) -> Page:
+        """A page of one deal's mail messages (no bodies); rows are the API's `{object, timestamp, data}`."""
+        return self.list_v1(f"/v1/deals/{_id(deal_id)}/mailMessages", None, start=start, limit=limit, cancel=cancel)
+
+    def mail_body(
+        self,
+        message_id: int,
+        *,
+        cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
+    ) -> dict[str, Any]:
+        """One mail message with its `body`."""
+        path = f"/v1/mailbox/mailMessages/{_id(message_id)}"
+        body = self._call(path, {"include_body": 1}, cancel=cancel, reservation=reservation)
+        data = body.get("data")
+        if not isinstance(data, dict):
+            raise BadResponse("data is not a mail message", method="GET", path=path, status=200)
+        return data
+
+    # --- the request loop ---------------------------------------------------------------------
+
+    def _call(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None,
+        *,
+        cancel: threading.Event | None,
+        reservation: SlotHolder | None = None,
+    ) -> dict[str, Any]:
+        if not path.startswith("/") or "?" in path:
+            raise ValueError("path must start with '/' and carry no query string (pass params)")
+        query = dict(params or {})
+        if any(k.lower() == "api_token" for k in query):
+            raise ValueError("the API token goes in the x-api-token header, never in the URL")
+        cancel = cancel or self._cancel
+        attempt = 0
+        while True:
+            self._check_cancel(cancel, path)
+            # A reservation covers the first attempt only; a retry is a new request and a new slot.
+            self._take_slot(path, cancel, reservation if attempt == 0 else None)
+            outcome = self._attempt(path, query)
+            if not isinstance(outcome, _Failure):
+                return outcome
+            error = outcome.error
+            if not should_retry(error, attempt, self.max_retries):
+                raise error from outcome.cause
+            if isinstance(error, RateLimited):
+                wait = min(max(error.retry_after, 0.0), self.max_burst_wait)
+            else:
+                wait = backoff(attempt, jitter=self._rng())
+            log.warning("GET %s failed (%s); retry %d/%d in %.2fs", path, _short(error), attempt + 1, self.max_retries, wait)
+            self._wait(wait, cancel, path)
+            attempt += 1
+
+    def _attempt(self, path: str, query: dict[str, Any]) -> dict[str, Any] | _Failure:
+        try:
+            response = self._http.get(path, params=query)
+        except TRANSIENT_TRANSPORT as e:
+            return _Failure(TransientHTTPError(method="GET", path=path, detail=type(e).__name__), e)
+        except httpx.TransportError as e:  # a misconfiguration (bad URL scheme, proxy): not transient
+            raise PipedriveError(method="GET", path=path, detail=type(e).__name__) from e
+        log.debug("GET %s -> %d", path, response.status_code)
+        self._observe(response.headers)
+        try:
+            return self._interpret(response, path)
+        except (RateLimited, TransientHTTPError, BadResponse) as e:
+            if isinstance(e, DailyLimitReached):
+                raise
+            return _Failure(e)
+
+    def _interpret(self, response: httpx.Response, path: str) -> dict[str, Any]:
+        status = response.status_code
+        if status == 429:
+            detail = self._server_detail(response)
+            if rate_limit_scope(response.headers, detail or "") == "daily":
+                wait = parse_daily_wait(response.headers, now=self._wall())
+                self._note_rate_limited("daily", wait)
+                raise DailyLimitReached(wait, method="GET", path=path, detail=detail)
+            wait = parse_retry_after(response.headers, now=self._wall())
+            self._note_rate_limited("burst", wait)
+            raise RateLimited(wait, "burst", method="GET", path=path, detail=detail)
+        if status in RETRY_STATUSES or status >= 500:
+            raise TransientHTTPError(method="GET", path=path, status=status)
+        if status in (401, 403):
+            raise AuthError(method="GET", path=path, status=status, detail=self._server_detail(response))
+        if status == 404:
+            raise NotFound(method="GET", path=path, status=status)
+        if 400 <= status < 500:
+            raise RequestRejected(method="GET", path=path, status=status, detail=self._server_detail(response))
+        if not 200 <= status < 300:
+            raise BadResponse(f"unexpected status {status}", method="GET", path=path, status=status)
+        try:
+            body = response.json()
+        except ValueError:
+            raise BadResponse("the body is not JSON", malformed=True, method="GET", path=path, status=status) from None
+        if not isinstance(body, dict) or "data" not in body:
+            raise BadResponse("the body is not a Pipedrive envelope", method="GET", path=path, status=status)
+        if body.get("success") is False:
+            raise BadResponse(
+                "success is false", method="GET", path=path, status=status, detail=self._scrub(str(body.get("error") or ""))[:200] or None
+            )
+        return body
+
+    # --- collaborators ------------------------------------------------------------------------
+
+    def _take_slot(self, path: str, cancel: threading.Event | None, reservation: SlotHolder | None) -> None:
+        try:
+            if reservation is not None:
+                reservation.spend(cancel)
+            elif self._budget is not None:
+                self._budget.acquire(cancel)
+        except DailyLimitReached:
+            raise
+        except RateLimitParked as e:
+            # Another worker saw the daily budget spent: park without calling the source.
+            raise DailyLimitReached(e.wait_seconds, method="GET", path=path, status=None, detail="budget parked") from None
+        except TaskStopped as e:
+            if isinstance(e, Cancelled):
+                raise
+            raise Cancelled(method="GET", path=path) from None
+
+    def _observe(self, headers: httpx.Headers) -> None:
+        if self._budget is None:
+            return
+        if any(key.lower().startswith(RATE_HEADER_PREFIXES) for key in headers.keys()):
+            self._budget.observe(headers)
+
+    def _note_rate_limited(self, scope: Scope, wait: float) -> None:
+        if self._budget is not None:
+            self._budget.note_rate_limited(scope, wait)
+
+    def _check_cancel(self, cancel: threading.Event | None, path: str) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(method="GET", path=path)
+
+    def _wait(self, seconds: float, cancel: threading.Event | None, path: str) -> None:
+        """Sleep, but end early and raise `Cancelled` when the task is asked to stop."""
+        if cancel is None:
+            self._sleep(seconds)
+            return
+        self._check_cancel(cancel, path)
+        if self._sleep is time.sleep:
+            if cancel.wait(seconds):
+                raise Cancelled(method="GET", path=path)
+        else:
+            self._sleep(seconds)
+            self._check_cancel(cancel, path)
+
+    def _server_detail(self, response: httpx.Response) -> str | None:
+        """The server's own error text, short and scrubbed of the token."""
+        try:
+            body = response.json()
+        except ValueError:
+            text = response.text
+        else:
+            text = str(body.get("error") or body.get("message") or "") if isinstance(body, dict) else ""
+        text = self._scrub(" ".join(text.split()))[:200]
+        return text or None
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._token, "***") if self._token else text
+
+
+def _require_prefix(path: str, prefix: str) -> None:
+    if not path.startswith(prefix):
+        raise ValueError(f"{path!r} is not under {prefix}")
+
+
+def _check_limit(limit: int) -> int:
+    if not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be within 1..{MAX_PAGE}, got {limit}")
+    return limit
+
+
+def _id(value: int) -> int:
+    """A path id as an integer, so nothing but digits reaches the path."""
+    try:
+        number = int(value) if not isinstance(value, bool) else -1
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0 or str(number) != str(value).strip():
+        raise ValueError(f"not a Pipedrive id: {value!r}")
+    return number
+
+
+def _rows(body: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+    data = body.get("data")
+    if data is None:  # v1 answers an empty list with `data: null`
+        return ()
+    if not isinstance(data, list):
+        raise BadResponse("data is not a list", method="GET", path=path, status=200)
+    return tuple(data)
+
+
+def _short(error: PipedriveError) -> str:
+    if isinstance(error, RateLimited):
+        return f"429 {error.scope}"
+    if error.status is not None:
+        return f"HTTP {error.status}"
+    return error.detail or type(error).__name__
