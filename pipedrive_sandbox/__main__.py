@@ -1,0 +1,62 @@
+"""`python -m pipedrive_sandbox`: serve the sandbox in the foreground (same options as `migrate sandbox`)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import SandboxConfig
+from .server import serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipedrive_sandbox", description="A faithful Pipedrive API sandbox on 127.0.0.1.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765, help="0 picks a free port (reported as 'SANDBOX_READY <url>')")
+    p.add_argument("--scale", default="tiny", help="tiny | small | seed-customer")
+    p.add_argument("--seed", default="1")
+    p.add_argument("--token", default="sandbox-token")
+    p.add_argument("--latency", default="none", help="none | realistic | realistic:<factor>")
+    p.add_argument("--faults", default="", help="comma list kind:rate; kinds 500,502,503,slow,drop,badjson,badrow")
+    p.add_argument("--burst-limit", default="80")
+    p.add_argument("--daily-budget", default=None, help="tokens per simulated day (default: unlimited)")
+    p.add_argument("--day-seconds", default="86400")
+    p.add_argument("--big-deal-messages", default=None)
+    p.add_argument("--page-limit-max", default="500")
+    p.add_argument("--slow-seconds", default="30")
+    p.add_argument("--burst-window-seconds", default="2")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
+    return SandboxConfig.from_options(
+        scale=ns.scale,
+        seed=ns.seed,
+        token=ns.token,
+        latency=ns.latency,
+        faults=ns.faults,
+        burst_limit=ns.burst_limit,
+        daily_budget=ns.daily_budget,
+        day_seconds=ns.day_seconds,
+        big_deal_messages=ns.big_deal_messages,
+        page_limit_max=ns.page_limit_max,
+        slow_seconds=ns.slow_seconds,
+        burst_window_seconds=ns.burst_window_seconds,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        config = config_from_args(ns)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        serve(config, ns.port, ns.host)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
