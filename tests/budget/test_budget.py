@@ -1,0 +1,223 @@
+"""The budget row on real Postgres: chunks are leased with one statement each and spaced by the
+bucket's rate, a burst 429 pauses every worker with one write, a spent daily budget parks every
+worker sharing the account without a call to the source, and stops end a wait early.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from engine_core.budget import Budget, BudgetCancelled
+from engine_core.db import Database
+from engine_core.errors import RateLimitParked
+
+HEADERS = {"x-ratelimit-limit": "80", "x-ratelimit-remaining": "70", "x-ratelimit-reset": "1"}
+
+
+def row(db: Database, account: str = "acct") -> dict:
+    (found,) = db.sql("SELECT * FROM source_budgets WHERE source = 'pipedrive' AND account = %(a)s", {"a": account})
+    return found
+
+
+def test_first_lease_creates_the_row_and_chunks_are_spaced(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0, latency_margin=0.25)
+    assert budget.spacing() == pytest.approx(8 * 3.25 / 72)
+    times = []
+    started = time.monotonic()
+    for _ in range(17):
+        budget.acquire()
+        times.append(time.monotonic() - started)
+    stats = budget.stats()
+    assert stats.leases == 3 and stats.slots_leased == 24 and stats.slots_spent == 17
+    assert stats.statements == 5  # a lease that found no row, the insert, then three leases
+    assert stats.writes == 4  # the insert and three granted leases
+    # slot 9 waits for the second chunk's start, slot 17 for the third's
+    assert times[8] >= budget.spacing() - 0.02
+    assert times[16] >= 2 * budget.spacing() - 0.02
+    found = row(db)
+    assert found["leases"] == 3 and found["slots_leased"] == 24 and found["burst_limit"] == 80
+
+
+def test_the_row_is_one_per_account_not_per_tenant(db: Database) -> None:
+    a = Budget(db, "pipedrive", "acct", burst_limit=80)
+    b = Budget(db, "pipedrive", "acct", burst_limit=80)
+    c = Budget(db, "pipedrive", "other", burst_limit=80)
+    for budget in (a, b, c):
+        budget.acquire()
+    rows = db.sql("SELECT account, leases FROM source_budgets ORDER BY account")
+    assert rows == [{"account": "acct", "leases": 2}, {"account": "other", "leases": 1}]
+
+
+def test_statements_per_thousand_requests(db: Database) -> None:
+    # Count every UPDATE the table sees with a trigger, independently of the Budget's own counter.
+    db.sql("CREATE TABLE budget_updates (n bigint NOT NULL)")
+    db.sql("INSERT INTO budget_updates VALUES (0)")
+    db.sql(
+        "CREATE FUNCTION count_budget_update() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN UPDATE budget_updates SET n = n + 1; RETURN NEW; END $$"
+    )
+    db.sql("CREATE TRIGGER count_budget_update AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION count_budget_update()")
+    # A limit high enough that pacing takes under a second; the statement count does not depend on it.
+    budget = Budget(db, "pipedrive", "acct", burst_limit=4000, chunk=8)
+    budget.acquire()  # create the row outside the measurement
+    db.sql("UPDATE budget_updates SET n = 0")
+    before = budget.stats()
+    daily = {"x-daily-ratelimit-token-limit": "300000"}
+    counter = iter(range(1000))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            budget.acquire()
+            budget.observe({**HEADERS, "x-ratelimit-limit": "4000", **daily, "x-daily-ratelimit-token-remaining": str(290000 - i)})
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = budget.stats()
+    statements = after.statements - before.statements
+    updates = db.sql("SELECT n FROM budget_updates")[0]["n"]
+    print(f"\nbudget row per 1,000 requests: {statements} statements by the Budget, {updates} UPDATEs seen by the trigger (chunk 8)")
+    assert after.slots_spent - before.slots_spent == 1000
+    assert statements <= 1000 / 8 * 2 and updates <= 1000 / 8 * 2
+    assert updates <= statements
+    # the headers rode along on the leases: the row knows the daily budget without extra writes
+    assert row(db)["daily_limit"] == 300000 and row(db)["daily_remaining"] is not None
+
+
+def test_burst_429_pauses_every_worker_with_one_write(db: Database) -> None:
+    a = Budget(db, "pipedrive", "acct", burst_limit=80)
+    b = Budget(db, "pipedrive", "acct", burst_limit=80)
+    a.acquire()
+    b.acquire()
+    writes = a.stats().writes
+    threads = [threading.Thread(target=a.note_rate_limited, args=("burst", 1.0)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert a.stats().writes == writes + 1  # eight 429s at once, one write
+    assert row(db)["paused_until"] is not None
+    # a holds slots from its first chunk but spends none during the pause; b's slots do not
+    # know of the pause, but its next lease starts after it
+    for _ in range(b.lease_size() - 1):
+        b.acquire()
+    waited: dict[str, float] = {}
+
+    def timed(name: str, budget: Budget) -> None:
+        started = time.monotonic()
+        budget.acquire()
+        waited[name] = time.monotonic() - started
+
+    threads = [threading.Thread(target=timed, args=(n, x)) for n, x in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert waited["a"] >= 0.8 and waited["b"] >= 0.8
+
+
+def test_spent_daily_budget_parks_every_worker_until_the_reset(db: Database) -> None:
+    a = Budget(db, "pipedrive", "acct", burst_limit=80)
+    b = Budget(db, "pipedrive", "acct", burst_limit=80)
+    a.acquire()
+    a.note_rate_limited("daily", 1.5)
+    statements = a.stats().statements
+    with pytest.raises(RateLimitParked) as info:
+        a.acquire()
+    assert 1.0 < info.value.wait_seconds <= 1.5
+    assert a.stats().statements == statements  # parked locally: no database
+    with pytest.raises(RateLimitParked) as info:
+        b.acquire()  # another worker learns it from the row, before any request
+    assert 1.0 < info.value.wait_seconds <= 1.5
+    assert b.stats().leases == 0
+    assert row(db)["daily_remaining"] == 0
+    time.sleep(1.6)
+    a.acquire()
+    b.acquire()
+
+
+def test_headers_saying_no_daily_tokens_left_park_too(db: Database) -> None:
+    a = Budget(db, "pipedrive", "acct", burst_limit=80, daily_probe_seconds=0.5)
+    b = Budget(db, "pipedrive", "acct", burst_limit=80)
+    a.acquire()
+    a.observe({**HEADERS, "x-daily-ratelimit-token-remaining": "0"})
+    with pytest.raises(RateLimitParked):
+        a.acquire()
+    with pytest.raises(RateLimitParked):
+        b.acquire()
+    time.sleep(0.6)
+    b.acquire()
+
+
+def test_a_lower_reported_limit_slows_the_bucket(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
+    fast = budget.spacing()
+    budget.observe({"x-ratelimit-limit": "20", "x-ratelimit-remaining": "19", "x-ratelimit-reset": "1"})
+    assert budget.limit == 20 and budget.spacing() > 3 * fast
+    budget.observe({"x-ratelimit-limit": "120"})  # a higher plan does not raise the configured ceiling
+    assert budget.limit == 80
+    budget.observe({"x-ratelimit-limit": "20"})
+    budget.acquire()
+    assert row(db)["burst_limit"] == 20
+
+
+def test_full_window_reported_pauses_this_process(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80)
+    budget.acquire()
+    budget.observe({"x-ratelimit-limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"})
+    started = time.monotonic()
+    budget.acquire()
+    assert time.monotonic() - started >= 0.9
+    stats = budget.stats()
+    assert stats.writes == 1 + stats.leases  # the insert and the leases: the pause was local only
+    assert row(db)["paused_until"] is None
+
+
+def test_reserved_slots_are_spent_without_the_database(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
+    with budget.reserve(4) as held:
+        statements = budget.stats().statements
+        assert held.held == 4
+        threads = [threading.Thread(target=held.spend) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert held.held == 1
+    assert budget.stats().statements == statements and budget.stats().slots_spent == 3
+    # the unspent slot went back to the pool: the next acquires use it and the rest of the chunk
+    for _ in range(5):
+        budget.acquire()
+    assert budget.stats().leases == 1
+    with pytest.raises(ValueError):
+        budget.reserve(9)
+
+
+def test_unspent_slots_expire(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2)
+    budget.acquire()
+    time.sleep(0.3)
+    budget.acquire()
+    stats = budget.stats()
+    assert stats.leases == 2 and stats.slots_expired == 7
+
+
+def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80)
+    budget.acquire()
+    budget.note_rate_limited("burst", 20.0)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(BudgetCancelled):
+        budget.acquire(stop)
+    assert time.monotonic() - started < 1.0
