@@ -428,13 +428,16 @@ class PipedriveClient:
         except httpx.TransportError as e:  # a misconfiguration (bad URL scheme, proxy): not transient
             raise PipedriveError(method="GET", path=path, detail=type(e).__name__) from e
         log.debug("GET %s -> %d", path, response.status_code)
-        self._observe(response.headers)
         try:
             return self._interpret(response, path)
         except (RateLimited, TransientHTTPError, BadResponse) as e:
             if isinstance(e, DailyLimitReached):
                 raise
             return _Failure(e)
+        finally:
+            # After a 429 has been noted with its exact wait, so the headers' "no daily tokens left"
+            # finds the budget already parked instead of guessing a reset of its own.
+            self._observe(response.headers)
 
     def _interpret(self, response: httpx.Response, path: str) -> dict[str, Any]:
         status = response.status_code
