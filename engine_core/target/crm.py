@@ -1,0 +1,222 @@
+"""Writers for the product's CRM tables (schema `crm`, migration 0003).
+
+Source-neutral: a provider maps its rows to column values and calls these inside a ledger claim
+(`ledger.write_once(tx, run, kind, source_id, lambda: crm.write_contact(tx, ...))`), so a target
+row exists only together with its claim. Column names are checked against each table's list, so a
+provider can never smuggle SQL through a key; values always travel as parameters.
+
+"Already here": a contact whose email, or a company whose name or domain, is already in the
+tenant's CRM is linked rather than duplicated (`Written(..., matched=True)`). Only rows the product
+had before - rows no migration from this source created - are candidates: rows the same source
+created are the ledger's business (already claimed, or a different source row that happens to
+share a name, which is imported as its own record).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from engine_core.db import Conn
+from engine_core.ledger import Written
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: frozenset[str]
+    jsonb: frozenset[str]
+
+    @property
+    def record_type(self) -> str:
+        return f"crm.{self.name}"
+
+
+def _table(name: str, columns: str, jsonb: str = "") -> Table:
+    common = "tenant_id source source_id source_created_at source_updated_at"
+    return Table(name, frozenset((columns + " " + common).split()), frozenset(jsonb.split()))
+
+
+TABLES: dict[str, Table] = {
+    t.name: t
+    for t in (
+        _table("users", "name email phone active is_admin timezone locale"),
+        _table(
+            "companies",
+            "name domain owner_id address label_ids visible_to custom_fields",
+            "address label_ids custom_fields",
+        ),
+        _table(
+            "contacts",
+            "name first_name last_name email emails phones job_title company_id owner_id postal_address birthday"
+            " label_ids visible_to custom_fields",
+            "emails phones postal_address label_ids custom_fields",
+        ),
+        _table(
+            "deals",
+            "title value currency status archived archived_at contact_id company_id owner_id pipeline_ref stage_ref"
+            " probability lost_reason expected_close_date closed_at won_at lost_at stage_changed_at origin label_ids"
+            " visible_to custom_fields",
+            "label_ids custom_fields",
+        ),
+        _table(
+            "leads",
+            "title value currency archived contact_id company_id owner_id source_name expected_close_date was_seen"
+            " label_ids visible_to custom_fields",
+            "label_ids custom_fields",
+        ),
+        _table(
+            "activities",
+            "subject activity_type done done_at due_date due_time duration busy location note public_description"
+            " participants deal_id lead_id contact_id company_id owner_id custom_fields",
+            "location participants custom_fields",
+        ),
+        _table("notes", "content deal_id lead_id contact_id company_id author_id pinned", "pinned"),
+        _table(
+            "emails",
+            "deal_id subject snippet body sender recipients sent_at outbound thread_ref has_attachments",
+            "sender recipients",
+        ),
+    )
+}
+
+
+def insert(tx: Conn, table: str, values: Mapping[str, Any]) -> int:
+    """Insert one row into crm.<table>; returns its id."""
+    spec = TABLES[table]
+    unknown = sorted(set(values) - spec.columns)
+    if unknown:
+        raise KeyError(f"crm.{table} has no column {', '.join(unknown)}")
+    if "tenant_id" not in values:
+        raise KeyError(f"a crm.{table} row needs its tenant_id")
+    statement = _insert_statement(tx, table, tuple(values))
+    params = {n: (Jsonb(v) if n in spec.jsonb and v is not None else v) for n, v in values.items()}
+    return int(tx.sql(statement, params)[0]["id"])
+
+
+_STATEMENTS: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _insert_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
+    key = (table, names)
+    text = _STATEMENTS.get(key)
+    if text is None:
+        text = _STATEMENTS[key] = sql.SQL("INSERT INTO crm.{} ({}) VALUES ({}) RETURNING id").format(
+            sql.Identifier(table),
+            sql.SQL(", ").join(sql.Identifier(n) for n in names),
+            sql.SQL(", ").join(sql.Placeholder(n) for n in names),
+        ).as_string(tx.raw)
+    return text
+
+
+def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
+    """A plain insert, as a ledger write."""
+    return Written(TABLES[table].record_type, insert(tx, table, values))
+
+
+# --- already here ----------------------------------------------------------------------------
+
+
+def normal_email(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    return text if "@" in text and " " not in text else None
+
+
+def normal_domain(value: object) -> str | None:
+    """`https://www.Acme.example/about` -> `acme.example`."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip().lower()
+    if "@" in text:
+        text = text.rsplit("@", 1)[1]
+    for prefix in ("https://", "http://"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    text = text.split("/", 1)[0].split(":", 1)[0]
+    if text.startswith("www."):
+        text = text[4:]
+    return text if "." in text and " " not in text else None
+
+
+def match_contact(tx: Conn, tenant_id: str, source: str, emails: Iterable[str]) -> int | None:
+    """A contact the product already has with one of these addresses (oldest first)."""
+    wanted = sorted({e for e in (normal_email(x) for x in emails) if e})
+    if not wanted:
+        return None
+    rows = tx.sql(
+        "SELECT id FROM crm.contacts"
+        " WHERE tenant_id = %(t)s AND lower(email) = ANY(%(emails)s::text[])"
+        "   AND source IS DISTINCT FROM %(source)s"
+        " ORDER BY id LIMIT 1",
+        {"t": tenant_id, "emails": wanted, "source": source},
+    )
+    return int(rows[0]["id"]) if rows else None
+
+
+def match_company(tx: Conn, tenant_id: str, source: str, name: str | None, domain: str | None) -> int | None:
+    """A company the product already has with this name (case and spacing aside) or domain."""
+    if not name and not domain:
+        return None
+    rows = tx.sql(
+        "SELECT id FROM crm.companies"
+        " WHERE tenant_id = %(t)s AND source IS DISTINCT FROM %(source)s"
+        "   AND (name_key = lower(regexp_replace(btrim(%(name)s::text), '\\s+', ' ', 'g'))"
+        "        OR (%(domain)s::text IS NOT NULL AND domain = %(domain)s::text))"
+        " ORDER BY (domain IS NOT DISTINCT FROM %(domain)s::text) DESC, id LIMIT 1",
+        {"t": tenant_id, "name": name or "", "domain": domain, "source": source},
+    )
+    return int(rows[0]["id"]) if rows else None
+
+
+def write_contact(tx: Conn, values: Mapping[str, Any], emails: Iterable[str]) -> Written:
+    """Link to the tenant's existing contact with one of `emails`, or insert a new one."""
+    existing = match_contact(tx, values["tenant_id"], values.get("source") or "", emails)
+    if existing is not None:
+        return Written(TABLES["contacts"].record_type, existing, matched=True)
+    return write(tx, "contacts", values)
+
+
+def write_company(tx: Conn, values: Mapping[str, Any]) -> Written:
+    """Link to the tenant's existing company with this name or domain, or insert a new one."""
+    existing = match_company(tx, values["tenant_id"], values.get("source") or "", values.get("name"), values.get("domain"))
+    if existing is not None:
+        return Written(TABLES["companies"].record_type, existing, matched=True)
+    return write(tx, "companies", values)
+
+
+# --- field definitions -----------------------------------------------------------------------
+
+
+def upsert_field_definition(tx: Conn, values: Mapping[str, Any]) -> int:
+    """Insert a field definition or refresh its name, type and option labels; returns its id."""
+    rows = tx.sql(
+        "INSERT INTO crm.custom_field_definitions"
+        " (tenant_id, source, entity, field_key, name, field_type, options, subfields, is_custom, position)"
+        " VALUES (%(tenant_id)s, %(source)s, %(entity)s, %(field_key)s, %(name)s, %(field_type)s, %(options)s,"
+        "         %(subfields)s, %(is_custom)s, %(position)s)"
+        " ON CONFLICT ON CONSTRAINT custom_field_definitions_once DO UPDATE"
+        "   SET name = EXCLUDED.name, field_type = EXCLUDED.field_type, options = EXCLUDED.options,"
+        "       subfields = EXCLUDED.subfields, is_custom = EXCLUDED.is_custom, position = EXCLUDED.position,"
+        "       updated_at = now()"
+        " RETURNING id",
+        {
+            **values,
+            "options": Jsonb(values.get("options")) if values.get("options") is not None else None,
+            "subfields": Jsonb(values.get("subfields")) if values.get("subfields") is not None else None,
+        },
+    )
+    return int(rows[0]["id"])
+
+
+def field_definitions(conn: Conn, tenant_id: str, source: str) -> list[dict[str, Any]]:
+    return conn.sql(
+        "SELECT entity, field_key, name, field_type, options, subfields, is_custom, position"
+        "  FROM crm.custom_field_definitions WHERE tenant_id = %(t)s AND source = %(s)s"
+        " ORDER BY entity, position, field_key",
+        {"t": tenant_id, "s": source},
+    )
