@@ -1,17 +1,22 @@
 """The budget row on real Postgres: chunks are leased with one statement each and spaced by the
-bucket's rate, a burst 429 pauses every worker with one write, a spent daily budget parks every
-worker sharing the account without a call to the source, and stops end a wait early.
+bucket's rate (racing leases never share a start), 1,000 requests cost ~1000/chunk statements, a
+burst 429 pauses every worker with one write, a spent daily budget parks every worker sharing the
+account without a call to the source, a fetch round's reserved slots are spent with no database,
+and stops end a wait early.
 """
 from __future__ import annotations
 
 import threading
 import time
 
+import httpx
 import pytest
 
 from engine_core.budget import Budget, BudgetCancelled
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.errors import Cancelled
 
 HEADERS = {"x-ratelimit-limit": "80", "x-ratelimit-remaining": "70", "x-ratelimit-reset": "1"}
 
@@ -220,4 +225,74 @@ def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
     started = time.monotonic()
     with pytest.raises(BudgetCancelled):
         budget.acquire(stop)
+    assert time.monotonic() - started < 1.0
+
+
+def test_racing_leases_never_share_a_start(db: Database) -> None:
+    # Six workers hammer the row at once; the row lock must hand each lease a fresh start,
+    # spaced from the previous one, or two chunks would overlap in the source's window.
+    db.sql("CREATE TABLE lease_log (id bigserial PRIMARY KEY, old_tat timestamptz, new_tat timestamptz)")
+    db.sql(
+        "CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN IF NEW.leases > OLD.leases THEN INSERT INTO lease_log (old_tat, new_tat) VALUES (OLD.tat, NEW.tat); END IF; RETURN NEW; END $$"
+    )
+    db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
+    workers = [Budget(db, "pipedrive", "acct", burst_limit=20_000, chunk=8) for _ in range(6)]
+    spacing = workers[0].spacing()
+    barrier = threading.Barrier(len(workers))
+
+    def work(budget: Budget) -> None:
+        barrier.wait()
+        for _ in range(8 * 15):
+            budget.acquire()
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log = db.sql("SELECT EXTRACT(EPOCH FROM new_tat)::float8 AS new, EXTRACT(EPOCH FROM old_tat)::float8 AS old FROM lease_log ORDER BY id")
+    assert len(log) == sum(b.stats().leases for b in workers) == 6 * 15
+    news = [r["new"] for r in log]
+    assert len(set(news)) == len(news)
+    # in commit order, each lease built on the previous one's tat (no lost update) ...
+    assert all(cur["old"] == pytest.approx(prev["new"], abs=1e-6) for prev, cur in zip(log, log[1:]))
+    # ... and moved it by at least one spacing
+    assert all(cur["new"] - prev["new"] >= spacing - 1e-6 for prev, cur in zip(log, log[1:]))
+
+
+def test_fetch_round_reserves_four_then_fetches_with_no_database(db: Database) -> None:
+    # The email task's shape: reserve four slots on the job thread, run four fetch threads, join.
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, json={"success": True, "data": {"id": int(r.url.path.rsplit("/", 1)[1]), "body": "<p/>"}}))
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
+    client = PipedriveClient("http://pipedrive.test", "tok-x", budget=budget, transport=transport)
+    bodies: dict[int, str] = {}
+    for round_start in (0, 4, 8):
+        with budget.reserve(4) as held:
+            statements = budget.stats().statements
+            threads = [
+                threading.Thread(target=lambda m: bodies.__setitem__(m, client.mail_body(m, reservation=held)["body"]), args=(m,))
+                for m in range(round_start, round_start + 4)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert budget.stats().statements == statements  # the fetch threads never touched the database
+            assert held.held == 0
+    assert sorted(bodies) == list(range(12))
+    assert budget.stats().slots_spent == 12 and budget.stats().leases == 2
+
+
+def test_client_waiting_on_a_paused_budget_stops_when_cancelled(db: Database) -> None:
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, json={"success": True, "data": []}))
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80)
+    budget.acquire()
+    budget.note_rate_limited("burst", 30.0)
+    stop = threading.Event()
+    client = PipedriveClient("http://pipedrive.test", "tok-x", budget=budget, transport=transport, cancel=stop)
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(Cancelled):
+        client.list_v2("/api/v2/deals")
     assert time.monotonic() - started < 1.0
