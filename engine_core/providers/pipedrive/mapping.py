@@ -1,0 +1,658 @@
+"""Pipedrive rows -> the product's CRM columns: validation, field mapping and custom fields.
+
+Pure functions: no I/O. A mapper checks its row and raises `MalformedRow` (with a reason that
+names the field) when the row cannot be imported faithfully: no usable id, a name that is not text,
+NUL bytes (Postgres text cannot hold them), a title longer than any real one, ids or times of the
+wrong type. Hostile but valid text (markup, quotes, unusual unicode) is imported verbatim: values
+travel as parameters, and escaping for display is the product's job.
+
+A mapper returns a `Mapped`: the target table, the column values it knows, the parents the row
+must be linked to (resolved through the ledger by the caller, one query per page) and the softer
+references (owners, linked people, custom fields pointing at records) that are linked when found
+and left empty when not.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, timezone
+from typing import Any
+
+from engine_core.errors import EngineError
+from engine_core.target.crm import normal_domain, normal_email
+
+SOURCE = "pipedrive"
+TITLE_MAX = 2_000  # names, titles and subjects: longer is not a name, it is a defect
+TEXT_MAX = 1_000_000  # note contents and mail bodies
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+_FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
+
+# Where a reference may be found in the ledger: archived deals and leads are kinds of their own.
+DEAL_KINDS = ("deals", "deals_archived")
+LEAD_KINDS = ("leads", "leads_archived")
+PERSON_KINDS = ("persons",)
+ORG_KINDS = ("organizations",)
+USER_KINDS = ("users",)
+KINDS_OF_REF = {"deal": DEAL_KINDS, "lead": LEAD_KINDS, "person": PERSON_KINDS, "org": ORG_KINDS, "user": USER_KINDS}
+REF_WORD = {"deal": "deal", "lead": "lead", "person": "person", "org": "organization", "user": "user"}
+
+# The entity whose field definitions describe a kind's custom fields (leads inherit the deal's).
+ENTITY_OF_KIND = {
+    "organizations": "organization",
+    "persons": "person",
+    "deals": "deal",
+    "deals_archived": "deal",
+    "leads": "lead",
+    "leads_archived": "lead",
+    "activities": "activity",
+    "notes": "note",
+}
+
+
+class MalformedRow(EngineError):
+    """The source row is malformed."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to another source record: which column it fills and where to look for it."""
+
+    column: str
+    ref: str  # deal | lead | person | org | user
+    source_id: str
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return KINDS_OF_REF[self.ref]
+
+    def describe(self) -> str:
+        return f"{REF_WORD[self.ref]} {self.source_id} is not here"
+
+
+@dataclass
+class Mapped:
+    table: str
+    source_id: str
+    values: dict[str, Any]
+    parents: list[Ref] = field(default_factory=list)  # all must resolve, or the row is skipped
+    links: list[Ref] = field(default_factory=list)  # filled when found, empty when not
+    match_emails: list[str] = field(default_factory=list)
+
+    def refs(self) -> list[Ref]:
+        return self.parents + self.links
+
+
+# --- field checks ----------------------------------------------------------------------------
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def row_source_id(row: Any, kind: str) -> str:
+    """The row's id as the ledger keys it; leads have uuids, everything else positive integers."""
+    if not isinstance(row, Mapping):
+        raise MalformedRow(f"{kind} row is not an object")
+    if "id" not in row or row["id"] is None:
+        raise MalformedRow("id is missing")
+    value = row["id"]
+    if kind in LEAD_KINDS:
+        if isinstance(value, str) and _UUID.match(value):
+            return value.lower()
+        raise MalformedRow(f"id is not a lead uuid: {_describe(value)}")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    raise MalformedRow(f"id is not a positive integer: {_describe(value)}")
+
+
+def text(row: Mapping[str, Any], name: str, *, required: bool = False, limit: int = TITLE_MAX) -> str | None:
+    value = row.get(name)
+    if value is None or (not required and value == ""):
+        if required:
+            raise MalformedRow(f"{name} is missing")
+        return None
+    if not isinstance(value, str):
+        raise MalformedRow(f"{name} is not text: {_describe(value)}")
+    if "\x00" in value:
+        raise MalformedRow(f"{name} contains NUL bytes")
+    if len(value) > limit:
+        raise MalformedRow(f"{name} is {len(value):,} characters long (at most {limit:,})")
+    if required and not value.strip():
+        raise MalformedRow(f"{name} is empty")
+    return value
+
+
+def ref_id(row: Mapping[str, Any], name: str, *, uuid: bool = False) -> str | None:
+    value = row.get(name)
+    if value is None:
+        return None
+    if uuid:
+        if isinstance(value, str) and _UUID.match(value):
+            return value.lower()
+        raise MalformedRow(f"{name} is not a uuid: {_describe(value)}")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    if isinstance(value, Mapping) and "value" in value:  # v1 sometimes nests {"value": id, "name": ...}
+        return ref_id({name: value["value"]}, name)
+    raise MalformedRow(f"{name} is not an id: {_describe(value)}")
+
+
+def timestamp(row: Mapping[str, Any], name: str) -> datetime | None:
+    """RFC 3339 (v2, `2026-01-01T10:00:00Z`, with or without milliseconds) or v1 (`2026-01-01 10:00:00`, UTC)."""
+    value = row.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise MalformedRow(f"{name} is not a time: {_describe(value)}")
+    raw = value.strip()
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(raw.replace(" ", "T", 1))
+    except ValueError:
+        raise MalformedRow(f"{name} is not a time: {_describe(value)}") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def day(row: Mapping[str, Any], name: str) -> date | None:
+    value = row.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise MalformedRow(f"{name} is not a date: {_describe(value)}")
+    try:
+        return date.fromisoformat(value.strip()[:10])
+    except ValueError:
+        raise MalformedRow(f"{name} is not a date: {_describe(value)}") from None
+
+
+def number(row: Mapping[str, Any], name: str) -> float | None:
+    value = row.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MalformedRow(f"{name} is not a number: {_describe(value)}")
+    return float(value)
+
+
+def flag(row: Mapping[str, Any], name: str) -> bool | None:
+    value = row.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if value in (0, 1, "0", "1"):
+        return bool(int(value))
+    raise MalformedRow(f"{name} is not a flag: {_describe(value)}")
+
+
+def json_value(row: Mapping[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """A nested object or list kept as jsonb; Postgres jsonb cannot hold NUL either."""
+    value = row.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, kind):
+        raise MalformedRow(f"{name} has the wrong shape: {_describe(value)}")
+    _no_nul(value, name)
+    return value
+
+
+def _no_nul(value: Any, name: str) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise MalformedRow(f"{name} contains NUL bytes")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _no_nul(k, name)
+            _no_nul(v, name)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _no_nul(v, name)
+
+
+def labels(row: Mapping[str, Any], name: str = "label_ids") -> list[Any]:
+    value = json_value(row, name, list)
+    return list(value or [])
+
+
+def visible_to(row: Mapping[str, Any]) -> str | None:
+    value = row.get("visible_to")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise MalformedRow(f"visible_to has the wrong type: {_describe(value)}")
+    return str(value)
+
+
+def _common(row: Mapping[str, Any], sid: str, tenant_id: str, created: str = "add_time", updated: str = "update_time") -> dict[str, Any]:
+    return {
+        "tenant_id": tenant_id,
+        "source": SOURCE,
+        "source_id": sid,
+        "source_created_at": timestamp(row, created),
+        "source_updated_at": timestamp(row, updated),
+    }
+
+
+def _link(refs: list[Ref], column: str, ref: str, source_id: str | None) -> None:
+    if source_id is not None:
+        refs.append(Ref(column, ref, source_id))
+
+
+# --- custom fields ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FieldDef:
+    entity: str
+    key: str
+    name: str
+    field_type: str
+    options: tuple[tuple[Any, str], ...] = ()
+    is_custom: bool = True
+
+    def label(self, option_id: Any) -> str | None:
+        for oid, label in self.options:
+            if str(oid) == str(option_id):
+                return label
+        return None
+
+
+class FieldBook:
+    """Field definitions by entity and key, read once per run."""
+
+    def __init__(self, definitions: Iterable[Mapping[str, Any]] = ()) -> None:
+        self._by: dict[str, dict[str, FieldDef]] = {}
+        for d in definitions:
+            options = tuple((o.get("id"), str(o.get("label"))) for o in (d.get("options") or []) if isinstance(o, Mapping))
+            f = FieldDef(d["entity"], d["field_key"], d["name"], d["field_type"], options, bool(d.get("is_custom", True)))
+            self._by.setdefault(f.entity, {})[f.key] = f
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by.values())
+
+    def custom(self, entity: str) -> dict[str, FieldDef]:
+        defs = self._by.get(entity) or (self._by.get("deal", {}) if entity == "lead" else {})
+        return {k: f for k, f in defs.items() if f.is_custom}
+
+    def get(self, entity: str, key: str) -> FieldDef | None:
+        return self.custom(entity).get(key)
+
+
+REF_TYPES = {"user": "user", "org": "org", "people": "person", "deal": "deal"}
+
+
+def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any] | None:
+    """One stored custom value: the field's name and type, the value, and option labels."""
+    if value is None or value == "":
+        return None
+    out: dict[str, Any] = {"name": f.name, "type": f.field_type, "value": value}
+    t = f.field_type
+    if t == "enum":
+        option = value.get("id") if isinstance(value, Mapping) else value
+        out["value"] = option
+        out["label"] = f.label(option)
+    elif t == "set":
+        if isinstance(value, str):  # v1: "163,165"
+            items: list[Any] = [int(x) if x.strip().isdigit() else x.strip() for x in value.split(",") if x.strip()]
+        elif isinstance(value, list):
+            items = [v.get("id") if isinstance(v, Mapping) else v for v in value]
+        else:
+            raise MalformedRow(f"custom field {f.name!r} is not a set: {_describe(value)}")
+        out["value"] = items
+        out["labels"] = [f.label(i) for i in items]
+    elif t == "monetary":
+        if isinstance(value, Mapping):  # v2: {"value", "currency"}
+            out["value"] = value.get("value")
+            out["currency"] = value.get("currency")
+        else:  # v1: the amount, with the currency in <key>_currency
+            out["currency"] = currency
+    elif t in REF_TYPES:
+        if isinstance(value, Mapping):
+            value = value.get("value", value.get("id"))
+        out["value"] = value
+    _no_nul(out, f"custom field {f.name!r}")
+    return out
+
+
+def custom_fields_v2(book: FieldBook, entity: str, row: Mapping[str, Any], links: list[Ref]) -> dict[str, Any]:
+    raw = row.get("custom_fields")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise MalformedRow(f"custom_fields is not an object: {_describe(raw)}")
+    defs = book.custom(entity)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        f = defs.get(key) or FieldDef(entity, key, key, "unknown")
+        stored = custom_value(f, value)
+        if stored is None:
+            continue
+        out[key] = stored
+        _custom_link(f, stored, key, links)
+    return out
+
+
+def custom_fields_v1(book: FieldBook, entity: str, row: Mapping[str, Any], links: list[Ref]) -> dict[str, Any]:
+    """v1 rows carry custom values as top-level keys (monetary currency in `<key>_currency`)."""
+    out: dict[str, Any] = {}
+    defs = book.custom(entity)
+    for key, value in row.items():
+        if not isinstance(key, str) or not _FIELD_KEY.match(key):
+            continue
+        f = defs.get(key) or FieldDef(entity, key, key, "unknown")
+        stored = custom_value(f, value, row.get(f"{key}_currency"))
+        if stored is None:
+            continue
+        out[key] = stored
+        _custom_link(f, stored, key, links)
+    return out
+
+
+def _custom_link(f: FieldDef, stored: dict[str, Any], key: str, links: list[Ref]) -> None:
+    ref = REF_TYPES.get(f.field_type)
+    value = stored.get("value")
+    if ref and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        links.append(Ref(f"custom_fields.{key}", ref, str(value)))
+
+
+# --- the mappers -----------------------------------------------------------------------------
+
+
+def map_user(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "users")
+    access = row.get("access")
+    admin = any(isinstance(a, Mapping) and a.get("admin") is True for a in access) if isinstance(access, list) else False
+    values = {
+        **_common(row, sid, tenant_id, "created", "modified"),
+        "name": text(row, "name", required=True),
+        "email": normal_email(text(row, "email")),
+        "phone": text(row, "phone"),
+        "active": flag(row, "active_flag") is not False,
+        "is_admin": admin,
+        "timezone": text(row, "timezone_name"),
+        "locale": text(row, "locale"),
+    }
+    return Mapped("users", sid, values)
+
+
+def map_organization(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "organizations")
+    links: list[Ref] = []
+    _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    name = text(row, "name", required=True)
+    domain = normal_domain(text(row, "website") or text(row, "domain"))
+    values = {
+        **_common(row, sid, tenant_id),
+        "name": name,
+        "domain": domain,
+        "address": json_value(row, "address", Mapping),
+        "label_ids": labels(row),
+        "visible_to": visible_to(row),
+        "custom_fields": custom_fields_v2(book, "organization", row, links),
+    }
+    return Mapped("companies", sid, values, links=links)
+
+
+def _emails(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    raw = json_value(row, "emails", list) or []
+    out = []
+    for item in raw:
+        if isinstance(item, Mapping):
+            value = item.get("value")
+            if value in (None, ""):
+                continue
+            if not isinstance(value, str):
+                raise MalformedRow(f"emails has a non-text address: {_describe(value)}")
+            out.append({"value": value, "label": item.get("label"), "primary": bool(item.get("primary"))})
+        elif isinstance(item, str) and item:
+            out.append({"value": item, "label": None, "primary": not out})
+        else:
+            raise MalformedRow(f"emails has the wrong shape: {_describe(item)}")
+    return out
+
+
+def map_person(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "persons")
+    parents: list[Ref] = []
+    links: list[Ref] = []
+    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+    _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    emails = _emails(row)
+    primary = next((e["value"] for e in emails if e["primary"]), emails[0]["value"] if emails else None)
+    values = {
+        **_common(row, sid, tenant_id),
+        "name": text(row, "name", required=True),
+        "first_name": text(row, "first_name"),
+        "last_name": text(row, "last_name"),
+        "email": normal_email(primary),
+        "emails": emails,
+        "phones": json_value(row, "phones", list) or [],
+        "job_title": text(row, "job_title"),
+        "postal_address": json_value(row, "postal_address", (Mapping, str)),
+        "birthday": day(row, "birthday"),
+        "label_ids": labels(row),
+        "visible_to": visible_to(row),
+        "custom_fields": custom_fields_v2(book, "person", row, links),
+    }
+    if isinstance(values["postal_address"], str):
+        values["postal_address"] = {"value": values["postal_address"]}
+    return Mapped("contacts", sid, values, parents=parents, links=links, match_emails=[e["value"] for e in emails])
+
+
+def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
+    sid = row_source_id(row, "deals")
+    parents: list[Ref] = []
+    links: list[Ref] = []
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
+    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+    _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    archived = archived_kind or flag(row, "is_archived") is True
+    status = text(row, "status")
+    values = {
+        **_common(row, sid, tenant_id),
+        "title": text(row, "title", required=True),
+        "value": number(row, "value"),
+        "currency": text(row, "currency"),
+        "status": status,
+        "archived": archived,
+        "archived_at": timestamp(row, "archive_time"),
+        "pipeline_ref": ref_id(row, "pipeline_id"),
+        "stage_ref": ref_id(row, "stage_id"),
+        "probability": number(row, "probability"),
+        "lost_reason": text(row, "lost_reason"),
+        "expected_close_date": day(row, "expected_close_date"),
+        "closed_at": timestamp(row, "close_time"),
+        "won_at": timestamp(row, "won_time"),
+        "lost_at": timestamp(row, "lost_time"),
+        "stage_changed_at": timestamp(row, "stage_change_time"),
+        "origin": text(row, "origin"),
+        "label_ids": labels(row),
+        "visible_to": visible_to(row),
+        "custom_fields": custom_fields_v2(book, "deal", row, links),
+    }
+    return Mapped("deals", sid, values, parents=parents, links=links)
+
+
+def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
+    sid = row_source_id(row, "leads")
+    parents: list[Ref] = []
+    links: list[Ref] = []
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
+    _link(parents, "company_id", "org", ref_id(row, "organization_id"))
+    _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    value = json_value(row, "value", Mapping)
+    amount = number(value, "amount") if value else None
+    currency = text(value, "currency") if value else None
+    values = {
+        **_common(row, sid, tenant_id),
+        "title": text(row, "title", required=True),
+        "value": amount,
+        "currency": currency,
+        "archived": archived_kind or flag(row, "is_archived") is True,
+        "source_name": text(row, "source_name"),
+        "expected_close_date": day(row, "expected_close_date"),
+        "was_seen": flag(row, "was_seen"),
+        "label_ids": labels(row),
+        "visible_to": visible_to(row),
+        "custom_fields": custom_fields_v1(book, "lead", row, links),
+    }
+    return Mapped("leads", sid, values, parents=parents, links=links)
+
+
+def _attachments(row: Mapping[str, Any], parents: list[Ref]) -> None:
+    """What an activity or note is attached to: each is a parent that must be here."""
+    _link(parents, "deal_id", "deal", ref_id(row, "deal_id"))
+    _link(parents, "lead_id", "lead", ref_id(row, "lead_id", uuid=True))
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
+    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+
+
+def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "activities")
+    parents: list[Ref] = []
+    links: list[Ref] = []
+    _attachments(row, parents)
+    _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    participants = json_value(row, "participants", list) or []
+    values = {
+        **_common(row, sid, tenant_id),
+        "subject": text(row, "subject", required=True),
+        "activity_type": text(row, "type"),
+        "done": flag(row, "done") is True,
+        "done_at": timestamp(row, "marked_as_done_time"),
+        "due_date": day(row, "due_date"),
+        "due_time": text(row, "due_time"),
+        "duration": text(row, "duration"),
+        "busy": flag(row, "busy"),
+        "location": json_value(row, "location", (Mapping, str)),
+        "note": text(row, "note", limit=TEXT_MAX),
+        "public_description": text(row, "public_description", limit=TEXT_MAX),
+        "participants": participants,
+        "custom_fields": custom_fields_v2(book, "activity", row, links),
+    }
+    if isinstance(values["location"], str):
+        values["location"] = {"value": values["location"]}
+    return Mapped("activities", sid, values, parents=parents, links=links)
+
+
+PIN_FLAGS = ("deal", "lead", "person", "organization", "project", "task")
+
+
+def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "notes")
+    parents: list[Ref] = []
+    links: list[Ref] = []
+    _attachments(row, parents)
+    _link(links, "author_id", "user", ref_id(row, "user_id"))
+    values = {
+        **_common(row, sid, tenant_id),
+        "content": text(row, "content", required=True, limit=TEXT_MAX),
+        "pinned": [p for p in PIN_FLAGS if flag(row, f"pinned_to_{p}_flag")],
+    }
+    return Mapped("notes", sid, values, parents=parents, links=links)
+
+
+MAPPERS = {
+    "users": map_user,
+    "organizations": map_organization,
+    "persons": map_person,
+    "deals": map_deal,
+    "deals_archived": lambda row, tenant_id, book: map_deal(row, tenant_id, book, archived_kind=True),
+    "leads": map_lead,
+    "leads_archived": lambda row, tenant_id, book: map_lead(row, tenant_id, book, archived_kind=True),
+    "activities": map_activity,
+    "notes": map_note,
+}
+
+
+# --- mail ------------------------------------------------------------------------------------
+
+
+def message_of(item: Any) -> Mapping[str, Any]:
+    """A deal's mail listing wraps each message as `{object, timestamp, data}`."""
+    if isinstance(item, Mapping) and isinstance(item.get("data"), Mapping):
+        return item["data"]
+    if isinstance(item, Mapping) and "subject" in item:
+        return item
+    raise MalformedRow("the mail listing item has no message")
+
+
+def _parties(message: Mapping[str, Any], name: str, links: list[Ref], role: str) -> list[dict[str, Any]]:
+    raw = json_value(message, name, list) or []
+    out = []
+    for n, party in enumerate(raw):
+        if not isinstance(party, Mapping):
+            raise MalformedRow(f"{name} has the wrong shape: {_describe(party)}")
+        email = party.get("email_address")
+        if email is not None and not isinstance(email, str):
+            raise MalformedRow(f"{name} has a non-text address: {_describe(email)}")
+        person = ref_id(party, "linked_person_id")
+        out.append({"email": email, "name": party.get("name") or None, "contact_id": None})
+        _link(links, f"{role}.{n}", "person", person)
+    return out
+
+
+def map_email(item: Any, tenant_id: str, deal_source_id: str) -> Mapped:
+    """A mail message from a deal's listing (its body comes later: `with_body`); its parent is
+    the deal whose listing it came from."""
+    message = message_of(item)
+    sid = row_source_id(message, "emails")
+    parents: list[Ref] = [Ref("deal_id", "deal", deal_source_id)]
+    links: list[Ref] = []
+    sender = _parties(message, "from", links, "sender")
+    recipients = {k: _parties(message, k, links, k) for k in ("to", "cc", "bcc")}
+    values = {
+        **_common(message, sid, tenant_id),
+        "subject": text(message, "subject") or "",
+        "snippet": text(message, "snippet", limit=TEXT_MAX),
+        "body": None,
+        "sender": sender,
+        "recipients": recipients,
+        "sent_at": timestamp(message, "message_time"),
+        "outbound": flag(message, "sent_flag"),
+        "thread_ref": str(message["mail_thread_id"]) if isinstance(message.get("mail_thread_id"), (int, str)) else None,
+        "has_attachments": bool(flag(message, "has_attachments_flag")),
+    }
+    return Mapped("emails", sid, values, parents=parents, links=links)
+
+
+def with_body(mapped: Mapped, message: Any) -> Mapped:
+    """The message as fetched with `include_body=1`: its `body` checked and added."""
+    body = message.get("body") if isinstance(message, Mapping) else None
+    if body is not None:
+        if not isinstance(body, str):
+            raise MalformedRow(f"body is not text: {_describe(body)}")
+        if "\x00" in body:
+            raise MalformedRow("body contains NUL bytes")
+        if len(body) > TEXT_MAX:
+            raise MalformedRow(f"body is {len(body):,} characters long (at most {TEXT_MAX:,})")
+    return Mapped(mapped.table, mapped.source_id, {**mapped.values, "body": body}, mapped.parents, mapped.links)
+
+
+def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:
+    """Column values with resolved references filled in (custom fields and mail parties included)."""
+    values = dict(mapped.values)
+    for ref in mapped.refs():
+        record_id = found.get(ref)
+        if ref.column.startswith("custom_fields."):
+            key = ref.column.split(".", 1)[1]
+            fields = dict(values.get("custom_fields") or {})
+            if key in fields:
+                fields[key] = {**fields[key], "record_id": record_id}
+                values["custom_fields"] = fields
+        elif "." in ref.column:  # a mail party: sender.0, to.1, ...
+            role, n = ref.column.split(".", 1)
+            if role == "sender":
+                parties = [dict(p) for p in values["sender"]]
+                parties[int(n)]["contact_id"] = record_id
+                values["sender"] = parties
+            else:
+                recipients = {k: [dict(p) for p in v] for k, v in values["recipients"].items()}
+                recipients[role][int(n)]["contact_id"] = record_id
+                values["recipients"] = recipients
+        else:
+            values[ref.column] = record_id
+    return values

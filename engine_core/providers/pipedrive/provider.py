@@ -1,0 +1,293 @@
+"""The Pipedrive provider (source "pipedrive"): a whole account into the product's CRM tables.
+
+Phases are data (`plan.PHASES`): field definitions and users, organizations, persons, deals and
+leads (archived ones from their own endpoints), activities, notes, then every deal's email. Full
+history always: every list is walked from its start, never `/v1/recents` (a month at most).
+
+Tasks and cursors (details in `stripes.py`):
+
+* `fields` - one task a run (`fields:all`): every field definition, stored in
+  crm.custom_field_definitions so the product can show custom values by name and option label;
+  the other tasks read them from there once per run.
+* v1 kinds (users, leads, leads_archived, notes) - offset pages striped by page arithmetic: four
+  stripes from 0, 500, 1000, 1500; a full page creates start + 4 x 500.
+* v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
+  ranges of `update_time`: a discovery task finds the oldest and newest update and seeds four
+  walkers over four equal spans (the first and last open-ended); each creates its next page.
+* `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
+  fetches bodies in rounds of four on four threads holding no database connection (`emails.py`).
+
+Configuration comes from the environment: `PIPEDRIVE_BASE_URL` (a run's `base_url` option takes
+precedence, for tests and demos against the sandbox) and `PIPEDRIVE_API_TOKEN`. A missing variable
+fails at start-up (`account()`, which starting a run calls) with the variable's name. The token is
+held in memory only: it is not in run options, the database, logs, exceptions or `repr()`. The
+account key the rate-limit budget is shared on is the host and a short one-way fingerprint of the
+token (two tenants importing one account share its budget; the token cannot be recovered from it).
+
+Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
+default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
+fetches in flight per email task, default 4).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+from engine_core.budget import Budget
+from engine_core.context import TaskContext
+from engine_core.db import Database
+from engine_core.errors import ConfigError
+from engine_core.models import Run, Successor, TaskOutcome
+from engine_core.providers.base import register
+from engine_core.providers.pipedrive import emails, mapping, stripes, writers
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
+from engine_core.providers.pipedrive.plan import PHASES
+
+SOURCE = "pipedrive"
+ENV_BASE_URL = "PIPEDRIVE_BASE_URL"
+ENV_TOKEN = "PIPEDRIVE_API_TOKEN"
+ENV_BURST_LIMIT = "PIPEDRIVE_BURST_LIMIT"
+DEFAULT_BURST_LIMIT = 80
+SECRET_OPTIONS = ("token", "api_token", "pipedrive_api_token", "apitoken")
+
+# Field definitions: v2 lists (cursor) for the entities that have them, v1 (offset) for the rest.
+V2_FIELD_LISTS = {
+    "deal": "/api/v2/dealFields",
+    "person": "/api/v2/personFields",
+    "organization": "/api/v2/organizationFields",
+    "activity": "/api/v2/activityFields",
+}
+V1_FIELD_LISTS = {"lead": "/v1/leadFields", "note": "/v1/noteFields"}
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """Where the source is and how to reach it; the token never leaves this object."""
+
+    base_url: str
+    token: str = field(repr=False)
+    burst_limit: int = DEFAULT_BURST_LIMIT
+    fetch_threads: int = emails.FETCH_THREADS
+
+    @property
+    def account(self) -> str:
+        host = urlsplit(self.base_url).netloc or self.base_url
+        fingerprint = hashlib.sha256(self.token.encode()).hexdigest()[:12]
+        return f"{host}#{fingerprint}"
+
+    @classmethod
+    def load(cls, options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None, token: str | None = None) -> SourceConfig:
+        for key in options:
+            if key.lower() in SECRET_OPTIONS:
+                raise ConfigError(f"the API token comes from {ENV_TOKEN}, never from run options (found option {key!r})")
+        url = (base_url or options.get("base_url") or env.get(ENV_BASE_URL) or "").strip()
+        if not url:
+            raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{ENV_BASE_URL} must be an http(s) URL")
+        secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
+        if not secret:
+            raise ConfigError(f"{ENV_TOKEN} is not set (the Pipedrive API token)")
+        if any(c.isspace() for c in secret):
+            raise ConfigError(f"{ENV_TOKEN} must not contain whitespace")
+        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), "burst_limit", minimum=2)
+        threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1)
+        return cls(url.rstrip("/"), secret, burst, threads)
+
+
+def _positive(value: Any, name: str, *, minimum: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{name} must be at least {minimum}, got {number}")
+    return number
+
+
+# One budget per (database, account) in a process: every lane thread leases from the same chunks.
+_budgets: weakref.WeakKeyDictionary[Database, dict[str, Budget]] = weakref.WeakKeyDictionary()
+_budgets_lock = threading.Lock()
+
+
+def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
+    with _budgets_lock:
+        per_db = _budgets.setdefault(db, {})
+        budget = per_db.get(account)
+        if budget is None or budget.burst_limit != burst_limit:
+            budget = per_db[account] = Budget(db, SOURCE, account, burst_limit=burst_limit)
+        return budget
+
+
+class PipedriveProvider:
+    source = SOURCE
+
+    def __init__(
+        self,
+        run: Run | None = None,
+        *,
+        base_url: str | None = None,
+        token: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._options = dict(run.options) if run else {}
+        self._env = env
+        self._base_url = base_url
+        self._token = token
+        self._config: SourceConfig | None = None
+        self._client: PipedriveClient | None = None
+        self._client_db: Database | None = None
+        self._books: dict[int, FieldBook] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return "PipedriveProvider()"
+
+    # -- configuration --------------------------------------------------------------------
+    def config(self) -> SourceConfig:
+        if self._config is None:
+            env = os.environ if self._env is None else self._env
+            self._config = SourceConfig.load(self._options, env, base_url=self._base_url, token=self._token)
+        return self._config
+
+    def client(self, db: Database) -> PipedriveClient:
+        with self._lock:
+            if self._client is None or self._client_db is not db:
+                cfg = self.config()
+                self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db))
+                self._client_db = db
+            return self._client
+
+    def budget(self, db: Database) -> Budget:
+        cfg = self.config()
+        return budget_for(db, cfg.account, cfg.burst_limit)
+
+    # -- the provider protocol ------------------------------------------------------------
+    def phases(self) -> list[list[str]]:
+        return [list(group) for group in PHASES]
+
+    def account(self) -> str:
+        return self.config().account
+
+    def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
+        if kind == "fields":
+            return [Successor("fields:all", {})]
+        if kind in stripes.V1_PATHS:
+            return stripes.v1_seeds(kind)
+        if kind in stripes.V2_PATHS:
+            return stripes.v2_seeds(kind)
+        if kind == "emails":
+            return stripes.email_seeds()
+        raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
+
+    def run_task(self, ctx: TaskContext) -> TaskOutcome:
+        kind, cursor = ctx.task.kind, ctx.task.cursor
+        client = self.client(ctx.db)
+        if kind == "fields":
+            writers.write_definitions(ctx, self.fetch_definitions(client, ctx))
+            return TaskOutcome()
+        if kind == "emails":
+            if cursor.get("discover"):
+                return emails.discover(ctx, client)
+            return emails.run_email_task(ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads)
+        if kind in stripes.V1_PATHS:
+            return self._v1_page(ctx, client)
+        if kind in stripes.V2_PATHS:
+            if cursor.get("discover"):
+                return self._v2_discover(ctx, client)
+            return self._v2_page(ctx, client)
+        raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
+
+    # -- listing kinds --------------------------------------------------------------------
+    def _mapper(self, ctx: TaskContext) -> writers.Mapper:
+        kind, tenant = ctx.task.kind, ctx.run.tenant_id
+        book = self.book(ctx) if kind in mapping.ENTITY_OF_KIND else FieldBook()
+        fn = mapping.MAPPERS[kind]
+        return lambda row: fn(row, tenant, book)
+
+    def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
+        kind, start = ctx.task.kind, int(ctx.task.cursor["start"])
+        page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.PAGE, cancel=ctx.cancel)
+        writers.write_page(ctx, page.rows, self._mapper(ctx))
+        if page.more and len(page.rows) >= stripes.PAGE:
+            return TaskOutcome((stripes.v1_next(kind, start),))
+        return TaskOutcome()
+
+    def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
+        """Two one-page listings: the oldest and newest update_time, cut into four spans."""
+        path = stripes.V2_PATHS[ctx.task.kind]
+        ends = []
+        for direction in ("asc", "desc"):
+            page = client.list_v2(path, {"sort_by": "update_time", "sort_direction": direction}, limit=5, cancel=ctx.cancel)
+            ends.append(_first_time(page.rows))
+            if not page.rows:
+                return TaskOutcome()  # nothing to walk
+        spans = stripes.time_spans(ends[0], ends[1])
+        ctx.stats.bump("stripes", len(spans))
+        return TaskOutcome(tuple(stripes.v2_stripe_seeds(ctx.task.kind, spans)))
+
+    def _v2_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
+        kind, cursor = ctx.task.kind, ctx.task.cursor
+        page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=ctx.cancel)
+        writers.write_page(ctx, page.rows, self._mapper(ctx))
+        if page.more and page.next_cursor:
+            return TaskOutcome((stripes.v2_next(kind, cursor, page.next_cursor),))
+        return TaskOutcome()
+
+    # -- field definitions ----------------------------------------------------------------
+    def fetch_definitions(self, client: PipedriveClient, ctx: TaskContext | None = None) -> list[dict[str, Any]]:
+        cancel = ctx.cancel if ctx is not None else None
+        out: list[dict[str, Any]] = []
+        for entity, path in V2_FIELD_LISTS.items():
+            n = 0
+            for page in client.iter_v2(path, cancel=cancel):
+                for item in page.rows:
+                    out.append(writers.normal_definition(entity, item, n))
+                    n += 1
+        for entity, path in V1_FIELD_LISTS.items():
+            n = 0
+            for page in client.iter_v1(path, cancel=cancel):
+                for item in page.rows:
+                    out.append(writers.normal_definition(entity, item, n))
+                    n += 1
+        return out
+
+    def book(self, ctx: TaskContext) -> FieldBook:
+        """The run's field definitions: read from the CRM once per run, or - in a dry run, or a run
+        without the fields kind and none stored yet - from the source, once."""
+        with self._lock:
+            book = self._books.get(ctx.run.id)
+        if book is not None:
+            return book
+        with ctx.db.connection() as conn:
+            book = writers.book_from_db(conn, ctx.run)
+        if not len(book):
+            try:
+                book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
+            except MalformedRow:
+                book = FieldBook()
+        with self._lock:
+            self._books[ctx.run.id] = book
+        return book
+
+
+def _first_time(rows: tuple[dict[str, Any], ...]) -> datetime | None:
+    for row in rows:
+        try:
+            moment = mapping.timestamp(row, "update_time")
+        except MalformedRow:
+            continue
+        if moment is not None:
+            return moment
+    return None
+
+
+register(SOURCE, PipedriveProvider)
