@@ -302,6 +302,9 @@ class Dataset:
         self._build_mail_index()
         self.counts["mail_messages"] = self.message_total
         self._record_cache = functools.lru_cache(maxsize=16384)(self._build_record)
+        # Cross-kind facts asked for again and again (every person of an org needs its domain).
+        for name in ("org_name", "org_domain", "person_name", "person_org", "person_emails", "user_name", "user_email", "deal_title"):
+            setattr(self, name, functools.lru_cache(maxsize=65536)(getattr(self, name)))
 
     # ----------------------------------------------------------------- basic hashing helpers
     def _h(self, *parts: int) -> int:
@@ -416,10 +419,10 @@ class Dataset:
     def person_owner(self, p: int) -> int:
         return 1 + self._h(S_PERSON, p, 4) % self.counts["users"]
 
-    def person_emails(self, p: int) -> list[str]:
+    def person_emails(self, p: int) -> tuple[str, ...]:
         u = self._u(S_PERSON, p, 5)
         if u < 0.08:
-            return []
+            return ()
         first, last = self.person_name(p)
         org = self.person_org(p)
         style = self._h(S_PERSON, p, 6) % 4
@@ -433,7 +436,7 @@ class Dataset:
         emails = [f"{local}@{domain}"]
         if u > 0.85:
             emails.append(f"{f}{10 + self._h(S_PERSON, p, 9) % 90}@{FREEMAIL[p % len(FREEMAIL)]}")
-        return emails
+        return tuple(emails)
 
     def org_name(self, o: int) -> str:
         # About 3% of organizations share the name of an earlier one (duplicates are real life).
