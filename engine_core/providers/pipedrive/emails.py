@@ -1,35 +1,39 @@
-"""The email phase: discovery, then tasks of ten deals that fetch bodies four at a time.
+"""The email phase: discovery, then tasks of ten deals that keep four requests in flight.
 
 Discovery walks the deal lists (active and archived) a page per task, asking for each deal's
 `email_messages_count`, and seeds tasks of ten deals that have mail (`{"deals": [ids]}`, keyed by
 discovery page and chunk, so a retried page finds its tasks already there). A source that does not
 report the count gets every deal listed: a deal without mail then costs one listing call.
 
-An email task's offset is the index of the deal it is on. Per deal:
+An email task's offset is the index of the first of its deals not yet finished; everything before
+it is written. The task works in rounds:
 
-1. list its messages, 500 a page (one listing call per page);
-2. drop the messages the ledger already has - nothing written is fetched again;
-3. for the rest, a window (25 messages) at a time: fetch bodies in rounds of four - reserve four
-   rate-limit slots on the task's thread, fetch on four threads that hold no database connection,
-   join them all - and only when every body of the window is in hand, write the window: one
-   transaction, a savepoint per message, nothing in flight to the source while it is open;
-4. checkpoint the next deal's index.
+* a round is up to four requests - bodies of listed messages first, then listings (500 messages a
+  page) of the next deals to keep the round full: reserve the slots on the task's thread, run the
+  requests on four fetch threads that hold no database connection, join them all;
+* a listed page drops the messages the ledger already has (nothing written is fetched again) and
+  resolves its references - the deals and the people on the mail - in one query per round;
+* a window of 25 messages is written once every body in it is in hand: one transaction, a savepoint
+  per message, the checkpoint inside (the index of the first unfinished deal), and no request in
+  flight while it is open, because rounds are joined before anything is written.
 
-Windows are fetched and written in turn rather than a whole page first: the writes are the same,
-but a worker that dies mid-page loses at most one window of fetched bodies instead of a page.
-Bodies fetched and not yet written when a worker dies are fetched again on resume (they were never
-written); everything written is recognised by the ledger and never fetched twice.
+Rounds mix deals so that a task of small deals (most have one or two messages) still has four
+requests in flight; a deal's checkpoint is written inside the window that finishes it rather than
+in a transaction of its own (the seed's one-transaction-per-deal write cut, taken a step further).
+A window is fetched and written before the next is fetched, so a worker that dies loses at most a
+window of fetched bodies: those were never written and are fetched again on resume; everything
+written is recognised by the ledger and never fetched twice.
 
-A stop is honoured between rounds and between deals: the bodies in hand are written first.
-A message that cannot be fetched alone (not found, a malformed answer) or cannot be written fails
-alone with its reason; the deal's other messages land.
+A stop is honoured between rounds: the messages in hand are written and the progress checkpointed
+before the task stops. A message that cannot be fetched alone (not found, a malformed answer) or
+cannot be written fails alone with its reason; the deal's other messages land.
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +41,10 @@ from engine_core import ledger
 from engine_core.budget import Budget
 from engine_core.context import TaskContext
 from engine_core.db import Conn
-from engine_core.errors import PageFailed, TaskStopped
+from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
-from engine_core.providers.pipedrive.client import PipedriveClient
-from engine_core.providers.pipedrive.errors import BadResponse, NotFound
+from engine_core.providers.pipedrive.client import Page, PipedriveClient
+from engine_core.providers.pipedrive.errors import BadResponse, NotFound, PipedriveError
 from engine_core.providers.pipedrive.mapping import (
     DEAL_KINDS,
     MalformedRow,
@@ -56,7 +60,7 @@ from engine_core.providers.pipedrive.writers import ledger_refs, write_mapped
 log = logging.getLogger(__name__)
 
 KIND = "emails"
-FETCH_THREADS = 4  # bodies in flight per task: four lane threads x four = sixteen per process
+FETCH_THREADS = 4  # requests in flight per task: four lane threads x four = sixteen per process
 TOUCH_EVERY = 15.0  # seconds between lock refreshes while rounds run without a window commit
 SYSTEMIC_FAILURE_MIN = 25  # a task with at least this many messages, all failed, fails itself
 
@@ -82,7 +86,7 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     for row in page.rows:
         ident = row.get("id") if isinstance(row, dict) else None
         if not isinstance(ident, int) or isinstance(ident, bool) or ident <= 0:
-            continue  # a malformed deal: the deals phase records it; it has no mail we can reach
+            continue  # a malformed deal: the deals phase records it; no mail of it can be reached
         count = row.get("email_messages_count")
         if count is None:
             uncounted += 1
@@ -105,11 +109,19 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
 class MailRow(dict):
     """A message on its way to its window (a dict: the engine reads its `id`)."""
 
-    def __init__(self, ident: str | None, mapped: Mapped | None = None, error: BaseException | None = None, fetch: bool = False) -> None:
+    def __init__(self, deal: int, ident: str | None, mapped: Mapped | None = None, error: BaseException | None = None) -> None:
         super().__init__(id=ident)
+        self.deal = deal  # index of its deal in the task
         self.mapped = mapped
         self.error = error
-        self.fetch = fetch  # its body is still to be fetched
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A request for one page of a deal's messages."""
+
+    deal: int  # index in the task
+    start: int
 
 
 @dataclass
@@ -118,6 +130,28 @@ class Tally:
 
     attempted: int = 0
     failed: int = 0
+
+
+def mail_page(client: PipedriveClient, deal_id: int, start: int, *, cancel: Any, reservation: Any) -> Page:
+    """A page of a deal's messages, spending a reserved slot (the fetch threads never lease)."""
+    path = f"/v1/deals/{int(deal_id)}/mailMessages"
+    body = client.get(path, {"start": start, "limit": PAGE}, cancel=cancel, reservation=reservation)
+    data = body.get("data")
+    if data is None:
+        rows: tuple[dict[str, Any], ...] = ()
+    elif isinstance(data, list):
+        rows = tuple(data)
+    else:
+        raise BadResponse("data is not a list", method="GET", path=path, status=200)
+    extra = body.get("additional_data") if isinstance(body.get("additional_data"), dict) else {}
+    pagination = extra.get("pagination") if isinstance(extra.get("pagination"), dict) else extra
+    if not pagination.get("more_items_in_collection"):
+        return Page(rows=rows, more=False)
+    next_start = pagination.get("next_start")
+    next_start = start + len(rows) if next_start is None else next_start
+    if not isinstance(next_start, int) or next_start <= start:
+        raise BadResponse("next_start does not advance", method="GET", path=path, status=200)
+    return Page(rows=rows, next_start=next_start, more=True)
 
 
 class EmailTask:
@@ -134,152 +168,213 @@ class EmailTask:
         self.client = client
         self.budget = budget
         self.pool = pool
-        self.fetch_threads = fetch_threads
+        self.per_round = fetch_threads
+        if budget is not None:
+            self.per_round = max(1, min(fetch_threads, budget.lease_size()))
+        self.deals = [int(d) for d in ctx.task.cursor.get("deals", [])]
+        self.offset = min(ctx.offset, len(self.deals))
+        self.listed = {j: False for j in range(self.offset, len(self.deals))}
+        self.outstanding = {j: 0 for j in range(self.offset, len(self.deals))}
+        self.to_list: deque[Listing] = deque(Listing(j, 0) for j in range(self.offset, len(self.deals)))
+        self.to_fetch: deque[MailRow] = deque()
+        self.ready: deque[MailRow] = deque()
+        self.found: dict[tuple[str, str], int] = {}
         self.tally = Tally()
         self._touched = time.monotonic()
 
     # -- the task ---------------------------------------------------------------------------
     def run(self) -> TaskOutcome:
-        ctx = self.ctx
-        deals = [int(d) for d in ctx.task.cursor.get("deals", [])]
-        index = ctx.offset
-        while index < len(deals):
-            ctx.stop_point()  # a deal boundary: everything before it is checkpointed
-            self.deal(deals[index], index)
-            ctx.stats.bump("deals")
-            with ctx.db.transaction() as tx:
-                ctx.checkpoint(tx, index + 1)
-            self._touched = time.monotonic()
-            index += 1
+        try:
+            while self.to_list or self.to_fetch or self.ready:
+                if len(self.ready) >= self.ctx.window or (self.ready and not self.to_fetch and not self.to_list):
+                    self.write_window()
+                    continue
+                if self.ctx.should_stop():
+                    raise TaskStopped()
+                self._touch()
+                self.round()
+        except (TaskStopped, RateLimitParked, PipedriveError):
+            # Nothing is in flight (rounds are joined): keep what is in hand, then stop.
+            self.flush()
+            raise
+        self.checkpoint_progress()
         t = self.tally
         if t.attempted >= SYSTEMIC_FAILURE_MIN and t.failed == t.attempted:
             raise PageFailed(f"every message of the task failed ({t.failed}); first reasons are in the run log")
         return TaskOutcome()
 
-    def deal(self, deal_id: int, index: int) -> None:
-        start = 0
-        while True:
-            try:
-                page = self.client.mail_messages(deal_id, start=start, limit=PAGE, cancel=self.ctx.cancel)
-            except NotFound:
-                self.ctx.log.note("warning", KIND, "deal not found at the source (deleted since discovery)", subject=deal_id)
-                return
-            self.ctx.stats.bump("messages_listed", len(page.rows))
-            self.page(deal_id, index, page.rows)
-            if not page.more or page.next_start is None:
-                return
-            start = page.next_start
+    def first_unfinished(self) -> int:
+        for j in range(self.offset, len(self.deals)):
+            if not self.listed[j] or self.outstanding[j]:
+                return j
+        return len(self.deals)
 
-    # -- one page of a deal's messages ---------------------------------------------------------
-    def page(self, deal_id: int, index: int, items: Sequence[Any]) -> None:
-        ctx, run = self.ctx, self.ctx.run
-        deal_sid = str(deal_id)
-        rows: list[MailRow] = []
-        for item in items:
+    # -- rounds -----------------------------------------------------------------------------
+    def round(self) -> None:
+        """Up to four requests: bodies first, listings to fill; reserved here, run on the pool."""
+        bodies: list[MailRow] = []
+        while self.to_fetch and len(bodies) < self.per_round:
+            bodies.append(self.to_fetch.popleft())
+        listings: list[Listing] = []
+        while self.to_list and len(bodies) + len(listings) < self.per_round:
+            listings.append(self.to_list.popleft())
+        n = len(bodies) + len(listings)
+        try:
+            reservation = self.budget.reserve(n, cancel=self.ctx.cancel) if self.budget is not None else None
+        except BaseException:
+            self.to_fetch.extendleft(reversed(bodies))
+            self.to_list.extendleft(reversed(listings))
+            raise
+        cancel = self.ctx.cancel
+        try:
+            body_futures = [
+                self.pool.submit(self.client.mail_body, int(r["id"]), cancel=cancel, reservation=reservation) for r in bodies
+            ]
+            list_futures = [
+                self.pool.submit(mail_page, self.client, self.deals[l.deal], l.start, cancel=cancel, reservation=reservation)
+                for l in listings
+            ]
+            fatal = self._join_bodies(bodies, body_futures)
+            pages, fatal = self._join_listings(listings, list_futures, fatal)
+        finally:
+            if reservation is not None:
+                reservation.release()
+        self.take_pages(pages)
+        if fatal is not None:
+            raise fatal
+
+    def _join_bodies(self, rows: list[MailRow], futures: list[Future]) -> BaseException | None:
+        fatal: BaseException | None = None
+        retry: list[MailRow] = []
+        for r, f in zip(rows, futures):
             try:
-                mapped = map_email(item, run.tenant_id, deal_sid)
-            except MalformedRow as e:
-                rows.append(MailRow(_sound_id(item), error=e))
+                message = f.result()
+            except (NotFound, BadResponse) as e:
+                r.error = e  # this message alone
+                self.ready.append(r)
                 continue
-            rows.append(MailRow(mapped.source_id, mapped))
+            except BaseException as e:  # noqa: BLE001 - every request is joined before raising
+                fatal = fatal or e
+                retry.append(r)
+                continue
+            try:
+                assert r.mapped is not None
+                r.mapped = with_body(r.mapped, message)
+            except MalformedRow as e:
+                r.error = e
+            self.ctx.stats.bump("bodies")
+            self.ready.append(r)
+        self.to_fetch.extendleft(reversed(retry))
+        return fatal
+
+    def _join_listings(
+        self, listings: list[Listing], futures: list[Future], fatal: BaseException | None
+    ) -> tuple[list[tuple[Listing, Page]], BaseException | None]:
+        pages: list[tuple[Listing, Page]] = []
+        retry: list[Listing] = []
+        for l, f in zip(listings, futures):
+            try:
+                pages.append((l, f.result()))
+            except NotFound:
+                self.ctx.log.note("warning", KIND, "deal not found at the source (deleted since discovery)", subject=self.deals[l.deal])
+                pages.append((l, Page()))
+            except BaseException as e:  # noqa: BLE001
+                fatal = fatal or e
+                retry.append(l)
+        self.to_list.extendleft(reversed(retry))
+        return pages, fatal
+
+    # -- listed pages -----------------------------------------------------------------------
+    def take_pages(self, pages: list[tuple[Listing, Page]]) -> None:
+        """Map the listed messages, drop what the ledger has, resolve the round's references in
+        one query, and queue each message for its body (or straight for its window)."""
+        if not pages:
+            return
+        ctx, run = self.ctx, self.ctx.run
+        rows: list[MailRow] = []
+        more: list[Listing] = []
+        for listing, page in pages:
+            deal_sid = str(self.deals[listing.deal])
+            ctx.stats.bump("messages_listed", len(page.rows))
+            for item in page.rows:
+                try:
+                    mapped = map_email(item, run.tenant_id, deal_sid)
+                except MalformedRow as e:
+                    rows.append(MailRow(listing.deal, _sound_id(item), error=e))
+                    continue
+                rows.append(MailRow(listing.deal, mapped.source_id, mapped))
+            if page.more and page.next_start is not None:
+                more.append(Listing(listing.deal, page.next_start))
+            else:
+                self.listed[listing.deal] = True
+        self.to_list.extendleft(reversed(more))  # finish a deal's listing before starting others
         ids = [r["id"] for r in rows if r.mapped is not None]
+        refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
             claimed = _claimed_by(conn, run.tenant_id, run.source, ids)
-            # one reference query per page: the deal and the people on its messages
-            found = ledger.resolve(conn, run, [(k, deal_sid) for k in DEAL_KINDS] + ledger_refs(r.mapped for r in rows))
-        todo: list[MailRow] = []
+            self.found.update(ledger.resolve(conn, run, refs + ledger_refs(r.mapped for r in rows)))
         for r in rows:
             if r.mapped is not None and r["id"] in claimed:
                 if claimed[r["id"]] != run.id:
                     ctx.stats.bump("seen")
                     ctx.stats.bump(ledger.ALREADY_HERE)
                 continue  # written before: never fetched again
-            todo.append(r)
-        deal_here = any(found.get((k, deal_sid)) is not None for k in DEAL_KINDS)
-        for r in todo:
+            self.outstanding[r.deal] += 1
+            deal_sid = str(self.deals[r.deal])
+            deal_here = any(self.found.get((k, deal_sid)) is not None for k in DEAL_KINDS)
             # bodies only for messages that will be written: none in a dry run, none without the deal
-            r.fetch = r.mapped is not None and deal_here and not run.dry_run
-        window = ctx.window
-        for w in range(0, len(todo), window):
-            chunk = todo[w : w + window]
-            error = self.fetch(chunk)
-            ready = [r for r in chunk if not r.fetch]
-            self.write(ready, found, index)
-            if error is not None:
-                raise error
-
-    # -- fetch rounds -------------------------------------------------------------------------
-    def fetch(self, rows: list[MailRow]) -> BaseException | None:
-        """Fetch the bodies of `rows` in rounds; returns the error that ended the task's fetching
-        (a stop, a spent budget, a source that keeps failing), with what was fetched kept."""
-        wanted = [r for r in rows if r.fetch]
-        per_round = self.fetch_threads
-        if self.budget is not None:
-            per_round = max(1, min(per_round, self.budget.lease_size()))
-        for n in range(0, len(wanted), per_round):
-            if self.ctx.should_stop():
-                return TaskStopped()
-            self._touch()
-            batch = wanted[n : n + per_round]
-            try:
-                self.round(batch)
-            except BaseException as e:  # noqa: BLE001 - handed back to be raised after the write
-                return e
-        return None
-
-    def round(self, batch: list[MailRow]) -> None:
-        """One round: reserve the slots here, fetch on the pool's threads, join every one."""
-        reservation = self.budget.reserve(len(batch), cancel=self.ctx.cancel) if self.budget is not None else None
-        try:
-            futures = [
-                self.pool.submit(self.client.mail_body, int(r["id"]), cancel=self.ctx.cancel, reservation=reservation)
-                for r in batch
-            ]
-            fatal: BaseException | None = None
-            for r, f in zip(batch, futures):
-                try:
-                    message = f.result()
-                except (NotFound, BadResponse) as e:
-                    r.error, r.fetch = e, False  # this message alone
-                    continue
-                except BaseException as e:  # noqa: BLE001 - the others are joined first
-                    fatal = fatal or e
-                    continue
-                try:
-                    assert r.mapped is not None
-                    r.mapped = with_body(r.mapped, message)
-                except MalformedRow as e:
-                    r.error = e
-                r.fetch = False
-                self.ctx.stats.bump("bodies")
-        finally:
-            if reservation is not None:
-                reservation.release()
-        if fatal is not None:
-            raise fatal
+            if r.mapped is not None and deal_here and not run.dry_run:
+                self.to_fetch.append(r)
+            else:
+                self.ready.append(r)
 
     # -- writing ------------------------------------------------------------------------------
-    def write(self, rows: list[MailRow], found: dict[tuple[str, str], int], index: int) -> None:
-        if not rows:
-            return
+    def write_window(self) -> None:
         ctx = self.ctx
+        rows = [self.ready.popleft() for _ in range(min(ctx.window, len(self.ready)))]
+        for r in rows:
+            self.outstanding[r.deal] -= 1
+        before, after = self.offset, self.first_unfinished()
+        ctx.stats.bump("deals", after - before)
 
         def writer(tx: Conn, row: MailRow) -> str:
             if row.error is not None:
                 raise row.error
             assert row.mapped is not None
-            return write_mapped(tx, ctx.run, KIND, row.mapped, found)
+            return write_mapped(tx, ctx.run, KIND, row.mapped, self.found)
 
         try:
-            result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: index)
+            result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after)
         except PageFailed:
-            # a window of messages that all failed (often a window of one): each failed alone
+            # a window whose every message failed (often a window of one): each failed alone
             self.tally.attempted += len(rows)
             self.tally.failed += len(rows)
+        except BaseException:
+            ctx.stats.bump("deals", before - after)
+            for r in rows:
+                self.outstanding[r.deal] += 1
+            self.ready.extendleft(reversed(rows))
+            raise
         else:
             self.tally.attempted += result.attempted
             self.tally.failed += result.failed
+        self.offset = after
         self._touched = time.monotonic()  # the window's checkpoint refreshed the lock
+
+    def flush(self) -> None:
+        """Write every message in hand and checkpoint (before a stop or a source failure)."""
+        while self.ready:
+            self.write_window()
+        self.checkpoint_progress()
+
+    def checkpoint_progress(self) -> None:
+        """Deals finished without a window of their own (no mail, all here) move the offset too."""
+        after = self.first_unfinished()
+        if after > self.offset:
+            self.ctx.stats.bump("deals", after - self.offset)
+            with self.ctx.db.transaction() as tx:
+                self.ctx.checkpoint(tx, after)
+            self.offset = after
 
     def _touch(self) -> None:
         if time.monotonic() - self._touched >= TOUCH_EVERY:

@@ -34,6 +34,7 @@ import hashlib
 import os
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -113,6 +114,27 @@ def _positive(value: Any, name: str, *, minimum: int) -> int:
     return number
 
 
+# The run's field definitions, shared by every provider instance of this process: read once per
+# run (a dry run stores nothing, so this is where its later phases find them).
+_books: OrderedDict[tuple[str, int], FieldBook] = OrderedDict()
+_books_lock = threading.Lock()
+BOOKS_KEPT = 32
+
+
+def _remember_book(ctx: TaskContext, book: FieldBook) -> None:
+    key = (ctx.db.url, ctx.run.id)
+    with _books_lock:
+        _books[key] = book
+        _books.move_to_end(key)
+        while len(_books) > BOOKS_KEPT:
+            _books.popitem(last=False)
+
+
+def _recall_book(ctx: TaskContext) -> FieldBook | None:
+    with _books_lock:
+        return _books.get((ctx.db.url, ctx.run.id))
+
+
 # One budget per (database, account) in a process: every lane thread leases from the same chunks.
 _budgets: weakref.WeakKeyDictionary[Database, dict[str, Budget]] = weakref.WeakKeyDictionary()
 _budgets_lock = threading.Lock()
@@ -145,7 +167,6 @@ class PipedriveProvider:
         self._config: SourceConfig | None = None
         self._client: PipedriveClient | None = None
         self._client_db: Database | None = None
-        self._books: dict[int, FieldBook] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -192,7 +213,9 @@ class PipedriveProvider:
         kind, cursor = ctx.task.kind, ctx.task.cursor
         client = self.client(ctx.db)
         if kind == "fields":
-            writers.write_definitions(ctx, self.fetch_definitions(client, ctx))
+            definitions = self.fetch_definitions(client, ctx)
+            _remember_book(ctx, FieldBook(definitions))
+            writers.write_definitions(ctx, definitions)
             return TaskOutcome()
         if kind == "emails":
             if cursor.get("discover"):
@@ -261,21 +284,17 @@ class PipedriveProvider:
         return out
 
     def book(self, ctx: TaskContext) -> FieldBook:
-        """The run's field definitions: read from the CRM once per run, or - in a dry run, or a run
-        without the fields kind and none stored yet - from the source, once."""
-        with self._lock:
-            book = self._books.get(ctx.run.id)
+        """The run's field definitions, read once per run: kept in this process by the fields task,
+        else from the CRM (another process stored them), else - a run without the fields kind and
+        none stored yet - from the source."""
+        book = _recall_book(ctx)
         if book is not None:
             return book
         with ctx.db.connection() as conn:
             book = writers.book_from_db(conn, ctx.run)
         if not len(book):
-            try:
-                book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
-            except MalformedRow:
-                book = FieldBook()
-        with self._lock:
-            self._books[ctx.run.id] = book
+            book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
+        _remember_book(ctx, book)
         return book
 
 

@@ -1,0 +1,141 @@
+"""Helpers for the Pipedrive provider's tests: a sandbox over a real socket, runs drained by real
+threads against a real Postgres database, and the ledger read back for reconciliation."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from engine_core import db as dbmod
+from engine_core import runs
+from engine_core.config import Settings
+from engine_core.models import Run
+from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider
+from engine_core.worker import Worker, drain_threads
+from pipedrive_sandbox.config import SandboxConfig
+from pipedrive_sandbox.server import SandboxServer
+
+TOKEN = "sandbox-tok-7f3a9c1e55b2d840"
+FAST = Settings(lane_width=4, stale_lock_seconds=1800, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
+UNLIMITED = 100_000  # a burst limit no test reaches: tests measure behaviour, not pacing
+
+# truth name -> ledger kind, and ledger kind -> crm table
+LEDGER_KIND = {
+    "users": "users",
+    "organizations": "organizations",
+    "persons": "persons",
+    "deals": "deals",
+    "deals_archived": "deals_archived",
+    "leads": "leads",
+    "leads_archived": "leads_archived",
+    "activities": "activities",
+    "notes": "notes",
+    "mail_messages": "emails",
+}
+TABLE = {
+    "users": "users",
+    "organizations": "companies",
+    "persons": "contacts",
+    "deals": "deals",
+    "deals_archived": "deals",
+    "leads": "leads",
+    "leads_archived": "leads",
+    "activities": "activities",
+    "notes": "notes",
+    "emails": "emails",
+}
+
+
+@contextmanager
+def sandbox(**changes: Any) -> Iterator[SandboxServer]:
+    """A sandbox in a thread of this process; env points the provider at it."""
+    options: dict[str, Any] = {"scale": "tiny", "seed": 1, "token": TOKEN, "burst_limit": UNLIMITED}
+    options.update(changes)
+    with SandboxServer(SandboxConfig(**options)) as sb:
+        old = {k: os.environ.get(k) for k in (ENV_BASE_URL, ENV_TOKEN)}
+        os.environ[ENV_BASE_URL] = sb.base_url
+        os.environ[ENV_TOKEN] = options["token"]
+        try:
+            yield sb
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def start(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme", **kwargs: Any) -> Run:
+    options = {"base_url": sb.base_url, "burst_limit": UNLIMITED, **kwargs.pop("options", {})}
+    return runs.start_run(db, PipedriveProvider(base_url=sb.base_url), tenant, options=options, settings=FAST, **kwargs)
+
+
+def migrate(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme", *, width: int = 4, **kwargs: Any) -> Run:
+    """Start a run and drain it with `width` lane threads until nothing is left."""
+    run = start(db, sb, tenant, **kwargs)
+    drain_threads(db, run.id, width=width, settings=FAST)
+    return runs.get_run(db, run.id)
+
+
+def ledger(db: dbmod.Database, tenant: str, kind: str) -> dict[str, dict[str, Any]]:
+    rows = db.sql(
+        "SELECT source_id, action, reason, record_id, migration_id FROM migration_records"
+        " WHERE tenant_id = %(t)s AND source = 'pipedrive' AND kind = %(k)s",
+        {"t": tenant, "k": kind},
+    )
+    return {r["source_id"]: r for r in rows}
+
+
+def actions(entries: dict[str, dict[str, Any]], *wanted: str) -> set[str]:
+    return {sid for sid, r in entries.items() if r["action"] in wanted}
+
+
+def kind_counts(db: dbmod.Database, run_id: int) -> dict[str, dict[str, int]]:
+    """Per kind: the rollup's counters summed over the run's tasks."""
+    out: dict[str, dict[str, int]] = {}
+    for r in db.fetch_all("rollup_tasks", {"run_id": run_id}):
+        k = out.setdefault(r["kind"], {c: 0 for c in ("imported", "matched", "already_here", "skipped", "failed", "seen")})
+        for c in k:
+            k[c] += int(r[c])
+    return out
+
+
+def statuses(db: dbmod.Database, run_id: int) -> dict[str, int]:
+    rows = db.sql("SELECT status, count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s GROUP BY status", {"r": run_id})
+    return {r["status"]: r["n"] for r in rows}
+
+
+def failed_tasks(db: dbmod.Database, run_id: int) -> list[dict[str, Any]]:
+    return db.sql("SELECT kind, cursor_key, error FROM migration_tasks WHERE migration_id = %(r)s AND status = 'failed'", {"r": run_id})
+
+
+# --- a worker process for the crash test ---------------------------------------------------------
+
+
+def email_worker_that_pauses(url: str, run_id: int, pause_after_full_windows: int, ready: Any) -> None:
+    """Drain a run in this (child) process; after N full email windows have committed, signal
+    `ready` and wait to be killed - a worker caught mid-deal, between two windows."""
+    from engine_core.providers.pipedrive import emails
+
+    original = emails.EmailTask.write_window
+    full = {"n": 0}
+
+    def write_window(self: emails.EmailTask) -> None:
+        size = min(self.ctx.window, len(self.ready))
+        original(self)
+        if size == self.ctx.window:
+            full["n"] += 1
+            if full["n"] >= pause_after_full_windows:
+                ready.set()
+                time.sleep(600)  # the parent SIGKILLs us here
+
+    emails.EmailTask.write_window = write_window  # type: ignore[method-assign]
+    database = dbmod.Database(url, max_size=4)
+    Worker(database, settings=FAST).drain(run_id)
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,238 @@
+"""A whole `tiny` Pipedrive account into the product's CRM tables, reconciled with the sandbox's
+truth: every source row has exactly one ledger entry, every created or matched entry one target
+row, archived deals and leads included; a second run creates nothing; existing contacts and
+companies are linked, not duplicated; a dry run writes nothing and reports what it would do; a
+notes-and-activities run has two phases, and its placeholders are taken over by a later run that
+brings the parents."""
+from __future__ import annotations
+
+from collections import Counter
+
+from engine_core import rollup
+from engine_core.providers.pipedrive.plan import PHASES
+from engine_core.providers.pipedrive.writers import NOT_LINKED
+from pipedrive_sandbox.data import dataset_for
+from tests.pipedrive.support import (
+    LEDGER_KIND,
+    TABLE,
+    actions,
+    failed_tasks,
+    kind_counts,
+    ledger,
+    migrate,
+    sandbox,
+)
+
+TENANT = "acme"
+
+
+def _target_rows(db, tenant: str, table: str) -> list[dict]:
+    return db.sql(f"SELECT id, source, source_id FROM crm.{table} WHERE tenant_id = %(t)s", {"t": tenant})
+
+
+def test_full_tiny_migration_reconciles_with_the_sandbox_truth(db) -> None:
+    with sandbox() as sb:
+        truth = sb.truth()
+        run = migrate(db, sb, TENANT)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    assert run.plan == tuple(tuple(g) for g in PHASES)
+    ids = truth["ids"]
+    ids["mail_messages"] = [m for msgs in truth["deals_with_mail"].values() for m in msgs]
+    counts = kind_counts(db, run.id)
+    created_by_table: Counter[str] = Counter()
+    for name, kind in LEDGER_KIND.items():
+        entries = ledger(db, TENANT, kind)
+        assert set(entries) == {str(i).lower() for i in ids[name]}, f"{kind}: ledger ids differ from the source's"
+        created = actions(entries, "created")
+        skipped = actions(entries, "skipped")
+        assert actions(entries, "failed", "matched") == set(), kind
+        assert created | skipped == set(entries)
+        assert counts[kind]["imported"] == len(created) and counts[kind]["skipped"] == len(skipped), kind
+        for sid in skipped:
+            assert entries[sid]["reason"].startswith(NOT_LINKED), entries[sid]
+        created_by_table[TABLE[kind]] += len(created)
+        # every created entry points at its own target row
+        table = TABLE[kind]
+        rows = {r["id"]: r for r in _target_rows(db, TENANT, table)}
+        for sid in created:
+            assert rows[entries[sid]["record_id"]]["source_id"] == sid
+    for table, n in created_by_table.items():
+        rows = _target_rows(db, TENANT, table)
+        assert len(rows) == n, f"crm.{table}: target rows must be created + matched"
+        assert len({r["source_id"] for r in rows}) == len(rows), f"crm.{table} has duplicates"
+    # the references the sandbox made dangle are the ones skipped (and only rows pointing at them)
+    for kind, dangling in truth["dangling"].items():
+        skipped = actions(ledger(db, TENANT, kind), "skipped")
+        assert {str(i).lower() for i in dangling} <= skipped, kind
+    # archived deals and leads are there, marked archived
+    archived_deals = db.sql("SELECT count(*) AS n FROM crm.deals WHERE tenant_id = %(t)s AND archived", {"t": TENANT})[0]["n"]
+    assert archived_deals == len(actions(ledger(db, TENANT, "deals_archived"), "created")) > 0
+    archived_leads = db.sql("SELECT count(*) AS n FROM crm.leads WHERE tenant_id = %(t)s AND archived", {"t": TENANT})[0]["n"]
+    assert archived_leads == len(actions(ledger(db, TENANT, "leads_archived"), "created")) > 0
+    # every message has its body and its deal
+    bodies = db.sql("SELECT count(*) AS n FROM crm.emails WHERE tenant_id = %(t)s AND (body IS NULL OR deal_id IS NULL)", {"t": TENANT})
+    assert bodies[0]["n"] == 0
+
+
+def test_links_custom_fields_and_definitions_are_stored_for_the_product(db) -> None:
+    ds = dataset_for("tiny", 1, None)
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT)
+    assert run.status == "succeeded"
+    defs = db.sql("SELECT entity, count(*) FILTER (WHERE is_custom) AS custom FROM crm.custom_field_definitions"
+                  " WHERE tenant_id = %(t)s GROUP BY entity", {"t": TENANT})
+    custom = {d["entity"]: d["custom"] for d in defs}
+    assert {e: custom.get(e) for e in ("deal", "person", "organization", "lead")} == {"deal": 11, "person": 11, "organization": 11, "lead": 11}
+    # a person: linked to its organization's company and its owner, custom values named and labelled
+    person = next(i for i in range(ds.count("persons")) if ds.person_org(i) is not None and not ds.is_dangling("persons", i))
+    src = ds.record("persons", person)
+    row = db.sql(
+        "SELECT c.*, co.source_id AS company_source, u.source_id AS owner_source FROM crm.contacts c"
+        " LEFT JOIN crm.companies co ON co.id = c.company_id LEFT JOIN crm.users u ON u.id = c.owner_id"
+        " WHERE c.tenant_id = %(t)s AND c.source_id = %(s)s",
+        {"t": TENANT, "s": str(src["id"])},
+    )[0]
+    assert row["company_source"] == str(src["org_id"]) and row["owner_source"] == str(src["owner_id"])
+    assert row["email"] == (src["emails"][0]["value"].lower() if src["emails"] else None)
+    fields = {f.key: f for f in ds.custom_fields["person"]}
+    for key, value in src["custom_fields"].items():
+        f = fields[key]
+        if value is None:
+            assert key not in row["custom_fields"]
+            continue
+        stored = row["custom_fields"][key]
+        assert stored["name"] == f.name and stored["type"] == f.field_type
+        if f.field_type == "enum":
+            assert stored["label"] == dict(f.options)[value]
+        if f.field_type == "set":
+            assert stored["labels"] == [dict(f.options)[v] for v in value]
+        if f.field_type == "monetary":
+            assert (stored["value"], stored["currency"]) == (value["value"], value["currency"])
+    # a lead (v1: custom values at the top level, sets as "1,2"): the same shape
+    lead = db.sql("SELECT custom_fields FROM crm.leads WHERE tenant_id = %(t)s AND custom_fields <> '{}'::jsonb LIMIT 1", {"t": TENANT})[0]
+    assert all({"name", "type", "value"} <= set(v) for v in lead["custom_fields"].values())
+    # notes and activities point at their deal; emails at theirs
+    orphans = db.sql(
+        "SELECT count(*) AS n FROM crm.emails e JOIN migration_records r ON r.record_id = e.id AND r.kind = 'emails'"
+        " WHERE e.tenant_id = %(t)s AND e.deal_id IS NULL",
+        {"t": TENANT},
+    )
+    assert orphans[0]["n"] == 0
+
+
+def test_second_run_creates_nothing_and_reports_everything_already_here(db) -> None:
+    with sandbox() as sb:
+        first = migrate(db, sb, TENANT)
+        before = {t: len(_target_rows(db, TENANT, t)) for t in set(TABLE.values())}
+        second = migrate(db, sb, TENANT)
+    assert first.status == second.status == "succeeded"
+    one, two = kind_counts(db, first.id), kind_counts(db, second.id)
+    for kind in LEDGER_KIND.values():
+        assert two[kind]["imported"] == two[kind]["matched"] == two[kind]["failed"] == 0, kind
+        assert two[kind]["already_here"] == one[kind]["imported"] + one[kind]["matched"], kind
+        assert two[kind]["skipped"] == one[kind]["skipped"], kind  # their parents are still missing
+    assert {t: len(_target_rows(db, TENANT, t)) for t in set(TABLE.values())} == before
+
+
+def test_existing_contacts_and_companies_are_matched_not_duplicated(db) -> None:
+    ds = dataset_for("tiny", 1, None)
+    with_mail = [i for i in range(ds.count("persons")) if ds.person_emails(i) and not ds.is_dangling("persons", i)][:3]
+    org = 0
+    db.sql("INSERT INTO crm.companies (tenant_id, name) VALUES (%(t)s, %(n)s), ('other', %(n)s)",
+           {"t": TENANT, "n": "  " + ds.org_name(org).upper() + " "})
+    existing = {}
+    for i in with_mail:
+        email = ds.person_emails(i)[0]
+        existing[i] = db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES (%(t)s, 'Already here', %(e)s) RETURNING id",
+                             {"t": TENANT, "e": email.upper()})[0]["id"]
+        db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES ('other', 'Other tenant', %(e)s)", {"e": email})
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT)
+    assert run.status == "succeeded"
+    persons = ledger(db, TENANT, "persons")
+    for i, contact_id in existing.items():
+        entry = persons[str(ds.ident("persons", i))]
+        assert entry["action"] == "matched" and entry["record_id"] == contact_id
+    company = db.sql("SELECT id FROM crm.companies WHERE tenant_id = %(t)s AND source IS NULL", {"t": TENANT})[0]["id"]
+    org_entry = ledger(db, TENANT, "organizations")[str(ds.ident("organizations", org))]
+    assert org_entry["action"] == "matched" and org_entry["record_id"] == company
+    counts = kind_counts(db, run.id)
+    assert counts["persons"]["matched"] == len(existing)
+    # linked, not duplicated: no second contact with those addresses in the tenant, other tenant untouched
+    for i in existing:
+        n = db.sql("SELECT count(*) AS n FROM crm.contacts WHERE tenant_id = %(t)s AND lower(email) = %(e)s",
+                   {"t": TENANT, "e": ds.person_emails(i)[0].lower()})[0]["n"]
+        assert n == 1
+    assert db.sql("SELECT count(*) AS n FROM crm.contacts WHERE tenant_id = 'other'")[0]["n"] == len(existing)
+    # rows that point at the matched organization link to the company that was already here
+    linked = db.sql("SELECT count(*) AS n FROM crm.contacts WHERE tenant_id = %(t)s AND company_id = %(c)s", {"t": TENANT, "c": company})
+    assert linked[0]["n"] == sum(1 for p in range(ds.count("persons")) if ds.person_org(p) == org and not ds.is_dangling("persons", p)
+                                 and str(ds.ident("persons", p)) in actions(persons, "created", "matched"))
+    # target rows = created + matched, per table
+    for kind in ("persons", "organizations"):
+        entries = ledger(db, TENANT, kind)
+        distinct = {e["record_id"] for e in entries.values() if e["action"] in ("created", "matched")}
+        table = TABLE[kind]
+        assert len(distinct) == len(_target_rows(db, TENANT, table)), table
+
+
+def test_dry_run_lists_the_same_writes_nothing_and_reports_what_it_would_do(db) -> None:
+    with sandbox() as sb:
+        dry = migrate(db, sb, TENANT, dry_run=True)
+        dry_stats = sb.stats()
+        sb.reset_stats()
+        real = migrate(db, sb, TENANT)
+        real_stats = sb.stats()
+    assert dry.status == "succeeded" and dry.dry_run
+    # the same listing calls; no bodies in a dry run
+    listing_paths = lambda s: {k: v for k, v in s["requests"].items() if "mailMessages/{id}" not in k}  # noqa: E731
+    assert listing_paths(dry_stats) == listing_paths(real_stats)
+    assert dry_stats["requests"].get("/v1/mailbox/mailMessages/{id}", 0) == 0
+    report = {k.kind: k for k in rollup.rollup(db, dry.id).kinds}
+    one = kind_counts(db, real.id)
+    for kind in LEDGER_KIND.values():
+        assert report[kind].seen == one[kind]["seen"], kind
+        # a dry run cannot know that a parent from an earlier phase will dangle: it counts as linked
+        assert report[kind].imported + report[kind].skipped == one[kind]["imported"] + one[kind]["skipped"], kind
+    for kind in ("users", "organizations", "deals_archived", "leads_archived"):
+        assert report[kind].imported == one[kind]["imported"], kind
+    # nothing of the dry run is in the ledger
+    assert db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s", {"r": dry.id})[0]["n"] == 0
+
+
+def test_dry_run_writes_nothing(db) -> None:
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT, dry_run=True)
+    assert run.status == "succeeded"
+    assert db.sql("SELECT count(*) AS n FROM migration_records")[0]["n"] == 0
+    for table in set(TABLE.values()) | {"custom_field_definitions"}:
+        assert db.sql(f"SELECT count(*) AS n FROM crm.{table}")[0]["n"] == 0, table
+    counts = kind_counts(db, run.id)
+    assert counts["persons"]["imported"] > 0 and counts["emails"]["imported"] > 0
+
+
+def test_notes_and_activities_run_has_two_phases_and_a_later_run_takes_its_placeholders_over(db) -> None:
+    with sandbox() as sb:
+        truth = sb.truth()
+        subset = migrate(db, sb, TENANT, kinds=["notes", "activities"])
+        assert subset.plan == (("activities",), ("notes",))
+        assert subset.status == "succeeded"
+        for kind in ("activities", "notes"):
+            entries = ledger(db, TENANT, kind)
+            assert set(entries) == {str(i) for i in truth["ids"][kind]}
+            attached = {sid for sid, e in entries.items()}
+            assert actions(entries, "skipped") == attached, "nothing they point at is here yet"
+            assert all(e["reason"].startswith(NOT_LINKED) for e in entries.values())
+        assert db.sql("SELECT count(*) AS n FROM crm.notes")[0]["n"] == 0
+        full = migrate(db, sb, TENANT)
+    assert full.status == "succeeded"
+    counts = kind_counts(db, full.id)
+    for kind in ("activities", "notes"):
+        entries = ledger(db, TENANT, kind)
+        created = actions(entries, "created")
+        assert created and counts[kind]["imported"] == len(created), kind
+        assert all(entries[s]["migration_id"] == full.id for s in created), "the later run took them over"
+        still = actions(entries, "skipped")
+        assert {str(i) for i in truth["dangling"][kind]} <= still
+        rows = db.sql(f"SELECT count(*) AS n FROM crm.{kind} WHERE tenant_id = %(t)s", {"t": TENANT})[0]["n"]
+        assert rows == len(created)
