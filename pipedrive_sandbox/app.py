@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from .config import SandboxConfig
 from .costs import API_PREFIX, TOKEN_COSTS
-from .data import Dataset, dataset_for, parse_time, rfc3339, index_to_id
+from .data import Dataset, dataset_for, parse_time, rfc3339
 from .faults import FaultPlan, request_key
 from .fields import ENTITY_OF_V2_FIELDS, v1_lead_fields, v1_note_fields, v2_fields
 from .limits import RateLimiter

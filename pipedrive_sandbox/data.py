@@ -34,7 +34,7 @@ import random
 import uuid
 from array import array
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Iterator
 
 M64 = (1 << 64) - 1
