@@ -390,7 +390,11 @@ class Budget:
             self._writes += 1
             self._lease_count += 1
             self._slots_leased += size
-            self._daily_remaining = self._daily_limit = None  # delivered
+            # delivered, unless a newer report arrived meanwhile (it rides on the next lease)
+            if self._daily_remaining == params["daily_remaining"]:
+                self._daily_remaining = None
+            if self._daily_limit == params["daily_limit"]:
+                self._daily_limit = None
             valid_from = after + delay
             expires_at = before + delay + self.lease_ttl
             if expires_at - valid_from < self.lease_ttl / 4:
