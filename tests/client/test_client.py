@@ -214,6 +214,11 @@ def test_reservation_covers_the_first_attempt_only() -> None:
     client, _ = make_client(script, budget=budget)
     assert client.mail_body(5, reservation=Held())["body"] == "<p>hi</p>"
     assert Held.spent == 1 and budget.acquired == 1
+    listing = Script([ok([], additional_data={"pagination": {"more_items_in_collection": False}})])
+    client, _ = make_client(listing, budget=budget)
+    client.mail_messages(5, reservation=Held())
+    client.list_v2("/api/v2/deals", reservation=Held())
+    assert Held.spent == 3 and budget.acquired == 1
 
 
 def test_cancel_before_the_request() -> None:

@@ -281,6 +281,7 @@ class PipedriveClient:
         cursor: str | None = None,
         limit: int = MAX_PAGE,
         cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
     ) -> Page:
         """One page of a v2 listing (cursor pagination: `additional_data.next_cursor`)."""
         _require_prefix(path, "/api/v2/")
@@ -288,7 +289,7 @@ class PipedriveClient:
         query["limit"] = _check_limit(limit)
         if cursor:
             query["cursor"] = cursor
-        body = self._call(path, query, cancel=cancel)
+        body = self._call(path, query, cancel=cancel, reservation=reservation)
         rows = _rows(body, path)
         extra = body.get("additional_data")
         next_cursor = extra.get("next_cursor") if isinstance(extra, dict) else None
@@ -306,6 +307,7 @@ class PipedriveClient:
         start: int = 0,
         limit: int = MAX_PAGE,
         cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
     ) -> Page:
         """One page of a v1 listing (offset pagination: `additional_data.pagination`)."""
         _require_prefix(path, "/v1/")
@@ -314,7 +316,7 @@ class PipedriveClient:
         query = dict(params or {})
         query["start"] = start
         query["limit"] = _check_limit(limit)
-        body = self._call(path, query, cancel=cancel)
+        body = self._call(path, query, cancel=cancel, reservation=reservation)
         rows = _rows(body, path)
         extra = body.get("additional_data")
         extra = extra if isinstance(extra, dict) else {}
@@ -365,10 +367,17 @@ class PipedriveClient:
             start = page.next_start
 
     def mail_messages(
-        self, deal_id: int, start: int = 0, limit: int = MAX_PAGE, *, cancel: threading.Event | None = None
+        self,
+        deal_id: int,
+        start: int = 0,
+        limit: int = MAX_PAGE,
+        *,
+        cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
     ) -> Page:
         """A page of one deal's mail messages (no bodies); rows are the API's `{object, timestamp, data}`."""
-        return self.list_v1(f"/v1/deals/{_id(deal_id)}/mailMessages", None, start=start, limit=limit, cancel=cancel)
+        path = f"/v1/deals/{_id(deal_id)}/mailMessages"
+        return self.list_v1(path, None, start=start, limit=limit, cancel=cancel, reservation=reservation)
 
     def mail_body(
         self,
