@@ -15,6 +15,7 @@ from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
+    BurstLimited,
     Cancelled,
     DailyLimitReached,
     NotFound,
@@ -111,6 +112,7 @@ def test_burst_429_counts_toward_max_retries() -> None:
     with pytest.raises(RateLimited) as info:
         client.get(DEALS)
     assert info.value.scope == "burst" and info.value.retry_after == 1.0
+    assert isinstance(info.value, BurstLimited) and isinstance(info.value, TransientError)  # released, retried
     assert not isinstance(info.value, RateLimitParked)
     assert len(script.requests) == 4
     assert sleeps == [0.375, 1.0, 1.0]
@@ -131,6 +133,7 @@ def test_daily_429_parks_at_once(response: httpx.Response) -> None:
         client.get(DEALS)
     error = info.value
     assert isinstance(error, RateLimitParked) and isinstance(error, RateLimited)
+    assert not isinstance(error, TransientError)  # parked, never retried with backoff
     assert error.wait_seconds == error.retry_after == 3600.0 and error.scope == "daily"
     assert len(script.requests) == 1 and sleeps == []
     assert budget.limited == [("daily", 3600.0)]

@@ -38,6 +38,7 @@ from engine_core.errors import RateLimitParked, TaskStopped
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
+    BurstLimited,
     Cancelled,
     DailyLimitReached,
     NotFound,
@@ -458,7 +459,7 @@ class PipedriveClient:
                 raise DailyLimitReached(wait, method="GET", path=path, detail=detail)
             wait = parse_retry_after(response.headers, now=self._wall())
             self._note_rate_limited("burst", wait)
-            raise RateLimited(wait, "burst", method="GET", path=path, detail=detail)
+            raise BurstLimited(wait, method="GET", path=path, detail=detail)
         if status in RETRY_STATUSES or status >= 500:
             raise TransientHTTPError(method="GET", path=path, status=status)
         if status in (401, 403):

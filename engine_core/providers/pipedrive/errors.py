@@ -9,8 +9,8 @@ How the worker treats them:
 * `TransientHTTPError` is a `TransientError`: release the task with its cursor intact, retry later.
 * `DailyLimitReached` is a `RateLimitParked`: park the task until `wait_seconds` without burning
   an attempt (the account's daily token budget is spent for every worker sharing it).
-* `RateLimited` (burst scope) only escapes the client when its own retries are exhausted; treat it
-  like a transient failure (release, retry).
+* `BurstLimited` (a `RateLimited` of burst scope, and a `TransientError`) only escapes the client
+  when its own retries are exhausted: release and retry, like any transient failure.
 * `Cancelled` is a `TaskStopped`: the run was stopped; keep the progress, stop the task.
 * `AuthError`, `NotFound`, `BadResponse`, `RequestRejected`: not retried by the client; they are
   the task's failure (a `NotFound` on one row's detail fetch is usually that row's failure).
@@ -86,6 +86,13 @@ class RateLimited(PipedriveError):
             status=status,
             detail=f"{detail}; {extra}" if detail else extra,
         )
+
+
+class BurstLimited(RateLimited, TransientError):
+    """Pipedrive kept refusing the request: the burst window stayed full through every retry."""
+
+    def __init__(self, retry_after: float, message: str | None = None, **where: object) -> None:
+        RateLimited.__init__(self, retry_after, "burst", message, **where)  # type: ignore[arg-type]
 
 
 class DailyLimitReached(RateLimited, RateLimitParked):
