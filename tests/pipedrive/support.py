@@ -115,26 +115,46 @@ def failed_tasks(db: dbmod.Database, run_id: int) -> list[dict[str, Any]]:
 # --- a worker process for the crash test ---------------------------------------------------------
 
 
-def email_worker_that_pauses(url: str, run_id: int, pause_after_full_windows: int, ready: Any) -> None:
-    """Drain a run in this (child) process; after N full email windows have committed, signal
-    `ready` and wait to be killed - a worker caught mid-deal, between two windows."""
+def email_worker_that_pauses(url: str, run_id: int, big_deal: int, pause_after_windows: int, ready: Any) -> None:
+    """Drain a run in this (child) process; after N full windows of the big deal's messages have
+    committed, signal `ready` and wait to be killed - a worker caught mid-deal, between windows."""
     from engine_core.providers.pipedrive import emails
 
     original = emails.EmailTask.write_window
-    full = {"n": 0}
+    seen = {"windows": 0}
 
     def write_window(self: emails.EmailTask) -> None:
-        size = min(self.ctx.window, len(self.ready))
+        window = list(self.ready_bodies)[: self.ctx.window]
+        full = len(window) == self.ctx.window and all(self.deals[r.deal] == big_deal for r in window)
         original(self)
-        if size == self.ctx.window:
-            full["n"] += 1
-            if full["n"] >= pause_after_full_windows:
+        if full:
+            seen["windows"] += 1
+            if seen["windows"] >= pause_after_windows:
                 ready.set()
                 time.sleep(600)  # the parent SIGKILLs us here
 
     emails.EmailTask.write_window = write_window  # type: ignore[method-assign]
     database = dbmod.Database(url, max_size=4)
     Worker(database, settings=FAST).drain(run_id)
+
+
+def seed_deals_as_imported(db: dbmod.Database, tenant: str, truth: dict[str, Any]) -> None:
+    """An earlier run imported every deal: target rows and their ledger claims (bulk, for speed)."""
+    prior = db.sql(
+        "INSERT INTO migrations (tenant_id, source, source_account, status, plan, finished_at)"
+        " VALUES (%(t)s, 'pipedrive', 'earlier', 'succeeded', '[]'::jsonb, now()) RETURNING id",
+        {"t": tenant},
+    )[0]["id"]
+    for kind in ("deals", "deals_archived"):
+        ids = [str(i) for i in truth["ids"][kind]]
+        db.sql(
+            "WITH made AS (INSERT INTO crm.deals (tenant_id, title, archived, source, source_id)"
+            "   SELECT %(t)s, 'Deal ' || sid, %(archived)s, 'pipedrive', sid FROM unnest(%(ids)s::text[]) AS sid"
+            "   RETURNING id, source_id)"
+            " INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action)"
+            " SELECT %(run)s, %(t)s, 'pipedrive', %(kind)s, source_id, 'crm.deals', id, 'created' FROM made",
+            {"t": tenant, "ids": ids, "kind": kind, "run": prior, "archived": kind == "deals_archived"},
+        )
 
 
 def kill(pid: int) -> None:

@@ -20,9 +20,10 @@ it is written. The task works in rounds:
 Rounds mix deals so that a task of small deals (most have one or two messages) still has four
 requests in flight; a deal's checkpoint is written inside the window that finishes it rather than
 in a transaction of its own (the seed's one-transaction-per-deal write cut, taken a step further).
-A window is fetched and written before the next is fetched, so a worker that dies loses at most a
-window of fetched bodies: those were never written and are fetched again on resume; everything
-written is recognised by the ledger and never fetched twice.
+A round never fetches more bodies than the current window has room for, and bodies go first into
+a window, so a window's commit leaves no fetched body unwritten: a worker killed between windows
+fetches nothing again on resume, one killed during a window's rounds at most that window's bodies
+(they were never written). Everything written is recognised by the ledger and never fetched twice.
 
 A stop is honoured between rounds: the messages in hand are written and the progress checkpointed
 before the task stops. A message that cannot be fetched alone (not found, a malformed answer) or
@@ -114,6 +115,7 @@ class MailRow(dict):
         self.deal = deal  # index of its deal in the task
         self.mapped = mapped
         self.error = error
+        self.fetched = False  # its body is in hand
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,11 @@ class EmailTask:
         self.outstanding = {j: 0 for j in range(self.offset, len(self.deals))}
         self.to_list: deque[Listing] = deque(Listing(j, 0) for j in range(self.offset, len(self.deals)))
         self.to_fetch: deque[MailRow] = deque()
-        self.ready: deque[MailRow] = deque()
+        # In hand for a window: messages with their bodies, and messages that need none (failed,
+        # skipped, a dry run). Bodies go first into a window and a round never fetches more than
+        # the window has room for, so a window's commit leaves no fetched body unwritten.
+        self.ready_bodies: deque[MailRow] = deque()
+        self.ready_other: deque[MailRow] = deque()
         self.found: dict[tuple[str, str], int] = {}
         self.tally = Tally()
         self._touched = time.monotonic()
@@ -185,8 +191,8 @@ class EmailTask:
     # -- the task ---------------------------------------------------------------------------
     def run(self) -> TaskOutcome:
         try:
-            while self.to_list or self.to_fetch or self.ready:
-                if len(self.ready) >= self.ctx.window or (self.ready and not self.to_fetch and not self.to_list):
+            while self.to_list or self.to_fetch or self.in_hand:
+                if self.in_hand >= self.ctx.window or (self.in_hand and not self.to_fetch and not self.to_list):
                     self.write_window()
                     continue
                 if self.ctx.should_stop():
@@ -203,6 +209,10 @@ class EmailTask:
             raise PageFailed(f"every message of the task failed ({t.failed}); first reasons are in the run log")
         return TaskOutcome()
 
+    @property
+    def in_hand(self) -> int:
+        return len(self.ready_bodies) + len(self.ready_other)
+
     def first_unfinished(self) -> int:
         for j in range(self.offset, len(self.deals)):
             if not self.listed[j] or self.outstanding[j]:
@@ -213,7 +223,8 @@ class EmailTask:
     def round(self) -> None:
         """Up to four requests: bodies first, listings to fill; reserved here, run on the pool."""
         bodies: list[MailRow] = []
-        while self.to_fetch and len(bodies) < self.per_round:
+        room = max(0, self.ctx.window - len(self.ready_bodies))
+        while self.to_fetch and len(bodies) < min(self.per_round, room):
             bodies.append(self.to_fetch.popleft())
         listings: list[Listing] = []
         while self.to_list and len(bodies) + len(listings) < self.per_round:
@@ -251,19 +262,20 @@ class EmailTask:
                 message = f.result()
             except (NotFound, BadResponse) as e:
                 r.error = e  # this message alone
-                self.ready.append(r)
+                self.ready_other.append(r)
                 continue
             except BaseException as e:  # noqa: BLE001 - every request is joined before raising
                 fatal = fatal or e
                 retry.append(r)
                 continue
+            r.fetched = True
             try:
                 assert r.mapped is not None
                 r.mapped = with_body(r.mapped, message)
             except MalformedRow as e:
                 r.error = e
             self.ctx.stats.bump("bodies")
-            self.ready.append(r)
+            self.ready_bodies.append(r)
         self.to_fetch.extendleft(reversed(retry))
         return fatal
 
@@ -326,12 +338,13 @@ class EmailTask:
             if r.mapped is not None and deal_here and not run.dry_run:
                 self.to_fetch.append(r)
             else:
-                self.ready.append(r)
+                self.ready_other.append(r)
 
     # -- writing ------------------------------------------------------------------------------
     def write_window(self) -> None:
         ctx = self.ctx
-        rows = [self.ready.popleft() for _ in range(min(ctx.window, len(self.ready)))]
+        rows = [self.ready_bodies.popleft() for _ in range(min(ctx.window, len(self.ready_bodies)))]
+        rows += [self.ready_other.popleft() for _ in range(min(ctx.window - len(rows), len(self.ready_other)))]
         for r in rows:
             self.outstanding[r.deal] -= 1
         before, after = self.offset, self.first_unfinished()
@@ -353,7 +366,8 @@ class EmailTask:
             ctx.stats.bump("deals", before - after)
             for r in rows:
                 self.outstanding[r.deal] += 1
-            self.ready.extendleft(reversed(rows))
+            for r in reversed(rows):
+                (self.ready_bodies if r.fetched else self.ready_other).appendleft(r)
             raise
         else:
             self.tally.attempted += result.attempted
@@ -363,7 +377,7 @@ class EmailTask:
 
     def flush(self) -> None:
         """Write every message in hand and checkpoint (before a stop or a source failure)."""
-        while self.ready:
+        while self.in_hand:
             self.write_window()
         self.checkpoint_progress()
 
