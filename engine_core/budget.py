@@ -60,82 +60,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine_core.db import Database
+from engine_core.db import Database, query
 from engine_core.errors import RateLimitParked, TaskStopped
 
 log = logging.getLogger(__name__)
 
 POLL = 0.1  # how often a waiter looks at its cancel event
 
-# The named-query file belongs to the engine; the budget's statements live here, next to the
-# arithmetic they implement, and are counted by `BudgetStats`.
-
-# Lease one chunk: the row lock (FOR UPDATE) serialises leases across processes; the start is the
-# bucket's virtual time, so chunk starts stay >= spacing apart; nothing is granted while the daily
-# budget is parked or when the queue would exceed max_ahead. One statement, one round trip.
-LEASE_SQL = """
-WITH locked AS (
-    SELECT source, account, tat, paused_until, daily_reset_at
-      FROM source_budgets
-     WHERE source = %(source)s AND account = %(account)s
-       FOR UPDATE
-), stamped AS (
-    -- clock_timestamp() after the lock is held: a waiter must not start from the time it queued
-    SELECT locked.*, clock_timestamp() AS now FROM locked
-), plan AS (
-    SELECT stamped.*,
-           GREATEST(now, tat, COALESCE(paused_until, now)) AS start,
-           (daily_reset_at IS NOT NULL AND daily_reset_at > now) AS parked
-      FROM stamped
-), granted AS (
-    UPDATE source_budgets b
-       SET tat = p.start + make_interval(secs => %(spacing)s),
-           burst_limit = %(burst_limit)s,
-           daily_remaining = COALESCE(%(daily_remaining)s, b.daily_remaining),
-           daily_limit = COALESCE(%(daily_limit)s, b.daily_limit),
-           leases = b.leases + 1,
-           slots_leased = b.slots_leased + %(chunk)s,
-           updated_at = p.now
-      FROM plan p
-     WHERE b.source = p.source AND b.account = p.account
-       AND NOT p.parked
-       AND p.start <= p.now + make_interval(secs => %(max_ahead)s)
-    RETURNING b.tat
-)
-SELECT EXTRACT(EPOCH FROM p.start - p.now)::float8 AS delay,
-       p.parked,
-       EXTRACT(EPOCH FROM p.daily_reset_at - p.now)::float8 AS daily_wait,
-       EXISTS (SELECT 1 FROM granted) AS granted
-  FROM plan p
-"""
-
-CREATE_SQL = """
-INSERT INTO source_budgets (source, account, burst_limit, window_seconds)
-VALUES (%(source)s, %(account)s, %(burst_limit)s, %(window_seconds)s)
-ON CONFLICT (source, account) DO NOTHING
-"""
-
-# A burst 429: no chunk starts before the window has emptied, whoever leases it (a later pause wins).
-PAUSE_SQL = """
-UPDATE source_budgets
-   SET paused_until = GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s)),
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s
-"""
-
-# The daily budget is spent: every worker sharing the account parks until the reset. A stale reset
-# from an earlier day is replaced; a later one recorded by another worker is kept.
-PARK_SQL = """
-UPDATE source_budgets
-   SET daily_reset_at = CASE
-           WHEN daily_reset_at IS NULL OR daily_reset_at <= clock_timestamp()
-           THEN clock_timestamp() + make_interval(secs => %(wait)s)
-           ELSE GREATEST(daily_reset_at, clock_timestamp() + make_interval(secs => %(wait)s))
-       END,
-       daily_remaining = 0,
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s
-"""
+# The statements are named queries in sql/queries.sql (budget_lease, budget_create, budget_pause,
+# budget_park); each is counted by `BudgetStats`.
 
 
 class BudgetCancelled(TaskStopped):
@@ -375,11 +308,11 @@ class Budget:
                 "daily_limit": self._daily_limit,
             }
         before = self._clock()
-        rows = self._run(LEASE_SQL, params)
+        rows = self._run("budget_lease", params)
         if not rows:
             self._create_row(limit)
             before = self._clock()
-            rows = self._run(LEASE_SQL, params)
+            rows = self._run("budget_lease", params)
         after = self._clock()
         row = rows[0]
         with self._cond:
@@ -406,7 +339,7 @@ class Budget:
             self._leases.append(_Lease(valid_from=valid_from, expires_at=expires_at, left=size))
 
     def _create_row(self, limit: int) -> None:
-        self._run(CREATE_SQL, {
+        self._run("budget_create", {
             "source": self.source,
             "account": self.account,
             "burst_limit": limit,
@@ -415,10 +348,10 @@ class Budget:
         with self._cond:
             self._writes += 1
 
-    def _run(self, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _run(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._cond:
             self._statements += 1
-        return self.db.sql(statement, params)
+        return self.db.sql(query(name), params)
 
     # --- what the source said -----------------------------------------------------------------
 
@@ -455,13 +388,13 @@ class Budget:
                 if now + retry_after <= self._parked_until + 0.5:
                     return  # already parked at least that long: no second write
                 self._parked_until = now + retry_after
-                statement = PARK_SQL
+                statement = "budget_park"
             else:
                 self._paused_until = max(self._paused_until, now + retry_after)
                 if now + retry_after <= self._row_paused_until + 0.25:
                     return  # this pause is already on the row
                 self._row_paused_until = now + retry_after
-                statement = PAUSE_SQL
+                statement = "budget_pause"
             self._cond.notify_all()
         self._run(statement, {"source": self.source, "account": self.account, "wait": retry_after})
         with self._cond:

@@ -31,7 +31,7 @@ print('ok')
 
 def test_every_query_name_used_in_code_exists() -> None:
     used: set[str] = set()
-    pattern = re.compile(r"""(?:execute|fetch_one|fetch_all)\(\s*["']([a-z_0-9]+)["']""")
+    pattern = re.compile(r"""(?:execute|fetch_one|fetch_all|_run|query)\(\s*["']([a-z_0-9]+)["']""")
     for path in (ROOT / "engine_core").rglob("*.py"):
         used |= set(pattern.findall(path.read_text()))
     assert used, "found no named-query uses: the pattern is wrong"
