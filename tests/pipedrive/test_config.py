@@ -1,0 +1,71 @@
+"""Configuration and the token: a missing variable fails at start-up with its name and admits no
+run; the token is never in run options, the database, the logs, an exception or a repr - not after
+a whole run, and not when the source rejects it."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from engine_core import runs
+from engine_core.errors import ConfigError
+from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider, SourceConfig
+from tests.pipedrive.support import FAST, TOKEN, failed_tasks, migrate, sandbox
+
+SECRET = "pd-SECRET-token-5c2e9a71b0d4"
+
+
+def test_a_missing_variable_fails_at_start_up_with_its_name(db, monkeypatch) -> None:
+    monkeypatch.delenv(ENV_BASE_URL, raising=False)
+    monkeypatch.delenv(ENV_TOKEN, raising=False)
+    with pytest.raises(ConfigError, match=ENV_BASE_URL):
+        runs.start_run(db, PipedriveProvider(), "acme", settings=FAST)
+    monkeypatch.setenv(ENV_BASE_URL, "http://127.0.0.1:9")
+    with pytest.raises(ConfigError, match=ENV_TOKEN):
+        runs.start_run(db, PipedriveProvider(), "acme", settings=FAST)
+    assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == 0
+    # seeding and the plan need no configuration (the reaper and the Dagster face read them)
+    assert PipedriveProvider(env={}).phases()
+
+
+def test_the_token_never_comes_from_run_options() -> None:
+    with pytest.raises(ConfigError, match="never from run options"):
+        SourceConfig.load({"api_token": "x"}, {ENV_BASE_URL: "http://x", ENV_TOKEN: "y"})
+    config = SourceConfig.load({}, {ENV_BASE_URL: "https://api.example", ENV_TOKEN: SECRET})
+    assert SECRET not in repr(config) and SECRET not in config.account
+    assert SECRET not in repr(PipedriveProvider(token=SECRET, base_url="https://api.example"))
+
+
+def _database_text_with(db, needle: str) -> list[str]:
+    tables = db.sql(
+        "SELECT table_schema || '.' || table_name AS t FROM information_schema.tables"
+        " WHERE table_schema IN ('public', 'crm') AND table_type = 'BASE TABLE'"
+    )
+    found = []
+    for row in tables:
+        n = db.sql(f"SELECT count(*) AS n FROM {row['t']} x WHERE x::text LIKE %(p)s", {"p": f"%{needle}%"})[0]["n"]
+        if n:
+            found.append(row["t"])
+    return found
+
+
+def test_the_token_is_stored_nowhere_after_a_run(db, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    with sandbox(token=SECRET) as sb:
+        run = migrate(db, sb, "acme")
+    assert run.status == "succeeded"
+    assert _database_text_with(db, SECRET) == []
+    assert SECRET not in caplog.text
+
+
+def test_a_rejected_token_fails_the_run_without_repeating_it(db, caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    with sandbox(token=TOKEN) as sb:
+        os.environ[ENV_TOKEN] = SECRET  # not the sandbox's: every request is refused (restored on exit)
+        run = migrate(db, sb, "acme", kinds=["users"])
+    assert run.status == "failed"
+    errors = [t["error"] for t in failed_tasks(db, run.id)]
+    assert errors and all("AuthError" in e for e in errors)
+    assert _database_text_with(db, SECRET) == []
+    assert SECRET not in caplog.text

@@ -1,0 +1,140 @@
+"""Field mapping without I/O: a row that cannot be imported faithfully raises MalformedRow naming
+its field; hostile but valid text passes verbatim; custom fields are stored with their names,
+types and option labels (v2 objects and v1 top-level keys alike); references become parents that
+must be here or links that are filled when found."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from engine_core.providers.pipedrive.mapping import (
+    FieldBook,
+    MalformedRow,
+    Ref,
+    apply_links,
+    map_activity,
+    map_deal,
+    map_email,
+    map_lead,
+    map_note,
+    map_person,
+    timestamp,
+    with_body,
+)
+from pipedrive_sandbox.data import HOSTILE_UNICODE, HTML_INJECTION, SQL_INJECTION, Dataset
+
+DS = Dataset("tiny", 1)
+ENUM, SET, MONEY, USER = (next(f for f in DS.custom_fields["deal"] if f.field_type == t) for t in ("enum", "set", "monetary", "user"))
+
+
+def book() -> FieldBook:
+    defs = []
+    for entity in ("deal", "person", "organization"):
+        for f in DS.custom_fields[entity]:
+            defs.append({"entity": entity, "field_key": f.key, "name": f.name, "field_type": f.field_type,
+                         "options": [{"id": i, "label": label} for i, label in f.options], "is_custom": True})
+    return FieldBook(defs)
+
+
+def deal(**changes):
+    row = dict(DS.record("deals", 3))
+    row.update(changes)
+    return row
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"id": None}, "id is missing"),
+        ({"id": "abc"}, "id is not a positive integer"),
+        ({"id": True}, "id is not a positive integer"),
+        ({"title": {"value": "x"}}, "title is not text"),
+        ({"title": "Deal\x00\x00tail"}, "title contains NUL bytes"),
+        ({"title": "x" * 100_001}, "title is 100,001 characters long"),
+        ({"title": "   "}, "title is empty"),
+        ({"owner_id": "seven"}, "owner_id is not an id"),
+        ({"add_time": 1234567890}, "add_time is not a time"),
+        ({"update_time": True}, "update_time is not a time"),
+        ({"custom_fields": ["not", "an", "object"]}, "custom_fields is not an object"),
+        ({"value": "a lot"}, "value is not a number"),
+    ],
+)
+def test_a_row_that_cannot_be_imported_faithfully_names_its_field(changes, reason) -> None:
+    with pytest.raises(MalformedRow) as e:
+        map_deal(deal(**changes), "t", book())
+    assert str(e.value).startswith(reason)
+
+
+@pytest.mark.parametrize("title", [SQL_INJECTION, HTML_INJECTION, f"Deal {HOSTILE_UNICODE}"])
+def test_hostile_but_valid_text_is_imported_verbatim(title) -> None:
+    assert map_deal(deal(title=title), "t", book()).values["title"] == title
+
+
+def test_deal_parents_links_and_custom_fields() -> None:
+    row = deal(person_id=61, org_id=9, owner_id=2, custom_fields={
+        ENUM.key: ENUM.options[1][0], SET.key: [ENUM.options[0][0]] if False else [SET.options[0][0], SET.options[2][0]],
+        MONEY.key: {"value": 1200.5, "currency": "EUR"}, USER.key: 3, "f" * 40: "unknown field",
+    })
+    m = map_deal(row, "t", book(), archived_kind=True)
+    assert m.table == "deals" and m.source_id == str(row["id"]) and m.values["archived"] is True
+    assert m.parents == [Ref("contact_id", "person", "61"), Ref("company_id", "org", "9")]
+    assert Ref("owner_id", "user", "2") in m.links and Ref(f"custom_fields.{USER.key}", "user", "3") in m.links
+    cf = m.values["custom_fields"]
+    assert cf[ENUM.key] == {"name": ENUM.name, "type": "enum", "value": ENUM.options[1][0], "label": ENUM.options[1][1]}
+    assert cf[SET.key]["labels"] == [SET.options[0][1], SET.options[2][1]]
+    assert (cf[MONEY.key]["value"], cf[MONEY.key]["currency"]) == (1200.5, "EUR")
+    assert cf["f" * 40]["type"] == "unknown" and cf["f" * 40]["value"] == "unknown field"
+    # archived deals are their own ledger kind: a reference to a deal looks in both
+    assert Ref("deal_id", "deal", "5").kinds == ("deals", "deals_archived")
+    values = apply_links(m, {Ref("contact_id", "person", "61"): 7, Ref("company_id", "org", "9"): 8,
+                             Ref("owner_id", "user", "2"): None, Ref(f"custom_fields.{USER.key}", "user", "3"): 11})
+    assert (values["contact_id"], values["company_id"], values["owner_id"]) == (7, 8, None)
+    assert values["custom_fields"][USER.key]["record_id"] == 11
+
+
+def test_leads_carry_v1_custom_values_at_the_top_level() -> None:
+    lead = dict(DS.record("leads", 3))
+    lead[SET.key] = f"{SET.options[0][0]},{SET.options[1][0]}"
+    lead[MONEY.key], lead[f"{MONEY.key}_currency"] = 99.0, "SEK"
+    m = map_lead(lead, "t", book(), archived_kind=False)
+    assert m.source_id == lead["id"] and m.values["value"] == lead["value"]["amount"]
+    cf = m.values["custom_fields"]
+    assert cf[SET.key]["value"] == [SET.options[0][0], SET.options[1][0]]
+    assert cf[SET.key]["labels"] == [SET.options[0][1], SET.options[1][1]]
+    assert (cf[MONEY.key]["value"], cf[MONEY.key]["currency"]) == (99.0, "SEK")
+    with pytest.raises(MalformedRow, match="not a lead uuid"):
+        map_lead({**lead, "id": "abc"}, "t", book())
+
+
+def test_notes_and_activities_are_attached_to_everything_they_name() -> None:
+    note = map_note(DS.record("notes", 3), "t", FieldBook())
+    assert {r.ref for r in note.parents} == {"deal", "person", "org"}
+    assert Ref("author_id", "user", "4") in note.links
+    assert timestamp(DS.record("notes", 3), "add_time") == datetime(2019, 7, 26, 3, 57, 7, tzinfo=timezone.utc)
+    lead_activity = map_activity({**DS.record("activities", 1), "deal_id": None, "person_id": None, "org_id": None,
+                                  "lead_id": DS.lead_uuid(2)}, "t", FieldBook())
+    assert lead_activity.parents == [Ref("lead_id", "lead", DS.lead_uuid(2))]
+    with pytest.raises(MalformedRow, match="user_id is not an id"):
+        map_note({**DS.record("notes", 3), "user_id": [1, 2]}, "t", FieldBook())
+
+
+def test_a_person_is_matched_by_any_of_its_addresses() -> None:
+    p = map_person({**DS.record("persons", 3), "emails": [{"value": "A@X.example", "primary": False},
+                                                          {"value": "b@x.example", "primary": True}]}, "t", book())
+    assert p.values["email"] == "b@x.example" and p.match_emails == ["A@X.example", "b@x.example"]
+
+
+def test_a_mail_message_and_its_body() -> None:
+    item = DS.mail_list_item(1)
+    m = map_email(item, "t", "1")
+    assert m.parents == [Ref("deal_id", "deal", "1")] and m.values["body"] is None
+    assert Ref("to.0", "person", "61") in m.links
+    full = with_body(m, {"body": "<p>Hello</p>"})
+    assert full.values["body"] == "<p>Hello</p>" and full.values["subject"] == item["data"]["subject"]
+    with pytest.raises(MalformedRow, match="body contains NUL bytes"):
+        with_body(m, {"body": "a\x00b"})
+    with pytest.raises(MalformedRow, match="subject is not text"):
+        map_email({**item, "data": {**item["data"], "subject": {"oops": True}}}, "t", "1")
+    values = apply_links(m, {Ref("to.0", "person", "61"): 42})
+    assert values["recipients"]["to"][0]["contact_id"] == 42

@@ -1,0 +1,63 @@
+"""The product's CRM tables and their writers against a real database: values only as parameters,
+columns only from each table's list, "already here" only for rows the product had (same tenant,
+not migrated from this source), and field definitions refreshed in place."""
+from __future__ import annotations
+
+import pytest
+
+from engine_core.target import crm
+
+
+def test_insert_takes_only_known_columns_and_needs_a_tenant(db) -> None:
+    with db.transaction() as tx:
+        with pytest.raises(KeyError, match="no column"):
+            crm.insert(tx, "contacts", {"tenant_id": "t", "name": "x", "name); DROP TABLE crm.contacts; --": 1})
+        with pytest.raises(KeyError, match="tenant_id"):
+            crm.insert(tx, "contacts", {"name": "x"})
+        written = crm.write(tx, "contacts", {"tenant_id": "t", "name": "Robert'); DROP TABLE crm.contacts;--",
+                                             "emails": [{"value": "a@b.example"}], "custom_fields": {"k": {"name": "K", "value": 1}}})
+    row = db.sql("SELECT * FROM crm.contacts WHERE id = %(i)s", {"i": written.record_id})[0]
+    assert written.record_type == "crm.contacts" and not written.matched
+    assert row["name"].startswith("Robert'); DROP") and row["emails"] == [{"value": "a@b.example"}]
+    assert row["custom_fields"] == {"k": {"name": "K", "value": 1}}
+
+
+def test_a_contact_is_matched_by_email_in_its_tenant_only(db) -> None:
+    mine = db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES ('t', 'Ann', 'Ann@Example.com') RETURNING id")[0]["id"]
+    db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES ('other', 'Ann', 'ann@example.com')")
+    migrated = db.sql("INSERT INTO crm.contacts (tenant_id, name, email, source, source_id)"
+                      " VALUES ('t', 'Bob', 'bob@example.com', 'pipedrive', '7') RETURNING id")[0]["id"]
+    with db.transaction() as tx:
+        ann = crm.write_contact(tx, {"tenant_id": "t", "name": "Ann B", "source": "pipedrive", "source_id": "1"},
+                                ["nobody@example.com", " ANN@example.com "])
+        bob = crm.write_contact(tx, {"tenant_id": "t", "name": "Bob", "source": "pipedrive", "source_id": "8"}, ["bob@example.com"])
+        elsewhere = crm.write_contact(tx, {"tenant_id": "third", "name": "Ann", "source": "pipedrive", "source_id": "1"},
+                                      ["ann@example.com"])
+    assert ann.matched and ann.record_id == mine
+    assert not bob.matched and bob.record_id != migrated, "a row this source created is the ledger's, not a match"
+    assert not elsewhere.matched
+
+
+def test_a_company_is_matched_by_name_or_domain(db) -> None:
+    acme = db.sql("INSERT INTO crm.companies (tenant_id, name) VALUES ('t', 'Acme  Logistics GmbH') RETURNING id")[0]["id"]
+    globex = db.sql("INSERT INTO crm.companies (tenant_id, name, domain) VALUES ('t', 'Globex', 'globex.example') RETURNING id")[0]["id"]
+    with db.transaction() as tx:
+        by_name = crm.write_company(tx, {"tenant_id": "t", "name": " acme logistics  gmbh", "source": "pipedrive", "source_id": "1"})
+        by_domain = crm.write_company(tx, {"tenant_id": "t", "name": "Globex Corporation", "source": "pipedrive", "source_id": "2",
+                                           "domain": crm.normal_domain("https://www.Globex.example/about")})
+        new = crm.write_company(tx, {"tenant_id": "t", "name": "Initech", "source": "pipedrive", "source_id": "3"})
+    assert (by_name.matched, by_name.record_id) == (True, acme)
+    assert (by_domain.matched, by_domain.record_id) == (True, globex)
+    assert not new.matched
+
+
+def test_field_definitions_are_refreshed_in_place(db) -> None:
+    values = {"tenant_id": "t", "source": "pipedrive", "entity": "deal", "field_key": "a" * 40, "name": "Priority",
+              "field_type": "enum", "options": [{"id": 1, "label": "Low"}], "subfields": None, "is_custom": True, "position": 3}
+    with db.transaction() as tx:
+        first = crm.upsert_field_definition(tx, values)
+        again = crm.upsert_field_definition(tx, {**values, "name": "Urgency", "options": [{"id": 1, "label": "Lowest"}]})
+    assert first == again
+    with db.connection() as conn:
+        (d,) = crm.field_definitions(conn, "t", "pipedrive")
+    assert d["name"] == "Urgency" and d["options"] == [{"id": 1, "label": "Lowest"}]
