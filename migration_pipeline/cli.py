@@ -1,9 +1,15 @@
-"""`migrate`: the command line over the engine (and, later, Dagster and the sandbox)."""
+"""`migrate`: the command line over the engine, Dagster and the sandbox.
+
+`run` and `demo` go through Dagster on the instance the UI uses; `status`, `report`, `explain`,
+`stop`, `retry` and `resume` act on the engine directly (the Dagster face sees the same rows).
+"""
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -192,42 +198,260 @@ def _drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
     return 0 if r.status == "succeeded" else 1
 
 
+# -- through Dagster ------------------------------------------------------------------------------
+
+
+def _source(requested: str | None) -> str:
+    from migration_pipeline.definitions import resolve_source
+
+    return resolve_source(requested)
+
+
+def _asset_order(source: str) -> list[str]:
+    from migration_pipeline.assets.phases import phase_specs
+
+    return [spec.key.to_user_string() for spec in phase_specs(source)]
+
+
+def print_phase_results(results: list[Any]) -> None:
+    table = Table(title="per-phase results (Dagster materialisations)")
+    for col in ("phase asset", "status", "imported", "matched", "already here", "skipped", "failed", "tasks", "rows/s"):
+        table.add_column(col, justify="left" if col in ("phase asset", "status", "tasks") else "right")
+    for r in results:
+        md = r.metadata
+        table.add_row(r.asset, r.status, *(str(md.get(k, "-")) for k in
+                      ("imported", "matched", "already_here", "skipped", "failed", "tasks", "rows_per_second")))
+    console.print(table)
+    for r in results:
+        if r.status == "failed":
+            console.print(f"[red]{r.asset} failed:[/red] {r.message}")
+
+
+class _Progress:
+    """One line per change of the engine run's phase or counts while the Dagster run works."""
+
+    EVERY = 10.0  # seconds between lines while the phase does not change
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.last: tuple | None = None
+        self.printed = 0.0
+        self.db: dbmod.Database | None = None
+
+    def __call__(self, dagster_run: Any) -> None:
+        engine_id = dagster_run.tags.get("migration/run_id")
+        if self.as_json or not engine_id:
+            return
+        if self.db is None:
+            self.db = _db()
+        r = rollups.rollup(self.db, int(engine_id))
+        phase = min(r.current_phase, len(r.phases) - 1)
+        kinds = r.phase_kinds(phase)
+        state = (dagster_run.status.value, r.status, phase, tuple((k.imported, k.already_here, k.failed) for k in kinds))
+        now = time.monotonic()
+        if state != self.last and (self.last is None or state[:3] != self.last[:3] or now - self.printed >= self.EVERY):
+            self.last, self.printed = state, now
+            counts = ", ".join(f"{k.kind} {k.imported} imported/{k.already_here} here/{k.failed} failed" for k in kinds)
+            console.print(f"  {dagster_run.status.value.lower()}: {r.name} {r.status}, phase "
+                          f"{phase + 1}/{len(r.phases)}: {counts}")
+
+    def close(self) -> None:
+        if self.db is not None:
+            self.db.close()
+
+
+def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
+                           env_overrides: dict[str, str] | None = None, timeout: float | None = None) -> int:
+    """Add the partition, submit the tenant job, wait, print the per-phase results; the exit code."""
+    from migration_pipeline import launch
+    from migration_pipeline.instance import dagster_env, get_instance
+
+    os.environ.update(env_overrides or {})
+    os.environ["MIGRATE_SOURCE"] = source
+    env = dagster_env()
+    instance = get_instance()
+    home = Path(env["DAGSTER_HOME"])
+    progress = _Progress(as_json)
+    try:
+        launch.add_tenant(instance, tenant)
+        with launch.daemon_running(instance, env, home / "daemon.log", echo=lambda m: None if as_json else console.print(m)):
+            run_id = launch.submit_tenant_run(env, tenant, run_config)
+            if not as_json:
+                console.print(f"launched Dagster run {run_id} for tenant {tenant!r} ({source}); "
+                              f"Dagster home {home}")
+            dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout)
+            launch.wait_tenant_quiet(instance, tenant, timeout=30)
+        results = launch.phase_results(instance, run_id, _asset_order(source))
+        engine_id = dagster_run.tags.get("migration/run_id")
+        with _db() as db:
+            r = rollups.rollup(db, int(engine_id)) if engine_id else None
+        ok = dagster_run.status.value == "SUCCESS"
+        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value,
+                   "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
+                               "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
+                              for p in results],
+                   "engine": r.as_dict() if r else None}
+
+        def render() -> None:
+            print_phase_results(results)
+            if r is not None:
+                print_rollup(r)
+            console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
+
+        _emit(as_json, payload, render)
+        return 0 if ok else 1
+    except (launch.LaunchError, TimeoutError) as e:
+        _fail(e)
+        return 2
+    finally:
+        progress.close()
+        instance.dispose()
+
+
 @main.command("run")
 @click.option("--tenant", required=True)
-@click.option("--source", default="example", show_default=True)
-@click.option("--kinds", default=None, help="comma-separated kinds to limit the run to")
+@click.option("--source", default=None, help="default: MIGRATE_SOURCE, else pipedrive (example if it is unavailable)")
+@click.option("--kinds", default=None, help="comma-separated kinds to limit a new run to")
 @click.option("--dry-run", is_flag=True)
-@click.option("--options", "options_json", default=None, help="provider options as JSON")
+@click.option("--options", "options_json", default=None, help="provider options as JSON (a new run only)")
+@click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds")
 @click.option("--json", "as_json", is_flag=True)
-def run_cmd(tenant: str, source: str, kinds: str | None, dry_run: bool, options_json: str | None, as_json: bool) -> None:
-    """Start (or join) TENANT's run and drain it here with the lane's width of threads."""
+def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, options_json: str | None,
+            timeout: float | None, as_json: bool) -> None:
+    """Launch TENANT's partition through Dagster (the instance the UI shows) and wait for it.
+
+    Starts the tenant's run, joins it, or - if its last run failed or was stopped - retries or
+    resumes it, exactly as materialising the partition in the UI does. Exits non-zero on failure."""
+    from migration_pipeline.launch import new_run_config
+
     options = json.loads(options_json) if options_json else {}
-    with _db() as db:
-        provider = provider_for(source)
-        try:
-            run, started = runs.start_or_join(db, provider, tenant, kinds=kinds.split(",") if kinds else None,
-                                              dry_run=dry_run, options=options)
-        except EngineError as e:
-            _fail(e)
-        if not as_json:
-            console.print(f"{'started' if started else 'joined'} {run.name}: {len(run.plan)} phases "
-                          + " -> ".join("[" + ", ".join(g) + "]" for g in run.plan))
-        sys.exit(_drain_and_report(db, run.id, as_json))
+    config = new_run_config(kinds.split(",") if kinds else None, dry_run, options)
+    sys.exit(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout))
+
+
+DEMO_OPTIONS = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "deals": 500, "activities": 900, "notes": 700},
+                "malformed": {"contacts": [13, 77]}, "dangling": {"notes": [5, 9]}}
+
+
+def _pipedrive_ready() -> bool:
+    import importlib.util
+
+    return _source("pipedrive") == "pipedrive" and importlib.util.find_spec("pipedrive_sandbox.server") is not None
 
 
 @main.command()
-def demo() -> None:
-    """One migration end to end on the embedded database (the example provider for now)."""
+@click.option("--scale", default="small", show_default=True, help="sandbox scale (pipedrive demo)")
+@click.option("--in-process", is_flag=True, help="drain here without Dagster (the engine alone)")
+def demo(scale: str, in_process: bool) -> None:
+    """One tenant migrated end to end through Dagster on the embedded database: a sandbox Pipedrive
+    account when the provider is available, else the in-memory example source."""
     tenant = f"demo-{os.getpid()}"
-    options = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "deals": 500, "activities": 900, "notes": 700},
-               "malformed": {"contacts": [13, 77]}, "dangling": {"notes": [5, 9]}}
     console.print(f"database: {dbmod.redact(dbmod.database_url())}")
-    with _db() as db:
-        run = runs.start_run(db, provider_for("example"), tenant, options=options)
-        console.print(f"started {run.name}: {len(run.plan)} phases")
-        code = _drain_and_report(db, run.id, False)
-    # the injected malformed rows fail alone; the run itself must succeed
+    if in_process:
+        with _db() as db:
+            run = runs.start_run(db, provider_for("example"), tenant, options=DEMO_OPTIONS)
+            console.print(f"started {run.name}: {len(run.plan)} phases")
+            sys.exit(_drain_and_report(db, run.id, False))
+    if not _pipedrive_ready():
+        console.print("source: example (in-memory rows; malformed rows fail alone, dangling notes are skipped)")
+        sys.exit(launch_through_dagster(tenant, "example", _new_config(DEMO_OPTIONS), False))
+    from pipedrive_sandbox.config import SandboxConfig
+    from pipedrive_sandbox.server import start_subprocess
+
+    token = "sandbox-token"
+    proc, base_url = start_subprocess(SandboxConfig.from_options(scale=scale, seed=1, token=token))
+    console.print(f"source: pipedrive sandbox ({scale}) at {base_url}")
+    try:
+        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False,
+                                      env_overrides={"PIPEDRIVE_BASE_URL": base_url, "PIPEDRIVE_API_TOKEN": token})
+    finally:
+        proc.terminate()
+        proc.wait(10)
     sys.exit(code)
+
+
+def _new_config(options: dict) -> dict:
+    from migration_pipeline.launch import new_run_config
+
+    return new_run_config(options=options)
+
+
+@main.command()
+@click.option("--port", default=3000, show_default=True)
+@click.option("--sandbox", "with_sandbox", is_flag=True, help="also serve a sandbox Pipedrive account")
+@click.option("--sandbox-port", default=8765, show_default=True)
+@click.option("--scale", default="small", show_default=True)
+@click.option("--seed", default="1", show_default=True)
+@click.option("--token", default="sandbox-token", show_default=True)
+@click.option("--latency", default="none", show_default=True)
+@click.option("--faults", default="", show_default=True)
+def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, token: str, latency: str,
+       faults: str) -> None:
+    """`dagster dev` on the embedded database (and, with --sandbox, a sandbox source)."""
+    from migration_pipeline import stack
+    from migration_pipeline.instance import dagster_env
+
+    sandbox_proc = None
+    env = dict(os.environ)
+    if with_sandbox:
+        args = [sys.executable, "-m", "pipedrive_sandbox", "--port", str(sandbox_port), "--scale", scale,
+                "--seed", seed, "--token", token, "--latency", latency, "--faults", faults]
+        sandbox_proc = stack.start(args, env)
+        env.update(PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{sandbox_port}", PIPEDRIVE_API_TOKEN=token)
+        env.setdefault("MIGRATE_SOURCE", "pipedrive")
+        console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
+    env = dagster_env(env=env)
+    console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env['MIGRATE_DAGSTER_STORAGE_URL'])}")
+    proc = stack.dagster_dev(env, port)
+    try:
+        stack.wait_for_webserver(port, proc, timeout=180)
+        console.print(f"[green]Dagster UI: http://127.0.0.1:{port}[/green]  (Ctrl-C stops it)")
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop(proc)
+        if sandbox_proc is not None:
+            stack.stop(sandbox_proc, timeout=10)
+
+
+@main.command()
+@click.option("--port", default=8765, show_default=True)
+@click.option("--scale", default="small", show_default=True)
+@click.option("--seed", default="1", show_default=True)
+@click.option("--token", default="sandbox-token", show_default=True)
+@click.option("--latency", default="none", show_default=True)
+@click.option("--faults", default="", show_default=True)
+def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str) -> None:
+    """Serve a sandbox Pipedrive account in the foreground."""
+    from pipedrive_sandbox.config import SandboxConfig
+    from pipedrive_sandbox.server import serve
+
+    try:
+        config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults)
+    except ValueError as e:
+        _fail(e)
+    try:
+        serve(config, port)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.group("dagster")
+def dagster_group() -> None:
+    """The Dagster instance the UI and `migrate run` share."""
+
+
+@dagster_group.command("env")
+def dagster_env_cmd() -> None:
+    """Shell exports for running `dagster dev` / `dagster-daemon` by hand on this instance."""
+    import shlex
+
+    from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env
+
+    env = dagster_env()
+    for key in ("DAGSTER_HOME", STORAGE_URL_ENV, "MIGRATE_HOME"):
+        click.echo(f"export {key}={shlex.quote(env[key])}")
 
 
 @main.group()

@@ -1,0 +1,126 @@
+"""A closed phase as Dagster metadata: the engine's rollup, formatted. Presentation only."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+
+from engine_core import rollup as rollups
+from engine_core.db import Database
+
+COUNTS = ("imported", "matched", "already_here", "skipped", "failed")
+
+PER_KIND_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("kind", "string"),
+        TableColumn("imported", "int"),
+        TableColumn("matched", "int"),
+        TableColumn("already_here", "int"),
+        TableColumn("skipped", "int"),
+        TableColumn("failed", "int"),
+        TableColumn("seen", "int"),
+        TableColumn("tasks", "string"),
+    ]
+)
+
+
+def _tasks_text(tasks: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(tasks.items())) or "none"
+
+
+def phase_seconds(db: Database, run_id: int, kinds: set[str]) -> float | None:
+    """From the phase's first task start to its last finish (the engine's rollup_tasks rows)."""
+    starts: list[datetime] = []
+    ends: list[datetime] = []
+    for r in db.fetch_all("rollup_tasks", {"run_id": run_id}):
+        if r["kind"] in kinds:
+            if r["first_started"]:
+                starts.append(r["first_started"])
+            if r["last_finished"]:
+                ends.append(r["last_finished"])
+    if not starts or not ends:
+        return None
+    return max(0.0, (max(ends) - min(starts)).total_seconds())
+
+
+def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
+    lines = ["| kind | imported per task | tasks | avg seconds | max seconds |", "|---|---:|---:|---:|---:|"]
+    for kind in kinds:
+        for r in rollups.duration_by_payload(db, run_id, kind=kind, stat="imported"):
+            lines.append(f"| {kind} | {r['payload']} | {r['tasks']} | {r['avg_seconds']} | {r['max_seconds']} |")
+    if len(lines) == 2:
+        lines.append("| - | - | 0 | - | - |")
+    return "\n".join(lines)
+
+
+def reasons_table(reasons: list[dict[str, Any]]) -> str:
+    if not reasons:
+        return "No failures."
+    lines = ["| kind | count | reason | samples |", "|---|---:|---|---|"]
+    for g in reasons[:30]:
+        reason = str(g["reason"]).replace("|", "\\|").replace("\n", " ")
+        samples = ", ".join(str(s) for s in g.get("samples", []))
+        lines.append(f"| {g['kind']} | {g['count']} | {reason} | {samples} |")
+    return "\n".join(lines)
+
+
+def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
+    """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds."""
+    kinds = r.phase_kinds(phase)
+    names = [k.kind for k in kinds]
+    totals = {c: sum(getattr(k, c) for k in kinds) for c in COUNTS}
+    tasks: dict[str, int] = {}
+    for k in kinds:
+        for s, n in k.tasks.items():
+            tasks[s] = tasks.get(s, 0) + n
+    seen = sum(k.seen for k in kinds)
+    seconds = phase_seconds(db, r.run_id, set(names))
+    return {
+        "kinds": kinds,
+        "names": names,
+        "totals": totals,
+        "tasks": tasks,
+        "seen": seen,
+        "seconds": seconds,
+        "rows_per_second": round(seen / seconds, 1) if seconds else 0.0,
+        "reasons": [g for g in r.reasons if g.get("kind") in set(names)],
+    }
+
+
+def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
+    s = phase_summary(db, r, phase)
+    md: dict[str, Any] = {
+        "engine_run": MetadataValue.text(r.name),
+        "engine_run_id": MetadataValue.int(r.run_id),
+        "engine_run_status": MetadataValue.text(r.status),
+        "dry_run": MetadataValue.bool(r.dry_run),
+        "phase": MetadataValue.text(f"{phase + 1}/{len(r.phases)}: {', '.join(s['names'])}"),
+    }
+    for c in COUNTS:
+        md[c] = MetadataValue.int(int(s["totals"][c]))
+    md["tasks"] = MetadataValue.text(_tasks_text(s["tasks"]))
+    md["failed_tasks"] = MetadataValue.int(int(s["tasks"].get("failed", 0)))
+    md["rows_per_second"] = MetadataValue.float(float(s["rows_per_second"]))
+    if s["seconds"] is not None:
+        md["phase_seconds"] = MetadataValue.float(round(float(s["seconds"]), 2))
+    for k in s["kinds"]:
+        for c in COUNTS:
+            md[f"{k.kind}/{c}"] = MetadataValue.int(int(getattr(k, c)))
+    md["per_kind"] = MetadataValue.table(
+        records=[
+            TableRecord(
+                {
+                    "kind": k.kind,
+                    **{c: int(getattr(k, c)) for c in COUNTS},
+                    "seen": int(k.seen),
+                    "tasks": _tasks_text(k.tasks),
+                }
+            )
+            for k in s["kinds"]
+        ],
+        schema=PER_KIND_SCHEMA,
+    )
+    md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
+    md["failure_reasons"] = MetadataValue.md(reasons_table(s["reasons"]))
+    return md

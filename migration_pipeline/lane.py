@@ -1,0 +1,118 @@
+"""One lane slot: a Dagster run draining an engine run on a worker thread, stoppable by termination.
+
+Terminating a Dagster run raises `DagsterExecutionInterruptedError` (a BaseException) in the main
+thread only (DAGSTER_NOTES.md trap 6). So the engine's Worker drains on a thread of its own while
+the main thread waits; on an interrupt the main thread sets the worker's cancel Event (no new
+claims; a running task stops at its next stop point, keeping its checkpoint), sets the engine's
+stop flag (every other worker of the run stops too, pending tasks are cancelled), waits briefly
+for the thread, and re-raises. Launching the partition again resumes.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Iterator
+
+from engine_core import runs
+from engine_core.config import Settings
+from engine_core.db import Database
+from engine_core.models import Run
+from engine_core.providers.base import Provider
+from engine_core.worker import DrainResult, Worker
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _hold_interrupts() -> Iterator[None]:
+    """A second Ctrl-C / terminate must not cut the stop short."""
+    try:
+        from dagster._utils.interrupts import capture_interrupts
+    except ImportError:  # pragma: no cover - the helper moved
+        yield
+        return
+    with capture_interrupts():
+        yield
+
+
+def drain_in_slot(
+    db: Database,
+    run_id: int,
+    *,
+    settings: Settings,
+    providers: Callable[[Run], Provider],
+    until_phase_closed: int | None = None,
+    turn_seconds: float | None = None,
+    stop_grace_seconds: float = 20.0,
+    worker_id: str | None = None,
+    logger: logging.Logger | None = None,
+) -> DrainResult:
+    """Drain `run_id` on one worker thread until its phase closes (or the turn ends at a task boundary).
+
+    On termination (any BaseException that is not an Exception) the engine run is stopped.
+    """
+    logger = logger or log
+    cancel = threading.Event()
+    worker = Worker(db, settings=settings, providers=providers, cancel=cancel, worker_id=worker_id)
+    box: dict[str, object] = {}
+    # Waiting on an Event, not Thread.join: a join interrupted by a signal can mark a still-running
+    # thread as finished (CPython's bpo-45274 handling), and the stop below would not wait for it.
+    done = threading.Event()
+
+    def lane() -> None:
+        try:
+            # One task per drain call: between tasks the slot checks whether its phase has closed (the
+            # Worker alone would go on claiming the next phase) and whether its turn is over.
+            deadline = None if turn_seconds is None else time.monotonic() + turn_seconds
+            total = DrainResult()
+            while True:
+                r = worker.drain(run_id, until_phase_closed=until_phase_closed, max_tasks=1)
+                for outcome, n in r.executed.items():
+                    total.executed[outcome] = total.executed.get(outcome, 0) + n
+                total.deferred += r.deferred
+                total.reason = r.reason
+                if r.reason != "max_tasks":
+                    break
+                if until_phase_closed is not None and runs.get_run(db, run_id).current_phase > until_phase_closed:
+                    total.reason = "phase_closed"
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    total.reason = "turn_over"
+                    break
+            box["result"] = total
+        except BaseException as e:  # handed to the main thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=lane, name=f"lane-run-{run_id}", daemon=True)
+    thread.start()
+    try:
+        while not done.wait(0.25):
+            pass
+    except Exception:
+        cancel.set()
+        raise
+    except BaseException:
+        # Termination (DagsterExecutionInterruptedError), Ctrl-C: stop the engine run, keep progress.
+        cancel.set()
+        with _hold_interrupts():
+            try:
+                stopped = runs.stop(db, run_id)
+                logger.warning("terminated: stop requested for %s; tasks keep their checkpoints", stopped.name)
+            except Exception:  # the re-raise below matters more
+                logger.exception("could not set the stop flag of engine run %s", run_id)
+            if not done.wait(stop_grace_seconds):
+                logger.warning("the running task did not reach a stop point in %.0fs; the reaper releases "
+                               "it once its lock is stale", stop_grace_seconds)
+            try:
+                runs.stop(db, run_id)  # settles the stop once our task has let go
+            except Exception:
+                pass
+        raise
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]

@@ -1,0 +1,141 @@
+"""Thin typed adapters from Dagster configuration to engine objects; no migration logic here.
+
+* `MigrationDatabase`: the engine's Postgres (`DATABASE_URL` through `EnvVar`, else the embedded
+  server under MIGRATE_HOME); one pool per process that uses it.
+* `SourceResource` / `PipedriveSource`: which provider runs the tasks, and how it reaches the
+  source (`PIPEDRIVE_BASE_URL`, `PIPEDRIVE_API_TOKEN` through `EnvVar`: Dagster shows the variable's
+  name, never its value).
+* `LaneSettings`: the engine's lane settings (MIGRATE_* variables unless overridden) and the
+  drainer's turn length.
+* `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
+  set it in the launchpad's `resources:` section. Joining or retrying a run ignores it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from pydantic import PrivateAttr
+
+from engine_core import db as dbmod
+from engine_core.config import Settings
+from engine_core.models import Run
+from engine_core.providers.base import Provider, provider_for
+
+ProviderResolver = Callable[[Run], Provider]
+
+
+class MigrationDatabase(ConfigurableResource):
+    """The engine's Postgres. Empty `url` means the embedded server under MIGRATE_HOME."""
+
+    url: str = ""
+    max_size: int = 6
+
+    _db: dbmod.Database | None = PrivateAttr(default=None)
+
+    def database(self) -> dbmod.Database:
+        if self._db is None:
+            self._db = dbmod.connect(self.url or None, max_size=self.max_size)
+        return self._db
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def database_resource() -> MigrationDatabase:
+    """`DATABASE_URL` through EnvVar when the variable is set, else the embedded default."""
+    if os.environ.get("DATABASE_URL", "").strip():
+        return MigrationDatabase(url=EnvVar("DATABASE_URL"))
+    return MigrationDatabase()
+
+
+class SourceResource(ConfigurableResource):
+    """The source a tenant is migrated from; providers come from the engine's registry."""
+
+    source: str = "example"
+
+    def provider(self, run: Run | None = None) -> Provider:
+        return provider_for(self.source if run is None else run.source, run)
+
+    def providers(self) -> ProviderResolver:
+        return lambda run: self.provider(run)
+
+
+class PipedriveSource(SourceResource):
+    """Pipedrive: the API's base URL and token. The token is only handed to the provider."""
+
+    source: str = "pipedrive"
+    base_url: str
+    api_token: str
+
+    def provider(self, run: Run | None = None) -> Provider:
+        if run is not None and run.source != self.source:
+            return provider_for(run.source, run)  # the reaper sweeps every source's runs
+        from engine_core.providers.pipedrive.provider import PipedriveProvider
+
+        # the values Dagster resolved for this run win over the process environment
+        return PipedriveProvider(run, base_url=self.base_url, token=self.api_token)
+
+
+def source_resource(source: str) -> SourceResource:
+    if source == "pipedrive":
+        return PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
+    return SourceResource(source=source)
+
+
+class LaneSettings(ConfigurableResource):
+    """The lane: engine settings from MIGRATE_* variables, with optional overrides."""
+
+    lane_width: int | None = None
+    stale_lock_seconds: float | None = None
+    heartbeat_seconds: float | None = None
+    # a drainer run gives its lane slot back after this long (at a task boundary), so a tenant
+    # waiting in the run queue gets the next slot
+    drainer_turn_seconds: float = 120.0
+    # how long a terminated run waits for its running task to reach a stop point
+    stop_grace_seconds: float = 20.0
+
+    def engine_settings(self) -> Settings:
+        settings = Settings.from_env()
+        overrides: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("lane_width", self.lane_width),
+                ("stale_lock_seconds", self.stale_lock_seconds),
+                ("heartbeat_seconds", self.heartbeat_seconds),
+            )
+            if v is not None
+        }
+        return dataclasses.replace(settings, **overrides) if overrides else settings
+
+
+class NewRunOptions(ConfigurableResource):
+    """What a newly started run is limited to; ignored when the tenant's run already exists."""
+
+    kinds: list[str] = []
+    dry_run: bool = False
+    options_json: str = "{}"
+
+    def options(self) -> dict[str, Any]:
+        value = json.loads(self.options_json or "{}")
+        if not isinstance(value, dict):
+            raise ValueError("new_run.options_json must be a JSON object")
+        return value
+
+    def start_kwargs(self) -> dict[str, Any]:
+        return {"kinds": list(self.kinds) or None, "dry_run": self.dry_run, "options": self.options()}
+
+
+def default_resources(source: str) -> dict[str, Any]:
+    return {
+        "database": database_resource(),
+        "source": source_resource(source),
+        "lane": LaneSettings(),
+        "new_run": NewRunOptions(),
+    }

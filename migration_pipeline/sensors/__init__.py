@@ -1,0 +1,153 @@
+"""The reaper and the lane poller, as sensors over the engine's sweeps.
+
+* `reaper` (every MIGRATE_REAPER_INTERVAL_SECONDS, default 300, the seed's five-minute cron): the
+  engine's four sweeps - release stale locks, advance phases that closed without a winner, refill
+  runs below width, finalise runs whose heartbeat stopped - then drainer runs for the runs whose
+  pool is below the lane's width.
+* `lane_poller` (every MIGRATE_LANE_INTERVAL_SECONDS, default 15, the seed's poller): only the
+  refill sweep and the drainer requests, so one tenant fills the lane within seconds of its launch
+  instead of waiting for the reaper.
+
+Neither decides anything the tasks do not already say: drainers are requested only for enqueued
+work, and only up to the lane width minus the tenant's runs already queued or in progress.
+"""
+# No `from __future__ import annotations`: Dagster reads the context and resource annotations
+# of op, asset and sensor functions at definition time.
+
+import os
+
+from dagster import (
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from engine_core import reaper, runs
+from engine_core.config import Settings
+from engine_core.db import Database
+from migration_pipeline import tags
+from migration_pipeline.partitions import TENANTS
+from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
+
+REAPER_INTERVAL_ENV = "MIGRATE_REAPER_INTERVAL_SECONDS"
+LANE_INTERVAL_ENV = "MIGRATE_LANE_INTERVAL_SECONDS"
+
+IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+
+
+def _interval(env: str, default: int) -> int:
+    raw = os.environ.get(env, "").strip()
+    try:
+        return max(1, int(raw)) if raw else default
+    except ValueError:
+        raise ValueError(f"{env} must be a whole number of seconds, got {raw!r}") from None
+
+
+def tenant_runs_in_flight(context: SensorEvaluationContext, tenant: str) -> int:
+    """Dagster runs of the tenant queued or in progress: each is (or will be) one lane worker."""
+    return context.instance.get_runs_count(
+        filters=RunsFilter(tags={tags.PARTITION: tenant}, statuses=IN_FLIGHT)
+    )
+
+
+def drainer_requests(
+    context: SensorEvaluationContext,
+    db: Database,
+    below_width: dict[int, int],
+    settings: Settings,
+    source: str,
+) -> list[RunRequest]:
+    """Drainer runs for runs below width. A run started outside Dagster (the engine's own CLI) may
+    have no tenant partition yet: it is added here, before the requests that need it are returned."""
+    requests: list[RunRequest] = []
+    new_tenants: list[str] = []
+    known = set(context.instance.get_dynamic_partitions(TENANTS))
+    for run_id, enqueued in sorted(below_width.items()):
+        run = runs.get_run(db, run_id)
+        if run.source != source or run.status != "running" or run.cancel_requested:
+            continue
+        counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+        useful = min(settings.lane_width, int(enqueued) + int(counts.get("running", 0)))
+        missing = useful - tenant_runs_in_flight(context, run.tenant_id)
+        if missing <= 0:
+            continue
+        if run.tenant_id not in known:
+            new_tenants.append(run.tenant_id)
+            known.add(run.tenant_id)
+        for _ in range(missing):
+            requests.append(
+                RunRequest(
+                    partition_key=run.tenant_id,
+                    tags={
+                        tags.ENGINE_RUN: str(run.id),
+                        tags.ROLE: tags.DRAINER,
+                        tags.PRIORITY: tags.DRAINER_PRIORITY,
+                        tags.SOURCE: source,
+                    },
+                )
+            )
+        context.log.info(f"{run.name}: {enqueued} enqueued, {counts.get('running', 0)} running; "
+                         f"requesting {missing} drainer run(s)")
+    if new_tenants:
+        # Added directly rather than as SensorResult(dynamic_partitions_requests=...): run requests
+        # for a partition added in the same result fail Dagster's partition-key validation in 1.13.
+        context.instance.add_dynamic_partitions(TENANTS, new_tenants)
+        context.log.info(f"added tenant partitions {new_tenants}")
+    return requests
+
+
+def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | SkipReason:
+    return SensorResult(run_requests=requests) if requests else SkipReason(quiet_reason)
+
+
+def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
+    @sensor(
+        name="reaper",
+        job=drainer_job,
+        minimum_interval_seconds=_interval(REAPER_INTERVAL_ENV, 300),
+        default_status=DefaultSensorStatus.RUNNING,
+        description="The engine's four sweeps, then drainer runs for runs below the lane's width.",
+    )
+    def reaper_sensor(
+        context: SensorEvaluationContext, database: MigrationDatabase, source: SourceResource, lane: LaneSettings
+    ):
+        db = database.database()
+        settings = lane.engine_settings()
+        report = reaper.sweep(db, settings, source.providers())
+        if not report.quiet:
+            context.log.info(f"reaper: released tasks {report.released}, advanced runs {report.advanced}, "
+                             f"finalized runs {report.finalized}")
+        requests = drainer_requests(context, db, report.below_width, settings, source.source)
+        return _result(requests,
+                       "nothing to repair" if report.quiet else
+                       f"released {len(report.released)}, advanced {len(report.advanced)}, "
+                       f"finalized {len(report.finalized)}; every lane full")
+
+    @sensor(
+        name="lane_poller",
+        job=drainer_job,
+        minimum_interval_seconds=_interval(LANE_INTERVAL_ENV, 15),
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Refill runs below the lane's width with drainer runs (the reaper's refill sweep only).",
+    )
+    def lane_sensor(
+        context: SensorEvaluationContext, database: MigrationDatabase, source: SourceResource, lane: LaneSettings
+    ):
+        db = database.database()
+        settings = lane.engine_settings()
+        below = reaper.refill(db, settings)
+        requests = drainer_requests(context, db, below, settings, source.source)
+        return _result(requests, "every lane full")
+
+    return [reaper_sensor, lane_sensor]

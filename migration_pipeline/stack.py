@@ -1,0 +1,93 @@
+"""Starting and stopping the Dagster processes of the project (`dagster dev`, `dagster-daemon`).
+
+`dagster dev` started from a script with `&` ignores SIGINT/SIGTERM (DAGSTER_NOTES.md trap 10):
+children here start in their own session with the default SIGINT handler restored, and are
+stopped with SIGINT (then SIGKILL for the whole group if they do not exit in time).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+DEFS_MODULE = "migration_pipeline.definitions"
+
+
+def _restore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def bin_path(name: str) -> str:
+    """A console script of this interpreter's environment (the venv's dagster, not another)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(argv: list[str], env: dict[str, str], log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """A child in its own session (a terminal's Ctrl-C reaches us, and we stop it); its output goes
+    to log_path, or to our own stdout/stderr when None."""
+    out = open(log_path, "ab") if log_path else None
+    return subprocess.Popen(
+        argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if log_path else None,
+        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_restore_sigint,
+    )
+
+
+def dagster_dev(env: dict[str, str], port: int, log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """Webserver + daemon (+ code server) on the instance in env['DAGSTER_HOME']."""
+    argv = [bin_path("dagster"), "dev", "-m", DEFS_MODULE, "-h", "127.0.0.1", "-p", str(port)]
+    return start(argv, env, log_path, cwd)
+
+
+def daemon(env: dict[str, str], log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+    """The daemon alone: run queue (the lane), sensors (reaper, lane poller), run monitoring."""
+    return start([bin_path("dagster-daemon"), "run", "-m", DEFS_MODULE], env, log_path, cwd)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+def wait_for_webserver(port: int, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> str:
+    """Until the webserver answers and its code location has loaded; returns the GraphQL URL."""
+    url = f"http://127.0.0.1:{port}/graphql"
+    deadline = time.monotonic() + timeout
+    query = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"dagster exited with {proc.returncode} before serving")
+        try:
+            r = httpx.post(url, json={"query": query}, timeout=5)
+            entries = r.json()["data"]["workspaceOrError"]["locationEntries"]
+            if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+                return url
+        except (httpx.HTTPError, KeyError, TypeError, ValueError):
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"the Dagster webserver on port {port} did not come up in {timeout:.0f}s")

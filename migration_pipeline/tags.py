@@ -1,0 +1,10 @@
+"""Run tags the face reads and writes. `dagster/partition` is Dagster's; the rest are ours."""
+from __future__ import annotations
+
+PARTITION = "dagster/partition"  # every tenant run carries it, whatever launched it: the lane key
+PRIORITY = "dagster/priority"  # the run queue dequeues higher first
+ENGINE_RUN = "migration/run_id"  # the engine run this Dagster run attached to (set by the first phase)
+ROLE = "migration/role"  # "drainer" on the sensor's helper runs
+SOURCE = "migration/source"
+DRAINER = "drainer"
+DRAINER_PRIORITY = "-1"  # a tenant's own launch goes before helper drainers waiting for the lane

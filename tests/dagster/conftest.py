@@ -1,0 +1,88 @@
+"""Fixtures of the Dagster face: engine URLs, a test instance, and a whole running Dagster stack.
+
+The stack (`dagster dev`: webserver, daemon with the QueuedRunCoordinator and the sensors, code
+server, Postgres storage) is started once per module that asks for it, on a database of its own
+that holds both the engine's tables and Dagster's storage.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterInstance, instance_for_test
+
+from engine_core import db as dbmod
+from migration_pipeline import stack as stackmod
+from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
+from tests.conftest import _with_dbname
+from tests.dagster.graphql import UI
+
+
+@pytest.fixture
+def engine_url(db_url: str) -> str:
+    """The test database as a postgresql:// URL (the fixtures hand out key=value DSNs)."""
+    return to_url(db_url)
+
+
+@pytest.fixture
+def instance() -> Iterator[DagsterInstance]:
+    with instance_for_test() as inst:
+        yield inst
+
+
+@dataclass
+class Stack:
+    ui: UI
+    instance: DagsterInstance
+    db: dbmod.Database
+    engine_url: str
+    home: Path
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    name = f"test_stack_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    url = to_url(_with_dbname(server_url, name))
+    home = tmp_path_factory.mktemp("dagster_home")
+    log = home / "dagster-dev.log"
+    env = dict(os.environ)
+    for key in ("DAGSTER_HOME", STORAGE_URL_ENV):
+        env.pop(key, None)
+    env.update(
+        DATABASE_URL=url,
+        MIGRATE_SOURCE="example",
+        MIGRATE_LANE_WIDTH="4",
+        MIGRATE_HEARTBEAT_SECONDS="0",
+        MIGRATE_LANE_INTERVAL_SECONDS="2",
+        MIGRATE_REAPER_INTERVAL_SECONDS="5",
+        **{STORAGE_URL_ENV: to_url(url, scheme="postgresql+psycopg2")},
+    )
+    env = dagster_env(home, env)
+    port = stackmod.free_port()
+    proc = stackmod.dagster_dev(env, port, log_path=log, cwd=str(Path(__file__).resolve().parents[2]))
+    saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", STORAGE_URL_ENV)}
+    db = dbmod.Database(url, max_size=4)
+    try:
+        gql = stackmod.wait_for_webserver(port, proc, timeout=150)
+        os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
+        inst = DagsterInstance.from_config(str(home))
+        yield Stack(UI(gql), inst, db, url, home, log)
+        inst.dispose()
+    finally:
+        stackmod.stop(proc)
+        db.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        with psycopg.connect(server_url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

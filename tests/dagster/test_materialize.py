@@ -1,0 +1,106 @@
+"""Materialising a tenant partition runs the migration through the engine: every phase asset
+reconciles exactly with its metadata's counts; a phase that closes with failed tasks fails its
+asset with the reasons; rerunning the partition after the cause is gone is the engine's retry and
+writes nothing twice; a run limited to some kinds materialises the other phases as not planned."""
+from __future__ import annotations
+
+import collections
+
+from engine_core import runs
+from engine_core.providers import example
+from tests.dagster.support import SMALL, materialize_tenant, resources
+
+KINDS = ["companies", "contacts", "deals", "activities", "notes"]
+
+
+def _target_counts(db, tenant: str) -> dict[str, int]:
+    rows = db.sql("SELECT kind, count(*) AS n FROM example_items WHERE tenant_id = %(t)s GROUP BY kind", {"t": tenant})
+    return {r["kind"]: r["n"] for r in rows}
+
+
+def _ledger_counts(db, tenant: str) -> dict[str, int]:
+    rows = db.sql("SELECT kind, count(*) AS n FROM migration_records WHERE tenant_id = %(t)s AND action = 'created'"
+                  " GROUP BY kind", {"t": tenant})
+    return {r["kind"]: r["n"] for r in rows}
+
+
+def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(instance, engine_url, db):
+    result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+    assert result.success
+
+    expected = SMALL["counts"]
+    assert _target_counts(db, "acme") == expected
+    assert _ledger_counts(db, "acme") == expected
+    run = runs.latest_run(db, "acme", "example")
+    assert run.status == "succeeded"
+
+    by_asset = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert list(by_asset) == ["phase_1_companies", "phase_2_contacts", "phase_3_deals", "phase_4_activities", "phase_5_notes"]
+    for kind, md in zip(KINDS, by_asset.values()):
+        assert md["imported"].value == expected[kind]
+        assert md[f"{kind}/imported"].value == expected[kind]
+        assert md[f"{kind}/failed"].value == 0
+        assert md["failed_tasks"].value == 0
+        assert md["engine_run_id"].value == run.id
+        assert "succeeded" in md["tasks"].value
+        assert md["rows_per_second"].value > 0
+        assert "| kind |" in md["duration_by_payload"].value
+        assert md["per_kind"].value.records[0].data["kind"] == kind
+
+    checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    assert len(checks) == 10 and all(checks.values()), checks
+
+    # the Dagster run remembers the engine run it worked on
+    assert instance.get_run_by_id(result.run_id).tags["migration/run_id"] == str(run.id)
+
+
+def test_materialising_again_starts_a_new_run_and_finds_everything_already_here(instance, engine_url, db):
+    materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+    again = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+    md = {e.asset_key.path[-1]: e.materialization.metadata for e in again.get_asset_materialization_events()}
+    assert md["phase_2_contacts"]["already_here"].value == SMALL["counts"]["contacts"]
+    assert md["phase_2_contacts"]["imported"].value == 0
+    assert _target_counts(db, "acme") == SMALL["counts"]
+
+
+def test_failed_tasks_fail_the_phase_and_a_rerun_retries_without_writing_twice(instance, engine_url, db):
+    example.WRITE_CALLS.clear()
+    failing = {**SMALL, "fail_pages": {"contacts": [20]}}
+    first = materialize_tenant(instance, "acme", resources(engine_url, options=failing))
+    assert not first.success
+    failures = [e for e in first.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert [e.step_key for e in failures] == ["example__phase_2_contacts"]
+    message = str(failures[0].step_failure_data.user_failure_data.description)
+    assert "1 failed task" in message and "injected failure on contacts page at 20" in message
+    materialized = {e.asset_key.path[-1] for e in first.get_asset_materialization_events()}
+    assert materialized == {"phase_1_companies"}  # later phases did not run
+
+    run = runs.latest_run(db, "acme", "example")
+    assert run.status == "running" and run.current_phase == 2  # the barrier moved on; nothing drains it
+
+    # the cause goes away (the page is fixed at the source), then the partition is rerun
+    db.sql("UPDATE migrations SET options = options - 'fail_pages' WHERE id = %(id)s", {"id": run.id})
+    written_before = collections.Counter(example.WRITE_CALLS)
+    second = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+    assert second.success
+    assert runs.get_run(db, run.id).status == "succeeded"  # the same engine run, retried
+    assert _target_counts(db, "acme") == SMALL["counts"]
+
+    rerun_writes = collections.Counter(example.WRITE_CALLS) - written_before
+    failed_page = {("contacts", str(i)) for i in range(21, 41)}
+    assert failed_page <= set(rerun_writes)
+    assert not set(rerun_writes) & set(written_before), "the rerun wrote nothing the first run had written"
+    assert {k for k, _ in rerun_writes} == {"contacts", "deals", "activities", "notes"}
+    assert max(example.WRITE_CALLS.values()) == 1, "no row was written twice"
+
+
+def test_a_run_limited_to_some_kinds_materialises_the_rest_as_not_planned(instance, engine_url, db):
+    from migration_pipeline.resources import NewRunOptions
+
+    res = resources(engine_url, options=SMALL)
+    res["new_run"] = NewRunOptions(kinds=["companies", "contacts"], options_json=res["new_run"].options_json)
+    result = materialize_tenant(instance, "beta", res, raise_on_error=True)
+    md = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert md["phase_2_contacts"]["imported"].value == SMALL["counts"]["contacts"]
+    assert "not in this run's plan" in md["phase_5_notes"]["note"].value
+    assert _target_counts(db, "beta") == {"companies": 45, "contacts": 70}

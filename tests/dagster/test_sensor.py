@@ -1,0 +1,102 @@
+"""The reaper sensor on a real instance and a real engine database: one tick releases a dead
+worker's stale lock, advances a phase that closed without a winner and requests drainer runs (and
+the tenant partitions they need); once those runs exist, the next tick requests nothing more. The
+lane poller requests drainers up to the lane width, counting the tenant's runs already queued."""
+from __future__ import annotations
+
+from dagster import DagsterRunStatus, build_sensor_context
+from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.test_utils import create_run_for_test
+
+from engine_core import runs
+from engine_core.providers.base import provider_for
+from migration_pipeline import tags
+from migration_pipeline.definitions import build_definitions
+from migration_pipeline.jobs import DRAINER_JOB
+from tests.dagster.support import SMALL, resources
+
+
+DEFS = build_definitions("example")
+
+
+def _sensors():
+    return DEFS.get_sensor_def("reaper"), DEFS.get_sensor_def("lane_poller")
+
+
+def _tick(sensor, instance, res):
+    # resources must be passed explicitly to a sensor called directly (DAGSTER_NOTES.md trap 9)
+    # the daemon evaluates ticks inside a partition-loading context; so does the test
+    with partition_loading_context(dynamic_partitions_store=instance):
+        with build_sensor_context(instance=instance, resources=res, definitions=DEFS) as context:
+            return sensor.evaluate_tick(context)
+
+
+def _launch_like_the_daemon(instance, data) -> None:
+    """What the daemon does with a tick's run requests: runs with the requests' tags, launching."""
+    for rr in data.run_requests:
+        create_run_for_test(instance, job_name=DRAINER_JOB, status=DagsterRunStatus.STARTING,
+                            tags={**rr.tags, tags.PARTITION: rr.partition_key})
+
+
+def test_one_tick_releases_advances_and_requests_drainers_and_the_next_asks_for_nothing(instance, engine_url, db):
+    provider = provider_for("example")
+    dead, _ = runs.start_or_join(db, provider, "dead-worker", options=SMALL)
+    stuck, _ = runs.start_or_join(db, provider, "no-winner", options=SMALL)
+
+    # a worker claimed a task and died: its lock is an hour old
+    task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 1", {"r": dead.id})[0]["id"]
+    assert db.fetch_one("claim_task", {"task_id": task, "worker": "gone:1"})
+    db.sql("UPDATE migration_tasks SET locked_at = now() - interval '1 hour' WHERE id = %(t)s", {"t": task})
+    # every task of phase 1 finished, but the winner died before advancing the barrier
+    db.sql("UPDATE migration_tasks SET status = 'succeeded', finished_at = now() WHERE migration_id = %(r)s", {"r": stuck.id})
+
+    reaper, _ = _sensors()
+    res = resources(engine_url, stale_lock_seconds=600.0)
+    first = _tick(reaper, instance, res)
+
+    assert db.sql("SELECT status, locked_by FROM migration_tasks WHERE id = %(t)s", {"t": task}) == [
+        {"status": "pending", "locked_by": None}]
+    assert runs.get_run(db, stuck.id).current_phase == 1
+    assert db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND phase = 1",
+                  {"r": stuck.id})[0]["n"] > 0, "the advance seeded phase 2"
+
+    by_tenant: dict[str, int] = {}
+    for rr in first.run_requests:
+        by_tenant[rr.partition_key] = by_tenant.get(rr.partition_key, 0) + 1
+        assert rr.tags[tags.ROLE] == tags.DRAINER
+        assert rr.tags[tags.PRIORITY] == tags.DRAINER_PRIORITY
+    assert by_tenant == {"dead-worker": 4, "no-winner": 4}, "lane width 4, nothing in flight yet"
+    assert {rr.tags[tags.ENGINE_RUN] for rr in first.run_requests} == {str(dead.id), str(stuck.id)}
+    assert set(instance.get_dynamic_partitions("tenants")) == {"dead-worker", "no-winner"}
+
+    _launch_like_the_daemon(instance, first)
+    second = _tick(reaper, instance, res)
+    assert second.run_requests == []
+    assert second.skip_message and "nothing to repair" in second.skip_message
+
+
+def test_the_lane_poller_counts_the_tenants_runs_already_in_flight(instance, engine_url, db):
+    run, _ = runs.start_or_join(db, provider_for("example"), "acme", options=SMALL)
+    instance.add_dynamic_partitions("tenants", ["acme"])
+    # the tenant's own launch is already running: one worker of the four
+    create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,
+                        tags={tags.PARTITION: "acme"})
+    _, lane = _sensors()
+    res = resources(engine_url)
+    data = _tick(lane, instance, res)
+    assert [rr.partition_key for rr in data.run_requests] == ["acme"] * 3
+    _launch_like_the_daemon(instance, data)
+    assert _tick(lane, instance, res).run_requests == []
+
+    # a stopped run gets no drainers
+    runs.stop(db, run.id)
+    for r in instance.get_runs():
+        instance.report_run_canceled(r)
+    assert _tick(lane, instance, res).run_requests == []
+
+
+def test_the_reaper_skips_when_there_is_nothing_to_do(instance, engine_url):
+    reaper, _ = _sensors()
+    data = _tick(reaper, instance, resources(engine_url))
+    assert data.run_requests == []
+    assert data.skip_message == "nothing to repair"
