@@ -64,20 +64,20 @@ def drain_in_slot(
 
     def lane() -> None:
         try:
-            # One task per drain call: between tasks the slot checks whether its phase has closed (the
-            # Worker alone would go on claiming the next phase) and whether its turn is over.
+            # One task per drain call: before each, the slot checks whether its phase has closed (the
+            # Worker alone claims whatever phase the barrier is on), after each whether its turn is over.
             deadline = None if turn_seconds is None else time.monotonic() + turn_seconds
             total = DrainResult()
             while True:
+                if until_phase_closed is not None and runs.get_run(db, run_id).current_phase > until_phase_closed:
+                    total.reason = "phase_closed"
+                    break
                 r = worker.drain(run_id, until_phase_closed=until_phase_closed, max_tasks=1)
                 for outcome, n in r.executed.items():
                     total.executed[outcome] = total.executed.get(outcome, 0) + n
                 total.deferred += r.deferred
                 total.reason = r.reason
                 if r.reason != "max_tasks":
-                    break
-                if until_phase_closed is not None and runs.get_run(db, run_id).current_phase > until_phase_closed:
-                    total.reason = "phase_closed"
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     total.reason = "turn_over"

@@ -9,7 +9,9 @@
   instead of waiting for the reaper.
 
 Neither decides anything the tasks do not already say: drainers are requested only for enqueued
-work, and only up to the lane width minus the tenant's runs already queued or in progress.
+work, only up to the lane width minus the tenant's runs already queued or in progress, and only for
+engine runs a Dagster run has attached to (a run started by the engine's own CLI or a benchmark is
+drained by its own workers, with its own source settings). The sweeps themselves cover every run.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
@@ -61,6 +63,11 @@ def tenant_runs_in_flight(context: SensorEvaluationContext, tenant: str) -> int:
     )
 
 
+def dagster_managed(context: SensorEvaluationContext, engine_run_id: int) -> bool:
+    """Whether a Dagster run ever attached to this engine run (phase assets tag the runs they drive)."""
+    return context.instance.get_runs_count(filters=RunsFilter(tags={tags.ENGINE_RUN: str(engine_run_id)})) > 0
+
+
 def drainer_requests(
     context: SensorEvaluationContext,
     db: Database,
@@ -76,6 +83,11 @@ def drainer_requests(
     for run_id, enqueued in sorted(below_width.items()):
         run = runs.get_run(db, run_id)
         if run.source != source or run.status != "running" or run.cancel_requested:
+            continue
+        if not dagster_managed(context, run.id):
+            # Started outside Dagster (the engine's own drain, a benchmark): its source settings
+            # (base URL option, token in that process's environment) are not ours to run it with.
+            context.log.info(f"{run.name} was not launched through Dagster; its own workers drain it")
             continue
         counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
         useful = min(settings.lane_width, int(enqueued) + int(counts.get("running", 0)))

@@ -1,7 +1,8 @@
 """The reaper sensor on a real instance and a real engine database: one tick releases a dead
 worker's stale lock, advances a phase that closed without a winner and requests drainer runs (and
 the tenant partitions they need); once those runs exist, the next tick requests nothing more. The
-lane poller requests drainers up to the lane width, counting the tenant's runs already queued."""
+lane poller requests drainers up to the lane width, counting the tenant's runs already queued, and
+none for engine runs no Dagster run ever attached to."""
 from __future__ import annotations
 
 from dagster import DagsterRunStatus, build_sensor_context
@@ -38,10 +39,19 @@ def _launch_like_the_daemon(instance, data) -> None:
                             tags={**rr.tags, tags.PARTITION: rr.partition_key})
 
 
+def _launched_through_dagster(instance, run, status=DagsterRunStatus.FAILURE) -> None:
+    """A Dagster run of the tenant that attached to the engine run (as a phase asset tags it)."""
+    create_run_for_test(instance, job_name="migrate_tenant", status=status,
+                        tags={tags.PARTITION: run.tenant_id, tags.ENGINE_RUN: str(run.id)})
+
+
 def test_one_tick_releases_advances_and_requests_drainers_and_the_next_asks_for_nothing(instance, engine_url, db):
     provider = provider_for("example")
     dead, _ = runs.start_or_join(db, provider, "dead-worker", options=SMALL)
     stuck, _ = runs.start_or_join(db, provider, "no-winner", options=SMALL)
+    # the Dagster runs that drove them are gone (their process died)
+    _launched_through_dagster(instance, dead)
+    _launched_through_dagster(instance, stuck)
 
     # a worker claimed a task and died: its lock is an hour old
     task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 1", {"r": dead.id})[0]["id"]
@@ -79,8 +89,7 @@ def test_the_lane_poller_counts_the_tenants_runs_already_in_flight(instance, eng
     run, _ = runs.start_or_join(db, provider_for("example"), "acme", options=SMALL)
     instance.add_dynamic_partitions("tenants", ["acme"])
     # the tenant's own launch is already running: one worker of the four
-    create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,
-                        tags={tags.PARTITION: "acme"})
+    _launched_through_dagster(instance, run, status=DagsterRunStatus.STARTED)
     _, lane = _sensors()
     res = resources(engine_url)
     data = _tick(lane, instance, res)
@@ -93,6 +102,14 @@ def test_the_lane_poller_counts_the_tenants_runs_already_in_flight(instance, eng
     for r in instance.get_runs():
         instance.report_run_canceled(r)
     assert _tick(lane, instance, res).run_requests == []
+
+
+def test_runs_started_outside_dagster_get_no_drainers(instance, engine_url, db):
+    """A run the engine's CLI or a benchmark drives has source settings only its own process has."""
+    runs.start_or_join(db, provider_for("example"), "outsider", options=SMALL)
+    _, lane = _sensors()
+    assert _tick(lane, instance, resources(engine_url)).run_requests == []
+    assert instance.get_dynamic_partitions("tenants") == []
 
 
 def test_the_reaper_skips_when_there_is_nothing_to_do(instance, engine_url):
