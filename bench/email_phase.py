@@ -12,8 +12,8 @@ between (ledger and target rows), so both runs fetch the same listings and bodie
 (requests the sandbox answered during the phase / the phase's wall time) / B; the most the
 budget allows is (B - chunk) / (window + lease ttl + margin) / B, printed alongside.
 
-The database is DATABASE_URL, or the embedded server under MIGRATE_HOME; the bench's tenants are
-removed at the end.
+The database is DATABASE_URL, or a `bench_email_phase` database on the embedded server under
+MIGRATE_HOME; the bench's tenant is removed at the end.
 """
 from __future__ import annotations
 
@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
 
     config = SandboxConfig(scale=args.scale, seed=1, token=TOKEN, burst_limit=B, latency="none")
     proc, base_url = start_subprocess(config)
-    db = dbmod.connect(max_size=args.width * 3 + 6)
+    # A database of its own unless DATABASE_URL says otherwise: the default one is where a running
+    # Dagster instance's sensors look for live runs to drain.
+    url = os.environ.get("DATABASE_URL", "").strip() or dbmod.embedded_url(database="bench_email_phase")
+    db = dbmod.connect(url, max_size=args.width * 3 + 6)
     tenant = f"bench-{uuid.uuid4().hex[:8]}"
     os.environ[ENV_BASE_URL] = base_url
     os.environ[ENV_TOKEN] = TOKEN
