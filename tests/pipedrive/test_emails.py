@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 from collections import Counter
 
 from engine_core import reaper, runs
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.plan import PHASES
+from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
 from tests.pipedrive.support import (
     FAST,
@@ -180,3 +182,35 @@ def test_lane_width_times_four_bodies_in_flight_overall(db) -> None:
     assert stats["in_flight"]["body_fetches_peak"] == 16
     assert stats["in_flight"]["peak"] == 16, "never more than four requests per lane thread"
     assert set(stats["bodies_fetched"].values()) == {4}, "each tenant fetched each body once"
+
+
+def test_a_stop_mid_phase_keeps_what_was_fetched_and_resume_fetches_nothing_again(db) -> None:
+    with sandbox(big_deal_messages=150) as sb:
+        truth = sb.truth()
+        everything_but_mail = [k for group in PHASES[:-1] for k in group]
+        assert migrate(db, sb, TENANT, kinds=everything_but_mail).status == "succeeded"
+        sb.configure(latency="realistic:0.05")
+        run = start(db, sb, TENANT, kinds=["emails"])
+        lane = threading.Thread(target=drain_threads, args=(db, run.id), kwargs={"width": 2, "settings": FAST})
+        lane.start()
+        deadline = time.monotonic() + 60
+        while len(ledger(db, TENANT, "emails")) < 40 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        runs.stop(db, run.id)
+        lane.join(60)
+        assert runs.get_run(db, run.id).status == "stopped"
+        cancelled = db.sql("SELECT processed_offset, stats FROM migration_tasks WHERE migration_id = %(r)s AND status = 'cancelled'"
+                           " AND cursor ? 'deals'", {"r": run.id})
+        written = len(ledger(db, TENANT, "emails"))
+        assert cancelled and 40 <= written < len({m for ms in truth["deals_with_mail"].values() for m in ms})
+        assert sum(int(t["stats"].get("imported", 0)) for t in cancelled) > 0, "a stopped task keeps what it wrote"
+
+        runs.resume(db, run.id, PipedriveProvider(base_url=sb.base_url), settings=FAST)
+        drain_threads(db, run.id, width=2, settings=FAST)
+        stats = sb.stats()
+    assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
+    every = {str(m) for ms in truth["deals_with_mail"].values() for m in ms}
+    assert actions(ledger(db, TENANT, "emails"), "created") == every
+    assert set(stats["bodies_fetched"]) == every and set(stats["bodies_fetched"].values()) == {1}
+    counts = kind_counts(db, run.id)["emails"]
+    assert counts["imported"] == len(every) and counts["seen"] == len(every), "stopped and resumed tasks count each message once"
