@@ -31,7 +31,6 @@ cannot be written fails alone with its reason; the deal's other messages land.
 """
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,8 +56,6 @@ from engine_core.providers.pipedrive.mapping import (
 )
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import ledger_refs, write_mapped
-
-log = logging.getLogger(__name__)
 
 KIND = "emails"
 FETCH_THREADS = 4  # requests in flight per task: four lane threads x four = sixteen per process
@@ -132,28 +129,6 @@ class Tally:
 
     attempted: int = 0
     failed: int = 0
-
-
-def mail_page(client: PipedriveClient, deal_id: int, start: int, *, cancel: Any, reservation: Any) -> Page:
-    """A page of a deal's messages, spending a reserved slot (the fetch threads never lease)."""
-    path = f"/v1/deals/{int(deal_id)}/mailMessages"
-    body = client.get(path, {"start": start, "limit": PAGE}, cancel=cancel, reservation=reservation)
-    data = body.get("data")
-    if data is None:
-        rows: tuple[dict[str, Any], ...] = ()
-    elif isinstance(data, list):
-        rows = tuple(data)
-    else:
-        raise BadResponse("data is not a list", method="GET", path=path, status=200)
-    extra = body.get("additional_data") if isinstance(body.get("additional_data"), dict) else {}
-    pagination = extra.get("pagination") if isinstance(extra.get("pagination"), dict) else extra
-    if not pagination.get("more_items_in_collection"):
-        return Page(rows=rows, more=False)
-    next_start = pagination.get("next_start")
-    next_start = start + len(rows) if next_start is None else next_start
-    if not isinstance(next_start, int) or next_start <= start:
-        raise BadResponse("next_start does not advance", method="GET", path=path, status=200)
-    return Page(rows=rows, next_start=next_start, more=True)
 
 
 class EmailTask:
@@ -242,7 +217,7 @@ class EmailTask:
                 self.pool.submit(self.client.mail_body, int(r["id"]), cancel=cancel, reservation=reservation) for r in bodies
             ]
             list_futures = [
-                self.pool.submit(mail_page, self.client, self.deals[l.deal], l.start, cancel=cancel, reservation=reservation)
+                self.pool.submit(self.client.mail_messages, self.deals[l.deal], l.start, PAGE, cancel=cancel, reservation=reservation)
                 for l in listings
             ]
             fatal = self._join_bodies(bodies, body_futures)
