@@ -391,6 +391,14 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     from migration_pipeline import stack
     from migration_pipeline.instance import dagster_env
 
+    import signal
+
+    def _interrupt(signo: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    # Ctrl-C and SIGTERM stop the children too, also when a script started us with SIGINT ignored.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     sandbox_proc = None
     env = dict(os.environ)
     if with_sandbox:
@@ -402,15 +410,17 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
         console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
     env = dagster_env(env=env)
     console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env['MIGRATE_DAGSTER_STORAGE_URL'])}")
-    proc = stack.dagster_dev(env, port)
+    proc = None
     try:
+        proc = stack.dagster_dev(env, port)
         stack.wait_for_webserver(port, proc, timeout=180)
         console.print(f"[green]Dagster UI: http://127.0.0.1:{port}[/green]  (Ctrl-C stops it)")
         proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        stack.stop(proc)
+        if proc is not None:
+            stack.stop(proc)
         if sandbox_proc is not None:
             stack.stop(sandbox_proc, timeout=10)
 

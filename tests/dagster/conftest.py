@@ -43,6 +43,7 @@ class Stack:
     engine_url: str
     home: Path
     log: Path
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFa
         gql = stackmod.wait_for_webserver(port, proc, timeout=150)
         os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
         inst = DagsterInstance.from_config(str(home))
-        yield Stack(UI(gql), inst, db, url, home, log)
+        yield Stack(UI(gql), inst, db, url, home, log, env)
         inst.dispose()
     finally:
         stackmod.stop(proc)

@@ -94,9 +94,7 @@ def test_the_instance_config_is_valid_for_dagster(tmp_path, monkeypatch):
     assert config["concurrency"]["runs"]["tag_concurrency_limits"][0]["key"] == "dagster/partition"
 
 
-def test_root_files_point_at_the_packaged_ones():
-    assert yaml.safe_load((ROOT / "dagster.yaml").read_text()) == yaml.safe_load(
-        (ROOT / "migration_pipeline" / "dagster.yaml").read_text())
+def test_the_workspace_loads_the_only_definitions():
     workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
     assert workspace["load_from"][0]["python_module"]["module_name"] == "migration_pipeline.definitions"
 

@@ -8,13 +8,18 @@ Postgres storage) driven through the UI's own GraphQL calls.
 * terminating a run mid-phase stops the engine run within seconds, leaves no task running, and
   launching the partition again finishes with an exact reconciliation;
 * a run whose phase closed with failed tasks fails; after the cause is removed, "re-execute from
-  failure" is the engine's retry and the tenant reconciles exactly.
+  failure" is the engine's retry and writes only what had not been written;
+* `migrate run` launches a tenant on the same instance (the UI's daemon runs it) and exits
+  non-zero when the run fails.
 """
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
@@ -121,7 +126,7 @@ def test_two_tenants_through_two_launch_paths_share_the_lane_of_four(stack):
 
 
 def test_terminating_a_run_stops_the_engine_and_relaunching_finishes_exactly(stack):
-    counts = {"companies": 60, "contacts": 400, "deals": 60, "activities": 40, "notes": 40}
+    counts = {"companies": 60, "contacts": 300, "deals": 60, "activities": 40, "notes": 40}
     options = {"page_size": 20, "row_delay": 0.02, "counts": counts}
     stack.ui.add_partition("stop-me")
     first = stack.ui.launch("migrate_tenant", "stop-me", run_config=_new_run_config(options))
@@ -204,3 +209,35 @@ def test_failed_tasks_fail_the_run_and_reexecution_from_failure_retries(stack):
     for kind, n in counts.items():
         assert target.get(kind, 0) + skipped.get(kind, 0) == n, (kind, target, skipped)
     assert target["deals"] == 40 and target["companies"] == 40 and target["contacts"] == 60
+
+
+def test_migrate_run_launches_on_the_instance_the_ui_shows(stack):
+    counts = {"companies": 30, "contacts": 30, "deals": 20, "activities": 20, "notes": 20}
+    migrate = str(Path(sys.executable).parent / "migrate")
+
+    def cli(tenant: str, options: dict) -> subprocess.Popen:
+        return subprocess.Popen([migrate, "run", "--tenant", tenant, "--options", json.dumps(options), "--json"],
+                                env=stack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # two tenants at once: one that succeeds, one whose notes page fails
+    good = cli("from-cli", {"page_size": 20, "counts": counts})
+    failing = cli("from-cli-failing", {"page_size": 20, "counts": counts, "fail_pages": {"notes": [0]}})
+    ok_out, ok_err = good.communicate(timeout=150)
+    bad_out, _ = failing.communicate(timeout=150)
+
+    assert good.returncode == 0, ok_out[-2000:] + ok_err[-3000:]
+    payload = json.loads(ok_out)
+    assert payload["dagster_status"] == "SUCCESS"
+    assert [p["status"] for p in payload["phases"]] == ["materialized"] * 5
+    assert payload["phases"][1]["metadata"]["imported"] == 30
+    run = stack.instance.get_run_by_id(payload["dagster_run_id"])
+    assert run.job_name == "migrate_tenant" and run.tags[tags.PARTITION] == "from-cli"
+    assert "from-cli" in stack.ui.partition_keys(PHASE_PATHS[0])  # the UI sees the CLI's tenant
+    _wait_tenant_quiet(stack, "from-cli")
+    _reconcile(stack, "from-cli", counts)
+
+    assert failing.returncode == 1
+    payload = json.loads(bad_out)
+    assert payload["dagster_status"] == "FAILURE"
+    assert payload["phases"][-1]["status"] == "failed" and "injected failure" in payload["phases"][-1]["message"]
+    _wait_tenant_quiet(stack, "from-cli-failing")
