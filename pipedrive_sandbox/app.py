@@ -693,6 +693,13 @@ class SandboxApp:
                 {"field": sort_by, "fieldValue": self._sort_field_value(kind, last_i, last_rec, sort_by), "sortDirection": direction, "id": ds.ident(kind, last_i)}
             )
         data = [self._v2_custom(kind, rec, q) for _, rec in page]
+        included = {f.strip() for f in (q.get("include_fields") or "").split(",") if f.strip()}
+        if kind == "deals" and "email_messages_count" in included:
+            # The one include_fields value a full export needs: which deals have mail to list.
+            data = [
+                {**row, "email_messages_count": len(ds.deal_message_ids(i))} if isinstance(row, dict) else row
+                for (i, _), row in zip(page, data)
+            ]  # copies: records may be shared with the generator's cache
         return {"success": True, "data": data, "additional_data": {"next_cursor": next_cursor}}
 
     def _sort_field_value(self, kind: str, index: int, rec: dict[str, Any], sort_by: str) -> Any:
