@@ -104,10 +104,12 @@ class TaskContext:
         kind: str | None = None,
         resume_from: int | None = None,
         offset_after: Callable[[int], int] | None = None,
+        fail_if_all_failed: bool = True,
     ) -> PageResult:
         """Write a page in windows: one transaction per window, one savepoint per row, the
         checkpoint inside the window's transaction. A row that raises is rolled back alone and
-        counted; a deadlock or serialization failure loses the window and releases the task."""
+        counted; a deadlock or serialization failure loses the window and releases the task.
+        A page whose every row failed raises PageFailed unless the caller judges that itself."""
         kind = kind or self.task.kind
         start = self.offset if resume_from is None else resume_from
         attempted = failed = 0
@@ -138,7 +140,7 @@ class TaskContext:
             failed += counts.get(ledger.FAILED, 0)
             if self.log.should_flush_early():
                 self.log.flush(self.db)  # type: ignore[arg-type]
-        if attempted and failed == attempted:
+        if fail_if_all_failed and attempted and failed == attempted:
             raise PageFailed(f"every row of the page failed ({failed} rows); first reasons are in the run log")
         return PageResult(attempted, failed, outcomes)
 

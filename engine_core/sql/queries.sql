@@ -369,3 +369,8 @@ UPDATE source_budgets
        daily_remaining = 0,
        updated_at = clock_timestamp()
  WHERE source = %(source)s AND account = %(account)s;
+
+-- name: claimed_by_run --
+SELECT source_id, migration_id FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');

@@ -62,15 +62,6 @@ FETCH_THREADS = 4  # requests in flight per task: four lane threads x four = six
 TOUCH_EVERY = 15.0  # seconds between lock refreshes while rounds run without a window commit
 SYSTEMIC_FAILURE_MIN = 25  # a task with at least this many messages, all failed, fails itself
 
-# Which run, if any, already wrote these messages: this run's own writes were counted when their
-# window committed; an earlier run's are reported as already here.
-CLAIMED_BY_SQL = """
-SELECT source_id, migration_id FROM migration_records
- WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
-   AND source_id = ANY(%(ids)s::text[]) AND action IN ('created', 'matched')
-"""
-
-
 # --- discovery -------------------------------------------------------------------------------
 
 
@@ -298,7 +289,7 @@ class EmailTask:
         ids = [r["id"] for r in rows if r.mapped is not None]
         refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
-            claimed = _claimed_by(conn, run.tenant_id, run.source, ids)
+            claimed = ledger.claimed_by(conn, run, KIND, ids)
             self.found.update(ledger.resolve(conn, run, refs + ledger_refs(r.mapped for r in rows)))
         for r in rows:
             if r.mapped is not None and r["id"] in claimed:
@@ -332,11 +323,10 @@ class EmailTask:
             return write_mapped(tx, ctx.run, KIND, row.mapped, self.found)
 
         try:
-            result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after)
-        except PageFailed:
-            # a window whose every message failed (often a window of one): each failed alone
-            self.tally.attempted += len(rows)
-            self.tally.failed += len(rows)
+            # a window whose every message failed (often a window of one) is not a broken task:
+            # each message failed alone; the task-level judgement is the tally's
+            result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after,
+                                    fail_if_all_failed=False)
         except BaseException:
             ctx.stats.bump("deals", before - after)
             for r in rows:
@@ -376,13 +366,6 @@ def _sound_id(item: Any) -> str | None:
         return row_source_id(message_of(item), KIND)
     except MalformedRow:
         return None
-
-
-def _claimed_by(conn: Conn, tenant_id: str, source: str, ids: list[str]) -> dict[str, int]:
-    if not ids:
-        return {}
-    rows = conn.sql(CLAIMED_BY_SQL, {"tenant_id": tenant_id, "source": source, "kind": KIND, "ids": ids})
-    return {r["source_id"]: r["migration_id"] for r in rows}
 
 
 def run_email_task(ctx: TaskContext, client: PipedriveClient, budget: Budget | None, *, fetch_threads: int = FETCH_THREADS) -> TaskOutcome:
