@@ -3,8 +3,9 @@
 * `ledger_matches_target`: for every kind of the phase, the ledger's created claims = the target
   rows they point at (each claim has its own row, none missing, none shared), and matched claims
   point at rows that exist.
-* `no_duplicate_claims`: no target row is claimed as created by two ledger entries, and no target
-  row written for the tenant is missing its ledger claim (a write outside the ledger).
+* `no_duplicate_claims`: no target row is claimed as created by two ledger entries, no target row
+  the migration wrote for the tenant is missing its claim (a write outside the ledger), and no
+  source id was written twice.
 
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
@@ -79,7 +80,9 @@ def ledger_vs_target(db: Database, tenant: str, source: str, kind: str) -> dict[
 
 
 def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -> dict[str, Any]:
-    """Target rows claimed as created more than once, and target rows of the tenant nobody claimed."""
+    """Target rows claimed as created more than once; target rows the migration wrote without a
+    claim (rows of the tenant marked with this source, or every row of a table without a `source`
+    column); and target rows written twice for one source id."""
     dup = db.sql(
         "SELECT record_type, record_id, count(*) AS n FROM migration_records"
         " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = ANY(%(k)s) AND action = 'created'"
@@ -87,6 +90,7 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
         {"t": tenant, "s": source, "k": kinds},
     )
     unclaimed: dict[str, int] = {}
+    twice: dict[str, int] = {}
     types = db.sql(
         "SELECT DISTINCT record_type FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s"
         " AND kind = ANY(%(k)s) AND action IN ('created', 'matched') AND record_type IS NOT NULL",
@@ -97,16 +101,30 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
         table = _table(db, record_type)
         if table is None or not _has_column(db, record_type, "tenant_id"):
             continue
+        # rows the product had before the migration carry no source: they are not ours to count
+        ours = sql.SQL(" AND x.source = %(s)s") if _has_column(db, record_type, "source") else sql.SQL("")
+        if _has_column(db, record_type, "kind"):  # a table shared by kinds of several phases
+            ours = ours + sql.SQL(" AND x.kind = ANY(%(k)s)")
         q = sql.SQL(
-            "SELECT count(*) AS n FROM {table} x WHERE x.tenant_id = %(t)s AND NOT EXISTS ("
+            "SELECT count(*) AS n FROM {table} x WHERE x.tenant_id = %(t)s{ours} AND NOT EXISTS ("
             " SELECT 1 FROM migration_records r WHERE r.tenant_id = %(t)s AND r.record_type = %(rt)s"
             " AND r.record_id = x.id AND r.action IN ('created', 'matched'))"
-        ).format(table=table)
+        ).format(table=table, ours=ours)
+        params = {"t": tenant, "rt": record_type, "s": source, "k": kinds}
         with db.connection() as c:
-            n = int(c.raw.execute(q, {"t": tenant, "rt": record_type}).fetchone()["n"])
-        if n:
-            unclaimed[record_type] = n
-    return {"duplicates": [dict(d) for d in dup], "unclaimed": unclaimed}
+            n = int(c.raw.execute(q, params).fetchone()["n"])
+            if n:
+                unclaimed[record_type] = n
+            if _has_column(db, record_type, "source_id"):
+                per = sql.SQL(", x.kind") if _has_column(db, record_type, "kind") else sql.SQL("")
+                q2 = sql.SQL(
+                    "SELECT count(*) AS n FROM (SELECT 1 FROM {table} x WHERE x.tenant_id = %(t)s{ours}"
+                    " AND x.source_id IS NOT NULL GROUP BY x.source_id{per} HAVING count(*) > 1) d"
+                ).format(table=table, ours=ours, per=per)
+                n2 = int(c.raw.execute(q2, params).fetchone()["n"])
+                if n2:
+                    twice[record_type] = n2
+    return {"duplicates": [dict(d) for d in dup], "unclaimed": unclaimed, "written_twice": twice}
 
 
 def _checks_for(spec: PhaseSpec) -> list[AssetChecksDefinition]:
@@ -116,41 +134,47 @@ def _checks_for(spec: PhaseSpec) -> list[AssetChecksDefinition]:
         return _build_checks(spec)
 
 
+def ledger_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
+    per_kind = [ledger_vs_target(db, tenant, source, k) for k in kinds]
+    passed = all(p["created"] == p["target_rows"] and not p["missing"] and not p["shared"]
+                 and not p["matched_missing"] and not p["unknown_tables"] for p in per_kind)
+    md: dict[str, Any] = {}
+    for p in per_kind:
+        md[f"{p['kind']}/ledger_created"] = MetadataValue.int(p["created"])
+        md[f"{p['kind']}/ledger_matched"] = MetadataValue.int(p["matched"])
+        md[f"{p['kind']}/target_rows"] = MetadataValue.int(p["target_rows"])
+        if p["missing"] or p["shared"] or p["matched_missing"] or p["unknown_tables"]:
+            md[f"{p['kind']}/problems"] = MetadataValue.json(
+                {k: p[k] for k in ("missing", "shared", "matched_missing", "unknown_tables")})
+    return passed, md
+
+
+def duplicates_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
+    found = duplicate_claims(db, tenant, source, kinds)
+    passed = not found["duplicates"] and not found["unclaimed"] and not found["written_twice"]
+    return passed, {
+        "duplicate_claims": MetadataValue.int(len(found["duplicates"])),
+        "unclaimed_target_rows": MetadataValue.int(sum(found["unclaimed"].values())),
+        "source_ids_written_twice": MetadataValue.int(sum(found["written_twice"].values())),
+        "details": MetadataValue.json({"duplicates": found["duplicates"][:5], "unclaimed": found["unclaimed"],
+                                       "written_twice": found["written_twice"]}),
+    }
+
+
 def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
     kinds = list(spec.kinds)
 
     @asset_check(asset=spec.key, name="ledger_matches_target", partitions_def=tenants,
                  description=f"Ledger ids = target rows, per kind ({', '.join(kinds)}).")
     def ledger_matches_target(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
-        db = database.database()
-        tenant = context.partition_key
-        per_kind = [ledger_vs_target(db, tenant, spec.source, k) for k in kinds]
-        passed = all(p["created"] == p["target_rows"] and not p["missing"] and not p["shared"]
-                     and not p["matched_missing"] and not p["unknown_tables"] for p in per_kind)
-        md: dict[str, Any] = {}
-        for p in per_kind:
-            md[f"{p['kind']}/ledger_created"] = MetadataValue.int(p["created"])
-            md[f"{p['kind']}/ledger_matched"] = MetadataValue.int(p["matched"])
-            md[f"{p['kind']}/target_rows"] = MetadataValue.int(p["target_rows"])
-            if p["missing"] or p["shared"] or p["matched_missing"] or p["unknown_tables"]:
-                md[f"{p['kind']}/problems"] = MetadataValue.json(
-                    {k: p[k] for k in ("missing", "shared", "matched_missing", "unknown_tables")})
+        passed, md = ledger_check(database.database(), context.partition_key, spec.source, kinds)
         return AssetCheckResult(passed=passed, metadata=md)
 
     @asset_check(asset=spec.key, name="no_duplicate_claims", partitions_def=tenants,
-                 description="No target row claimed twice, no target row written without its claim.")
+                 description="No target row claimed twice or written without its claim; no source id written twice.")
     def no_duplicate_claims(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
-        db = database.database()
-        found = duplicate_claims(db, context.partition_key, spec.source, kinds)
-        passed = not found["duplicates"] and not found["unclaimed"]
-        return AssetCheckResult(
-            passed=passed,
-            metadata={
-                "duplicate_claims": MetadataValue.int(len(found["duplicates"])),
-                "unclaimed_target_rows": MetadataValue.int(sum(found["unclaimed"].values())),
-                "details": MetadataValue.json({"duplicates": found["duplicates"][:5], "unclaimed": found["unclaimed"]}),
-            },
-        )
+        passed, md = duplicates_check(database.database(), context.partition_key, spec.source, kinds)
+        return AssetCheckResult(passed=passed, metadata=md)
 
     return [ledger_matches_target, no_duplicate_claims]
 

@@ -104,3 +104,23 @@ def test_a_run_limited_to_some_kinds_materialises_the_rest_as_not_planned(instan
     assert md["phase_2_contacts"]["imported"].value == SMALL["counts"]["contacts"]
     assert "not in this run's plan" in md["phase_5_notes"]["note"].value
     assert _target_counts(db, "beta") == {"companies": 45, "contacts": 70}
+
+
+def test_the_asset_checks_fail_on_a_write_outside_the_ledger_and_a_lost_target_row(instance, engine_url, db):
+    from migration_pipeline.assets.checks import duplicates_check, ledger_check
+
+    result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+    assert all(e.passed for e in result.get_asset_check_evaluations())
+    # a contact written again without its claim, and a company whose target row disappeared
+    db.sql("INSERT INTO example_items (tenant_id, kind, source_id, payload)"
+           " SELECT tenant_id, kind, source_id, payload FROM example_items"
+           " WHERE tenant_id = 'acme' AND kind = 'contacts' AND source_id = '7'")
+    db.sql("DELETE FROM example_items WHERE tenant_id = 'acme' AND kind = 'companies' AND source_id = '3'")
+
+    passed, md = ledger_check(db, "acme", "example", ["companies"])
+    assert not passed and md["companies/target_rows"].value == 44 and md["companies/ledger_created"].value == 45
+    assert ledger_check(db, "acme", "example", ["contacts"])[0]
+    passed, md = duplicates_check(db, "acme", "example", ["contacts"])
+    assert not passed
+    assert md["unclaimed_target_rows"].value == 1 and md["source_ids_written_twice"].value == 1
+    assert duplicates_check(db, "acme", "example", ["deals"])[0]
