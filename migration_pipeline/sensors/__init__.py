@@ -33,9 +33,11 @@ from dagster import (
 from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.db import Database
+from engine_core.models import Run
+from engine_core.providers.base import Provider, provider_for
 from migration_pipeline import tags
 from migration_pipeline.partitions import TENANTS
-from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
+from migration_pipeline.resources import LaneSettings, MigrationDatabase
 
 REAPER_INTERVAL_ENV = "MIGRATE_REAPER_INTERVAL_SECONDS"
 LANE_INTERVAL_ENV = "MIGRATE_LANE_INTERVAL_SECONDS"
@@ -123,6 +125,12 @@ def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | Ski
     return SensorResult(run_requests=requests) if requests else SkipReason(quiet_reason)
 
 
+def _providers(run: Run) -> Provider:
+    # The sweeps only seed phases (no I/O, no credentials): the sensors need no source resource,
+    # so they keep ticking in a UI started without the source's settings.
+    return provider_for(run.source, run)
+
+
 def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
     @sensor(
         name="reaper",
@@ -131,16 +139,14 @@ def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
         default_status=DefaultSensorStatus.RUNNING,
         description="The engine's four sweeps, then drainer runs for runs below the lane's width.",
     )
-    def reaper_sensor(
-        context: SensorEvaluationContext, database: MigrationDatabase, source: SourceResource, lane: LaneSettings
-    ):
+    def reaper_sensor(context: SensorEvaluationContext, database: MigrationDatabase, lane: LaneSettings):
         db = database.database()
         settings = lane.engine_settings()
-        report = reaper.sweep(db, settings, source.providers())
+        report = reaper.sweep(db, settings, _providers)
         if not report.quiet:
             context.log.info(f"reaper: released tasks {report.released}, advanced runs {report.advanced}, "
                              f"finalized runs {report.finalized}")
-        requests = drainer_requests(context, db, report.below_width, settings, source.source)
+        requests = drainer_requests(context, db, report.below_width, settings, source)
         return _result(requests,
                        "nothing to repair" if report.quiet else
                        f"released {len(report.released)}, advanced {len(report.advanced)}, "
@@ -153,13 +159,11 @@ def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
         default_status=DefaultSensorStatus.RUNNING,
         description="Refill runs below the lane's width with drainer runs (the reaper's refill sweep only).",
     )
-    def lane_sensor(
-        context: SensorEvaluationContext, database: MigrationDatabase, source: SourceResource, lane: LaneSettings
-    ):
+    def lane_sensor(context: SensorEvaluationContext, database: MigrationDatabase, lane: LaneSettings):
         db = database.database()
         settings = lane.engine_settings()
         below = reaper.refill(db, settings)
-        requests = drainer_requests(context, db, below, settings, source.source)
+        requests = drainer_requests(context, db, below, settings, source)
         return _result(requests, "every lane full")
 
     return [reaper_sensor, lane_sensor]

@@ -21,7 +21,8 @@ DEFS = build_definitions("example")
 
 
 def _sensors():
-    return DEFS.get_sensor_def("reaper"), DEFS.get_sensor_def("lane_poller")
+    repo = DEFS.get_repository_def()
+    return repo.get_sensor_def("reaper"), repo.get_sensor_def("lane_poller")
 
 
 def _tick(sensor, instance, res):
