@@ -286,7 +286,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         with _db() as db:
             r = rollups.rollup(db, int(engine_id)) if engine_id else None
         ok = dagster_run.status.value == "SUCCESS"
-        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value,
+        why = "" if ok or any(p.status == "failed" for p in results) else launch.run_failure_message(instance, run_id)
+        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
                               for p in results],
@@ -296,6 +297,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             print_phase_results(results)
             if r is not None:
                 print_rollup(r)
+            if why:
+                console.print(f"[red]{why}[/red]")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
 
         _emit(as_json, payload, render)

@@ -76,8 +76,12 @@ def submit_tenant_run(env: dict[str, str], tenant: str, run_config: dict, job: s
             "--config-json", json.dumps(run_config)]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
-        tail = "\n".join((out.stderr or out.stdout).strip().splitlines()[-15:])
-        raise LaunchError(f"dagster job launch failed:\n{tail}")
+        lines = [ln.strip() for ln in (out.stderr + out.stdout).splitlines()]
+        errors = [ln for ln in lines if ("rror" in ln or "not set" in ln) and not ln.startswith(("File ", "raise "))
+                  and " = " not in ln
+                  and "Warning" not in ln]
+        reasons = list(dict.fromkeys(errors))[-4:] or [ln for ln in lines if ln][-5:]
+        raise LaunchError("dagster job launch failed:\n" + "\n".join(reasons))
     return run_id
 
 
@@ -142,3 +146,14 @@ def phase_results(instance: DagsterInstance, run_id: str, asset_order: list[str]
             meta = {k: v.value for k, v in (user.metadata.items() if user else [])}
             found[key] = PhaseResult(key, "failed", meta, message)
     return [found.get(a, PhaseResult(a, "skipped")) for a in asset_order]
+
+
+def run_failure_message(instance: DagsterInstance, run_id: str) -> str:
+    """Why the run failed when no step did (e.g. a resource's EnvVar was not set at launch)."""
+    from dagster import DagsterEventType
+
+    records = instance.get_records_for_run(run_id, of_type={DagsterEventType.RUN_FAILURE,
+                                                            DagsterEventType.ENGINE_EVENT}).records
+    messages = [r.event_log_entry.user_message or "" for r in records]
+    errors = [m for m in messages if "rror" in m]
+    return (errors[-1] if errors else (messages[-1] if messages else "")).strip()[:2000]
