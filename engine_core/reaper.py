@@ -6,6 +6,7 @@ would have done had its worker lived.
 from __future__ import annotations
 
 from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 
 from engine_core.config import Settings
@@ -15,6 +16,7 @@ from engine_core.planner import advance_phase, top_up
 from engine_core.providers.base import Provider, provider_for
 
 ProviderResolver = Callable[[Run], Provider]
+log = logging.getLogger(__name__)
 
 
 def release_stale(db: Database, threshold_seconds: float) -> list[int]:
@@ -42,7 +44,12 @@ def advance(db: Database, settings: Settings, providers: ProviderResolver) -> li
         run = Run.from_row(row)
         if run.status != "running" or run.cancel_requested:
             continue
-        if advance_phase(db, run.id, run.current_phase, providers(run), settings):
+        try:
+            provider = providers(run)
+        except Exception:  # one run we cannot serve must not stop the sweep for the others
+            log.exception("reaper: no provider for %s; skipped", run.name)
+            continue
+        if advance_phase(db, run.id, run.current_phase, provider, settings):
             advanced.append(run.id)
     return advanced
 
@@ -50,6 +57,10 @@ def advance(db: Database, settings: Settings, providers: ProviderResolver) -> li
 def finalize(db: Database, threshold_seconds: float) -> list[int]:
     """Sweep 4: runs whose heartbeat stopped with nothing left to do get their terminal status."""
     done = []
+    for row in db.fetch_all("live_runs"):
+        # a stop settles as soon as nothing of the run is running (no heartbeat wait needed)
+        if row["status"] == "stopping" and db.fetch_one("settle_stop", {"run_id": row["id"]}):
+            done.append(row["id"])
     for row in db.fetch_all("runs_needing_finalize", {"threshold": float(threshold_seconds)}):
         if row["status"] == "stopping":
             settled = db.fetch_one("settle_stop", {"run_id": row["id"]})

@@ -111,14 +111,19 @@ def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, 
             if run.terminal:
                 tx.fetch_one("reopen_run", {"run_id": run_id})
             phases = [r["phase"] for r in tx.fetch_all("rearm_tasks", {"run_id": run_id, "statuses": statuses})]
-            if not phases:
+            stopped_between_phases = run.status == "stopped" and run.current_phase < len(run.plan)
+            if not phases and not stopped_between_phases:
                 raise NothingToDo(f"{run.name} has no {' or '.join(statuses)} tasks")
-            earliest = min(phases)
-            tx.fetch_one("rewind_barrier", {"run_id": run_id, "phase": earliest})
-            tx.execute("unqueue_later_phases", {"run_id": run_id, "phase": earliest})
+            if phases:
+                earliest = min(phases)
+                tx.fetch_one("rewind_barrier", {"run_id": run_id, "phase": earliest})
+                tx.execute("unqueue_later_phases", {"run_id": run_id, "phase": earliest})
     except pg_errors.UniqueViolation:
         raise _refuse(db, run.tenant_id, run.source) from None
     top_up(db, run_id, settings)
+    # a stop that landed as a phase emptied held the barrier; reopened, the phase can close now
+    current = get_run(db, run_id)
+    advance_phase(db, run_id, current.current_phase, provider, settings)
     return get_run(db, run_id)
 
 

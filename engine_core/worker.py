@@ -91,8 +91,8 @@ class Worker:
         return bool(row and row["n"] > threshold)
 
     # -- claim and run --------------------------------------------------------------------
-    def claim_next(self, run_id: int | None) -> tuple[Task, Run] | None:
-        row = self.db.fetch_one("claim_next", {"run_id": run_id, "worker": self.worker_id})
+    def claim_next(self, run_id: int | None, max_phase: int | None = None) -> tuple[Task, Run] | None:
+        row = self.db.fetch_one("claim_next", {"run_id": run_id, "worker": self.worker_id, "max_phase": max_phase})
         if row is None:
             return None
         task = Task.from_row(row)
@@ -209,7 +209,7 @@ class Worker:
                 result.deferred += 1
                 self.cancel.wait(min(5.0, poll_seconds * (2 ** min(result.deferred, 5))))
                 continue
-            claimed = self.claim_next(run_id)
+            claimed = self.claim_next(run_id, max_phase=until_phase_closed)
             if claimed is not None:
                 result.count(self.run_claimed(*claimed))
                 continue
@@ -267,13 +267,23 @@ def drain_threads(
             errors.append(e)
             cancel.set()
 
-    threads = [threading.Thread(target=lane, args=(i,), name=f"lane-{i}", daemon=True) for i in range(width)]
+    done = [threading.Event() for _ in range(width)]
+
+    def run_lane(i: int) -> None:
+        try:
+            lane(i)
+        finally:
+            done[i].set()
+
+    threads = [threading.Thread(target=run_lane, args=(i,), name=f"lane-{i}", daemon=True) for i in range(width)]
     for t in threads:
         t.start()
     try:
-        for t in threads:
-            while t.is_alive():
-                t.join(0.5)
+        # Wait on events, not Thread.join: a join interrupted by an exception in the main thread
+        # (a terminated Dagster run) can mark a still-running thread as finished.
+        for e in done:
+            while not e.wait(0.5):
+                pass
     except BaseException:
         cancel.set()
         raise

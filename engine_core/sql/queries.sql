@@ -76,6 +76,7 @@ UPDATE migration_tasks t
          WHERE (%(run_id)s::bigint IS NULL OR c.migration_id = %(run_id)s)
            AND c.status = 'pending' AND c.enqueued_at IS NOT NULL
            AND c.phase = m.current_phase
+           AND (%(max_phase)s::int IS NULL OR c.phase <= %(max_phase)s)
            AND m.status = 'running' AND NOT m.cancel_requested
            AND (c.not_before IS NULL OR c.not_before <= now())
          ORDER BY c.enqueued_at, c.id
@@ -276,11 +277,15 @@ SELECT CASE WHEN COALESCE((stats->>%(stat)s)::int, 0) >= %(top)s THEN %(top)s::t
 
 -- name: stale_running_tasks --
 -- Reaper sweep 1: a running task whose lock is older than the threshold lost its worker.
-UPDATE migration_tasks
-   SET status = 'pending', locked_at = NULL, locked_by = NULL,
+-- A task of a run being stopped is cancelled instead, so the stop can settle.
+UPDATE migration_tasks t
+   SET status = CASE WHEN m.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+       locked_at = NULL, locked_by = NULL,
        error = 'released: worker lock older than ' || %(threshold)s::text || 's', updated_at = now()
- WHERE status = 'running' AND locked_at < now() - make_interval(secs => %(threshold)s)
-RETURNING id, migration_id;
+  FROM migrations m
+ WHERE m.id = t.migration_id AND t.status = 'running'
+   AND t.locked_at < now() - make_interval(secs => %(threshold)s)
+RETURNING t.id, t.migration_id;
 
 -- name: live_runs --
 SELECT * FROM migrations WHERE status IN ('running', 'stopping') ORDER BY id;

@@ -68,3 +68,25 @@ def test_retry_rewinds_the_barrier_and_keeps_later_progress(db) -> None:
     assert after == later  # later phases were not re-run
     contacts = db.sql("SELECT count(*) AS n FROM example_items WHERE kind = 'contacts'")[0]["n"]
     assert contacts == 40
+
+
+def test_resume_of_a_run_stopped_as_its_phase_emptied(db) -> None:
+    """The stop held the barrier with nothing cancelled: resume reopens and the phase closes."""
+    p = provider_for("counter")
+    run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)
+    db.sql("UPDATE migration_tasks SET status = 'succeeded'")
+    assert runs.stop(db, run.id).status == "stopped"
+    resumed = runs.resume(db, run.id, p, settings=FAST)
+    assert resumed.status == "running" and resumed.current_phase == 1
+    assert len(task_rows(db, run.id, phase=1)) == 2
+
+
+def test_draining_until_a_phase_closes_claims_nothing_of_the_next(db) -> None:
+    from tests.engine.support import make_executions_table
+
+    make_executions_table(db)
+    p = provider_for("counter")
+    run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 3}, settings=FAST)
+    result = Worker(db, settings=FAST).drain(run.id, until_phase_closed=0)
+    assert result.reason == "phase_closed" and result.executed == {"succeeded": 3}
+    assert {t["status"] for t in task_rows(db, run.id, phase=1)} == {"pending"}

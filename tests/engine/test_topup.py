@@ -26,7 +26,7 @@ def test_start_enqueues_up_to_max_inflight(db) -> None:
 def test_two_tasks_finishing_together_leave_the_pool_at_width(db_url) -> None:
     database = dbmod.Database(db_url, max_size=10)
     run = runs.start_run(database, provider_for("counter"), "acme", kinds=["k0"], options={"tasks": 20}, settings=FAST)
-    claimed = [database.fetch_one("claim_next", {"run_id": run.id, "worker": f"w{i}"}) for i in range(2)]
+    claimed = [database.fetch_one("claim_next", {"run_id": run.id, "worker": f"w{i}", "max_phase": None}) for i in range(2)]
     gate = threading.Barrier(2)
 
     def finish(row) -> None:
