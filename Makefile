@@ -21,6 +21,10 @@ test-engine: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/migrate demo
 
+# The Dagster UI on the embedded database, with a sandbox Pipedrive account as the source.
+ui: $(STAMP)
+	$(VENV)/bin/migrate ui --sandbox
+
 clean-db:
 	$(VENV)/bin/migrate db stop || true
 	rm -rf .migrate

