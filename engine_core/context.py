@@ -150,6 +150,10 @@ class TaskContext:
                 outcome = writer(tx, row)
                 if self.run.dry_run:
                     raise psycopg.Rollback(sp)  # a dry run reports what it would do, writes nothing
+            if self.run.dry_run and outcome in (ledger.IMPORTED, ledger.MATCHED):
+                sid = row_id(row)
+                if sid is not None:  # remembered so this run's later phases can link to it
+                    tx.execute("dry_record", {"run_id": self.run.id, "kind": kind, "source_id": sid, "outcome": outcome})
             return outcome
         except (TransientError, LockLost):
             raise  # the whole window is gone: the task retries with its cursor

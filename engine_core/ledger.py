@@ -113,3 +113,13 @@ def claimed_by(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]) ->
         "claimed_by_run", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_ids": ids}
     )
     return {r["source_id"]: r["migration_id"] for r in rows}
+
+
+def dry_written(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> set[tuple[str, str]]:
+    """In a dry run: which of these (kind, source id) pairs this run would have written already."""
+    pairs = {(k, str(s)) for k, s in refs if s is not None and s != ""}
+    if not pairs or not run.dry_run:
+        return set()
+    kinds, ids = zip(*sorted(pairs))
+    rows = conn.fetch_all("dry_written", {"run_id": run.id, "kinds": list(kinds), "source_ids": list(ids)})
+    return {(r["kind"], r["source_id"]) for r in rows}

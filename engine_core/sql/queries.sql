@@ -379,3 +379,16 @@ UPDATE source_budgets
 SELECT source_id, migration_id FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');
+
+-- name: dry_record --
+INSERT INTO migration_dry_records (migration_id, kind, source_id, outcome)
+VALUES (%(run_id)s, %(kind)s, %(source_id)s, %(outcome)s)
+ON CONFLICT DO NOTHING;
+
+-- name: dry_written --
+-- A dry run's would-be writes, for its own later phases (one query per page, like the ledger's).
+SELECT d.kind, d.source_id
+  FROM migration_dry_records d
+  JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
+    ON d.kind = want.kind AND d.source_id = want.source_id
+ WHERE d.migration_id = %(run_id)s;

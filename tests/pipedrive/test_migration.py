@@ -192,10 +192,10 @@ def test_dry_run_lists_the_same_writes_nothing_and_reports_what_it_would_do(db) 
     one = kind_counts(db, real.id)
     for kind in LEDGER_KIND.values():
         assert report[kind].seen == one[kind]["seen"], kind
-        # a dry run cannot know that a parent from an earlier phase will dangle: it counts as linked
         assert report[kind].imported + report[kind].skipped == one[kind]["imported"] + one[kind]["skipped"], kind
-    for kind in ("users", "organizations", "deals_archived", "leads_archived"):
-        assert report[kind].imported == one[kind]["imported"], kind
+        if kind != "emails":
+            # the dry run links only to parents it would itself have written: its report is exact
+            assert (report[kind].imported, report[kind].skipped) == (one[kind]["imported"], one[kind]["skipped"]), kind
     # nothing of the dry run is in the ledger
     assert db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s", {"r": dry.id})[0]["n"] == 0
 

@@ -6,8 +6,9 @@ placeholder that a later run importing the parent takes over. Owners, the people
 custom fields that point at records are softer references: linked when found, empty when not.
 
 In a dry run nothing is written (the engine rolls each row's savepoint back), so a parent that
-this same run would have created earlier is not in the ledger: a parent whose kind belongs to an
-earlier phase of the run counts as linked, and the row is reported as it would be written.
+this same run would have created earlier is not in the ledger; the engine remembers the dry run's
+would-be writes (`ledger.dry_written`), and a parent found there counts as linked. Where that
+record is not at hand (the email task), a parent whose kind belongs to an earlier phase counts.
 """
 from __future__ import annotations
 
@@ -77,7 +78,10 @@ def earlier_kinds(run: Run, kind: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def write_mapped(tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int]) -> str:
+def write_mapped(
+    tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int],
+    dry: set[tuple[str, str]] | None = None,
+) -> str:
     """Link, then write once through the ledger: imported, matched, already_here or skipped."""
     resolved: dict[Ref, int | None] = {}
     missing: list[Ref] = []
@@ -88,7 +92,11 @@ def write_mapped(tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tupl
     pending = False
     if missing:
         created_earlier = earlier_kinds(run, kind)
-        if run.dry_run and all(any(k in created_earlier for k in ref.kinds) for ref in missing):
+        if dry is not None:
+            would_exist = all(any((k, ref.source_id) in dry for k in ref.kinds) for ref in missing)
+        else:
+            would_exist = all(any(k in created_earlier for k in ref.kinds) for ref in missing)
+        if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
             reason = f"{NOT_LINKED}: " + "; ".join(ref.describe() for ref in missing)
@@ -112,13 +120,15 @@ def write_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: s
     """Map a page, resolve its references in one query, write it in the engine's windows."""
     kind = kind or ctx.task.kind
     prepared = [Prepared.of(row, mapper) for row in rows]
+    refs = ledger_refs(p["mapped"] for p in prepared)
     with ctx.db.connection() as conn:
-        found = ledger.resolve(conn, ctx.run, ledger_refs(p["mapped"] for p in prepared))
+        found = ledger.resolve(conn, ctx.run, refs)
+        dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
 
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:
             raise row["error"]
-        return write_mapped(tx, ctx.run, kind, row["mapped"], found)
+        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry)
 
     return ctx.write_rows(prepared, writer, kind=kind)
 
