@@ -151,6 +151,7 @@ class EmailTask:
         self.ready_bodies: deque[MailRow] = deque()
         self.ready_other: deque[MailRow] = deque()
         self.found: dict[tuple[str, str], int] = {}
+        self.dry: set[tuple[str, str]] | None = set() if ctx.run.dry_run else None  # a dry run's would-be parents
         self.tally = Tally()
         self._touched = time.monotonic()
 
@@ -290,7 +291,10 @@ class EmailTask:
         refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
             claimed = ledger.claimed_by(conn, run, KIND, ids)
-            self.found.update(ledger.resolve(conn, run, refs + ledger_refs(r.mapped for r in rows)))
+            every_ref = refs + ledger_refs(r.mapped for r in rows)
+            self.found.update(ledger.resolve(conn, run, every_ref))
+            if self.dry is not None:
+                self.dry |= ledger.dry_written(conn, run, every_ref)
         for r in rows:
             if r.mapped is not None and r["id"] in claimed:
                 if claimed[r["id"]] != run.id:
@@ -320,7 +324,7 @@ class EmailTask:
             if row.error is not None:
                 raise row.error
             assert row.mapped is not None
-            return write_mapped(tx, ctx.run, KIND, row.mapped, self.found)
+            return write_mapped(tx, ctx.run, KIND, row.mapped, self.found, self.dry)
 
         try:
             # a window whose every message failed (often a window of one) is not a broken task:
