@@ -7,8 +7,7 @@ custom fields that point at records are softer references: linked when found, em
 
 In a dry run nothing is written (the engine rolls each row's savepoint back), so a parent that
 this same run would have created earlier is not in the ledger; the engine remembers the dry run's
-would-be writes (`ledger.dry_written`), and a parent found there counts as linked. Where that
-record is not at hand (the email task), a parent whose kind belongs to an earlier phase counts.
+would-be writes (`ledger.dry_written`), and a parent found there counts as linked.
 """
 from __future__ import annotations
 
@@ -68,16 +67,6 @@ def lookup(found: dict[tuple[str, str], int], ref: Ref) -> int | None:
     return None
 
 
-def earlier_kinds(run: Run, kind: str) -> frozenset[str]:
-    """Kinds of the phases before `kind`'s: what this run creates before it writes `kind`."""
-    out: set[str] = set()
-    for group in run.plan:
-        if kind in group:
-            break
-        out.update(group)
-    return frozenset(out)
-
-
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int],
     dry: set[tuple[str, str]] | None = None,
@@ -91,11 +80,8 @@ def write_mapped(
             missing.append(ref)
     pending = False
     if missing:
-        created_earlier = earlier_kinds(run, kind)
-        if dry is not None:
-            would_exist = all(any((k, ref.source_id) in dry for k in ref.kinds) for ref in missing)
-        else:
-            would_exist = all(any(k in created_earlier for k in ref.kinds) for ref in missing)
+        # a dry run: a parent this run would itself have written counts as linked
+        would_exist = dry is not None and all(any((k, ref.source_id) in dry for k in ref.kinds) for ref in missing)
         if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
