@@ -50,6 +50,11 @@ class TaskContext:
     _stop_checked: float = 0.0
     _stop_seen: bool = False
 
+    @property
+    def revisit(self) -> bool:
+        """Re-armed by a retry to take over rows it skipped while their parents were failing."""
+        return bool(self.stats.get("revisit"))
+
     # -- stopping ---------------------------------------------------------------------------
     def should_stop(self) -> bool:
         """True when this worker is cancelled or the run was asked to stop (polled, not per row)."""
@@ -113,6 +118,11 @@ class TaskContext:
         kind = kind or self.task.kind
         start = self.offset if resume_from is None else resume_from
         attempted = failed = 0
+        mine: dict[str, str] = {}
+        if self.revisit:
+            # a task run again after a retry: rows this run already wrote count as written, untouched
+            with self.db.connection() as conn:
+                mine = ledger.written_by_run(conn, self.run, kind, [row_id(r) for r in rows[start:]])
         outcomes: dict[str, int] = {}
         for w in range(0, len(rows), self.window):
             window = rows[w : w + self.window]
@@ -125,7 +135,11 @@ class TaskContext:
                     for j, row in enumerate(window):
                         if w + j < start:
                             continue
-                        outcome = self._write_row(tx, kind, row, writer)
+                        done = mine.get(row_id(row) or "")
+                        if done is not None:
+                            outcome = ledger.IMPORTED if done == "created" else ledger.MATCHED
+                        else:
+                            outcome = self._write_row(tx, kind, row, writer)
                         self.stats.bump("seen")
                         self.stats.bump(outcome)
                         counts[outcome] = counts.get(outcome, 0) + 1

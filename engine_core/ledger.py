@@ -123,3 +123,13 @@ def dry_written(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> set
     kinds, ids = zip(*sorted(pairs))
     rows = conn.fetch_all("dry_written", {"run_id": run.id, "kinds": list(kinds), "source_ids": list(ids)})
     return {(r["kind"], r["source_id"]) for r in rows}
+
+
+def written_by_run(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, str]:
+    """Which of these source ids this very run has written already, and how (created or matched)."""
+    ids = [str(s) for s in source_ids if s is not None]
+    if not ids:
+        return {}
+    rows = conn.fetch_all("written_by_run", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                             "run_id": run.id, "source_ids": ids})
+    return {r["source_id"]: r["action"] for r in rows}

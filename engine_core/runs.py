@@ -17,7 +17,7 @@ from engine_core.errors import AdmissionRefused, NothingToDo, RunNotFound
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
-from engine_core.providers.base import Provider
+from engine_core.providers.base import Provider, dependents
 
 
 def get_run(db: Database, run_id: int) -> Run:
@@ -110,13 +110,20 @@ def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, 
         with db.transaction() as tx:
             if run.terminal:
                 tx.fetch_one("reopen_run", {"run_id": run_id})
-            phases = [r["phase"] for r in tx.fetch_all("rearm_tasks", {"run_id": run_id, "statuses": statuses})]
+            rearmed = tx.fetch_all("rearm_tasks", {"run_id": run_id, "statuses": statuses})
+            phases = [r["phase"] for r in rearmed]
             stopped_between_phases = run.status == "stopped" and run.current_phase < len(run.plan)
             if not phases and not stopped_between_phases:
                 raise NothingToDo(f"{run.name} has no {' or '.join(statuses)} tasks")
             if phases:
                 earliest = min(phases)
                 tx.fetch_one("rewind_barrier", {"run_id": run_id, "phase": earliest})
+                failed_kinds = {r["kind"] for r in rearmed if r["status"] == "failed"}
+                if failed_kinds:
+                    # rows skipped behind the failed pages get their parents now: revisit the later
+                    # tasks of kinds that depend on them (and skipped something)
+                    kinds = dependents(provider, failed_kinds, run.kinds)
+                    tx.fetch_all("revisit_tasks", {"run_id": run_id, "phase": earliest, "kinds": sorted(kinds)})
                 tx.execute("unqueue_later_phases", {"run_id": run_id, "phase": earliest})
     except pg_errors.UniqueViolation:
         raise _refuse(db, run.tenant_id, run.source) from None
@@ -128,7 +135,9 @@ def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, 
 
 
 def retry(db: Database, run_id: int, provider: Provider, settings: Settings | None = None) -> Run:
-    """Re-arm failed (and a stopped run's cancelled) tasks and rewind the barrier to the earliest of them."""
+    """Re-arm failed (and a stopped run's cancelled) tasks and rewind the barrier to the earliest of
+    them; later-phase tasks that skipped rows run again so the skipped rows can link to their parents
+    (rows they wrote are recognised through the ledger, not written again)."""
     settings = settings or Settings.from_env()
     run = get_run(db, run_id)
     statuses = ["failed", "cancelled"] if run.status == "stopped" else ["failed"]

@@ -1,7 +1,7 @@
 """What a source provider gives the engine: its phases, its seed cursors, and a task runner."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from engine_core.errors import ConfigError
@@ -25,6 +25,26 @@ class Provider(Protocol):
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
         """Do one task's work through ctx (windows, checkpoints); return its successors."""
+
+    # Optional: `depends_on(kind) -> Iterable[str]`, the kinds a kind's rows must link to. Without
+    # it a retry revisits every later kind that skipped rows (see `dependents`).
+
+
+def dependents(provider: object, kinds: Iterable[str], plan_kinds: Iterable[str]) -> set[str]:
+    """Kinds whose rows may have been skipped because rows of `kinds` were missing (transitively)."""
+    every = list(plan_kinds)
+    depends_on = getattr(provider, "depends_on", None)
+    if depends_on is None:
+        return set(every) - set(kinds)
+    found = set(kinds)
+    grew = True
+    while grew:
+        grew = False
+        for k in every:
+            if k not in found and found & set(depends_on(k)):
+                found.add(k)
+                grew = True
+    return found - set(kinds)
 
 
 ProviderFactory = Callable[[Run | None], Provider]

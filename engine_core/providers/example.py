@@ -64,6 +64,9 @@ class ExampleProvider:
     def account(self) -> str:
         return "example-account"
 
+    def depends_on(self, kind: str) -> tuple[str, ...]:
+        return (PARENT[kind],) if kind in PARENT else ()
+
     def page_size(self) -> int:
         return int(self.options.get("page_size", PAGE_SIZE))
 

@@ -177,11 +177,18 @@ UPDATE migrations
 RETURNING *;
 
 -- name: rearm_tasks --
-UPDATE migration_tasks
+-- Returns each re-armed task's phase, kind and the status it had.
+WITH old AS (
+    SELECT id, status FROM migration_tasks
+     WHERE migration_id = %(run_id)s AND status = ANY(%(statuses)s::text[])
+       FOR UPDATE
+)
+UPDATE migration_tasks t
    SET status = 'pending', attempts = 0, enqueued_at = NULL, not_before = NULL,
        locked_at = NULL, locked_by = NULL, finished_at = NULL, updated_at = now()
- WHERE migration_id = %(run_id)s AND status = ANY(%(statuses)s::text[])
-RETURNING phase;
+  FROM old
+ WHERE t.id = old.id
+RETURNING t.phase, t.kind, old.status;
 
 -- name: rewind_barrier --
 -- Retry's fix for work stranded behind the barrier: go back to the earliest re-armed phase.
@@ -392,3 +399,19 @@ SELECT d.kind, d.source_id
   JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
     ON d.kind = want.kind AND d.source_id = want.source_id
  WHERE d.migration_id = %(run_id)s;
+
+-- name: revisit_tasks --
+-- Retry's second half: later-phase tasks that skipped rows (their parents may have been on the
+-- failed pages) run again from the top with fresh counts; rows this run already wrote are
+-- recognised through the ledger and not written again.
+UPDATE migration_tasks
+   SET status = 'pending', processed_offset = 0, stats = '{"revisit": 1}'::jsonb, attempts = 0,
+       enqueued_at = NULL, not_before = NULL, error = NULL, finished_at = NULL, updated_at = now()
+ WHERE migration_id = %(run_id)s AND status = 'succeeded' AND phase > %(phase)s
+   AND kind = ANY(%(kinds)s::text[]) AND COALESCE((stats->>'skipped')::int, 0) > 0
+RETURNING id;
+
+-- name: written_by_run --
+SELECT source_id, action FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND migration_id = %(run_id)s
+   AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');

@@ -90,3 +90,60 @@ def test_draining_until_a_phase_closes_claims_nothing_of_the_next(db) -> None:
     result = Worker(db, settings=FAST).drain(run.id, until_phase_closed=0)
     assert result.reason == "phase_closed" and result.executed == {"succeeded": 3}
     assert {t["status"] for t in task_rows(db, run.id, phase=1)} == {"pending"}
+
+
+def test_retry_revisits_rows_skipped_behind_a_failed_page_without_rewriting_the_rest(db) -> None:
+    from engine_core import rollup
+    from engine_core.providers import example
+
+    p = provider_for("example")
+    opts = {**OPTS, "fail_pages": {"contacts": [10]}, "dangling": {"deals": [7]}}
+    run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
+    drain_threads(db, run.id, width=4, settings=FAST)
+    before = {k.kind: k for k in rollup.rollup(db, run.id).kinds}
+    assert before["deals"].skipped > 1  # the dangling one, and those whose contact was on the failed page
+
+    db.sql("UPDATE migrations SET options = options - 'fail_pages'")
+    example.WRITE_CALLS.clear()
+    runs.retry(db, run.id, p, settings=FAST)
+    drain_threads(db, run.id, width=4, settings=FAST)
+    assert runs.get_run(db, run.id).status == "succeeded"
+    after = {k.kind: k for k in rollup.rollup(db, run.id).kinds}
+    assert (after["deals"].imported, after["deals"].skipped) == (39, 1), "only the truly dangling deal stays skipped"
+    assert (after["contacts"].imported, after["contacts"].failed) == (40, 0)
+    assert after["deals"].already_here == 0, "this run's own rows are its imports, not 'already here'"
+    rewritten = {sid for (kind, sid), n in example.WRITE_CALLS.items() if kind == "deals"}
+    assert len(rewritten) == before["deals"].skipped, "only the skipped deals were written again"
+    per = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM example_items WHERE kind = 'deals'")[0]
+    assert per["n"] == per["d"] == 39
+    assert rollup.explain(db, "acme", "deals", "7")["action"] == "skipped"
+
+
+def test_dependents_follow_the_providers_links_transitively() -> None:
+    from engine_core.providers.base import dependents
+    from engine_core.providers.pipedrive.plan import DEPENDS_ON, PHASES
+
+    class P:
+        def depends_on(self, kind):
+            return DEPENDS_ON[kind]
+
+    every = [k for g in PHASES for k in g]
+    assert dependents(P(), {"notes"}, every) == set()
+    assert dependents(P(), {"deals"}, every) == {"activities", "notes", "emails"}
+    assert dependents(P(), {"organizations"}, every) == set(every) - {"fields", "users", "organizations"}
+    assert dependents(object(), {"notes"}, every) == set(every) - {"notes"}  # no links declared: all
+
+
+def test_retry_revisits_only_kinds_that_depend_on_the_failed_ones(db) -> None:
+    p = provider_for("example")
+    opts = {**OPTS, "fail_pages": {"activities": [0]}, "dangling": {"notes": [3]}}
+    run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
+    drain_threads(db, run.id, width=4, settings=FAST)
+    notes_before = {t["id"]: (t["status"], t["finished_at"]) for t in task_rows(db, run.id) if t["kind"] == "notes"}
+    db.sql("UPDATE migrations SET options = options - 'fail_pages'")
+    runs.retry(db, run.id, p, settings=FAST)
+    pending = {t["kind"] for t in task_rows(db, run.id) if t["status"] == "pending"}
+    assert pending == {"activities"}, "notes skip only for missing deals: a failed activities page changes nothing for them"
+    drain_threads(db, run.id, width=4, settings=FAST)
+    notes_after = {t["id"]: (t["status"], t["finished_at"]) for t in task_rows(db, run.id) if t["kind"] == "notes"}
+    assert notes_after == notes_before

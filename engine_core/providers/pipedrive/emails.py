@@ -300,6 +300,9 @@ class EmailTask:
                 if claimed[r["id"]] != run.id:
                     ctx.stats.bump("seen")
                     ctx.stats.bump(ledger.ALREADY_HERE)
+                elif ctx.revisit:  # run again after a retry with fresh counts: ours, written before
+                    ctx.stats.bump("seen")
+                    ctx.stats.bump(ledger.IMPORTED)
                 continue  # written before: never fetched again
             self.outstanding[r.deal] += 1
             deal_sid = str(self.deals[r.deal])

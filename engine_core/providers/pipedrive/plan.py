@@ -16,3 +16,22 @@ PHASES: list[list[str]] = [
     ["notes"],
     ["emails"],
 ]
+
+# The kinds whose rows a kind's rows must link to (or be skipped as "not linked"). Owners, people
+# on mail and custom-field references are soft links and not listed. A retry revisits the later
+# tasks of kinds that depend, directly or not, on a kind that failed.
+_DEALS = ("deals", "deals_archived")
+_LEADS = ("leads", "leads_archived")
+DEPENDS_ON: dict[str, tuple[str, ...]] = {
+    "fields": (),
+    "users": (),
+    "organizations": (),
+    "persons": ("organizations",),
+    "deals": ("persons", "organizations"),
+    "deals_archived": ("persons", "organizations"),
+    "leads": ("persons", "organizations"),
+    "leads_archived": ("persons", "organizations"),
+    "activities": (*_DEALS, *_LEADS, "persons", "organizations"),
+    "notes": (*_DEALS, *_LEADS, "persons", "organizations"),
+    "emails": _DEALS,
+}

@@ -50,7 +50,7 @@ from engine_core.providers.base import register
 from engine_core.providers.pipedrive import emails, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
-from engine_core.providers.pipedrive.plan import PHASES
+from engine_core.providers.pipedrive.plan import DEPENDS_ON, PHASES
 
 SOURCE = "pipedrive"
 ENV_BASE_URL = "PIPEDRIVE_BASE_URL"
@@ -194,6 +194,9 @@ class PipedriveProvider:
     # -- the provider protocol ------------------------------------------------------------
     def phases(self) -> list[list[str]]:
         return [list(group) for group in PHASES]
+
+    def depends_on(self, kind: str) -> tuple[str, ...]:
+        return DEPENDS_ON.get(kind, ())
 
     def account(self) -> str:
         return self.config().account
