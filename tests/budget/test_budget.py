@@ -227,7 +227,7 @@ def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
     started = time.monotonic()
     with pytest.raises(BudgetCancelled):
         budget.acquire(stop)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # the pause is 20-30 s: only a cancel ends it this soon
 
 
 def test_racing_leases_never_share_a_start(db: Database) -> None:
@@ -297,4 +297,4 @@ def test_client_waiting_on_a_paused_budget_stops_when_cancelled(db: Database) ->
     started = time.monotonic()
     with pytest.raises(Cancelled):
         client.list_v2("/api/v2/deals")
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 5.0  # the pause is 20-30 s: only a cancel ends it this soon

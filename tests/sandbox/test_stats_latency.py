@@ -18,6 +18,8 @@ import time
 import httpx
 
 from pipedrive_sandbox import SandboxConfig, SandboxServer
+from pipedrive_sandbox.config import FaultSpec, parse_latency
+from pipedrive_sandbox.faults import LATENCY_MEDIANS, FaultPlan
 
 from .conftest import TOKEN, make_client
 
@@ -54,22 +56,37 @@ def _median_seconds(c: httpx.Client, url: str, n: int) -> float:
     return statistics.median(times)
 
 
-def test_latency_profiles() -> None:
+def test_latency_profiles_shape_the_delays() -> None:
+    # The delays themselves, from the deterministic plan: no clock involved.
+    plan = FaultPlan(1, FaultSpec(), parse_latency("none"))
+    assert {plan.decide(f"GET /x?i={i}", c).latency for i in range(50) for c in ("list", "single", "body")} == {0.0}
+    plan.reconfigure(FaultSpec(), parse_latency("realistic:0.5"))
+    medians = {c: statistics.median(plan.decide(f"GET /x?i={i}", c).latency for i in range(2001)) for c in ("list", "single", "body")}
+    assert medians["single"] < medians["list"] < medians["body"]
+    for c, full in LATENCY_MEDIANS.items():
+        assert abs(medians[c] - 0.5 * full) < 0.05 * full, (c, medians[c])
+    body = [plan.decide(f"GET /b?i={i}", "body").latency for i in range(5000)]
+    assert 0.01 < sum(1 for d in body if d > 1.5) / len(body) < 0.05, "a tail of several times the median"
+
+
+def test_latency_is_served() -> None:
+    # Over the socket: only lower bounds, which a slow machine cannot break.
     with SandboxServer(SandboxConfig(burst_limit=10**6)) as sb, make_client(sb.base_url) as c:
-        assert _median_seconds(c, "/api/v2/deals?limit=10", 5) < 0.05
         sb.configure(latency="realistic:0.05")
         body = _median_seconds(c, "/v1/mailbox/mailMessages/1?include_body=1", 9)
         listing = _median_seconds(c, "/api/v2/deals?limit=10", 9)
-        single = _median_seconds(c, "/api/v2/deals/1?x=1", 9)
-        assert 0.025 < body < 0.12, body
-        assert 0.008 < listing < 0.04, listing
-        assert single < listing < body
+        assert body > 0.025, body
+        assert listing > 0.008, listing
 
 
-async def _raw_get(host: str, port: int, target: str) -> int:
-    """One GET on its own connection with plain asyncio streams (httpx's pool is the bottleneck
-    at hundreds of connections, not the server)."""
-    reader, writer = await asyncio.open_connection(host, port)
+async def _open(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(host, port)
+
+
+async def _send_and_read(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], host: str, target: str) -> int:
+    """One GET on an already open connection with plain asyncio streams (httpx's pool is the
+    bottleneck at hundreds of connections, not the server)."""
+    reader, writer = conn
     writer.write(f"GET {target} HTTP/1.1\r\nHost: {host}\r\nx-api-token: {TOKEN}\r\nConnection: close\r\n\r\n".encode())
     await writer.drain()
     raw = await reader.read()
@@ -78,21 +95,24 @@ async def _raw_get(host: str, port: int, target: str) -> int:
 
 
 def test_hundreds_of_concurrent_connections_are_in_flight_together() -> None:
+    # Every connection is opened first, then all requests go out in one burst: how fast a loaded
+    # machine opens 300 sockets no longer matters. A body fetch at the realistic profile sleeps at
+    # least ~0.35 s (lognormal around 1 s), far longer than the burst takes to send and parse, so a
+    # server that handles requests concurrently has them all in flight at once, and one that
+    # serialises them has one.
     n = 300
-    with SandboxServer(SandboxConfig(latency="realistic:0.25", burst_limit=10**6)) as sb:
+    with SandboxServer(SandboxConfig(latency="realistic", burst_limit=10**6)) as sb:
 
         async def run() -> list[int]:
+            conns = await asyncio.gather(*(_open(sb.host, sb.port) for _ in range(n)))
             return await asyncio.gather(
-                *(_raw_get(sb.host, sb.port, f"/v1/mailbox/mailMessages/{1 + i % 30}?include_body=1&k={i}") for i in range(n))
+                *(_send_and_read(c, sb.host, f"/v1/mailbox/mailMessages/{1 + i % 30}?include_body=1&k={i}") for i, c in enumerate(conns))
             )
 
-        started = time.perf_counter()
         codes = asyncio.run(run())
-        elapsed = time.perf_counter() - started
         assert codes == [200] * n
         stats = sb.stats()
-        print(f"\n{n} concurrent body fetches: {elapsed:.2f} s, peak in flight {stats['in_flight']['body_fetches_peak']}")
-        assert stats["in_flight"]["body_fetches_peak"] >= n * 0.8, stats["in_flight"]
-        assert stats["in_flight"]["peak_by_endpoint"]["/v1/mailbox/mailMessages/{id}"] >= n * 0.8
+        print(f"\n{n} concurrent body fetches: peak in flight {stats['in_flight']['body_fetches_peak']}")
+        assert stats["in_flight"]["body_fetches_peak"] >= n * 0.9, stats["in_flight"]
+        assert stats["in_flight"]["peak_by_endpoint"]["/v1/mailbox/mailMessages/{id}"] >= n * 0.9
         assert sum(stats["bodies_fetched"].values()) == n
-        assert elapsed < 4.0, "a sequential server would take ~75 s"
