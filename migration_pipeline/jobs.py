@@ -23,6 +23,7 @@ from dagster import (
 from engine_core import runs
 from engine_core.errors import RunNotFound
 from migration_pipeline import tags
+from migration_pipeline.fair_lane import lane_picture
 from migration_pipeline.lane import drain_in_slot
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
@@ -57,12 +58,25 @@ def drain_tenant_run(
     if run is None or run.status != "running" or run.cancel_requested:
         context.log.info(f"tenant {tenant!r} has no running migration; nothing to drain")
         return Output(None, metadata={"executed": 0, "reason": "no running migration"})
+    settings = lane.engine_settings()
+
+    def give_way() -> bool:
+        # a tenant waiting in the run queue while this one holds more than its fair share gets our slot
+        picture = lane_picture(context.instance, db, settings)
+        if picture.should_give_way(tenant, context.run_id):
+            context.log.info(f"giving the lane slot to {', '.join(picture.waiting(other_than=tenant))}: "
+                             f"{tenant} holds {len(picture.tenants[tenant].in_progress)} of its share "
+                             f"{picture.share(tenant)}")
+            return True
+        return False
+
     result = drain_in_slot(
         db,
         run.id,
-        settings=lane.engine_settings(),
+        settings=settings,
         providers=source.providers(),
         turn_seconds=lane.drainer_turn_seconds,
+        give_way=give_way,
         stop_grace_seconds=lane.stop_grace_seconds,
         logger=context.log,
     )

@@ -46,11 +46,15 @@ def drain_in_slot(
     providers: Callable[[Run], Provider],
     until_phase_closed: int | None = None,
     turn_seconds: float | None = None,
+    give_way: Callable[[], bool] | None = None,
     stop_grace_seconds: float = 20.0,
     worker_id: str | None = None,
     logger: logging.Logger | None = None,
 ) -> DrainResult:
     """Drain `run_id` on one worker thread until its phase closes (or the turn ends at a task boundary).
+
+    `give_way`, asked before every claim, ends the turn early ("gave_way") when it says so: a helper
+    slot handing the lane to another tenant that is waiting for it.
 
     On termination (any BaseException that is not an Exception) the engine run is stopped.
     """
@@ -71,6 +75,9 @@ def drain_in_slot(
             while True:
                 if until_phase_closed is not None and runs.get_run(db, run_id).current_phase > until_phase_closed:
                     total.reason = "phase_closed"
+                    break
+                if give_way is not None and give_way():
+                    total.reason = "gave_way"
                     break
                 r = worker.drain(run_id, until_phase_closed=until_phase_closed, max_tasks=1)
                 for outcome, n in r.executed.items():

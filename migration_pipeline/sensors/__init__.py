@@ -9,9 +9,10 @@
   instead of waiting for the reaper.
 
 Neither decides anything the tasks do not already say: drainers are requested only for enqueued
-work, only up to the lane width minus the tenant's runs already queued or in progress, and only for
-engine runs a Dagster run has attached to (a run started by the engine's own CLI or a benchmark is
-drained by its own workers, with its own source settings). The sweeps themselves cover every run.
+work, only up to the tenant's fair share of the lane (`fair_lane`: two tenants that both want the
+whole lane get half each) minus its runs already queued or in progress, and only for engine runs a
+Dagster run has attached to (a run started by the engine's own CLI or a benchmark is drained by its
+own workers, with its own source settings). The sweeps themselves cover every run.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
@@ -19,10 +20,8 @@ drained by its own workers, with its own source settings). The sweeps themselves
 import os
 
 from dagster import (
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
-    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -36,18 +35,12 @@ from engine_core.db import Database
 from engine_core.models import Run
 from engine_core.providers.base import Provider, provider_for
 from migration_pipeline import tags
+from migration_pipeline.fair_lane import dagster_managed, lane_picture
 from migration_pipeline.partitions import TENANTS
 from migration_pipeline.resources import LaneSettings, MigrationDatabase
 
 REAPER_INTERVAL_ENV = "MIGRATE_REAPER_INTERVAL_SECONDS"
 LANE_INTERVAL_ENV = "MIGRATE_LANE_INTERVAL_SECONDS"
-
-IN_FLIGHT = [
-    DagsterRunStatus.QUEUED,
-    DagsterRunStatus.NOT_STARTED,
-    DagsterRunStatus.STARTING,
-    DagsterRunStatus.STARTED,
-]
 
 
 def _interval(env: str, default: int) -> int:
@@ -58,18 +51,6 @@ def _interval(env: str, default: int) -> int:
         raise ValueError(f"{env} must be a whole number of seconds, got {raw!r}") from None
 
 
-def tenant_runs_in_flight(context: SensorEvaluationContext, tenant: str) -> int:
-    """Dagster runs of the tenant queued or in progress: each is (or will be) one lane worker."""
-    return context.instance.get_runs_count(
-        filters=RunsFilter(tags={tags.PARTITION: tenant}, statuses=IN_FLIGHT)
-    )
-
-
-def dagster_managed(context: SensorEvaluationContext, engine_run_id: int) -> bool:
-    """Whether a Dagster run ever attached to this engine run (phase assets tag the runs they drive)."""
-    return context.instance.get_runs_count(filters=RunsFilter(tags={tags.ENGINE_RUN: str(engine_run_id)})) > 0
-
-
 def drainer_requests(
     context: SensorEvaluationContext,
     db: Database,
@@ -77,23 +58,31 @@ def drainer_requests(
     settings: Settings,
     source: str,
 ) -> list[RunRequest]:
-    """Drainer runs for runs below width. A run started outside Dagster (the engine's own CLI) may
+    """Drainer runs for runs below width, each tenant up to its fair share of the lane
+    (`migration_pipeline.fair_lane`). A run started outside Dagster (the engine's own CLI) may
     have no tenant partition yet: it is added here, before the requests that need it are returned."""
     requests: list[RunRequest] = []
     new_tenants: list[str] = []
     known = set(context.instance.get_dynamic_partitions(TENANTS))
+    managed: dict[int, bool] = {}
+
+    def is_managed(run_id: int) -> bool:
+        if run_id not in managed:
+            managed[run_id] = dagster_managed(context.instance, run_id)
+        return managed[run_id]
+
+    picture = lane_picture(context.instance, db, settings, is_managed)
     for run_id, enqueued in sorted(below_width.items()):
         run = runs.get_run(db, run_id)
         if run.source != source or run.status != "running" or run.cancel_requested:
             continue
-        if not dagster_managed(context, run.id):
+        if not is_managed(run.id):
             # Started outside Dagster (the engine's own drain, a benchmark): its source settings
             # (base URL option, token in that process's environment) are not ours to run it with.
             context.log.info(f"{run.name} was not launched through Dagster; its own workers drain it")
             continue
         counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
-        useful = min(settings.lane_width, int(enqueued) + int(counts.get("running", 0)))
-        missing = useful - tenant_runs_in_flight(context, run.tenant_id)
+        missing = picture.missing(run.tenant_id)
         if missing <= 0:
             continue
         if run.tenant_id not in known:
@@ -111,8 +100,8 @@ def drainer_requests(
                     },
                 )
             )
-        context.log.info(f"{run.name}: {enqueued} enqueued, {counts.get('running', 0)} running; "
-                         f"requesting {missing} drainer run(s)")
+        context.log.info(f"{run.name}: {enqueued} enqueued, {counts.get('running', 0)} running; fair share "
+                         f"{picture.share(run.tenant_id)} of {settings.lane_width}; requesting {missing} drainer run(s)")
     if new_tenants:
         # Added directly rather than as SensorResult(dynamic_partitions_requests=...): run requests
         # for a partition added in the same result fail Dagster's partition-key validation in 1.13.

@@ -1,18 +1,22 @@
 """The reaper sensor on a real instance and a real engine database: one tick releases a dead
 worker's stale lock, advances a phase that closed without a winner and requests drainer runs (and
 the tenant partitions they need); once those runs exist, the next tick requests nothing more. The
-lane poller requests drainers up to the lane width, counting the tenant's runs already queued, and
-none for engine runs no Dagster run ever attached to."""
+lane poller requests drainers up to the tenant's fair share of the lane, counting its runs already
+queued, and none for engine runs no Dagster run ever attached to. A tenant that waits while another
+holds the whole lane gets its share: the other's extra drainers give way at their next task."""
 from __future__ import annotations
 
 from dagster import DagsterRunStatus, build_sensor_context
 from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test
 
 from engine_core import runs
+from engine_core.config import Settings
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
+from migration_pipeline.fair_lane import lane_picture
 from migration_pipeline.jobs import DRAINER_JOB
 from tests.dagster.support import SMALL, resources
 
@@ -76,7 +80,7 @@ def test_one_tick_releases_advances_and_requests_drainers_and_the_next_asks_for_
         by_tenant[rr.partition_key] = by_tenant.get(rr.partition_key, 0) + 1
         assert rr.tags[tags.ROLE] == tags.DRAINER
         assert rr.tags[tags.PRIORITY] == tags.DRAINER_PRIORITY
-    assert by_tenant == {"dead-worker": 4, "no-winner": 4}, "lane width 4, nothing in flight yet"
+    assert by_tenant == {"dead-worker": 2, "no-winner": 2}, "lane width 4 shared by two tenants, nothing in flight yet"
     assert {rr.tags[tags.ENGINE_RUN] for rr in first.run_requests} == {str(dead.id), str(stuck.id)}
     assert set(instance.get_dynamic_partitions("tenants")) == {"dead-worker", "no-winner"}
 
@@ -118,3 +122,81 @@ def test_the_reaper_skips_when_there_is_nothing_to_do(instance, engine_url):
     data = _tick(reaper, instance, resources(engine_url))
     assert data.run_requests == []
     assert data.skip_message == "nothing to repair"
+
+
+BIG = {"page_size": 20, "counts": {"companies": 400, "contacts": 400, "deals": 40, "activities": 20, "notes": 20}}
+
+
+def _origin(job_name: str) -> RemoteJobOrigin:
+    """Queued runs must say where they come from (the daemon would launch them from there)."""
+    location = RegisteredCodeLocationOrigin("migration_pipeline")
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, "__repository__"), job_name)
+
+
+def _run(instance, tenant, status, engine_run=None, drainer=False):
+    run_tags = {tags.PARTITION: tenant}
+    if engine_run is not None:
+        run_tags[tags.ENGINE_RUN] = str(engine_run.id)
+    if drainer:
+        run_tags.update({tags.ROLE: tags.DRAINER, tags.PRIORITY: tags.DRAINER_PRIORITY})
+    job_name = DRAINER_JOB if drainer else "migrate_tenant"
+    return create_run_for_test(instance, job_name=job_name, status=status, tags=run_tags,
+                               remote_job_origin=_origin(job_name)).run_id
+
+
+def test_a_waiting_tenant_gets_its_share_and_the_other_tenants_extra_drainers_give_way(instance, engine_url, db):
+    provider = provider_for("example")
+    width4 = Settings(lane_width=4)
+    first, _ = runs.start_or_join(db, provider, "first", options=BIG)
+    instance.add_dynamic_partitions("tenants", ["first", "second"])
+    # "first" holds the whole lane: its own launch and three drainers
+    own = _run(instance, "first", DagsterRunStatus.STARTED, first)
+    helpers = [_run(instance, "first", DagsterRunStatus.STARTED, first, drainer=True) for _ in range(3)]
+    # "second" was launched and waits in the run queue (its engine run starts when its launch does)
+    queued = _run(instance, "second", DagsterRunStatus.QUEUED)
+
+    picture = lane_picture(instance, db, width4)
+    assert picture.shares == {"first": 3, "second": 1}
+    assert picture.waiting() == ["second"]
+    # the youngest drainer of "first" gives its slot at its next task boundary; the rest keep theirs
+    assert [picture.should_give_way("first", r) for r in [own, *helpers]] == [False, False, False, True]
+    _, lane = _sensors()
+    res = resources(engine_url)
+    assert _tick(lane, instance, res).run_requests == [], "nothing more for first; second has no engine run yet"
+
+    # the drainer gave way; second's launch took the slot and started its engine run
+    instance.report_run_canceled(instance.get_run_by_id(helpers[-1]))
+    instance.report_run_canceled(instance.get_run_by_id(queued))
+    second, _ = runs.start_or_join(db, provider, "second", options=BIG)
+    _run(instance, "second", DagsterRunStatus.STARTED, second)
+    picture = lane_picture(instance, db, width4)
+    assert picture.shares == {"first": 2, "second": 2}
+    assert not any(picture.should_give_way("first", r) for r in [own, *helpers[:2]]), "no one waits yet"
+
+    data = _tick(lane, instance, res)
+    assert [rr.partition_key for rr in data.run_requests] == ["second"], "second's share is two"
+    for rr in data.run_requests:  # the lane is full: the drainer waits in the queue
+        create_run_for_test(instance, job_name=DRAINER_JOB, status=DagsterRunStatus.QUEUED,
+                            tags={**rr.tags, tags.PARTITION: rr.partition_key}, remote_job_origin=_origin(DRAINER_JOB))
+    picture = lane_picture(instance, db, width4)
+    assert picture.waiting() == ["second"]
+    assert [picture.should_give_way("first", r) for r in [own, *helpers[:2]]] == [False, False, True]
+    assert _tick(lane, instance, res).run_requests == []
+
+
+def test_the_give_way_check_ends_a_drainers_turn_at_a_task_boundary(engine_url, db):
+    from migration_pipeline.lane import drain_in_slot
+
+    run, _ = runs.start_or_join(db, provider_for("example"), "polite", options=BIG)
+    asked = []
+
+    def give_way() -> bool:
+        asked.append(1)
+        return len(asked) > 2  # two tasks, then someone is waiting
+
+    result = drain_in_slot(db, run.id, settings=Settings(lane_width=4, heartbeat_seconds=0.0),
+                           providers=lambda r: provider_for(r.source, r), give_way=give_way)
+    assert result.reason == "gave_way"
+    assert sum(result.executed.values()) == 2
+    assert db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running'",
+                  {"r": run.id})[0]["n"] == 0
