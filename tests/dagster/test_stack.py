@@ -2,9 +2,11 @@
 Postgres storage) driven through the UI's own GraphQL calls.
 
 * the webserver lists the phase assets and the tenant partitions;
-* two tenants launched together - one through the tenant job, one through `__ASSET_JOB` as the
-  asset graph's Materialize does - both finish exactly, drainer runs join them, and the number of
-  migration runs in progress never exceeds the lane's 4 (sampled from the instance throughout);
+* two tenants - one through the tenant job, one through `__ASSET_JOB` as the asset graph's
+  Materialize does, launched while the first fills the lane - both finish exactly, drainer runs
+  join them, the number of migration runs in progress never exceeds the lane's 4 (sampled from the
+  instance throughout), and the lane is shared: the second starts while the first's phase is still
+  open and they hold two slots each;
 * terminating a run mid-phase stops the engine run within seconds, leaves no task running, and
   launching the partition again finishes with an exact reconciliation;
 * a run whose phase closed with failed tasks fails; after the cause is removed, "re-execute from
@@ -83,19 +85,43 @@ def test_the_webserver_lists_phase_assets_and_tenant_partitions(stack):
     assert "listed-tenant" in stack.ui.partition_keys(PHASE_PATHS[0])
 
 
+def _in_progress_by_tenant(stack) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for record in stack.instance.get_run_records(RunsFilter(statuses=IN_PROGRESS)):
+        tenant = record.dagster_run.tags.get(tags.PARTITION, "")
+        found[tenant] = found.get(tenant, 0) + 1
+    return found
+
+
+def _open_tasks_of_first_phase(stack, tenant: str) -> int | None:
+    rows = stack.db.sql(
+        "SELECT count(*) FILTER (WHERE t.phase = 0 AND t.status IN ('pending', 'running')) AS n FROM migrations m"
+        " LEFT JOIN migration_tasks t ON t.migration_id = m.id WHERE m.tenant_id = %(t)s GROUP BY m.id", {"t": tenant})
+    return rows[0]["n"] if rows else None
+
+
 def test_two_tenants_through_two_launch_paths_share_the_lane_of_four(stack):
-    counts = {"companies": 160, "contacts": 240, "deals": 160, "activities": 120, "notes": 120}
-    options = {"page_size": 20, "row_delay": 0.01, "counts": counts}
-    samples: list[int] = []
+    # "lane-a" has a long first phase (60 pages of 2 s) and fills the lane with its own launch and
+    # three drainers; then "lane-b" is launched as the asset graph does. The limit holds (never more
+    # than 4 in progress, runs queued while full), and the lane is shared: b's first phase starts
+    # while a's is still open (a's youngest drainers give way at a task boundary), and a and b
+    # hold two slots each while both have work.
+    small = {"contacts": 40, "deals": 20, "activities": 20, "notes": 20}
+    counts_a = {"companies": 1200, **small}
+    counts_b = {"companies": 400, **small}
+    samples: list[dict[str, int]] = []
     queued_while_full: list[int] = []
+    a_open_when_b_started: list[int | None] = []
     stop = threading.Event()
 
     def sample() -> None:
         while not stop.is_set():
-            in_progress = stack.instance.get_runs_count(RunsFilter(statuses=IN_PROGRESS))
-            samples.append(in_progress)
-            if in_progress >= 4:
+            by_tenant = _in_progress_by_tenant(stack)
+            samples.append(by_tenant)
+            if sum(by_tenant.values()) >= 4:
                 queued_while_full.append(stack.instance.get_runs_count(RunsFilter(statuses=[DagsterRunStatus.QUEUED])))
+            if not a_open_when_b_started and _open_tasks_of_first_phase(stack, "lane-b") is not None:
+                a_open_when_b_started.append(_open_tasks_of_first_phase(stack, "lane-a"))
             stop.wait(0.2)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -103,10 +129,16 @@ def test_two_tenants_through_two_launch_paths_share_the_lane_of_four(stack):
     try:
         stack.ui.add_partition("lane-a")
         stack.ui.add_partition("lane-b")
-        job_run = stack.ui.launch("migrate_tenant", "lane-a", run_config=_new_run_config(options))
-        graph_run = stack.ui.launch("__ASSET_JOB", "lane-b", asset_paths=PHASE_PATHS, run_config=_new_run_config(options))
-        a = _wait_run(stack, job_run, timeout=150)
-        b = _wait_run(stack, graph_run, timeout=150)
+        job_run = stack.ui.launch("migrate_tenant", "lane-a", run_config=_new_run_config(
+            {"page_size": 20, "row_delay": 0.1, "counts": counts_a}))
+        deadline = time.monotonic() + 90
+        while _in_progress_by_tenant(stack).get("lane-a", 0) < 4:
+            assert time.monotonic() < deadline, "lane-a never filled the lane"
+            time.sleep(0.2)
+        graph_run = stack.ui.launch("__ASSET_JOB", "lane-b", asset_paths=PHASE_PATHS, run_config=_new_run_config(
+            {"page_size": 20, "row_delay": 0.05, "counts": counts_b}))
+        a = _wait_run(stack, job_run, timeout=180)
+        b = _wait_run(stack, graph_run, timeout=180)
         _wait_tenant_quiet(stack, "lane-a")
         _wait_tenant_quiet(stack, "lane-b")
     finally:
@@ -116,13 +148,17 @@ def test_two_tenants_through_two_launch_paths_share_the_lane_of_four(stack):
     assert a.status == DagsterRunStatus.SUCCESS and b.status == DagsterRunStatus.SUCCESS, stack.log
     assert b.job_name == "__ASSET_JOB"  # the asset graph's path drops job tags, but not the partition:
     assert b.tags[tags.PARTITION] == "lane-b"  # the lane limit is keyed on it
-    _reconcile(stack, "lane-a", counts)
-    _reconcile(stack, "lane-b", counts)
+    _reconcile(stack, "lane-a", counts_a)
+    _reconcile(stack, "lane-b", counts_b)
 
     drainers = stack.instance.get_runs(RunsFilter(job_name="drain_tenant", tags={tags.ROLE: tags.DRAINER}))
     assert {d.tags[tags.PARTITION] for d in drainers} == {"lane-a", "lane-b"}, "the lane poller widened both"
-    assert max(samples) <= 4, f"in-progress migration runs peaked at {max(samples)}"
-    assert max(samples) == 4 and any(queued_while_full), "the lane was full with runs waiting: the limit held"
+    totals = [sum(s.values()) for s in samples]
+    assert max(totals) <= 4, f"in-progress migration runs peaked at {max(totals)}"
+    assert any(queued_while_full), "the lane was full with runs waiting: the limit held"
+    # fairness: b did not wait for a's phase to end, and the lane was split two and two
+    assert a_open_when_b_started and a_open_when_b_started[0], f"lane-b started only after lane-a's first phase: {a_open_when_b_started}"
+    assert any(s.get("lane-a", 0) == 2 and s.get("lane-b", 0) == 2 for s in samples), samples[::10]
 
 
 def test_terminating_a_run_stops_the_engine_and_relaunching_finishes_exactly(stack):
