@@ -76,3 +76,25 @@ class UI:
         d = self.q("""query($k: AssetKeyInput!) { assetNodeOrError(assetKey: $k) {
                         ... on AssetNode { partitionKeys } } }""", k={"path": asset_path})
         return d["assetNodeOrError"]["partitionKeys"]
+
+    def backfill(self, partitions: list[str], asset_paths: list[list[str]], run_config: dict[str, Any] | None = None) -> str:
+        """The asset graph's "Materialize" -> backfill of the chosen (e.g. failed) partitions."""
+        params: dict[str, Any] = {"partitionNames": partitions, "assetSelection": [{"path": p} for p in asset_paths]}
+        if run_config is not None:
+            params["runConfigData"] = run_config
+        d = self.q(
+            """mutation($p: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $p) {
+                 __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message }
+                 ... on UnauthorizedError { message } ... on PartitionSetNotFoundError { message } } }""", p=params)
+        out = d["launchPartitionBackfill"]
+        if out["__typename"] != "LaunchBackfillSuccess":
+            raise GraphQLError(str(out))
+        return out["backfillId"]
+
+    def backfill_status(self, backfill_id: str) -> str:
+        d = self.q("""query($id: String!) { partitionBackfillOrError(backfillId: $id) {
+                        __typename ... on PartitionBackfill { status } ... on PythonError { message } } }""", id=backfill_id)
+        out = d["partitionBackfillOrError"]
+        if out["__typename"] != "PartitionBackfill":
+            raise GraphQLError(str(out))
+        return out["status"]

@@ -10,7 +10,8 @@ Postgres storage) driven through the UI's own GraphQL calls.
 * terminating a run mid-phase stops the engine run within seconds, leaves no task running, and
   launching the partition again finishes with an exact reconciliation;
 * a run whose phase closed with failed tasks fails; after the cause is removed, "re-execute from
-  failure" is the engine's retry and writes only what had not been written;
+  failure" - or a backfill of the failed partition - is the engine's retry and writes only what
+  had not been written;
 * `migrate run` launches a tenant on the same instance (the UI's daemon runs it) and exits
   non-zero when the run fails.
 """
@@ -245,6 +246,51 @@ def test_failed_tasks_fail_the_run_and_reexecution_from_failure_retries(stack):
     for kind, n in counts.items():
         assert target.get(kind, 0) + skipped.get(kind, 0) == n, (kind, target, skipped)
     assert target["deals"] == 40 and target["companies"] == 40 and target["contacts"] == 60
+
+
+def test_a_backfill_of_the_failed_partition_retries_the_engine_run(stack):
+    # The asset graph's other way to rerun: select the failed tenant partition and launch a backfill
+    # of every phase. The backfill daemon's run joins the failed engine run, which is the engine's
+    # retry: the failed page is written, nothing written before is written again.
+    counts = {"companies": 40, "contacts": 40, "deals": 40, "activities": 20, "notes": 20}
+    options = {"page_size": 20, "counts": counts, "fail_pages": {"deals": [0]}}
+    stack.ui.add_partition("backfill-me")
+    first = stack.ui.launch("__ASSET_JOB", "backfill-me", asset_paths=PHASE_PATHS, run_config=_new_run_config(options))
+    failed = _wait_run(stack, first)
+    assert failed.status == DagsterRunStatus.FAILURE
+    engine_run = int(failed.tags[tags.ENGINE_RUN])
+    _wait_tenant_quiet(stack, "backfill-me")
+    written_before = stack.db.sql("SELECT max(id) AS id FROM migration_records")[0]["id"]
+    firsts = stack.db.sql("SELECT kind, source_id, id FROM migration_records WHERE tenant_id = 'backfill-me'")
+
+    stack.db.sql("UPDATE migrations SET options = options - 'fail_pages' WHERE id = %(r)s", {"r": engine_run})
+    backfill = stack.ui.backfill(["backfill-me"], PHASE_PATHS)
+    deadline = time.monotonic() + 150
+    while (status := stack.ui.backfill_status(backfill)) not in {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED",
+                                                                 "FAILED", "CANCELED"}:
+        assert time.monotonic() < deadline, f"backfill {backfill} still {status}; see {stack.log}"
+        time.sleep(1)
+    assert status in {"COMPLETED", "COMPLETED_SUCCESS"}, (status, stack.log)
+    backfill_runs = stack.instance.get_runs(RunsFilter(tags={"dagster/backfill": backfill}))
+    assert backfill_runs and all(r.status == DagsterRunStatus.SUCCESS for r in backfill_runs)
+    assert all(r.tags[tags.PARTITION] == "backfill-me" for r in backfill_runs), "backfill runs count in the lane"
+    assert {r.tags[tags.ENGINE_RUN] for r in backfill_runs} == {str(engine_run)}
+    assert stack.db.sql("SELECT id, status FROM migrations WHERE tenant_id = 'backfill-me'") == [
+        {"id": engine_run, "status": "succeeded"}]
+    _wait_tenant_quiet(stack, "backfill-me")
+
+    new_rows = {(r["kind"], r["sid"]) for r in stack.db.sql(
+        "SELECT kind, source_id::int AS sid FROM migration_records WHERE id > %(w)s AND action = 'created'",
+        {"w": written_before})}
+    assert {("deals", i) for i in range(1, 21)} <= new_rows, "the failed page was written by the retry"
+    assert not {k for k, _ in new_rows} & {"companies", "contacts"}
+    still = {(r["kind"], r["source_id"]): r["id"] for r in stack.db.sql(
+        "SELECT kind, source_id, id FROM migration_records WHERE tenant_id = 'backfill-me'")}
+    assert all(still.get((r["kind"], r["source_id"])) == r["id"] for r in firsts if r["kind"] in ("companies", "contacts"))
+    target = stack.db.sql("SELECT kind, count(*) AS n, count(DISTINCT source_id) AS d FROM example_items"
+                          " WHERE tenant_id = 'backfill-me' GROUP BY kind")
+    assert all(r["n"] == r["d"] for r in target), target
+    assert {r["kind"]: r["n"] for r in target}["deals"] == 40
 
 
 def test_migrate_run_launches_on_the_instance_the_ui_shows(stack):
