@@ -1,4 +1,4 @@
-"""Writers for the product's CRM tables (schema `crm`, migration 0003).
+"""Writers for the product's CRM tables (schema `crm`, migrations 0003 and 0005).
 
 Source-neutral: a provider maps its rows to column values and calls these inside a ledger claim
 (`ledger.write_once(tx, run, kind, source_id, lambda: crm.write_contact(tx, ...))`), so a target
@@ -44,6 +44,8 @@ TABLES: dict[str, Table] = {
     t.name: t
     for t in (
         _table("users", "name email phone active is_admin timezone locale"),
+        _table("pipelines", "name position active deal_probability_enabled"),
+        _table("stages", "pipeline_id name position active deal_probability rotten_after_days"),
         _table(
             "companies",
             "name domain owner_id address label_ids visible_to custom_fields",
@@ -57,7 +59,8 @@ TABLES: dict[str, Table] = {
         ),
         _table(
             "deals",
-            "title value currency status archived archived_at contact_id company_id owner_id pipeline_ref stage_ref"
+            "title value currency status archived archived_at contact_id company_id owner_id pipeline_id stage_id"
+            " pipeline_ref stage_ref"
             " probability lost_reason expected_close_date closed_at won_at lost_at stage_changed_at origin label_ids"
             " visible_to custom_fields",
             "label_ids custom_fields",

@@ -60,7 +60,7 @@ def test_one_asset_per_phase_of_the_pipedrive_plan_chained_by_deps():
     assets = build_phase_assets("pipedrive", phases=PIPEDRIVE_PHASES)
     assert len(assets) == len(PIPEDRIVE_PHASES) == 7
     keys = [a.key for a in assets]
-    assert keys[0] == AssetKey(["pipedrive", "phase_1_fields_users"])
+    assert keys[0] == AssetKey(["pipedrive", "phase_1_fields_users_pipelines"])
     for previous, current in zip(assets, assets[1:]):
         deps = {d for deps in current.asset_deps.values() for d in deps}
         assert deps == {previous.key}, f"{current.key} should depend on {previous.key} only"

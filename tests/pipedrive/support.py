@@ -25,6 +25,8 @@ UNLIMITED = 100_000  # a burst limit no test reaches: tests measure behaviour, n
 # truth name -> ledger kind, and ledger kind -> crm table
 LEDGER_KIND = {
     "users": "users",
+    "pipelines": "pipelines",
+    "stages": "stages",
     "organizations": "organizations",
     "persons": "persons",
     "deals": "deals",
@@ -37,6 +39,8 @@ LEDGER_KIND = {
 }
 TABLE = {
     "users": "users",
+    "pipelines": "pipelines",
+    "stages": "stages",
     "organizations": "companies",
     "persons": "contacts",
     "deals": "deals",

@@ -19,6 +19,8 @@ from engine_core.providers.pipedrive.mapping import (
     map_lead,
     map_note,
     map_person,
+    map_pipeline,
+    map_stage,
     timestamp,
     with_body,
 )
@@ -91,6 +93,29 @@ def test_deal_parents_links_and_custom_fields() -> None:
                              Ref("owner_id", "user", "2"): None, Ref(f"custom_fields.{USER.key}", "user", "3"): 11})
     assert (values["contact_id"], values["company_id"], values["owner_id"]) == (7, 8, None)
     assert values["custom_fields"][USER.key]["record_id"] == 11
+
+
+def test_pipelines_and_stages_and_a_deals_place_in_them() -> None:
+    pipeline = map_pipeline(DS.record("pipelines", 0), "t", book())
+    assert pipeline.table == "pipelines" and pipeline.values["name"] == "Sales" and pipeline.values["active"] is True
+    assert pipeline.values["position"] == 1 and pipeline.parents == []
+    first = map_stage(DS.record("stages", 0), "t", book())
+    assert first.table == "stages" and first.parents == [Ref("pipeline_id", "pipeline", "1")]
+    assert first.values["rotten_after_days"] == 30 and first.values["deal_probability"] == 20
+    assert map_stage(DS.record("stages", 1), "t", book()).values["rotten_after_days"] is None
+    # a deal links softly to both (it is imported when they are not here) and keeps the source's ids
+    m = map_deal(deal(pipeline_id=2, stage_id=7), "t", book())
+    assert Ref("pipeline_id", "pipeline", "2") in m.links and Ref("stage_id", "stage", "7") in m.links
+    assert not any(r.ref in ("pipeline", "stage") for r in m.parents)
+    assert (m.values["pipeline_ref"], m.values["stage_ref"]) == ("2", "7")
+    # malformed: each names its field
+    stage = dict(DS.record("stages", 0))
+    for changes, reason in (({"pipeline_id": None}, "pipeline_id is missing"), ({"pipeline_id": "x"}, "pipeline_id is not an id"),
+                            ({"name": ""}, "name is"), ({"order_nr": 1.5}, "order_nr is not a whole number")):
+        with pytest.raises(MalformedRow, match=reason):
+            map_stage({**stage, **changes}, "t", book())
+    with pytest.raises(MalformedRow, match="name is missing"):
+        map_pipeline({**DS.record("pipelines", 0), "name": None}, "t", book())
 
 
 def test_leads_carry_v1_custom_values_at_the_top_level() -> None:

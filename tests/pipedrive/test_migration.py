@@ -111,6 +111,18 @@ def test_links_custom_fields_and_definitions_are_stored_for_the_product(db) -> N
     # a lead (v1: custom values at the top level, sets as "1,2"): the same shape
     lead = db.sql("SELECT custom_fields FROM crm.leads WHERE tenant_id = %(t)s AND custom_fields <> '{}'::jsonb LIMIT 1", {"t": TENANT})[0]
     assert all({"name", "type", "value"} <= set(v) for v in lead["custom_fields"].values())
+    # every deal shows its pipeline and stage by name, as the source has them; a stage its pipeline
+    pipelines = {str(ds.record("pipelines", i)["id"]): ds.record("pipelines", i) for i in range(ds.count("pipelines"))}
+    stages = {str(ds.record("stages", i)["id"]): ds.record("stages", i) for i in range(ds.count("stages"))}
+    deals = db.sql(
+        "SELECT d.source_id, d.pipeline_ref, d.stage_ref, p.name AS pipeline, s.name AS stage, sp.id AS stage_pipeline,"
+        "       p.id AS pipeline_id FROM crm.deals d"
+        " LEFT JOIN crm.pipelines p ON p.id = d.pipeline_id LEFT JOIN crm.stages s ON s.id = d.stage_id"
+        " LEFT JOIN crm.pipelines sp ON sp.id = s.pipeline_id WHERE d.tenant_id = %(t)s", {"t": TENANT})
+    assert deals and all(d["stage"] is not None and d["pipeline"] is not None for d in deals)
+    for d in deals:
+        assert d["stage"] == stages[d["stage_ref"]]["name"] and d["pipeline"] == pipelines[d["pipeline_ref"]]["name"], d
+        assert str(stages[d["stage_ref"]]["pipeline_id"]) == d["pipeline_ref"] and d["stage_pipeline"] == d["pipeline_id"]
     # notes and activities point at their deal; emails at theirs
     orphans = db.sql(
         "SELECT count(*) AS n FROM crm.emails e JOIN migration_records r ON r.record_id = e.id AND r.kind = 'emails'"

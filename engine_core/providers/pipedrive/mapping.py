@@ -9,7 +9,8 @@ travel as parameters, and escaping for display is the product's job.
 A mapper returns a `Mapped`: the target table, the column values it knows, the parents the row
 must be linked to (resolved through the ledger by the caller, one query per page) and the softer
 references (owners, linked people, custom fields pointing at records) that are linked when found
-and left empty when not.
+and left empty when not. A deal's pipeline and stage are such soft links (the source's ids are
+kept beside them); a stage's pipeline is a parent.
 """
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ LEAD_KINDS = ("leads", "leads_archived")
 PERSON_KINDS = ("persons",)
 ORG_KINDS = ("organizations",)
 USER_KINDS = ("users",)
-KINDS_OF_REF = {"deal": DEAL_KINDS, "lead": LEAD_KINDS, "person": PERSON_KINDS, "org": ORG_KINDS, "user": USER_KINDS}
-REF_WORD = {"deal": "deal", "lead": "lead", "person": "person", "org": "organization", "user": "user"}
+KINDS_OF_REF = {"deal": DEAL_KINDS, "lead": LEAD_KINDS, "person": PERSON_KINDS, "org": ORG_KINDS, "user": USER_KINDS,
+                "pipeline": ("pipelines",), "stage": ("stages",)}
+REF_WORD = {"deal": "deal", "lead": "lead", "person": "person", "org": "organization", "user": "user",
+            "pipeline": "pipeline", "stage": "stage"}
 
 # The entity whose field definitions describe a kind's custom fields (leads inherit the deal's).
 ENTITY_OF_KIND = {
@@ -59,7 +62,7 @@ class Ref:
     """A reference to another source record: which column it fills and where to look for it."""
 
     column: str
-    ref: str  # deal | lead | person | org | user
+    ref: str  # deal | lead | person | org | user | pipeline | stage
     source_id: str
 
     @property
@@ -378,6 +381,45 @@ def map_user(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
     return Mapped("users", sid, values)
 
 
+def _position(row: Mapping[str, Any]) -> int | None:
+    value = number(row, "order_nr")
+    if value is not None and value != int(value):
+        raise MalformedRow(f"order_nr is not a whole number: {_describe(row.get('order_nr'))}")
+    return None if value is None else int(value)
+
+
+def map_pipeline(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    sid = row_source_id(row, "pipelines")
+    values = {
+        **_common(row, sid, tenant_id),
+        "name": text(row, "name", required=True),
+        "position": _position(row),
+        "active": flag(row, "is_deleted") is not True,
+        "deal_probability_enabled": flag(row, "is_deal_probability_enabled"),
+    }
+    return Mapped("pipelines", sid, values)
+
+
+def map_stage(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """A stage belongs to its pipeline: a stage whose pipeline is not here is skipped."""
+    sid = row_source_id(row, "stages")
+    parents: list[Ref] = []
+    pipeline = ref_id(row, "pipeline_id")
+    if pipeline is None:
+        raise MalformedRow("pipeline_id is missing")
+    _link(parents, "pipeline_id", "pipeline", pipeline)
+    rot_days = number(row, "days_to_rotten")
+    values = {
+        **_common(row, sid, tenant_id),
+        "name": text(row, "name", required=True),
+        "position": _position(row),
+        "active": flag(row, "is_deleted") is not True,
+        "deal_probability": number(row, "deal_probability"),
+        "rotten_after_days": int(rot_days) if rot_days is not None and flag(row, "is_deal_rot_enabled") is not False else None,
+    }
+    return Mapped("stages", sid, values, parents=parents)
+
+
 def map_organization(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
     sid = row_source_id(row, "organizations")
     links: list[Ref] = []
@@ -449,6 +491,8 @@ def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
     _link(parents, "contact_id", "person", ref_id(row, "person_id"))
     _link(parents, "company_id", "org", ref_id(row, "org_id"))
     _link(links, "owner_id", "user", ref_id(row, "owner_id"))
+    _link(links, "pipeline_id", "pipeline", ref_id(row, "pipeline_id"))
+    _link(links, "stage_id", "stage", ref_id(row, "stage_id"))
     archived = archived_kind or flag(row, "is_archived") is True
     status = text(row, "status")
     values = {
@@ -557,6 +601,8 @@ def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
 
 MAPPERS = {
     "users": map_user,
+    "pipelines": map_pipeline,
+    "stages": map_stage,
     "organizations": map_organization,
     "persons": map_person,
     "deals": map_deal,

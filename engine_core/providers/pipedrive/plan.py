@@ -1,15 +1,15 @@
 """The Pipedrive provider's plan, as data: ordered kind groups, one per phase.
 
-Parents come before the rows that point at them: owners and field definitions, organizations,
-persons (in organizations), deals and leads (on persons/organizations; archived ones come from
+Parents come before the rows that point at them: owners, field definitions and pipelines, then
+organizations and the pipelines' stages, persons (in organizations), deals and leads (on persons/organizations; archived ones come from
 their own endpoints), then activities and notes (on any of those), then each deal's email.
 Activities and notes are separate phases so a "notes and activities only" run has two.
 """
 from __future__ import annotations
 
 PHASES: list[list[str]] = [
-    ["fields", "users"],
-    ["organizations"],
+    ["fields", "users", "pipelines"],
+    ["organizations", "stages"],
     ["persons"],
     ["deals", "deals_archived", "leads", "leads_archived"],
     ["activities"],
@@ -17,14 +17,16 @@ PHASES: list[list[str]] = [
     ["emails"],
 ]
 
-# The kinds whose rows a kind's rows must link to (or be skipped as "not linked"). Owners, people
-# on mail and custom-field references are soft links and not listed. A retry revisits the later
+# The kinds whose rows a kind's rows must link to (or be skipped as "not linked"). Owners, a deal's
+# pipeline and stage, people on mail and custom-field references are soft links and not listed. A retry revisits the later
 # tasks of kinds that depend, directly or not, on a kind that failed.
 _DEALS = ("deals", "deals_archived")
 _LEADS = ("leads", "leads_archived")
 DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "fields": (),
     "users": (),
+    "pipelines": (),
+    "stages": ("pipelines",),
     "organizations": (),
     "persons": ("organizations",),
     "deals": ("persons", "organizations"),

@@ -1,7 +1,7 @@
 """The Pipedrive provider (source "pipedrive"): a whole account into the product's CRM tables.
 
-Phases are data (`plan.PHASES`): field definitions and users, organizations, persons, deals and
-leads (archived ones from their own endpoints), activities, notes, then every deal's email. Full
+Phases are data (`plan.PHASES`): field definitions, users and pipelines; organizations and
+stages; persons; deals and leads (archived ones from their own endpoints), activities, notes, then every deal's email. Full
 history always: every list is walked from its start, never `/v1/recents` (a month at most).
 
 Tasks and cursors (details in `stripes.py`):
@@ -14,6 +14,8 @@ Tasks and cursors (details in `stripes.py`):
 * v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
   ranges of `update_time`: a discovery task finds the oldest and newest update and seeds four
   walkers over four equal spans (the first and last open-ended); each creates its next page.
+  Pipelines and stages (short v2 lists without time filters) have one walker each; a deal links to
+  its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
   fetches bodies in rounds of four on four threads holding no database connection (`emails.py`).
 

@@ -19,6 +19,9 @@ catches it; the ledger makes that rerun cheap). Ids were the alternative, but v2
 range (only `ids=` lists of 100), and time spans need no knowledge of the id space. Equal spans
 are equal work when records arrive evenly; an account that grew fast recently has a heavier last
 stripe, which still walks alongside the other three rather than after them.
+
+Pipelines and stages are v2 lists without time filters, and short: each has one walker over the
+whole list (`kind:s0:p0`, the shape of a stripe with neither bound).
 """
 from __future__ import annotations
 
@@ -42,7 +45,11 @@ V2_PATHS: dict[str, str] = {
     "deals": "/api/v2/deals",
     "deals_archived": "/api/v2/deals/archived",
     "activities": "/api/v2/activities",
+    "pipelines": "/api/v2/pipelines",
+    "stages": "/api/v2/stages",
 }
+# v2 lists that take no time filter (and are a page or two long): one walker from the start.
+UNSTRIPED: frozenset[str] = frozenset({"pipelines", "stages"})
 
 
 # --- v1: page arithmetic ---------------------------------------------------------------------
@@ -61,6 +68,8 @@ def v1_next(kind: str, start: int, stripes: int = STRIPES, page: int = PAGE) -> 
 
 
 def v2_seeds(kind: str) -> list[Successor]:
+    if kind in UNSTRIPED:
+        return v2_stripe_seeds(kind, [(None, None)])
     return [Successor(f"{kind}:discover", {"discover": True})]
 
 

@@ -2,8 +2,9 @@
 query, then hand the rows to the engine's windows (25 rows a transaction, a savepoint a row).
 
 A row whose parents are not all in the ledger is skipped as "not linked to any record": a
-placeholder that a later run importing the parent takes over. Owners, the people on a mail and
-custom fields that point at records are softer references: linked when found, empty when not.
+placeholder that a later run importing the parent takes over. Owners, the people on a mail,
+custom fields that point at records and a deal's pipeline and stage are softer references: linked
+when found, empty when not.
 
 In a dry run nothing is written (the engine rolls each row's savepoint back), so a parent that
 this same run would have created earlier is not in the ledger; the engine remembers the dry run's
