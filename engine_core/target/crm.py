@@ -5,8 +5,9 @@ Source-neutral: a provider maps its rows to column values and calls these inside
 row exists only together with its claim. Column names are checked against each table's list, so a
 provider can never smuggle SQL through a key; values always travel as parameters.
 
-"Already here": a contact whose email, or a company whose name or domain, is already in the
-tenant's CRM is linked rather than duplicated (`Written(..., matched=True)`). Only rows the product
+"Already here": a contact or a user (an owner: the tenant's own team is often in the product
+already) whose email, or a company whose name or domain, is already in the tenant's CRM is linked
+rather than duplicated (`Written(..., matched=True)`). Only rows the product
 had before - rows no migration from this source created - are candidates: rows the same source
 created are the ledger's business (already claimed, or a different source row that happens to
 share a name, which is imported as its own record).
@@ -174,6 +175,28 @@ def match_company(tx: Conn, tenant_id: str, source: str, name: str | None, domai
         {"t": tenant_id, "name": name or "", "domain": domain, "source": source},
     )
     return int(rows[0]["id"]) if rows else None
+
+
+def match_user(tx: Conn, tenant_id: str, source: str, email: str | None) -> int | None:
+    """A user the product already has with this address (oldest first)."""
+    wanted = normal_email(email)
+    if wanted is None:
+        return None
+    rows = tx.sql(
+        "SELECT id FROM crm.users"
+        " WHERE tenant_id = %(t)s AND lower(email) = %(e)s AND source IS DISTINCT FROM %(source)s"
+        " ORDER BY id LIMIT 1",
+        {"t": tenant_id, "e": wanted, "source": source},
+    )
+    return int(rows[0]["id"]) if rows else None
+
+
+def write_user(tx: Conn, values: Mapping[str, Any]) -> Written:
+    """Link to the tenant's existing user with this email, or insert a new one."""
+    existing = match_user(tx, values["tenant_id"], values.get("source") or "", values.get("email"))
+    if existing is not None:
+        return Written(TABLES["users"].record_type, existing, matched=True)
+    return write(tx, "users", values)
 
 
 def write_contact(tx: Conn, values: Mapping[str, Any], emails: Iterable[str]) -> Written:

@@ -158,9 +158,20 @@ def test_existing_contacts_and_companies_are_matched_not_duplicated(db) -> None:
         existing[i] = db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES (%(t)s, 'Already here', %(e)s) RETURNING id",
                              {"t": TENANT, "e": email.upper()})[0]["id"]
         db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES ('other', 'Other tenant', %(e)s)", {"e": email})
+    # an owner who is already a user of the product (the tenant's own team)
+    owner = ds.record("users", 1)
+    owner_user = db.sql("INSERT INTO crm.users (tenant_id, name, email) VALUES (%(t)s, 'Team member', %(e)s) RETURNING id",
+                        {"t": TENANT, "e": " " + owner["email"].upper()})[0]["id"]
+    db.sql("UPDATE crm.users SET email = btrim(email) WHERE id = %(u)s", {"u": owner_user})
     with sandbox() as sb:
         run = migrate(db, sb, TENANT)
     assert run.status == "succeeded"
+    user_entry = ledger(db, TENANT, "users")[str(owner["id"])]
+    assert user_entry["action"] == "matched" and user_entry["record_id"] == owner_user
+    assert db.sql("SELECT count(*) AS n FROM crm.users WHERE tenant_id = %(t)s AND lower(email) = %(e)s",
+                  {"t": TENANT, "e": owner["email"].lower()})[0]["n"] == 1
+    owned = db.sql("SELECT count(*) AS n FROM crm.deals WHERE tenant_id = %(t)s AND owner_id = %(u)s", {"t": TENANT, "u": owner_user})
+    assert owned[0]["n"] > 0, "the owner's deals link to the user who was already here"
     persons = ledger(db, TENANT, "persons")
     for i, contact_id in existing.items():
         entry = persons[str(ds.ident("persons", i))]

@@ -98,6 +98,8 @@ def write_mapped(
         write = lambda: crm.write_contact(tx, values, mapped.match_emails)  # noqa: E731
     elif mapped.table == "companies":
         write = lambda: crm.write_company(tx, values)  # noqa: E731
+    elif mapped.table == "users":
+        write = lambda: crm.write_user(tx, values)  # noqa: E731
     else:
         write = lambda: crm.write(tx, mapped.table, values)  # noqa: E731
     return ledger.write_once(tx, run, kind, mapped.source_id, write)
