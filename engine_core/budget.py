@@ -56,7 +56,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -198,9 +200,13 @@ class Budget:
         with self._cond:
             self._slots_spent += 1
 
-    def reserve(self, n: int, *, cancel: threading.Event | None = None) -> Reservation:
-        """Hold n slots for a fetch round, so the fetch threads spend them with no database."""
-        return Reservation(self, self._take(n, cancel))
+    def reserve(self, n: int, *, cancel: threading.Event | None = None, deferred: bool = False) -> Reservation:
+        """Hold n slots for a fetch round, so the fetch threads spend them with no database.
+
+        `deferred`: from now until `serve` returns (or `release`), whatever else the fetch threads
+        need of the budget waits for this thread's `serve` (see `Reservation`).
+        """
+        return Reservation(self, self._take(n, cancel), deferred=deferred)
 
     def _take(self, n: int, cancel: threading.Event | None) -> list[float]:
         """Take n currently valid slots; returns their expiry times (local clock)."""
@@ -355,8 +361,9 @@ class Budget:
 
     # --- what the source said -----------------------------------------------------------------
 
-    def observe(self, headers: Mapping[str, str]) -> None:
-        """Keep what a response's rate-limit headers say (no database unless the day is spent)."""
+    def observe(self, headers: Mapping[str, str], note: Callable[[Literal["burst", "daily"], float], None] | None = None) -> None:
+        """Keep what a response's rate-limit headers say (no database unless the day is spent; then
+        `note`, default `note_rate_limited`, tells the other workers)."""
         h = {k.lower(): v for k, v in headers.items()}
         limit = _int(h.get("x-ratelimit-limit"))
         remaining = _int(h.get("x-ratelimit-remaining"))
@@ -377,37 +384,89 @@ class Budget:
                 self._daily_limit = daily_limit
         if daily_remaining is not None and daily_remaining <= self.daily_floor:
             wait = _float(h.get("x-daily-ratelimit-reset"))
-            self.note_rate_limited("daily", wait if wait is not None else self.daily_probe_seconds)
+            (note or self.note_rate_limited)("daily", wait if wait is not None else self.daily_probe_seconds)
 
     def note_rate_limited(self, scope: Literal["burst", "daily"], retry_after: float) -> None:
         """A 429 (or a spent daily budget): tell every worker sharing the account, once."""
+        pending = self.note_locally(scope, retry_after)
+        if pending is not None:
+            self.write_note(pending)
+
+    def note_locally(self, scope: Literal["burst", "daily"], retry_after: float) -> PendingNote | None:
+        """The in-process half of `note_rate_limited`: this process pauses (or parks) at once. Returns
+        the row write still owed to the other workers, or None when the row already says as much."""
         retry_after = max(0.0, float(retry_after))
         now = self._clock()
         with self._cond:
             if scope == "daily":
                 if now + retry_after <= self._parked_until + 0.5:
-                    return  # already parked at least that long: no second write
+                    return None  # already parked at least that long: no second write
                 self._parked_until = now + retry_after
                 statement = "budget_park"
             else:
                 self._paused_until = max(self._paused_until, now + retry_after)
                 if now + retry_after <= self._row_paused_until + 0.25:
-                    return  # this pause is already on the row
+                    return None  # this pause is already on the row
                 self._row_paused_until = now + retry_after
                 statement = "budget_pause"
             self._cond.notify_all()
-        self._run(statement, {"source": self.source, "account": self.account, "wait": retry_after})
+        return PendingNote(statement, now + retry_after)
+
+    def write_note(self, note: PendingNote) -> None:
+        """The row half: one statement, for the time still left of the wait."""
+        wait = max(0.0, note.until - self._clock())
+        self._run(note.statement, {"source": self.source, "account": self.account, "wait": wait})
         with self._cond:
             self._writes += 1
 
 
-class Reservation:
-    """Slots held for a fetch round: spending one is local; unspent ones go back on `release()`."""
+@dataclass(frozen=True)
+class PendingNote:
+    statement: str  # budget_pause | budget_park
+    until: float  # local clock
 
-    def __init__(self, budget: Budget, expiries: list[float]) -> None:
+
+class _Reply:
+    """A fetch thread's request to the reservation's owner, answered."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def ok(self) -> None:
+        self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+
+
+class Reservation:
+    """Slots held for a fetch round: spending one is local; unspent ones go back on `release()`.
+
+    It is also the fetch threads' only door to the budget, so that they never touch the database.
+    What needs it - a slot beyond the reserved ones (a retried request, or held slots that lapsed)
+    and telling the other workers of a 429 - is handed to the thread that made the reservation (the
+    task's), which `serve`s such requests while it joins the round; a 429's pause takes effect in
+    this process at once, and the row hears of it from the task's thread moments later. A
+    reservation made `deferred` holds such requests from the start (a fetch thread may need one
+    before its owner reaches `serve`); otherwise, and on the owner's own thread, the budget is
+    called directly.
+    """
+
+    def __init__(self, budget: Budget, expiries: list[float], *, deferred: bool = False) -> None:
         self._budget = budget
         self._expiries = sorted(expiries)
         self._lock = threading.Lock()
+        self._owner = threading.get_ident()
+        self._serving = deferred
+        self._requests: deque[tuple[Callable[[], None], _Reply | None]] = deque()
+        self._requests_cond = threading.Condition(threading.Lock())
 
     @property
     def held(self) -> int:
@@ -435,12 +494,90 @@ class Reservation:
                     budget._slots_expired += 1
             slot = self._expiries.pop(0) if self._expiries else None
         if slot is None:
-            budget.acquire(cancel)
+            self.acquire(cancel)
             return
         with budget._cond:
             budget._slots_spent += 1
 
+    # --- what the client asks of its budget, from a fetch thread -------------------------------
+
+    def acquire(self, cancel: threading.Event | None = None) -> None:
+        """A slot beyond the reserved ones (a retry): leased by the owner's thread if need be."""
+        self._on_owner(lambda: self._budget.acquire(cancel), wait=True)
+
+    def observe(self, headers: Mapping[str, str]) -> None:
+        self._budget.observe(headers, note=self.note_rate_limited)
+
+    def note_rate_limited(self, scope: Literal["burst", "daily"], retry_after: float) -> None:
+        pending = self._budget.note_locally(scope, retry_after)
+        if pending is not None:
+            self._on_owner(lambda: self._budget.write_note(pending), wait=False)
+
+    def _on_owner(self, fn: Callable[[], None], *, wait: bool) -> None:
+        reply = _Reply() if wait else None
+        with self._requests_cond:
+            direct = threading.get_ident() == self._owner or not self._serving
+            if not direct:
+                self._requests.append((fn, reply))
+                self._requests_cond.notify_all()
+        if direct:
+            fn()
+        elif reply is not None:
+            reply.wait()
+
+    # --- on the owner's thread -----------------------------------------------------------------
+
+    def serve(self, futures: Sequence[Future[Any]], poll: float = 0.05) -> None:
+        """Run the fetch threads' budget requests here until every future is done."""
+        with self._requests_cond:
+            self._serving = True
+        failed: BaseException | None = None
+        try:
+            while True:
+                with self._requests_cond:
+                    if not self._requests:
+                        if all(f.done() for f in futures):
+                            break
+                        self._requests_cond.wait(poll)
+                        continue
+                    fn, reply = self._requests.popleft()
+                self._run_request(fn, reply)
+        except BaseException as e:
+            failed = e
+            raise
+        finally:
+            self._stop_serving(failed is not None)
+
+    def _stop_serving(self, failed: bool) -> None:
+        """No more deferring: what is queued runs now (the notes), or - when the owner failed -
+        the waiting fetch threads are let go with BudgetCancelled."""
+        with self._requests_cond:
+            self._serving = False
+            left, self._requests = list(self._requests), deque()
+        for fn, reply in left:
+            if failed and reply is not None:
+                reply.fail(BudgetCancelled())  # nobody will serve it: let the fetch thread unwind
+            else:
+                self._run_request(fn, reply)
+
+    @staticmethod
+    def _run_request(fn: Callable[[], None], reply: _Reply | None) -> None:
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the fetch thread that asked
+            if reply is None:
+                log.warning("could not tell the other workers of a rate limit: %s", type(e).__name__)
+            else:
+                reply.fail(e)
+            if not isinstance(e, Exception):
+                raise
+        else:
+            if reply is not None:
+                reply.ok()
+
     def release(self) -> None:
+        if self._serving:  # deferred but never served (the round failed before): let go
+            self._stop_serving(True)
         with self._lock:
             expiries, self._expiries = self._expiries, []
         self._budget._give_back(expiries)

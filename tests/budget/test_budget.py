@@ -7,6 +7,7 @@ and stops end a wait early.
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 
 import httpx
@@ -298,3 +299,63 @@ def test_client_waiting_on_a_paused_budget_stops_when_cancelled(db: Database) ->
     with pytest.raises(Cancelled):
         client.list_v2("/api/v2/deals")
     assert time.monotonic() - started < 5.0  # the pause is 20-30 s: only a cancel ends it this soon
+
+
+def _record_checkouts(db: Database, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    names: list[str] = []
+    getconn = db.pool.getconn
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        names.append(threading.current_thread().name)
+        return getconn(*args, **kwargs)
+
+    monkeypatch.setattr(db.pool, "getconn", recorded)
+    return names
+
+
+def test_a_deferred_reservation_does_the_fetch_threads_database_work_on_its_owners_thread(db: Database, monkeypatch) -> None:
+    # Four fetch threads each spend their held slot, then need two more (retries) and report a 429:
+    # the leases and the row write happen, but on the thread serving the round.
+    budget = Budget(db, "pipedrive", "acct", burst_limit=400, chunk=4)
+    budget.acquire()  # the row exists
+    names = _record_checkouts(db, monkeypatch)
+    with ThreadPoolExecutor(4, thread_name_prefix="fetch") as pool, budget.reserve(4, deferred=True) as held:
+
+        def fetch(i: int) -> None:
+            held.spend()
+            held.acquire()
+            held.acquire()
+            if i == 0:
+                held.note_rate_limited("burst", 0.05)
+
+        futures = [pool.submit(fetch, i) for i in range(4)]
+        held.serve(futures)
+        for f in futures:
+            f.result()
+    assert names, "leases were needed"
+    assert {n for n in names} == {threading.current_thread().name}, names
+    assert budget.stats().slots_spent == 1 + 4 + 8
+    assert row(db)["paused_until"] is not None, "the 429 reached the row"
+
+
+def test_when_the_owner_stops_serving_waiting_fetch_threads_are_let_go(db: Database) -> None:
+    budget = Budget(db, "pipedrive", "acct", burst_limit=400, chunk=4)
+    held = budget.reserve(1, deferred=True)
+    asked = threading.Event()
+    outcome: list[BaseException] = []
+
+    def fetch() -> None:
+        held.spend()
+        asked.set()
+        try:
+            held.acquire()  # queued for the owner, who is about to fail
+        except BaseException as e:  # noqa: BLE001
+            outcome.append(e)
+
+    t = threading.Thread(target=fetch, daemon=True)
+    t.start()
+    assert asked.wait(5)
+    time.sleep(0.1)  # the request is queued
+    held.release()  # the round failed before serving: nobody will
+    t.join(5)
+    assert not t.is_alive() and len(outcome) == 1 and isinstance(outcome[0], BudgetCancelled)

@@ -205,23 +205,38 @@ def test_every_rate_limit_header_reaches_the_budget() -> None:
     assert budget.acquired == 3
 
 
-def test_reservation_covers_the_first_attempt_only() -> None:
+def test_reservation_covers_the_first_attempt_only_and_is_asked_for_the_rest() -> None:
+    # A fetch thread's request goes to its round's reservation for everything budget-related: the
+    # first attempt spends a held slot, a retry asks it for another, headers and 429s are told to
+    # it (it hands what needs the database to the task's thread); the client's budget is not used.
     class Held:
-        spent = 0
+        spent = acquired = observed = 0
+        notes: list[tuple[str, float]] = []
 
         def spend(self, cancel: threading.Event | None = None) -> None:
             Held.spent += 1
 
+        def acquire(self, cancel: threading.Event | None = None) -> None:
+            Held.acquired += 1
+
+        def observe(self, headers: dict[str, str]) -> None:
+            Held.observed += 1
+
+        def note_rate_limited(self, scope: str, retry_after: float) -> None:
+            Held.notes.append((scope, retry_after))
+
     budget = FakeBudget()
-    script = Script([status(502), ok({"id": 5, "body": "<p>hi</p>"})])
+    script = Script([status(502), status(429, headers={"retry-after": "0", "x-ratelimit-remaining": "0"}),
+                     ok({"id": 5, "body": "<p>hi</p>"})])
     client, _ = make_client(script, budget=budget)
     assert client.mail_body(5, reservation=Held())["body"] == "<p>hi</p>"
-    assert Held.spent == 1 and budget.acquired == 1
+    assert (Held.spent, Held.acquired) == (1, 2) and Held.notes == [("burst", 0.0)] and Held.observed >= 1
+    assert budget.acquired == 0 and budget.limited == [] and budget.observed == [], "the client's budget is not touched"
     listing = Script([ok([], additional_data={"pagination": {"more_items_in_collection": False}})])
     client, _ = make_client(listing, budget=budget)
     client.mail_messages(5, reservation=Held())
     client.list_v2("/api/v2/deals", reservation=Held())
-    assert Held.spent == 3 and budget.acquired == 1
+    assert Held.spent == 3 and Held.acquired == 2 and budget.acquired == 0
 
 
 def test_cancel_before_the_request() -> None:

@@ -157,6 +157,40 @@ def test_four_bodies_in_flight_per_task_and_no_connection_held_during_a_round(db
     assert len(held) >= 2 * 120 and max(held) == 0, "a fetch round runs with no database connection checked out"
 
 
+def test_fetch_threads_never_use_the_database_even_on_429s_and_retries(db, monkeypatch) -> None:
+    """A 429 must reach every worker sharing the account (a write to the budget row) and a retried
+    request needs a slot the round did not reserve (possibly a lease): both go through the round's
+    reservation to the task's thread, which serves them while it joins the round. Every connection
+    checkout is recorded with its thread: none is a fetch thread's (`mail-<task>-<n>`)."""
+    checkouts: list[str] = []
+    getconn = db.pool.getconn
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        checkouts.append(threading.current_thread().name)
+        return getconn(*args, **kwargs)
+
+    with sandbox() as sb:
+        everything_but_mail = [k for group in PHASES[:-1] for k in group]
+        assert migrate(db, sb, TENANT, kinds=everything_but_mail).status == "succeeded"
+        # the source allows 20 requests per 2 s while the run believes in 200: burst 429s; and 15% 503s
+        sb.configure(burst_limit=20, faults="503:0.15")
+        sb.reset_stats()
+        monkeypatch.setattr(db.pool, "getconn", recorded)
+        run = migrate(db, sb, TENANT, kinds=["emails"], width=2, options={"burst_limit": 200})
+        stats = sb.stats()
+        truth = sb.truth()
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    codes = stats["status_codes"]
+    assert stats["rate_limited"]["burst"] > 0, "the source refused some requests: the 429 path ran"
+    assert sum(c.get("503", 0) for c in codes.values()) > 0, "some requests failed and were retried"
+    assert checkouts, "the recorder saw the lane threads' checkouts"
+    fetch_threads = sorted({n for n in checkouts if n.startswith("mail-")})
+    assert fetch_threads == [], f"fetch threads checked out connections: {fetch_threads}"
+    every = {str(m) for ms in truth["deals_with_mail"].values() for m in ms}
+    mail = ledger(db, TENANT, "emails")
+    assert set(mail) == every and actions(mail, "created") == every
+
+
 def test_lane_width_times_four_bodies_in_flight_overall(db) -> None:
     """Four lane threads, each on an email task with its four fetch threads: sixteen bodies in
     flight at once, never more. Four tenants import one account at once (one lane thread each,

@@ -195,8 +195,10 @@ class SlotBudget(Protocol):
     def note_rate_limited(self, scope: Scope, retry_after: float) -> None: ...
 
 
-class SlotHolder(Protocol):
-    """Slots reserved ahead (`Budget.reserve(n)`): spending one needs no database."""
+class SlotHolder(SlotBudget, Protocol):
+    """Slots reserved ahead (`Budget.reserve(n)`): spending one needs no database. A request made
+    with one asks it, not the client's budget, for everything else too (a retry's slot, what the
+    headers said, a 429), so a fetch thread never reaches the database itself."""
 
     def spend(self, cancel: threading.Event | None = None) -> None: ...
 
@@ -415,8 +417,8 @@ class PipedriveClient:
         while True:
             self._check_cancel(cancel, path)
             # A reservation covers the first attempt only; a retry is a new request and a new slot.
-            self._take_slot(path, cancel, reservation if attempt == 0 else None)
-            outcome = self._attempt(path, query)
+            self._take_slot(path, cancel, reservation, first=attempt == 0)
+            outcome = self._attempt(path, query, reservation)
             if not isinstance(outcome, _Failure):
                 return outcome
             error = outcome.error
@@ -430,7 +432,7 @@ class PipedriveClient:
             self._wait(wait, cancel, path)
             attempt += 1
 
-    def _attempt(self, path: str, query: dict[str, Any]) -> dict[str, Any] | _Failure:
+    def _attempt(self, path: str, query: dict[str, Any], reservation: SlotHolder | None = None) -> dict[str, Any] | _Failure:
         try:
             response = self._http.get(path, params=query)
         except TRANSIENT_TRANSPORT as e:
@@ -439,7 +441,7 @@ class PipedriveClient:
             raise PipedriveError(method="GET", path=path, detail=type(e).__name__) from e
         log.debug("GET %s -> %d", path, response.status_code)
         try:
-            return self._interpret(response, path)
+            return self._interpret(response, path, reservation)
         except (RateLimited, TransientHTTPError, BadResponse) as e:
             if isinstance(e, DailyLimitReached):
                 raise
@@ -447,18 +449,18 @@ class PipedriveClient:
         finally:
             # After a 429 has been noted with its exact wait, so the headers' "no daily tokens left"
             # finds the budget already parked instead of guessing a reset of its own.
-            self._observe(response.headers)
+            self._observe(response.headers, reservation)
 
-    def _interpret(self, response: httpx.Response, path: str) -> dict[str, Any]:
+    def _interpret(self, response: httpx.Response, path: str, reservation: SlotHolder | None = None) -> dict[str, Any]:
         status = response.status_code
         if status == 429:
             detail = self._server_detail(response)
             if rate_limit_scope(response.headers, detail or "") == "daily":
                 wait = parse_daily_wait(response.headers, now=self._wall())
-                self._note_rate_limited("daily", wait)
+                self._note_rate_limited("daily", wait, reservation)
                 raise DailyLimitReached(wait, method="GET", path=path, detail=detail)
             wait = parse_retry_after(response.headers, now=self._wall())
-            self._note_rate_limited("burst", wait)
+            self._note_rate_limited("burst", wait, reservation)
             raise BurstLimited(wait, method="GET", path=path, detail=detail)
         if status in RETRY_STATUSES or status >= 500:
             raise TransientHTTPError(method="GET", path=path, status=status)
@@ -484,10 +486,13 @@ class PipedriveClient:
 
     # --- collaborators ------------------------------------------------------------------------
 
-    def _take_slot(self, path: str, cancel: threading.Event | None, reservation: SlotHolder | None) -> None:
+    def _take_slot(self, path: str, cancel: threading.Event | None, reservation: SlotHolder | None, *, first: bool = True) -> None:
         try:
             if reservation is not None:
-                reservation.spend(cancel)
+                if first:
+                    reservation.spend(cancel)
+                else:
+                    reservation.acquire(cancel)
             elif self._budget is not None:
                 self._budget.acquire(cancel)
         except DailyLimitReached:
@@ -500,15 +505,17 @@ class PipedriveClient:
                 raise
             raise Cancelled(method="GET", path=path) from None
 
-    def _observe(self, headers: httpx.Headers) -> None:
-        if self._budget is None:
+    def _observe(self, headers: httpx.Headers, reservation: SlotHolder | None = None) -> None:
+        budget = reservation or self._budget
+        if budget is None:
             return
         if any(key.lower().startswith(RATE_HEADER_PREFIXES) for key in headers.keys()):
-            self._budget.observe(headers)
+            budget.observe(headers)
 
-    def _note_rate_limited(self, scope: Scope, wait: float) -> None:
-        if self._budget is not None:
-            self._budget.note_rate_limited(scope, wait)
+    def _note_rate_limited(self, scope: Scope, wait: float, reservation: SlotHolder | None = None) -> None:
+        budget = reservation or self._budget
+        if budget is not None:
+            budget.note_rate_limited(scope, wait)
 
     def _check_cancel(self, cancel: threading.Event | None, path: str) -> None:
         if cancel is not None and cancel.is_set():

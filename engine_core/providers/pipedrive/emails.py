@@ -198,7 +198,7 @@ class EmailTask:
             listings.append(self.to_list.popleft())
         n = len(bodies) + len(listings)
         try:
-            reservation = self.budget.reserve(n, cancel=self.ctx.cancel) if self.budget is not None else None
+            reservation = self.budget.reserve(n, cancel=self.ctx.cancel, deferred=True) if self.budget is not None else None
         except BaseException:
             self.to_fetch.extendleft(reversed(bodies))
             self.to_list.extendleft(reversed(listings))
@@ -212,6 +212,9 @@ class EmailTask:
                 self.pool.submit(self.client.mail_messages, self.deals[l.deal], l.start, PAGE, cancel=cancel, reservation=reservation)
                 for l in listings
             ]
+            if reservation is not None:
+                # the fetch threads' budget business (a retry's slot, a 429 for the row) runs here
+                reservation.serve(body_futures + list_futures)
             fatal = self._join_bodies(bodies, body_futures)
             pages, fatal = self._join_listings(listings, list_futures, fatal)
         finally:
