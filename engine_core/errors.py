@@ -13,6 +13,19 @@ class ConfigError(EngineError):
     """A configuration variable is invalid."""
 
 
+class SourceMismatch(ConfigError):
+    """This worker's source settings reach another source than the run reads."""
+
+    def __init__(self, run_name: str, run_identity: str, worker_identity: str) -> None:
+        self.run_identity = run_identity
+        self.worker_identity = worker_identity
+        super().__init__(
+            f"{run_name} reads {run_identity}, but this worker's source settings reach {worker_identity}; "
+            f"it claims nothing rather than mix two sources in one tenant (drain it with the settings it "
+            f"was started with)"
+        )
+
+
 class AdmissionRefused(EngineError):
     """Another run of this tenant and source is live."""
 

@@ -23,6 +23,7 @@ class Run:
     cancel_requested: bool
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    source_identity: str | None = None  # what the data belongs to (a Pipedrive company); None: not known yet
 
     @property
     def name(self) -> str:
@@ -51,6 +52,7 @@ class Run:
             cancel_requested=row["cancel_requested"],
             started_at=row.get("started_at"),
             finished_at=row.get("finished_at"),
+            source_identity=row.get("source_identity"),
         )
 
 

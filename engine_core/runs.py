@@ -17,7 +17,7 @@ from engine_core.errors import AdmissionRefused, NothingToDo, RunNotFound
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
-from engine_core.providers.base import Provider, dependents
+from engine_core.providers.base import Provider, dependents, identity_of
 
 
 def get_run(db: Database, run_id: int) -> Run:
@@ -59,6 +59,7 @@ def start_run(
     """Admit a new run, seed its first phase and put it on the lane."""
     settings = settings or Settings.from_env()
     plan = plan_for(provider.phases(), kinds)
+    identity = identity_of(provider)  # before the transaction: it may ask the source
     try:
         with db.transaction() as tx:
             row = tx.fetch_one(
@@ -67,6 +68,7 @@ def start_run(
                     "tenant_id": tenant_id,
                     "source": provider.source,
                     "source_account": provider.account(),
+                    "source_identity": identity,
                     "plan": Jsonb(plan),
                     "options": Jsonb(options or {}),
                     "dry_run": dry_run,

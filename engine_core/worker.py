@@ -20,10 +20,10 @@ from psycopg.types.json import Jsonb
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.db import Database
-from engine_core.errors import LockLost, PageFailed, RateLimitParked, TaskStopped, TransientError
+from engine_core.errors import LockLost, PageFailed, RateLimitParked, SourceMismatch, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Task, TaskOutcome
 from engine_core.planner import advance_phase, insert_tasks, top_up
-from engine_core.providers.base import Provider, provider_for
+from engine_core.providers.base import Provider, identity_of, provider_for
 from engine_core.runlog import RunLog, failure_reason
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class Worker:
             return "stopping"
         if self.pressure_high():
             return "deferred"  # not claimed: the task stays honestly pending
+        self.provider(run)  # a worker set up for another account refuses before it claims
         claimed = self.db.fetch_one("claim_task", {"task_id": task_id, "worker": self.worker_id})
         if claimed is None:
             return "lost"
@@ -100,9 +101,21 @@ class Worker:
         return task, run
 
     def provider(self, run: Run) -> Provider:
+        """The run's provider, as this worker's settings build it - refused (`SourceMismatch`) when
+        those settings reach another source (another Pipedrive company) than the run reads. A
+        rotated token of the same company passes; a source that cannot say now is left to the tasks."""
         p = self._provider_cache.get(run.id)
         if p is None:
-            p = self._provider_cache[run.id] = self.providers(run)
+            p = self.providers(run)
+            identity = identity_of(p)
+            if identity is not None:
+                bound = run.source_identity
+                if bound is None:
+                    row = self.db.fetch_one("bind_source_identity", {"run_id": run.id, "identity": identity})
+                    bound = row["source_identity"] if row else identity
+                if bound != identity:
+                    raise SourceMismatch(run.name, bound, identity)
+            self._provider_cache[run.id] = p
         return p
 
     def run_claimed(self, task: Task, run: Run) -> str:
@@ -201,6 +214,11 @@ class Worker:
         Waits while other workers still hold tasks, since they may seed successors or the next phase.
         """
         result = DrainResult()
+        row = self.db.fetch_one("get_run", {"run_id": run_id})
+        if row is None:
+            result.reason = "missing"
+            return result
+        self.provider(Run.from_row(row))  # a worker set up for another account refuses before it claims
         while not self.cancel.is_set():
             if max_tasks is not None and sum(result.executed.values()) >= max_tasks:
                 result.reason = "max_tasks"

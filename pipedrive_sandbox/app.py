@@ -118,6 +118,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _ep("v1", "/notes", "v1_notes", "list", True),
     _ep("v1", "/notes/{id}", "v1_single", "single", False),
     _ep("v1", "/users", "v1_users", "list", True),
+    _ep("v1", "/users/me", "v1_me", "single", False),  # before /users/{id}, which would take "me"
     _ep("v1", "/users/{id}", "v1_single", "single", False),
     _ep("v1", "/leadFields", "v1_fields", "list", True),
     _ep("v1", "/noteFields", "v1_fields", "list", True),
@@ -867,6 +868,10 @@ class SandboxApp:
     def v1_users(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         rows, start, limit, more = self._v1_page("users", range(self.ds.count("users")), q, None, None)
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows))}
+
+    def v1_me(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """The token's user (the first, the account's admin) with its company: one sandbox, one company."""
+        return {"success": True, "data": {**self.ds.record("users", 0), **self.ds.company()}}
 
     def v1_single(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         kind = endpoint.spec_path.split("/")[1]

@@ -247,6 +247,7 @@ class SandboxConfig:
         "slow_seconds",
         "page_limit_max",
         "burst_window_seconds",
+        "token",  # a rotation: the old token stops working, the new one reaches the same company
     )
 
     def with_changes(self, changes: Mapping[str, Any]) -> "SandboxConfig":

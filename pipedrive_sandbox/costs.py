@@ -36,6 +36,7 @@ TOKEN_COSTS: dict[tuple[str, str], int] = {
     ("v1", "/notes"): 20,
     ("v1", "/notes/{id}"): 2,
     ("v1", "/users"): 20,
+    ("v1", "/users/me"): 2,
     ("v1", "/users/{id}"): 2,
     ("v1", "/leadFields"): 20,
     ("v1", "/noteFields"): 20,

@@ -316,6 +316,18 @@ class Dataset:
     def _rng(self, *parts: int) -> random.Random:
         return random.Random(mix(self.seed, *parts))
 
+    def company(self) -> dict[str, Any]:
+        """The company the account belongs to, as `/v1/users/me` reports it (one per seed)."""
+        return {
+            "company_id": 6000000 + (self.seed & 0xFFFF),
+            "company_name": self.company_domain.split(".")[0].replace("-", " ").title(),
+            "company_domain": self.company_domain.split(".")[0],
+            "company_country": "EE",
+            "language": {"language_code": "en", "country_code": "US"},
+            "default_currency": "EUR",
+            "lang": 1,
+        }
+
     def _company_domain(self) -> str:
         rng = self._rng(S_NAME, 1)
         return f"{rng.choice(ORG_WORDS_A).lower()}-{rng.choice(ORG_WORDS_B).lower()}.example"
@@ -1016,7 +1028,7 @@ class Dataset:
             "mua_message_id": f"{mix(self.seed, mid, 2):016x}@mailer.example",
             "item_type": "mailMessage",
             "timestamp": iso_ms(t + 60),
-            "company_id": 6000000 + (self.seed & 0xFFFF),
+            "company_id": self.company()["company_id"],
         }
 
     def mail_body(self, message_id: int, badrow_rate: float = 0.0) -> str:

@@ -1,6 +1,7 @@
 """What a source provider gives the engine: its phases, its seed cursors, and a task runner."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
@@ -9,6 +10,8 @@ from engine_core.models import Run, Successor, TaskOutcome
 
 if TYPE_CHECKING:
     from engine_core.context import TaskContext
+
+log = logging.getLogger(__name__)
 
 
 class Provider(Protocol):
@@ -20,6 +23,9 @@ class Provider(Protocol):
     def account(self) -> str:
         """The source account key the budget is shared on (never a secret)."""
 
+    # Optional: `identity() -> str`, what the source's data belongs to (a Pipedrive company), which
+    # may take a request; without it the account key stands in (see `identity_of`).
+
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
         """The first tasks of a kind when its phase opens. No I/O: discovery is a task of its own."""
 
@@ -28,6 +34,21 @@ class Provider(Protocol):
 
     # Optional: `depends_on(kind) -> Iterable[str]`, the kinds a kind's rows must link to. Without
     # it a retry revisits every later kind that skipped rows (see `dependents`).
+
+
+def identity_of(provider: Provider) -> str | None:
+    """What the provider's data belongs to, or None when the source cannot tell now (unreachable, a
+    revoked token): the tasks then meet that on their own."""
+    identity = getattr(provider, "identity", None)
+    if identity is None:
+        return provider.account()
+    try:
+        return identity()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unanswered question, not a verdict
+        log.warning("could not learn the %s source's identity (%s); the tasks will meet it", provider.source, type(e).__name__)
+        return None
 
 
 def dependents(provider: object, kinds: Iterable[str], plan_kinds: Iterable[str]) -> set[str]:

@@ -15,9 +15,15 @@ SELECT * FROM migrations WHERE id = %(run_id)s;
 
 -- name: insert_run --
 -- Fenced by the partial unique index migrations_one_live_run: a second live run fails to insert.
-INSERT INTO migrations (tenant_id, source, source_account, plan, options, dry_run)
-VALUES (%(tenant_id)s, %(source)s, %(source_account)s, %(plan)s, %(options)s, %(dry_run)s)
+INSERT INTO migrations (tenant_id, source, source_account, source_identity, plan, options, dry_run)
+VALUES (%(tenant_id)s, %(source)s, %(source_account)s, %(source_identity)s, %(plan)s, %(options)s, %(dry_run)s)
 RETURNING *;
+
+-- name: bind_source_identity --
+-- The first worker to learn what the source's data belongs to records it; everyone gets the bound value.
+UPDATE migrations SET source_identity = COALESCE(source_identity, %(identity)s)
+ WHERE id = %(run_id)s
+RETURNING source_identity;
 
 -- name: insert_task --
 -- Find-or-create on (run, kind, cursor_key): seeding or a successor twice creates one task.

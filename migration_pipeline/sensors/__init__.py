@@ -32,8 +32,9 @@ from dagster import (
 from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.db import Database
+from engine_core.errors import ConfigError
 from engine_core.models import Run
-from engine_core.providers.base import Provider, provider_for
+from engine_core.providers.base import Provider, identity_of, provider_for
 from migration_pipeline import tags
 from migration_pipeline.fair_lane import dagster_managed, lane_picture
 from migration_pipeline.partitions import TENANTS
@@ -81,6 +82,8 @@ def drainer_requests(
             # (base URL option, token in that process's environment) are not ours to run it with.
             context.log.info(f"{run.name} was not launched through Dagster; its own workers drain it")
             continue
+        if not same_source(context, run):
+            continue
         counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
         missing = picture.missing(run.tenant_id)
         if missing <= 0:
@@ -108,6 +111,37 @@ def drainer_requests(
         context.instance.add_dynamic_partitions(TENANTS, new_tenants)
         context.log.info(f"added tenant partitions {new_tenants}")
     return requests
+
+
+# What the deployment's source settings reach, per account key (host and token fingerprint): asked
+# of the source once per process and token, not once per tick.
+_identities: dict[tuple[str, str], str] = {}
+
+
+def same_source(context: SensorEvaluationContext, run: Run) -> bool:
+    """Whether drainers (built from the deployment's source settings) would read the run's source.
+
+    A tenant launched with other source settings (a launchpad override reaching another company) is
+    drained by its own launch only: a drainer would refuse it anyway (engine SourceMismatch). When
+    either side is not known yet, drainers are requested and decide for themselves."""
+    try:
+        provider = provider_for(run.source, run)
+        key = (run.source, provider.account())
+    except ConfigError as e:
+        context.log.info(f"{run.name}: no drainers, the source settings are incomplete here ({e})")
+        return False
+    if run.source_identity is None:
+        return True
+    if key not in _identities:
+        identity = identity_of(provider)
+        if identity is None:
+            return True
+        _identities[key] = identity
+    if _identities[key] != run.source_identity:
+        context.log.info(f"{run.name} reads {run.source_identity}; this deployment's source settings reach "
+                         f"{_identities[key]}: its own launch drains it")
+        return False
+    return True
 
 
 def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | SkipReason:

@@ -106,6 +106,8 @@ def _exercise() -> list[httpx.Request]:
             return ok([{"id": 1}], additional_data={"next_cursor": "c1" if more else None})
         if path == "/v1/users":
             return ok([{"id": 1}])
+        if path == "/v1/users/me":
+            return ok({"id": 1, "company_id": 7})
         more = request.url.params.get("start") == "0"
         return ok([{"id": 1}], additional_data={"pagination": {"more_items_in_collection": more, "next_start": 500}})
 
@@ -121,6 +123,7 @@ def _exercise() -> list[httpx.Request]:
     client.mail_messages(553, start=0, limit=500)
     client.mail_messages(553, start=500)
     client.mail_body(42)
+    assert client.me()["company_id"] == 7  # the run's source identity
     return script.requests
 
 

@@ -200,3 +200,18 @@ def test_the_give_way_check_ends_a_drainers_turn_at_a_task_boundary(engine_url, 
     assert sum(result.executed.values()) == 2
     assert db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running'",
                   {"r": run.id})[0]["n"] == 0
+
+
+def test_a_run_on_another_source_gets_no_drainers(instance, engine_url, db):
+    """Launched with other source settings (a launchpad override reaching another company): the
+    deployment's drainers would read another source, so none is requested; its own launch drains it.
+    A run whose source is not known yet gets drainers (they decide for themselves)."""
+    run, _ = runs.start_or_join(db, provider_for("example"), "elsewhere", options=BIG)
+    instance.add_dynamic_partitions("tenants", ["elsewhere"])
+    _launched_through_dagster(instance, run, status=DagsterRunStatus.STARTED)
+    _, lane = _sensors()
+    res = resources(engine_url)
+    db.sql("UPDATE migrations SET source_identity = 'another company' WHERE id = %(r)s", {"r": run.id})
+    assert _tick(lane, instance, res).run_requests == []
+    db.sql("UPDATE migrations SET source_identity = NULL WHERE id = %(r)s", {"r": run.id})
+    assert [rr.partition_key for rr in _tick(lane, instance, res).run_requests] == ["elsewhere"] * 3

@@ -43,3 +43,66 @@ def test_drain_exits_when_nothing_is_claimable(db) -> None:
     run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"], options={"page_size": 10, "counts": {"companies": 5}}, settings=FAST)
     result = Worker(db, settings=FAST).drain(run.id)
     assert result.reason == "succeeded" and result.executed["succeeded"] == 4
+
+
+def _seen_as(identity: str | None, account: str = "example-account"):  # type: ignore[no-untyped-def]
+    """The example provider as a worker whose source settings reach `identity` (None: the source
+    cannot say now) through the account key `account`."""
+
+    class Seen:
+        def __init__(self, run) -> None:  # type: ignore[no-untyped-def]
+            self._inner = provider_for("example", run)
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(self._inner, name)
+
+        def account(self) -> str:
+            return account
+
+        def identity(self) -> str:
+            if identity is None:
+                raise ConnectionError("the source did not answer")
+            return identity
+
+    return Seen
+
+
+def test_a_worker_that_reaches_another_source_claims_nothing(db) -> None:
+    """A run reads one source (its identity is recorded at start: for Pipedrive, the company). A
+    worker whose settings reach another - a drainer started with the environment's token for a
+    tenant launched with another company's - would write that company's rows into this tenant; it
+    refuses before its first claim. A rotated token of the same company (another budget account,
+    the same identity) drains, and so does a worker whose source cannot say (the tasks meet that)."""
+    import pytest
+
+    from engine_core.errors import SourceMismatch
+
+    run = runs.start_run(db, _seen_as("company 1")(None), "acme", options={"page_size": 10, "counts": COUNTS}, settings=FAST)
+    assert runs.get_run(db, run.id).source_identity == "company 1"
+
+    worker = Worker(db, settings=FAST, providers=_seen_as("company 2"))
+    with pytest.raises(SourceMismatch) as info:
+        worker.drain(run.id)
+    assert "company 1" in str(info.value) and "company 2" in str(info.value)
+    task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 1", {"r": run.id})[0]["id"]
+    with pytest.raises(SourceMismatch):
+        worker.execute(task)
+    assert db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND status <> 'pending'",
+                  {"r": run.id})[0]["n"] == 0, "nothing claimed, nothing run"
+
+    assert Worker(db, settings=FAST, providers=_seen_as(None)).drain(run.id, max_tasks=2).reason == "max_tasks"
+    rotated = Worker(db, settings=FAST, providers=_seen_as("company 1", account="example-account#rotated"))
+    assert rotated.drain(run.id).reason == "succeeded"
+
+
+def test_an_identity_unknown_at_start_is_bound_by_the_first_worker_that_learns_it(db) -> None:
+    import pytest
+
+    from engine_core.errors import SourceMismatch
+
+    run = runs.start_run(db, _seen_as(None)(None), "acme", options={"page_size": 10, "counts": COUNTS}, settings=FAST)
+    assert runs.get_run(db, run.id).source_identity is None
+    assert Worker(db, settings=FAST, providers=_seen_as("company 1")).drain(run.id, max_tasks=1).reason == "max_tasks"
+    assert runs.get_run(db, run.id).source_identity == "company 1"
+    with pytest.raises(SourceMismatch):
+        Worker(db, settings=FAST, providers=_seen_as("company 2")).drain(run.id)

@@ -69,3 +69,35 @@ def test_a_rejected_token_fails_the_run_without_repeating_it(db, caplog) -> None
     assert errors and all("AuthError" in e for e in errors)
     assert _database_text_with(db, SECRET) == []
     assert SECRET not in caplog.text
+
+
+def test_a_worker_reaching_another_company_claims_nothing_and_a_rotated_token_carries_on(db) -> None:
+    """The run records the company its token reaches (`/v1/users/me`). A worker whose settings reach
+    another company - the environment's token, for a tenant launched with another customer's - claims
+    nothing: its listings would put that company's rows in this tenant. A rotated token of the same
+    company is another budget account but the same source, and the run carries on with it."""
+    from engine_core.errors import SourceMismatch
+    from engine_core.worker import Worker
+    from pipedrive_sandbox import SandboxConfig, SandboxServer
+    from tests.pipedrive.support import UNLIMITED, ledger, start
+
+    with sandbox() as sb, SandboxServer(SandboxConfig(scale="tiny", seed=2, token=TOKEN, burst_limit=UNLIMITED)) as other:
+        run = start(db, sb, "acme", kinds=["users", "organizations"])
+        company = sb.client.get("/v1/users/me", headers={"x-api-token": TOKEN}).json()["data"]["company_id"]
+        assert runs.get_run(db, run.id).source_identity == f"pipedrive company {company}"
+
+        elsewhere = Worker(db, settings=FAST, providers=lambda r: PipedriveProvider(r, base_url=other.base_url, token=TOKEN))
+        with pytest.raises(SourceMismatch) as info:
+            elsewhere.drain(run.id)
+        assert str(company) in str(info.value) and TOKEN not in str(info.value)
+        assert set(other.stats()["requests"]) == {"/v1/users/me"}, "nothing but the question was asked of the other company"
+        assert db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND status <> 'pending'",
+                      {"r": run.id})[0]["n"] == 0
+
+        sb.configure(token="rotated-token")
+        rotated = PipedriveProvider(run, base_url=sb.base_url, token="rotated-token")
+        assert rotated.account() != PipedriveProvider(run, base_url=sb.base_url, token=TOKEN).account()
+        result = Worker(db, settings=FAST, providers=lambda r: PipedriveProvider(r, base_url=sb.base_url, token="rotated-token")).drain(run.id)
+        truth = sb.truth()
+    assert result.reason == "succeeded", failed_tasks(db, run.id)
+    assert set(ledger(db, "acme", "users")) == {str(i) for i in truth["ids"]["users"]}

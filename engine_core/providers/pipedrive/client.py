@@ -382,6 +382,14 @@ class PipedriveClient:
         path = f"/v1/deals/{_id(deal_id)}/mailMessages"
         return self.list_v1(path, None, start=start, limit=limit, cancel=cancel, reservation=reservation)
 
+    def me(self, *, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """The token's user with its company (`company_id`, `company_domain`): `/v1/users/me`."""
+        path = "/v1/users/me"
+        data = self._call(path, None, cancel=cancel).get("data")
+        if not isinstance(data, dict) or not isinstance(data.get("company_id"), int):
+            raise BadResponse("data has no company_id", method="GET", path=path, status=200)
+        return data
+
     def mail_body(
         self,
         message_id: int,

@@ -25,6 +25,9 @@ fails at start-up (`account()`, which starting a run calls) with the variable's 
 held in memory only: it is not in run options, the database, logs, exceptions or `repr()`. The
 account key the rate-limit budget is shared on is the host and a short one-way fingerprint of the
 token (two tenants importing one account share its budget; the token cannot be recovered from it).
+What a run's data belongs to is the company the token reaches (`identity()`, `/v1/users/me`): the
+engine records it and refuses workers that reach another company, while a rotated token of the same
+company (another account key) carries on.
 
 Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
 default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
@@ -169,6 +172,7 @@ class PipedriveProvider:
         self._config: SourceConfig | None = None
         self._client: PipedriveClient | None = None
         self._client_db: Database | None = None
+        self._identity: str | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -202,6 +206,15 @@ class PipedriveProvider:
 
     def account(self) -> str:
         return self.config().account
+
+    def identity(self) -> str:
+        """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider): what a
+        run's data belongs to. Two tokens of one company are one source; another company is not."""
+        if self._identity is None:
+            cfg = self.config()
+            me = PipedriveClient(cfg.base_url, cfg.token).me()  # one unpaced request per worker and run
+            self._identity = f"pipedrive company {me['company_id']}"
+        return self._identity
 
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
         if kind == "fields":
