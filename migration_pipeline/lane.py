@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def _hold_interrupts() -> Iterator[None]:
+def hold_interrupts() -> Iterator[None]:
     """A second Ctrl-C / terminate must not cut the stop short."""
     try:
         from dagster._utils.interrupts import capture_interrupts
@@ -106,7 +106,7 @@ def drain_in_slot(
     except BaseException:
         # Termination (DagsterExecutionInterruptedError), Ctrl-C: stop the engine run, keep progress.
         cancel.set()
-        with _hold_interrupts():
+        with hold_interrupts():
             try:
                 stopped = runs.stop(db, run_id)
                 logger.warning("terminated: stop requested for %s; tasks keep their checkpoints", stopped.name)

@@ -27,6 +27,7 @@ from dagster import (
     Failure,
     MaterializeResult,
     MetadataValue,
+    RunsFilter,
     asset,
 )
 
@@ -38,7 +39,7 @@ from engine_core.models import Run
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary, reasons_table
-from migration_pipeline.lane import drain_in_slot
+from migration_pipeline.lane import drain_in_slot, hold_interrupts
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
 
@@ -166,6 +167,29 @@ def prepare_run(context: AssetExecutionContext, db: Database, source: SourceReso
 # -- the phase op --------------------------------------------------------------------------------
 
 
+def stop_after_early_termination(context: AssetExecutionContext, db: Database, source: str, run: Run | None) -> None:
+    """Set the stop flag of the engine run this op attached to; if the termination came between
+    starting one and tagging the Dagster run with it, of the tenant's live run that no Dagster run
+    has attached to (the one this op just started)."""
+    with hold_interrupts():
+        try:
+            if run is None:
+                tagged = _run_tags(context).get(tags.ENGINE_RUN, "")
+                if tagged.isdigit():
+                    run = runs.get_run(db, int(tagged))
+                else:
+                    live = runs.live_run(db, context.partition_key, source)
+                    if live is not None and not context.instance.get_runs_count(
+                            RunsFilter(tags={tags.ENGINE_RUN: str(live.id)})):
+                        run = live
+            if run is not None and not run.terminal:
+                stopped = runs.stop(db, run.id)
+                context.log.warning(f"terminated before draining: stop requested for {stopped.name}")
+        except Exception:  # the termination itself matters more
+            context.log.exception("could not set the engine run's stop flag after an early termination")
+
+
+
 def materialize_phase(
     context: AssetExecutionContext,
     spec: PhaseSpec,
@@ -175,15 +199,25 @@ def materialize_phase(
     new_run: NewRunOptions,
 ) -> MaterializeResult:
     db = database.database()
-    run = attach_run(context, db, source, new_run)
-    phase = spec.run_phase(run)
-    if phase is None:
-        return MaterializeResult(metadata={
-            "engine_run": MetadataValue.text(run.name),
-            "engine_run_id": MetadataValue.int(run.id),
-            "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan"),
-        })
-    run = prepare_run(context, db, source, run, lane)
+    attached: list[Run] = []
+    try:
+        run = attach_run(context, db, source, new_run)
+        attached.append(run)
+        phase = spec.run_phase(run)
+        if phase is None:
+            return MaterializeResult(metadata={
+                "engine_run": MetadataValue.text(run.name),
+                "engine_run_id": MetadataValue.int(run.id),
+                "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan"),
+            })
+        run = prepare_run(context, db, source, run, lane)
+    except Exception:
+        raise
+    except BaseException:
+        # Terminated before draining began (drain_in_slot handles it from then on): the engine run
+        # must stop too, or the sensors' drainers would carry on a migration the user stopped.
+        stop_after_early_termination(context, db, source.source, attached[0] if attached else None)
+        raise
     if run.status == "running" and run.current_phase < phase:
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")

@@ -124,3 +124,35 @@ def test_the_asset_checks_fail_on_a_write_outside_the_ledger_and_a_lost_target_r
     assert not passed
     assert md["unclaimed_target_rows"].value == 1 and md["source_ids_written_twice"].value == 1
     assert duplicates_check(db, "acme", "example", ["deals"])[0]
+
+
+def _terminated(*args, **kwargs):  # type: ignore[no-untyped-def]
+    from dagster._core.errors import DagsterExecutionInterruptedError
+
+    raise DagsterExecutionInterruptedError("terminated from the UI")
+
+
+def test_a_termination_before_draining_begins_still_stops_the_engine_run(instance, engine_url, db, monkeypatch):
+    """Terminate lands while the op prepares the engine run (before drain_in_slot, which handles it
+    from then on): the engine run is stopped, so no drainer carries on what the user stopped."""
+    from migration_pipeline.assets import phases
+
+    monkeypatch.setattr(phases, "prepare_run", _terminated)
+    result = materialize_tenant(instance, "early", resources(engine_url, options=SMALL))
+    assert not result.success
+    (run,) = [runs.get_run(db, r["id"]) for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'early'")]
+    assert run.cancel_requested and run.status in ("stopping", "stopped"), run
+
+
+def test_a_termination_between_starting_the_engine_run_and_tagging_it_stops_that_run(instance, engine_url, db, monkeypatch):
+    original = runs.start_or_join
+
+    def started_then_terminated(*args, **kwargs):  # type: ignore[no-untyped-def]
+        original(*args, **kwargs)
+        _terminated()
+
+    monkeypatch.setattr(runs, "start_or_join", started_then_terminated)
+    result = materialize_tenant(instance, "earlier", resources(engine_url, options=SMALL))
+    assert not result.success
+    (run,) = [runs.get_run(db, r["id"]) for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'earlier'")]
+    assert run.cancel_requested and run.status in ("stopping", "stopped"), run
