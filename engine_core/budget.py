@@ -531,6 +531,8 @@ class Reservation:
         """Run the fetch threads' budget requests here until every future is done."""
         with self._requests_cond:
             self._serving = True
+        for f in futures:  # a finished fetch wakes the owner at once, not at its next poll
+            f.add_done_callback(self._wake)
         failed: BaseException | None = None
         try:
             while True:
@@ -559,6 +561,10 @@ class Reservation:
                 reply.fail(BudgetCancelled())  # nobody will serve it: let the fetch thread unwind
             else:
                 self._run_request(fn, reply)
+
+    def _wake(self, _future: Future[Any]) -> None:
+        with self._requests_cond:
+            self._requests_cond.notify_all()
 
     @staticmethod
     def _run_request(fn: Callable[[], None], reply: _Reply | None) -> None:

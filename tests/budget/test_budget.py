@@ -359,3 +359,15 @@ def test_when_the_owner_stops_serving_waiting_fetch_threads_are_let_go(db: Datab
     held.release()  # the round failed before serving: nobody will
     t.join(5)
     assert not t.is_alive() and len(outcome) == 1 and isinstance(outcome[0], BudgetCancelled)
+
+
+@pytest.mark.timeout(60)
+def test_serving_ends_when_the_round_does_not_at_the_next_poll(db: Database) -> None:
+    """A finished fetch wakes its owner: with an hour between polls, serve still returns as soon
+    as the last future is done (a missed wake-up would hang here until the timeout fails it)."""
+    budget = Budget(db, "pipedrive", "acct", burst_limit=400, chunk=4)
+    with ThreadPoolExecutor(2) as pool, budget.reserve(2, deferred=True) as held:
+        held.serve([pool.submit(held.spend) for _ in range(2)], poll=3600)
+        futures = [pool.submit(time.sleep, 0.2)]
+        held.serve(futures, poll=3600)
+    assert all(f.done() for f in futures)
