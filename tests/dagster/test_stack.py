@@ -109,7 +109,7 @@ def test_two_tenants_through_two_launch_paths_share_the_lane_of_four(stack):
     # hold two slots each while both have work.
     small = {"contacts": 40, "deals": 20, "activities": 20, "notes": 20}
     counts_a = {"companies": 1200, **small}
-    counts_b = {"companies": 400, **small}
+    counts_b = {"companies": 800, **small}
     samples: list[dict[str, int]] = []
     queued_while_full: list[int] = []
     a_open_when_b_started: list[int | None] = []
