@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from engine_core.config import Settings
 from engine_core.db import Database
+from engine_core.fairness import run_demands
 from engine_core.models import Run
 from engine_core.planner import advance_phase, top_up
 from engine_core.providers.base import Provider, provider_for
@@ -26,15 +27,11 @@ def release_stale(db: Database, threshold_seconds: float) -> list[int]:
 
 def refill(db: Database, settings: Settings) -> dict[int, int]:
     """Sweep 2: top every live run up to its in-flight limit; returns {run_id: claimable-now count}."""
-    below: dict[int, int] = {}
     for row in db.fetch_all("live_runs"):
-        if row["status"] != "running" or row["cancel_requested"]:
-            continue
-        top_up(db, row["id"], settings)
-        counts = db.fetch_one("inflight_count", {"run_id": row["id"]}) or {}
-        if counts.get("running", 0) < settings.lane_width and counts.get("enqueued", 0) > 0:
-            below[row["id"]] = counts.get("enqueued", 0)
-    return below
+        if row["status"] == "running" and not row["cancel_requested"]:
+            top_up(db, row["id"], settings)
+    return {d.run_id: d.enqueued for d in run_demands(db, settings)
+            if d.running < settings.lane_width and d.enqueued > 0}
 
 
 def advance(db: Database, settings: Settings, providers: ProviderResolver) -> list[int]:

@@ -77,7 +77,7 @@ class Worker:
             return "stopping"
         if self.pressure_high():
             return "deferred"  # not claimed: the task stays honestly pending
-        self.provider(run)  # a worker set up for another account refuses before it claims
+        self.provider(run)  # a worker reaching another source refuses before it claims
         claimed = self.db.fetch_one("claim_task", {"task_id": task_id, "worker": self.worker_id})
         if claimed is None:
             return "lost"
@@ -218,7 +218,7 @@ class Worker:
         if row is None:
             result.reason = "missing"
             return result
-        self.provider(Run.from_row(row))  # a worker set up for another account refuses before it claims
+        self.provider(Run.from_row(row))  # a worker reaching another source refuses before it claims
         while not self.cancel.is_set():
             if max_tasks is not None and sum(result.executed.values()) >= max_tasks:
                 result.reason = "max_tasks"

@@ -1,8 +1,9 @@
 """The Pipedrive provider (source "pipedrive"): a whole account into the product's CRM tables.
 
 Phases are data (`plan.PHASES`): field definitions, users and pipelines; organizations and
-stages; persons; deals and leads (archived ones from their own endpoints), activities, notes, then every deal's email. Full
-history always: every list is walked from its start, never `/v1/recents` (a month at most).
+stages; persons; deals and leads (archived ones from their own endpoints); activities; notes; then
+every deal's email. Full history always: every list is walked from its start, never `/v1/recents`
+(a month at most).
 
 Tasks and cursors (details in `stripes.py`):
 
