@@ -26,11 +26,28 @@ fetches nothing again on resume, one killed during a window's rounds at most tha
 (they were never written). Everything written is recognised by the ledger and never fetched twice.
 
 A stop is honoured between rounds: the messages in hand are written and the progress checkpointed
-before the task stops. A message that cannot be fetched alone (not found, a malformed answer) or
-cannot be written fails alone with its reason; the deal's other messages land.
+before the task stops. A message that cannot be fetched alone (a malformed answer) or cannot be
+written fails alone with its reason; the deal's other messages land.
+
+Mail the source serves but Postgres cannot hold as given is imported, never lost (issue 8, item 7):
+every string of a message - subject, snippet, addresses, names, body - loses its NUL characters and
+has lone UTF-16 surrogates replaced by U+FFFD (`clean_strings`); the client decodes invalid UTF-8
+once, with U+FFFD (a deterministic property of the data, never retried); a body longer than
+`crm.EMAIL_BODY_MAX` is cut there and the row says `body_truncated` with its original length; a
+body answering 403 (private) or 404 (deleted since listed) leaves the message without a body,
+`body_unavailable` = the status, and a grouped warning in the run log. The stats count them:
+`sanitized` (messages with any text repaired), `bodies_truncated`, `bodies_unavailable`.
+
+Counts commit with the rows they describe. Every counter of a message - `messages_listed`,
+`bodies`, `seen` and its outcome, including `already_here` for a message another run wrote - is
+bumped inside the window that writes (or accounts for) it, so a stop, a lost lock or a crash that
+rolls a window back rolls its counts back too. A resumed task re-lists its first unfinished deal:
+the messages its run already recorded, whatever their outcome (written, skipped, failed), were
+counted in a committed window and are dropped without being counted, fetched or written again.
 """
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +61,7 @@ from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.providers.pipedrive.client import Page, PipedriveClient
-from engine_core.providers.pipedrive.errors import BadResponse, NotFound, PipedriveError
+from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, NotFound, PipedriveError
 from engine_core.providers.pipedrive.mapping import (
     DEAL_KINDS,
     MalformedRow,
@@ -56,6 +73,7 @@ from engine_core.providers.pipedrive.mapping import (
 )
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import ledger_refs, write_mapped
+from engine_core.target import crm
 
 KIND = "emails"
 FETCH_THREADS = 4  # requests in flight per task: four lane threads x four = sixteen per process
@@ -95,15 +113,59 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
 # --- the task of ten deals -------------------------------------------------------------------
 
 
+# --- text Postgres can hold --------------------------------------------------------------------
+
+# Postgres text and jsonb cannot hold NUL, and a lone UTF-16 surrogate (a JSON `\ud800` escape
+# without its pair; json.loads joins real pairs into one character) cannot be encoded as UTF-8.
+_UNHOLDABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str) -> tuple[str, int]:
+    """`value` with NUL characters removed and lone surrogates replaced by U+FFFD; returns the
+    text and how many characters were repaired (0: the same string, untouched)."""
+    if _UNHOLDABLE.search(value) is None:
+        return value, 0
+    nul = value.count("\x00")
+    text, surrogates = _SURROGATE.subn("\ufffd", value.replace("\x00", ""))
+    return text, nul + surrogates
+
+
+def clean_strings(value: Any) -> tuple[Any, int]:
+    """Every string in a JSON value (dict keys too) through `clean_text`; returns the repaired
+    value (the same object when nothing needed repair) and the number of characters repaired."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        fixed = 0
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            k2, n1 = clean_strings(k)
+            v2, n2 = clean_strings(v)
+            out[k2] = v2
+            fixed += n1 + n2
+        return (out if fixed else value), fixed
+    if isinstance(value, list):
+        pairs = [clean_strings(v) for v in value]
+        fixed = sum(n for _, n in pairs)
+        return ([v for v, _ in pairs] if fixed else value), fixed
+    return value, 0
+
+
 class MailRow(dict):
-    """A message on its way to its window (a dict: the engine reads its `id`)."""
+    """A message on its way to its window (a dict: the engine reads its `id`), with what its window
+    counts when it commits."""
 
     def __init__(self, deal: int, ident: str | None, mapped: Mapped | None = None, error: BaseException | None = None) -> None:
         super().__init__(id=ident)
         self.deal = deal  # index of its deal in the task
         self.mapped = mapped
         self.error = error
-        self.fetched = False  # its body is in hand
+        self.fetched = False  # its body is in hand (or the source said it has none for us)
+        self.preset: str | None = None  # an outcome known without writing (written by another run)
+        self.repaired = 0  # characters of its text repaired: NUL, lone surrogates, invalid UTF-8
+        self.unavailable: int | None = None  # the status its body fetch answered: 403 or 404
+        self.truncated = False
 
 
 @dataclass(frozen=True)
@@ -230,7 +292,15 @@ class EmailTask:
         for r, f in zip(rows, futures):
             try:
                 message = f.result()
-            except (NotFound, BadResponse) as e:
+            except BodyUnavailable as e:
+                # private (403) or deleted since listed (404): imported without a body, and says so
+                r.fetched = True
+                r.unavailable = e.status
+                assert r.mapped is not None
+                r.mapped = _with_values(r.mapped, {"body": None, "body_unavailable": e.status})
+                self.ready_bodies.append(r)
+                continue
+            except BadResponse as e:
                 r.error = e  # this message alone
                 self.ready_other.append(r)
                 continue
@@ -241,10 +311,9 @@ class EmailTask:
             r.fetched = True
             try:
                 assert r.mapped is not None
-                r.mapped = with_body(r.mapped, message)
+                r.mapped = self._with_body(r, message)
             except MalformedRow as e:
                 r.error = e
-            self.ctx.stats.bump("bodies")
             self.ready_bodies.append(r)
         self.to_fetch.extendleft(reversed(retry))
         return fatal
@@ -277,36 +346,42 @@ class EmailTask:
         more: list[Listing] = []
         for listing, page in pages:
             deal_sid = str(self.deals[listing.deal])
-            ctx.stats.bump("messages_listed", len(page.rows))
-            for item in page.rows:
+            for raw in page.rows:
+                item, repaired = clean_strings(raw)  # subject, snippet, addresses: text Postgres can hold
                 try:
                     mapped = map_email(item, run.tenant_id, deal_sid)
                 except MalformedRow as e:
-                    rows.append(MailRow(listing.deal, _sound_id(item), error=e))
-                    continue
-                rows.append(MailRow(listing.deal, mapped.source_id, mapped))
+                    row = MailRow(listing.deal, _sound_id(item), error=e)
+                else:
+                    row = MailRow(listing.deal, mapped.source_id, mapped)
+                row.repaired = repaired
+                rows.append(row)
             if page.more and page.next_start is not None:
                 more.append(Listing(listing.deal, page.next_start))
             else:
                 self.listed[listing.deal] = True
         self.to_list.extendleft(reversed(more))  # finish a deal's listing before starting others
-        ids = [r["id"] for r in rows if r.mapped is not None]
+        ids = [r["id"] for r in rows if r["id"] is not None]
         refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
-            claimed = ledger.claimed_by(conn, run, KIND, ids)
+            states = _ledger_states(conn, run, ids)
             every_ref = refs + ledger_refs(r.mapped for r in rows)
             self.found.update(ledger.resolve(conn, run, every_ref))
             if self.dry is not None:
                 self.dry |= ledger.dry_written(conn, run, every_ref)
         for r in rows:
-            if r.mapped is not None and r["id"] in claimed:
-                if claimed[r["id"]] != run.id:
-                    ctx.stats.bump("seen")
-                    ctx.stats.bump(ledger.ALREADY_HERE)
-                elif ctx.revisit:  # run again after a retry with fresh counts: ours, written before
-                    ctx.stats.bump("seen")
-                    ctx.stats.bump(ledger.IMPORTED)
-                continue  # written before: never fetched again
+            state = states.get(r["id"]) if r["id"] is not None else None
+            if state is not None:
+                ours, written = state["migration_id"] == run.id, state["action"] in ("created", "matched")
+                if ours and not ctx.revisit:
+                    continue  # this run recorded it in a window that committed, counts and all
+                if written:
+                    # never fetched again; counted by the window that reaches it (a retry's fresh
+                    # counts see its own rows as imported/matched: write_rows knows them)
+                    r.preset = ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
+                    self.outstanding[r.deal] += 1
+                    self.ready_other.append(r)
+                    continue
             self.outstanding[r.deal] += 1
             deal_sid = str(self.deals[r.deal])
             deal_here = any(self.found.get((k, deal_sid)) is not None for k in DEAL_KINDS)
@@ -324,9 +399,13 @@ class EmailTask:
         for r in rows:
             self.outstanding[r.deal] -= 1
         before, after = self.offset, self.first_unfinished()
+        counted = ctx.stats.copy()  # what was committed so far: a failed window restores it
         ctx.stats.bump("deals", after - before)
+        self._count(rows)
 
         def writer(tx: Conn, row: MailRow) -> str:
+            if row.preset is not None:
+                return row.preset  # written by another run: nothing to write, counted here
             if row.error is not None:
                 raise row.error
             assert row.mapped is not None
@@ -338,7 +417,7 @@ class EmailTask:
             result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after,
                                     fail_if_all_failed=False)
         except BaseException:
-            ctx.stats.bump("deals", before - after)
+            ctx.stats = counted
             for r in rows:
                 self.outstanding[r.deal] += 1
             for r in reversed(rows):
@@ -349,6 +428,48 @@ class EmailTask:
             self.tally.failed += result.failed
         self.offset = after
         self._touched = time.monotonic()  # the window's checkpoint refreshed the lock
+        self._note(rows)
+
+    def _count(self, rows: list[MailRow]) -> None:
+        """A window's message counters, bumped with the window (restored if it rolls back)."""
+        stats = self.ctx.stats
+        stats.bump("messages_listed", len(rows))
+        for r in rows:
+            if r.fetched and r.unavailable is None:
+                stats.bump("bodies")
+            if r.unavailable is not None:
+                stats.bump("bodies_unavailable")
+            if r.truncated:
+                stats.bump("bodies_truncated")
+            if r.repaired:
+                stats.bump("sanitized")
+
+    def _note(self, rows: list[MailRow]) -> None:
+        """Grouped run-log notes for what a committed window imported other than as served."""
+        log = self.ctx.log
+        for r in rows:
+            if r.unavailable is not None:
+                why = "private message" if r.unavailable == 403 else "deleted at the source since it was listed"
+                log.note("warning", KIND, f"imported without its body: the source answered HTTP {r.unavailable} ({why})",
+                         subject=r["id"])
+            if r.truncated:
+                log.note("warning", KIND, f"body cut at {crm.EMAIL_BODY_MAX:,} characters (body_truncated)", subject=r["id"])
+            if r.repaired:
+                log.note("info", KIND, "text repaired: NUL removed, lone surrogates or invalid UTF-8 replaced with U+FFFD",
+                         subject=r["id"])
+
+    def _with_body(self, r: MailRow, message: Any) -> Mapped:
+        """The fetched body made storable: text repaired, cut at `crm.EMAIL_BODY_MAX`, flags set."""
+        assert r.mapped is not None
+        body = message.get("body") if isinstance(message, dict) else None
+        r.repaired += int(getattr(message, "invalid_utf8", 0) or 0)
+        if isinstance(body, str):
+            body, repaired = clean_text(body)
+            r.repaired += repaired
+        fitted = crm.fit_email_body(body) if isinstance(body, str) else crm.FittedBody(body)
+        r.truncated = fitted.truncated
+        mapped = with_body(r.mapped, {"body": fitted.body})  # its checks: a body that is not text
+        return _with_values(mapped, {"body_truncated": fitted.truncated, "body_original_length": fitted.original_length})
 
     def flush(self) -> None:
         """Write every message in hand and checkpoint (before a stop or a source failure)."""
@@ -360,15 +481,33 @@ class EmailTask:
         """Deals finished without a window of their own (no mail, all here) move the offset too."""
         after = self.first_unfinished()
         if after > self.offset:
+            counted = self.ctx.stats.copy()
             self.ctx.stats.bump("deals", after - self.offset)
-            with self.ctx.db.transaction() as tx:
-                self.ctx.checkpoint(tx, after)
+            try:
+                with self.ctx.db.transaction() as tx:
+                    self.ctx.checkpoint(tx, after)
+            except BaseException:
+                self.ctx.stats = counted
+                raise
             self.offset = after
 
     def _touch(self) -> None:
         if time.monotonic() - self._touched >= TOUCH_EVERY:
             self.ctx.touch()
             self._touched = time.monotonic()
+
+
+def _with_values(mapped: Mapped, values: dict[str, Any]) -> Mapped:
+    return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links)
+
+
+def _ledger_states(conn: Conn, run: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Listed message ids -> their ledger row (`migration_id`, `action`), any action, one query."""
+    if not ids:
+        return {}
+    rows = conn.fetch_all("ledger_states", {"tenant_id": run.tenant_id, "source": run.source, "kind": KIND,
+                                            "source_ids": [str(i) for i in ids]})
+    return {r["source_id"]: r for r in rows}
 
 
 def _sound_id(item: Any) -> str | None:

@@ -14,6 +14,8 @@ How the worker treats them:
 * `Cancelled` is a `TaskStopped`: the run was stopped; keep the progress, stop the task.
 * `AuthError`, `NotFound`, `BadResponse`, `RequestRejected`: not retried by the client; they are
   the task's failure (a `NotFound` on one row's detail fetch is usually that row's failure).
+* `BodyUnavailable`: a mail body answered 403 (a private message) or 404 (deleted since it was
+  listed). Not retried and not a failure: the message is imported without its body and says so.
 """
 from __future__ import annotations
 
@@ -121,6 +123,10 @@ class AuthError(PipedriveError):
 
 class NotFound(PipedriveError):
     """Pipedrive has no such resource."""
+
+
+class BodyUnavailable(PipedriveError):
+    """The mail message's body is not available to this token (private, or deleted since listed)."""
 
 
 class RequestRejected(PipedriveError):
