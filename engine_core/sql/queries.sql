@@ -421,3 +421,11 @@ RETURNING id;
 SELECT source_id, action FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND migration_id = %(run_id)s
    AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');
+
+-- name: ledger_states --
+-- Where each of these source ids stands in the ledger, whatever its action, and for which run:
+-- the email phase drops messages its own run already recorded (counted in a committed window)
+-- and counts those another run wrote as already here, inside the window that reaches them.
+SELECT source_id, migration_id, action FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = ANY(%(source_ids)s::text[]);

@@ -81,7 +81,8 @@ TABLES: dict[str, Table] = {
         _table("notes", "content deal_id lead_id contact_id company_id author_id pinned", "pinned"),
         _table(
             "emails",
-            "deal_id subject snippet body sender recipients sent_at outbound thread_ref has_attachments",
+            "deal_id subject snippet body sender recipients sent_at outbound thread_ref has_attachments"
+            " body_truncated body_original_length body_unavailable",  # migration 0009: fit_email_body
             "sender recipients",
         ),
     )
@@ -119,6 +120,49 @@ def _insert_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
 def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
     """A plain insert, as a ledger write."""
     return Written(TABLES[table].record_type, insert(tx, table, values))
+
+
+# --- mail bodies -----------------------------------------------------------------------------
+
+# The longest mail body stored, in characters. Postgres holds a text value up to 1 GB, so the cap
+# is the product's, not the database's: the product shows a body in one view, and a body past a
+# million characters is an inline base64 image or an attachment pasted as text (a 1,200,000-
+# character HTML body with an inline image is the real case), not anything a reader scrolls.
+# One million characters is at most ~4 MB of UTF-8 (TOAST-compressed on disk), and it equals the
+# mapping's `TEXT_MAX`, which must stay at least this (with_body rejects longer bodies).
+# A longer body is cut here, never dropped: the row says `body_truncated` and keeps the
+# source's length in `body_original_length`.
+EMAIL_BODY_MAX = 1_000_000
+
+
+@dataclass(frozen=True)
+class FittedBody:
+    """A mail body as stored: the text, whether it was cut, and the source's length if it was."""
+
+    body: str | None
+    truncated: bool = False
+    original_length: int | None = None  # characters, only when truncated
+
+    def columns(self) -> dict[str, Any]:
+        return {"body": self.body, "body_truncated": self.truncated, "body_original_length": self.original_length}
+
+
+def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
+    """A (sanitised) mail body cut to `limit` characters (`EMAIL_BODY_MAX`) when it is longer.
+
+    The cut never ends inside an HTML tag (it backs up to the tag's `<` when the last `<` of the
+    kept text has no `>` after it), so the stored prefix still renders; `original_length` keeps the
+    source's length in characters. Raises ValueError for a limit below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"the body limit must be at least 1 character, got {limit}")
+    if body is None or len(body) <= limit:
+        return FittedBody(body)
+    kept = body[:limit]
+    open_tag = kept.rfind("<")
+    if open_tag > 0 and kept.find(">", open_tag) < 0:
+        kept = kept[:open_tag]
+    return FittedBody(kept, truncated=True, original_length=len(body))
 
 
 # --- already here ----------------------------------------------------------------------------

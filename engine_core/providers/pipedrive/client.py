@@ -23,6 +23,7 @@ is sized for 16+ concurrent requests (four lane threads x four fetch threads).
 from __future__ import annotations
 
 import email.utils
+import json
 import logging
 import random
 import threading
@@ -38,6 +39,7 @@ from engine_core.errors import RateLimitParked, TaskStopped
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
+    BodyUnavailable,
     BurstLimited,
     Cancelled,
     DailyLimitReached,
@@ -396,14 +398,28 @@ class PipedriveClient:
         *,
         cancel: threading.Event | None = None,
         reservation: SlotHolder | None = None,
-    ) -> dict[str, Any]:
-        """One mail message with its `body`."""
+    ) -> MailMessage:
+        """One mail message with its `body`: a `MailMessage` (the API's `data` object, a dict) whose
+        `invalid_utf8` says how many invalid UTF-8 sequences of the response were replaced by U+FFFD.
+
+        Raises `BodyUnavailable` (with the status) when the body answers 403 - a private message the
+        token's user may not read - or 404 - a message deleted since its deal's listing: neither is
+        retried, and neither is the task's failure (the caller imports the message without a body).
+        A 401 stays an `AuthError`: that is the token, not the message.
+        """
         path = f"/v1/mailbox/mailMessages/{_id(message_id)}"
-        body = self._call(path, {"include_body": 1}, cancel=cancel, reservation=reservation)
+        try:
+            body = self._call(path, {"include_body": 1}, cancel=cancel, reservation=reservation)
+        except (AuthError, NotFound) as e:
+            if e.status in (403, 404):
+                raise BodyUnavailable(method="GET", path=path, status=e.status) from None
+            raise
         data = body.get("data")
         if not isinstance(data, dict):
             raise BadResponse("data is not a mail message", method="GET", path=path, status=200)
-        return data
+        message = MailMessage(data)
+        message.invalid_utf8 = getattr(body, "invalid_utf8", 0)
+        return message
 
     # --- the request loop ---------------------------------------------------------------------
 
@@ -481,16 +497,21 @@ class PipedriveClient:
         if not 200 <= status < 300:
             raise BadResponse(f"unexpected status {status}", method="GET", path=path, status=status)
         try:
-            body = response.json()
+            body, invalid = _decode_json(response.content)
         except ValueError:
+            # Valid UTF-8 that does not parse: most often a read cut short, worth another attempt.
             raise BadResponse("the body is not JSON", malformed=True, method="GET", path=path, status=status) from None
+        if invalid:
+            log.warning("GET %s: %d invalid UTF-8 sequence(s) replaced with U+FFFD", path, invalid)
         if not isinstance(body, dict) or "data" not in body:
             raise BadResponse("the body is not a Pipedrive envelope", method="GET", path=path, status=status)
         if body.get("success") is False:
             raise BadResponse(
                 "success is false", method="GET", path=path, status=status, detail=self._scrub(str(body.get("error") or ""))[:200] or None
             )
-        return body
+        envelope = Envelope(body)
+        envelope.invalid_utf8 = invalid
+        return envelope
 
     # --- collaborators ------------------------------------------------------------------------
 
@@ -586,6 +607,42 @@ def _rows(body: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
     if not isinstance(data, list):
         raise BadResponse("data is not a list", method="GET", path=path, status=200)
     return tuple(data)
+
+
+class Envelope(dict):
+    """A decoded response envelope (`success`, `data`, ...), a plain dict to every caller, that also
+    says how many invalid UTF-8 sequences the decoder replaced (`invalid_utf8`, 0 when none)."""
+
+    invalid_utf8: int = 0
+
+
+class MailMessage(dict):
+    """A mail message as `mail_body` returns it: the API's `data` object plus `invalid_utf8`."""
+
+    invalid_utf8: int = 0
+
+
+_REPLACEMENT_BYTES = "\ufffd".encode()
+
+
+def _decode_json(content: bytes) -> tuple[Any, int]:
+    """A response body -> (JSON value, number of invalid UTF-8 sequences replaced with U+FFFD).
+
+    Pipedrive answers UTF-8 JSON (RFC 8259 requires it). Bytes that are not valid UTF-8 are a
+    deterministic property of the stored data, not a transport accident: asking again returns
+    the same bytes, so they are decoded once with replacement, never retried. The count is the
+    replacement characters decoding added (those already in the text, encoded, are not counted).
+    Raises ValueError when the decoded text is not JSON (a cut-off read: worth a retry).
+    """
+    try:
+        text = content.decode("utf-8")
+        invalid = 0
+    except UnicodeDecodeError:
+        text = content.decode("utf-8", errors="replace")
+        invalid = text.count("\ufffd") - content.count(_REPLACEMENT_BYTES)
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a byte-order mark is not part of the JSON
+    return json.loads(text), invalid
 
 
 def _short(error: PipedriveError) -> str:
