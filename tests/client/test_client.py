@@ -15,6 +15,7 @@ from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
+    BodyUnavailable,
     BurstLimited,
     Cancelled,
     DailyLimitReached,
@@ -316,3 +317,46 @@ def test_pool_is_sized_for_sixteen_concurrent_requests() -> None:
     assert pool._max_connections >= 16 and pool._max_keepalive_connections >= 16
     assert repr(client) == f"PipedriveClient(base_url={BASE!r})"
     client.close()
+
+
+# --- decoding: what the bytes are, not what the transport did (issue 8, item 7) ----------------
+
+
+def test_invalid_utf8_is_decoded_once_with_replacement_not_retried_as_not_json() -> None:
+    raw = b'{"success": true, "data": {"id": 9, "subject": "ok \xef\xbf\xbd", "body": "<p>caf\xe9 \xff\xfe</p>"}}'
+    script = Script([httpx.Response(200, content=raw, headers={"content-type": "application/json"})])
+    client, sleeps = make_client(script)
+    message = client.mail_body(9)
+    assert len(script.requests) == 1 and sleeps == [], "a deterministic decoding problem is not retried"
+    assert message["body"] == "<p>caf\ufffd \ufffd\ufffd</p>"
+    assert message["subject"] == "ok \ufffd", "a U+FFFD the source sent is kept as sent"
+    assert message.invalid_utf8 == 3, "three invalid sequences, the source's own U+FFFD not counted"
+    envelope = make_client(Script([httpx.Response(200, content=raw)]))[0].get("/v1/mailbox/mailMessages/9")
+    assert envelope["data"]["id"] == 9 and envelope.invalid_utf8 == 3
+
+
+def test_valid_utf8_reports_no_repairs_and_a_cut_off_body_still_retries() -> None:
+    client, _ = make_client(Script([ok({"id": 1, "body": "caf\u00e9 \u2603 \U0001f600"})]))
+    message = client.mail_body(1)
+    assert message["body"] == "caf\u00e9 \u2603 \U0001f600" and message.invalid_utf8 == 0
+    # a read cut inside a multi-byte character is invalid UTF-8 AND not JSON: a transport accident
+    cut = httpx.Response(200, content='{"success": true, "data": {"id": 1, "body": "caf\u00e9'.encode()[:-1])
+    script = Script([cut, ok({"id": 1, "body": "x"})])
+    client, sleeps = make_client(script)
+    assert client.mail_body(1)["body"] == "x" and len(script.requests) == 2 and sleeps == [0.25]
+
+
+@pytest.mark.parametrize("code", [403, 404])
+def test_a_private_or_deleted_mail_body_is_body_unavailable_at_once(code: int) -> None:
+    script = Script([status(code)])
+    client, sleeps = make_client(script)
+    with pytest.raises(BodyUnavailable) as info:
+        client.mail_body(77)
+    assert info.value.status == code and len(script.requests) == 1 and sleeps == []
+    assert "GET /v1/mailbox/mailMessages/77" in str(info.value) and f"HTTP {code}" in str(info.value)
+
+
+def test_a_401_on_a_mail_body_is_still_the_token() -> None:
+    client, _ = make_client(Script([status(401)]))
+    with pytest.raises(AuthError):
+        client.mail_body(77)
