@@ -28,3 +28,9 @@ ui: $(STAMP)
 clean-db:
 	$(VENV)/bin/migrate db stop || true
 	rm -rf .migrate
+
+# The chaos test alone (drainer processes under SIGKILL and pg_terminate_backend); CHAOS_SEED=<n>
+# replays a schedule. The long version with its figures: $(PY) bench/chaos.py
+.PHONY: chaos
+chaos: $(STAMP)
+	$(PY) -m pytest -q -s -m chaos tests/chaos
