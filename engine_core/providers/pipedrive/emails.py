@@ -39,17 +39,20 @@ body answering 403 (private) or 404 (deleted since listed) leaves the message wi
 `sanitized` (messages with any text repaired), `bodies_truncated`, `bodies_unavailable`.
 
 Counts commit with the rows they describe. Every counter of a message - `messages_listed`,
-`bodies`, `seen` and its outcome, including `already_here` for a message another run wrote - is
-bumped inside the window that writes (or accounts for) it, so a stop, a lost lock or a crash that
-rolls a window back rolls its counts back too. A resumed task re-lists its first unfinished deal:
-the messages its run already recorded, whatever their outcome (written, skipped, failed), were
-counted in a committed window and are dropped without being counted, fetched or written again.
+`bodies`, `seen` and its outcome - is bumped inside the window that writes it, so a stop, a lost
+lock or a crash that rolls a window back rolls its counts back too. The checkpoint is the first
+unfinished deal plus `deals_done_mask` (in the task's stats, committed with them: bit j = deal j
+is finished), so a resumed task lists only the deals it had not finished. In a deal it had
+started, the messages its run already recorded (written, skipped, failed) were counted by a
+committed window and are dropped without being counted, fetched or written again; messages that
+leave no trace of this run in the ledger (already here from an earlier run) are counted when
+their deal finishes, in the transaction that records the deal finished.
 """
 from __future__ import annotations
 
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +79,7 @@ from engine_core.providers.pipedrive.writers import ledger_refs, write_mapped
 from engine_core.target import crm
 
 KIND = "emails"
+DONE_MASK = "deals_done_mask"  # a stats entry: bit j set = deal j of the task is finished and counted
 FETCH_THREADS = 4  # requests in flight per task: four lane threads x four = sixteen per process
 TOUCH_EVERY = 15.0  # seconds between lock refreshes while rounds run without a window commit
 SYSTEMIC_FAILURE_MIN = 25  # a task with at least this many messages, all failed, fails itself
@@ -162,7 +166,6 @@ class MailRow(dict):
         self.mapped = mapped
         self.error = error
         self.fetched = False  # its body is in hand (or the source said it has none for us)
-        self.preset: str | None = None  # an outcome known without writing (written by another run)
         self.repaired = 0  # characters of its text repaired: NUL, lone surrogates, invalid UTF-8
         self.unavailable: int | None = None  # the status its body fetch answered: 403 or 404
         self.truncated = False
@@ -203,9 +206,13 @@ class EmailTask:
             self.per_round = max(1, min(fetch_threads, budget.lease_size()))
         self.deals = [int(d) for d in ctx.task.cursor.get("deals", [])]
         self.offset = min(ctx.offset, len(self.deals))
-        self.listed = {j: False for j in range(self.offset, len(self.deals))}
+        done = ctx.stats.get(DONE_MASK)
+        self.listed = {j: bool(done >> j & 1) for j in range(self.offset, len(self.deals))}
         self.outstanding = {j: 0 for j in range(self.offset, len(self.deals))}
-        self.to_list: deque[Listing] = deque(Listing(j, 0) for j in range(self.offset, len(self.deals)))
+        self.to_list: deque[Listing] = deque(Listing(j, 0) for j in range(self.offset, len(self.deals)) if not self.listed[j])
+        # outcomes known without a write (another run wrote the message): counted when their deal
+        # finishes, in the transaction that sets its bit in the done mask
+        self.deferred: dict[int, Counter[str]] = {}
         self.to_fetch: deque[MailRow] = deque()
         # In hand for a window: messages with their bodies, and messages that need none (failed,
         # skipped, a dry run). Bodies go first into a window and a round never fetches more than
@@ -376,11 +383,10 @@ class EmailTask:
                 if ours and not ctx.revisit:
                     continue  # this run recorded it in a window that committed, counts and all
                 if written:
-                    # never fetched again; counted by the window that reaches it (a retry's fresh
-                    # counts see its own rows as imported/matched: write_rows knows them)
-                    r.preset = ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
-                    self.outstanding[r.deal] += 1
-                    self.ready_other.append(r)
+                    # never fetched again; counted when its deal finishes (a retry's fresh counts
+                    # see its own run's rows as imported/matched)
+                    outcome = ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
+                    self.deferred.setdefault(r.deal, Counter())[outcome] += 1
                     continue
             self.outstanding[r.deal] += 1
             deal_sid = str(self.deals[r.deal])
@@ -402,10 +408,9 @@ class EmailTask:
         counted = ctx.stats.copy()  # what was committed so far: a failed window restores it
         ctx.stats.bump("deals", after - before)
         self._count(rows)
+        self._count_finished()
 
         def writer(tx: Conn, row: MailRow) -> str:
-            if row.preset is not None:
-                return row.preset  # written by another run: nothing to write, counted here
             if row.error is not None:
                 raise row.error
             assert row.mapped is not None
@@ -429,6 +434,21 @@ class EmailTask:
         self.offset = after
         self._touched = time.monotonic()  # the window's checkpoint refreshed the lock
         self._note(rows)
+
+    def _count_finished(self) -> None:
+        """Deals finished since the last commit: their deferred outcomes and their done bit, for
+        the transaction about to commit (the caller restores the stats if it does not)."""
+        stats = self.ctx.stats
+        done = stats.get(DONE_MASK)
+        for j in range(self.offset, len(self.deals)):
+            if done >> j & 1 or not self.listed[j] or self.outstanding[j]:
+                continue
+            done |= 1 << j
+            for outcome, n in self.deferred.pop(j, Counter()).items():
+                stats.bump("messages_listed", n)
+                stats.bump("seen", n)
+                stats.bump(outcome, n)
+        stats.values[DONE_MASK] = done
 
     def _count(self, rows: list[MailRow]) -> None:
         """A window's message counters, bumped with the window (restored if it rolls back)."""
@@ -480,9 +500,12 @@ class EmailTask:
     def checkpoint_progress(self) -> None:
         """Deals finished without a window of their own (no mail, all here) move the offset too."""
         after = self.first_unfinished()
-        if after > self.offset:
+        done = self.ctx.stats.get(DONE_MASK)
+        newly = [j for j in range(self.offset, len(self.deals)) if self.listed[j] and not self.outstanding[j] and not done >> j & 1]
+        if after > self.offset or newly:
             counted = self.ctx.stats.copy()
             self.ctx.stats.bump("deals", after - self.offset)
+            self._count_finished()
             try:
                 with self.ctx.db.transaction() as tx:
                     self.ctx.checkpoint(tx, after)
