@@ -55,30 +55,30 @@ TABLES: dict[str, Table] = {
         _table(
             "contacts",
             "name first_name last_name email emails phones job_title company_id owner_id postal_address birthday"
-            " label_ids visible_to custom_fields",
-            "emails phones postal_address label_ids custom_fields",
+            " label_ids visible_to custom_fields dangling_refs",
+            "emails phones postal_address label_ids custom_fields dangling_refs",
         ),
         _table(
             "deals",
             "title value currency status archived archived_at contact_id company_id owner_id pipeline_id stage_id"
             " pipeline_ref stage_ref"
             " probability lost_reason expected_close_date closed_at won_at lost_at stage_changed_at origin label_ids"
-            " visible_to custom_fields",
-            "label_ids custom_fields",
+            " visible_to custom_fields dangling_refs",
+            "label_ids custom_fields dangling_refs",
         ),
         _table(
             "leads",
             "title value currency archived contact_id company_id owner_id source_name expected_close_date was_seen"
-            " label_ids visible_to custom_fields",
-            "label_ids custom_fields",
+            " label_ids visible_to custom_fields dangling_refs",
+            "label_ids custom_fields dangling_refs",
         ),
         _table(
             "activities",
             "subject activity_type done done_at due_date due_time duration busy location note public_description"
-            " participants deal_id lead_id contact_id company_id owner_id custom_fields",
-            "location participants custom_fields",
+            " participants deal_id lead_id contact_id company_id owner_id custom_fields dangling_refs",
+            "location participants custom_fields dangling_refs",
         ),
-        _table("notes", "content deal_id lead_id contact_id company_id author_id pinned", "pinned"),
+        _table("notes", "content deal_id lead_id contact_id company_id author_id pinned dangling_refs", "pinned dangling_refs"),
         _table(
             "emails",
             "deal_id subject snippet body sender recipients sent_at outbound thread_ref has_attachments"
@@ -122,6 +122,48 @@ def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
     return Written(TABLES[table].record_type, insert(tx, table, values))
 
 
+# --- one row per source record, whichever list served it ------------------------------------
+
+# The tables whose rows carry an archived flag that moves at the source (a deal or lead archived
+# or restored), and the columns that move with it: what a later sighting of an already written
+# row may change on it (issue 8, item 6), and nothing else.
+ARCHIVE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "deals": ("archived", "archived_at", "source_updated_at"),
+    "leads": ("archived", "source_updated_at"),
+}
+
+
+def refresh_archived(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> bool:
+    """Bring an existing row's archived flag up to a later sighting of its source record.
+
+    `values` are the sighting's mapped column values (`archived`, `source_updated_at`, and for deals
+    `archived_at`). The sighting wins when it is the newer version at the source (a later
+    `source_updated_at`: archiving moves a record's update time), or when the versions cannot be
+    ordered (equal or missing times) and it says archived: records move into the archived list
+    while a run walks both lists, and a restore out of it moves the update time, so it is ordered. Only the columns of
+    `ARCHIVE_COLUMNS[table]` change. Returns True when the row changed. Raises KeyError for a table
+    without an archived flag.
+    """
+    columns = ARCHIVE_COLUMNS[table]
+    params = {c: values.get(c) for c in columns}
+    params["id"] = record_id
+    statement = sql.SQL(
+        "UPDATE crm.{table} SET {sets} WHERE id = %(id)s AND archived IS DISTINCT FROM %(archived)s::boolean"
+        " AND (%(source_updated_at)s::timestamptz > source_updated_at"
+        "      OR ((%(source_updated_at)s::timestamptz IS NULL OR source_updated_at IS NULL"
+        "           OR %(source_updated_at)s::timestamptz = source_updated_at) AND %(archived)s::boolean))"
+        " RETURNING id"
+    ).format(
+        table=sql.Identifier(table),
+        sets=sql.SQL(", ").join(
+            sql.SQL("{} = COALESCE({}, {})").format(sql.Identifier(c), sql.Placeholder(c), sql.Identifier(c))
+            if c == "source_updated_at" else sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c))
+            for c in columns
+        ),
+    ).as_string(tx.raw)
+    return bool(tx.sql(statement, params))
+
+
 # --- mail bodies -----------------------------------------------------------------------------
 
 # The longest mail body stored, in characters. Postgres holds a text value up to 1 GB, so the cap
@@ -150,8 +192,9 @@ class FittedBody:
 def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
     """A (sanitised) mail body cut to `limit` characters (`EMAIL_BODY_MAX`) when it is longer.
 
-    The cut never ends inside an HTML tag (it backs up to the tag's `<` when the last `<` of the
-    kept text has no `>` after it), so the stored prefix still renders; `original_length` keeps the
+    The cut never ends inside an HTML tag (it backs up to the tag's `<` when the last tag opened
+    in the kept text has no `>` after it; a bare "a < b" is text, not a tag), so the stored prefix
+    still renders - a body made huge by an inline base64 image keeps the text before the image; `original_length` keeps the
     source's length in characters. Raises ValueError for a limit below 1.
     """
     if limit < 1:
@@ -160,8 +203,9 @@ def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
         return FittedBody(body)
     kept = body[:limit]
     open_tag = kept.rfind("<")
-    if open_tag > 0 and kept.find(">", open_tag) < 0:
-        kept = kept[:open_tag]
+    tag_start = kept[open_tag + 1 : open_tag + 2]
+    if open_tag > 0 and (tag_start.isalpha() or tag_start in ("/", "!")) and kept.find(">", open_tag) < 0:
+        kept = kept[:open_tag]  # a tag cut open (often the inline image itself) cannot render
     return FittedBody(kept, truncated=True, original_length=len(body))
 
 
