@@ -214,14 +214,15 @@ UPDATE migrations
 -- name: claim_record --
 -- The ledger's contract: created/matched rows are exclusive (no row returned: roll back the
 -- write, it is already here); skipped/failed rows are placeholders a real write takes over.
+-- `dangling` (migration 0008): references to parents that do not exist at the source, or NULL.
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason)
+       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling)
 VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(record_type)s,
-        %(record_id)s, %(action)s, %(reason)s)
+        %(record_id)s, %(action)s, %(reason)s, %(dangling)s)
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, record_type = EXCLUDED.record_type,
        record_id = EXCLUDED.record_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       created_at = now()
+       dangling = EXCLUDED.dangling, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
@@ -243,6 +244,26 @@ SELECT r.kind, r.source_id, r.record_id
   JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
     ON r.kind = want.kind AND r.source_id = want.source_id
  WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s AND r.action IN ('created', 'matched');
+
+-- name: known_references --
+-- Where a page's missing parents stand in the ledger, whatever the action: a pair absent from the
+-- answer was never listed (deleted at the source, or a kind this run does not import).
+SELECT r.kind, r.source_id, r.action
+  FROM migration_records r
+  JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
+    ON r.kind = want.kind AND r.source_id = want.source_id
+ WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s;
+
+-- name: written_record --
+SELECT record_id FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = %(source_id)s AND action IN ('created', 'matched');
+
+-- name: dangling_counts --
+-- Rows a run imported with references to parents deleted at the source, per kind (the rollup's).
+SELECT kind, count(*) AS n FROM migration_records
+ WHERE migration_id = %(run_id)s AND dangling IS NOT NULL AND action IN ('created', 'matched')
+ GROUP BY kind ORDER BY kind;
 
 -- name: claimed_source_ids --
 SELECT source_id FROM migration_records

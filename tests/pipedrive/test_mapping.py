@@ -13,6 +13,7 @@ from engine_core.providers.pipedrive.mapping import (
     MalformedRow,
     Ref,
     apply_links,
+    ledger_kind,
     map_activity,
     map_deal,
     map_email,
@@ -87,8 +88,14 @@ def test_deal_parents_links_and_custom_fields() -> None:
     assert cf[SET.key]["labels"] == [SET.options[0][1], SET.options[2][1]]
     assert (cf[MONEY.key]["value"], cf[MONEY.key]["currency"]) == (1200.5, "EUR")
     assert cf["f" * 40]["type"] == "unknown" and cf["f" * 40]["value"] == "unknown field"
-    # archived deals are their own ledger kind: a reference to a deal looks in both
-    assert Ref("deal_id", "deal", "5").kinds == ("deals", "deals_archived")
+    # one ledger identity whichever list served a deal or lead (issue 8, item 6)
+    assert Ref("deal_id", "deal", "5").kinds == ("deals",) and Ref("lead_id", "lead", "x").kinds == ("leads",)
+    assert (ledger_kind("deals_archived"), ledger_kind("leads_archived"), ledger_kind("deals")) == ("deals", "leads", "deals")
+    # the source field a parent came from is kept for words (a dangling reference names it)
+    assert [r.dangling() for r in m.parents] == [
+        {"field": "person_id", "parent_kind": "persons", "parent_id": "61"},
+        {"field": "org_id", "parent_kind": "organizations", "parent_id": "9"},
+    ]
     values = apply_links(m, {Ref("contact_id", "person", "61"): 7, Ref("company_id", "org", "9"): 8,
                              Ref("owner_id", "user", "2"): None, Ref(f"custom_fields.{USER.key}", "user", "3"): 11})
     assert (values["contact_id"], values["company_id"], values["owner_id"]) == (7, 8, None)

@@ -29,9 +29,20 @@ TEXT_MAX = 1_000_000  # note contents and mail bodies
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
 
-# Where a reference may be found in the ledger: archived deals and leads are kinds of their own.
-DEAL_KINDS = ("deals", "deals_archived")
-LEAD_KINDS = ("leads", "leads_archived")
+# Where a reference may be found in the ledger. A source record has one identity whichever list
+# served it (issue 8, item 6): the archived lists' tasks (`deals_archived`, `leads_archived`) write
+# ledger kind `deals` / `leads`, and migration 0008 folded the entries older code kept apart.
+DEAL_KINDS = ("deals",)
+LEAD_KINDS = ("leads",)
+LEDGER_KIND = {"deals_archived": "deals", "leads_archived": "leads"}
+
+
+def ledger_kind(task_kind: str) -> str:
+    """The ledger kind a task kind writes: `deals_archived` -> `deals`, `leads_archived` ->
+    `leads`, every other kind itself."""
+    return LEDGER_KIND.get(task_kind, task_kind)
+
+
 PERSON_KINDS = ("persons",)
 ORG_KINDS = ("organizations",)
 USER_KINDS = ("users",)
@@ -64,13 +75,25 @@ class Ref:
     column: str
     ref: str  # deal | lead | person | org | user | pipeline | stage
     source_id: str
+    # the source row's field that holds the id (org_id, person_id, ...): for words, not identity
+    source_field: str = field(default="", compare=False)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         return KINDS_OF_REF[self.ref]
 
+    @property
+    def parent_kind(self) -> str:
+        """The ledger kind of the record this points at (the first of `kinds`)."""
+        return self.kinds[0]
+
     def describe(self) -> str:
         return f"{REF_WORD[self.ref]} {self.source_id} is not here"
+
+    def dangling(self) -> dict[str, str]:
+        """What the product row and the ledger keep of a reference whose parent does not exist at
+        the source: `{"field": "org_id", "parent_kind": "organizations", "parent_id": "42"}`."""
+        return {"field": self.source_field or self.column, "parent_kind": self.parent_kind, "parent_id": self.source_id}
 
 
 @dataclass
@@ -239,9 +262,9 @@ def _common(row: Mapping[str, Any], sid: str, tenant_id: str, created: str = "ad
     }
 
 
-def _link(refs: list[Ref], column: str, ref: str, source_id: str | None) -> None:
+def _link(refs: list[Ref], column: str, ref: str, source_id: str | None, field: str = "") -> None:
     if source_id is not None:
-        refs.append(Ref(column, ref, source_id))
+        refs.append(Ref(column, ref, source_id, field))
 
 
 # --- custom fields ---------------------------------------------------------------------------
@@ -407,7 +430,7 @@ def map_stage(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped
     pipeline = ref_id(row, "pipeline_id")
     if pipeline is None:
         raise MalformedRow("pipeline_id is missing")
-    _link(parents, "pipeline_id", "pipeline", pipeline)
+    _link(parents, "pipeline_id", "pipeline", pipeline, "pipeline_id")
     rot_days = number(row, "days_to_rotten")
     values = {
         **_common(row, sid, tenant_id),
@@ -460,7 +483,7 @@ def map_person(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mappe
     sid = row_source_id(row, "persons")
     parents: list[Ref] = []
     links: list[Ref] = []
-    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+    _link(parents, "company_id", "org", ref_id(row, "org_id"), "org_id")
     _link(links, "owner_id", "user", ref_id(row, "owner_id"))
     emails = _emails(row)
     primary = next((e["value"] for e in emails if e["primary"]), emails[0]["value"] if emails else None)
@@ -488,8 +511,8 @@ def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
     sid = row_source_id(row, "deals")
     parents: list[Ref] = []
     links: list[Ref] = []
-    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
-    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"), "person_id")
+    _link(parents, "company_id", "org", ref_id(row, "org_id"), "org_id")
     _link(links, "owner_id", "user", ref_id(row, "owner_id"))
     _link(links, "pipeline_id", "pipeline", ref_id(row, "pipeline_id"))
     _link(links, "stage_id", "stage", ref_id(row, "stage_id"))
@@ -524,8 +547,8 @@ def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
     sid = row_source_id(row, "leads")
     parents: list[Ref] = []
     links: list[Ref] = []
-    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
-    _link(parents, "company_id", "org", ref_id(row, "organization_id"))
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"), "person_id")
+    _link(parents, "company_id", "org", ref_id(row, "organization_id"), "organization_id")
     _link(links, "owner_id", "user", ref_id(row, "owner_id"))
     value = json_value(row, "value", Mapping)
     amount = number(value, "amount") if value else None
@@ -548,10 +571,10 @@ def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
 
 def _attachments(row: Mapping[str, Any], parents: list[Ref]) -> None:
     """What an activity or note is attached to: each is a parent that must be here."""
-    _link(parents, "deal_id", "deal", ref_id(row, "deal_id"))
-    _link(parents, "lead_id", "lead", ref_id(row, "lead_id", uuid=True))
-    _link(parents, "contact_id", "person", ref_id(row, "person_id"))
-    _link(parents, "company_id", "org", ref_id(row, "org_id"))
+    _link(parents, "deal_id", "deal", ref_id(row, "deal_id"), "deal_id")
+    _link(parents, "lead_id", "lead", ref_id(row, "lead_id", uuid=True), "lead_id")
+    _link(parents, "contact_id", "person", ref_id(row, "person_id"), "person_id")
+    _link(parents, "company_id", "org", ref_id(row, "org_id"), "org_id")
 
 
 def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
@@ -646,7 +669,7 @@ def map_email(item: Any, tenant_id: str, deal_source_id: str) -> Mapped:
     the deal whose listing it came from."""
     message = message_of(item)
     sid = row_source_id(message, "emails")
-    parents: list[Ref] = [Ref("deal_id", "deal", deal_source_id)]
+    parents: list[Ref] = [Ref("deal_id", "deal", deal_source_id, "deal_id")]
     links: list[Ref] = []
     sender = _parties(message, "from", links, "sender")
     recipients = {k: _parties(message, k, links, k) for k in ("to", "cc", "bcc")}

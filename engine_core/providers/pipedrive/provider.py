@@ -55,6 +55,7 @@ from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.base import register
 from engine_core.providers.pipedrive import emails, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
 from engine_core.providers.pipedrive.plan import DEPENDS_ON, PHASES
 
@@ -256,30 +257,51 @@ class PipedriveProvider:
         return lambda row: fn(row, tenant, book)
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
-        kind, start = ctx.task.kind, int(ctx.task.cursor["start"])
-        page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.PAGE, cancel=ctx.cancel)
-        writers.write_page(ctx, page.rows, self._mapper(ctx))
-        if page.more and len(page.rows) >= stripes.PAGE:
-            return TaskOutcome((stripes.v1_next(kind, start),))
-        return TaskOutcome()
+        """One v1 page: asked up to its span's end, handed on by the API's pagination fields
+        (`stripes.v1_after`), never by the number of rows that came back."""
+        kind, cursor = ctx.task.kind, ctx.task.cursor
+        start, _ = stripes.v1_span(cursor)
+        page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=ctx.cancel)
+        writers.write_listed_page(ctx, page.rows, self._mapper(ctx), client)
+        after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
+        return TaskOutcome((after,) if after is not None else ())
 
     def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
-        """Two one-page listings: the oldest and newest update_time, cut into four spans."""
-        path = stripes.V2_PATHS[ctx.task.kind]
-        ends = []
-        for direction in ("asc", "desc"):
-            page = client.list_v2(path, {"sort_by": "update_time", "sort_direction": direction}, limit=5, cancel=ctx.cancel)
-            ends.append(_first_time(page.rows))
-            if not page.rows:
-                return TaskOutcome()  # nothing to walk
-        spans = stripes.time_spans(ends[0], ends[1])
-        ctx.stats.bump("stripes", len(spans))
-        return TaskOutcome(tuple(stripes.v2_stripe_seeds(ctx.task.kind, spans)))
+        """Probe both ends of `update_time` (`discover`), cut four spans, seed their walkers and,
+        when null-time rows exist, their walker. Deal lists also record the source's own count
+        (`source_total`, from the deals summary) for the rollup to compare at phase close."""
+        kind = ctx.task.kind
+        summary = SUMMARY_PATHS.get(kind)
+        if summary is not None:
+            total = source_total(client, summary, ctx.cancel)
+            if total is None:
+                ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
+            else:
+                ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
+        found = discover(client, stripes.V2_PATHS[kind], ctx.cancel)
+        ctx.stats.values["probe_requests"] = found.requests
+        if not found.rows:
+            ctx.stats.values["stripes"] = 0
+            return TaskOutcome()  # the list is empty to its end: nothing to walk
+        seeds = stripes.v2_stripe_seeds(kind, found.spans, nulls=found.nulls)
+        ctx.stats.values["stripes"] = len(seeds)
+        if found.nulls:
+            ctx.stats.values["null_update_time_seen"] = 1
+        return TaskOutcome(tuple(seeds))
 
     def _v2_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
+        """One page of a v2 walker; an empty page with a `next_cursor` is not the end. The null
+        walker lists the whole collection and writes only its null-time rows (the rest are the
+        spans'), counting what it passed over as `covered_by_spans`."""
         kind, cursor = ctx.task.kind, ctx.task.cursor
         page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=ctx.cancel)
-        writers.write_page(ctx, page.rows, self._mapper(ctx))
+        rows = page.rows
+        if stripes.is_null_walker(cursor):
+            rows = tuple(r for r in page.rows if stripes.has_null_time(r))
+        writers.write_listed_page(ctx, rows, self._mapper(ctx), client)
+        if len(rows) < len(page.rows):
+            # counted after the page is written, so a page retried after a crash counts once
+            ctx.stats.bump("covered_by_spans", len(page.rows) - len(rows))
         if page.more and page.next_cursor:
             return TaskOutcome((stripes.v2_next(kind, cursor, page.next_cursor),))
         return TaskOutcome()
@@ -317,15 +339,83 @@ class PipedriveProvider:
         return book
 
 
-def _first_time(rows: tuple[dict[str, Any], ...]) -> datetime | None:
-    for row in rows:
-        try:
-            moment = mapping.timestamp(row, "update_time")
-        except MalformedRow:
-            continue
-        if moment is not None:
-            return moment
-    return None
+# The source's own count, where the API gives one: only the deals summaries do (`data.total_count`,
+# v1 spec `getDealsSummary` / `getArchivedDealsSummary`; "all not archived" / "all archived" deals).
+SUMMARY_PATHS: dict[str, str] = {"deals": "/v1/deals/summary", "deals_archived": "/v1/deals/summary/archived"}
+PROBE_LIMIT = 5  # a probe wants one row with a time; a few in case the first have none
+
+
+def source_total(client: PipedriveClient, path: str, cancel: Any = None) -> int | None:
+    """`data.total_count` of a deals summary (an int >= 0); None when the source does not serve the
+    summary (404). Raises BadResponse when it answers without a sound `total_count`."""
+    try:
+        body = client.get(path, cancel=cancel)
+    except NotFound:
+        return None
+    data = body.get("data")
+    total = data.get("total_count") if isinstance(data, dict) else None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        raise BadResponse("data.total_count is not a count", method="GET", path=path, status=200)
+    return total
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What the two `update_time` probes of a v2 list found: the oldest and newest update time
+    (None when no row has one), whether the list has any row, whether a probe met a row whose
+    `update_time` is null, and the requests made."""
+
+    oldest: datetime | None
+    newest: datetime | None
+    rows: bool
+    nulls: bool
+    requests: int
+
+    @property
+    def spans(self) -> list[tuple[str | None, str | None]]:
+        return stripes.time_spans(self.oldest, self.newest)
+
+
+def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None) -> tuple[datetime | None, bool, bool, int]:
+    """Walk a v2 list sorted by `update_time` in `direction` until a row with an update time, or
+    the end: (that time or None, any row seen, a null-time row seen, requests). Empty pages with a
+    `next_cursor` are walked through: only a null `next_cursor` ends a list."""
+    cursor: str | None = None
+    limit, requests, seen, nulls = PROBE_LIMIT, 0, False, False
+    params = {"sort_by": "update_time", "sort_direction": direction}
+    while True:
+        page = client.list_v2(path, params, cursor=cursor, limit=limit, cancel=cancel)
+        requests += 1
+        for row in page.rows:
+            seen = True
+            if stripes.has_null_time(row):
+                nulls = True
+                continue
+            moment = _time(row)
+            if moment is not None:
+                return moment, seen, nulls, requests
+        if not page.more or not page.next_cursor:
+            return None, seen, nulls, requests
+        cursor = page.next_cursor
+        if page.rows:
+            limit = stripes.PAGE  # a page without a timed row: walk on in the largest pages
+
+
+def discover(client: PipedriveClient, path: str, cancel: Any = None) -> Discovery:
+    """Both ends of a v2 list's `update_time`. Null-time rows sort at one end (which one depends on
+    the server), so they come before any timed row in one of the two probes (`stripes` docstring)."""
+    oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel)
+    if not seen_a:
+        return Discovery(None, None, rows=False, nulls=False, requests=req_a)
+    newest, seen_d, nulls_d, req_d = probe(client, path, "desc", cancel)
+    return Discovery(oldest, newest, rows=True, nulls=nulls_a or nulls_d, requests=req_a + req_d)
+
+
+def _time(row: Any) -> datetime | None:
+    try:
+        return mapping.timestamp(row, "update_time")
+    except MalformedRow:
+        return None
 
 
 register(SOURCE, PipedriveProvider)

@@ -6,25 +6,69 @@ placeholder that a later run importing the parent takes over. Owners, the people
 custom fields that point at records and a deal's pipeline and stage are softer references: linked
 when found, empty when not.
 
+Parents deleted at the source (issue 8, item 5). Pipedrive keeps a child's `org_id` after the
+organization was permanently deleted, and such a parent is never listed. The proof that a parent
+does not exist is the source itself: for each missing parent the ledger knows nothing about
+(no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
+source once - `GET /api/v2/organizations/{id}` and the like, through the provider's budgeted
+client, before the page's windows open and holding no database connection - and remembers the
+answer for the run (`SourceAnswers`). 404: the row is imported with that link empty, and the
+dangling reference is kept on the product row (`dangling_refs`) and on its ledger entry
+(`dangling`, counted per kind by `ledger.dangling_counts`), with a reason `migrate explain` shows
+("imported; org_id 42 does not exist at the source (404)"). 200: the parent exists but is not
+written (it failed, or its listing missed it), so the row stays a placeholder, saying so. A parent
+that failed or was skipped, and a parent of a kind the run does not import, stay placeholders
+without a request. Owners stay soft references.
+
+One identity per source record (issue 8, item 6): the archived lists' tasks write ledger kind
+`deals` / `leads` (`mapping.ledger_kind`), so a deal listed by `/api/v2/deals` and again, archived
+since, by `/api/v2/deals/archived` is one ledger entry and one product row. Its second sighting is
+`already_here`; it brings the row's archived flag up to date (`crm.refresh_archived`: the newer
+version at the source wins) and counts `archived_updated` in the task's stats.
+
 In a dry run nothing is written (the engine rolls each row's savepoint back), so a parent that
 this same run would have created earlier is not in the ledger; the engine remembers the dry run's
 would-be writes (`ledger.dry_written`), and a parent found there counts as linked.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 from engine_core import ledger
 from engine_core.context import PageResult, TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, Ref, apply_links
+from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, Ref, apply_links, ledger_kind
 from engine_core.target import crm
 
 NOT_LINKED = "not linked to any record"
+DANGLING = "does not exist at the source (404)"
+NOT_WRITTEN = "exists at the source but is not written"
 
 Mapper = Callable[[Any], Mapped]
+Event = Callable[[str], None]
+Pair = tuple[str, str]  # (ledger kind, source id)
+
+# How to ask the source whether a parent exists: one record by id, per parent ledger kind.
+# Users (owners) are soft references and never asked about.
+PARENT_PATHS: dict[str, str] = {
+    "organizations": "/api/v2/organizations/{}",
+    "persons": "/api/v2/persons/{}",
+    "deals": "/api/v2/deals/{}",
+    "leads": "/v1/leads/{}",
+    "pipelines": "/api/v2/pipelines/{}",
+    "stages": "/api/v2/stages/{}",
+}
+
+
+class Getter(Protocol):
+    """What the parent probe needs of the provider's client (`PipedriveClient.get`)."""
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None, *, cancel: Any = None) -> dict[str, Any]: ...
 
 
 class Prepared(dict):
@@ -68,17 +112,105 @@ def lookup(found: dict[tuple[str, str], int], ref: Ref) -> int | None:
     return None
 
 
+# --- parents deleted at the source -------------------------------------------------------------
+
+
+class SourceAnswers:
+    """What the source answered about parents, per run and in memory: `True` exists (200), `False`
+    does not exist (404). Shared by the lane threads of a process; a few runs are kept."""
+
+    RUNS_KEPT = 32
+
+    def __init__(self) -> None:
+        self._by_run: OrderedDict[tuple[str, int], dict[Pair, bool]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int], pairs: Iterable[Pair]) -> dict[Pair, bool]:
+        with self._lock:
+            known = self._by_run.get(key, {})
+            return {p: known[p] for p in pairs if p in known}
+
+    def put(self, key: tuple[str, int], pair: Pair, exists: bool) -> None:
+        with self._lock:
+            self._by_run.setdefault(key, {})[pair] = exists
+            self._by_run.move_to_end(key)
+            while len(self._by_run) > self.RUNS_KEPT:
+                self._by_run.popitem(last=False)
+
+
+ANSWERS = SourceAnswers()
+
+
+def missing_parents(mapped: Iterable[Mapped | None], found: dict[Pair, int], dry: Collection[Pair] | None) -> set[Pair]:
+    """Parents of these rows that are not written (nor, in a dry run, would-be written)."""
+    out: set[Pair] = set()
+    for m in mapped:
+        if m is None:
+            continue
+        for ref in m.parents:
+            if lookup(found, ref) is None and not (dry and any((k, ref.source_id) in dry for k in ref.kinds)):
+                out.add((ref.parent_kind, ref.source_id))
+    return out
+
+
+def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[Pair]:
+    """Missing parents worth a request: unknown to the ledger, of a kind the run imports, and of a
+    kind the source can be asked about by id."""
+    imported = {ledger_kind(k) for k in run.kinds}
+    return sorted(p for p in pairs if p not in known and p[0] in imported and p[0] in PARENT_PATHS)
+
+
+def ask_source(client: Getter, pairs: Iterable[Pair], key: tuple[str, int], cancel: Any = None,
+               answers: SourceAnswers = ANSWERS) -> dict[Pair, bool]:
+    """Whether each parent exists at the source: one GET per pair not answered before in this run.
+    404 -> False, a record -> True; any other failure (rate limit, server error after the client's
+    retries) propagates and the page is retried like any failed fetch. Never call this holding a
+    database connection or transaction."""
+    pairs = list(pairs)
+    out = answers.get(key, pairs)
+    for pair in pairs:
+        if pair in out:
+            continue
+        kind, sid = pair
+        try:
+            client.get(PARENT_PATHS[kind].format(sid), cancel=cancel)
+        except NotFound:
+            exists = False
+        else:
+            exists = True
+        answers.put(key, pair, exists)
+        out[pair] = exists
+    return out
+
+
+def _describe_missing(ref: Ref, exists: Mapping[Pair, bool]) -> str:
+    if exists.get((ref.parent_kind, ref.source_id)) is True:
+        return ref.describe().replace("is not here", NOT_WRITTEN)
+    return ref.describe()
+
+
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int],
-    dry: set[tuple[str, str]] | None = None,
+    dry: set[tuple[str, str]] | None = None, *, exists: Mapping[Pair, bool] | None = None,
+    on_event: Event | None = None,
 ) -> str:
-    """Link, then write once through the ledger: imported, matched, already_here or skipped."""
+    """Link, then write once through the ledger: imported, matched, already_here or skipped.
+
+    `exists`: what the source answered about missing parents (`ask_source`); a parent it answered
+    404 for is dangling - the row is imported with that link empty and the reference recorded.
+    `on_event` hears `dangling` and `archived_updated` (stats of the task).
+    """
+    exists = exists or {}
     resolved: dict[Ref, int | None] = {}
     missing: list[Ref] = []
+    dangling: list[Ref] = []
     for ref in mapped.parents:
         resolved[ref] = lookup(found, ref)
         if resolved[ref] is None:
-            missing.append(ref)
+            if exists.get((ref.parent_kind, ref.source_id)) is False:
+                dangling.append(ref)
+            else:
+                missing.append(ref)
     pending = False
     if missing:
         # a dry run: a parent this run would itself have written counts as linked
@@ -86,7 +218,7 @@ def write_mapped(
         if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
-            reason = f"{NOT_LINKED}: " + "; ".join(ref.describe() for ref in missing)
+            reason = f"{NOT_LINKED}: " + "; ".join(_describe_missing(ref, exists) for ref in missing)
             return ledger.skip(tx, run, kind, mapped.source_id, reason)
     for ref in mapped.links:
         resolved[ref] = lookup(found, ref)
@@ -94,6 +226,11 @@ def write_mapped(
     if pending:
         return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(record_type, None))
     values = apply_links(mapped, resolved)
+    refs = [ref.dangling() for ref in dangling]
+    reason = None
+    if refs:
+        values["dangling_refs"] = refs
+        reason = "imported; " + "; ".join(f"{r['field']} {r['parent_id']} {DANGLING}" for r in refs)
     if mapped.table == "contacts":
         write = lambda: crm.write_contact(tx, values, mapped.match_emails)  # noqa: E731
     elif mapped.table == "companies":
@@ -102,24 +239,51 @@ def write_mapped(
         write = lambda: crm.write_user(tx, values)  # noqa: E731
     else:
         write = lambda: crm.write(tx, mapped.table, values)  # noqa: E731
-    return ledger.write_once(tx, run, kind, mapped.source_id, write)
+    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason)
+    if outcome == ledger.ALREADY_HERE:
+        if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
+            # another list (or run) wrote this record: its archived flag may have moved since
+            record_id = ledger.record_of(tx, run, kind, mapped.source_id)
+            if record_id is not None and crm.refresh_archived(tx, mapped.table, record_id, mapped.values):
+                if on_event:
+                    on_event("archived_updated")
+    elif refs and on_event:
+        on_event("dangling")
+    return outcome
 
 
-def write_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None) -> PageResult:
-    """Map a page, resolve its references in one query, write it in the engine's windows."""
-    kind = kind or ctx.task.kind
+def write_page(
+    ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, client: Getter | None = None,
+) -> PageResult:
+    """Map a page, resolve its references in one query, write it in the engine's windows.
+
+    `kind`: the ledger kind (default: the task kind's, `mapping.ledger_kind`). With a `client`, the
+    page's parents that the ledger does not know are asked of the source first (`ask_source`)."""
+    kind = kind or ledger_kind(ctx.task.kind)
     prepared = [Prepared.of(row, mapper) for row in rows]
     refs = ledger_refs(p["mapped"] for p in prepared)
+    ask: list[Pair] = []
     with ctx.db.connection() as conn:
         found = ledger.resolve(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
+        missing = missing_parents((p["mapped"] for p in prepared), found, dry)
+        if missing and client is not None:
+            ask = askable(ctx.run, missing, ledger.known(conn, ctx.run, missing))
+    # the connection is back in the pool: the source is asked holding nothing of the database
+    exists = ask_source(client, ask, (ctx.db.url, ctx.run.id), ctx.cancel) if ask and client is not None else {}
 
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:
             raise row["error"]
-        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry)
+        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry, exists=exists, on_event=ctx.stats.bump)
 
     return ctx.write_rows(prepared, writer, kind=kind)
+
+
+def write_listed_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, client: Getter) -> PageResult:
+    """A listing's page (`write_page`) whose missing parents are checked at the source through the
+    provider's budgeted `client`: parents deleted there leave their rows imported, links empty."""
+    return write_page(ctx, rows, mapper, client=client)
 
 
 # --- field definitions -----------------------------------------------------------------------
