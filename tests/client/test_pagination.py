@@ -1,6 +1,9 @@
 """Pages of both pagination styles: v2 follows `additional_data.next_cursor`, v1 follows
 `additional_data.pagination.next_start` / `more_items_in_collection`; a page that does not advance
 is a bad response rather than an endless loop; mail listing and mail bodies hit the spec's paths.
+The API's fields alone say whether a listing goes on: a v1 page shorter than `limit` with
+`more_items_in_collection: true` (a server capping `limit`) is followed to its `next_start`, and a
+v2 page with no rows but a `next_cursor` is followed to its cursor (issue 8, items 2 and 3).
 """
 from __future__ import annotations
 
@@ -115,3 +118,35 @@ def test_mail_body() -> None:
     client, _ = make_client(Script([ok(None)]))
     with pytest.raises(BadResponse):
         client.mail_body(11)
+
+
+def test_iter_v1_follows_a_server_that_caps_limit() -> None:
+    """A server serving 3 rows a page whatever `limit` asks: every row, by `next_start`."""
+    rows = [{"id": i} for i in range(1, 9)]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        start = int(request.url.params["start"])
+        served = rows[start : start + 3]
+        more = start + len(served) < len(rows)
+        pagination = {"start": start, "limit": 3, "more_items_in_collection": more}
+        if more:
+            pagination["next_start"] = start + len(served)
+        return ok(served, additional_data={"pagination": pagination})
+
+    script = Script([answer])
+    client, _ = make_client(script)
+    pages = list(client.iter_v1("/v1/notes", limit=500))
+    assert [row["id"] for p in pages for row in p.rows] == list(range(1, 9))
+    assert [r.url.params["start"] for r in script.requests] == ["0", "3", "6"]
+    first = client.list_v1("/v1/notes", start=0, limit=500)
+    assert (len(first.rows), first.more, first.next_start) == (3, True, 3)
+
+
+def test_v2_pages_without_rows_but_with_a_cursor_are_not_the_end() -> None:
+    script = Script([v2_pages({None: ([], "a"), "a": ([], "b"), "b": ([{"id": 1}], "c"), "c": ([], None)})])
+    client, _ = make_client(script)
+    first = client.list_v2("/api/v2/deals")
+    assert first == Page(rows=(), next_cursor="a", more=True)
+    pages = list(client.iter_v2("/api/v2/deals"))
+    assert [row["id"] for p in pages for row in p.rows] == [1]
+    assert [r.url.params.get("cursor") for r in script.requests[1:]] == [None, "a", "b", "c"]

@@ -1,10 +1,14 @@
-"""Cursors and stripes as data: v1 kinds walk from four pages and hand on start + 4 x 500; v2
-kinds are cut into four update_time spans that cover everything (open at both ends, never
-overlapping); email tasks are ten deals, keyed so a retried discovery page finds them again. The
-provider seeds each kind without I/O."""
+"""Cursors and stripes as data: v1 kinds walk from four pages and hand on span + 4 x 500 - but
+only when the API's `more_items_in_collection` says more, and a short page the API says is not the
+last goes on at its `next_start` inside its span; v2 kinds are cut into four update_time spans
+that cover every timed row (open at both ends, never overlapping), plus a walker for null-time
+rows when there are any; email tasks are ten deals, keyed so a retried discovery page finds them
+again. The provider seeds each kind without I/O."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from engine_core.models import Run
 from engine_core.providers.pipedrive import stripes
@@ -17,6 +21,47 @@ def test_v1_kinds_stripe_by_page_arithmetic() -> None:
     assert [(s.cursor_key, s.cursor) for s in seeds] == [(f"notes:{n}", {"start": n}) for n in (0, 500, 1000, 1500)]
     nxt = stripes.v1_next("notes", 1000)
     assert (nxt.cursor_key, nxt.cursor) == ("notes:3000", {"start": 3000})
+
+
+def _after(cursor, more, next_start):
+    s = stripes.v1_after("notes", cursor, more=more, next_start=next_start)
+    return None if s is None else (s.cursor_key, s.cursor)
+
+
+def test_v1_hand_on_is_decided_by_the_api_fields() -> None:
+    first = {"start": 500}
+    # a full page: the stripe's next span
+    assert _after(first, True, 1000) == ("notes:2500", {"start": 2500})
+    # the API says no more: the stripe ends, however full the page was
+    assert _after(first, False, None) is None
+    # a short page (the server capped limit at 15) that is not the last: same span, at next_start
+    assert _after(first, True, 515) == ("notes:515", {"start": 515, "span": 500})
+    sub = {"start": 515, "span": 500}
+    assert stripes.v1_limit(first) == 500 and stripes.v1_limit(sub) == 485
+    assert _after(sub, True, 530) == ("notes:530", {"start": 530, "span": 500})
+    # the sub-page that reaches the span's end hands on to the stripe's next span
+    assert _after({"start": 995, "span": 500}, True, 1000) == ("notes:2500", {"start": 2500})
+    # next_start wins over arithmetic inside the span; past the span's end the span is done
+    assert _after(first, True, 742) == ("notes:742", {"start": 742, "span": 500})
+    assert _after(sub, True, 1100) == ("notes:2500", {"start": 2500})
+    # an empty page that still says more goes on too
+    assert _after({"start": 0}, True, 10) == ("notes:10", {"start": 10, "span": 0})
+
+
+def test_v1_cursors_that_cannot_be_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="more_items_in_collection without a next_start"):
+        stripes.v1_after("notes", {"start": 0}, more=True, next_start=None)
+    with pytest.raises(ValueError, match="not inside a span"):
+        stripes.v1_limit({"start": 1000, "span": 500})
+    with pytest.raises(ValueError, match="not a v1 listing cursor"):
+        stripes.v1_limit({"begin": 0})
+
+
+def test_v1_sub_page_keys_never_collide_with_span_keys() -> None:
+    spans = {s.cursor_key for s in stripes.v1_seeds("notes")} | {stripes.v1_next("notes", n).cursor_key for n in range(0, 2000, 500)}
+    subs = {stripes.v1_after("notes", {"start": n - n % 500, "span": n - n % 500}, more=True, next_start=n + 1).cursor_key
+            for n in range(0, 4000, 7) if (n + 1) % 500}
+    assert not spans & subs
 
 
 def _covers(spans, moment: datetime) -> int:
@@ -45,6 +90,22 @@ def test_v2_walkers_carry_their_span_and_cursor() -> None:
     nxt = stripes.v2_next("deals", seeds[1].cursor, "abc")
     assert nxt.cursor_key == "deals:s1:p1" and nxt.cursor["cursor"] == "abc"
     assert stripes.v2_params(nxt.cursor) == {"updated_since": "2020-01-01T00:00:00Z"}
+
+
+def test_a_null_walker_is_seeded_only_when_nulls_exist_and_the_spans_are_bounded() -> None:
+    spans = [(None, "2020-01-01T00:00:00Z"), ("2020-01-01T00:00:00Z", None)]
+    assert [s.cursor_key for s in stripes.v2_stripe_seeds("deals", spans)] == ["deals:s0:p0", "deals:s1:p0"]
+    seeds = stripes.v2_stripe_seeds("deals", spans, nulls=True)
+    assert [s.cursor_key for s in seeds] == ["deals:s0:p0", "deals:s1:p0", "deals:nulls:p0"]
+    walker = seeds[-1].cursor
+    assert stripes.is_null_walker(walker) and stripes.v2_params(walker) == {}  # the unfiltered list
+    nxt = stripes.v2_next("deals", walker, "c1")
+    assert nxt.cursor_key == "deals:nulls:p1" and stripes.is_null_walker(nxt.cursor) and nxt.cursor["cursor"] == "c1"
+    # one unbounded span is the unfiltered list already
+    assert [s.cursor_key for s in stripes.v2_stripe_seeds("deals", [(None, None)], nulls=True)] == ["deals:s0:p0"]
+    assert stripes.has_null_time({"id": 1, "update_time": None}) and stripes.has_null_time({"id": 1})
+    assert not stripes.has_null_time({"id": 1, "update_time": "2020-01-01T00:00:00Z"})
+    assert not stripes.has_null_time({"id": 1, "update_time": "garbage"})  # a time, if a bad one: a span has it
 
 
 def test_email_tasks_are_ten_deals_with_stable_keys() -> None:

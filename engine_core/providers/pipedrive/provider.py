@@ -11,10 +11,14 @@ Tasks and cursors (details in `stripes.py`):
   crm.custom_field_definitions so the product can show custom values by name and option label;
   the other tasks read them from there once per run.
 * v1 kinds (users, leads, leads_archived, notes) - offset pages striped by page arithmetic: four
-  stripes from 0, 500, 1000, 1500; a full page creates start + 4 x 500.
+  stripes own spans of 500 from 0, 500, 1000, 1500; a page that reaches its span's end creates
+  span + 4 x 500, a shorter page the API says is not the last goes on at its `next_start`.
 * v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
-  ranges of `update_time`: a discovery task finds the oldest and newest update and seeds four
-  walkers over four equal spans (the first and last open-ended); each creates its next page.
+  ranges of `update_time`: a discovery task finds the oldest and newest update (walking past
+  empty pages) and seeds four walkers over four equal spans (the first and last open-ended), plus
+  one over the unfiltered list for rows whose `update_time` is null when there are any; each
+  creates its next page. The deal lists' discovery records the source's own count
+  (`source_total`, from `/v1/deals/summary[/archived]`) in its task stats.
   Pipelines and stages (short v2 lists without time filters) have one walker each; a deal links to
   its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
@@ -257,14 +261,9 @@ class PipedriveProvider:
         return lambda row: fn(row, tenant, book)
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
-        """One v1 page: asked up to its span's end, handed on by the API's pagination fields
-        (`stripes.v1_after`), never by the number of rows that came back."""
-        kind, cursor = ctx.task.kind, ctx.task.cursor
-        start, _ = stripes.v1_span(cursor)
-        page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=ctx.cancel)
-        writers.write_listed_page(ctx, page.rows, self._mapper(ctx), client)
-        after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
-        return TaskOutcome((after,) if after is not None else ())
+        listed = list_v1_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
+        writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
+        return TaskOutcome(listed.successors)
 
     def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         """Probe both ends of `update_time` (`discover`), cut four spans, seed their walkers and,
@@ -279,32 +278,20 @@ class PipedriveProvider:
             else:
                 ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
         found = discover(client, stripes.V2_PATHS[kind], ctx.cancel)
+        seeds = discovery_seeds(kind, found)
         ctx.stats.values["probe_requests"] = found.requests
-        if not found.rows:
-            ctx.stats.values["stripes"] = 0
-            return TaskOutcome()  # the list is empty to its end: nothing to walk
-        seeds = stripes.v2_stripe_seeds(kind, found.spans, nulls=found.nulls)
         ctx.stats.values["stripes"] = len(seeds)
         if found.nulls:
             ctx.stats.values["null_update_time_seen"] = 1
         return TaskOutcome(tuple(seeds))
 
     def _v2_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
-        """One page of a v2 walker; an empty page with a `next_cursor` is not the end. The null
-        walker lists the whole collection and writes only its null-time rows (the rest are the
-        spans'), counting what it passed over as `covered_by_spans`."""
-        kind, cursor = ctx.task.kind, ctx.task.cursor
-        page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=ctx.cancel)
-        rows = page.rows
-        if stripes.is_null_walker(cursor):
-            rows = tuple(r for r in page.rows if stripes.has_null_time(r))
-        writers.write_listed_page(ctx, rows, self._mapper(ctx), client)
-        if len(rows) < len(page.rows):
+        listed = list_v2_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
+        writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
+        if listed.passed:
             # counted after the page is written, so a page retried after a crash counts once
-            ctx.stats.bump("covered_by_spans", len(page.rows) - len(rows))
-        if page.more and page.next_cursor:
-            return TaskOutcome((stripes.v2_next(kind, cursor, page.next_cursor),))
-        return TaskOutcome()
+            ctx.stats.bump("covered_by_spans", listed.passed)
+        return TaskOutcome(listed.successors)
 
     # -- field definitions ----------------------------------------------------------------
     def fetch_definitions(self, client: PipedriveClient, ctx: TaskContext | None = None) -> list[dict[str, Any]]:
@@ -409,6 +396,44 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None) -> Discover
         return Discovery(None, None, rows=False, nulls=False, requests=req_a)
     newest, seen_d, nulls_d, req_d = probe(client, path, "desc", cancel)
     return Discovery(oldest, newest, rows=True, nulls=nulls_a or nulls_d, requests=req_a + req_d)
+
+
+def discovery_seeds(kind: str, found: Discovery) -> list[Successor]:
+    """The walkers a discovery seeds: none for a list empty to its end, else one per span and the
+    null walker when a probe met a null-time row (`stripes.v2_stripe_seeds`)."""
+    if not found.rows:
+        return []
+    return stripes.v2_stripe_seeds(kind, found.spans, nulls=found.nulls)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One listing task's page, decided but not written: the rows the task writes, how many rows it
+    listed but leaves to other walkers (the null walker's timed rows), and the task it hands on to."""
+
+    rows: tuple[dict[str, Any], ...]
+    passed: int
+    successors: tuple[Successor, ...]
+
+
+def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
+    """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
+    (`stripes.v1_after`), never by the number of rows that came back."""
+    start, _ = stripes.v1_span(cursor)
+    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
+    after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
+    return Listed(page.rows, 0, (after,) if after is not None else ())
+
+
+def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
+    """A v2 walker's page; a page with no rows and a `next_cursor` is not the end. The null walker
+    lists the whole collection and keeps only its null-time rows (the rest are the spans')."""
+    page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=cancel)
+    rows = page.rows
+    if stripes.is_null_walker(cursor):
+        rows = tuple(r for r in page.rows if stripes.has_null_time(r))
+    successors = (stripes.v2_next(kind, cursor, page.next_cursor),) if page.more and page.next_cursor else ()
+    return Listed(rows, len(page.rows) - len(rows), successors)
 
 
 def _time(row: Any) -> datetime | None:

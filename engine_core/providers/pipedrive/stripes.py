@@ -1,24 +1,54 @@
 """Cursors and stripes: where each task of a kind starts, and the task it hands on to.
 
+The rule every walk obeys: the API's own pagination fields decide whether there is more - v1's
+`more_items_in_collection` / `next_start`, v2's `next_cursor`. Page arithmetic and time spans only
+decide who walks which part; they never end a walk the API says goes on. A page shorter than asked
+(a server capping `limit`), or with no rows at all, is not the end while those fields say more.
+
 Offset-paginated (v1) kinds - users, leads, leads_archived, notes - are striped by page arithmetic,
-as in the seeds: four tasks start at pages 0, 500, 1000 and 1500, and a task whose page was full
-creates the next page of its own stripe, start + 4 x 500. The cursor is `{"start": n}` and the
-cursor key `kind:n`, so a retried page finds its successor already there.
+as in the seeds: four stripes own the spans [0, 500), [500, 1000), [1000, 1500), [1500, 2000), then
+each its span + 4 x 500, and so on. A span's first task (cursor `{"start": S}`, key `kind:S`) asks
+`start=S, limit=500`; a full page hands on to the stripe's next span, S + 4 x 500. A page shorter
+than asked with `more_items_in_collection: true` does not end the span: the task hands on to the
+`next_start` the server gave, inside the same span (`{"start": n, "span": S}`, key `kind:n`), asking
+only up to the span's end so it never reads the next stripe's rows; the sub-page that reaches the
+span's end hands on to S + 4 x 500. When `next_start` and the arithmetic disagree, `next_start`
+wins inside a span (the server knows where its rows are); a `next_start` at or past the span's end
+means the span is done (the rows past it are the next span's, whose own task reads them). Every
+sub-page is a task of its own, so each page commits its windows with its own offset and a retried
+sub-page resumes at that offset; its successor's key is its `next_start`, so a retry finds it
+already there. Keys never collide: a sub-page starts strictly inside its span, never on a multiple
+of 500. Cost: a server that caps at c rows a page costs 500 / c tasks a span instead of one.
 
 Cursor-paginated (v2) kinds - organizations, persons, deals, deals_archived, activities - have no
 page arithmetic: a v2 cursor is opaque and only reachable by walking. They are striped by ranges of
 `update_time`, the one range filter every v2 list accepts (`updated_since` inclusive,
-`updated_until` exclusive). A discovery task per kind (`kind:discover`, two one-row listings:
-oldest and newest `update_time`) cuts [oldest, newest] into four equal spans and seeds one walker
-per span (`kind:s<stripe>:p0`); each walker lists its span page by page in id order, carrying the
-v2 cursor, and creates its own next page (`kind:s<stripe>:p<n+1>`). The first span is open below
-and the last open above, so a row outside [oldest, newest] - one updated while the run walks, say -
-still falls into exactly one stripe: a row updated mid-walk moves to the open-ended last stripe,
+`updated_until` exclusive). A discovery task per kind (`kind:discover`) probes the list sorted by
+`update_time` ascending and descending (following `next_cursor` past empty pages, until a row with
+an update time or the end), cuts [oldest, newest] into four equal spans and seeds one walker per
+span (`kind:s<stripe>:p0`); each walker lists its span page by page in id order, carrying the v2
+cursor, and creates its own next page (`kind:s<stripe>:p<n+1>`). The first span is open below
+and the last open above, so every row WITH an update time falls into exactly one span, even one
+outside [oldest, newest]: a row updated while the run walks moves to the open-ended last stripe,
 which is walked in id order and picks it up unless it has already passed that id (a later run
 catches it; the ledger makes that rerun cheap). Ids were the alternative, but v2 lists take no id
 range (only `ids=` lists of 100), and time spans need no knowledge of the id space. Equal spans
 are equal work when records arrive evenly; an account that grew fast recently has a heavier last
 stripe, which still walks alongside the other three rather than after them.
+
+Rows whose `update_time` is null are in no span: a filtered list never returns them. The probes
+see them - a sort puts nulls at one end (Postgres: last ascending, first descending; other stores
+the other way round), so one of the two probes meets them before any timed row, whichever end it
+is - and when either probe saw one, discovery seeds one more walker (`kind:nulls:p0`) over the
+UNFILTERED list that writes only the rows whose `update_time` is null; the rows with a time it
+passes over are their spans' (counted as `covered_by_spans` in its stats, never written or seen
+twice). The cost is one extra walk of the whole list, paid only by kinds that have null-time rows.
+When discovery finds no timed row at all, or a single moment, the one stripe has neither bound and
+is the unfiltered list itself, so it needs no null walker. The union of the stripes therefore is
+the unfiltered list: every timed row in exactly one span, every null-time row in the null walker
+(tests/pipedrive/test_listing_shapes.py proves it against the sandbox's shapes). What this does
+not cover: a server that drops null-time rows from sorted lists altogether (neither probe could
+see them); Pipedrive's and the sandbox's lists do not.
 
 Pipelines and stages are v2 lists without time filters, and short: each has one walker over the
 whole list (`kind:s0:p0`, the shape of a stripe with neither bound).
@@ -56,12 +86,55 @@ UNSTRIPED: frozenset[str] = frozenset({"pipelines", "stages"})
 
 
 def v1_seeds(kind: str, stripes: int = STRIPES, page: int = PAGE) -> list[Successor]:
+    """The first span of each stripe: `kind:0`, `kind:500`, ... with cursor `{"start": n}`."""
     return [Successor(f"{kind}:{i * page}", {"start": i * page}) for i in range(stripes)]
 
 
 def v1_next(kind: str, start: int, stripes: int = STRIPES, page: int = PAGE) -> Successor:
+    """The stripe's next span after the span that begins at `start`: start + stripes x page."""
     nxt = start + stripes * page
     return Successor(f"{kind}:{nxt}", {"start": nxt})
+
+
+def v1_span(cursor: dict[str, Any], page: int = PAGE) -> tuple[int, int]:
+    """(start, span start) of a v1 task's cursor; a span's first task carries no `span` (its own
+    start). Raises ValueError naming the cursor when the start lies outside its span."""
+    try:
+        start = int(cursor["start"])
+        span = int(cursor.get("span", start))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"not a v1 listing cursor: {cursor!r}") from None
+    if span < 0 or span % page or not span <= start < span + page:
+        raise ValueError(f"v1 cursor start {start} is not inside a span of {page} rows starting at {span}")
+    return start, span
+
+
+def v1_limit(cursor: dict[str, Any], page: int = PAGE) -> int:
+    """Rows a v1 task asks for: up to its span's end, so a sub-page never reads the next span's rows
+    (a span's first task asks a full page)."""
+    start, span = v1_span(cursor, page)
+    return span + page - start
+
+
+def v1_after(
+    kind: str, cursor: dict[str, Any], *, more: bool, next_start: int | None, stripes: int = STRIPES, page: int = PAGE
+) -> Successor | None:
+    """The task a v1 page hands on to, decided by the API's fields, not by how many rows came back.
+
+    `more` / `next_start` are the page's `more_items_in_collection` / `next_start` (the client
+    fills `next_start` in as start + rows served when the server omits it). No more: the stripe
+    ends. More, and `next_start` inside this span: the same span goes on there (key
+    `kind:<next_start>`). More, and `next_start` at or past the span's end: the stripe's next span.
+    Raises ValueError when the API says more but gives no `next_start` past this page's start.
+    """
+    if not more:
+        return None
+    start, span = v1_span(cursor, page)
+    if next_start is None or next_start <= start:
+        raise ValueError(f"more_items_in_collection without a next_start past {start}")
+    if next_start < span + page:
+        return Successor(f"{kind}:{next_start}", {"start": next_start, "span": span})
+    return v1_next(kind, span, stripes, page)
 
 
 # --- v2: update_time spans -------------------------------------------------------------------
@@ -96,19 +169,41 @@ def time_spans(oldest: datetime | None, newest: datetime | None, stripes: int = 
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def v2_stripe_seeds(kind: str, spans: list[tuple[str | None, str | None]]) -> list[Successor]:
-    return [
+NULLS = "nulls"  # the stripe name of the walker over null-time rows
+
+
+def v2_stripe_seeds(kind: str, spans: list[tuple[str | None, str | None]], *, nulls: bool = False) -> list[Successor]:
+    """One walker per span (`kind:s<i>:p0`), plus - when discovery met rows whose `update_time`
+    is null and the spans are bounded - one walker over the unfiltered list for them
+    (`kind:nulls:p0`). A single unbounded span is the unfiltered list already: no null walker."""
+    seeds = [
         Successor(f"{kind}:s{i}:p0", {"stripe": i, "since": since, "until": until, "cursor": None, "page": 0})
         for i, (since, until) in enumerate(spans)
     ]
+    if nulls and spans != [(None, None)]:
+        seeds.append(Successor(f"{kind}:{NULLS}:p0", {"stripe": NULLS, "since": None, "until": None, "cursor": None, "page": 0}))
+    return seeds
 
 
 def v2_next(kind: str, cursor: dict[str, Any], next_cursor: str) -> Successor:
+    """The walker's next page: same stripe and bounds, the API's `next_cursor`, page + 1."""
     page = int(cursor.get("page", 0)) + 1
+    stripe = cursor["stripe"]
+    key = f"{kind}:{NULLS}:p{page}" if stripe == NULLS else f"{kind}:s{stripe}:p{page}"
     return Successor(
-        f"{kind}:s{cursor['stripe']}:p{page}",
-        {"stripe": cursor["stripe"], "since": cursor.get("since"), "until": cursor.get("until"), "cursor": next_cursor, "page": page},
+        key,
+        {"stripe": stripe, "since": cursor.get("since"), "until": cursor.get("until"), "cursor": next_cursor, "page": page},
     )
+
+
+def is_null_walker(cursor: dict[str, Any]) -> bool:
+    return cursor.get("stripe") == NULLS
+
+
+def has_null_time(row: Any) -> bool:
+    """A listed row no `updated_since`/`updated_until` filter returns: its `update_time` is null
+    (or absent). A malformed time is not null: the server has a time for it, so a span has it."""
+    return isinstance(row, dict) and row.get("update_time") in (None, "")
 
 
 def v2_params(cursor: dict[str, Any]) -> dict[str, str]:
