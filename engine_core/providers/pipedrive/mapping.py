@@ -31,9 +31,11 @@ _FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
 
 # Where a reference may be found in the ledger. A source record has one identity whichever list
 # served it (issue 8, item 6): the archived lists' tasks (`deals_archived`, `leads_archived`) write
-# ledger kind `deals` / `leads`, and migration 0008 folded the entries older code kept apart.
-DEAL_KINDS = ("deals",)
-LEAD_KINDS = ("leads",)
+# ledger kind `deals` / `leads`, and migration 0008 folded the entries older code kept apart. The
+# old kinds are still read, after the new one, so that entries an older worker writes during a
+# rolling upgrade (after the fold) still resolve; nothing new is written under them.
+DEAL_KINDS = ("deals", "deals_archived")
+LEAD_KINDS = ("leads", "leads_archived")
 LEDGER_KIND = {"deals_archived": "deals", "leads_archived": "leads"}
 
 
