@@ -37,6 +37,30 @@ LEDGER_KIND = {
     "notes": "notes",
     "mail_messages": "emails",
 }
+# One ledger identity per source record, whichever list served it (active or archived).
+IDENTITY = {"deals_archived": "deals", "leads_archived": "leads"}
+
+
+def ledger_truth(truth: dict[str, Any]) -> dict[str, set[str]]:
+    """The source's ids per ledger kind: archived deals and leads fold into deals and leads."""
+    out: dict[str, set[str]] = {}
+    ids = dict(truth["ids"])
+    ids["mail_messages"] = [m for msgs in truth["deals_with_mail"].values() for m in msgs]
+    for name, kind in LEDGER_KIND.items():
+        out.setdefault(IDENTITY.get(kind, kind), set()).update(str(i).lower() for i in ids[name])
+    return out
+
+
+def ledger_counts(counts: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Task-kind counters (kind_counts) summed per ledger kind."""
+    out: dict[str, dict[str, int]] = {}
+    for kind, c in counts.items():
+        k = out.setdefault(IDENTITY.get(kind, kind), {n: 0 for n in c})
+        for n, v in c.items():
+            k[n] = k.get(n, 0) + v
+    return out
+
+
 TABLE = {
     "users": "users",
     "pipelines": "pipelines",
@@ -86,7 +110,7 @@ def migrate(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme", *, widt
 
 def ledger(db: dbmod.Database, tenant: str, kind: str) -> dict[str, dict[str, Any]]:
     rows = db.sql(
-        "SELECT source_id, action, reason, record_id, migration_id FROM migration_records"
+        "SELECT source_id, action, reason, record_id, migration_id, dangling FROM migration_records"
         " WHERE tenant_id = %(t)s AND source = 'pipedrive' AND kind = %(k)s",
         {"t": tenant, "k": kind},
     )

@@ -19,6 +19,8 @@ from tests.pipedrive.support import (
     failed_tasks,
     kind_counts,
     ledger,
+    ledger_counts,
+    ledger_truth,
     migrate,
     sandbox,
 )
@@ -36,20 +38,23 @@ def test_full_tiny_migration_reconciles_with_the_sandbox_truth(db) -> None:
         run = migrate(db, sb, TENANT)
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert run.plan == tuple(tuple(g) for g in PHASES)
-    ids = truth["ids"]
-    ids["mail_messages"] = [m for msgs in truth["deals_with_mail"].values() for m in msgs]
-    counts = kind_counts(db, run.id)
+    source = ledger_truth(truth)
+    counts = ledger_counts(kind_counts(db, run.id))
+    dangling = {k: {str(i).lower() for i in v} for k, v in truth["dangling"].items()}
     created_by_table: Counter[str] = Counter()
-    for name, kind in LEDGER_KIND.items():
+    for kind, want in source.items():
         entries = ledger(db, TENANT, kind)
-        assert set(entries) == {str(i).lower() for i in ids[name]}, f"{kind}: ledger ids differ from the source's"
+        assert set(entries) == want, f"{kind}: ledger ids differ from the source's"
         created = actions(entries, "created")
         skipped = actions(entries, "skipped")
         assert actions(entries, "failed", "matched") == set(), kind
-        assert created | skipped == set(entries)
-        assert counts[kind]["imported"] == len(created) and counts[kind]["skipped"] == len(skipped), kind
-        for sid in skipped:
-            assert entries[sid]["reason"].startswith(NOT_LINKED), entries[sid]
+        assert skipped == set(), f"{kind}: every row is imported, dangling parents included: {skipped}"
+        assert counts[kind]["imported"] == len(created) and counts[kind]["skipped"] == 0, kind
+        # rows on parents deleted at the source: imported with the link empty, the id kept
+        on_purged = {sid for sid, e in entries.items() if e["dangling"]}
+        assert on_purged == dangling.get(kind, set()), kind
+        for sid in on_purged:
+            assert "does not exist at the source" in entries[sid]["reason"], entries[sid]
         created_by_table[TABLE[kind]] += len(created)
         # every created entry points at its own target row
         table = TABLE[kind]
@@ -60,15 +65,10 @@ def test_full_tiny_migration_reconciles_with_the_sandbox_truth(db) -> None:
         rows = _target_rows(db, TENANT, table)
         assert len(rows) == n, f"crm.{table}: target rows must be created + matched"
         assert len({r["source_id"] for r in rows}) == len(rows), f"crm.{table} has duplicates"
-    # the references the sandbox made dangle are the ones skipped (and only rows pointing at them)
-    for kind, dangling in truth["dangling"].items():
-        skipped = actions(ledger(db, TENANT, kind), "skipped")
-        assert {str(i).lower() for i in dangling} <= skipped, kind
-    # archived deals and leads are there, marked archived
-    archived_deals = db.sql("SELECT count(*) AS n FROM crm.deals WHERE tenant_id = %(t)s AND archived", {"t": TENANT})[0]["n"]
-    assert archived_deals == len(actions(ledger(db, TENANT, "deals_archived"), "created")) > 0
-    archived_leads = db.sql("SELECT count(*) AS n FROM crm.leads WHERE tenant_id = %(t)s AND archived", {"t": TENANT})[0]["n"]
-    assert archived_leads == len(actions(ledger(db, TENANT, "leads_archived"), "created")) > 0
+    # archived deals and leads are there once each, marked archived
+    for table, name in (("deals", "deals_archived"), ("leads", "leads_archived")):
+        archived = db.sql(f"SELECT source_id FROM crm.{table} WHERE tenant_id = %(t)s AND archived", {"t": TENANT})
+        assert {r["source_id"].lower() for r in archived} == {str(i).lower() for i in truth["ids"][name]} != set(), table
     # every message has its body and its deal
     bodies = db.sql("SELECT count(*) AS n FROM crm.emails WHERE tenant_id = %(t)s AND (body IS NULL OR deal_id IS NULL)", {"t": TENANT})
     assert bodies[0]["n"] == 0
@@ -254,7 +254,8 @@ def test_notes_and_activities_run_has_two_phases_and_a_later_run_takes_its_place
         created = actions(entries, "created")
         assert created and counts[kind]["imported"] == len(created), kind
         assert all(entries[s]["migration_id"] == full.id for s in created), "the later run took them over"
-        still = actions(entries, "skipped")
-        assert {str(i) for i in truth["dangling"][kind]} <= still
+        assert actions(entries, "skipped") == set(), "the parents are here now, or deleted at the source"
+        on_purged = {sid for sid, e in entries.items() if e["dangling"]}
+        assert on_purged == {str(i) for i in truth["dangling"][kind]}
         rows = db.sql(f"SELECT count(*) AS n FROM crm.{kind} WHERE tenant_id = %(t)s", {"t": TENANT})[0]["n"]
         assert rows == len(created)
