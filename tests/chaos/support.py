@@ -491,12 +491,13 @@ def run_problems(db: dbmod.Database, run_id: int, tenant: str, chaos: Chaos | No
         problems.append(f"{tenant} run {run_id} ({run.status}): {len(rows)} tasks cancelled though nobody stopped the run: {named[:8]}")
     all_ok = set(states) == {"succeeded"}
     if (run.status == "succeeded") != all_ok:
-        problems.append(f"{tenant} run {run_id} reads {run.status!r} with tasks {states}")
-    if run.status != "succeeded":
-        rows = db.sql("SELECT id, kind, cursor_key, status, error FROM migration_tasks"
-                      " WHERE migration_id = %(r)s AND status <> 'succeeded' ORDER BY id LIMIT 8", {"r": run_id})
+        problems.append(f"{tenant} run {run_id} reads {run.status!r} (phase {run.current_phase} of {len(run.plan)}) with tasks {states}")
+    if not all_ok or run.status != "succeeded":
+        rows = db.sql("SELECT id, phase, kind, cursor_key, status, attempts, error FROM migration_tasks"
+                      " WHERE migration_id = %(r)s AND status <> 'succeeded' ORDER BY id LIMIT 10", {"r": run_id})
         problems.append(f"{tenant} run {run_id} ended {run.status!r}; not succeeded: "
-                        + "; ".join(f"#{r['id']} {r['kind']}:{r['cursor_key']} {r['status']} {r['error']!r}" for r in rows))
+                        + "; ".join(f"#{r['id']} phase {r['phase']} {r['kind']}:{r['cursor_key']} {r['status']}"
+                                    f" (attempts {r['attempts']}) {r['error']!r}" for r in rows))
     return problems
 
 
