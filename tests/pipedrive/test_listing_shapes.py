@@ -26,9 +26,11 @@ import pytest
 
 from engine_core.providers.pipedrive import stripes
 from engine_core.providers.pipedrive.client import PipedriveClient
-from engine_core.providers.pipedrive.provider import discover, discovery_seeds, list_v1_task, list_v2_task
+from engine_core.providers.pipedrive.errors import BadResponse
+from engine_core.providers.pipedrive.mapping import ledger_kind
+from engine_core.providers.pipedrive.provider import discover, discovery_seeds, list_v1_task, list_v2_task, source_total
 from pipedrive_sandbox.config import SandboxConfig
-from tests.client.support import Script, make_client, ok
+from tests.client.support import Script, make_client, ok, status
 from tests.pipedrive.support import TOKEN, failed_tasks, ledger, migrate, sandbox
 
 TENANT = "acme"
@@ -210,23 +212,31 @@ def test_sandbox_stripes_union_with_every_listing_shape_at_once() -> None:
 
 
 def _reconcile(db, truth: dict[str, Any], *kinds: str) -> None:
-    """Each kind's ledger holds exactly the source's ids, none failed."""
+    """Each ledger kind holds exactly the source's ids of the lists it is fed by (archived deals
+    and leads share their active twins' identity), none failed."""
     for kind in kinds:
         entries = ledger(db, TENANT, kind)
-        expected = {str(i).lower() for i in truth["ids"][kind]}
+        expected = {str(i).lower() for k in truth["ids"] if ledger_kind(k) == kind for i in truth["ids"][k]}
         assert len(expected) > 0, kind
         assert set(entries) == expected, f"{kind}: {len(expected - set(entries))} of {len(expected)} source rows never listed"
         assert not {s for s, e in entries.items() if e["action"] == "failed"}, kind
+
+
+def _reconcile_mail(db, truth: dict[str, Any]) -> None:
+    expected = {str(m) for msgs in truth["deals_with_mail"].values() for m in msgs}
+    entries = ledger(db, TENANT, "emails")
+    assert expected and set(entries) == expected, f"emails: {len(expected - set(entries))} of {len(expected)} never listed"
 
 
 @needs("page_cap")
 def test_a_server_capping_limit_loses_no_note(db) -> None:
     with sandbox(page_cap=15) as sb:
         truth = sb.truth()
-        run = migrate(db, sb, TENANT, kinds=["users", "leads", "leads_archived", "notes"])
+        run = migrate(db, sb, TENANT)
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert len(truth["ids"]["notes"]) > 15
-    _reconcile(db, truth, "users", "notes")
+    _reconcile(db, truth, "users", "organizations", "persons", "deals", "leads", "activities", "notes")
+    _reconcile_mail(db, truth)
     keys = [r["cursor_key"] for r in db.sql("SELECT cursor_key FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'notes'", {"r": run.id})]
     assert "notes:15" in keys and "notes:30" in keys  # the sub-pages of span [0, 500), by next_start
 
@@ -235,9 +245,10 @@ def test_a_server_capping_limit_loses_no_note(db) -> None:
 def test_empty_pages_with_a_cursor_lose_no_deal(db) -> None:
     with sandbox(empty_pages=True) as sb:
         truth = sb.truth()
-        run = migrate(db, sb, TENANT, kinds=["users", "organizations", "persons", "deals", "deals_archived"])
+        run = migrate(db, sb, TENANT)
     assert run.status == "succeeded", failed_tasks(db, run.id)
-    _reconcile(db, truth, "organizations", "persons", "deals")
+    _reconcile(db, truth, "organizations", "persons", "deals", "activities", "notes")
+    _reconcile_mail(db, truth)  # email discovery walks the deal lists through their empty pages too
 
 
 @needs("null_update_time")
@@ -261,24 +272,27 @@ def test_rows_without_an_update_time_are_imported(db) -> None:
 # --- the source's own count ----------------------------------------------------------------------
 
 
-def _sandbox_serves_summaries() -> bool:
-    with sandbox() as sb, PipedriveClient(sb.base_url, TOKEN) as client:
-        try:
-            client.get("/v1/deals/summary")
-        except Exception:
-            return False
-    return True
+def test_source_total_reads_the_summary_count() -> None:
+    client, _ = make_client(Script([ok({"total_count": 41, "values_total": {}})]))
+    assert source_total(client, "/v1/deals/summary") == 41
+    client, _ = make_client(Script([status(404)]))
+    assert source_total(client, "/v1/deals/summary") is None  # a source without the summary: no count
+    for bad in ({"total_count": "41"}, {"total_count": -1}, {"values_total": {}}, None):
+        client, _ = make_client(Script([ok(bad)]))
+        with pytest.raises(BadResponse, match="total_count"):
+            source_total(client, "/v1/deals/summary")
 
 
 def test_deal_discovery_records_the_source_total(db) -> None:
-    if not _sandbox_serves_summaries():
-        pytest.skip("the sandbox does not serve /v1/deals/summary yet (sandbox_shapes.md: 'Also served')")
     with sandbox() as sb:
+        with PipedriveClient(sb.base_url, TOKEN) as client:
+            if source_total(client, "/v1/deals/summary") is None:
+                pytest.skip("the sandbox does not serve /v1/deals/summary yet (sandbox_shapes.md: 'Also served')")
         truth = sb.truth()
         run = migrate(db, sb, TENANT, kinds=["users", "organizations", "persons", "deals", "deals_archived"])
     assert run.status == "succeeded", failed_tasks(db, run.id)
     rows = db.sql("SELECT kind, stats FROM migration_tasks WHERE migration_id = %(r)s AND cursor_key LIKE '%%:discover'", {"r": run.id})
     totals = {r["kind"]: r["stats"].get("source_total") for r in rows}
     assert totals["deals"] == len(truth["ids"]["deals"]) and totals["deals_archived"] == len(truth["ids"]["deals_archived"])
-    assert isinstance(totals["deals"], int)
+    assert isinstance(totals["deals"], int) and totals["deals"] > 0
     assert totals.get("organizations") is None and totals.get("persons") is None  # no count the API gives
