@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from psycopg.types.json import Jsonb
 
+from engine_core import statistics
 from engine_core.config import Settings
 from engine_core.db import Conn, Database
 from engine_core.models import Run, Successor
@@ -74,4 +75,5 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
         phase = run.current_phase
     if won_any:
         top_up(db, run_id, settings)
+    statistics.after_advance(db, closed=won_any)  # after the barrier commits (issue 11); never raises
     return won_any

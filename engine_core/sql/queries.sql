@@ -450,3 +450,14 @@ SELECT source_id, action FROM migration_records
 SELECT source_id, migration_id, action FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND source_id = ANY(%(source_ids)s::text[]);
+
+-- name: table_growth --
+-- Statistics of its own (engine_core/statistics.py): rows changed since each grown table's last
+-- analyze against its row estimate; tables that do not exist are left out (to_regclass is NULL).
+SELECT s.schemaname, s.relname, c.reltuples, s.n_mod_since_analyze, s.analyze_count + s.autoanalyze_count AS analyze_count
+  FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+ WHERE s.relid IN (SELECT to_regclass(t) FROM unnest(%(tables)s::text[]) AS t);
+
+-- name: try_analyze_lock --
+-- Fences ANALYZE: one worker at a time per table; released when the analyzing transaction ends.
+SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(%(table)s)) AS locked;
