@@ -288,6 +288,7 @@ SELECT phase, kind, status, count(*) AS n,
        COALESCE(sum((stats->>'skipped')::bigint), 0) AS skipped,
        COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
        COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
+       max((stats->>'source_total')::bigint) AS source_total,
        min(started_at) AS first_started, max(finished_at) AS last_finished
   FROM migration_tasks WHERE migration_id = %(run_id)s
  GROUP BY phase, kind, status ORDER BY phase, kind, status;
@@ -298,16 +299,27 @@ SELECT kind, COALESCE(error, 'unknown') AS reason, count(*) AS n
  GROUP BY kind, error ORDER BY n DESC;
 
 -- name: duration_by_payload --
--- The seed's first question: does task time move with the task's own payload?
-SELECT CASE WHEN COALESCE((stats->>%(stat)s)::int, 0) >= %(top)s THEN %(top)s::text || '+'
-            ELSE COALESCE(stats->>%(stat)s, '0') END                          AS payload,
-       count(*)                                                              AS tasks,
-       round(avg(extract(epoch FROM finished_at - started_at))::numeric, 2)  AS avg_seconds,
-       round(max(extract(epoch FROM finished_at - started_at))::numeric, 2)  AS max_seconds
-  FROM migration_tasks
- WHERE migration_id = %(run_id)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)
-   AND status = 'succeeded'
- GROUP BY 1 ORDER BY min(COALESCE((stats->>%(stat)s)::int, 0));
+-- The seed's first question: does task time move with the task's own payload? Buckets follow the
+-- payload's distribution in powers of two (0, 1, 2-3, 4-7, ... 512-1023): a kind whose tasks carry
+-- 0 to 5,000 rows spreads over a dozen buckets instead of "0" and "3+". The bucket of v >= 1 is
+-- its bit length b: [2^(b-1), 2^b - 1], computed on integers (no floating log).
+WITH t AS (
+    SELECT GREATEST(COALESCE((stats->>%(stat)s)::bigint, 0), 0) AS v,
+           extract(epoch FROM finished_at - started_at) AS secs
+      FROM migration_tasks
+     WHERE migration_id = %(run_id)s AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+       AND status = 'succeeded'
+), b AS (
+    SELECT v, secs, length(ltrim(v::bit(63)::text, '0')) AS bits FROM t
+)
+SELECT CASE WHEN bits = 0 THEN '0'
+            WHEN bits = 1 THEN '1'
+            ELSE (1::bigint << (bits - 1))::text || '-' || ((1::bigint << bits) - 1)::text END AS payload,
+       count(*)                                         AS tasks,
+       round(avg(secs)::numeric, 2)                     AS avg_seconds,
+       round(max(secs)::numeric, 2)                     AS max_seconds
+  FROM b
+ GROUP BY bits ORDER BY bits;
 
 -- name: stale_running_tasks --
 -- Reaper sweep 1: a running task whose lock is older than the threshold lost its worker.
@@ -461,3 +473,39 @@ SELECT s.schemaname, s.relname, c.reltuples, s.n_mod_since_analyze, s.analyze_co
 -- name: try_analyze_lock --
 -- Fences ANALYZE: one worker at a time per table; released when the analyzing transaction ends.
 SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(%(table)s)) AS locked;
+
+-- name: ledger_reasons --
+-- Why rows were skipped or failed, from the ledger (the truth, not the run log's sample): grouped by
+-- kind, action and reason with numbers of 3+ digits folded (as runlog.group_key does), with up to
+-- five sample source ids. Rows a later write took over are no longer skipped/failed, so a reason
+-- whose rows were imported after a retry disappears by itself.
+SELECT kind, action, min(reason) AS reason, count(*) AS n,
+       (array_agg(source_id ORDER BY length(source_id), source_id))[1:5] AS samples
+  FROM migration_records
+ WHERE migration_id = %(run_id)s AND action IN ('skipped', 'failed')
+ GROUP BY kind, action, regexp_replace(COALESCE(reason, 'unknown'), '[0-9]{3,}', 'N', 'g')
+ ORDER BY n DESC, kind;
+
+-- name: ledger_written_by_kind --
+-- Completeness: the rows a run claimed (created or matched), per ledger kind. Claims are never
+-- taken over by a later run, so these stay the run's own.
+SELECT kind, count(*) FILTER (WHERE action = 'created') AS created,
+       count(*) FILTER (WHERE action = 'matched') AS matched
+  FROM migration_records
+ WHERE migration_id = %(run_id)s AND action IN ('created', 'matched')
+ GROUP BY kind ORDER BY kind;
+
+-- name: phase_rows_with_reasons --
+-- A phase's skipped and failed rows with their reasons, capped (the phase metadata's table).
+SELECT kind, source_id, action, reason, created_at
+  FROM migration_records
+ WHERE migration_id = %(run_id)s AND kind = ANY(%(kinds)s::text[]) AND action IN ('skipped', 'failed')
+ ORDER BY action DESC, kind, length(source_id), source_id
+ LIMIT %(limit)s;
+
+-- name: explain_story --
+-- Every ledger entry of one source row (every source it came from), with its run.
+SELECT r.*, m.status AS run_status, m.dry_run AS run_dry_run
+  FROM migration_records r JOIN migrations m ON m.id = r.migration_id
+ WHERE r.tenant_id = %(tenant_id)s AND r.kind = %(kind)s AND r.source_id = %(source_id)s
+ ORDER BY r.source;
