@@ -1,4 +1,13 @@
-"""The run page as queries: the rollup, the duration-by-payload diagnosis, and one row's story."""
+"""The run page as queries: the rollup, the duration-by-payload diagnosis, and one row's story.
+
+The rollup also checks completeness (issue 8, "checked, not assumed"): for every kind of a closed
+phase, rows seen = rows accounted for (imported + matched + already here + skipped + failed in the
+task stats); rows claimed in the ledger by this run = imported + matched (per phase, so a task
+kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under `deals` -
+is compared with its phase); and rows seen = the source's own count where a discovery task
+recorded one (`source_total` in its stats). What does not add up is listed in `completeness`
+and `incomplete`, and `verdict` says so beside the engine's status.
+"""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -24,6 +33,12 @@ class KindRollup:
     already_here: int = 0
     skipped: int = 0
     failed: int = 0
+    source_total: int | None = None  # the source's own count, where a discovery task recorded one
+
+    @property
+    def accounted(self) -> int:
+        """Rows with an outcome: imported + matched + already here + skipped + failed."""
+        return self.imported + self.matched + self.already_here + self.skipped + self.failed
 
 
 @dataclass
@@ -42,6 +57,27 @@ class RunRollup:
     started_at: datetime | None
     finished_at: datetime | None
     seconds: float | None
+    # per closed phase: {"phase", "kinds", "complete", "problems": [str], per-kind figures}
+    completeness: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def incomplete(self) -> list[str]:
+        """Every problem of every closed phase, one line each ("deals: seen 39 of the source's 40")."""
+        return [p for c in self.completeness for p in c["problems"]]
+
+    @property
+    def complete(self) -> bool:
+        return not self.incomplete
+
+    @property
+    def verdict(self) -> str:
+        """The engine's status, with what does not add up: never a silent "succeeded"."""
+        if self.complete:
+            return self.status
+        return f"{self.status}, incomplete: " + "; ".join(self.incomplete)
+
+    def phase_completeness(self, phase: int) -> dict[str, Any] | None:
+        return next((c for c in self.completeness if c["phase"] == phase), None)
 
     def phase_kinds(self, phase: int) -> list[KindRollup]:
         return [k for k in self.kinds if k.phase == phase]
@@ -50,6 +86,9 @@ class RunRollup:
         d = asdict(self)
         for key in ("started_at", "finished_at"):
             d[key] = d[key].isoformat() if d[key] else None
+        d["complete"] = self.complete
+        d["incomplete"] = self.incomplete
+        d["verdict"] = self.verdict
         return d
 
 
@@ -70,7 +109,10 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         kr.seen += int(r["seen"])
         for c in COUNTERS:
             setattr(kr, c, getattr(kr, c) + int(r[c]))
+        if r.get("source_total") is not None:
+            kr.source_total = max(kr.source_total or 0, int(r["source_total"]))
     end = row["finished_at"] or datetime.now(row["started_at"].tzinfo)
+    kind_list = list(kinds.values())
     return RunRollup(
         run_id=run.id,
         name=run.name,
@@ -81,33 +123,104 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         current_phase=run.current_phase,
         phases=[list(g) for g in run.plan],
         tasks=dict(tasks),
-        kinds=list(kinds.values()),
-        reasons=grouped_reasons(db, run_id, row["log"]),
+        kinds=kind_list,
+        reasons=grouped_reasons(db, run_id, row["log"], dry_run=run.dry_run),
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         seconds=(end - row["started_at"]).total_seconds() if row["started_at"] else None,
+        completeness=completeness(db, run, kind_list),
     )
 
 
-def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Failure reasons grouped by kind and reason: the log's sample plus failed tasks' errors."""
+def closed_phases(run: Run, kinds: list[KindRollup]) -> list[int]:
+    """Phases whose barrier has passed, and the phase a terminal run ended on when none of its tasks
+    is still pending or running (a run that failed or stopped there: its counts are final too)."""
+    closed = [p for p in range(len(run.plan)) if p < run.current_phase]
+    if run.status in ("succeeded", "failed", "stopped") and run.current_phase < len(run.plan):
+        p = run.current_phase
+        if not any(k.tasks.get("pending") or k.tasks.get("running") for k in kinds if k.phase == p):
+            closed.append(p)
+    return closed
+
+
+def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[str, Any]]:
+    """Per closed phase, whether its kinds add up (see the module docstring); problems as lines.
+
+    A dry run writes no ledger rows, so only its stats and source counts are compared."""
+    written = {r["kind"]: int(r["created"]) + int(r["matched"])
+               for r in db.fetch_all("ledger_written_by_kind", {"run_id": run.id})}
+    out: list[dict[str, Any]] = []
+    for phase in closed_phases(run, kinds):
+        mine = [k for k in kinds if k.phase == phase]
+        problems: list[str] = []
+        for k in mine:
+            if k.seen != k.accounted:
+                problems.append(f"{k.kind}: {k.seen} seen but {k.accounted} accounted for "
+                                f"(imported {k.imported}, matched {k.matched}, already here {k.already_here}, "
+                                f"skipped {k.skipped}, failed {k.failed})")
+            if k.source_total is not None and k.seen != k.source_total:
+                problems.append(f"{k.kind}: {k.seen} seen of the source's own count {k.source_total}")
+        stats_written = sum(k.imported + k.matched for k in mine)
+        ledger_written = sum(written.get(k.kind, 0) for k in mine)
+        if not run.dry_run and stats_written != ledger_written:
+            problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_written} imported or "
+                            f"matched in the task stats but {ledger_written} claimed in the ledger by this run")
+        out.append({
+            "phase": phase,
+            "kinds": {k.kind: {"seen": k.seen, "accounted": k.accounted, "source_total": k.source_total,
+                               "ledger_written": written.get(k.kind, 0)} for k in mine},
+            "stats_written": stats_written,
+            "ledger_written": None if run.dry_run else ledger_written,
+            "complete": not problems,
+            "problems": problems,
+        })
+    return out
+
+
+def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]] | None = None,
+                    *, dry_run: bool = False) -> list[dict[str, Any]]:
+    """Why rows or tasks did not land, grouped, biggest first: [{kind, reason, count, samples,
+    action}] where `action` is "skipped"/"failed" (rows, counted from the ledger: the truth),
+    "task failed" (tasks failed now, with their error), or the run log's level for notes that are
+    not row outcomes (warnings such as bodies imported without their source's answer).
+
+    Current state only: a row imported after a retry leaves the ledger's skipped/failed set and a
+    task that succeeded after a retry is no longer failed, so their reasons go (issue 10: stale
+    reasons stayed). The log's per-row and per-task errors are a sample of the same facts and are
+    not read, except for a dry run, which writes no ledger placeholders."""
     if log_entries is None:
         row = db.fetch_one("get_run", {"run_id": run_id})
         log_entries = row["log"] if row else []
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+        dry_run = bool(row and row["dry_run"])
+    out: list[dict[str, Any]] = []
+    for r in db.fetch_all("ledger_reasons", {"run_id": run_id}):
+        out.append({"kind": r["kind"], "reason": r["reason"] or "unknown", "count": int(r["n"]),
+                    "samples": [str(s) for s in (r["samples"] or [])], "action": r["action"]})
+    for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
+        out.append({"kind": r["kind"], "reason": r["reason"], "count": int(r["n"]),
+                    "samples": [], "action": "task failed"})
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for e in log_entries or []:
-        key = (e.get("kind", ""), e.get("reason", ""))
-        g = groups.setdefault(key, {"kind": key[0], "reason": key[1], "count": 0, "samples": []})
+        level = e.get("level", "error")
+        if level == "error" and not dry_run:
+            continue  # rows: the ledger above; tasks: their current status above
+        key = (level, e.get("kind", ""), e.get("reason", ""))
+        g = groups.setdefault(key, {"kind": key[1], "reason": key[2], "count": 0, "samples": [], "action": level})
         g["count"] += int(e.get("count", 1))
         for s in e.get("samples", []):
             if len(g["samples"]) < 5 and s not in g["samples"]:
                 g["samples"].append(s)
-    return sorted(groups.values(), key=lambda g: -g["count"])
+    out.extend(groups.values())
+    return sorted(out, key=lambda g: -g["count"])
 
 
-def duration_by_payload(db: Database, run_id: int, *, kind: str | None = None, stat: str = "imported", top: int = 3) -> list[dict[str, Any]]:
-    """Task duration grouped by the task's own payload (the seed's first diagnostic query)."""
-    return db.fetch_all("duration_by_payload", {"run_id": run_id, "kind": kind, "stat": stat, "top": top})
+def duration_by_payload(db: Database, run_id: int, *, kind: str | None = None, stat: str = "imported",
+                        top: int | None = None) -> list[dict[str, Any]]:
+    """Task duration grouped by the task's own payload (the seed's first diagnostic query):
+    [{payload: "0" | "1" | "2-3" | "4-7" | ..., tasks, avg_seconds, max_seconds}], buckets in powers
+    of two of the stat's value so they follow the payload's distribution. `top` is accepted for
+    older callers and ignored (it made every payload from 3 up one bucket)."""
+    return db.fetch_all("duration_by_payload", {"run_id": run_id, "kind": kind, "stat": stat})
 
 
 def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str | None = None) -> dict[str, Any] | None:

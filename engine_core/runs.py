@@ -6,6 +6,7 @@ concurrent starts admit exactly one, and retry/resume pass the same check when t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -13,11 +14,15 @@ from psycopg.types.json import Jsonb
 
 from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused, NothingToDo, RunNotFound
+from engine_core.errors import AdmissionRefused, EngineError, NothingToDo, RunNotFound
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
 from engine_core.providers.base import Provider, dependents, identity_of
+
+
+class RunStillStopping(EngineError):
+    """A stopping run did not settle in time: a task has not reached a stop point yet."""
 
 
 def get_run(db: Database, run_id: int) -> Run:
@@ -150,3 +155,134 @@ def resume(db: Database, run_id: int, provider: Provider, settings: Settings | N
     """Re-arm a stopped run's cancelled tasks; checkpoints make them resume where they were."""
     settings = settings or Settings.from_env()
     return _reopen(db, run_id, ["cancelled"], provider, settings)
+
+
+# -- run policy: which engine run a launch works on, and how it is prepared ----------------------
+
+STOP_SETTLE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Attached:
+    """The engine run a launch works on and how it got it.
+
+    `action`: "attached" (the run the launch already worked on), "joined" (the tenant's live run),
+    "rerun" (the latest run, failed or stopped: `prepare` retries or resumes it), "started" (new),
+    then after `prepare`: "resumed", "retried", "restarted" (a stopped run with nothing to resume:
+    a new run with its kinds and options) or "ready" (nothing to prepare). `message` is one line."""
+
+    run: Run
+    action: str
+    message: str = ""
+
+
+def attach(
+    db: Database,
+    provider: Provider,
+    tenant_id: str,
+    *,
+    tagged_run_id: int | None = None,
+    may_start: bool = True,
+    start_kwargs: dict[str, Any] | None = None,
+) -> Attached:
+    """Which engine run a launch for `tenant_id` works on (the policy both Dagster faces call):
+
+    1. the run the launch already worked on (`tagged_run_id`, kept by re-execution) if it is this
+       tenant's and this source's;
+    2. else the tenant's live run (join);
+    3. else the latest run when it failed or was stopped (a rerun: `prepare` retries or resumes it);
+    4. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates).
+
+    A drainer passes `may_start=False` and gets None-free answers only for runs that exist: it raises
+    RunNotFound when there is nothing to join."""
+    source = provider.source
+    if tagged_run_id is not None:
+        try:
+            tagged = get_run(db, tagged_run_id)
+            if tagged.tenant_id == tenant_id and tagged.source == source:
+                return Attached(tagged, "attached")
+        except RunNotFound:
+            pass
+    current = live_run(db, tenant_id, source)
+    if current is not None:
+        return Attached(current, "joined", f"joined {current.name}")
+    try:
+        latest: Run | None = latest_run(db, tenant_id, source)
+    except RunNotFound:
+        latest = None
+    if latest is not None and latest.status in ("failed", "stopped"):
+        return Attached(latest, "rerun", f"rerunning {latest.name} ({latest.status})")
+    if not may_start:
+        raise RunNotFound(f"tenant {tenant_id!r} has no live {source} run to join")
+    run, started = start_or_join(db, provider, tenant_id, **(start_kwargs or {}))
+    plan = " -> ".join("[" + ", ".join(g) + "]" for g in run.plan)
+    return Attached(run, "started" if started else "joined", f"{'started' if started else 'joined'} {run.name}: {plan}")
+
+
+def settle_stopping(db: Database, run_id: int, timeout: float = STOP_SETTLE_SECONDS) -> Run:
+    """Wait up to `timeout` s for a stopping run's running tasks to reach a stop point; `stop` is
+    idempotent and settles the stop once nothing runs."""
+    import time
+
+    run = get_run(db, run_id)
+    deadline = time.monotonic() + timeout
+    while run.status == "stopping" and time.monotonic() < deadline:
+        run = stop(db, run.id)
+        if run.status == "stopping":
+            time.sleep(0.5)
+    return run
+
+
+def prepare(db: Database, run_id: int, provider: Provider, settings: Settings | None = None) -> Attached:
+    """Once per launch (a rerun of a failed or stopped partition is the engine's retry):
+
+    * a stopping run is given STOP_SETTLE_SECONDS to settle (RunStillStopping if it does not);
+    * a stopped run resumes: its cancelled and failed tasks are re-armed (`retry`); one stopped
+      between phases with nothing to re-arm is restarted as a new run with its kinds and options;
+    * a run with failed tasks (failed at a phase, or still running) is retried: failed tasks
+      re-armed, barrier rewound to the earliest (`retry`);
+    * anything else is "ready" as it is.
+    AdmissionRefused propagates (another live run of the tenant)."""
+    settings = settings or Settings.from_env()
+    run = get_run(db, run_id)
+    if run.status == "stopping":
+        run = settle_stopping(db, run.id)
+        if run.status == "stopping":
+            raise RunStillStopping(f"{run.name} is still stopping (a task has not reached a stop point); "
+                                   "launch it again once it has stopped")
+    try:
+        if run.status == "stopped":
+            run = retry(db, run.id, provider, settings)
+            return Attached(run, "resumed", f"resumed {run.name} from its checkpoints at phase {run.current_phase + 1}")
+        if db.fetch_one("failed_task_reasons", {"run_id": run.id}) is not None:
+            run = retry(db, run.id, provider, settings)
+            return Attached(run, "retried", f"retrying {run.name}: failed tasks re-armed, barrier at phase "
+                                            f"{run.current_phase + 1}")
+    except NothingToDo:
+        if run.status == "stopped":
+            new, _ = start_or_join(db, provider, run.tenant_id, options=dict(run.options), dry_run=run.dry_run,
+                                   kinds=list(run.kinds))
+            return Attached(new, "restarted", f"{run.name} was stopped with no task to resume; started {new.name}")
+        raise
+    return Attached(run, "ready")
+
+
+def rerun(
+    db: Database,
+    provider: Provider,
+    tenant_id: str,
+    *,
+    tagged_run_id: int | None = None,
+    prepare_run: bool = True,
+    may_start: bool = True,
+    start_kwargs: dict[str, Any] | None = None,
+    settings: Settings | None = None,
+) -> list[Attached]:
+    """`attach` then, when `prepare_run`, `prepare`: the steps taken, the last one's run is the
+    one to drain. A launch prepares once (its first phase op); later ops of the same launch only
+    attach to the tagged run."""
+    steps = [attach(db, provider, tenant_id, tagged_run_id=tagged_run_id, may_start=may_start,
+                    start_kwargs=start_kwargs)]
+    if prepare_run:
+        steps.append(prepare(db, steps[-1].run.id, provider, settings))
+    return steps

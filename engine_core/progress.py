@@ -1,0 +1,295 @@
+"""Progress while a phase runs (issue 10, item 2): figures both faces show every few seconds.
+
+* `SourceMetrics` / `source_metrics`: a tiny process-local recorder the source client feeds from its
+  retry path (requests, failed requests, 429s, retries waiting now with their cause). Process-local
+  on purpose: a Dagster phase op and its worker threads share one process, so the op reports what
+  its own lane asked of the source; other processes report theirs.
+* `PhaseMeter`: successive snapshots of one phase of one run, from the task stats the workers
+  checkpoint with every window (rows seen / imported / matched / already here / skipped / failed,
+  tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
+  where a total is known (the source's own count, else the phase's tasks).
+* `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look).
+* `ProgressBoard`: one `rich` progress bar per phase for `migrate run`, drawn from snapshots.
+
+Units: seconds, rows, requests; rates per second over the last interval. No Dagster here.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from engine_core.db import Database
+
+DONE = ("succeeded", "failed")
+
+
+class SourceMetrics:
+    """Counters of one process's source requests. Thread-safe; `snapshot()` is a plain dict.
+
+    `retrying(cause, seconds)` records a retry that waits `seconds` before its next attempt: it
+    counts as in progress until then (no end call needed, so a wait cut short by a stop cannot leave
+    it counted for ever). Causes are short texts ("HTTP 500", "burst 429", "ReadTimeout")."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.failed_requests = 0
+        self.rate_limited = 0
+        self.retries = 0
+        self._waiting: deque[tuple[float, str]] = deque()
+        self.last_ok: float | None = None  # monotonic time of the last request that succeeded
+        self.first_failure_since_ok: float | None = None
+
+    def request(self, *, ok: bool, rate_limited: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.requests += 1
+            if ok:
+                self.last_ok = now
+                self.first_failure_since_ok = None
+            else:
+                self.failed_requests += 1
+                if self.first_failure_since_ok is None:
+                    self.first_failure_since_ok = now
+            if rate_limited:
+                self.rate_limited += 1
+
+    def retrying(self, cause: str, seconds: float) -> None:
+        with self._lock:
+            self.retries += 1
+            self._waiting.append((time.monotonic() + max(0.0, seconds), cause[:80]))
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        with self._lock:
+            while self._waiting and self._waiting[0][0] <= now - 600:
+                self._waiting.popleft()  # long over: keep the deque small
+            causes: dict[str, int] = {}
+            for until, cause in self._waiting:
+                if until > now:
+                    causes[cause] = causes.get(cause, 0) + 1
+            failing_for = now - self.first_failure_since_ok if self.first_failure_since_ok is not None else 0.0
+            return {
+                "requests": self.requests,
+                "failed_requests": self.failed_requests,
+                "rate_limited": self.rate_limited,
+                "retries": self.retries,
+                "retrying": causes,
+                "failing_for_seconds": round(failing_for, 1),
+            }
+
+
+source_metrics = SourceMetrics()
+
+
+@dataclass
+class PhaseProgress:
+    """One snapshot of one phase (0-based `phase`) of a run. Rates are per second since the
+    previous snapshot of the same meter (0 on the first); `eta_seconds` is None when no total is
+    known or nothing moved; `percent` is 0..100 or None."""
+
+    run_id: int
+    phase: int
+    kinds: list[str]
+    seen: int = 0
+    imported: int = 0
+    matched: int = 0
+    already_here: int = 0
+    skipped: int = 0
+    failed: int = 0
+    tasks_done: int = 0
+    tasks_failed: int = 0
+    tasks_total: int = 0
+    source_total: int | None = None
+    requests: int = 0
+    rate_limited: int = 0
+    retries: int = 0
+    retrying: dict[str, int] = field(default_factory=dict)
+    rows_per_second: float = 0.0
+    requests_per_second: float = 0.0
+    percent: float | None = None
+    eta_seconds: float | None = None
+    closed: bool = False
+    at: float = 0.0  # monotonic seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One human line: what the log events and the CLI say."""
+        parts = [f"phase {self.phase + 1} ({', '.join(self.kinds)}): {self.seen} seen, {self.imported} imported,"
+                 f" {self.matched + self.already_here} matched or already here, {self.skipped} skipped,"
+                 f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"]
+        if self.percent is not None:
+            parts.append(f"{self.percent:.0f}%")
+        parts.append(f"{self.rows_per_second:.1f} rows/s, {self.requests_per_second:.1f} req/s, {self.rate_limited} x 429")
+        if self.retrying:
+            parts.append("retrying: " + ", ".join(f"{n} x {c}" for c, n in sorted(self.retrying.items())))
+        if self.eta_seconds is not None:
+            parts.append(f"ETA {format_seconds(self.eta_seconds)}")
+        return "; ".join(parts)
+
+
+def format_seconds(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _phase_figures(rows: list[dict[str, Any]], phase: int, kinds: list[str], run_id: int) -> PhaseProgress:
+    p = PhaseProgress(run_id=run_id, phase=phase, kinds=list(kinds))
+    totals: dict[str, int] = {}
+    for r in rows:
+        if r["phase"] != phase:
+            continue
+        for c in ("seen", "imported", "matched", "already_here", "skipped", "failed"):
+            setattr(p, c, getattr(p, c) + int(r[c]))
+        p.tasks_total += int(r["n"])
+        if r["status"] in DONE:
+            p.tasks_done += int(r["n"])
+        if r["status"] == "failed":
+            p.tasks_failed += int(r["n"])
+        if r.get("source_total") is not None:
+            totals[r["kind"]] = max(totals.get(r["kind"], 0), int(r["source_total"]))
+    # the source's own count covers the phase only when every kind of it has one
+    if totals and all(k in totals for k in kinds):
+        p.source_total = sum(totals.values())
+    return p
+
+
+def _percent_and_remaining(p: PhaseProgress) -> tuple[float | None, float | None, str]:
+    """(percent, remaining units, unit): by rows against the source's count when known, else by tasks.
+    Task totals grow as pages discover their successors, so the task percent is an upper bound."""
+    if p.closed:
+        return 100.0, 0.0, "rows"
+    if p.source_total:
+        return min(100.0, 100.0 * p.seen / p.source_total), max(0, p.source_total - p.seen), "rows"
+    if p.tasks_total:
+        return 100.0 * p.tasks_done / p.tasks_total, p.tasks_total - p.tasks_done, "tasks"
+    return None, None, "tasks"
+
+
+class PhaseMeter:
+    """Snapshots of one phase with rates between them. Not thread-safe: one caller ticks it."""
+
+    def __init__(self, db: Database, run_id: int, phase: int, kinds: list[str],
+                 metrics: SourceMetrics | None = None) -> None:
+        self.db = db
+        self.run_id = run_id
+        self.phase = phase
+        self.kinds = list(kinds)
+        self.metrics = metrics or source_metrics
+        self._prev: PhaseProgress | None = None
+        self._prev_tasks_at: tuple[float, int] | None = None
+        self._base = self.metrics.snapshot()  # count this phase's requests, not the process's
+
+    def snapshot(self) -> PhaseProgress:
+        now = time.monotonic()
+        rows = self.db.fetch_all("rollup_tasks", {"run_id": self.run_id})
+        run = self.db.fetch_one("get_run", {"run_id": self.run_id})
+        p = _phase_figures(rows, self.phase, self.kinds, self.run_id)
+        p.at = now
+        p.closed = bool(run and (run["current_phase"] > self.phase or run["status"] == "succeeded"))
+        m = self.metrics.snapshot()
+        p.requests = m["requests"] - self._base["requests"]
+        p.rate_limited = m["rate_limited"] - self._base["rate_limited"]
+        p.retries = m["retries"] - self._base["retries"]
+        p.retrying = m["retrying"]
+        prev = self._prev
+        if prev is not None and now > prev.at:
+            dt = now - prev.at
+            p.rows_per_second = round(max(0, p.seen - prev.seen) / dt, 2)
+            p.requests_per_second = round(max(0, p.requests - prev.requests) / dt, 2)
+        p.percent, remaining, unit = _percent_and_remaining(p)
+        if p.percent is not None:
+            p.percent = round(p.percent, 1)
+        if remaining == 0:
+            p.eta_seconds = 0.0
+        elif remaining is not None and prev is not None:
+            if unit == "rows" and p.rows_per_second > 0:
+                p.eta_seconds = round(remaining / p.rows_per_second, 1)
+            elif unit == "tasks":
+                # tasks finish in steps: the rate since the first snapshot that saw one finish
+                if self._prev_tasks_at is None:
+                    self._prev_tasks_at = (prev.at, prev.tasks_done)
+                t0, done0 = self._prev_tasks_at
+                if p.tasks_done > done0 and now > t0:
+                    p.eta_seconds = round(remaining / ((p.tasks_done - done0) / (now - t0)), 1)
+        self._prev = p
+        return p
+
+
+def run_progress(db: Database, run_id: int) -> dict[str, Any]:
+    """Percent and ETA of a whole run, for `migrate status`: {"percent", "eta_seconds",
+    "phases": [{"phase", "kinds", "percent", "tasks_done", "tasks_total", "source_total"}]}.
+
+    Per phase: 100 once closed; by rows against the source's count where every kind has one, else
+    by tasks done. The run's percent weighs every phase equally (phases differ wildly in size, so
+    it is a coarse figure). The ETA extrapolates the run's elapsed time over its percent, and is
+    None before anything is done or once the run is terminal."""
+    run = db.fetch_one("get_run", {"run_id": run_id})
+    if run is None:
+        return {"percent": None, "eta_seconds": None, "phases": []}
+    rows = db.fetch_all("rollup_tasks", {"run_id": run_id})
+    plan = [list(g) for g in run["plan"]]
+    phases: list[dict[str, Any]] = []
+    for i, kinds in enumerate(plan):
+        p = _phase_figures(rows, i, kinds, run_id)
+        p.closed = run["current_phase"] > i or run["status"] == "succeeded"
+        pct, _, _ = _percent_and_remaining(p)
+        phases.append({"phase": i, "kinds": kinds, "percent": round(pct or 0.0, 1), "tasks_done": p.tasks_done,
+                       "tasks_total": p.tasks_total, "source_total": p.source_total, "seen": p.seen})
+    percent = round(sum(ph["percent"] for ph in phases) / len(phases), 1) if phases else 100.0
+    eta = None
+    if run["status"] in ("running", "stopping") and run["started_at"] is not None and 0 < percent < 100:
+        elapsed = time.time() - run["started_at"].timestamp()
+        eta = round(elapsed * (100 - percent) / percent, 1)
+    return {"percent": percent, "eta_seconds": eta, "phases": phases}
+
+
+class ProgressBoard:
+    """One `rich` progress bar per phase of a run, for `migrate run`: call `update(db)` every few
+    seconds (inside `with board:`), it snapshots every phase that has tasks and redraws."""
+
+    def __init__(self, run_id: int, plan: list[list[str]], console: Any = None) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.run_id = run_id
+        self.plan = [list(g) for g in plan]
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            TimeRemainingColumn(), TextColumn("{task.fields[figures]}"), console=console, transient=False,
+        )
+        self._bars: dict[int, Any] = {}
+        self._meters: dict[int, PhaseMeter] = {}
+
+    def __enter__(self) -> ProgressBoard:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def update(self, db: Database) -> list[PhaseProgress]:
+        out: list[PhaseProgress] = []
+        for i, kinds in enumerate(self.plan):
+            meter = self._meters.setdefault(i, PhaseMeter(db, self.run_id, i, kinds))
+            p = meter.snapshot()
+            if not p.tasks_total and not p.closed:
+                continue
+            if i not in self._bars:
+                self._bars[i] = self.progress.add_task(f"phase {i + 1} {', '.join(kinds)}", total=100.0, figures="")
+            figures = (f"{p.seen} seen {p.imported} imported {p.skipped} skipped {p.failed} failed"
+                       f" | tasks {p.tasks_done}/{p.tasks_total} | {p.rows_per_second:.0f} rows/s"
+                       f" {p.requests_per_second:.1f} req/s {p.rate_limited}x429")
+            if p.retrying:
+                figures += " | retrying " + ", ".join(f"{n}x {c}" for c, n in sorted(p.retrying.items()))
+            self.progress.update(self._bars[i], completed=p.percent or 0.0, figures=figures)
+            out.append(p)
+        return out
