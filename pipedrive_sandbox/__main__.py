@@ -24,6 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-limit-max", default="500")
     p.add_argument("--slow-seconds", default="30")
     p.add_argument("--burst-window-seconds", default="2")
+    shapes = p.add_argument_group("API shapes (issue 8; all off by default)")
+    shapes.add_argument("--page-cap", default="0", help="serve at most N rows a page whatever limit asks (0 = off)")
+    shapes.add_argument("--empty-pages", action="store_true", help="v2 lists answer data: [] with a next_cursor on their first page")
+    shapes.add_argument("--null-update-time", default="0", help="N rows of each kind have update_time null")
+    shapes.add_argument("--archive-flip", default="0", help="N active deals and leads move to the archived list once served")
+    shapes.add_argument("--hostile-mail", action="store_true", help="four extra messages: huge, NUL, lone surrogate, invalid UTF-8")
+    shapes.add_argument("--private-mail", default="0", help="N messages whose body fetch answers 403 (even id) / 404 (odd id)")
     return p
 
 
@@ -41,6 +48,12 @@ def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
         page_limit_max=ns.page_limit_max,
         slow_seconds=ns.slow_seconds,
         burst_window_seconds=ns.burst_window_seconds,
+        page_cap=ns.page_cap,
+        empty_pages=ns.empty_pages,
+        null_update_time=ns.null_update_time,
+        archive_flip=ns.archive_flip,
+        hostile_mail=ns.hostile_mail,
+        private_mail=ns.private_mail,
     )
 
 

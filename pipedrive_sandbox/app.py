@@ -31,8 +31,9 @@ from .config import SandboxConfig
 from .costs import API_PREFIX, TOKEN_COSTS
 from .data import Dataset, dataset_for, parse_time, rfc3339
 from .faults import FaultPlan, request_key
-from .fields import ENTITY_OF_V2_FIELDS, v1_lead_fields, v1_note_fields, v2_fields
+from .fields import ENTITY_OF_V1_FIELDS, ENTITY_OF_V2_FIELDS, v1_entity_fields, v1_lead_fields, v1_note_fields, v2_fields
 from .limits import RateLimiter
+from .shapes import FLIP_KINDS, INVALID_UTF8_BYTES, INVALID_UTF8_MARK_BYTES, SHAPE_TRUTH_KINDS, Shapes
 
 log = logging.getLogger("pipedrive_sandbox")
 
@@ -59,7 +60,13 @@ def envelope_error(status: int, message: str) -> dict[str, Any]:
 
 
 def dumps(payload: Any) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone UTF-16 surrogate (the hostile_mail shape) has no UTF-8 form: send it as the JSON
+        # escape `\ud800`, as a server whose strings are UTF-16 does.
+        return json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
@@ -122,6 +129,13 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _ep("v1", "/users/{id}", "v1_single", "single", False),
     _ep("v1", "/leadFields", "v1_fields", "list", True),
     _ep("v1", "/noteFields", "v1_fields", "list", True),
+    _ep("v1", "/activityFields", "v1_fields", "list", True),
+    _ep("v1", "/dealFields", "v1_fields", "list", True),
+    _ep("v1", "/organizationFields", "v1_fields", "list", True),
+    _ep("v1", "/personFields", "v1_fields", "list", True),
+    _ep("v1", "/productFields", "v1_fields", "list", True),
+    _ep("v1", "/deals/summary", "v1_deals_summary", "single", False),
+    _ep("v1", "/deals/summary/archived", "v1_deals_summary", "single", False),
     _ep("v1", "/deals/{id}/mailMessages", "v1_deal_mail", "list", True),
     _ep("v1", "/mailbox/mailMessages/{id}", "v1_mail_message", "single", False),
 )
@@ -280,6 +294,8 @@ class SandboxState:
         )
         self.faults = FaultPlan(config.seed, config.fault_spec, config.latency_spec)
         self.stats = Stats()
+        self.shapes = Shapes(self.dataset, config)
+        self.summary_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     @property
     def badrow(self) -> float:
@@ -294,6 +310,9 @@ class SandboxState:
             day_seconds=new.day_seconds,
         )
         self.faults.reconfigure(new.fault_spec, new.latency_spec)
+        if any(getattr(new, name) != getattr(self.config, name) for name in SandboxConfig.SHAPES):
+            self.shapes = Shapes(self.dataset, new)  # a fresh shape state: archive flips start over
+            self.summary_cache.clear()
         self.config = new
         return new
 
@@ -413,11 +432,14 @@ class SandboxApp:
     async def get_truth(self, request: Request) -> Response:
         kind = request.query_params.get("kind") or None
         try:
-            body = self.ds.truth(self.state.badrow, kind)
+            if kind in SHAPE_TRUTH_KINDS:
+                body = {"scale": self.ds.scale, "seed": self.ds.seed}
+            else:
+                body = self.ds.truth(self.state.badrow, kind)
         except KeyError:
-            valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "counts"]
+            valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts", *SHAPE_TRUTH_KINDS]
             return json_response(400, envelope_error(400, f"unknown truth kind {kind!r}; one of: {', '.join(valid)}"))
-        return json_response(200, body)
+        return json_response(200, self.state.shapes.extend_truth(body, kind))
 
     async def config_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
@@ -530,6 +552,8 @@ class SandboxApp:
                     state.stats.listings[_listing_key(path, request.query_params.multi_items())] += 1
                 if is_body:
                     state.stats.bodies_fetched[int(params["id"])] += 1
+                if is_body and state.shapes.hostile_on and INVALID_UTF8_MARK_BYTES in body:
+                    body = body.replace(INVALID_UTF8_MARK_BYTES, INVALID_UTF8_BYTES)  # not UTF-8 on the wire
                 if fault.kind == "badjson":
                     body = body[: max(1, len(body) // 2)]
             return Response(body, status_code=status, headers=headers, media_type=JSON_TYPE)
@@ -621,10 +645,51 @@ class SandboxApp:
 
         return pred
 
+    def _record(self, kind: str, index: int) -> dict[str, Any]:
+        """The record as served now: generated, malformed when drawn, then shaped."""
+        return self.state.shapes.apply(kind, index, self.ds.record(kind, index, self.state.badrow))
+
+    def _shaped_order(
+        self, kind: str, subset: str, since: int | None, until: int | None, sort_by: str, desc: bool, universe: Iterable[int] | None = None
+    ) -> list[tuple[tuple[Any, ...], int]]:
+        """(sort key, index) of every row a list of a shape-touched kind serves, in served order.
+
+        The generator's shortcuts (times grow with the index, archived rows in fixed arrays) do not
+        hold for rows with a null or moved update time, so such kinds are materialised: time filters
+        never match a null time; `update_time` sorts put nulls last ascending, first descending."""
+        shapes = self.state.shapes
+        filtered = since is not None or until is not None
+        rows: list[tuple[tuple[Any, ...], int]] = []
+        for i in universe if universe is not None else range(self.ds.count(kind)):
+            if subset != "all" and shapes.is_archived(kind, i) != (subset == "archived"):
+                continue
+            t = shapes.update_ts(kind, i)
+            if filtered:
+                if t is None or (since is not None and t < since) or (until is not None and t >= until):
+                    continue
+            rows.append(((t is None, t or 0, i) if sort_by == "update_time" else (i,), i))
+        rows.sort(reverse=desc)
+        return rows
+
+    def _cursor_key(self, kind: str, cursor: dict[str, Any], sort_by: str) -> tuple[Any, ...]:
+        index = self.ds.index_of(kind, cursor.get("id"))
+        if index is None:
+            raise ApiError(400, "Invalid cursor")
+        if sort_by != "update_time":
+            return (index,)
+        value = cursor.get("fieldValue")
+        try:
+            t = parse_time(value) if isinstance(value, str) else None
+        except ValueError:
+            raise ApiError(400, "Invalid cursor") from None
+        return (t is None, t or 0, index)
+
     def v2_list(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         spec = V2_LISTS[endpoint.spec_path]
         ds, kind = self.ds, spec.kind
+        shapes = self.state.shapes
         limit = q.limit()
+        size = shapes.cap(limit)
         if q.get("filter_id") is not None:
             raise ApiError(404, "Filter not found")
         sort_by = q.get("sort_by") or "id"
@@ -635,6 +700,7 @@ class SandboxApp:
             raise ApiError(400, "Parameter 'sort_direction' must be one of: asc, desc")
         desc = direction == "desc"
         lo, hi = 0, ds.count(kind)
+        since = until = None
         if spec.time_filters:
             since, until = q.time("updated_since"), q.time("updated_until")
             if since is not None:
@@ -646,8 +712,10 @@ class SandboxApp:
         cursor = decode_cursor(q.get("cursor")) if q.get("cursor") else None
         if cursor is not None and (cursor.get("field") != sort_by or cursor.get("sortDirection") != direction):
             raise ApiError(400, "Invalid cursor: it belongs to another sort order")
-        badrow = self.state.badrow
+        if cursor is not None and cursor.get("start"):
+            cursor = None  # the empty_pages shape's cursor: resume at the first row
 
+        wanted_idxs: list[int] | None = None
         if ids_param is not None:
             try:
                 wanted = [int(x) for x in ids_param.split(",") if x.strip()]
@@ -655,38 +723,53 @@ class SandboxApp:
                 raise ApiError(400, "Parameter 'ids' must be a comma separated list of integers") from None
             if len(wanted) > 100:
                 raise ApiError(400, "Parameter 'ids' accepts at most 100 ids")
-            idxs = sorted({i for i in (ds.index_of(kind, w) for w in wanted) if i is not None and lo <= i < hi})
+            wanted_idxs = sorted({i for i in (ds.index_of(kind, w) for w in wanted) if i is not None})
+
+        if shapes.empty_pages and q.get("cursor") is None:
+            # A first page that is empty yet says there is more (issue 8, item 3).
+            start = encode_cursor({"field": sort_by, "fieldValue": None, "sortDirection": direction, "id": None, "start": True})
+            return {"success": True, "data": [], "additional_data": {"next_cursor": start}}
+
+        shaped = shapes.touches(kind) and sort_by in MONOTONIC_SORTS
+        if shaped:
+            ordered = self._shaped_order(kind, spec.subset, since, until, sort_by, desc, wanted_idxs)
+            if cursor is not None:
+                ck = self._cursor_key(kind, cursor, sort_by)
+                ordered = [r for r in ordered if (r[0] < ck if desc else r[0] > ck)]
+            candidates: Iterable[int] = [i for _, i in ordered]
+        elif wanted_idxs is not None:
+            idxs = [i for i in wanted_idxs if lo <= i < hi]
             if spec.subset != "all":
                 idxs = [i for i in idxs if ds.is_archived(kind, i) == (spec.subset == "archived")]
-            candidates: Iterable[int] = reversed(idxs) if desc else idxs
+            candidates = reversed(idxs) if desc else idxs
         else:
             candidates = self._candidates(kind, spec.subset, lo, hi, desc)
 
         if sort_by in MONOTONIC_SORTS:
-            if cursor is not None:
+            if cursor is not None and not shaped:
                 after = ds.index_of(kind, cursor["id"])
                 if after is None:
                     raise ApiError(400, "Invalid cursor")
                 candidates = (i for i in candidates if (i < after if desc else i > after))
             page: list[tuple[int, dict[str, Any]]] = []
             for i in candidates:
-                rec = ds.record(kind, i, badrow)
+                rec = self._record(kind, i)
                 if pred is not None and not pred(rec):
                     continue
                 page.append((i, rec))
-                if len(page) > limit:
+                if len(page) > size:
                     break
         else:
             # Keyset over a field that does not follow the index (stages by order_nr): materialise.
-            rows = [(i, ds.record(kind, i, badrow)) for i in candidates]
+            rows = [(i, self._record(kind, i)) for i in candidates]
             rows = [r for r in rows if pred is None or pred(r[1])]
             rows.sort(key=lambda r: (_sort_value(r[1].get(sort_by)), r[0]), reverse=desc)
             if cursor is not None:
                 after_key = (_sort_value(cursor.get("fieldValue")), ds.index_of(kind, cursor["id"]) or 0)
                 rows = [r for r in rows if ((_sort_value(r[1].get(sort_by)), r[0]) < after_key if desc else (_sort_value(r[1].get(sort_by)), r[0]) > after_key)]
-            page = rows[: limit + 1]
-        more = len(page) > limit
-        page = page[:limit]
+            page = rows[: size + 1]
+        more = len(page) > size
+        page = page[:size]
         next_cursor = None
         if more and page:
             last_i, last_rec = page[-1]
@@ -698,16 +781,19 @@ class SandboxApp:
         if kind == "deals" and "email_messages_count" in included:
             # The one include_fields value a full export needs: which deals have mail to list.
             data = [
-                {**row, "email_messages_count": len(ds.deal_message_ids(i))} if isinstance(row, dict) else row
+                {**row, "email_messages_count": len(shapes.deal_message_ids(i))} if isinstance(row, dict) else row
                 for (i, _), row in zip(page, data)
             ]  # copies: records may be shared with the generator's cache
+        if spec.subset == "active" and kind in FLIP_KINDS:
+            shapes.served_active(kind, [i for i, _ in page])  # archive_flip: archived right after being served
         return {"success": True, "data": data, "additional_data": {"next_cursor": next_cursor}}
 
     def _sort_field_value(self, kind: str, index: int, rec: dict[str, Any], sort_by: str) -> Any:
         if sort_by == "id":
             return self.ds.ident(kind, index)
         if sort_by == "update_time":
-            return rfc3339(self.ds.update_ts(kind, index))
+            t = self.state.shapes.update_ts(kind, index)
+            return rfc3339(t) if t is not None else None
         if sort_by == "add_time":
             return rfc3339(self.ds.add_ts(kind, index))
         return rec.get(sort_by)
@@ -721,20 +807,23 @@ class SandboxApp:
         index = self.ds.index_of(kind, ident)
         if index is None:
             raise ApiError(404, f"{SINGULAR[kind]} not found")
-        rec = self.ds.record(kind, index, self.state.badrow)
+        rec = self._record(kind, index)
         return {"success": True, "data": self._v2_custom(kind, rec, q)}
 
     def v2_fields(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         entity = ENTITY_OF_V2_FIELDS[endpoint.spec_path.strip("/")]
         items = v2_fields(self.ds, entity)
-        limit = q.limit()
+        limit = self.state.shapes.cap(q.limit())
         start = 0
         if q.get("cursor"):
             cur = decode_cursor(q.get("cursor") or "")
             try:
-                start = int(cur["id"]) + 1
+                start = 0 if cur.get("start") else int(cur["id"]) + 1
             except (TypeError, ValueError):
                 raise ApiError(400, "Invalid cursor") from None
+        elif self.state.shapes.empty_pages:
+            first = encode_cursor({"field": "order", "fieldValue": None, "sortDirection": "asc", "id": None, "start": True})
+            return {"success": True, "data": [], "additional_data": {"next_cursor": first}}
         page = items[start : start + limit]
         more = start + limit < len(items)
         next_cursor = encode_cursor({"field": "order", "fieldValue": start + limit - 1, "sortDirection": "asc", "id": start + limit - 1}) if more else None
@@ -755,38 +844,43 @@ class SandboxApp:
         q: Query,
         pred: Callable[[dict[str, Any]], bool] | None,
         sort: tuple[str, bool] | None,
-    ) -> tuple[list[dict[str, Any]], int, int, bool]:
+    ) -> tuple[list[dict[str, Any]], int, int, bool, list[int]]:
+        """(rows, start, limit asked, more, indexes of the rows) of one offset page."""
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()
-        badrow = self.state.badrow
-        ds = self.ds
+        size = self.state.shapes.cap(limit)
+        out: list[tuple[int, dict[str, Any]]] = []
         if sort is None:
-            out: list[dict[str, Any]] = []
             if pred is None:
-                for i in itertools.islice(candidates, start, start + limit + 1):
-                    out.append(ds.record(kind, i, badrow))
+                for i in itertools.islice(candidates, start, start + size + 1):
+                    out.append((i, self._record(kind, i)))
             else:
                 matched = 0
                 for i in candidates:
-                    rec = ds.record(kind, i, badrow)
+                    rec = self._record(kind, i)
                     if not pred(rec):
                         continue
                     if matched >= start:
-                        out.append(rec)
-                        if len(out) > limit:
+                        out.append((i, rec))
+                        if len(out) > size:
                             break
                     matched += 1
         else:
             field_name, desc = sort
-            rows = [ds.record(kind, i, badrow) for i in candidates]
+            rows = [(i, self._record(kind, i)) for i in candidates]
             if pred is not None:
-                rows = [r for r in rows if pred(r)]
-            rows.sort(key=lambda r: _sort_value(r.get(field_name)), reverse=desc)
-            out = rows[start : start + limit + 1]
-        more = len(out) > limit
-        return out[:limit], start, limit, more
+                rows = [r for r in rows if pred(r[1])]
+            if field_name == "update_time":
+                # Only shape-touched kinds sort times this way: null last ascending, first descending.
+                rows.sort(key=lambda r: (r[1].get(field_name) is None, _sort_value(r[1].get(field_name))), reverse=desc)
+            else:
+                rows.sort(key=lambda r: _sort_value(r[1].get(field_name)), reverse=desc)
+            out = rows[start : start + size + 1]
+        more = len(out) > size
+        out = out[:size]
+        return [rec for _, rec in out], start, limit, more, [i for i, _ in out]
 
-    def _v1_sort(self, q: Query, monotonic: frozenset[str], allowed: tuple[str, ...]) -> tuple[tuple[str, bool] | None, bool]:
+    def _v1_sort(self, q: Query, monotonic: frozenset[str], allowed: tuple[str, ...], kind: str = "") -> tuple[tuple[str, bool] | None, bool]:
         """(fallback sort or None, descending for the index order)."""
         raw = q.get("sort")
         if raw is None:
@@ -798,6 +892,8 @@ class SandboxApp:
             raise ApiError(400, "Parameter 'sort' must be 'field ASC' or 'field DESC'")
         if field_name not in allowed:
             raise ApiError(400, f"Parameter 'sort' supports: {', '.join(allowed)}")
+        if field_name == "update_time" and kind and self.state.shapes.touches(kind):
+            return (field_name, desc), False  # null or moved times do not follow the index
         if field_name in monotonic:
             return None, desc
         return (field_name, desc), False
@@ -811,16 +907,25 @@ class SandboxApp:
             q,
             frozenset({"add_time", "update_time"}),
             ("id", "title", "owner_id", "creator_id", "was_seen", "expected_close_date", "next_activity_id", "add_time", "update_time"),
+            "leads",
         )
         lo, hi = 0, ds.count("leads")
+        since = None
         if not archived:
             since = q.time("updated_since")
             if since is not None:
                 lo = ds.first_index_at_or_after("leads", since)
         spec = ListSpec("leads", filters=(("owner_id", "owner_id", "int"), ("person_id", "person_id", "int"), ("organization_id", "organization_id", "int")))
         pred = self._filter_pred(spec, q)
-        candidates = self._candidates("leads", "archived" if archived else "active", lo, hi, desc)
-        rows, start, limit, more = self._v1_page("leads", candidates, q, pred, sort)
+        subset = "archived" if archived else "active"
+        shapes = self.state.shapes
+        if shapes.touches("leads"):
+            candidates: Iterable[int] = [i for _, i in self._shaped_order("leads", subset, since, None, "id", desc)]
+        else:
+            candidates = self._candidates("leads", subset, lo, hi, desc)
+        rows, start, limit, more, served = self._v1_page("leads", candidates, q, pred, sort)
+        if not archived:
+            shapes.served_active("leads", served)  # archive_flip: archived right after being served
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows), flat=True)}
 
     def v1_notes(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
@@ -829,6 +934,7 @@ class SandboxApp:
             q,
             frozenset({"id", "add_time", "update_time"}),
             ("id", "user_id", "deal_id", "person_id", "org_id", "content", "add_time", "update_time"),
+            "notes",
         )
         lo, hi = 0, ds.count("notes")
         since = q.time("updated_since")
@@ -861,12 +967,15 @@ class SandboxApp:
                     return False
                 return _base is None or _base(rec)
 
-        candidates = self._candidates("notes", "all", lo, hi, desc)
-        rows, start, limit, more = self._v1_page("notes", candidates, q, pred, sort)
+        if self.state.shapes.touches("notes"):
+            candidates: Iterable[int] = [i for _, i in self._shaped_order("notes", "all", since, None, "id", desc)]
+        else:
+            candidates = self._candidates("notes", "all", lo, hi, desc)
+        rows, start, limit, more, _ = self._v1_page("notes", candidates, q, pred, sort)
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows))}
 
     def v1_users(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
-        rows, start, limit, more = self._v1_page("users", range(self.ds.count("users")), q, None, None)
+        rows, start, limit, more, _ = self._v1_page("users", range(self.ds.count("users")), q, None, None)
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows))}
 
     def v1_me(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
@@ -884,15 +993,64 @@ class SandboxApp:
         index = self.ds.index_of(kind, ident)
         if index is None:
             raise ApiError(404, f"{SINGULAR[kind]} not found" if kind != "leads" else "requested lead not found")
-        return {"success": True, "data": self.ds.record(kind, index, self.state.badrow)}
+        return {"success": True, "data": self._record(kind, index)}
 
     def v1_fields(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
-        items = v1_lead_fields(self.ds) if endpoint.spec_path == "/leadFields" else v1_note_fields(self.ds)
+        if endpoint.spec_path == "/leadFields":
+            items = v1_lead_fields(self.ds)
+        elif endpoint.spec_path == "/noteFields":
+            items = v1_note_fields(self.ds)
+        else:
+            items = v1_entity_fields(self.ds, ENTITY_OF_V1_FIELDS[endpoint.spec_path.strip("/")])
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()
-        page = items[start : start + limit]
-        more = start + limit < len(items)
+        size = self.state.shapes.cap(limit)
+        page = items[start : start + size]
+        more = start + size < len(items)
         return {"success": True, "data": page, "additional_data": _v1_additional(start, limit, more, len(page), flat=True)}
+
+    def v1_deals_summary(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """`/v1/deals/summary[/archived]`: count and values of the active (archived) deals as served
+        now, optionally filtered by status, user_id, pipeline_id, stage_id."""
+        archived = endpoint.spec_path.endswith("/archived")
+        if q.get("filter_id") is not None:
+            raise ApiError(404, "Filter not found")
+        status = q.get("status")
+        if status is not None and status not in ("open", "won", "lost"):
+            raise ApiError(400, "Parameter 'status' must be one of: open, won, lost")
+        user_id, pipeline_id, stage_id = q.int("user_id"), q.int("pipeline_id"), q.int("stage_id")
+        shapes = self.state.shapes
+        key = (archived, status, user_id, pipeline_id, stage_id, tuple(sorted(shapes.flipped["deals"])))
+        cached = self.state.summary_cache.get(key)
+        if cached is not None:
+            return {"success": True, "data": cached}
+        ds = self.ds
+        stage_probability = {ds.record("stages", s)["id"]: ds.record("stages", s)["deal_probability"] for s in range(ds.count("stages"))}
+        totals: dict[str, list[float]] = {}  # currency -> [value, count, weighted]
+        for i in range(ds.count("deals")):
+            if shapes.is_archived("deals", i) != archived:
+                continue
+            rec = ds.record("deals", i)  # never the malformed copy: the source's own count
+            if status is not None and rec["status"] != status:
+                continue
+            if user_id is not None and rec["owner_id"] != user_id:
+                continue
+            if pipeline_id is not None and rec["pipeline_id"] != pipeline_id:
+                continue
+            if stage_id is not None and rec["stage_id"] != stage_id:
+                continue
+            t = totals.setdefault(rec["currency"], [0.0, 0, 0.0])
+            t[0] += rec["value"]
+            t[1] += 1
+            t[2] += rec["value"] * stage_probability.get(rec["stage_id"], 100) / 100.0
+        data = _deals_summary(totals)
+        self.state.summary_cache[key] = data
+        return {"success": True, "data": data}
+
+    def _mail_item(self, mid: int) -> dict[str, Any]:
+        if self.state.shapes.hostile_of(mid) is not None:
+            return self.state.shapes.hostile_list_item(mid)
+        return self.ds.mail_list_item(mid, self.state.badrow)
 
     def v1_deal_mail(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         try:
@@ -902,13 +1060,13 @@ class SandboxApp:
         d = self.ds.index_of("deals", deal_id)
         if d is None:
             raise ApiError(404, "Deal not found")
-        ids = self.ds.deal_message_ids(d)
+        ids = self.state.shapes.deal_message_ids(d)
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()
-        chunk = ids[start : start + limit]
-        more = start + limit < len(ids)
-        badrow = self.state.badrow
-        data = [self.ds.mail_list_item(mid, badrow) for mid in chunk]
+        size = self.state.shapes.cap(limit)
+        chunk = ids[start : start + size]
+        more = start + size < len(ids)
+        data = [self._mail_item(mid) for mid in chunk]
         return {"success": True, "data": data, "additional_data": _v1_additional(start, limit, more, len(data), flat=True)}
 
     def v1_mail_message(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
@@ -916,14 +1074,63 @@ class SandboxApp:
             mid = int(params["id"])
         except ValueError:
             raise ApiError(400, "Parameter 'id' must be an integer") from None
+        shapes = self.state.shapes
+        include_body = q.get("include_body") in ("1", "true")
         index = self.ds.index_of("mail_messages", mid)
         if index is None:
-            raise ApiError(404, "Mail message not found")
-        include_body = q.get("include_body") in ("1", "true")
-        data = dict(self.ds.record("mail_messages", index, self.state.badrow))
-        if include_body:
-            data["body"] = self.ds.mail_body(mid, self.state.badrow)
+            if shapes.hostile_of(mid) is None:
+                raise ApiError(404, "Mail message not found")
+            data = shapes.hostile_record(mid)
+            if include_body:
+                data["body"] = shapes.hostile_body(mid)
+        else:
+            private = shapes.private.get(mid)
+            if include_body and private is not None:
+                # A message private to another user: listed on the deal, its body is not ours to read.
+                raise ApiError(private, "You do not have permission to read this mail message" if private == 403 else "Mail message not found")
+            data = dict(self.ds.record("mail_messages", index, self.state.badrow))
+            if include_body:
+                data["body"] = self.ds.mail_body(mid, self.state.badrow)
         return {"success": True, "statusCode": 2000, "statusText": "Success", "service": "email-api", "data": data}
+
+
+CURRENCY_SYMBOL = {"EUR": "€", "USD": "US$", "GBP": "£", "SEK": "SEK "}
+EUR_PER_UNIT = {"EUR": 1.0, "USD": 0.92, "GBP": 1.17, "SEK": 0.087}  # fixed rates: the company currency is EUR
+
+
+def _money(currency: str, value: float) -> str:
+    return f"{CURRENCY_SYMBOL.get(currency, currency + ' ')}{value:,.2f}"
+
+
+def _deals_summary(totals: dict[str, list[float]]) -> dict[str, Any]:
+    """The deals summary `data` from per-currency [value, count, weighted value]."""
+    values: dict[str, Any] = {}
+    weighted: dict[str, Any] = {}
+    converted = weighted_converted = 0.0
+    count = 0
+    for currency in sorted(totals):
+        value, n, w = totals[currency]
+        rate = EUR_PER_UNIT.get(currency, 1.0)
+        values[currency] = {
+            "value": round(value, 2),
+            "count": int(n),
+            "value_converted": round(value * rate, 2),
+            "value_formatted": _money(currency, value),
+            "value_converted_formatted": _money("EUR", value * rate),
+        }
+        weighted[currency] = {"value": round(w, 2), "count": int(n), "value_formatted": _money(currency, w)}
+        converted += value * rate
+        weighted_converted += w * rate
+        count += int(n)
+    return {
+        "values_total": values,
+        "weighted_values_total": weighted,
+        "total_count": count,
+        "total_currency_converted_value": round(converted, 2),
+        "total_weighted_currency_converted_value": round(weighted_converted, 2),
+        "total_currency_converted_value_formatted": _money("EUR", converted),
+        "total_weighted_currency_converted_value_formatted": _money("EUR", weighted_converted),
+    }
 
 
 def _v1_additional(start: int, limit: int, more: bool, returned: int, flat: bool = False) -> dict[str, Any]:

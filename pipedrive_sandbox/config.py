@@ -140,6 +140,17 @@ def _int_option(name: str, value: Any, *, minimum: int | None = None, allow_none
     return number
 
 
+def _bool_option(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = "" if value is None else str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off", "none"):
+        return False
+    raise ValueError(f"invalid {name} {value!r}: true or false is required")
+
+
 def _float_option(name: str, value: Any, *, minimum_exclusive: float | None = None) -> float:
     if isinstance(value, bool):
         raise ValueError(f"invalid {name} {value!r}: a number is required")
@@ -170,6 +181,13 @@ class SandboxConfig:
     page_limit_max: int = 500
     slow_seconds: float = 30.0
     burst_window_seconds: float = 2.0
+    # API shapes (issue 8): all off by default; README "Shapes" says what each one serves.
+    page_cap: int = 0
+    empty_pages: bool = False
+    null_update_time: int = 0
+    archive_flip: int = 0
+    hostile_mail: bool = False
+    private_mail: int = 0
     latency_spec: LatencySpec = field(init=False, repr=False, compare=False)
     fault_spec: FaultSpec = field(init=False, repr=False, compare=False)
 
@@ -194,6 +212,13 @@ class SandboxConfig:
             raise ValueError(f"invalid slow_seconds {self.slow_seconds!r}: must be > 0")
         if not self.burst_window_seconds > 0:
             raise ValueError(f"invalid burst_window_seconds {self.burst_window_seconds!r}: must be > 0")
+        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"invalid {name} {value!r}: an integer >= 0 is required (0 = off)")
+        for name in ("empty_pages", "hostile_mail"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"invalid {name} {getattr(self, name)!r}: true or false is required")
         object.__setattr__(self, "latency_spec", parse_latency(self.latency))
         object.__setattr__(self, "fault_spec", parse_faults(self.faults))
         # Normalised text forms, so equal configs compare equal.
@@ -215,6 +240,12 @@ class SandboxConfig:
         page_limit_max: int | str = 500,
         slow_seconds: float | str = 30.0,
         burst_window_seconds: float | str = 2.0,
+        page_cap: int | str = 0,
+        empty_pages: bool | str = False,
+        null_update_time: int | str = 0,
+        archive_flip: int | str = 0,
+        hostile_mail: bool | str = False,
+        private_mail: int | str = 0,
     ) -> "SandboxConfig":
         """Build a config from (possibly string) options; ValueError names any bad option and value."""
         scale_text = str(scale).strip().lower()
@@ -236,6 +267,12 @@ class SandboxConfig:
             page_limit_max=_int_option("page_limit_max", page_limit_max, minimum=1),  # type: ignore[arg-type]
             slow_seconds=_float_option("slow_seconds", slow_seconds, minimum_exclusive=0.0),
             burst_window_seconds=_float_option("burst_window_seconds", burst_window_seconds, minimum_exclusive=0.0),
+            page_cap=_int_option("page_cap", page_cap, minimum=0),  # type: ignore[arg-type]
+            empty_pages=_bool_option("empty_pages", empty_pages),
+            null_update_time=_int_option("null_update_time", null_update_time, minimum=0),  # type: ignore[arg-type]
+            archive_flip=_int_option("archive_flip", archive_flip, minimum=0),  # type: ignore[arg-type]
+            hostile_mail=_bool_option("hostile_mail", hostile_mail),
+            private_mail=_int_option("private_mail", private_mail, minimum=0),  # type: ignore[arg-type]
         )
 
     RUNTIME_CHANGEABLE: ClassVar[tuple[str, ...]] = (
@@ -248,7 +285,15 @@ class SandboxConfig:
         "page_limit_max",
         "burst_window_seconds",
         "token",  # a rotation: the old token stops working, the new one reaches the same company
+        # Shapes: changing any of them rebuilds the shape state (archive flips start over).
+        "page_cap",
+        "empty_pages",
+        "null_update_time",
+        "archive_flip",
+        "hostile_mail",
+        "private_mail",
     )
+    SHAPES: ClassVar[tuple[str, ...]] = ("page_cap", "empty_pages", "null_update_time", "archive_flip", "hostile_mail", "private_mail")
 
     def with_changes(self, changes: Mapping[str, Any]) -> "SandboxConfig":
         """A copy with runtime-changeable options replaced (validated like from_options)."""
@@ -278,6 +323,13 @@ class SandboxConfig:
         ]
         if self.big_deal_messages is not None:
             args += ["--big-deal-messages", str(self.big_deal_messages)]
+        # Shapes only when on, so a default config gives the same command line as before.
+        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail"):
+            if getattr(self, name):
+                args += ["--" + name.replace("_", "-"), str(getattr(self, name))]
+        for name in ("empty_pages", "hostile_mail"):
+            if getattr(self, name):
+                args.append("--" + name.replace("_", "-"))
         return args
 
     def public_dict(self) -> dict[str, Any]:

@@ -40,6 +40,13 @@ TOKEN_COSTS: dict[tuple[str, str], int] = {
     ("v1", "/users/{id}"): 2,
     ("v1", "/leadFields"): 20,
     ("v1", "/noteFields"): 20,
+    ("v1", "/activityFields"): 20,
+    ("v1", "/dealFields"): 20,
+    ("v1", "/organizationFields"): 20,
+    ("v1", "/personFields"): 20,
+    ("v1", "/productFields"): 20,
+    ("v1", "/deals/summary"): 40,
+    ("v1", "/deals/summary/archived"): 80,
     ("v1", "/deals/{id}/mailMessages"): 20,
     ("v1", "/mailbox/mailMessages/{id}"): 2,
 }

@@ -56,6 +56,14 @@ KIND_CODE: dict[str, int] = {k: i + 11 for i, k in enumerate(KINDS)}
 GAPPED_KINDS = frozenset({"organizations", "persons", "deals", "activities", "notes"})
 MALFORMABLE_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "leads", "activities", "notes", "mail_messages")
 DANGLING_KINDS: tuple[str, ...] = ("persons", "deals", "leads", "activities", "notes")
+# The reference fields of each kind that can dangle: (field, parent kind).
+REF_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "persons": (("org_id", "organizations"),),
+    "deals": (("person_id", "persons"), ("org_id", "organizations")),
+    "leads": (("person_id", "persons"), ("organization_id", "organizations")),
+    "activities": (("deal_id", "deals"), ("lead_id", "leads"), ("person_id", "persons"), ("org_id", "organizations")),
+    "notes": (("deal_id", "deals"), ("lead_id", "leads"), ("person_id", "persons"), ("org_id", "organizations")),
+}
 
 # Independent hash streams.
 S_RECORD, S_FLAGS, S_MALFORMED, S_VARIANT, S_NAME, S_PERSON, S_MAIL, S_TIME, S_UUID, S_FIELDS, S_DANGLE = range(1, 12)
@@ -1176,10 +1184,29 @@ class Dataset:
             out[kind] = ids
         return out
 
+    def dangling_refs(self) -> dict[str, list[dict[str, Any]]]:
+        """Per child kind, every reference to a purged parent: {"id": child id, "field": "org_id",
+        "parent_kind": "organizations", "parent_id": the id GET answers 404 for}. Read from the
+        served records themselves, so it says exactly what a consumer sees."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for kind in DANGLING_KINDS:
+            code = KIND_CODE[kind]
+            refs: list[dict[str, Any]] = []
+            for i in range(self.counts[kind]):
+                if self._u(S_DANGLE, code, i) >= self.spec.dangling_rate:
+                    continue
+                rec = self.record(kind, i)
+                for field_name, parent in REF_FIELDS[kind]:
+                    value = rec.get(field_name)
+                    if value is not None and self.index_of(parent, value) is None:
+                        refs.append({"id": self.ident(kind, i), "field": field_name, "parent_kind": parent, "parent_id": value})
+            out[kind] = refs
+        return out
+
     def truth(self, badrow_rate: float = 0.0, kind: str | None = None) -> dict[str, Any]:
         """Reconciliation facts; `kind` limits the answer to one entry (a truth kind, or
-        `deals_with_mail`, `malformed`, `dangling`, `counts`)."""
-        wanted = [kind] if kind else list(self.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "counts"]
+        `deals_with_mail`, `malformed`, `dangling`, `dangling_refs`, `counts`)."""
+        wanted = [kind] if kind else list(self.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts"]
         ids: dict[str, Any] = {}
         out: dict[str, Any] = {"scale": self.scale, "seed": self.seed}
         for name in wanted:
@@ -1193,6 +1220,8 @@ class Dataset:
                 out["malformed_rows"] = detail
             elif name == "dangling":
                 out["dangling"] = self.dangling()
+            elif name == "dangling_refs":
+                out["dangling_refs"] = self.dangling_refs()
             elif name == "counts":
                 counts = {k: len(self.truth_ids(k)) if k in ("deals", "deals_archived", "leads", "leads_archived") else self.counts.get(k, 0) for k in self.TRUTH_KINDS}
                 counts["mail_messages"] = self.message_total

@@ -1,4 +1,5 @@
-"""Field definitions served by the field endpoints (v2 `/xxxFields`, v1 `/leadFields`, `/noteFields`).
+"""Field definitions served by the field endpoints (v2 `/xxxFields`; v1 `/leadFields`, `/noteFields`,
+`/activityFields`, `/dealFields`, `/organizationFields`, `/personFields`, `/productFields`).
 
 Standard fields per entity plus the dataset's custom fields (deals, persons, organizations; leads
 inherit the deal custom fields, as Pipedrive documents). v1 field types are limited to the types
@@ -227,6 +228,91 @@ def v1_note_fields(ds: Dataset) -> list[dict[str, Any]]:
             "edit_flag": False,
             "bulk_edit_allowed": True,
             "mandatory_flag": key == "content",
+        }
+        if ftype == "enum":
+            item["options"] = [{"id": 1, "label": "Yes"}, {"id": 0, "label": "No"}]
+        out.append(item)
+    return out
+
+
+ENTITY_OF_V1_FIELDS = {
+    "activityFields": "activity",
+    "dealFields": "deal",
+    "organizationFields": "organization",
+    "personFields": "person",
+    "productFields": "product",
+}
+# The v1 `Field` schema allows fewer field types than v2 uses: each v2-only type is served as the
+# nearest one the v1 schema allows (ids as double, flags and statuses as enum, a deal as double).
+V1_TYPE_OF_V2 = {
+    "int": "double",
+    "varchar_options": "enum",
+    "stage": "enum",
+    "status": "enum",
+    "boolean": "enum",
+    "deal": "double",
+    "lead": "varchar",
+    "project": "double",
+}
+V1_ENUM_OPTIONS = {
+    "status": [{"id": 1, "label": "open"}, {"id": 2, "label": "won"}, {"id": 3, "label": "lost"}],
+    "boolean": [{"id": 1, "label": "Yes"}, {"id": 0, "label": "No"}],
+}
+STANDARD_V1_PRODUCT: tuple[tuple[str, str, str], ...] = (
+    ("name", "Name", "varchar"),
+    ("code", "Product code", "varchar"),
+    ("description", "Description", "text"),
+    ("unit", "Unit", "varchar"),
+    ("tax", "Tax", "double"),
+    ("category", "Category", "enum"),
+    ("owner_id", "Owner", "user"),
+    ("active_flag", "Active", "enum"),
+    ("selectable", "Selectable", "enum"),
+    ("visible_to", "Visible to", "enum"),
+    ("prices", "Unit prices", "monetary"),
+    ("add_time", "Add time", "date"),
+    ("update_time", "Update time", "date"),
+)
+
+
+def v1_entity_fields(ds: Dataset, entity: str) -> list[dict[str, Any]]:
+    """`/v1/{entity}Fields`: the entity's standard fields (as the v2 list names them, typed within
+    the v1 schema) and its custom fields. Products have no custom fields in the sandbox."""
+    if entity == "product":
+        return _v1_product_fields()
+    out: list[dict[str, Any]] = []
+    for n, (code, name, ftype, _desc) in enumerate(STANDARD_V2[entity]):
+        options = V1_ENUM_OPTIONS.get(ftype) or (V1_ENUM_OPTIONS["boolean"] if V1_TYPE_OF_V2.get(ftype) == "enum" else None)
+        out.append(_v1_field(n + 1, code, name, V1_TYPE_OF_V2.get(ftype, ftype), n, options, False))
+    base = len(out)
+    for n, f in enumerate(ds.custom_fields.get(entity, ())):
+        options = [{"id": oid, "label": label} for oid, label in f.options] or None
+        out.append(_v1_field(5000 + n, f.key, f.name, f.field_type, base + n, options, True))
+    return out
+
+
+def _v1_product_fields() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for n, (key, name, ftype) in enumerate(STANDARD_V1_PRODUCT):
+        item: dict[str, Any] = {
+            "id": n + 1,
+            "key": key,
+            "name": name,
+            "order_nr": n,
+            "field_type": ftype,
+            "add_time": v1_time(T0),
+            "update_time": v1_time(T0),
+            "last_updated_by_user_id": 1,
+            "created_by_user_id": 1,
+            "active_flag": True,
+            "edit_flag": False,
+            "add_visible_flag": True,
+            "important_flag": False,
+            "bulk_edit_allowed": True,
+            "searchable_flag": ftype in ("varchar", "text"),
+            "filtering_allowed": True,
+            "sortable_flag": True,
+            "mandatory_flag": key == "name",
         }
         if ftype == "enum":
             item["options"] = [{"id": 1, "label": "Yes"}, {"id": 0, "label": "No"}]
