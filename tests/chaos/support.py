@@ -62,8 +62,6 @@ IDENTITY_GROUPS = {
     "activities": ("activities",), "notes": ("notes",), "emails": ("emails",),
 }
 
-log = logging.getLogger("chaos")
-
 
 def with_app(url: str, app: str, dbname: str | None = None) -> str:
     """`url` with its application_name (and optionally its database) replaced."""
