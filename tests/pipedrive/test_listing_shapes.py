@@ -235,7 +235,7 @@ def test_a_server_capping_limit_loses_no_note(db) -> None:
         run = migrate(db, sb, TENANT)
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert len(truth["ids"]["notes"]) > 15
-    _reconcile(db, truth, "users", "organizations", "persons", "deals", "leads", "activities", "notes")
+    _reconcile(db, truth, "notes", "leads", "users", "organizations", "persons", "deals", "activities")
     _reconcile_mail(db, truth)
     keys = [r["cursor_key"] for r in db.sql("SELECT cursor_key FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'notes'", {"r": run.id})]
     assert "notes:15" in keys and "notes:30" in keys  # the sub-pages of span [0, 500), by next_start
