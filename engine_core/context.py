@@ -47,6 +47,9 @@ class TaskContext:
     stats: Stats = field(default_factory=Stats)
     offset: int = 0
     window: int = WINDOW
+    # Set by the lock keeper (or `touch`) when the task's lock was found taken: the task is someone
+    # else's now, so it stops at its next stop point and its next checkpoint raises LockLost.
+    lock_lost: threading.Event = field(default_factory=threading.Event)
     _stop_checked: float = 0.0
     _stop_seen: bool = False
 
@@ -57,8 +60,10 @@ class TaskContext:
 
     # -- stopping ---------------------------------------------------------------------------
     def should_stop(self) -> bool:
-        """True when this worker is cancelled or the run was asked to stop (polled, not per row)."""
-        if self.cancel.is_set() or self._stop_seen:
+        """True when this worker is cancelled (shutting down), its lock was lost, or the run was asked
+        to stop (polled, not per row). Stopping is not cancelling: the worker decides what a stop
+        means for the task (cancelled only when the run itself is stopping; see Worker.run_claimed)."""
+        if self.cancel.is_set() or self.lock_lost.is_set() or self._stop_seen:
             return True
         now = time.monotonic()
         if now - self._stop_checked >= 1.0:
@@ -96,8 +101,10 @@ class TaskContext:
         self.offset = offset
 
     def touch(self) -> None:
-        """Keep the lock fresh during long source waits (the reaper releases stale locks)."""
+        """Keep the lock fresh during long source waits (the reaper releases stale locks). The
+        worker's lock keeper does this on its own thread as well; raises LockLost when the lock is gone."""
         if self.db.execute("touch_task", {"task_id": self.task.id, "worker": self.worker}) != 1:
+            self.lock_lost.set()
             raise LockLost()
 
     # -- windows ----------------------------------------------------------------------------

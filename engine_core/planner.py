@@ -12,6 +12,7 @@ from engine_core.config import Settings
 from engine_core.db import Conn, Database
 from engine_core.models import Run, Successor
 from engine_core.providers.base import Provider
+from engine_core.runlog import RunLog
 
 
 def insert_tasks(tx: Conn, run: Run, phase: int, kind: str, successors: list[Successor] | tuple[Successor, ...]) -> int:
@@ -55,17 +56,26 @@ def top_up(db: Database | Conn, run_id: int, settings: Settings) -> list[int]:
 
 
 def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, settings: Settings) -> bool:
-    """Try to close `phase`. Exactly one caller wins; it seeds the next phase or finalises the run.
+    """Try to close `phase`. Exactly one caller wins; returns whether this one did.
 
-    A phase whose tasks all exist already (a rewound retry) or that seeds nothing closes at once.
+    The winner seeds the next phase, or finalises the run after the last one, or - when the phase
+    closed with failed tasks - fails the run at that phase (issue 10: no drainer works on past a
+    failed phase; `runs.retry` re-arms the failed tasks and rewinds to it) and writes one grouped
+    run-log entry per failed kind. The barrier holds while any task of the phase is pending,
+    running or cancelled (issue 8). A phase whose tasks all exist already (a rewound retry) or
+    that seeds nothing closes at once.
     """
-    won_any = False
+    won_any = failed_here = False
     while True:
         with db.transaction() as tx:
             row = tx.fetch_one("advance_phase", {"run_id": run_id, "phase": phase})
             if row is None:
                 break
             won_any = True
+            if row["failed_tasks"]:
+                _log_failed_phase(tx, row, phase, settings)
+                failed_here = True  # the run failed at this phase: nothing to seed or top up
+                break
             run = Run.from_row(row)
             if run.current_phase < len(run.plan):
                 seed_phase(tx, run, run.current_phase, provider)
@@ -73,7 +83,20 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
                 tx.fetch_one("finalize_run", {"run_id": run_id})
                 break
         phase = run.current_phase
-    if won_any:
+    if won_any and not failed_here:
         top_up(db, run_id, settings)
     statistics.after_advance(db, closed=won_any)  # after the barrier commits (issue 11); never raises
     return won_any
+
+
+def _log_failed_phase(tx: Conn, run_row: dict, phase: int, settings: Settings) -> None:
+    """One grouped entry per kind whose tasks failed the phase, in the barrier's transaction."""
+    plan = run_row["plan"]
+    kinds = ", ".join(plan[phase]) if phase < len(plan) else "?"
+    log = RunLog(run_row["id"], None, cap=settings.log_cap)
+    for r in tx.fetch_all("phase_failed_tasks", {"run_id": run_row["id"], "phase": phase}):
+        reason = (f"phase {phase + 1} ({kinds}) closed with {r['n']} failed {r['kind']} task(s): the run "
+                  f"failed at this phase and nothing later was started (retry re-arms them); first: {r['reason']}")
+        log.note("error", r["kind"], reason[:500], subject=f"task {r['first_task']}")
+        log.groups[next(reversed(log.groups))]["count"] = int(r["n"])  # tasks, not notes
+    log.flush(tx)

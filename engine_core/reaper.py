@@ -1,4 +1,4 @@
-"""The reaper's four sweeps, as plain functions over the database.
+"""The reaper's sweeps, as plain functions over the database.
 
 None of them decides anything the tasks do not already say: each repeats what a finishing task
 would have done had its worker lived.
@@ -23,6 +23,16 @@ log = logging.getLogger(__name__)
 def release_stale(db: Database, threshold_seconds: float) -> list[int]:
     """Sweep 1: running tasks whose lock is older than the threshold go back to pending, cursor intact."""
     return [r["id"] for r in db.fetch_all("stale_running_tasks", {"threshold": float(threshold_seconds)})]
+
+
+def rearm_orphaned_cancelled(db: Database) -> list[int]:
+    """Sweep 1b: a task is cancelled only by a stop of its run (issue 8). A cancelled task in a
+    running run nobody stopped (left by older code that cancelled a sibling lane's task) goes back
+    to pending with its cursor and offset, so it cannot hold the barrier for ever; returns their ids."""
+    rows = db.fetch_all("rearm_orphaned_cancelled")
+    for r in rows:
+        log.warning("reaper: task %s of run #%s was cancelled though its run is not stopping; re-armed", r["id"], r["migration_id"])
+    return [r["id"] for r in rows]
 
 
 def refill(db: Database, settings: Settings) -> dict[int, int]:
@@ -71,21 +81,23 @@ def finalize(db: Database, threshold_seconds: float) -> list[int]:
 @dataclass
 class SweepReport:
     released: list[int] = field(default_factory=list)
+    rearmed: list[int] = field(default_factory=list)
     advanced: list[int] = field(default_factory=list)
     finalized: list[int] = field(default_factory=list)
     below_width: dict[int, int] = field(default_factory=dict)
 
     @property
     def quiet(self) -> bool:
-        return not (self.released or self.advanced or self.finalized)
+        return not (self.released or self.rearmed or self.advanced or self.finalized)
 
 
 def sweep(db: Database, settings: Settings | None = None, providers: ProviderResolver | None = None) -> SweepReport:
-    """All four, in the order that lets one tick repair a dead worker end to end."""
+    """All sweeps, in the order that lets one tick repair a dead worker end to end."""
     settings = settings or Settings.from_env()
     providers = providers or (lambda run: provider_for(run.source, run))
     report = SweepReport()
     report.released = release_stale(db, settings.stale_lock_seconds)
+    report.rearmed = rearm_orphaned_cancelled(db)
     report.advanced = advance(db, settings, providers)
     report.below_width = refill(db, settings)
     report.finalized = finalize(db, settings.stale_lock_seconds)

@@ -119,18 +119,35 @@ class Worker:
         return p
 
     def run_claimed(self, task: Task, run: Run) -> str:
+        """Run a task this worker has claimed and settle it; returns the outcome ("succeeded",
+        "failed", "released", "parked", "cancelled" or "lost").
+
+        A lock keeper keeps the task's lock fresh while it runs, whatever the provider waits on.
+        A task that stops early is cancelled only when its run is being stopped; a worker that is
+        merely shutting down (its cancel Event set: a sibling lane died, the process is terminated)
+        releases it with its checkpoint and the attempt refunded (issue 8). An error while settling
+        propagates and leaves the task running for the reaper."""
         provider = self.provider(run)
         runlog = RunLog(run.id, task.id, cap=self.settings.log_cap)
         ctx = TaskContext(
             db=self.db, run=run, task=task, worker=self.worker_id, settings=self.settings, log=runlog,
             cancel=self.cancel, stats=Stats(dict(task.stats)), offset=task.processed_offset,
         )
+        keeper = LockKeeper.for_task(self.db, task.id, self.worker_id, self.settings, ctx.lock_lost)
+        try:
+            result = self._run_and_settle(ctx, task, provider)
+        finally:
+            keeper.stop()
+        self._after(run, task, provider)
+        return result
+
+    def _run_and_settle(self, ctx: TaskContext, task: Task, provider: Provider) -> str:
         outcome: TaskOutcome | None = None
         try:
             outcome = provider.run_task(ctx)
             result = self._finish(ctx, "succeeded", None, outcome)
         except TaskStopped:
-            result = self._settle(ctx, "cancel_running_task", {"stats": Jsonb(ctx.stats.values)}, "cancelled")
+            result = self._stopped(ctx)
         except LockLost:
             log.warning("task %s: lock lost (released as stale); its last window rolled back", task.id)
             return "lost"
@@ -149,8 +166,30 @@ class Worker:
         except Exception as e:  # a task that cannot do its work fails with its reason
             log.exception("task %s (%s) failed", task.id, task.kind)
             result = self._finish(ctx, "failed", failure_reason(e), None)
-        self._after(run, task, provider)
         return result
+
+    def _stopped(self, ctx: TaskContext) -> str:
+        """Settle a task that stopped before finishing. The run is read again: only a stop of the run
+        (`cancel_requested`) cancels the task; anything else - this worker shutting down, a sibling
+        lane that crashed, a terminated step - releases it to pending with its cursor, offset and
+        stats as last checkpointed and the attempt refunded, for any drainer to resume."""
+        if ctx.lock_lost.is_set():
+            log.warning("task %s: lock lost (released as stale) while it waited; left to its new holder", ctx.task.id)
+            return "lost"
+        current = self.db.fetch_one("get_run", {"run_id": ctx.run.id})
+        if current is not None and current["cancel_requested"]:
+            with self.db.transaction() as tx:
+                # fenced on the run's stop flag as well: a resume that cleared it meanwhile wins
+                if tx.execute("cancel_running_task", {"task_id": ctx.task.id, "worker": self.worker_id,
+                                                      "stats": Jsonb(ctx.stats.values)}) == 1:
+                    ctx.log.flush(tx)
+                    return "cancelled"
+        return self._settle(
+            ctx, "release_task",
+            {"error": "released: its worker stopped before the task finished (not a failure)",
+             "not_before": None, "refund": 1},
+            "released",
+        )
 
     def _settle(self, ctx: TaskContext, query: str, params: dict, result: str) -> str:
         with self.db.transaction() as tx:
@@ -256,6 +295,64 @@ class Worker:
         else:
             result.reason = "cancelled"
         return result
+
+
+class LockKeeper:
+    """Keeps one running task's lock (`locked_at`) fresh on a daemon thread, whatever the task waits
+    on (a slow source, a 429 wait, a long body-fetch round, a budget wait), so the reaper releases
+    only tasks whose worker is gone (issue 8: with a 5 s threshold, live workers lost their locks
+    and one mail body was fetched 63 times).
+
+    Touches every `interval` seconds (a third of MIGRATE_STALE_LOCK_SECONDS) through a pool
+    connection borrowed for the one statement, fenced on `locked_by`. A touch that finds the lock
+    taken sets `lost` and ends (the task stops at its next stop point; its next checkpoint raises
+    LockLost and rolls its window back). A database error is logged and tried again within a second.
+    Stopped by the worker once the task has settled; a dead process takes its keeper with it.
+    """
+
+    def __init__(self, db: Database, task_id: int, worker: str, interval: float, lost: threading.Event) -> None:
+        self.db = db
+        self.task_id = task_id
+        self.worker = worker
+        self.interval = interval
+        self.lost = lost
+        self.touches = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_task(cls, db: Database, task_id: int, worker: str, settings: Settings, lost: threading.Event) -> LockKeeper:
+        """A started keeper for the task; a threshold of 0 (every lock is stale at once) starts none."""
+        keeper = cls(db, task_id, worker, settings.stale_lock_seconds / 3.0, lost)
+        if settings.stale_lock_seconds > 0:
+            keeper.start()
+        return keeper
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._keep, name=f"lock-keeper-{self.task_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)  # a touch in flight is fenced and harmless if it outlives us
+
+    def _keep(self) -> None:
+        delay = self.interval
+        while not self._stop.wait(delay):
+            try:
+                n = self.db.execute("touch_task", {"task_id": self.task_id, "worker": self.worker})
+            except Exception as e:  # the database is briefly away: the lock is not lost yet
+                log.warning("task %s: lock keeper could not touch its lock (%s); trying again", self.task_id, failure_reason(e))
+                delay = min(self.interval, 1.0)
+                continue
+            if n != 1:
+                if not self._stop.is_set():
+                    log.warning("task %s: lock keeper found the lock taken (released as stale)", self.task_id)
+                    self.lost.set()
+                return
+            self.touches += 1
+            delay = self.interval
 
 
 class _Abandon(Exception):

@@ -99,6 +99,7 @@ UPDATE migration_tasks
  WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s;
 
 -- name: touch_task --
+-- The lock keeper's (and a long wait's) heartbeat; 0 rows: the lock is lost (released as stale).
 UPDATE migration_tasks SET locked_at = now()
  WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s;
 
@@ -126,9 +127,12 @@ UPDATE migration_tasks
 RETURNING id;
 
 -- name: cancel_running_task --
+-- Only a stop of the run cancels a task (issue 8): fenced on the run's flag too, so a worker that
+-- is merely shutting down can never cancel a task of a run nobody stopped (it releases it instead).
 UPDATE migration_tasks
    SET status = 'cancelled', stats = %(stats)s, locked_at = NULL, locked_by = NULL, updated_at = now()
  WHERE id = %(task_id)s AND status = 'running' AND locked_by = %(worker)s
+   AND EXISTS (SELECT 1 FROM migrations m WHERE m.id = migration_id AND m.cancel_requested)
 RETURNING id;
 
 -- name: heartbeat_run --
@@ -138,21 +142,33 @@ UPDATE migrations SET heartbeat_at = now()
 
 -- name: advance_phase --
 -- The barrier. Two fences: `current_phase = phase` (a late task of an earlier phase advances
--- nothing) and NOT EXISTS pending/running (only the last finisher of the phase wins).
-UPDATE migrations
-   SET current_phase = %(phase)s + 1, updated_at = now()
- WHERE id = %(run_id)s AND current_phase = %(phase)s AND status = 'running'
-   AND NOT cancel_requested
-   AND NOT EXISTS (SELECT 1 FROM migration_tasks
-                    WHERE migration_id = %(run_id)s AND phase = %(phase)s
-                      AND status IN ('pending', 'running'))
-RETURNING *;
+-- nothing) and every task of the phase settled as succeeded or failed (only the last finisher of
+-- the phase wins; a pending, running or cancelled task holds it - a cancelled task in a run nobody
+-- stopped is re-armed by the reaper, never walked past). A phase that closes with failed tasks
+-- fails the run there (issue 10): nothing of the next phase is seeded, `current_phase` stays on
+-- the failed phase for a retry to rewind to. `failed_tasks` says which case won.
+WITH phase AS (
+    SELECT count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE status NOT IN ('succeeded', 'failed')) AS open
+      FROM migration_tasks
+     WHERE migration_id = %(run_id)s AND phase = %(phase)s
+)
+UPDATE migrations m
+   SET current_phase = CASE WHEN p.failed = 0 THEN %(phase)s + 1 ELSE m.current_phase END,
+       status = CASE WHEN p.failed = 0 THEN m.status ELSE 'failed' END,
+       finished_at = CASE WHEN p.failed = 0 THEN m.finished_at ELSE now() END,
+       updated_at = now()
+  FROM phase p
+ WHERE m.id = %(run_id)s AND m.current_phase = %(phase)s AND m.status = 'running'
+   AND NOT m.cancel_requested AND p.open = 0
+RETURNING m.*, p.failed AS failed_tasks;
 
 -- name: finalize_run --
--- Terminal once; the status says whether any task failed.
+-- Terminal once. `succeeded` only when every task of the run succeeded: a failed, cancelled,
+-- pending or running task means rows not accounted for, so the run says failed (issue 8).
 UPDATE migrations
    SET status = CASE WHEN EXISTS (SELECT 1 FROM migration_tasks
-                                   WHERE migration_id = %(run_id)s AND status = 'failed')
+                                   WHERE migration_id = %(run_id)s AND status <> 'succeeded')
                      THEN 'failed' ELSE 'succeeded' END,
        finished_at = now(), updated_at = now()
  WHERE id = %(run_id)s AND status = 'running' AND current_phase >= jsonb_array_length(plan)
@@ -164,8 +180,11 @@ UPDATE migrations SET cancel_requested = true, status = 'stopping', updated_at =
 RETURNING *;
 
 -- name: cancel_pending_tasks --
+-- Only a stop cancels: a no-op unless the run's stop flag is set (a stop of a run that already
+-- failed or finished must not turn its pending work into cancelled work).
 UPDATE migration_tasks SET status = 'cancelled', enqueued_at = NULL, updated_at = now()
- WHERE migration_id = %(run_id)s AND status = 'pending';
+ WHERE migration_id = %(run_id)s AND status = 'pending'
+   AND EXISTS (SELECT 1 FROM migrations m WHERE m.id = %(run_id)s AND m.cancel_requested);
 
 -- name: settle_stop --
 -- A stopping run becomes stopped once nothing of it runs.
@@ -332,6 +351,27 @@ UPDATE migration_tasks t
  WHERE m.id = t.migration_id AND t.status = 'running'
    AND t.locked_at < now() - make_interval(secs => %(threshold)s)
 RETURNING t.id, t.migration_id;
+
+-- name: rearm_orphaned_cancelled --
+-- Reaper sweep: a task is cancelled only by a stop of its run, so a cancelled task in a running
+-- run nobody stopped (left by older code, or any other path) goes back to pending with its cursor
+-- and offset, instead of holding the barrier for ever. FOR SHARE on the run serialises this with a
+-- concurrent stop (which then cancels it again).
+UPDATE migration_tasks t
+   SET status = 'pending', enqueued_at = NULL, not_before = NULL, locked_at = NULL, locked_by = NULL,
+       finished_at = NULL, error = 'cancelled while its run was not stopping: re-armed', updated_at = now()
+ WHERE t.status = 'cancelled'
+   AND t.migration_id IN (SELECT m.id FROM migrations m
+                           WHERE m.status = 'running' AND NOT m.cancel_requested
+                             FOR SHARE)
+RETURNING t.id, t.migration_id;
+
+-- name: phase_failed_tasks --
+-- Why a phase failed the run, grouped by kind for the run log.
+SELECT kind, count(*) AS n, min(id) AS first_task, min(COALESCE(error, 'unknown')) AS reason
+  FROM migration_tasks
+ WHERE migration_id = %(run_id)s AND phase = %(phase)s AND status = 'failed'
+ GROUP BY kind ORDER BY kind;
 
 -- name: live_runs --
 SELECT * FROM migrations WHERE status IN ('running', 'stopping') ORDER BY id;

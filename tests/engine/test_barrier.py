@@ -61,9 +61,21 @@ def test_the_last_phase_finalises_the_run(db) -> None:
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)
     _finish_all(db, run.id, 0)
     planner.advance_phase(db, run.id, 0, p, FAST)
-    db.sql("UPDATE migration_tasks SET status = 'failed' WHERE migration_id = %(r)s AND phase = 1 AND id = (SELECT max(id) FROM migration_tasks)", {"r": run.id})
+    _finish_all(db, run.id, 1)
+    assert planner.advance_phase(db, run.id, 1, p, FAST)
+    final = runs.get_run(db, run.id)
+    assert final.status == "succeeded" and final.current_phase == 2 and final.finished_at is not None
+
+
+def test_a_last_phase_with_a_failed_task_fails_the_run_at_that_phase(db) -> None:
+    # issue 10: a phase that closes with failed tasks fails the run there (it used to advance past
+    # the plan and finalise as failed); current_phase stays on the failed phase for a retry.
+    p = provider_for("counter")
+    run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)
+    _finish_all(db, run.id, 0)
+    planner.advance_phase(db, run.id, 0, p, FAST)
     _finish_all(db, run.id, 1)
     db.sql("UPDATE migration_tasks SET status = 'failed' WHERE id = (SELECT max(id) FROM migration_tasks)")
     assert planner.advance_phase(db, run.id, 1, p, FAST)
     final = runs.get_run(db, run.id)
-    assert final.status == "failed" and final.current_phase == 2 and final.finished_at is not None
+    assert final.status == "failed" and final.current_phase == 1 and final.finished_at is not None

@@ -1,6 +1,7 @@
 """Behaviour 12: stop sets a flag checked before every claim (it lands within one task); retry
 re-arms failed tasks and rewinds the barrier to the earliest phase that has them; resume re-arms
-cancelled tasks. Later-phase tasks already seeded keep their progress."""
+cancelled tasks. A phase that closes with failed tasks fails the run at that phase (nothing later
+starts); retry resumes it there and later phases then run once."""
 from __future__ import annotations
 
 import threading
@@ -46,16 +47,19 @@ def test_stop_while_a_task_runs_keeps_its_progress(db) -> None:
     assert not db.sql("SELECT 1 FROM migration_tasks WHERE status IN ('running', 'pending')")
 
 
-def test_retry_rewinds_the_barrier_and_keeps_later_progress(db) -> None:
+def test_a_failed_phase_fails_the_run_there_and_retry_rewinds_to_it(db) -> None:
+    # issue 10 (one story): a phase that closes with a failed task fails the engine run at that
+    # phase - nothing later is seeded, so no drainer works on past it - and says so in the run log.
     p = provider_for("example")
     run = runs.start_run(db, p, "acme", options={**OPTS, "fail_pages": {"contacts": [10]}}, settings=FAST)
     drain_threads(db, run.id, width=4, settings=FAST)
     failed = runs.get_run(db, run.id)
-    assert failed.status == "failed" and failed.current_phase == 5
-    later = {t["id"]: t["status"] for t in task_rows(db, run.id) if t["phase"] > 1}
-    assert set(later.values()) == {"succeeded"}
-    skipped_deals = db.sql("SELECT count(*) AS n FROM migration_records WHERE kind = 'deals' AND action = 'skipped'")[0]["n"]
-    assert skipped_deals > 0  # their contacts were on the failed page
+    assert failed.status == "failed" and failed.current_phase == 1 and failed.finished_at is not None
+    assert [t for t in task_rows(db, run.id) if t["phase"] > 1] == [], "no later phase was started"
+    entry = next(e for e in db.sql("SELECT log FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["log"]
+                 if e["kind"] == "contacts" and "closed with" in e["reason"])
+    assert entry["count"] == 1 and entry["level"] == "error" and "phase 2 (contacts)" in entry["reason"]
+    earlier = {t["id"]: t["finished_at"] for t in task_rows(db, run.id) if t["status"] == "succeeded"}
 
     db.sql("UPDATE migrations SET options = options - 'fail_pages'")  # the cause is removed
     retried = runs.retry(db, run.id, p, settings=FAST)
@@ -64,10 +68,10 @@ def test_retry_rewinds_the_barrier_and_keeps_later_progress(db) -> None:
     drain_threads(db, run.id, width=4, settings=FAST)
     done = runs.get_run(db, run.id)
     assert done.status == "succeeded"
-    after = {t["id"]: t["status"] for t in task_rows(db, run.id) if t["id"] in later}
-    assert after == later  # later phases were not re-run
-    contacts = db.sql("SELECT count(*) AS n FROM example_items WHERE kind = 'contacts'")[0]["n"]
-    assert contacts == 40
+    after = {t["id"]: t["finished_at"] for t in task_rows(db, run.id) if t["id"] in earlier}
+    assert after == earlier  # what succeeded before the failure was not run again
+    per = db.sql("SELECT kind, count(*) AS n, count(DISTINCT source_id) AS d FROM example_items GROUP BY kind")
+    assert all(r["n"] == r["d"] == 40 for r in per) and len(per) == 5
 
 
 def test_resume_of_a_run_stopped_as_its_phase_emptied(db) -> None:
@@ -92,7 +96,9 @@ def test_draining_until_a_phase_closes_claims_nothing_of_the_next(db) -> None:
     assert {t["status"] for t in task_rows(db, run.id, phase=1)} == {"pending"}
 
 
-def test_retry_revisits_rows_skipped_behind_a_failed_page_without_rewriting_the_rest(db) -> None:
+def test_retry_after_a_failed_page_writes_the_page_and_later_phases_once(db) -> None:
+    # Since a failed phase fails the run there (issue 10), no deal is skipped behind a failed
+    # contacts page any more: deals wait for the retry and then link to every contact.
     from engine_core import rollup
     from engine_core.providers import example
 
@@ -101,7 +107,7 @@ def test_retry_revisits_rows_skipped_behind_a_failed_page_without_rewriting_the_
     run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
     drain_threads(db, run.id, width=4, settings=FAST)
     before = {k.kind: k for k in rollup.rollup(db, run.id).kinds}
-    assert before["deals"].skipped > 1  # the dangling one, and those whose contact was on the failed page
+    assert before["deals"].seen == 0 and not before["deals"].tasks, "deals never started behind the failed phase"
 
     db.sql("UPDATE migrations SET options = options - 'fail_pages'")
     example.WRITE_CALLS.clear()
@@ -109,11 +115,11 @@ def test_retry_revisits_rows_skipped_behind_a_failed_page_without_rewriting_the_
     drain_threads(db, run.id, width=4, settings=FAST)
     assert runs.get_run(db, run.id).status == "succeeded"
     after = {k.kind: k for k in rollup.rollup(db, run.id).kinds}
-    assert (after["deals"].imported, after["deals"].skipped) == (39, 1), "only the truly dangling deal stays skipped"
+    assert (after["deals"].imported, after["deals"].skipped) == (39, 1), "only the truly dangling deal is skipped"
     assert (after["contacts"].imported, after["contacts"].failed) == (40, 0)
-    assert after["deals"].already_here == 0, "this run's own rows are its imports, not 'already here'"
-    rewritten = {sid for (kind, sid), n in example.WRITE_CALLS.items() if kind == "deals"}
-    assert len(rewritten) == before["deals"].skipped, "only the skipped deals were written again"
+    rewritten = {sid for (kind, sid), n in example.WRITE_CALLS.items() if kind == "contacts"}
+    assert rewritten == {str(i) for i in range(11, 21)}, "only the failed contacts page was written by the retry"
+    assert all(n == 1 for (kind, _), n in example.WRITE_CALLS.items() if kind == "deals")
     per = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM example_items WHERE kind = 'deals'")[0]
     assert per["n"] == per["d"] == 39
     assert rollup.explain(db, "acme", "deals", "7")["action"] == "skipped"
@@ -135,16 +141,18 @@ def test_dependents_follow_the_providers_links_transitively() -> None:
     assert dependents(object(), {"notes"}, every) == set(every) - {"notes"}  # no links declared: all
 
 
-def test_retry_revisits_only_kinds_that_depend_on_the_failed_ones(db) -> None:
+def test_retry_of_a_failed_later_phase_re_arms_only_its_failed_task(db) -> None:
     p = provider_for("example")
     opts = {**OPTS, "fail_pages": {"activities": [0]}, "dangling": {"notes": [3]}}
     run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
     drain_threads(db, run.id, width=4, settings=FAST)
-    notes_before = {t["id"]: (t["status"], t["finished_at"]) for t in task_rows(db, run.id) if t["kind"] == "notes"}
+    assert runs.get_run(db, run.id).current_phase == 3
+    assert [t for t in task_rows(db, run.id) if t["kind"] == "notes"] == [], "notes wait behind the failed phase"
     db.sql("UPDATE migrations SET options = options - 'fail_pages'")
     runs.retry(db, run.id, p, settings=FAST)
     pending = {t["kind"] for t in task_rows(db, run.id) if t["status"] == "pending"}
-    assert pending == {"activities"}, "notes skip only for missing deals: a failed activities page changes nothing for them"
+    assert pending == {"activities"}
     drain_threads(db, run.id, width=4, settings=FAST)
-    notes_after = {t["id"]: (t["status"], t["finished_at"]) for t in task_rows(db, run.id) if t["kind"] == "notes"}
-    assert notes_after == notes_before
+    assert runs.get_run(db, run.id).status == "succeeded"
+    notes = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM example_items WHERE kind = 'notes'")[0]
+    assert notes["n"] == notes["d"] == 39  # note 3's deal does not exist: skipped, the rest once
