@@ -25,6 +25,8 @@ setup(
             "pytest-timeout>=2.3",
             "jsonschema>=4.20",
         ],
+        # `make bench`'s comparison tool (bench/entity_path.py): dlt's rest_api source into Postgres
+        "bench": ["dlt[postgres]==1.31.0"],
     },
     entry_points={"console_scripts": ["migrate=migration_pipeline.cli:main"]},
 )
