@@ -222,7 +222,9 @@ MAIL_SOURCES: dict[str, str] = {"deals": "/api/v2/deals", "deals_archived": "/ap
 
 
 def email_seeds() -> list[Successor]:
-    """One discovery walker per deal list (active and archived deals carry mail alike)."""
+    """One discovery walker per deal list (active and archived deals carry mail alike). Each walks
+    its whole list, unfiltered (null-time deals included), and hands on whenever the page carries a
+    `next_cursor` - rows or none (`email_discovery_next`; the walk ends only on a null cursor)."""
     return [
         Successor(f"emails:discover:{source}:p0", {"discover": source, "cursor": None, "page": 0})
         for source in MAIL_SOURCES
