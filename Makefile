@@ -34,3 +34,12 @@ clean-db:
 .PHONY: chaos
 chaos: $(STAMP)
 	$(PY) -m pytest -q -s -m chaos tests/chaos
+
+# The quick benches, one after another, each printing its ratios last and all ratios repeated at
+# the end (bench/README.md says what each measures and how to read it). dlt, the entity bench's
+# comparison, is the optional `bench` extra: installed here when it can be, skipped (saying so) when not.
+.PHONY: bench
+bench: $(STAMP)
+	@$(PY) -c "import dlt" 2>/dev/null || $(PY) -m pip install -q -e '.[bench]' >/dev/null 2>&1 \
+		|| echo "make bench: the bench extra (dlt) did not install; the entity bench runs the engine alone"
+	$(PY) bench/quick.py
