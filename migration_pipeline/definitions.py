@@ -1,4 +1,5 @@
-"""The project's only Definitions: phase assets and checks of one source, the jobs, the sensors.
+"""The project's only Definitions: phase assets and checks of one source, the jobs (the tenant's
+migration, the drainer, `explain_row`), the sensors.
 
 The source is `MIGRATE_SOURCE` (default `pipedrive`). If its provider cannot be loaded the code
 location still loads, on the `example` provider, and says why in the assets' descriptions and the
@@ -14,7 +15,7 @@ from dagster import Definitions, in_process_executor
 from engine_core.providers.base import provider_for
 from migration_pipeline.assets.checks import build_phase_checks
 from migration_pipeline.assets.phases import build_phase_assets
-from migration_pipeline.jobs import drainer_job, tenant_job
+from migration_pipeline.jobs import drainer_job, explain_job, tenant_job
 from migration_pipeline.resources import default_resources
 from migration_pipeline.sensors import build_sensors
 
@@ -40,7 +41,7 @@ def build_definitions(source: str) -> Definitions:
     return Definitions(
         assets=build_phase_assets(source),
         asset_checks=build_phase_checks(source),
-        jobs=[tenant_job(source), drain],
+        jobs=[tenant_job(source), drain, explain_job()],
         sensors=build_sensors(drain, source),
         resources=default_resources(source),
         # One step at a time in the run's own process: the phases are sequential anyway, and a

@@ -1,15 +1,27 @@
-"""Jobs: a tenant's whole migration (every phase asset), and the drainer that widens its lane.
+"""Jobs: a tenant's whole migration (every phase asset), the drainer that widens its lane, and
+`explain_row`, which tells one source row's story from the UI.
 
 The drainer is an op job partitioned by tenant, so its runs carry `dagster/partition` like every
-other tenant run and count in the same run-level limit (dagster.yaml). It attaches to the tenant's
-live engine run and drains it for one turn; it never starts, retries or resumes a run.
+other tenant run and count in the same run-level limit (dagster.yaml). It joins the tenant's live
+engine run (`engine_core.runs.attach` with `may_start=False`) and drains it for one turn; it never
+starts, retries or resumes a run. A stop of the engine run during its turn ends it CANCELED (as a
+terminate does). When its turn closed phases - a run the drainers finished after a CLI retry - it
+materialises those phase assets of the tenant's partition with their rollup (issue 10: the
+partition's last phase stayed red), unless the phase is already materialised since it closed.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
+from datetime import datetime, timezone
+from typing import Any
+
 from dagster import (
+    AssetMaterialization,
+    AssetRecordsFilter,
     AssetSelection,
+    Config,
     Failure,
+    MetadataValue,
     JobDefinition,
     Nothing,
     OpExecutionContext,
@@ -20,9 +32,14 @@ from dagster import (
     op,
 )
 
+from engine_core import rollup as rollups
 from engine_core import runs
+from engine_core.db import Database
 from engine_core.errors import RunNotFound
+from engine_core.models import Run
 from migration_pipeline import tags
+from migration_pipeline.assets.metadata import phase_metadata, phase_summary
+from migration_pipeline.assets.phases import cancel_this_run, phase_specs
 from migration_pipeline.fair_lane import lane_picture
 from migration_pipeline.lane import drain_in_slot
 from migration_pipeline.partitions import tenants
@@ -30,6 +47,7 @@ from migration_pipeline.resources import LaneSettings, MigrationDatabase, Source
 
 TENANT_JOB = "migrate_tenant"
 DRAINER_JOB = "drain_tenant"
+EXPLAIN_JOB = "explain_row"
 
 
 def tenant_job(source: str):
@@ -48,16 +66,18 @@ def drain_tenant_run(
 ):
     db = database.database()
     tenant = context.partition_key
-    engine_run_id = context.run.tags.get(tags.ENGINE_RUN)
+    engine_run_id = context.run.tags.get(tags.ENGINE_RUN, "")
     try:
-        run = runs.get_run(db, int(engine_run_id)) if engine_run_id and engine_run_id.isdigit() else None
+        run = runs.attach(db, source.provider(), tenant, may_start=False,
+                          tagged_run_id=int(engine_run_id) if engine_run_id.isdigit() else None).run
     except RunNotFound:
         run = None
-    if run is None or run.tenant_id != tenant:
-        run = runs.live_run(db, tenant, source.source)
     if run is None or run.status != "running" or run.cancel_requested:
         context.log.info(f"tenant {tenant!r} has no running migration; nothing to drain")
-        return Output(None, metadata={"executed": 0, "reason": "no running migration"})
+        if run is not None:
+            yield from closed_phase_materializations(context, db, run, source.source)
+        yield Output(None, metadata={"executed": 0, "reason": "no running migration"})
+        return
     settings = lane.engine_settings()
 
     def give_way() -> bool:
@@ -82,17 +102,61 @@ def drain_tenant_run(
     )
     executed = sum(result.executed.values())
     context.log.info(f"drained {executed} task(s) of {run.name}: {dict(result.executed)}; ended: {result.reason}")
-    if result.executed.get("failed") and executed == result.executed.get("failed"):
-        # tasks failing is the engine's business (the phase asset reports it); note it here too
-        context.log.warning(f"{result.executed['failed']} task(s) failed in this turn")
     if result.reason == "missing":
         raise Failure(f"engine run {run.id} disappeared")
-    return Output(None, metadata={
+    after = runs.get_run(db, run.id)
+    yield from closed_phase_materializations(context, db, after, source.source)
+    if after.status in ("stopping", "stopped"):
+        cancel_this_run(context, f"{after.name} was stopped during this drainer's turn")
+    if after.status == "failed":
+        # the failed phase is the phase asset's to report; the drainer stops working on the run
+        context.log.warning(f"{after.name} failed at phase {after.current_phase + 1}; no drainer works on it")
+    yield Output(None, metadata={
         "engine_run_id": run.id,
         "executed": executed,
         "outcomes": dict(result.executed),
         "reason": result.reason,
+        "engine_run_status": after.status,
     })
+
+
+def _materialized_since(context: OpExecutionContext, key, tenant: str, run_id: int, closed_at: datetime | None) -> bool:
+    records = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=key, asset_partitions=[tenant]), limit=1).records
+    if not records:
+        return False
+    entry = records[0].event_log_entry
+    md = entry.asset_materialization.metadata if entry.asset_materialization else {}
+    same_run = getattr(md.get("engine_run_id"), "value", None) == run_id
+    return same_run and (closed_at is None or entry.timestamp >= closed_at.timestamp())
+
+
+def closed_phase_materializations(context: OpExecutionContext, db: Database, run: Run, source: str):
+    """AssetMaterializations for the phases of `run` that closed without failed tasks and have not
+    been materialised for this engine run since their last task finished (a phase asset that drained
+    them itself has). Phases the run does not plan are left alone."""
+    r = rollups.rollup(db, run.id)
+    last_finished: dict[int, datetime] = {}
+    for t in db.fetch_all("rollup_tasks", {"run_id": run.id}):
+        if t["last_finished"] is not None:
+            last_finished[t["phase"]] = max(last_finished.get(t["phase"], t["last_finished"]), t["last_finished"])
+    for spec in phase_specs(source):
+        phase = spec.run_phase(run)
+        if phase is None:
+            continue
+        closed = phase < run.current_phase or run.status == "succeeded"
+        if not closed:
+            continue
+        summary = phase_summary(db, r, phase)
+        if summary["tasks"].get("failed"):
+            continue
+        if _materialized_since(context, spec.key, run.tenant_id, run.id, last_finished.get(phase)):
+            continue
+        metadata = phase_metadata(db, r, phase)
+        metadata["materialized_by"] = MetadataValue.text(f"drainer run {context.run_id} (the phase closed in its turn)")
+        context.log.info(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed: materialising "
+                         f"{spec.key.to_user_string()}")
+        yield AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
 
 
 def drainer_job() -> JobDefinition:
@@ -106,3 +170,71 @@ def drainer_job() -> JobDefinition:
         drain_tenant_run()
 
     return drain_tenant
+
+
+# -- explain_row: what happened to one source row, from the UI -----------------------------------
+
+
+class ExplainRowConfig(Config):
+    """The row to explain (the launchpad's `ops: explain: config:`): the tenant partition's key,
+    the kind as the ledger names it (e.g. `deals`, `persons`, `emails`), the source's own id."""
+
+    tenant: str
+    kind: str
+    source_id: str
+    source: str = ""  # empty: every source the tenant was migrated from
+
+
+def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[str, Any]]]:
+    """(markdown, ledger entries) for one source row: its ledger entries with their runs, and for
+    each run whether the row's kind was in its plan; or why there is nothing to tell."""
+    entries = db.fetch_all("explain_story", {"tenant_id": config.tenant, "kind": config.kind,
+                                             "source_id": str(config.source_id)})
+    if config.source:
+        entries = [e for e in entries if e["source"] == config.source]
+    title = f"### {config.kind} {config.source_id} of tenant {config.tenant}"
+    if not entries:
+        kinds = [r["kind"] for r in db.sql(
+            "SELECT DISTINCT kind FROM migration_records WHERE tenant_id = %(t)s ORDER BY kind", {"t": config.tenant})]
+        why = (f"The ledger has no entry for this row. Kinds the ledger knows for this tenant: "
+               f"{', '.join(kinds) or 'none (no run wrote anything yet)'}. A row never listed by the source "
+               "(deleted there, or outside the run's kinds) has no entry.")
+        return f"{title}\n\n{why}", []
+    lines = [title, ""]
+    for e in entries:
+        at = e["created_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        lines.append(f"- **{e['action']}** by run #{e['migration_id']} ({e['run_status']}"
+                     f"{', dry run' if e['run_dry_run'] else ''}) from {e['source']} at {at}")
+        if e["record_type"]:
+            lines.append(f"  - target: `{e['record_type']}` id {e['record_id']}")
+        if e["reason"]:
+            lines.append(f"  - reason: {e['reason']}")
+        if e.get("dangling"):
+            lines.append(f"  - references to parents deleted at the source: `{e['dangling']}`")
+    return "\n".join(lines), [dict(e) for e in entries]
+
+
+@op(name="explain", description="Tell one source row's story from the ledger (set tenant, kind and source_id "
+                                "in the launchpad).", out=Out(Nothing))
+def explain_op(context: OpExecutionContext, config: ExplainRowConfig, database: MigrationDatabase):
+    story, entries = row_story(database.database(), config)
+    context.log.info(story)
+    metadata: dict[str, Any] = {
+        "story": MetadataValue.md(story),
+        "entries": MetadataValue.int(len(entries)),
+    }
+    if entries:
+        metadata["action"] = MetadataValue.text(str(entries[0]["action"]))
+        if entries[0]["reason"]:
+            metadata["reason"] = MetadataValue.text(str(entries[0]["reason"]))
+    yield Output(None, metadata=metadata)
+
+
+def explain_job() -> JobDefinition:
+    @job(name=EXPLAIN_JOB, description="What happened to one source row: launch with tenant, kind and source_id "
+                                        "(ops -> explain -> config) and read the step's log or metadata.",
+         tags={tags.ROLE: "explain"})
+    def explain_row():
+        explain_op()
+
+    return explain_row

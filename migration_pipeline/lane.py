@@ -50,11 +50,17 @@ def drain_in_slot(
     stop_grace_seconds: float = 20.0,
     worker_id: str | None = None,
     logger: logging.Logger | None = None,
+    on_tick: Callable[[], None] | None = None,
+    tick_seconds: float = 5.0,
 ) -> DrainResult:
     """Drain `run_id` on one worker thread until its phase closes (or the turn ends at a task boundary).
 
     `give_way`, asked before every claim, ends the turn early ("gave_way") when it says so: a helper
     slot handing the lane to another tenant that is waiting for it.
+
+    `on_tick` is called on the calling (main) thread every `tick_seconds` while the worker drains:
+    the phase op's progress reports (Dagster's log and events belong to that thread). An exception
+    from it is logged and does not stop the drain.
 
     On termination (any BaseException that is not an Exception) the engine run is stopped.
     """
@@ -98,8 +104,14 @@ def drain_in_slot(
     thread = threading.Thread(target=lane, name=f"lane-run-{run_id}", daemon=True)
     thread.start()
     try:
+        next_tick = time.monotonic() + tick_seconds
         while not done.wait(0.25):
-            pass
+            if on_tick is not None and time.monotonic() >= next_tick:
+                next_tick = time.monotonic() + tick_seconds
+                try:
+                    on_tick()
+                except Exception:  # a report that fails must not stop the migration
+                    logger.exception("progress report failed")
     except Exception:
         cancel.set()
         raise

@@ -7,6 +7,11 @@
   the migration wrote for the tenant is missing its claim (a write outside the ledger), and no
   source id was written twice.
 
+* `kinds_add_up` (issue 8, "completeness is checked, not assumed"): the engine's completeness
+  verdict for the phase in the tenant's latest run (`engine_core.rollup.completeness`): rows seen =
+  rows accounted for, ledger claims = rows counted as written, rows seen = the source's own count
+  where a discovery task recorded one. Fails (severity ERROR) naming each kind that does not add up.
+
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
 """
@@ -17,10 +22,13 @@ import warnings
 from typing import Any
 
 from dagster import PreviewWarning
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetChecksDefinition, MetadataValue, asset_check
+from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, MetadataValue, asset_check
 from psycopg import sql
 
+from engine_core import rollup as rollups
+from engine_core import runs
 from engine_core.db import Database
+from engine_core.errors import RunNotFound
 from migration_pipeline.assets.phases import PhaseSpec, phase_specs
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import MigrationDatabase
@@ -161,6 +169,34 @@ def duplicates_check(db: Database, tenant: str, source: str, kinds: list[str]) -
     }
 
 
+def completeness_check(db: Database, tenant: str, source: str, spec: PhaseSpec) -> tuple[bool, dict[str, Any]]:
+    """The engine's completeness verdict for this phase in the tenant's latest run."""
+    try:
+        run = runs.latest_run(db, tenant, source)
+    except RunNotFound:
+        return True, {"note": MetadataValue.text("no run of this tenant yet")}
+    phase = spec.run_phase(run)
+    if phase is None:
+        return True, {"note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan")}
+    r = rollups.rollup(db, run.id)
+    c = r.phase_completeness(phase)
+    md: dict[str, Any] = {"engine_run_id": MetadataValue.int(run.id)}
+    if c is None:
+        md["note"] = MetadataValue.text(f"phase {phase + 1} of {run.name} has not closed yet")
+        return True, md
+    for kind, figures in c["kinds"].items():
+        md[f"{kind}/seen"] = MetadataValue.int(int(figures["seen"]))
+        md[f"{kind}/accounted"] = MetadataValue.int(int(figures["accounted"]))
+        if figures["source_total"] is not None:
+            md[f"{kind}/source_total"] = MetadataValue.int(int(figures["source_total"]))
+    md["stats_written"] = MetadataValue.int(int(c["stats_written"]))
+    if c["ledger_written"] is not None:
+        md["ledger_written"] = MetadataValue.int(int(c["ledger_written"]))
+    if c["problems"]:
+        md["problems"] = MetadataValue.md("\n".join(f"- {p}" for p in c["problems"]))
+    return bool(c["complete"]), md
+
+
 def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
     kinds = list(spec.kinds)
 
@@ -176,7 +212,14 @@ def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
         passed, md = duplicates_check(database.database(), context.partition_key, spec.source, kinds)
         return AssetCheckResult(passed=passed, metadata=md)
 
-    return [ledger_matches_target, no_duplicate_claims]
+    @asset_check(asset=spec.key, name="kinds_add_up", partitions_def=tenants,
+                 description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
+                             "where it gives one (the engine's completeness check at phase close).")
+    def kinds_add_up(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
+        passed, md = completeness_check(database.database(), context.partition_key, spec.source, spec)
+        return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
+
+    return [ledger_matches_target, no_duplicate_claims, kinds_add_up]
 
 
 def build_phase_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:

@@ -8,8 +8,19 @@ from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from engine_core import rollup as rollups
 from engine_core.db import Database
+from engine_core.progress import PhaseProgress
 
 COUNTS = ("imported", "matched", "already_here", "skipped", "failed")
+ROWS_CAP = 50  # skipped and failed rows listed in a phase's metadata (the counts above are whole)
+
+ROWS_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("kind", "string"),
+        TableColumn("source_id", "string"),
+        TableColumn("action", "string"),
+        TableColumn("reason", "string"),
+    ]
+)
 
 PER_KIND_SCHEMA = TableSchema(
     columns=[
@@ -55,14 +66,50 @@ def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
 
 
 def reasons_table(reasons: list[dict[str, Any]]) -> str:
+    """Grouped reasons (`rollup.grouped_reasons`) as a markdown table, biggest first, 30 at most."""
     if not reasons:
-        return "No failures."
-    lines = ["| kind | count | reason | samples |", "|---|---:|---|---|"]
+        return "No rows skipped or failed, no task failed."
+    lines = ["| kind | what | count | reason | samples |", "|---|---|---:|---|---|"]
     for g in reasons[:30]:
         reason = str(g["reason"]).replace("|", "\\|").replace("\n", " ")
         samples = ", ".join(str(s) for s in g.get("samples", []))
-        lines.append(f"| {g['kind']} | {g['count']} | {reason} | {samples} |")
+        lines.append(f"| {g['kind']} | {g.get('action', '')} | {g['count']} | {reason} | {samples} |")
     return "\n".join(lines)
+
+
+def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int = ROWS_CAP) -> list[dict[str, Any]]:
+    """Up to `limit` skipped and failed ledger rows of a phase's kinds, failed first, with reasons."""
+    return db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})
+
+
+def progress_metadata(p: PhaseProgress) -> dict[str, Any]:
+    """A progress snapshot as numeric metadata (the UI plots numeric metadata of observations)."""
+    md: dict[str, Any] = {
+        "seen": MetadataValue.int(p.seen),
+        "imported": MetadataValue.int(p.imported),
+        "matched_or_already_here": MetadataValue.int(p.matched + p.already_here),
+        "skipped": MetadataValue.int(p.skipped),
+        "failed": MetadataValue.int(p.failed),
+        "rows_per_second": MetadataValue.float(float(p.rows_per_second)),
+        "requests": MetadataValue.int(p.requests),
+        "requests_per_second": MetadataValue.float(float(p.requests_per_second)),
+        "rate_limited_429s": MetadataValue.int(p.rate_limited),
+        "retries": MetadataValue.int(p.retries),
+        "retries_in_progress": MetadataValue.int(sum(p.retrying.values())),
+        "tasks_done": MetadataValue.int(p.tasks_done),
+        "tasks_total": MetadataValue.int(p.tasks_total),
+        "tasks_failed": MetadataValue.int(p.tasks_failed),
+        "engine_run_id": MetadataValue.int(p.run_id),
+    }
+    if p.retrying:
+        md["retrying"] = MetadataValue.text(", ".join(f"{n} x {c}" for c, n in sorted(p.retrying.items())))
+    if p.percent is not None:
+        md["percent"] = MetadataValue.float(float(p.percent))
+    if p.eta_seconds is not None:
+        md["eta_seconds"] = MetadataValue.float(float(p.eta_seconds))
+    if p.source_total is not None:
+        md["source_total"] = MetadataValue.int(p.source_total)
+    return md
 
 
 def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
@@ -122,5 +169,22 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, 
         schema=PER_KIND_SCHEMA,
     )
     md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
-    md["failure_reasons"] = MetadataValue.md(reasons_table(s["reasons"]))
+    md["reasons"] = MetadataValue.md(reasons_table(s["reasons"]))
+    rows = phase_rows(db, r.run_id, s["names"])
+    not_landed = int(s["totals"]["skipped"]) + int(s["totals"]["failed"])
+    md["skipped_and_failed_rows"] = MetadataValue.table(
+        records=[TableRecord({"kind": x["kind"], "source_id": str(x["source_id"]), "action": x["action"],
+                              "reason": str(x["reason"] or "")[:300]}) for x in rows],
+        schema=ROWS_SCHEMA,
+    )
+    md["skipped_and_failed_rows_listed"] = MetadataValue.text(
+        f"{len(rows)} of {not_landed} (capped at {ROWS_CAP}; the explain_row job tells any row's story)")
+    c = r.phase_completeness(phase)
+    if c is not None:
+        md["complete"] = MetadataValue.bool(bool(c["complete"]))
+        if c["problems"]:
+            md["incomplete"] = MetadataValue.md("\n".join(f"- {x}" for x in c["problems"]))
+    for k in s["kinds"]:
+        if k.source_total is not None:
+            md[f"{k.kind}/source_total"] = MetadataValue.int(int(k.source_total))
     return md

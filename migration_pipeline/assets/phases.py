@@ -17,12 +17,13 @@ A phase asset's op, for its tenant partition:
 # of op, asset and sensor functions at definition time.
 
 import re
-import time
 from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from dagster import (
     AssetExecutionContext,
     AssetKey,
+    AssetObservation,
     AssetsDefinition,
     Failure,
     MaterializeResult,
@@ -30,21 +31,24 @@ from dagster import (
     RunsFilter,
     asset,
 )
+from dagster._core.errors import DagsterExecutionInterruptedError
 
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused, NothingToDo, RunNotFound
+from engine_core.errors import AdmissionRefused
+from engine_core.runs import RunStillStopping
 from engine_core.models import Run
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
-from migration_pipeline.assets.metadata import phase_metadata, phase_summary, reasons_table
+from engine_core.progress import PhaseMeter, PhaseProgress
+from migration_pipeline.assets.metadata import phase_metadata, phase_summary, progress_metadata, reasons_table
 from migration_pipeline.lane import drain_in_slot, hold_interrupts
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
 
 ATTACHED_BY = "migration/attached_by"  # the Dagster run that prepared the engine run (once per run)
-STOP_SETTLE_SECONDS = 30.0
+PROGRESS_SECONDS = 5.0  # how often a running phase reports its progress (log line + asset observation)
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,8 @@ def phase_specs(source: str, phases: list[list[str]] | None = None) -> list[Phas
 
 
 # -- attaching a Dagster run to an engine run ----------------------------------------------------
+# The policy (attach / join / rerun / start, then resume / retry / restart once per launch) is the
+# engine's (`engine_core.runs.attach` / `prepare`); this face only reads and writes its run tags.
 
 
 def _run_tags(context: AssetExecutionContext) -> dict[str, str]:
@@ -88,80 +94,48 @@ def _run_tags(context: AssetExecutionContext) -> dict[str, str]:
     return dict(current.tags if current else context.run.tags)
 
 
+def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str) -> None:
+    if _run_tags(context).get(tags.ENGINE_RUN) != str(run.id):
+        context.instance.add_run_tags(context.run_id, {tags.ENGINE_RUN: str(run.id), tags.SOURCE: source})
+
+
 def attach_run(context: AssetExecutionContext, db: Database, source: SourceResource, new_run: NewRunOptions) -> Run:
-    tenant = context.partition_key
-    run_tags = _run_tags(context)
-    run: Run | None = None
-    if run_tags.get(tags.ENGINE_RUN, "").isdigit():
-        try:
-            tagged = runs.get_run(db, int(run_tags[tags.ENGINE_RUN]))
-            if tagged.tenant_id == tenant and tagged.source == source.source:
-                run = tagged
-        except RunNotFound:
-            pass
-    if run is None:
-        run = runs.live_run(db, tenant, source.source)
-        if run is not None:
-            context.log.info(f"joined {run.name}")
-    if run is None:
-        try:
-            latest = runs.latest_run(db, tenant, source.source)
-        except RunNotFound:
-            latest = None
-        if latest is not None and latest.status in ("failed", "stopped"):
-            run = latest  # a rerun: prepared (retried or resumed) below
-        else:
-            try:
-                run, started = runs.start_or_join(db, source.provider(), tenant, **new_run.start_kwargs())
-            except AdmissionRefused as e:
-                raise Failure(str(e), allow_retries=False) from None
-            context.log.info(f"{'started' if started else 'joined'} {run.name}: "
-                             + " -> ".join("[" + ", ".join(g) + "]" for g in run.plan))
-    if run_tags.get(tags.ENGINE_RUN) != str(run.id):
-        context.instance.add_run_tags(context.run_id, {tags.ENGINE_RUN: str(run.id), tags.SOURCE: source.source})
-    return run
-
-
-def _settle_stopping(db: Database, run: Run) -> Run:
-    """Wait for a stopping run's running tasks to reach a stop point; runs.stop is idempotent and
-    settles the stop once nothing runs (and cancels tasks a reaper released meanwhile)."""
-    deadline = time.monotonic() + STOP_SETTLE_SECONDS
-    while run.status == "stopping" and time.monotonic() < deadline:
-        run = runs.stop(db, run.id)
-        if run.status == "stopping":
-            time.sleep(0.5)
-    return run
+    tagged = _run_tags(context).get(tags.ENGINE_RUN, "")
+    try:
+        got = runs.attach(db, source.provider(), context.partition_key,
+                          tagged_run_id=int(tagged) if tagged.isdigit() else None,
+                          start_kwargs=new_run.start_kwargs())
+    except AdmissionRefused as e:
+        raise Failure(str(e), allow_retries=False) from None
+    if got.message:
+        context.log.info(got.message)
+    _tag_engine_run(context, got.run, source.source)
+    return got.run
 
 
 def prepare_run(context: AssetExecutionContext, db: Database, source: SourceResource, run: Run, lane: LaneSettings) -> Run:
-    """Once per Dagster run: resume a stopped run, re-arm failed tasks (the engine's retry)."""
+    """Once per Dagster run: the engine's `runs.prepare` (resume a stopped run, retry failed tasks)."""
     if _run_tags(context).get(ATTACHED_BY) == context.run_id:
         return runs.get_run(db, run.id)
-    settings = lane.engine_settings()
-    provider = source.provider(run)
-    if run.status == "stopping":
-        run = _settle_stopping(db, run)
-        if run.status == "stopping":
-            raise Failure(f"{run.name} is still stopping (a task has not reached a stop point); "
-                          "launch the partition again once it has stopped", allow_retries=False)
     try:
-        if run.status == "stopped":
-            run = runs.retry(db, run.id, provider, settings)  # a stopped run: cancelled and failed tasks
-            context.log.info(f"resumed {run.name} from its checkpoints at phase {run.current_phase + 1}")
-        elif any(k.tasks.get("failed") for k in rollups.rollup(db, run.id).kinds):
-            run = runs.retry(db, run.id, provider, settings)
-            context.log.info(f"retrying {run.name}: failed tasks re-armed, barrier at phase {run.current_phase + 1}")
-    except NothingToDo:
-        if run.status == "stopped":
-            # stopped between phases with nothing cancelled: the engine cannot reopen it, start anew
-            context.log.warning(f"{run.name} was stopped with no task to resume; starting a new run")
-            run, _ = runs.start_or_join(db, provider, run.tenant_id, options=dict(run.options), dry_run=run.dry_run,
-                                        kinds=list(run.kinds))
-            context.instance.add_run_tags(context.run_id, {tags.ENGINE_RUN: str(run.id)})
-    except AdmissionRefused as e:
+        got = runs.prepare(db, run.id, source.provider(run), lane.engine_settings())
+    except (AdmissionRefused, RunStillStopping) as e:
         raise Failure(str(e), allow_retries=False) from None
+    if got.message:
+        (context.log.warning if got.action == "restarted" else context.log.info)(got.message)
+    _tag_engine_run(context, got.run, source.source)
     context.instance.add_run_tags(context.run_id, {ATTACHED_BY: context.run_id})
-    return run
+    return got.run
+
+
+def cancel_this_run(context: Any, message: str) -> NoReturn:
+    """End this Dagster run CANCELED, as a terminate from the UI does: the engine run was stopped
+    from elsewhere (`migrate stop`, another launch's terminate), so Dagster tells the same story
+    (issue 10: a stop made the run FAILURE from the CLI, CANCELED from the UI). Dagster's own
+    terminate marks the run CANCELING and interrupts the step; so does this."""
+    context.log.warning(message)
+    context.instance.report_run_canceling(context.run, message=message)
+    raise DagsterExecutionInterruptedError(message)
 
 
 # -- the phase op --------------------------------------------------------------------------------
@@ -188,6 +162,28 @@ def stop_after_early_termination(context: AssetExecutionContext, db: Database, s
         except Exception:  # the termination itself matters more
             context.log.exception("could not set the engine run's stop flag after an early termination")
 
+
+
+class PhaseReporter:
+    """Progress of the phase an op drains, every PROGRESS_SECONDS on the op's main thread: one log
+    line and one AssetObservation of the phase's partition with numeric metadata (rows seen /
+    imported / skipped / failed, rows/s, requests/s, 429s, retries in progress, tasks done/total,
+    percent, ETA), so the UI plots throughput and 429s over time for each phase."""
+
+    def __init__(self, context: AssetExecutionContext, spec: PhaseSpec, db: Database, run_id: int, phase: int) -> None:
+        self.context = context
+        self.spec = spec
+        self.meter = PhaseMeter(db, run_id, phase, list(spec.kinds))
+        self.reports = 0
+
+    def tick(self) -> PhaseProgress:
+        p = self.meter.snapshot()
+        self.context.log.info(f"progress: {p.line()}")
+        self.context.log_event(AssetObservation(
+            asset_key=self.spec.key, partition=self.context.partition_key, metadata=progress_metadata(p),
+        ))
+        self.reports += 1
+        return p
 
 
 def materialize_phase(
@@ -222,6 +218,7 @@ def materialize_phase(
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
+    reporter = PhaseReporter(context, spec, db, run.id, phase)
     result = drain_in_slot(
         db,
         run.id,
@@ -230,14 +227,22 @@ def materialize_phase(
         until_phase_closed=phase,
         stop_grace_seconds=lane.stop_grace_seconds,
         logger=context.log,
+        on_tick=reporter.tick,
+        tick_seconds=PROGRESS_SECONDS,
     )
     run = runs.get_run(db, run.id)
+    if run.status == "failed" and run.current_phase < phase:
+        raise Failure(f"{run.name} failed at phase {run.current_phase + 1} before phase {phase + 1} "
+                      f"({', '.join(spec.kinds)}) could run; rerun the partition to retry", allow_retries=False)
     closed = run.current_phase > phase or run.status in ("succeeded", "failed")
     if not closed:
         if run.status in ("stopping", "stopped"):
-            raise Failure(f"{run.name} was stopped before phase {phase + 1} closed; "
-                          "launch the partition again to resume from the checkpoints", allow_retries=False)
+            cancel_this_run(context, f"{run.name} was stopped before phase {phase + 1} closed (a stop from "
+                                     "`migrate stop` or another launch); launch the partition again to resume "
+                                     "from the checkpoints")
         raise Failure(f"phase {phase + 1} of {run.name} is still open (drain ended: {result.reason})")
+    if reporter.reports:
+        reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
     metadata = phase_metadata(db, r, phase)
     summary = phase_summary(db, r, phase)
@@ -245,9 +250,9 @@ def materialize_phase(
     if failed_tasks:
         raise Failure(
             description=(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed with "
-                         f"{failed_tasks} failed task(s). Fix the cause, then rerun the partition "
-                         f"(re-execute from failure, or backfill failed partitions) to retry.\n\n"
-                         + reasons_table(summary["reasons"])),
+                         f"{failed_tasks} failed task(s); the engine run failed at this phase. Fix the cause, "
+                         f"then rerun the partition (re-execute from failure, or backfill failed partitions) "
+                         f"to retry.\n\n" + reasons_table(summary["reasons"])),
             metadata=metadata,
             allow_retries=False,
         )

@@ -1,7 +1,12 @@
 """Materialising a tenant partition runs the migration through the engine: every phase asset
 reconciles exactly with its metadata's counts; a phase that closes with failed tasks fails its
 asset with the reasons; rerunning the partition after the cause is gone is the engine's retry and
-writes nothing twice; a run limited to some kinds materialises the other phases as not planned."""
+writes nothing twice; a run limited to some kinds materialises the other phases as not planned.
+
+Issue 10, item 4 and the UI's "what happened to row X": a phase's metadata carries its grouped
+skip and failure reasons (from the ledger, every row counted) and a capped table of its skipped
+and failed rows with their reasons. Issue 8: the `kinds_add_up` check fails when a phase's kinds
+do not add up (a lost ledger row), never silently."""
 from __future__ import annotations
 
 import collections
@@ -48,7 +53,7 @@ def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(instance,
         assert md["per_kind"].value.records[0].data["kind"] == kind
 
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    assert len(checks) == 10 and all(checks.values()), checks
+    assert len(checks) == 15 and all(checks.values()), checks
 
     # the Dagster run remembers the engine run it worked on
     assert instance.get_run_by_id(result.run_id).tags["migration/run_id"] == str(run.id)
@@ -76,7 +81,7 @@ def test_failed_tasks_fail_the_phase_and_a_rerun_retries_without_writing_twice(i
     assert materialized == {"phase_1_companies"}  # later phases did not run
 
     run = runs.latest_run(db, "acme", "example")
-    assert run.status == "running" and run.current_phase == 2  # the barrier moved on; nothing drains it
+    assert run.status == "failed" and run.current_phase == 1  # the engine run failed at that phase too
 
     # the cause goes away (the page is fixed at the source), then the partition is rerun
     db.sql("UPDATE migrations SET options = options - 'fail_pages' WHERE id = %(id)s", {"id": run.id})
@@ -156,3 +161,46 @@ def test_a_termination_between_starting_the_engine_run_and_tagging_it_stops_that
     assert not result.success
     (run,) = [runs.get_run(db, r["id"]) for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'earlier'")]
     assert run.cancel_requested and run.status in ("stopping", "stopped"), run
+
+
+def test_phase_metadata_carries_grouped_reasons_and_a_capped_table_of_skipped_and_failed_rows(instance, engine_url, db):
+    from migration_pipeline.assets import metadata
+
+    options = {**SMALL, "malformed": {"contacts": [4, 9]}, "dangling": {"deals": list(range(1, 61))}}
+    result = materialize_tenant(instance, "why", resources(engine_url, options=options), raise_on_error=True)
+    md = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+
+    deals = md["phase_3_deals"]
+    assert deals["skipped"].value == 50
+    assert "| deals | skipped | 50 | not linked to any record |" in deals["reasons"].value  # every skip, counted
+    table = deals["skipped_and_failed_rows"].value.records
+    assert len(table) == metadata.ROWS_CAP == 50
+    assert {r.data["reason"] for r in table} == {"not linked to any record"}
+    assert deals["skipped_and_failed_rows_listed"].value.startswith("50 of 50")
+
+    contacts = md["phase_2_contacts"]
+    rows = [(r.data["source_id"], r.data["action"]) for r in contacts["skipped_and_failed_rows"].value.records]
+    assert rows == [("4", "failed"), ("9", "failed")]
+    assert "| contacts | failed | 2 |" in contacts["reasons"].value
+    assert contacts["complete"].value is True
+
+
+def test_kinds_add_up_fails_as_an_asset_check_when_a_ledger_row_is_lost(instance, engine_url, db, monkeypatch):
+    """A ledger row of deals disappears once phase 3 has closed (tampered in the test database):
+    the phase's `kinds_add_up` check, evaluated in the same Dagster run, fails and names it."""
+    from migration_pipeline.assets import phases
+
+    original = phases.phase_metadata
+
+    def lose_a_row_then_report(db_, r, phase):  # type: ignore[no-untyped-def]
+        if phase == 2:
+            db_.sql("DELETE FROM migration_records WHERE tenant_id = 'lost' AND kind = 'deals' AND source_id = '7'")
+        return original(db_, r, phase)
+
+    monkeypatch.setattr(phases, "phase_metadata", lose_a_row_then_report)
+    result = materialize_tenant(instance, "lost", resources(engine_url, options=SMALL))
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+    failed = checks[("phase_3_deals", "kinds_add_up")]
+    assert failed.passed is False and failed.severity.value == "ERROR"
+    assert "50 imported or matched in the task stats but 49 claimed in the ledger" in failed.metadata["problems"].value
+    assert checks[("phase_2_contacts", "kinds_add_up")].passed
