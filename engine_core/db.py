@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg import conninfo
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
@@ -166,7 +167,11 @@ class Database:
 def apply_schema(url: str) -> list[int]:
     """Apply numbered migrations idempotently under an advisory lock; returns versions applied now."""
     applied_now: list[int] = []
-    with psycopg.connect(url, autocommit=True) as conn:
+    try:
+        conn = psycopg.connect(url, autocommit=True, **connect_kwargs(url))
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(unreachable_message(url, e)) from None
+    with conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_LOCK,))
         try:
             conn.execute(
@@ -209,12 +214,42 @@ def embedded_url(home: Path | None = None, database: str = "migrate") -> str:
         return server.get_uri(database)
 
 
+CONNECT_TIMEOUT = 10  # seconds; an unreachable host fails start-up this fast, not after TCP's minutes
+
+
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """Extra psycopg.connect arguments: a connect timeout unless the URL sets its own."""
+    try:
+        given = conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        given = {}
+    return {} if "connect_timeout" in given else {"connect_timeout": CONNECT_TIMEOUT}
+
+
+def unreachable_message(url: str, error: Exception) -> str:
+    """One line: which database (password redacted, and whether it came from DATABASE_URL) and why."""
+    first = next((ln.strip() for ln in str(error).splitlines() if ln.strip()), type(error).__name__)
+    source = " (DATABASE_URL)" if url == os.environ.get("DATABASE_URL", "").strip() else ""
+    return f"cannot reach the database {redact(url)}{source}: {first}"
+
+
 def database_url(env: dict[str, str] | None = None) -> str:
+    """DATABASE_URL when set (checked: a postgresql:// URL libpq can parse), else the embedded
+    server's `migrate` database. Raises ConfigError naming DATABASE_URL."""
     env = dict(os.environ if env is None else env)
     url = env.get("DATABASE_URL", "").strip()
     if url:
         if not re.match(r"^postgres(ql)?://", url):
-            raise ConfigError("DATABASE_URL must be a postgresql:// URL")
+            raise ConfigError(f"DATABASE_URL must be a postgresql:// URL, got {redact(url)!r}")
+        try:
+            params = conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError as e:
+            # libpq quotes the whole URI, password included: keep only what precedes it
+            reason = (str(e).splitlines()[0] if str(e) else "unparseable").split(" in URI")[0]
+            raise ConfigError(f"DATABASE_URL {redact(url)!r} is not a valid connection URL: {reason}") from None
+        port = str(params.get("port") or "")
+        if port and not all(p.strip().isdigit() for p in port.split(",")):
+            raise ConfigError(f"DATABASE_URL {redact(url)!r} is not a valid connection URL: port {port!r} is not a number")
         return url
     return embedded_url(migrate_home(env))
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +39,18 @@ def _emit(as_json: bool, payload: Any, render: Any) -> None:
         render()
 
 
+def _written_columns(dry_run: bool) -> tuple[str, str, str]:
+    """A dry run writes nothing: its counts are what a real run would do."""
+    if dry_run:
+        return ("would import", "would match", "already here")
+    return ("imported", "matched", "already here")
+
+
 def print_rollup(r: rollups.RunRollup) -> None:
     title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
     phase_note = f"phase {min(r.current_phase + 1, len(r.phases))}/{len(r.phases)}" if r.status in ("running", "stopping") else ""
     table = Table(title=f"{title} {phase_note}".strip())
-    for col in ("phase", "kind", "tasks", "seen", "imported", "matched", "already here", "skipped", "failed"):
+    for col in ("phase", "kind", "tasks", "seen", *_written_columns(r.dry_run), "skipped", "failed"):
         table.add_column(col, justify="left" if col in ("kind", "tasks") else "right")
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
@@ -59,14 +68,32 @@ def print_rollup(r: rollups.RunRollup) -> None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
 
 
-def _fail(e: Exception) -> None:
-    console.print(f"[red]error:[/red] {e}")
+def _fail(e: Exception | str) -> None:
+    """One line on stderr, no traceback, exit code 2."""
+    message = " ".join(str(e).split()) or type(e).__name__
+    click.echo(f"error: {message}", err=True)
     sys.exit(2)
 
 
-@click.group()
+class _Commands(click.Group):
+    """Bad input and unreachable services end every command with one line naming the variable or
+    value (the engine's ConfigError / DatabaseUnavailable, a refused launch), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from migration_pipeline.launch import LaunchError
+
+        try:
+            return super().invoke(ctx)
+        except (EngineError, LaunchError) as e:
+            _fail(e)
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """Checkpointed CRM migrations: start, watch, stop, retry, explain."""
+    from engine_core.config import check_environment
+
+    check_environment()  # every MIGRATE_* number, before a command (or a code location) reads one
 
 
 @main.command()
@@ -213,9 +240,9 @@ def _asset_order(source: str) -> list[str]:
     return [spec.key.to_user_string() for spec in phase_specs(source)]
 
 
-def print_phase_results(results: list[Any]) -> None:
-    table = Table(title="per-phase results (Dagster materialisations)")
-    for col in ("phase asset", "status", "imported", "matched", "already here", "skipped", "failed", "tasks", "rows/s"):
+def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
+    table = Table(title="per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""))
+    for col in ("phase asset", "status", *_written_columns(dry_run), "skipped", "failed", "tasks", "rows/s"):
         table.add_column(col, justify="left" if col in ("phase asset", "status", "tasks") else "right")
     for r in results:
         md = r.metadata
@@ -262,39 +289,56 @@ class _Progress:
 
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
                            env_overrides: dict[str, str] | None = None, timeout: float | None = None) -> int:
-    """Add the partition, submit the tenant job, wait, print the per-phase results; the exit code."""
+    """Check, add the partition, submit the tenant job, keep a daemon alive, wait (saying why while
+    queued), print the per-phase results; the exit code. A launch that fails leaves nothing behind."""
+    from engine_core.config import check_environment, number
     from migration_pipeline import launch
     from migration_pipeline.instance import dagster_env, get_instance
 
     os.environ.update(env_overrides or {})
     os.environ["MIGRATE_SOURCE"] = source
+    settings = check_environment()
+    new_run = run_config["resources"]["new_run"]["config"]
+    launch.check_launch(source, new_run.get("kinds"), json.loads(new_run.get("options_json") or "{}"))
+    queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
     env = dagster_env()
     instance = get_instance()
     home = Path(env["DAGSTER_HOME"])
     progress = _Progress(as_json)
+    say = (lambda m: None) if as_json else (lambda m: console.print(f"  {m}"))
     try:
-        launch.add_tenant(instance, tenant)
-        with launch.daemon_running(instance, env, home / "daemon.log", echo=lambda m: None if as_json else console.print(m)):
-            run_id = launch.submit_tenant_run(env, tenant, run_config)
+        with launch.daemon_for_duration(instance, env, home, home / "daemon.log", echo=say, linger=queue_timeout) as keeper:
+            keeper.ensure()  # a daemon starting while `dagster job launch` loads the code location
+            added = launch.add_tenant(instance, tenant)
+            run_id = str(uuid.uuid4())
+            try:
+                launch.submit_tenant_run(env, tenant, run_config, run_id=run_id)
+            except BaseException:
+                launch.undo_failed_launch(instance, tenant, run_id, added)
+                raise
             if not as_json:
                 console.print(f"launched Dagster run {run_id} for tenant {tenant!r} ({source}); "
                               f"Dagster home {home}")
-            dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout)
+            dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
+                                              lane_width=settings.lane_width, queue_timeout=queue_timeout,
+                                              on_queued=say)
             launch.wait_tenant_quiet(instance, tenant, timeout=30)
         results = launch.phase_results(instance, run_id, _asset_order(source))
         engine_id = dagster_run.tags.get("migration/run_id")
         with _db() as db:
             r = rollups.rollup(db, int(engine_id)) if engine_id else None
+        dry_run = bool(r.dry_run) if r is not None else bool(new_run.get("dry_run"))
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else launch.run_failure_message(instance, run_id)
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
+                   "dry_run": dry_run,
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
                               for p in results],
                    "engine": r.as_dict() if r else None}
 
         def render() -> None:
-            print_phase_results(results)
+            print_phase_results(results, dry_run)
             if r is not None:
                 print_rollup(r)
             if why:
@@ -327,8 +371,14 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     resumes it, exactly as materialising the partition in the UI does. Exits non-zero on failure."""
     from migration_pipeline.launch import new_run_config
 
-    options = json.loads(options_json) if options_json else {}
-    config = new_run_config(kinds.split(",") if kinds else None, dry_run, options)
+    try:
+        options = json.loads(options_json) if options_json else {}
+    except ValueError as e:
+        _fail(f"--options must be a JSON object: {e}")
+    if not isinstance(options, dict):
+        _fail(f"--options must be a JSON object, got {options_json!r}")
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    config = new_run_config(wanted, dry_run, options)
     sys.exit(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout))
 
 
@@ -390,11 +440,32 @@ def _new_config(options: dict) -> dict:
 @click.option("--faults", default="", show_default=True)
 def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, token: str, latency: str,
        faults: str) -> None:
-    """`dagster dev` on the embedded database (and, with --sandbox, a sandbox source)."""
-    from migration_pipeline import stack
-    from migration_pipeline.instance import dagster_env
+    """`dagster dev` on the embedded database (and, with --sandbox, a sandbox source).
 
+    Refuses (one line, nothing started) when a UI or daemon already serves this instance, or a
+    port is busy: one daemon per instance."""
     import signal
+
+    from engine_core.config import check_environment
+    from migration_pipeline import launch, stack
+    from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
+
+    check_environment()
+    for flag, p in (("--port", port), *((("--sandbox-port", sandbox_port),) if with_sandbox else ())):
+        if stack.port_busy(p):
+            _fail(f"port {p} is busy (something already listens on 127.0.0.1:{p}); choose another with {flag}")
+    env = dagster_env(env=dict(os.environ))
+    instance = open_instance(env)
+    lock = launch.DaemonLock(launch.lock_path(Path(env["DAGSTER_HOME"]), env[STORAGE_URL_ENV]))
+    live = launch.daemon_liveness(instance, lock.path)
+    if live.alive or not lock.acquire():
+        live = launch.daemon_liveness(instance, lock.path)
+        where = f" at {live.address}" if live.address else ""
+        instance.dispose()
+        _fail(f"a Dagster UI/daemon already serves this instance{where} ({live.why}; DAGSTER_HOME "
+              f"{env['DAGSTER_HOME']}); not starting a second daemon")
+    address = f"http://127.0.0.1:{port}"
+    lock.record(by="migrate ui", pid=os.getpid(), address=address, daemon_id=None)
 
     def _interrupt(signo: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -403,22 +474,31 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     sandbox_proc = None
-    env = dict(os.environ)
-    if with_sandbox:
-        args = [sys.executable, "-m", "pipedrive_sandbox", "--port", str(sandbox_port), "--scale", scale,
-                "--seed", seed, "--token", token, "--latency", latency, "--faults", faults]
-        sandbox_proc = stack.start(args, env)
-        env.update(PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{sandbox_port}", PIPEDRIVE_API_TOKEN=token)
-        env.setdefault("MIGRATE_SOURCE", "pipedrive")
-        console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
-    env = dagster_env(env=env)
-    console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env['MIGRATE_DAGSTER_STORAGE_URL'])}")
     proc = None
     try:
-        proc = stack.dagster_dev(env, port)
+        if with_sandbox:
+            args = [sys.executable, "-m", "pipedrive_sandbox", "--port", str(sandbox_port), "--scale", scale,
+                    "--seed", seed, "--token", token, "--latency", latency, "--faults", faults]
+            sandbox_proc = stack.start(args, env)
+            env.update(PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{sandbox_port}", PIPEDRIVE_API_TOKEN=token)
+            env.setdefault("MIGRATE_SOURCE", "pipedrive")
+            console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
+        console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env[STORAGE_URL_ENV])}")
+        started = time.time()
+        proc = stack.dagster_dev(env, port, pass_fds=(lock.fd,))
         stack.wait_for_webserver(port, proc, timeout=180)
-        console.print(f"[green]Dagster UI: http://127.0.0.1:{port}[/green]  (Ctrl-C stops it)")
-        proc.wait()
+        console.print(f"[green]Dagster UI: {address}[/green]  (Ctrl-C stops it)")
+        recorded = False
+        while proc.poll() is None:
+            if not recorded:  # the daemon id that, once the lock is free, means "exited"
+                daemon_id = launch.newest_heartbeat_id(instance, started)
+                if daemon_id:
+                    lock.record(daemon_id=daemon_id)
+                    recorded = True
+            try:
+                proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
     except KeyboardInterrupt:
         pass
     finally:
@@ -426,6 +506,8 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
             stack.stop(proc)
         if sandbox_proc is not None:
             stack.stop(sandbox_proc, timeout=10)
+        lock.release()
+        instance.dispose()
 
 
 @main.command()
@@ -444,10 +526,16 @@ def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: 
         config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults)
     except ValueError as e:
         _fail(e)
+    from migration_pipeline import stack
+
+    if stack.port_busy(port):
+        _fail(f"port {port} is busy (something already listens on 127.0.0.1:{port}); choose another with --port")
     try:
         serve(config, port)
     except KeyboardInterrupt:
         pass
+    except OSError as e:  # lost the port between the check and the bind
+        _fail(f"cannot serve on port {port}: {e.strerror or e}")
 
 
 @main.group("dagster")

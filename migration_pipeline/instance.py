@@ -1,15 +1,23 @@
 """Dagster's own instance: storage on the engine's Postgres server, and the DAGSTER_HOME the CLI uses.
 
-One place derives Dagster's storage URL from the engine's database settings (trap 1 in
-DAGSTER_NOTES.md: SQLAlchemy 2.1 must be told `postgresql+psycopg2://`, the engine keeps plain
-psycopg 3 URLs). Dagster gets its own database (`dagster`) on the same server when it may create
-one, else it shares the engine's database (its table names do not collide with the engine's).
+One place derives Dagster's storage URL from the engine's database settings: SQLAlchemy 2.1 must
+be told `postgresql+psycopg2://` (with a bare `postgresql://` it picks psycopg 3 and dagster-postgres
+fails on every event write, dagster-io/dagster#33958), while the engine keeps plain psycopg 3 URLs.
+
+Storage is per engine database: the engine database `acme` gets Dagster's storage in the database
+`acme_dagster` on the same server (created when missing), so two engine databases on one server
+never share a run queue, a lane or a daemon heartbeat. When that database may not be created,
+Dagster's tables go into the engine's own database (their names do not collide with the engine's).
+`MIGRATE_DAGSTER_STORAGE_URL` overrides the derivation.
+
+The instance template is `dagster.yaml` at the repository root (beside `workspace.yaml`); the
+commands render it into DAGSTER_HOME with the lane width filled in.
 """
 from __future__ import annotations
 
 import logging
 import os
-from importlib import resources
+import hashlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -20,11 +28,15 @@ from psycopg import conninfo
 
 from engine_core import db as dbmod
 from engine_core.config import Settings, migrate_home
+from engine_core.errors import ConfigError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
 STORAGE_URL_ENV = "MIGRATE_DAGSTER_STORAGE_URL"  # dagster.yaml reads the storage URL from here
-DAGSTER_DATABASE = "dagster"
+STORAGE_SUFFIX = "_dagster"  # Dagster's storage database = the engine database's name + this
+MAX_IDENTIFIER = 63  # Postgres truncates longer database names (NAMEDATALEN - 1 bytes)
+# The instance template: the repository root, beside workspace.yaml (the project runs from its clone).
+INSTANCE_TEMPLATE = Path(__file__).resolve().parents[1] / "dagster.yaml"
 
 
 def url_params(url_or_dsn: str) -> dict[str, str]:
@@ -56,24 +68,41 @@ def to_url(url_or_dsn: str, *, scheme: str = "postgresql", dbname: str | None = 
     return f"{scheme}://{at}{netloc}/{database}" + (f"?{urlencode(query)}" if query else "")
 
 
+def storage_database_name(engine_database: str) -> str:
+    """`<engine database>_dagster`, shortened with a stable hash when longer than Postgres allows."""
+    name = engine_database + STORAGE_SUFFIX
+    if len(name.encode()) <= MAX_IDENTIFIER:
+        return name
+    digest = hashlib.sha256(engine_database.encode()).hexdigest()[:8]
+    head = engine_database.encode()[: MAX_IDENTIFIER - len(STORAGE_SUFFIX) - 9].decode(errors="ignore")
+    return f"{head}_{digest}{STORAGE_SUFFIX}"
+
+
 def storage_url_for(engine_url: str) -> str:
-    """Dagster's storage URL for an engine database URL: same server, the `dagster` database."""
-    name = DAGSTER_DATABASE
+    """Dagster's storage URL for an engine database URL: same server, the database
+    `<engine database>_dagster` (created when missing), else the engine's database itself.
+
+    Raises DatabaseUnavailable (naming DATABASE_URL) when the server cannot be reached."""
+    engine_db = url_params(engine_url).get("dbname") or url_params(engine_url).get("user") or "postgres"
+    name = storage_database_name(engine_db)
     if not _ensure_database(engine_url, name):
-        name = url_params(engine_url).get("dbname", "postgres")
-        log.warning("cannot create database %r; Dagster's storage shares the engine's database %r", DAGSTER_DATABASE, name)
+        log.warning("cannot create database %r; Dagster's storage shares the engine's database %r", name, engine_db)
+        name = engine_db
     return to_url(engine_url, scheme="postgresql+psycopg2", dbname=name)
 
 
 def _ensure_database(engine_url: str, name: str) -> bool:
+    """True when `name` exists or was created; False when we may not create it."""
     try:
-        with psycopg.connect(engine_url, autocommit=True) as c:
+        with psycopg.connect(engine_url, autocommit=True, **dbmod.connect_kwargs(engine_url)) as c:
             if c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
                 return True
             c.execute(f'CREATE DATABASE "{name}"')
             return True
     except psycopg.errors.DuplicateDatabase:
         return True
+    except psycopg.OperationalError as e:
+        raise DatabaseUnavailable(dbmod.unreachable_message(engine_url, e)) from None
     except psycopg.Error:
         return False
 
@@ -88,8 +117,13 @@ def dagster_storage_url(env: dict[str, str] | None = None) -> str:
 
 
 def instance_config(lane_width: int | None = None) -> dict[str, Any]:
-    """The packaged dagster.yaml, with the lane limit set to the engine's lane width."""
-    text = resources.files("migration_pipeline").joinpath("dagster.yaml").read_text()
+    """The instance template (`dagster.yaml` at the repository root), with the lane limit set to
+    the engine's lane width. Raises ConfigError when the template is missing."""
+    try:
+        text = INSTANCE_TEMPLATE.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"the Dagster instance template {INSTANCE_TEMPLATE} is missing (run from the "
+                          f"project's clone, installed with `pip install -e .`)") from None
     config = yaml.safe_load(text)
     width = lane_width or Settings.from_env().lane_width
     for limit in config["concurrency"]["runs"]["tag_concurrency_limits"]:
@@ -135,3 +169,12 @@ def get_instance(home: Path | None = None):  # -> DagsterInstance
     os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
     os.environ.setdefault("MIGRATE_HOME", env["MIGRATE_HOME"])
     return DagsterInstance.get()
+
+
+def open_instance(env: dict[str, str]):  # -> DagsterInstance
+    """The instance of a `dagster_env(...)` environment (its storage variable exported here too)."""
+    from dagster import DagsterInstance
+
+    os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
+    os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
+    return DagsterInstance.from_config(env["DAGSTER_HOME"])

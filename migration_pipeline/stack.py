@@ -36,25 +36,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(argv: list[str], env: dict[str, str], log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+def start(argv: list[str], env: dict[str, str], log_path: Path | None = None, cwd: str | None = None,
+          pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """A child in its own session (a terminal's Ctrl-C reaches us, and we stop it); its output goes
-    to log_path, or to our own stdout/stderr when None."""
+    to log_path, or to our own stdout/stderr when None. `pass_fds`: descriptors the child inherits
+    (the instance's daemon lock, so it is held while the child lives)."""
     out = open(log_path, "ab") if log_path else None
     return subprocess.Popen(
         argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if log_path else None,
-        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_restore_sigint,
+        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_restore_sigint, pass_fds=pass_fds,
     )
 
 
-def dagster_dev(env: dict[str, str], port: int, log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+def dagster_dev(env: dict[str, str], port: int, log_path: Path | None = None, cwd: str | None = None,
+                pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """Webserver + daemon (+ code server) on the instance in env['DAGSTER_HOME']."""
     argv = [bin_path("dagster"), "dev", "-m", DEFS_MODULE, "-h", "127.0.0.1", "-p", str(port)]
-    return start(argv, env, log_path, cwd)
+    return start(argv, env, log_path, cwd, pass_fds)
 
 
-def daemon(env: dict[str, str], log_path: Path | None = None, cwd: str | None = None) -> subprocess.Popen:
+def daemon(env: dict[str, str], log_path: Path | None = None, cwd: str | None = None,
+           pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     """The daemon alone: run queue (the lane), sensors (reaper, lane poller), run monitoring."""
-    return start([bin_path("dagster-daemon"), "run", "-m", DEFS_MODULE], env, log_path, cwd)
+    return start([bin_path("dagster-daemon"), "run", "-m", DEFS_MODULE], env, log_path, cwd, pass_fds)
+
+
+def port_busy(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something already listens on host:port (we could not bind it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:

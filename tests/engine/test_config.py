@@ -23,3 +23,19 @@ def test_bad_database_url_names_the_variable() -> None:
 def test_defaults() -> None:
     s = Settings.from_env({})
     assert (s.lane_width, s.max_inflight, s.stale_lock_seconds) == (4, 8, 1800)
+
+
+@pytest.mark.parametrize("name,value", [("MIGRATE_RETRY_BACKOFF_SECONDS", "nan"), ("MIGRATE_HEARTBEAT_SECONDS", "inf"),
+                                        ("MIGRATE_LANE_INTERVAL_SECONDS", "0"), ("MIGRATE_QUEUE_TIMEOUT_SECONDS", "soon")])
+def test_every_migrate_number_is_checked_with_its_name(name: str, value: str) -> None:
+    from engine_core.config import check_environment
+
+    with pytest.raises(ConfigError, match=name):
+        check_environment({name: value})
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:secret@host:notaport/db", "postgresql://u:secret@[::1/db"])
+def test_an_unparseable_database_url_names_the_variable_without_the_password(url: str) -> None:
+    with pytest.raises(ConfigError, match="DATABASE_URL") as caught:
+        database_url({"DATABASE_URL": url})
+    assert "secret" not in str(caught.value)

@@ -1,0 +1,188 @@
+"""Bad input ends a `migrate` command with one line naming the variable or the value, exit code 2,
+no traceback, and nothing left behind:
+
+* every MIGRATE_* number, and DATABASE_URL (unparseable, unreachable host);
+* `migrate run --kinds contacts` is checked against the provider's plan before anything is
+  launched (no partition, no Dagster run), and so are missing PIPEDRIVE_* variables; a partition a
+  failed launch added is taken back;
+* `migrate sandbox` on a busy port;
+* a second `migrate ui` on an instance a UI or daemon already serves refuses, naming where;
+* a dry run's tables say "would import", never "imported".
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+from dagster import DagsterInstance, instance_for_test
+from dagster._daemon.types import DaemonHeartbeat
+
+from engine_core import db as dbmod
+from engine_core.config import FACE_NUMBERS
+from engine_core.providers.base import provider_for
+from engine_core import runs
+from engine_core.worker import drain_threads
+from migration_pipeline import launch, stack
+from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
+from migration_pipeline.partitions import TENANTS
+
+pytestmark = pytest.mark.timeout(120)
+
+MIGRATE = str(Path(sys.executable).parent / "migrate")
+UNREACHABLE = "postgresql://someone:secret@127.0.0.1:1/nothing"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
+    env.update(extra)
+    return env
+
+
+def _migrate(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([MIGRATE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+NUMBERS = ["MIGRATE_LANE_WIDTH", "MIGRATE_STALE_LOCK_SECONDS", "MIGRATE_HEARTBEAT_SECONDS",
+           "MIGRATE_PRESSURE_THRESHOLD", "MIGRATE_MAX_ATTEMPTS", "MIGRATE_RETRY_BACKOFF_SECONDS", *FACE_NUMBERS]
+
+
+@pytest.mark.parametrize("name", NUMBERS)
+def test_a_bad_migrate_number_is_one_line_naming_the_variable(name, tmp_path):
+    env = _env(DATABASE_URL=UNREACHABLE, MIGRATE_HOME=str(tmp_path), **{name: "lots"})
+    line = _one_line_error(_migrate(["run", "--tenant", "x", "--source", "example"], env), name, "'lots'")
+    assert "secret" not in line
+
+
+@pytest.mark.parametrize("url,needle", [
+    ("postgresql://someone:secret@host:notaport/db", "not a valid connection URL"),
+    ("postgresql://someone:secret@[::1/db", "not a valid connection URL"),
+    ("mysql://someone:secret@host/db", "must be a postgresql:// URL"),
+    (UNREACHABLE, "cannot reach the database"),
+])
+def test_a_bad_database_url_is_one_line_without_the_password(url, needle, tmp_path):
+    env = _env(DATABASE_URL=url, MIGRATE_HOME=str(tmp_path))
+    for args in (["status", "acme"], ["run", "--tenant", "acme", "--source", "example"]):
+        line = _one_line_error(_migrate(args, env), needle)
+        assert "secret" not in line and ("DATABASE_URL" in line)
+
+
+def _storage_rows(db_url: str, sql: str) -> int:
+    with psycopg.connect(db_url) as c:
+        table = sql.split(" FROM ")[1].split()[0]
+        if c.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0] is None:
+            return 0
+        return c.execute(sql).fetchone()[0]
+
+
+@pytest.fixture
+def run_env(db_url, tmp_path) -> dict[str, str]:
+    """A test database for both the engine and Dagster's storage (nothing else is created)."""
+    return _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="pipedrive",
+                **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+
+
+def _nothing_launched(db_url: str) -> None:
+    assert _storage_rows(db_url, "SELECT count(*) FROM runs") == 0
+    assert _storage_rows(db_url, "SELECT count(*) FROM dynamic_partitions") == 0
+    assert _storage_rows(db_url, "SELECT count(*) FROM migrations") == 0
+
+
+def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, run_env):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    _one_line_error(_migrate(["run", "--tenant", "acme", "--kinds", "persons,contacts"], env),
+                    "--kinds", "'contacts'", "persons")
+    _nothing_launched(db_url)
+
+
+@pytest.mark.parametrize("missing", ["PIPEDRIVE_BASE_URL", "PIPEDRIVE_API_TOKEN"])
+def test_missing_pipedrive_variables_are_checked_before_launching(db_url, run_env, missing):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    env.pop(missing)
+    _one_line_error(_migrate(["run", "--tenant", "acme"], env), missing)
+    _nothing_launched(db_url)
+
+
+def test_a_failed_launch_takes_back_the_partition_it_added():
+    with instance_for_test() as instance:
+        assert launch.add_tenant(instance, "new-tenant") is True
+        assert launch.add_tenant(instance, "new-tenant") is False  # already there: not ours to remove
+        launch.undo_failed_launch(instance, "new-tenant", "no-such-run", added=True)
+        assert "new-tenant" not in instance.get_dynamic_partitions(TENANTS)
+        instance.add_dynamic_partitions(TENANTS, ["old-tenant"])
+        launch.undo_failed_launch(instance, "old-tenant", "no-such-run", added=False)
+        assert "old-tenant" in instance.get_dynamic_partitions(TENANTS)
+
+
+def test_sandbox_on_a_busy_port_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _one_line_error(_migrate(["sandbox", "--port", str(port), "--scale", "tiny"], _env(MIGRATE_HOME=str(tmp_path)),
+                                 timeout=30), f"port {port} is busy", "--port")
+
+
+def _instance(env: dict[str, str]) -> DagsterInstance:
+    full = dagster_env(env=env)
+    os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
+    return DagsterInstance.from_config(full["DAGSTER_HOME"]), full
+
+
+def test_a_second_ui_on_one_instance_refuses_and_names_the_first(db_url, run_env):
+    instance, full = _instance(run_env)
+    saved = os.environ.get(STORAGE_URL_ENV)
+    # the first `migrate ui` holds the instance's daemon lock (as `migrate ui` does while it serves)
+    lock = launch.DaemonLock(launch.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
+    assert lock.acquire()
+    try:
+        lock.record(by="migrate ui", pid=os.getpid(), address="http://127.0.0.1:3999", daemon_id=None)
+        out = _migrate(["ui", "--port", str(stack.free_port())], run_env, timeout=45)
+        _one_line_error(out, "already serves this instance at http://127.0.0.1:3999", "not starting a second daemon")
+    finally:
+        lock.release()
+    # a daemon started by hand (a fresh heartbeat, no lock) counts too
+    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), launch.RUN_COORDINATOR_DAEMON, "by-hand", None))
+    try:
+        out = _migrate(["ui", "--port", str(stack.free_port())], run_env, timeout=45)
+        _one_line_error(out, "already serves this instance", "not started by migrate")
+    finally:
+        instance.dispose()
+        if saved is None:
+            os.environ.pop(STORAGE_URL_ENV, None)
+        else:
+            os.environ[STORAGE_URL_ENV] = saved
+
+
+def test_a_dry_run_says_would_import(db_url, run_env):
+    with dbmod.Database(db_url, max_size=6) as db:
+        run = runs.start_run(db, provider_for("example"), "dry", dry_run=True,
+                             options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
+                                                                  "activities": 10, "notes": 10}})
+        drain_threads(db, run.id, width=2)
+    out = _migrate(["status", "dry"], run_env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "would import" in out.stdout and "would match" in out.stdout
+    assert "imported" not in out.stdout.replace("would import", "")
+    from migration_pipeline.cli import console, print_phase_results
+    from migration_pipeline.launch import PhaseResult
+
+    with console.capture() as captured:
+        print_phase_results([PhaseResult("example/phase_1_companies", "materialized", {"imported": 30})], dry_run=True)
+    assert "would import" in captured.get() and "imported" not in captured.get().replace("would import", "")
