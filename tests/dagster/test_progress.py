@@ -1,0 +1,124 @@
+"""Progress while a phase runs (issue 10, item 2): the phase op reports every few seconds, as a
+Dagster log line and as an asset observation of its partition with numeric metadata (rows seen /
+imported / skipped / failed, rows/s, requests/s, 429s, retries in progress, tasks done/total,
+percent), so the UI plots them over time; the source client feeds the process's request, 429 and
+retry counters with the retry's cause; `run_progress` gives `migrate status` a percent and an ETA;
+the `rich` board draws one bar per phase. And "what happened to row X" from the UI: the
+`explain_row` job, configured in the launchpad, logs the row's ledger story and returns it as
+markdown metadata."""
+from __future__ import annotations
+
+import io
+
+import httpx
+
+from engine_core import runs
+from engine_core.progress import ProgressBoard, SourceMetrics, run_progress
+from engine_core.providers.base import provider_for
+from engine_core.providers.pipedrive import client as client_mod
+from engine_core.worker import drain_threads
+from migration_pipeline.definitions import build_definitions
+from migration_pipeline.jobs import EXPLAIN_JOB
+from tests.dagster.support import SMALL, materialize_tenant, resources
+from tests.engine.support import FAST
+
+
+def test_a_running_phase_reports_progress_as_log_lines_and_asset_observations(instance, engine_url, db, monkeypatch):
+    from migration_pipeline.assets import phases
+
+    monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
+    slow = {**SMALL, "row_delay": 0.02, "dangling": {"deals": [1, 2, 3]}}
+    result = materialize_tenant(instance, "watched", resources(engine_url, options=slow), raise_on_error=True)
+
+    observed = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    by_phase: dict[str, list] = {}
+    for e in observed:
+        obs = e.event_specific_data.asset_observation
+        assert obs.partition == "watched"
+        by_phase.setdefault(obs.asset_key.path[-1], []).append(obs.metadata)
+    assert {"phase_2_contacts", "phase_3_deals"} <= set(by_phase), by_phase.keys()
+    contacts = by_phase["phase_2_contacts"]
+    assert len(contacts) >= 3
+    for md in contacts:
+        for key in ("seen", "imported", "skipped", "failed", "rows_per_second", "requests_per_second",
+                    "rate_limited_429s", "retries_in_progress", "tasks_done", "tasks_total"):
+            assert key in md, key
+    seen = [md["seen"].value for md in contacts]
+    assert seen == sorted(seen) and seen[-1] == 70  # grows, and the last report is the phase's end
+    assert max(md["rows_per_second"].value for md in contacts) > 0
+    assert contacts[-1]["percent"].value == 100.0 and contacts[-1]["tasks_done"].value == contacts[-1]["tasks_total"].value
+    assert by_phase["phase_3_deals"][-1]["skipped"].value == 3
+
+    logs = [r.user_message for r in instance.all_logs(result.run_id) if "progress: phase 2 (contacts)" in r.user_message]
+    assert logs and "rows/s" in logs[0] and "tasks" in logs[0]
+
+
+def test_the_client_counts_requests_429s_and_retries_in_progress_with_their_cause(monkeypatch):
+    metrics = SourceMetrics()
+    monkeypatch.setattr(client_mod, "source_metrics", metrics)
+    answers = iter([httpx.Response(500, json={"success": False}),
+                    httpx.Response(429, json={"success": False}, headers={"retry-after": "0"}),
+                    httpx.Response(200, json={"success": True, "data": [{"id": 1}]})])
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if len(waits) == 1:  # while the first retry waits, it is "in progress" with its cause
+            assert metrics.snapshot()["retrying"] == {"HTTP 500": 1}
+
+    c = client_mod.PipedriveClient("http://pipedrive.test", "tok", transport=httpx.MockTransport(lambda r: next(answers)),
+                                   sleep=sleep, rng=lambda: 0.0)
+    c.get("/v1/persons")
+    snap = metrics.snapshot()
+    assert (snap["requests"], snap["failed_requests"], snap["rate_limited"], snap["retries"]) == (3, 2, 1, 2)
+    assert snap["failing_for_seconds"] == 0.0  # the last request succeeded
+
+
+def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db):
+    opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
+    run = runs.start_run(db, provider_for("example"), "pct", options=opts, settings=FAST)
+    before = run_progress(db, run.id)
+    assert before["percent"] == 0.0 and before["eta_seconds"] is None
+    assert [p["tasks_total"] for p in before["phases"]][:2] == [4, 0]
+    # half of the first phase's tasks done: 10% of a five-phase run
+    db.sql("UPDATE migration_tasks SET status = 'succeeded', finished_at = now() WHERE id IN (SELECT id FROM"
+           " migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 2)", {"r": run.id})
+    db.sql("UPDATE migrations SET started_at = now() - interval '60 seconds' WHERE id = %(r)s", {"r": run.id})
+    mid = run_progress(db, run.id)
+    assert mid["phases"][0]["percent"] == 50.0 and mid["percent"] == 10.0
+    assert 500 <= mid["eta_seconds"] <= 560  # 60 s for 10%: about 540 s to go
+
+    db.sql("UPDATE migration_tasks SET status = 'pending', finished_at = NULL WHERE migration_id = %(r)s", {"r": run.id})
+    drain_threads(db, run.id, width=2, settings=FAST)
+    done = run_progress(db, run.id)
+    assert done["percent"] == 100.0 and done["eta_seconds"] is None
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    with ProgressBoard(run.id, runs.get_run(db, run.id).plan, console=Console(file=out, width=200)) as board:
+        shown = board.update(db)
+    assert [p.phase for p in shown] == [0, 1, 2, 3, 4] and all(p.percent == 100.0 for p in shown)
+    assert "phase 2 contacts" in out.getvalue() and "10 seen 10 imported" in out.getvalue()
+
+
+def test_explain_row_tells_a_rows_story_from_the_launchpad(instance, engine_url, db):
+    options = {**SMALL, "dangling": {"deals": [3]}}
+    materialize_tenant(instance, "explained", resources(engine_url, options=options), raise_on_error=True)
+    job = build_definitions("example").resolve_job_def(EXPLAIN_JOB)
+    res = {"database": resources(engine_url)["database"]}
+
+    def explain(kind: str, source_id: str):
+        result = job.execute_in_process(
+            instance=instance, resources=res,
+            run_config={"ops": {"explain": {"config": {"tenant": "explained", "kind": kind, "source_id": source_id}}}})
+        (out,) = [e for e in result.all_events if e.event_type_value == "STEP_OUTPUT"]
+        return out.event_specific_data.metadata
+
+    deal = explain("deals", "3")
+    assert deal["action"].value == "skipped" and deal["reason"].value == "not linked to any record"
+    assert "**skipped** by run #" in deal["story"].value and "not linked to any record" in deal["story"].value
+    company = explain("companies", "1")
+    assert "**created**" in company["story"].value and "`example_items`" in company["story"].value
+    missing = explain("deals", "999")
+    assert missing["entries"].value == 0 and "no entry for this row" in missing["story"].value
