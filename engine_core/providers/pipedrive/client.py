@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import httpx
 
 from engine_core.errors import RateLimitParked, TaskStopped
+from engine_core.progress import source_metrics
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
@@ -443,6 +444,8 @@ class PipedriveClient:
             # A reservation covers the first attempt only; a retry is a new request and a new slot.
             self._take_slot(path, cancel, reservation, first=attempt == 0)
             outcome = self._attempt(path, query, reservation)
+            source_metrics.request(ok=not isinstance(outcome, _Failure),
+                                   rate_limited=isinstance(outcome, _Failure) and isinstance(outcome.error, RateLimited))
             if not isinstance(outcome, _Failure):
                 return outcome
             error = outcome.error
@@ -453,6 +456,7 @@ class PipedriveClient:
             else:
                 wait = backoff(attempt, jitter=self._rng())
             log.warning("GET %s failed (%s); retry %d/%d in %.2fs", path, _short(error), attempt + 1, self.max_retries, wait)
+            source_metrics.retrying(_short(error), wait)  # progress reports: retries in progress and why
             self._wait(wait, cancel, path)
             attempt += 1
 
