@@ -1,6 +1,8 @@
 """`migrate ui --sandbox` starts a sandbox source and `dagster dev` wired to the database: the
 UI lists the Pipedrive phase assets, the sandbox answers, and SIGTERM stops every child (the CLI
-restores its signal handlers, so a script that started it with SIGINT ignored can stop it)."""
+restores its signal handlers, so a script that started it with SIGINT ignored can stop it). A second
+`migrate ui` on the same instance refuses in one line naming the first one's address and starts
+nothing (one daemon per instance)."""
 from __future__ import annotations
 
 import os
@@ -49,6 +51,11 @@ def test_migrate_ui_with_a_sandbox_serves_the_pipedrive_assets_and_stops_cleanly
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         assert len(children) >= 2  # the sandbox and dagster dev
+        second = subprocess.run([str(Path(sys.executable).parent / "migrate"), "ui", "--port", str(stack.free_port())],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert f"already serves this instance at http://127.0.0.1:{port}" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
