@@ -293,3 +293,18 @@ class ProgressBoard:
             self.progress.update(self._bars[i], completed=p.percent or 0.0, figures=figures)
             out.append(p)
         return out
+
+
+def status_line(progress: dict[str, Any]) -> str:
+    """`run_progress` as one line for `migrate status`: "62% done, ETA 4m10s; phase 3: 40% (...)"."""
+    if progress.get("percent") is None:
+        return ""
+    text = f"{progress['percent']:.0f}% done"
+    if progress.get("eta_seconds") is not None:
+        text += f", ETA {format_seconds(progress['eta_seconds'])}"
+    open_phases = [p for p in progress.get("phases", []) if 0 < p["percent"] < 100 or (p["tasks_total"] and p["percent"] < 100)]
+    for p in open_phases[:1]:
+        basis = (f"{p['seen']} of the source's {p['source_total']} rows" if p.get("source_total")
+                 else f"{p['tasks_done']}/{p['tasks_total']} tasks")
+        text += f"; phase {p['phase'] + 1} ({', '.join(p['kinds'])}): {p['percent']:.0f}% ({basis})"
+    return text

@@ -57,12 +57,14 @@ def print_rollup(r: rollups.RunRollup) -> None:
         table.add_row(str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
                       str(k.already_here), str(k.skipped), str(k.failed))
     console.print(table)
+    for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
+        console.print(f"[red]does not add up: {problem}[/red]")
     if r.reasons:
-        rt = Table(title="grouped reasons (a sample: counts above are the truth)")
-        for col in ("kind", "count", "reason", "samples"):
+        rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
+        for col in ("kind", "what", "count", "reason", "samples"):
             rt.add_column(col)
         for g in r.reasons[:20]:
-            rt.add_row(g["kind"], str(g["count"]), g["reason"], ", ".join(g["samples"]))
+            rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
         console.print(rt)
     if r.seconds is not None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
@@ -107,7 +109,11 @@ def status(tenant: str, source: str | None, as_json: bool) -> None:
             r = rollups.rollup(db, runs.latest_run(db, tenant, source).id)
         except EngineError as e:
             _fail(e)
-        _emit(as_json, r.as_dict(), lambda: print_rollup(r))
+        from engine_core.progress import run_progress, status_line
+
+        done = run_progress(db, r.run_id)  # percent and ETA (engine_core.progress)
+        _emit(as_json, {**r.as_dict(), "progress": done},
+              lambda: (print_rollup(r), console.print(status_line(done))))
 
 
 @main.command()
@@ -271,6 +277,14 @@ class _Progress:
             return
         if self.db is None:
             self.db = _db()
+        if console.is_terminal:  # one rich bar per phase (engine_core.progress.ProgressBoard)
+            from engine_core.progress import ProgressBoard
+
+            if getattr(self, "board", None) is None:
+                self.board = ProgressBoard(int(engine_id), runs.get_run(self.db, int(engine_id)).plan, console=console)
+                self.board.__enter__()
+            self.board.update(self.db)
+            return
         r = rollups.rollup(self.db, int(engine_id))
         phase = min(r.current_phase, len(r.phases) - 1)
         kinds = r.phase_kinds(phase)
@@ -283,8 +297,12 @@ class _Progress:
                           f"{phase + 1}/{len(r.phases)}: {counts}")
 
     def close(self) -> None:
+        if getattr(self, "board", None) is not None:
+            self.board.__exit__(None, None, None)
+            self.board = None
         if self.db is not None:
             self.db.close()
+            self.db = None
 
 
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
@@ -323,6 +341,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                                               lane_width=settings.lane_width, queue_timeout=queue_timeout,
                                               on_queued=say)
             launch.wait_tenant_quiet(instance, tenant, timeout=30)
+        progress.close()  # the bars stop before the results are printed
         results = launch.phase_results(instance, run_id, _asset_order(source))
         engine_id = dagster_run.tags.get("migration/run_id")
         with _db() as db:
