@@ -122,3 +122,29 @@ def test_explain_row_tells_a_rows_story_from_the_launchpad(instance, engine_url,
     assert "**created**" in company["story"].value and "`example_items`" in company["story"].value
     missing = explain("deals", "999")
     assert missing["entries"].value == 0 and "no entry for this row" in missing["story"].value
+
+
+def test_migrate_status_shows_grouped_skip_reasons_completeness_percent_and_eta(db, engine_url, monkeypatch):
+    """`migrate status --json` used to say `reasons: []` while rows were skipped."""
+    import json
+
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli import main
+
+    opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
+            "dangling": {"deals": list(range(1, 22))}, "malformed": {"contacts": [2]}}
+    run = runs.start_run(db, provider_for("example"), "told", options=opts, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST)
+    monkeypatch.setenv("DATABASE_URL", engine_url)
+    out = CliRunner().invoke(main, ["status", "told", "--json"])
+    assert out.exit_code == 0, out.output
+    status = json.loads(out.output)
+    reasons = {(g["kind"], g["action"]): g for g in status["reasons"]}
+    assert reasons[("deals", "skipped")]["count"] == 21 and reasons[("deals", "skipped")]["reason"] == "not linked to any record"
+    assert reasons[("contacts", "failed")]["samples"] == ["2"]
+    assert status["complete"] is True and status["verdict"] == "succeeded"
+    assert status["progress"]["percent"] == 100.0
+
+    text = CliRunner().invoke(main, ["status", "told"])
+    assert text.exit_code == 0 and "not linked to any record" in text.output and "100% done" in text.output
