@@ -130,6 +130,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
         except EngineError as e:
             _fail(e)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
+        reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
 
         def render() -> None:
             t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
@@ -138,8 +139,15 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
             for r in rows:
                 t.add_row(str(r["payload"]), str(r["tasks"]), str(r["avg_seconds"]), str(r["max_seconds"]))
             console.print(t)
+            if reasons:
+                rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
+                for col in ("kind", "what", "count", "reason", "samples"):
+                    rt.add_column(col)
+                for g in reasons[:20]:
+                    rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
+                console.print(rt)
 
-        _emit(as_json, rows, render)
+        _emit(as_json, {"durations": rows, "reasons": reasons}, render)
 
 
 @main.command()

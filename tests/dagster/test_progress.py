@@ -148,3 +148,22 @@ def test_migrate_status_shows_grouped_skip_reasons_completeness_percent_and_eta(
 
     text = CliRunner().invoke(main, ["status", "told"])
     assert text.exit_code == 0 and "not linked to any record" in text.output and "100% done" in text.output
+
+
+def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, engine_url, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli import main
+
+    opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
+            "dangling": {"deals": [4, 5, 6]}}
+    run = runs.start_run(db, provider_for("example"), "reported", options=opts, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST)
+    monkeypatch.setenv("DATABASE_URL", engine_url)
+    out = CliRunner().invoke(main, ["report", "reported", "--kind", "deals", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert {r["payload"] for r in report["durations"]} <= {"0", "4-7", "8-15"}
+    assert [(g["kind"], g["action"], g["count"]) for g in report["reasons"]] == [("deals", "skipped", 3)]
