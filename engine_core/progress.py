@@ -15,6 +15,7 @@ Units: seconds, rows, requests; rates per second over the last interval. No Dags
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -24,6 +25,17 @@ from typing import Any
 from engine_core.db import Database
 
 DONE = ("succeeded", "failed")
+SOURCE_DOWN_ENV = "MIGRATE_SOURCE_DOWN_SECONDS"
+SOURCE_DOWN_DEFAULT = 180.0  # a source failing every request this long pauses the run (issue 10)
+
+
+def source_down_seconds() -> float:
+    """MIGRATE_SOURCE_DOWN_SECONDS (default 180; 0 turns the pause off). ValueError names the variable."""
+    raw = os.environ.get(SOURCE_DOWN_ENV, "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else SOURCE_DOWN_DEFAULT
+    except ValueError:
+        raise ValueError(f"{SOURCE_DOWN_ENV} must be a number of seconds, got {raw!r}") from None
 
 
 class SourceMetrics:
@@ -60,7 +72,25 @@ class SourceMetrics:
     def retrying(self, cause: str, seconds: float) -> None:
         with self._lock:
             self.retries += 1
+            self.last_cause = cause[:80]
             self._waiting.append((time.monotonic() + max(0.0, seconds), cause[:80]))
+
+    def down_since(self, started: float, threshold: float) -> str | None:
+        """Why the source looks down, or None: every request since the last success (and since
+        `started`, monotonic) has failed, for at least `threshold` seconds. A reason names the time and
+        the last cause ("the source failed every request for 3m00s (last: HTTP 500)")."""
+        if threshold <= 0:
+            return None
+        with self._lock:
+            since = self.first_failure_since_ok
+            cause = getattr(self, "last_cause", None)
+        if since is None:
+            return None
+        failing = time.monotonic() - max(since, started)  # counted from when this watcher began at the earliest
+        if failing < threshold:
+            return None
+        return (f"the source failed every request for {format_seconds(failing)}"
+                + (f" (last: {cause})" if cause else ""))
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -188,6 +218,11 @@ class PhaseMeter:
         self._prev: PhaseProgress | None = None
         self._prev_tasks_at: tuple[float, int] | None = None
         self._base = self.metrics.snapshot()  # count this phase's requests, not the process's
+        self.started = time.monotonic()
+
+    def source_down(self, threshold: float) -> str | None:
+        """The recorder's `down_since` for failures that began while this meter watched."""
+        return self.metrics.down_since(self.started, threshold)
 
     def snapshot(self) -> PhaseProgress:
         now = time.monotonic()

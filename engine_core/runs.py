@@ -111,6 +111,19 @@ def stop(db: Database, run_id: int) -> Run:
     return get_run(db, run_id)
 
 
+def pause(db: Database, run_id: int, reason: str) -> Run:
+    """Stop a run for a reason outside it (the source failing every request for minutes): the
+    reason goes to the run log as a warning (shown in the grouped reasons), then `stop`. Resuming
+    (`resume`, or launching the partition again) carries on from the checkpoints."""
+    from engine_core.runlog import RunLog
+
+    log = RunLog(run_id, None)
+    log.note("warning", "source", f"paused: {reason}")
+    with db.transaction() as tx:
+        log.flush(tx)
+    return stop(db, run_id)
+
+
 def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, settings: Settings) -> Run:
     run = get_run(db, run_id)
     try:

@@ -12,6 +12,7 @@ partition's last phase stayed red), unless the phase is already materialised sin
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -37,6 +38,7 @@ from engine_core import runs
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
+from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary
 from migration_pipeline.assets.phases import cancel_this_run, phase_specs
@@ -90,6 +92,16 @@ def drain_tenant_run(
             return True
         return False
 
+    started, down_after, paused = time.monotonic(), source_down_seconds(), []
+
+    def watch_source() -> None:
+        # a source that fails every request for minutes pauses the run (as the phase op does)
+        down = None if paused else source_metrics.down_since(started, down_after)
+        if down:
+            paused.append(down)
+            context.log.error(f"pausing {run.name}: {down}")
+            runs.pause(db, run.id, down)
+
     result = drain_in_slot(
         db,
         run.id,
@@ -99,6 +111,7 @@ def drain_tenant_run(
         give_way=give_way,
         stop_grace_seconds=lane.stop_grace_seconds,
         logger=context.log,
+        on_tick=watch_source,
     )
     executed = sum(result.executed.values())
     context.log.info(f"drained {executed} task(s) of {run.name}: {dict(result.executed)}; ended: {result.reason}")

@@ -41,7 +41,7 @@ from engine_core.runs import RunStillStopping
 from engine_core.models import Run
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
-from engine_core.progress import PhaseMeter, PhaseProgress
+from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary, progress_metadata, reasons_table
 from migration_pipeline.lane import drain_in_slot, hold_interrupts
 from migration_pipeline.partitions import tenants
@@ -173,8 +173,12 @@ class PhaseReporter:
     def __init__(self, context: AssetExecutionContext, spec: PhaseSpec, db: Database, run_id: int, phase: int) -> None:
         self.context = context
         self.spec = spec
+        self.db = db
+        self.run_id = run_id
         self.meter = PhaseMeter(db, run_id, phase, list(spec.kinds))
         self.reports = 0
+        self.paused: str | None = None
+        self.down_after = source_down_seconds()
 
     def tick(self) -> PhaseProgress:
         p = self.meter.snapshot()
@@ -183,6 +187,13 @@ class PhaseReporter:
             asset_key=self.spec.key, partition=self.context.partition_key, metadata=progress_metadata(p),
         ))
         self.reports += 1
+        down = None if self.paused else self.meter.source_down(self.down_after)
+        if down:
+            # a source that fails everything: pause with the reason instead of retrying in silence
+            self.paused = down
+            self.context.log.error(f"pausing the run: {down}; launch the partition again (or `migrate resume`) "
+                                   "once the source answers")
+            runs.pause(self.db, self.run_id, down)
         return p
 
 
@@ -237,9 +248,10 @@ def materialize_phase(
     closed = run.current_phase > phase or run.status in ("succeeded", "failed")
     if not closed:
         if run.status in ("stopping", "stopped"):
-            cancel_this_run(context, f"{run.name} was stopped before phase {phase + 1} closed (a stop from "
-                                     "`migrate stop` or another launch); launch the partition again to resume "
-                                     "from the checkpoints")
+            why = (f"paused: {reporter.paused}" if reporter.paused else
+                   "a stop from `migrate stop` or another launch")
+            cancel_this_run(context, f"{run.name} was stopped before phase {phase + 1} closed ({why}); launch the "
+                                     "partition again to resume from the checkpoints")
         raise Failure(f"phase {phase + 1} of {run.name} is still open (drain ended: {result.reason})")
     if reporter.reports:
         reporter.tick()  # the closing figures, so the plot ends at the phase's end

@@ -122,3 +122,42 @@ def test_the_run_policy_is_the_engines(db):
     runs.stop(db, started.run.id)
     steps = runs.rerun(db, provider, "policy", settings=FAST)
     assert [s.action for s in steps] == ["rerun", "resumed"] or [s.action for s in steps] == ["rerun", "restarted"]
+
+
+def test_a_source_failing_every_request_pauses_the_run_with_that_reason(instance, engine_url, db, monkeypatch):
+    """Every source request fails (HTTP 500, retried) for longer than MIGRATE_SOURCE_DOWN_SECONDS:
+    the run is paused - stopped with the reason in its log and the Dagster run CANCELED saying why -
+    instead of retrying in silence; a relaunch resumes it once the source answers."""
+    from engine_core import progress, rollup
+    from migration_pipeline.assets import phases
+
+    monkeypatch.setenv("MIGRATE_SOURCE_DOWN_SECONDS", "1")
+    monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
+    metrics = progress.SourceMetrics()
+    monkeypatch.setattr(progress, "source_metrics", metrics)
+    failing = threading.Event()
+
+    def source_answers_500() -> None:  # what the client records while the source is down
+        while not failing.is_set():
+            metrics.request(ok=False)
+            metrics.retrying("HTTP 500", 0.5)
+            time.sleep(0.05)
+
+    feeder = threading.Thread(target=source_answers_500)
+    feeder.start()
+    try:
+        result = materialize_tenant(instance, "down", resources(engine_url, options={**SMALL, "row_delay": 0.02}))
+    finally:
+        failing.set()
+        feeder.join()
+    assert instance.get_run_by_id(result.run_id).status == DagsterRunStatus.CANCELED
+    messages = [r.user_message for r in instance.all_logs(result.run_id)]
+    assert any("pausing the run: the source failed every request for" in m and "(last: HTTP 500)" in m for m in messages)
+    run = runs.latest_run(db, "down", "example")
+    assert run.status in ("stopping", "stopped")
+    reasons = rollup.rollup(db, run.id).reasons
+    assert any(g["reason"].startswith("paused: the source failed every request") for g in reasons), reasons
+
+    monkeypatch.setattr(progress, "source_metrics", progress.SourceMetrics())  # the source answers again
+    again = materialize_tenant(instance, "down", resources(engine_url, options=SMALL), raise_on_error=True)
+    assert again.success and runs.get_run(db, run.id).status == "succeeded"
