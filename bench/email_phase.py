@@ -12,8 +12,8 @@ between (ledger and target rows), so both runs fetch the same listings and bodie
 (requests the sandbox answered during the phase / the phase's wall time) / B; the most the
 budget allows is (B - chunk) / (window + lease ttl + margin) / B, printed alongside.
 
-The database is DATABASE_URL, or a `bench_email_phase` database on the embedded server under
-MIGRATE_HOME; the bench's tenant is removed at the end. Part of `make bench` (bench/README.md): its
+The database is a fresh one (`bench_email_phase_<pid>_0`) on DATABASE_URL's server or the embedded
+server under MIGRATE_HOME, dropped at the end. Part of `make bench` (bench/README.md): its
 ratios are printed last, against the allowed rate B / 2 s (the issue's "0.54 of the allowed rate").
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import print_ratios  # noqa: E402
+from bench.common import Databases, print_ratios  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
 from engine_core import runs  # noqa: E402
 from engine_core.budget import Budget  # noqa: E402
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
 
     config = SandboxConfig(scale=args.scale, seed=1, token=TOKEN, burst_limit=B, latency="none")
     proc, base_url = start_subprocess(config)
-    # A database of its own unless DATABASE_URL says otherwise: the default one is where a running
-    # Dagster instance's sensors look for live runs to drain.
-    url = os.environ.get("DATABASE_URL", "").strip() or dbmod.embedded_url(database="bench_email_phase")
-    db = dbmod.connect(url, max_size=args.width * 3 + 6)
+    # A database of its own on DATABASE_URL's server (or the embedded one), dropped at the end: the
+    # default one is where a running Dagster instance's sensors look for live runs to drain.
+    dbs = Databases("email_phase")
+    db = dbmod.Database(dbs.new(), max_size=args.width * 3 + 6)
     tenant = f"bench-{uuid.uuid4().hex[:8]}"
     os.environ[ENV_BASE_URL] = base_url
     os.environ[ENV_TOKEN] = TOKEN
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             db.sql("DELETE FROM source_budgets WHERE account = %(a)s", {"a": PipedriveProvider(base_url=base_url).account()})
         finally:
             db.close()
+            dbs.close()
             proc.terminate()
             proc.wait(10)
 
