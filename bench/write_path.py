@@ -26,7 +26,7 @@ Scenarios, each interleaved (the order rotates every round) and reported as medi
 2. autovacuum off: a fresh database per round with autovacuum off on every table (what a server
    with autovacuum=off does) and nothing analyzed by hand; `+stats` variants run the engine's
    statistics keeper as the engine does at the organizations -> persons phase boundary
-   (`at_boundary`) and its growth check after every page (`maybe_refresh`, at most every 10 s).
+   (`at_boundary`) and its growth check after every page (`maybe_refresh`, at most every 2 s).
 """
 from __future__ import annotations
 
