@@ -1,17 +1,21 @@
 """One asset per phase of a provider's plan, generated from the plan, partitioned by tenant.
 
 A phase asset's op, for its tenant partition:
-1. attaches to the tenant's engine run: the one this Dagster run already works on (run tag
-   `migration/run_id`, kept by re-execution), else the live run (join), else the latest run when it
-   failed or was stopped (a rerun), else a new run (admission as in the engine);
-2. once per Dagster run, prepares it: a stopped run resumes and failed tasks are re-armed with the
-   barrier rewound to them (the engine's retry): rerunning a failed partition is the retry;
+1. attaches to the tenant's engine run by the engine's policy (`engine_core.runs.attach`): the one
+   this Dagster run already works on (run tag `migration/run_id`, kept by re-execution), else the
+   live run (join), else the latest run when it failed or was stopped (a rerun), else a new run;
+2. once per Dagster run, prepares it (`engine_core.runs.prepare`): a stopped run resumes, failed
+   tasks are re-armed with the barrier rewound to them: rerunning a failed partition is the retry;
 3. checks the barrier: `deps=` between phase assets is lineage, not a lock, so if the engine's
    barrier is still on an earlier phase the op helps drain that one first;
 4. drains with fenced claims until its phase closes (see `lane.drain_in_slot`: terminating the
-   Dagster run stops the engine run);
-5. materialises with the phase's rollup, or fails with the grouped reasons if the phase closed with
-   failed tasks.
+   Dagster run stops the engine run), reporting progress every PROGRESS_SECONDS as a log line and
+   an asset observation; a source failing every request for MIGRATE_SOURCE_DOWN_SECONDS pauses
+   the run with that reason;
+5. materialises with the phase's rollup (counts, grouped reasons, a capped table of skipped and
+   failed rows, completeness), or fails with the grouped reasons if the phase closed with failed
+   tasks (the engine run failed there too). An engine run stopped from elsewhere (`migrate stop`)
+   ends the Dagster run CANCELED, as a terminate from the UI does.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
