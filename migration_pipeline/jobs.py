@@ -28,10 +28,13 @@ from dagster import (
     OpExecutionContext,
     Out,
     Output,
+    RunsFilter,
     define_asset_job,
     job,
     op,
 )
+
+from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES as IN_PROGRESS
 
 from engine_core import rollup as rollups
 from engine_core import runs
@@ -147,7 +150,11 @@ def _materialized_since(context: OpExecutionContext, key, tenant: str, run_id: i
 def closed_phase_materializations(context: OpExecutionContext, db: Database, run: Run, source: str):
     """AssetMaterializations for the phases of `run` that closed without failed tasks and have not
     been materialised for this engine run since their last task finished (a phase asset that drained
-    them itself has). Phases the run does not plan are left alone."""
+    them itself has). None while a launch of the tenant (not a drainer) is still working on the
+    run: its phase ops materialise them. Phases the run does not plan are left alone."""
+    live = context.instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: str(run.id)}, statuses=IN_PROGRESS))
+    if any(d.tags.get(tags.ROLE) != tags.DRAINER and d.run_id != context.run_id for d in live):
+        return  # the tenant's own launch is still on it: its phase ops materialise what they close
     r = rollups.rollup(db, run.id)
     last_finished: dict[int, datetime] = {}
     for t in db.fetch_all("rollup_tasks", {"run_id": run.id}):
