@@ -9,6 +9,7 @@ engine's schema and dropped at the end: a running Dagster instance's sensors nev
 from __future__ import annotations
 
 import os
+import signal
 import statistics as stats
 import sys
 import time
@@ -27,6 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine_core import db as dbmod  # noqa: E402
 
 TOKEN = "bench-token-" + uuid.uuid4().hex[:12]
+
+# A terminated bench still drops its databases and stops its sandbox (its `finally` blocks run).
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def server_url() -> str:
