@@ -27,6 +27,7 @@ setup(
             "pytest>=8",
             "pytest-timeout>=2.3",
             "jsonschema>=4.20",
+            "playwright==1.65.2",  # tests/ui drives Debian's chromium with it (never its own browser downloads)
         ],
         # `make bench`'s comparison tool (bench/entity_path.py): dlt's rest_api source into Postgres
         "bench": ["dlt[postgres]==1.31.0"],
