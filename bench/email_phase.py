@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Databases, print_ratios  # noqa: E402
+from bench.common import Databases, Sandbox, print_ratios  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
 from engine_core import runs  # noqa: E402
 from engine_core.budget import Budget  # noqa: E402
@@ -60,21 +59,6 @@ class Phase:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
-
-
-class Sandbox:
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.http = httpx.Client(base_url=base_url, timeout=60)
-
-    def stats(self) -> dict[str, Any]:
-        return self.http.get("/_sandbox/stats").json()
-
-    def reset(self) -> None:
-        self.http.post("/_sandbox/stats/reset").raise_for_status()
-
-    def configure(self, **changes: Any) -> None:
-        self.http.post("/_sandbox/config", json=changes).raise_for_status()
 
 
 def run_phase(db: dbmod.Database, sb: Sandbox, tenant: str, phase: Phase, burst_limit: int) -> Phase:
