@@ -8,3 +8,5 @@ ROLE = "migration/role"  # "drainer" on the sensor's helper runs
 SOURCE = "migration/source"
 DRAINER = "drainer"
 DRAINER_PRIORITY = "-1"  # a tenant's own launch goes before helper drainers waiting for the lane
+MODE = "migration/mode"  # "sync" on the sync job's runs: the phase ops start a sync, not a full run
+SYNC = "sync"
