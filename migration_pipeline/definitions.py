@@ -1,5 +1,5 @@
 """The project's only Definitions: phase assets and checks of one source, the jobs (the tenant's
-migration, the drainer, `explain_row`), the sensors.
+migration, its sync, the drainer, `explain_row`), the sensors and the sync schedule (off by default).
 
 The source is `MIGRATE_SOURCE` (default `pipedrive`). If its provider cannot be loaded the code
 location still loads, on the `example` provider, and says why in the assets' descriptions and the
@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import os
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
 from engine_core.providers.base import provider_for
 from migration_pipeline.assets.checks import build_phase_checks
 from migration_pipeline.assets.phases import build_phase_assets
+from migration_pipeline.deploy import executor_def
 from migration_pipeline.jobs import drainer_job, explain_job, tenant_job
 from migration_pipeline.resources import default_resources
 from migration_pipeline.sensors import build_sensors
@@ -38,15 +39,20 @@ def resolve_source(requested: str | None = None) -> str:
 
 def build_definitions(source: str) -> Definitions:
     drain = drainer_job()
+    # the proof from the source spends tokens: run on its own from the UI, never by a launch's job
+    proofs = build_source_checks(source)
+    sync = sync_job(source, without_checks=proofs)
     return Definitions(
         assets=build_phase_assets(source),
-        asset_checks=build_phase_checks(source),
-        jobs=[tenant_job(source), drain, explain_job()],
+        asset_checks=[*build_phase_checks(source), *proofs],
+        jobs=[tenant_job(source, without_checks=proofs), sync, drain, explain_job()],
         sensors=build_sensors(drain, source),
+        schedules=[sync_schedule(sync, source)],
         resources=default_resources(source),
         # One step at a time in the run's own process: the phases are sequential anyway, and a
-        # terminate reaches the op's main thread directly (see lane.py).
-        executor=in_process_executor,
+        # terminate reaches the op's main thread directly (see lane.py). A multi-host deployment
+        # sets MIGRATE_EXECUTOR=celery: the steps run on the worker hosts (deploy.py, docs/deploy.md).
+        executor=executor_def(),
     )
 
 
