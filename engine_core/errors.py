@@ -43,6 +43,10 @@ class NothingToDo(EngineError):
     """The run has no tasks in the state this action works on."""
 
 
+class NothingToSync(EngineError):
+    """The tenant has no succeeded run or sync to sync from: run a full migration first."""
+
+
 class TransientError(EngineError):
     """A transient failure: the task is released with its cursor intact and retried."""
 

@@ -24,6 +24,13 @@ class Run:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     source_identity: str | None = None  # what the data belongs to (a Pipedrive company); None: not known yet
+    mode: str = "full"  # "full" or "sync" (issue 9)
+    snapshot_at: datetime | None = None  # the source moment the listings start from (issue 9)
+    since: datetime | None = None  # a sync's lower bound: the last succeeded run's snapshot_at
+
+    @property
+    def is_sync(self) -> bool:
+        return self.mode == "sync"
 
     @property
     def name(self) -> str:
@@ -53,6 +60,9 @@ class Run:
             started_at=row.get("started_at"),
             finished_at=row.get("finished_at"),
             source_identity=row.get("source_identity"),
+            mode=row.get("mode") or "full",
+            snapshot_at=row.get("snapshot_at"),
+            since=row.get("since"),
         )
 
 

@@ -1,12 +1,24 @@
-"""A run's life: admission, start, stop, retry, resume.
+"""A run's life: admission, start, stop, retry, resume; and a sync.
 
 Admission is fenced by a partial unique index (one live run per tenant and source), so fifty
 concurrent starts admit exactly one, and retry/resume pass the same check when they reopen a run.
+
+A run is a snapshot plus a catch-up (issue 9). Starting a run records its snapshot moment
+(`migrations.snapshot_at`): the source's clock where the provider can read it (`source_time`,
+Pipedrive's `Date` header), the database's otherwise. The provider's walks cover what the source had
+at that moment, and its catch-up phase (`catchup_kind`, the plan's last group, kept even in a run
+limited to some kinds) brings what changed since - rows created, changed (updated in place through
+the ledger), deleted (marked) - before the run succeeds. A sync (`start_sync`, mode 'sync') is the
+same run - same phases, claims, windows, budget, stop/retry/resume - whose listings ask only for
+what changed since the last succeeded run's or sync's snapshot (`migrations.since`), minus
+`SNAPSHOT_MARGIN_SECONDS` for the clocks of the source's servers; its catch-up lists the ids
+deletions need.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -14,11 +26,17 @@ from psycopg.types.json import Jsonb
 
 from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused, EngineError, NothingToDo, RunNotFound
+from engine_core.errors import AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
-from engine_core.providers.base import Provider, dependents, identity_of
+from engine_core.providers.base import Provider, catchup_kind, dependents, identity_of, source_time
+
+MODES = ("full", "sync")
+# How far before a snapshot a listing by update time starts (run option `snapshot_margin_seconds`):
+# rows stamped by a source server whose clock lags, or committed a moment after their stamp, are
+# listed again rather than missed. Listing them twice costs nothing: the ledger has their version.
+SNAPSHOT_MARGIN_SECONDS = 300
 
 
 class RunStillStopping(EngineError):
@@ -51,6 +69,28 @@ def _refuse(db: Database, tenant_id: str, source: str) -> AdmissionRefused:
     return AdmissionRefused(other.name, other.id)
 
 
+def snapshot_margin(run: Run) -> timedelta:
+    """The run's margin before a snapshot (option `snapshot_margin_seconds`, default 300 s)."""
+    raw = run.options.get("snapshot_margin_seconds", SNAPSHOT_MARGIN_SECONDS)
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"snapshot_margin_seconds must be a number of seconds, got {raw!r}") from None
+    if seconds < 0:
+        raise ConfigError(f"snapshot_margin_seconds must be >= 0, got {seconds}")
+    return timedelta(seconds=seconds)
+
+
+def run_plan(provider: Provider, kinds: Iterable[str] | None = None) -> list[list[str]]:
+    """The phases a run needs (`plan_for`), with the provider's catch-up phase kept last even when
+    `kinds` leaves it out (a run limited to notes still catches up on the notes)."""
+    plan = plan_for(provider.phases(), kinds)
+    ck = catchup_kind(provider)
+    if ck is not None and not any(ck in group for group in plan):
+        plan.append([ck])
+    return plan
+
+
 def start_run(
     db: Database,
     provider: Provider,
@@ -60,11 +100,21 @@ def start_run(
     dry_run: bool = False,
     options: dict[str, Any] | None = None,
     settings: Settings | None = None,
+    mode: str = "full",
+    since: datetime | None = None,
 ) -> Run:
-    """Admit a new run, seed its first phase and put it on the lane."""
+    """Admit a new run, record its snapshot moment, seed its first phase and put it on the lane.
+
+    `mode`: "full" or "sync" (use `start_sync`, which finds `since`). Raises AdmissionRefused
+    (another live run of the tenant and source), ConfigError (unknown kind or mode)."""
     settings = settings or Settings.from_env()
-    plan = plan_for(provider.phases(), kinds)
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "sync" and since is None:
+        raise ConfigError("a sync needs since (the last succeeded run's snapshot): use runs.start_sync")
+    plan = run_plan(provider, kinds)
     identity = identity_of(provider)  # before the transaction: it may ask the source
+    snapshot = source_time(provider)  # the source's clock; None: the database's (now() below)
     try:
         with db.transaction() as tx:
             row = tx.fetch_one(
@@ -80,6 +130,11 @@ def start_run(
                 },
             )
             assert row is not None
+            row = tx.sql(
+                "UPDATE migrations SET mode = %(mode)s, snapshot_at = COALESCE(%(snapshot)s, now()), since = %(since)s"
+                " WHERE id = %(id)s RETURNING *",
+                {"mode": mode, "snapshot": snapshot, "since": since, "id": row["id"]},
+            )[0]
             run = Run.from_row(row)
             seed_phase(tx, run, 0, provider)
     except pg_errors.UniqueViolation:
@@ -89,14 +144,47 @@ def start_run(
     return get_run(db, run.id)
 
 
+def last_snapshot(db: Database, tenant_id: str, source: str) -> datetime | None:
+    """The snapshot moment of the tenant's last succeeded (not dry) run or sync of `source`: what a
+    sync starts from. A run from before snapshots were kept counts with its start time."""
+    rows = db.sql(
+        "SELECT COALESCE(snapshot_at, started_at) AS at FROM migrations"
+        " WHERE tenant_id = %(t)s AND source = %(s)s AND status = 'succeeded' AND NOT dry_run"
+        " ORDER BY COALESCE(snapshot_at, started_at) DESC LIMIT 1",
+        {"t": tenant_id, "s": source},
+    )
+    return rows[0]["at"] if rows else None
+
+
+def start_sync(db: Database, provider: Provider, tenant_id: str, **options: Any) -> Run:
+    """Start a sync of the tenant (mode 'sync'): the same phases, claims, windows, budget and
+    stop/retry/resume as a run, listing only what changed since the last succeeded run's or sync's
+    snapshot (`last_snapshot`), plus the id listings deletions need (the catch-up phase).
+
+    `options`: `start_run`'s keywords (kinds, dry_run, options, settings). Returns the new Run.
+    Raises NothingToSync (one line, names the tenant) when the tenant has no succeeded run or sync
+    of this source; AdmissionRefused when another run of the tenant is live."""
+    options.pop("mode", None)
+    options.pop("since", None)
+    since = last_snapshot(db, tenant_id, provider.source)
+    if since is None:
+        raise NothingToSync(f"tenant {tenant_id!r} has no succeeded {provider.source} run or sync to sync from; "
+                            "run a full migration first")
+    return start_run(db, provider, tenant_id, mode="sync", since=since, **options)
+
+
 def start_or_join(db: Database, provider: Provider, tenant_id: str, **kwargs: Any) -> tuple[Run, bool]:
-    """The live run of the tenant if there is one, else a new one; (run, started)."""
+    """The live run of the tenant if there is one, else a new one; (run, started). `mode="sync"`
+    starts a sync (`start_sync`: NothingToSync propagates)."""
+    mode = kwargs.pop("mode", "full") or "full"
     for _ in range(3):
         current = live_run(db, tenant_id, provider.source)
         if current is not None:
             return current, False
         try:
-            return start_run(db, provider, tenant_id, **kwargs), True
+            if mode == "sync":
+                return start_sync(db, provider, tenant_id, **kwargs), True
+            return start_run(db, provider, tenant_id, mode=mode, **kwargs), True
         except AdmissionRefused:
             continue  # lost a race to another starter: join theirs
     raise _refuse(db, tenant_id, provider.source)
@@ -274,7 +362,7 @@ def prepare(db: Database, run_id: int, provider: Provider, settings: Settings | 
     except NothingToDo:
         if run.status == "stopped":
             new, _ = start_or_join(db, provider, run.tenant_id, options=dict(run.options), dry_run=run.dry_run,
-                                   kinds=list(run.kinds))
+                                   kinds=list(run.kinds), mode=run.mode)
             return Attached(new, "restarted", f"{run.name} was stopped with no task to resume; started {new.name}")
         raise
     return Attached(run, "ready")

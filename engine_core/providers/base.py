@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
@@ -35,6 +36,29 @@ class Provider(Protocol):
     # Optional: `depends_on(kind) -> Iterable[str]`, the kinds a kind's rows must link to. Without
     # it a retry revisits every later kind that skipped rows (see `dependents`).
 
+    # Optional (issue 9): `catchup_kind: str`, the kind of the provider's catch-up phase (the last
+    # group of `phases()`): it is no data kind of its own - its tasks bring what changed at the
+    # source since the run's snapshot (rows created, changed, deleted) under the other kinds' ledger
+    # identities. A run limited to some kinds keeps it (`runs.start_run`); verify skips it.
+
+    # Optional (issue 9): `source_time() -> datetime | None`, the source's clock now (aware, UTC),
+    # for the run's snapshot moment; None or absent: the database's clock stands in.
+
+    def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
+        """Every id the source lists NOW for `kind` (a kind of `phases()`), with the row's version
+        where the listing carries one (the same string the ledger stores as `source_version`:
+        Pipedrive's `update_time` as served, else "sha256:" + the canonical JSON's hex digest), by
+        the cheapest full listing the source has. Ids are strings as the ledger keys them.
+
+        `settings`: the engine's `engine_core.config.Settings` (or None: from the environment).
+        `options`: a dict; `options["db"]` (a Database) makes the requests go through the source
+        account's shared rate-limit budget; `options["cost"]`, a mutable dict, gets
+        `cost["requests"] += 1` and `cost["tokens"] += <the endpoint's token cost>` per request.
+        The listing is not a snapshot: a row changed while it walks may be listed twice or, moving
+        between lists, missed - callers confirm a missing id before acting on it.
+        Raises NotImplementedError for a kind the provider cannot list (the default)."""
+        raise NotImplementedError(f"the {self.source} provider cannot list the ids of {kind!r}")
+
 
 def identity_of(provider: Provider) -> str | None:
     """What the provider's data belongs to, or None when the source cannot tell now (unreachable, a
@@ -49,6 +73,37 @@ def identity_of(provider: Provider) -> str | None:
     except Exception as e:  # noqa: BLE001 - an unanswered question, not a verdict
         log.warning("could not learn the %s source's identity (%s); the tasks will meet it", provider.source, type(e).__name__)
         return None
+
+
+def source_ids(provider: object, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
+    """`provider.source_ids(...)` (see `Provider.source_ids`); NotImplementedError when the
+    provider has none (providers need not subclass the Protocol)."""
+    lister = getattr(provider, "source_ids", None)
+    if lister is None:
+        raise NotImplementedError(f"the {getattr(provider, 'source', '?')} provider cannot list the ids of {kind!r}")
+    return lister(settings, kind, options)
+
+
+def catchup_kind(provider: object) -> str | None:
+    """The provider's catch-up kind (issue 9), or None when it has no catch-up phase."""
+    kind = getattr(provider, "catchup_kind", None)
+    return kind if isinstance(kind, str) and kind else None
+
+
+def source_time(provider: object) -> datetime | None:
+    """The source's clock now, when the provider can tell (`source_time()`); None otherwise, and
+    when asking fails (the database's clock then stands in)."""
+    ask = getattr(provider, "source_time", None)
+    if ask is None:
+        return None
+    try:
+        moment = ask()
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the database's clock is a fine stand-in
+        log.warning("could not read the %s source's clock (%s); using the database's", getattr(provider, "source", "?"), type(e).__name__)
+        return None
+    return moment if isinstance(moment, datetime) and moment.tzinfo is not None else None
 
 
 def dependents(provider: object, kinds: Iterable[str], plan_kinds: Iterable[str]) -> set[str]:
