@@ -40,7 +40,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused
+from engine_core.errors import AdmissionRefused, NothingToSync
 from engine_core.runs import RunStillStopping
 from engine_core.models import Run
 from engine_core.providers.base import provider_for
@@ -104,12 +104,16 @@ def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str) -> No
 
 
 def attach_run(context: AssetExecutionContext, db: Database, source: SourceResource, new_run: NewRunOptions) -> Run:
-    tagged = _run_tags(context).get(tags.ENGINE_RUN, "")
+    run_tags = _run_tags(context)
+    tagged = run_tags.get(tags.ENGINE_RUN, "")
+    start_kwargs = new_run.start_kwargs()
+    if run_tags.get(tags.MODE) == tags.SYNC:
+        start_kwargs["mode"] = tags.SYNC  # the sync job (issue 9): a new run is a sync, not a full run
     try:
         got = runs.attach(db, source.provider(), context.partition_key,
                           tagged_run_id=int(tagged) if tagged.isdigit() else None,
-                          start_kwargs=new_run.start_kwargs())
-    except AdmissionRefused as e:
+                          start_kwargs=start_kwargs)
+    except (AdmissionRefused, NothingToSync) as e:
         raise Failure(str(e), allow_retries=False) from None
     if got.message:
         context.log.info(got.message)
