@@ -28,7 +28,14 @@ setup(
             "pytest-timeout>=2.3",
             "jsonschema>=4.20",
             "playwright==1.65.2",  # tests/ui drives Debian's chromium with it (never its own browser downloads)
+            # tests/deploy: the cross-host test (celery executor) and the documented launchers' configs
+            "dagster-celery==0.29.27",
+            "dagster-docker==0.29.27",
+            "dagster-k8s==0.29.27",
         ],
+        # A multi-host deployment (deploy/, docs/deploy.md): Dagster's celery executor over RabbitMQ;
+        # dagster-docker / dagster-k8s for the run launchers documented beside it. Pinned with the trio.
+        "deploy": ["dagster-celery==0.29.27", "dagster-docker==0.29.27", "dagster-k8s==0.29.27"],
         # `make bench`'s comparison tool (bench/entity_path.py): dlt's rest_api source into Postgres
         "bench": ["dlt[postgres]==1.31.0"],
     },
