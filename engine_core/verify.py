@@ -1,0 +1,335 @@
+"""A proof from the source (issue 9): the source's ids per kind against the ledger and the product.
+
+`verify(db, provider, tenant_id, settings, kinds=None)` lists every id the source has now, per
+kind, by the provider's cheapest listing (`Provider.source_ids`, with the row's version where the
+listing carries one), reads the tenant's ledger (`migration_records`) and the product's rows
+(`crm.*`: the tables the ledger's `record_type` names), and names every difference:
+
+* **missing**: at the source, but no live product row for it (none written, its product row gone,
+  or marked `deleted_at_source` although the source lists it again). A source row the ledger
+  accounts for as skipped or failed - with its reason, `migrate explain` tells it - is counted as
+  `unwritten`, not missing: the ledger says why it is not there.
+* **extra**: live in the ledger or the product (not marked `deleted_at_source`) but gone at the
+  source: a delete or a merge the product has not caught up with.
+* **duplicated**: more than one product row for one source row (rows carrying `source_id`).
+* **stale**: the ledger's `source_version` differs from the version the source lists now (a
+  change not synced). Ledger rows without a version (written before versions were kept) are
+  counted as `unversioned` and not compared.
+
+Kinds fold into ledger identities (`deals_archived` into `deals`, `leads_archived` into `leads`:
+one identity per source record, whichever list serves it). A kind the provider cannot list
+(`NotImplementedError`) is reported as not checked, and the result does not pass. The provider's
+catch-up kind (`catchup_kind`) is no data kind and is not listed.
+
+Cost: every request the listings make and its tokens (the endpoint's `x-token-cost`) are counted
+by the provider into `options["cost"]`; the result carries them beside the differences, with the
+wall time. Read-only: nothing is written to the ledger, the product or the source.
+
+Verify a quiet tenant (no run or sync writing): a row written between the listing and the ledger
+read shows as a difference that the next verify no longer finds.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import sql
+
+from engine_core import runs
+from engine_core.config import Settings
+from engine_core.db import Database
+from engine_core.errors import ConfigError
+from engine_core.providers.base import Provider, catchup_kind, source_ids
+
+DIFFERENCES = ("missing", "extra", "duplicated", "stale")
+DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
+WRITTEN = ("created", "matched")
+PLACEHOLDERS = ("skipped", "failed")
+# The product table of a ledger kind when the ledger has no claim naming it yet (the crm writers'
+# record types); a table named by the ledger's `record_type` is always read too.
+DEFAULT_TABLES: dict[str, str] = {
+    "users": "crm.users", "pipelines": "crm.pipelines", "stages": "crm.stages",
+    "organizations": "crm.companies", "companies": "crm.companies",
+    "persons": "crm.contacts", "contacts": "crm.contacts", "deals": "crm.deals", "leads": "crm.leads",
+    "activities": "crm.activities", "notes": "crm.notes", "emails": "crm.emails",
+}
+
+
+@dataclass
+class KindResult:
+    """One ledger kind: counts (rows) and the source ids of each difference, sorted."""
+
+    kind: str
+    listed_as: tuple[str, ...]  # the provider kinds whose listings fold into this ledger kind
+    source: int = 0  # ids the source lists now
+    ledger: int = 0  # live ledger claims (created or matched, not marked deleted at the source)
+    product: int = 0  # source ids with a live product row
+    unwritten: int = 0  # source ids the ledger accounts for as skipped or failed
+    deleted_marked: int = 0  # ledger rows marked deleted at the source
+    unversioned: int = 0  # ledger rows without a source version (not compared)
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    checked: bool = True
+    note: str = ""
+
+    @property
+    def differences(self) -> int:
+        return sum(len(getattr(self, d)) for d in DIFFERENCES)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
+            "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
+            "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
+            **{d: list(getattr(self, d)) for d in DIFFERENCES},
+        }
+
+
+@dataclass
+class VerifyResult:
+    """The verdict for one tenant: per ledger kind, and what proving it cost.
+
+    `passed`: every kind checked and no difference. `requests` / `tokens`: what the listings spent
+    at the source (tokens as the API charges them, `x-token-cost` per request); `seconds`: wall time."""
+
+    tenant_id: str
+    source: str
+    kinds: list[KindResult]
+    requests: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    @property
+    def differences(self) -> int:
+        return sum(k.differences for k in self.kinds)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.kinds) and all(k.checked for k in self.kinds) and self.differences == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant_id, "source": self.source, "passed": self.passed,
+                "differences": self.differences, "requests": self.requests, "tokens": self.tokens,
+                "seconds": round(self.seconds, 2), "kinds": [k.as_dict() for k in self.kinds]}
+
+    def cost_line(self) -> str:
+        return f"cost: {self.requests} requests, {self.tokens} tokens, {self.seconds:.1f} s"
+
+    def lines(self, cap: int = DISPLAY_CAP) -> list[str]:
+        """The verdict in words: one line per kind, one per difference (ids capped at `cap`), the cost."""
+        out = []
+        for k in self.kinds:
+            if not k.checked:
+                out.append(f"{k.kind}: not checked ({k.note})")
+                continue
+            extra = f", {k.unwritten} skipped/failed with reasons" if k.unwritten else ""
+            extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
+            extra += f", {k.unversioned} without version" if k.unversioned else ""
+            verdict = "ok" if not k.differences else f"{k.differences} difference(s)"
+            out.append(f"{k.kind}: source {k.source}, ledger {k.ledger}, product {k.product}{extra}: {verdict}")
+            for d in DIFFERENCES:
+                ids = getattr(k, d)
+                if ids:
+                    shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
+                    out.append(f"  {d} {len(ids)}: {shown}")
+        verdict = "PASSED" if self.passed else (f"FAILED: {self.differences} difference(s)" if self.differences
+                                               else "FAILED: not every kind could be checked")
+        out.append(f"verify {self.tenant_id} ({self.source}): {verdict}; {self.cost_line()}")
+        return out
+
+
+def ledger_kind_of(provider: Provider) -> Callable[[str], str]:
+    """The provider's kind -> ledger kind fold (one identity per source record)."""
+    fold = getattr(provider, "ledger_kind", None)
+    if callable(fold):
+        return fold
+    if provider.source == "pipedrive":
+        from engine_core.providers.pipedrive.mapping import ledger_kind
+
+        return ledger_kind
+    return lambda kind: kind
+
+
+def listing_kinds(provider: Provider, kinds: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Ledger kind -> the plan kinds to list for it, in plan order. `kinds` may name plan kinds or
+    ledger kinds (`deals` brings `deals_archived` with it); ConfigError names an unknown one."""
+    fold = ledger_kind_of(provider)
+    skip = catchup_kind(provider)  # the catch-up phase is no data kind of its own
+    plan = [k for group in provider.phases() for k in group if k != skip]
+    wanted = None if kinds is None else [k.strip() for k in kinds if k and k.strip()]
+    if wanted is not None:
+        known = set(plan) | {fold(k) for k in plan}
+        unknown = [k for k in wanted if k not in known]
+        if unknown:
+            raise ConfigError(f"kinds: {', '.join(unknown)} not in the {provider.source} plan; known: {', '.join(plan)}")
+    targets = None if wanted is None else {fold(k) for k in wanted}
+    out: dict[str, list[str]] = {}
+    for k in plan:
+        lk = fold(k)
+        if targets is None or lk in targets:
+            out.setdefault(lk, []).append(k)
+    return out
+
+
+def _norm(source_id: object) -> str:
+    return str(source_id).strip().lower()
+
+
+def list_source(provider: Provider, kind: str, settings: Settings, options: dict[str, Any]) -> dict[str, str | None]:
+    """Every id the source lists now for one provider kind -> its version (None when the listing
+    has none). NotImplementedError when the provider cannot list that kind."""
+    return {_norm(sid): (None if version is None else str(version))
+            for sid, version in source_ids(provider, settings, kind, options)}
+
+
+def _regclass(db: Database, name: str) -> str | None:
+    row = db.sql("SELECT to_regclass(%(t)s)::text AS reg", {"t": name})
+    return row[0]["reg"] if row and row[0]["reg"] else None
+
+
+def _columns(db: Database, table: str) -> set[str]:
+    schema, _, name = table.rpartition(".")
+    rows = db.sql("SELECT column_name FROM information_schema.columns WHERE table_schema = %(s)s AND table_name = %(n)s",
+                  {"s": schema or "public", "n": name})
+    return {r["column_name"] for r in rows}
+
+
+def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, dict[str, Any]]:
+    """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind.
+    The version and the deleted mark are the ledger's (`ledger.ledger_index`, migration 0010)."""
+    columns = _columns(db, "public.migration_records")
+    version = "source_version" if "source_version" in columns else "NULL::text"
+    deleted = "deleted_at_source" if "deleted_at_source" in columns else "NULL::timestamptz"
+    rows = db.sql(
+        f"SELECT source_id, action, record_type, record_id, {version} AS version, {deleted} AS deleted"
+        " FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s",
+        {"t": tenant_id, "s": source, "k": kind},
+    )
+    out = {_norm(r["source_id"]): dict(r) for r in rows}
+    try:
+        from engine_core import ledger
+
+        index = ledger.ledger_index  # type: ignore[attr-defined]
+    except AttributeError:
+        return out
+    with db.connection() as conn:
+        for sid, (v, d) in index(conn, tenant_id, source, kind).items():
+            entry = out.get(_norm(sid))
+            if entry is not None:
+                entry["version"], entry["deleted"] = v, d
+    return out
+
+
+def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
+             record_ids: dict[str, set[int]]) -> tuple[dict[str, list[bool]], dict[str, set[int]]]:
+    """Per table: the product rows carrying this source's ids (source id -> [live?] per row), and
+    which of the ledger's record ids exist and are live (for matched rows, which carry no source)."""
+    by_sid: dict[str, list[bool]] = {}
+    live_ids: dict[str, set[int]] = {}
+    for table in tables:
+        cols = _columns(db, table)
+        schema, _, name = table.rpartition(".")
+        ident = sql.Identifier(schema, name)
+        live = sql.SQL("x.deleted_at_source IS NULL") if "deleted_at_source" in cols else sql.SQL("true")
+        with db.connection() as c:
+            if {"source", "source_id", "tenant_id"} <= cols:
+                q = sql.SQL("SELECT x.source_id, {live} AS live FROM {t} x"
+                            " WHERE x.tenant_id = %(t)s AND x.source = %(s)s AND x.source_id IS NOT NULL"
+                            ).format(live=live, t=ident)
+                for r in c.raw.execute(q, {"t": tenant_id, "s": source}).fetchall():
+                    by_sid.setdefault(_norm(r["source_id"]), []).append(bool(r["live"]))
+            ids = sorted(record_ids.get(table, ()))
+            if ids:
+                q = sql.SQL("SELECT x.id FROM {t} x WHERE x.id = ANY(%(ids)s) AND {live}").format(t=ident, live=live)
+                live_ids[table] = {int(r["id"]) for r in c.raw.execute(q, {"ids": ids}).fetchall()}
+    return by_sid, live_ids
+
+
+def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None], ledger: dict[str, dict[str, Any]],
+            product_rows: dict[str, list[bool]], live_records: dict[str, set[int]]) -> KindResult:
+    """The differences of one ledger kind, from what the source lists, the ledger and the product
+    rows (pure: the rules of the module docstring)."""
+    result = KindResult(kind, tuple(listed_as), source=len(at_source))
+
+    def live_in_product(sid: str) -> bool:
+        if any(product_rows.get(sid, ())):
+            return True
+        entry = ledger.get(sid)
+        return (entry is not None and entry["action"] in WRITTEN and entry["record_id"] is not None
+                and int(entry["record_id"]) in live_records.get(entry["record_type"] or "", ()))
+
+    for sid, entry in ledger.items():
+        if entry["action"] in WRITTEN:
+            if entry["deleted"] is not None:
+                result.deleted_marked += 1
+            else:
+                result.ledger += 1
+            if entry["version"] is None:
+                result.unversioned += 1
+    live = {sid for sid in set(product_rows) | set(ledger) if live_in_product(sid)}
+    result.product = len(live)
+    for sid, version in at_source.items():
+        entry = ledger.get(sid)
+        if sid not in live:
+            if entry is not None and entry["action"] in PLACEHOLDERS:
+                result.unwritten += 1
+            else:
+                result.missing.append(sid)
+            continue
+        if entry is not None and entry["action"] in WRITTEN and entry["version"] is not None and version is not None \
+                and entry["version"] != version:
+            result.stale.append(sid)
+    for sid in set(ledger) | set(product_rows):
+        if sid in at_source:
+            continue
+        entry = ledger.get(sid)
+        claimed_live = entry is not None and entry["action"] in WRITTEN and entry["deleted"] is None
+        if claimed_live or sid in live:
+            result.extra.append(sid)
+    result.duplicated = [sid for sid, rows in product_rows.items() if len(rows) > 1]
+    for d in DIFFERENCES:
+        getattr(result, d).sort(key=lambda s: (len(s), s))
+    return result
+
+
+def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings | None = None,
+           kinds: Iterable[str] | None = None) -> VerifyResult:
+    """Prove the tenant's ledger and product rows against what the source lists now.
+
+    `kinds`: plan or ledger kinds to prove (default: every kind of the provider's plan). Returns a
+    VerifyResult (per ledger kind: counts and the ids of every difference; requests, tokens and
+    seconds spent). Raises RunNotFound (one line, names the tenant) when no run of this source ever
+    ran for the tenant, ConfigError for an unknown kind; the source's own errors (auth, rate limit
+    after the client's retries) propagate. Holds no database connection while it lists."""
+    settings = settings or Settings.from_env()
+    runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
+    started = time.monotonic()
+    cost = {"requests": 0, "tokens": 0}
+    options: dict[str, Any] = {"db": db, "cost": cost}
+    results: list[KindResult] = []
+    for lk, plan_kinds in listing_kinds(provider, kinds).items():
+        at_source: dict[str, str | None] = {}
+        try:
+            for k in plan_kinds:
+                at_source.update(list_source(provider, k, settings, options))
+        except NotImplementedError as e:
+            results.append(KindResult(lk, tuple(plan_kinds), checked=False,
+                                      note=str(e) or f"the {provider.source} provider cannot list {lk}"))
+            continue
+        entries = _ledger(db, tenant_id, provider.source, lk)
+        tables = {e["record_type"] for e in entries.values() if e["record_type"]}
+        if lk in DEFAULT_TABLES:
+            tables.add(DEFAULT_TABLES[lk])
+        tables = {t for t in tables if _regclass(db, t)}
+        record_ids: dict[str, set[int]] = {}
+        for e in entries.values():
+            if e["action"] in WRITTEN and e["record_id"] is not None and e["record_type"] in tables:
+                record_ids.setdefault(e["record_type"], set()).add(int(e["record_id"]))
+        product_rows, live_records = _product(db, tenant_id, provider.source, sorted(tables), record_ids)
+        results.append(compare(lk, plan_kinds, at_source, entries, product_rows, live_records))
+    return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
+                        tokens=int(cost["tokens"]), seconds=time.monotonic() - started)
