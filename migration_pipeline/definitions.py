@@ -13,11 +13,12 @@ import os
 from dagster import Definitions
 
 from engine_core.providers.base import provider_for
-from migration_pipeline.assets.checks import build_phase_checks
+from migration_pipeline.assets.checks import build_phase_checks, build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.deploy import executor_def
-from migration_pipeline.jobs import drainer_job, explain_job, tenant_job
+from migration_pipeline.jobs import drainer_job, explain_job, sync_job, tenant_job
 from migration_pipeline.resources import default_resources
+from migration_pipeline.schedules import sync_schedule
 from migration_pipeline.sensors import build_sensors
 
 log = logging.getLogger(__name__)

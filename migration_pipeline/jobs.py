@@ -51,17 +51,43 @@ from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
 
 TENANT_JOB = "migrate_tenant"
+SYNC_JOB = "sync_tenant"
 DRAINER_JOB = "drain_tenant"
 EXPLAIN_JOB = "explain_row"
 
 
-def tenant_job(source: str):
-    """Every phase asset (and its checks) of `source` for one tenant partition."""
+def phase_selection(source: str, without=()) -> AssetSelection:
+    """The phase assets of `source` with their checks, less the checks in `without` (the
+    `matches_source` checks, which spend source tokens and run on their own from the UI)."""
+    selection = AssetSelection.groups(f"{source}_migration")
+    if without:
+        selection = selection - AssetSelection.checks(*without)
+    return selection
+
+
+def tenant_job(source: str, without_checks=()):
+    """Every phase asset (and its checks, less `without_checks`) of `source` for one tenant partition."""
     return define_asset_job(
         TENANT_JOB,
-        selection=AssetSelection.groups(f"{source}_migration"),
+        selection=phase_selection(source, without_checks),
         description=f"Migrate one tenant from {source}: every phase, in plan order.",
         tags={tags.SOURCE: source},
+    )
+
+
+def sync_job(source: str, without_checks=()):
+    """The re-sync (issue 9): the same phase assets and steps, launched on a tenant's partition;
+    the run tag `migration/mode=sync` makes the first phase op start an engine sync
+    (`engine_core.runs.start_sync`: changes since the last succeeded run or sync, same phases,
+    claims, windows, budget, stop/retry/resume) instead of a full run. A tenant with no succeeded
+    run fails its first step with one line saying so."""
+    return define_asset_job(
+        SYNC_JOB,
+        selection=phase_selection(source, without_checks),
+        description=(f"Sync one tenant from {source}: bring what changed at the source since its last "
+                     "succeeded run or sync (same phases; only changed rows are listed, mail only for "
+                     "deals whose mail changed)."),
+        tags={tags.SOURCE: source, tags.MODE: tags.SYNC},
     )
 
 

@@ -12,6 +12,13 @@
   rows accounted for, ledger claims = rows counted as written, rows seen = the source's own count
   where a discovery task recorded one. Fails (severity ERROR) naming each kind that does not add up.
 
+* `matches_source` (issue 9, "a proof from the source"): the phase's kinds proved against the source
+  (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
+  the product's rows; every difference named (missing, extra, duplicated, stale version) with the
+  requests and tokens it spent. It spends source tokens, so it is not blocking and not in the
+  tenant or sync job: run it on its own from the UI (the phase asset's Checks tab -> Execute, on
+  a partition). Built only for a provider that can list its ids (`Provider.source_ids`).
+
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
 """
@@ -29,9 +36,12 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
+from engine_core.providers.base import catchup_kind, provider_for
 from migration_pipeline.assets.phases import PhaseSpec, phase_specs
 from migration_pipeline.partitions import tenants
-from migration_pipeline.resources import MigrationDatabase
+from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
+
+MATCHES_SOURCE = "matches_source"
 
 
 def _table(db: Database, record_type: str | None) -> sql.Composable | None:
@@ -220,6 +230,66 @@ def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
         return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
 
     return [ledger_matches_target, no_duplicate_claims, kinds_add_up]
+
+
+def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, settings: Any = None) -> tuple[bool, dict[str, Any]]:
+    """`engine_core.verify` for the phase's kinds: (passed, metadata: per kind the source, ledger
+    and product counts and each difference's count, the differences' ids (capped) in markdown, the
+    requests and tokens spent)."""
+    from engine_core.verify import verify
+
+    try:
+        result = verify(db, provider, tenant, settings, kinds=list(spec.kinds))
+    except RunNotFound:
+        return True, {"note": MetadataValue.text(f"tenant {tenant!r} has no {spec.source} run yet: nothing to prove")}
+    md: dict[str, Any] = {
+        "requests": MetadataValue.int(result.requests),
+        "tokens": MetadataValue.int(result.tokens),
+        "seconds": MetadataValue.float(round(result.seconds, 2)),
+        "differences": MetadataValue.int(result.differences),
+    }
+    for k in result.kinds:
+        if not k.checked:
+            md[f"{k.kind}/not_checked"] = MetadataValue.text(k.note)
+            continue
+        for name in ("source", "ledger", "product", "missing", "extra", "duplicated", "stale"):
+            value = getattr(k, name)
+            md[f"{k.kind}/{name}"] = MetadataValue.int(len(value) if isinstance(value, list) else int(value))
+    md["verdict"] = MetadataValue.md("\n".join(f"- {line.strip()}" for line in result.lines()))
+    return result.passed, md
+
+
+def can_list_ids(source: str) -> bool:
+    """Whether the source's provider lists its ids (`Provider.source_ids`): the proof needs it."""
+    try:
+        return callable(getattr(provider_for(source), "source_ids", None))
+    except Exception:  # noqa: BLE001 - a provider that does not load has no proof either
+        return False
+
+
+def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PreviewWarning)
+
+        @asset_check(asset=spec.key, name=MATCHES_SOURCE, partitions_def=tenants, blocking=False,
+                     description=(f"The source's ids of {', '.join(spec.kinds)} (cheapest listing) = the ledger = "
+                                  "the product's rows: names every missing, extra, duplicated and stale row, and "
+                                  "the requests and tokens it spent. Spends source tokens: run it on its own."))
+        def matches_source(context: AssetCheckExecutionContext, database: MigrationDatabase, source: SourceResource,
+                           lane: LaneSettings) -> AssetCheckResult:
+            passed, md = source_check(database.database(), source.provider(), context.partition_key, spec,
+                                      lane.engine_settings())
+            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
+
+    return matches_source
+
+
+def build_source_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:
+    """`matches_source` per phase asset, for a provider that can list its ids (else none)."""
+    if not can_list_ids(source):
+        return []
+    skip = catchup_kind(provider_for(source))  # the catch-up phase has no kind of its own to prove
+    return [_source_check_for(spec) for spec in phase_specs(source, phases) if set(spec.kinds) - {skip}]
 
 
 def build_phase_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:
