@@ -314,9 +314,11 @@ class _Progress:
 
 
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
-                           env_overrides: dict[str, str] | None = None, timeout: float | None = None) -> int:
-    """Check, add the partition, submit the tenant job, keep a daemon alive, wait (saying why while
-    queued), print the per-phase results; the exit code. A launch that fails leaves nothing behind."""
+                           env_overrides: dict[str, str] | None = None, timeout: float | None = None,
+                           job: str | None = None) -> int:
+    """Check, add the partition, submit the tenant job (or `job`: the sync job), keep a daemon
+    alive, wait (saying why while queued), print the per-phase results; the exit code. A launch
+    that fails leaves nothing behind."""
     from engine_core.config import check_environment, number
     from migration_pipeline import launch
     from migration_pipeline.instance import dagster_env, get_instance
@@ -338,12 +340,15 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             added = launch.add_tenant(instance, tenant)
             run_id = str(uuid.uuid4())
             try:
-                launch.submit_tenant_run(env, tenant, run_config, run_id=run_id)
+                if job is None:
+                    launch.submit_tenant_run(env, tenant, run_config, run_id=run_id)
+                else:
+                    launch.submit_tenant_run(env, tenant, run_config, job=job, run_id=run_id)
             except BaseException:
                 launch.undo_failed_launch(instance, tenant, run_id, added)
                 raise
             if not as_json:
-                console.print(f"launched Dagster run {run_id} for tenant {tenant!r} ({source}); "
+                console.print(f"launched Dagster run {run_id} ({job or 'migrate_tenant'}) for tenant {tenant!r} ({source}); "
                               f"Dagster home {home}")
             dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
                                               lane_width=settings.lane_width, queue_timeout=queue_timeout,
@@ -409,6 +414,72 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     sys.exit(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout))
 
 
+def print_verify(result: Any) -> None:
+    """The verify verdict: one line per kind, the differences (ids capped), the cost beside it."""
+    lines = result.lines()
+    for line in lines[:-1]:
+        style = "red" if line.startswith("  ") else ("yellow" if "not checked" in line else None)
+        console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
+    console.print(f"[{'green' if result.passed else 'red'}]{lines[-1]}[/]", highlight=False)
+
+
+def run_verify(db: dbmod.Database, tenant: str, source: str | None, kinds: list[str] | None = None,
+               provider: Any = None) -> Any:
+    """engine_core.verify for the tenant's latest run's source; errors are one line (exit 2)."""
+    from engine_core.verify import verify
+
+    run = _tenant_run(db, tenant, source)
+    provider = provider or provider_for(run.source, run)
+    try:
+        return verify(db, provider, tenant, Settings.from_env(), kinds=kinds)
+    except EngineError:
+        raise
+    except Exception as e:  # the source's own errors (auth, budget): one line, never a traceback
+        _fail(f"verify {tenant!r}: the {run.source} source failed: {type(e).__name__}: {e}")
+
+
+@main.command("verify")
+@click.argument("tenant")
+@click.option("--source", default=None, help="default: the source of TENANT's latest run")
+@click.option("--kinds", default=None, help="comma-separated kinds to prove (default: every kind of the plan)")
+@click.option("--json", "as_json", is_flag=True, help="every difference's ids, uncapped")
+def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool) -> None:
+    """Prove TENANT from the source: list the source's ids per kind (cheapest listing), compare
+    them with the ledger and the product's rows, name every difference (missing, extra, duplicated,
+    stale version) and the requests and tokens it cost. Exit 1 on differences, 2 on errors."""
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    with _db() as db:
+        result = run_verify(db, tenant, source, wanted)
+    _emit(as_json, result.as_dict(), lambda: print_verify(result))
+    sys.exit(0 if result.passed else 1)
+
+
+def check_sync(db: dbmod.Database, tenant: str, source: str) -> None:
+    """What would fail a sync, before anything is launched: an unknown tenant, or no succeeded
+    (non-dry) run to sync from. One line, exit 2."""
+    runs.latest_run(db, tenant, source)  # RunNotFound names the tenant
+    if runs.last_snapshot(db, tenant, source) is None:
+        _fail(f"tenant {tenant!r} has no succeeded {source} run to sync from; migrate it first "
+              f"(migrate run --tenant {tenant})")
+
+
+@main.command("sync")
+@click.argument("tenant")
+@click.option("--source", default=None, help="default: MIGRATE_SOURCE, else pipedrive")
+@click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds")
+@click.option("--json", "as_json", is_flag=True)
+def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bool) -> None:
+    """Bring TENANT's changes since its last succeeded run or sync: launches the tenant's partition
+    of the sync job through Dagster (as `migrate run` launches the migration) and waits. Same
+    phases, claims, windows, budget and stop/retry/resume; only what changed is listed."""
+    from migration_pipeline.jobs import SYNC_JOB
+
+    src = _source(source)
+    with _db() as db:
+        check_sync(db, tenant, src)
+    sys.exit(launch_through_dagster(tenant, src, _new_config({}), as_json, timeout=timeout, job=SYNC_JOB))
+
+
 DEMO_OPTIONS = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "deals": 500, "activities": 900, "notes": 700},
                 "malformed": {"contacts": [13, 77]}, "dangling": {"notes": [5, 9]}}
 
@@ -422,11 +493,20 @@ def _pipedrive_ready() -> bool:
 @main.command()
 @click.option("--scale", default="small", show_default=True, help="sandbox scale (pipedrive demo)")
 @click.option("--in-process", is_flag=True, help="drain here without Dagster (the engine alone)")
-def demo(scale: str, in_process: bool) -> None:
+@click.option("--live", is_flag=True, help="a live sandbox account: migrate while it changes, stop the "
+                                           "changes, sync, verify from the source")
+@click.option("--live-rate", default=2.0, show_default=True, type=float, help="changes per second (with --live)")
+def demo(scale: str, in_process: bool, live: bool, live_rate: float) -> None:
     """One tenant migrated end to end through Dagster on the embedded database: a sandbox Pipedrive
-    account when the provider is available, else the in-memory example source."""
+    account when the provider is available, else the in-memory example source. With --live the
+    account changes while the run walks; then the changes stop, a sync brings them over and
+    verify proves the tenant from the source (exit 0 when it passes)."""
     tenant = f"demo-{os.getpid()}"
     console.print(f"database: {dbmod.redact(dbmod.database_url())}")
+    if live:
+        if in_process or not _pipedrive_ready():
+            _fail("--live needs the pipedrive provider and its sandbox through Dagster (not --in-process)")
+        sys.exit(live_demo(f"demo-live-{os.getpid()}", scale, live_rate))
     if in_process:
         with _db() as db:
             run = runs.start_run(db, provider_for("example"), tenant, options=DEMO_OPTIONS)
@@ -448,6 +528,55 @@ def demo(scale: str, in_process: bool) -> None:
         proc.terminate()
         proc.wait(10)
     sys.exit(code)
+
+
+def _sandbox_call(base_url: str, method: str, path: str) -> dict:
+    import httpx
+
+    response = httpx.request(method, base_url + path, timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token") -> int:
+    """The issue's cutover, end to end: a live sandbox account changing `rate` times a second while
+    the tenant's partition is migrated through Dagster; the changes stop; the sync job brings them
+    over; verify proves the tenant from the source. Prints the full run's and the sync's cost
+    (requests and tokens, as the sandbox counted them) and the verify verdict; 0 when it passes."""
+    from pipedrive_sandbox.config import SandboxConfig
+    from pipedrive_sandbox.server import start_subprocess
+
+    from migration_pipeline.jobs import SYNC_JOB
+
+    try:
+        config = SandboxConfig.from_options(scale=scale, seed=1, token=token, live_rate=rate)
+    except (TypeError, ValueError) as e:
+        _fail(f"--live-rate: {e}")
+    proc, base_url = start_subprocess(config)
+    env = {"PIPEDRIVE_BASE_URL": base_url, "PIPEDRIVE_API_TOKEN": token}
+    console.print(f"source: live pipedrive sandbox ({scale}, {rate:g} changes/s) at {base_url}")
+    try:
+        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env)
+        full = _sandbox_call(base_url, "GET", "/_sandbox/stats")
+        _sandbox_call(base_url, "POST", "/_sandbox/live/stop")
+        changes = _sandbox_call(base_url, "GET", "/_sandbox/live")
+        console.print(f"the account changed {changes.get('applied', '?')} times during the run; changes stopped")
+        if code != 0:
+            console.print("[red]the migration did not succeed; not syncing[/red]")
+            return code
+        _sandbox_call(base_url, "POST", "/_sandbox/stats/reset")
+        console.print(f"syncing {tenant!r}: the changes since the run's snapshot")
+        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env, job=SYNC_JOB)
+        synced = _sandbox_call(base_url, "GET", "/_sandbox/stats")
+        with _db() as db:
+            result = run_verify(db, tenant, "pipedrive")
+        console.print(f"full run (while changing): {full['requests_total']} requests, {full['tokens_total']} tokens; "
+                      f"sync: {synced['requests_total']} requests, {synced['tokens_total']} tokens")
+        print_verify(result)
+        return 0 if code == 0 and result.passed else 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def _new_config(options: dict) -> dict:
@@ -544,14 +673,29 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 @click.option("--token", default="sandbox-token", show_default=True)
 @click.option("--latency", default="none", show_default=True)
 @click.option("--faults", default="", show_default=True)
-def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str) -> None:
-    """Serve a sandbox Pipedrive account in the foreground."""
+@click.option("--live", "live_rate", default=None, type=float, metavar="RATE",
+              help="a live account: RATE changes per second (create, update, delete, archive, merge, mail)")
+@click.option("--live-max", default=None, type=int, metavar="N", help="with --live: stop after N changes")
+def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str, live_rate: float | None,
+            live_max: int | None) -> None:
+    """Serve a sandbox Pipedrive account in the foreground (with --live, one that changes as it serves)."""
     from pipedrive_sandbox.config import SandboxConfig
     from pipedrive_sandbox.server import serve
 
+    live: dict[str, Any] = {}
+    if live_rate is not None:
+        if live_rate <= 0:
+            _fail(f"--live must be a rate above 0 changes per second, got {live_rate:g}")
+        live["live_rate"] = live_rate
+    if live_max is not None:
+        if live_rate is None:
+            _fail("--live-max needs --live RATE")
+        if live_max < 0:
+            _fail(f"--live-max must be at least 0, got {live_max}")
+        live["live_max"] = live_max
     try:
-        config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults)
-    except ValueError as e:
+        config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults, **live)
+    except (TypeError, ValueError) as e:
         _fail(e)
     from migration_pipeline import stack
 
