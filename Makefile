@@ -21,6 +21,12 @@ test-engine: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/migrate demo
 
+# Issue 9's cutover on a live sandbox account: migrate while it changes, stop the changes, sync,
+# and print the verify result from the source (with the full run's and the sync's cost).
+.PHONY: demo-live
+demo-live: $(STAMP)
+	$(VENV)/bin/migrate demo --live
+
 # The Dagster UI on the embedded database, with a sandbox Pipedrive account as the source.
 ui: $(STAMP)
 	$(VENV)/bin/migrate ui --sandbox
