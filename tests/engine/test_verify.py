@@ -1,0 +1,143 @@
+"""verify (issue 9, "a proof from the source"): the source's ids per kind against the ledger and the
+product's rows.
+
+* The rules, pure: a skipped/failed placeholder is accounted for (not missing); a row marked deleted
+  that the source lists again is missing; a live claim gone at the source is extra; two product
+  rows for one source row are duplicated; a ledger version other than the source's is stale, a
+  ledger row without a version is not compared.
+* On a tiny sandbox account migrated for real: a clean tenant passes with zero differences and its
+  cost is exactly what the sandbox charged (requests and tokens); then each difference is made -
+  a product row deleted (missing), a row deleted at the source and not marked (extra, through the
+  live sandbox), a product row duplicated (duplicated), a row changed at the source (stale, through
+  the live sandbox) - and verify names each one.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from engine_core.errors import ConfigError, RunNotFound
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.verify import compare, listing_kinds, verify
+from tests.pipedrive.support import FAST, IDENTITY, LEDGER_KIND, UNLIMITED, migrate, sandbox
+
+TOKEN = "sandbox-tok-7f3a9c1e55b2d840"
+NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+
+def _entry(action: str = "created", version: str | None = "v1", deleted: datetime | None = None, record_id: int = 1,
+           record_type: str = "crm.notes") -> dict:
+    return {"action": action, "record_type": record_type, "record_id": record_id, "version": version, "deleted": deleted}
+
+
+def test_the_rules_of_each_difference():
+    at_source = {"1": "v1", "2": "v2", "3": "v1", "4": "v1", "5": None, "6": "v1"}
+    ledger = {
+        "1": _entry(record_id=11),                        # here, same version: fine
+        "2": _entry(record_id=12),                        # the source has v2: stale
+        "3": _entry("skipped", version=None, record_id=0),  # a placeholder with its reason: unwritten
+        "4": _entry(record_id=14, deleted=NOW),           # marked deleted, listed again: missing
+        "5": _entry(record_id=15),                        # the listing has no version: not compared
+        "6": _entry(record_id=16, version=None),          # written before versions: not compared
+        "7": _entry(record_id=17),                        # gone at the source, not marked: extra
+        "8": _entry(record_id=18, deleted=NOW),           # gone and marked: fine
+        "9": _entry("matched", record_id=500),            # a live matched claim gone at the source: extra
+    }
+    product = {"1": [True], "2": [True], "4": [False], "5": [True], "6": [True, True], "7": [True], "8": [False]}
+    result = compare("notes", ["notes"], at_source, ledger, product, {"crm.notes": {11, 12, 15, 16, 17}})
+    assert result.missing == ["4"]
+    assert result.stale == ["2"]
+    assert result.duplicated == ["6"]
+    assert result.extra == ["7", "9"]
+    assert (result.source, result.unwritten, result.deleted_marked, result.unversioned) == (6, 1, 2, 1)
+    assert result.product == 5  # 1, 2, 5, 6, 7 have a live product row
+
+
+def test_a_matched_row_lives_through_its_record_not_a_source_id():
+    # a contact the product already had carries no source id: its claim's record proves it
+    result = compare("persons", ["persons"], {"42": "v"}, {"42": _entry("matched", "v", record_id=7,
+                                                                        record_type="crm.contacts")},
+                     {}, {"crm.contacts": {7}})
+    assert result.differences == 0 and result.product == 1
+    gone = compare("persons", ["persons"], {"42": "v"}, {"42": _entry("matched", "v", record_id=7,
+                                                                      record_type="crm.contacts")}, {}, {})
+    assert gone.missing == ["42"]
+
+
+def test_kinds_fold_into_ledger_identities_and_unknown_kinds_are_one_line():
+    provider = PipedriveProvider(base_url="http://127.0.0.1:1", token="t")
+    kinds = listing_kinds(provider, ["deals", "notes"])
+    assert kinds == {"deals": ["deals", "deals_archived"], "notes": ["notes"]}
+    assert listing_kinds(provider, ["leads_archived"]) == {"leads": ["leads", "leads_archived"]}
+    with pytest.raises(ConfigError, match="kinds: contacts not in the pipedrive plan"):
+        listing_kinds(provider, ["contacts"])
+
+
+def test_an_unknown_tenant_is_one_line(db):
+    with pytest.raises(RunNotFound, match="tenant 'nobody' has no migration run"):
+        verify(db, PipedriveProvider(base_url="http://127.0.0.1:1", token="t"), "nobody", FAST)
+
+
+def _ledger_kind(truth_kind: str) -> str:
+    kind = LEDGER_KIND.get(truth_kind, truth_kind)
+    return IDENTITY.get(kind, kind)
+
+
+def _by_kind(result) -> dict:
+    return {k.kind: k for k in result.kinds}
+
+
+def _one_change(sb, op: str) -> dict:
+    sb.configure(live_mix=f"{op}:1")
+    changes = [c for c in sb.live_step(1) if c["op"] == op]
+    assert len(changes) == 1, changes
+    return changes[0]
+
+
+def test_a_clean_tenant_passes_then_each_difference_is_named(db):
+    with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
+        run = migrate(db, sb, "acme")
+        assert run.status == "succeeded"
+        provider = PipedriveProvider(base_url=sb.base_url, token=TOKEN)
+        sb.reset_stats()
+        clean = verify(db, provider, "acme", FAST)
+        charged = sb.stats()
+        assert clean.passed, "\n".join(clean.lines())
+        assert clean.differences == 0
+        assert all(k.checked for k in clean.kinds)
+        assert {"persons", "deals", "leads", "notes", "emails"} <= set(_by_kind(clean))
+        # the cost beside the result is what the source charged for the listings
+        assert (clean.requests, clean.tokens) == (charged["requests_total"], charged["tokens_total"])
+        assert clean.tokens > 0
+        assert "tokens" in clean.lines()[-1] and "PASSED" in clean.lines()[-1]
+
+        # missing: a product row deleted behind the ledger's back
+        gone = db.sql("SELECT r.source_id, r.record_id FROM migration_records r WHERE r.tenant_id = 'acme'"
+                      " AND r.kind = 'activities' AND r.action = 'created' ORDER BY r.record_id LIMIT 1")[0]
+        db.sql("DELETE FROM crm.activities WHERE id = %(id)s RETURNING id", {"id": gone["record_id"]})
+        # duplicated: a second product row for one source row
+        twin = db.sql("INSERT INTO crm.notes (tenant_id, content, source, source_id)"
+                      " SELECT tenant_id, content, source, source_id FROM crm.notes WHERE tenant_id = 'acme'"
+                      " AND source_id IS NOT NULL ORDER BY id LIMIT 1 RETURNING source_id")[0]["source_id"]
+        # extra: a row deleted at the source, not marked; stale: a row changed at the source
+        deleted = _one_change(sb, "delete")
+        updated = _one_change(sb, "update")
+        found = verify(db, provider, "acme", FAST)
+
+    kinds = _by_kind(found)
+    assert not found.passed
+    assert kinds["activities"].missing == [gone["source_id"]]
+    assert kinds["notes"].duplicated == [twin]
+    assert str(deleted["id"]).lower() in kinds[_ledger_kind(deleted["kind"])].extra
+    assert str(updated["id"]).lower() in kinds[_ledger_kind(updated["kind"])].stale
+    named = {(k.kind, d, sid) for k in found.kinds for d in ("missing", "extra", "duplicated", "stale")
+             for sid in getattr(k, d)}
+    made = {("activities", "missing", gone["source_id"]), ("notes", "duplicated", twin),
+            (_ledger_kind(deleted["kind"]), "extra", str(deleted["id"]).lower()),
+            (_ledger_kind(updated["kind"]), "stale", str(updated["id"]).lower())}
+    assert made <= named
+    # nothing else, but what a delete takes with it at the source (a deleted deal's mail)
+    assert {n for n in named - made if n[0] != "emails"} == set(), named - made
+    text = "\n".join(found.lines())
+    assert "missing 1: " + gone["source_id"] in text and "FAILED" in text
