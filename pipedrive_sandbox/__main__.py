@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--archive-flip", default="0", help="N active deals and leads move to the archived list once served")
     shapes.add_argument("--hostile-mail", action="store_true", help="four extra messages: huge, NUL, lone surrogate, invalid UTF-8")
     shapes.add_argument("--private-mail", default="0", help="N messages whose body fetch answers 403 (even id) / 404 (odd id)")
+    live = p.add_argument_group("live account (issue 9; off by default)")
+    live.add_argument("--live", dest="live_rate", default="0", metavar="RATE", help="changes per second to the account while it serves (0 = off)")
+    live.add_argument("--live-max", default="0", metavar="N", help="stop the changes after N in all (0 = no cap)")
+    live.add_argument("--live-mix", default="", metavar="MIX", help="op weights, e.g. create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2")
     return p
 
 
@@ -54,6 +58,9 @@ def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
         archive_flip=ns.archive_flip,
         hostile_mail=ns.hostile_mail,
         private_mail=ns.private_mail,
+        live_rate=ns.live_rate,
+        live_max=ns.live_max,
+        live_mix=ns.live_mix,
     )
 
 

@@ -17,6 +17,7 @@ import itertools
 import json
 import logging
 import re
+import threading
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .data import Dataset, dataset_for, parse_time, rfc3339
 from .faults import FaultPlan, request_key
 from .fields import ENTITY_OF_V1_FIELDS, ENTITY_OF_V2_FIELDS, v1_entity_fields, v1_lead_fields, v1_note_fields, v2_fields
 from .limits import RateLimiter
+from .live import LIVE_TRUTH_KINDS, Live
 from .shapes import FLIP_KINDS, INVALID_UTF8_BYTES, INVALID_UTF8_MARK_BYTES, SHAPE_TRUTH_KINDS, Shapes
 
 log = logging.getLogger("pipedrive_sandbox")
@@ -296,6 +298,11 @@ class SandboxState:
         self.stats = Stats()
         self.shapes = Shapes(self.dataset, config)
         self.summary_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Live account (issue 9): changes run under this lock, which handlers hold while they answer.
+        self.lock = threading.RLock()
+        self.live = Live(self.dataset, lambda: self.shapes, lambda: self.config, self.lock)
+        if config.live_rate > 0:
+            self.live.start()
 
     @property
     def badrow(self) -> float:
@@ -313,7 +320,10 @@ class SandboxState:
         if any(getattr(new, name) != getattr(self.config, name) for name in SandboxConfig.SHAPES):
             self.shapes = Shapes(self.dataset, new)  # a fresh shape state: archive flips start over
             self.summary_cache.clear()
+        old = self.config
         self.config = new
+        if new.live_rate != old.live_rate or (new.live_rate > 0 and not self.live.running and new.live_max != old.live_max):
+            self.live.start()  # a new rate (or cap) starts the background changes over from now; 0 stops them
         return new
 
 
@@ -406,6 +416,10 @@ class SandboxApp:
             Route("/_sandbox/stats/reset", self.reset_stats, methods=["POST"]),
             Route("/_sandbox/truth", self.get_truth, methods=["GET"]),
             Route("/_sandbox/config", self.config_endpoint, methods=["GET", "POST"]),
+            Route("/_sandbox/live", self.live_status, methods=["GET"]),
+            Route("/_sandbox/live/step", self.live_step, methods=["POST"]),
+            Route("/_sandbox/live/stop", self.live_stop, methods=["POST"]),
+            Route("/_sandbox/changes", self.live_changes, methods=["GET"]),
             Route("/{path:path}", self.api, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"]),
         ]
         self.starlette = Starlette(routes=routes)
@@ -431,15 +445,64 @@ class SandboxApp:
 
     async def get_truth(self, request: Request) -> Response:
         kind = request.query_params.get("kind") or None
+        rows = request.query_params.get("rows") in ("1", "true", "yes")
+        if rows and kind not in Dataset.TRUTH_KINDS:
+            return json_response(400, envelope_error(400, f"rows=1 needs kind= one of: {', '.join(Dataset.TRUTH_KINDS)} (got {kind!r})"))
+        with self.state.lock:
+            try:
+                if kind in SHAPE_TRUTH_KINDS or kind in LIVE_TRUTH_KINDS:
+                    body = {"scale": self.ds.scale, "seed": self.ds.seed}
+                else:
+                    body = self.ds.truth(self.state.badrow, kind)
+            except KeyError:
+                valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts", *SHAPE_TRUTH_KINDS, *LIVE_TRUTH_KINDS]
+                return json_response(400, envelope_error(400, f"unknown truth kind {kind!r}; one of: {', '.join(valid)}"))
+            body = self.state.shapes.extend_truth(body, kind)
+            body = self.state.live.extend_truth(body, kind)
+            if rows:
+                assert kind is not None
+                body["rows"] = {str(ident): self._truth_row(kind, ident) for ident in body["ids"][kind]}
+        return json_response(200, body)
+
+    def _truth_row(self, name: str, ident: Any) -> dict[str, Any]:
+        """A row of a truth kind exactly as the API serves it now (mail: the message without body)."""
+        kind = name.removesuffix("_archived")
+        if kind == "mail_messages":
+            item = self._mail_item(int(ident))
+            return item["data"]
+        index = self.state.live.index_of(kind, ident)
+        assert index is not None
+        return self._record(kind, index)
+
+    async def live_status(self, request: Request) -> Response:
+        with self.state.lock:
+            return json_response(200, self.state.live.status())
+
+    async def live_step(self, request: Request) -> Response:
         try:
-            if kind in SHAPE_TRUTH_KINDS:
-                body = {"scale": self.ds.scale, "seed": self.ds.seed}
-            else:
-                body = self.ds.truth(self.state.badrow, kind)
-        except KeyError:
-            valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts", *SHAPE_TRUTH_KINDS]
-            return json_response(400, envelope_error(400, f"unknown truth kind {kind!r}; one of: {', '.join(valid)}"))
-        return json_response(200, self.state.shapes.extend_truth(body, kind))
+            body = json.loads(await request.body() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("the body must be a JSON object like {\"n\": 10}")
+            changes = self.state.live.step(body.get("n", 1))
+        except ValueError as exc:
+            return json_response(400, envelope_error(400, str(exc)))
+        return json_response(200, {"changes": changes, "applied": self.state.live.applied})
+
+    async def live_stop(self, request: Request) -> Response:
+        self.state.live.stop()
+        with self.state.lock:
+            return json_response(200, self.state.live.status())
+
+    async def live_changes(self, request: Request) -> Response:
+        raw = request.query_params.get("since_seq") or "0"
+        try:
+            since = int(raw)
+            if since < 0:
+                raise ValueError
+        except ValueError:
+            return json_response(400, envelope_error(400, f"invalid since_seq {raw!r}: an integer >= 0 is required"))
+        with self.state.lock:
+            return json_response(200, {"changes": self.state.live.changes(since), "applied": self.state.live.applied})
 
     async def config_endpoint(self, request: Request) -> Response:
         if request.method == "POST":
@@ -539,14 +602,15 @@ class SandboxApp:
             if fault.kind == "slow":
                 await asyncio.sleep(state.config.slow_seconds)
             q = Query(request, state.config.page_limit_max)
-            try:
-                handler: Callable[..., Any] = getattr(self, endpoint.handler)
-                payload = handler(endpoint, params, q)
-                status = 200
-            except ApiError as exc:
-                status, payload = exc.status, envelope_error(exc.status, exc.message)
+            with state.lock:  # a live change lands between two answers, never inside one
+                try:
+                    handler: Callable[..., Any] = getattr(self, endpoint.handler)
+                    payload = handler(endpoint, params, q)
+                    status = 200
+                except ApiError as exc:
+                    status, payload = exc.status, envelope_error(exc.status, exc.message)
+                body = dumps(payload)
             state.stats.status(template, status)
-            body = dumps(payload)
             if status == 200:
                 if endpoint.listing:
                     state.stats.listings[_listing_key(path, request.query_params.multi_items())] += 1
@@ -624,15 +688,15 @@ class SandboxApp:
                 checks.append((fname, ftype, value))
         if not checks:
             return None
-        ds = self.ds
+        live = self.state.live
 
         def pred(rec: dict[str, Any]) -> bool:
             for fname, ftype, value in checks:
                 if fname == "@deal_person":
-                    d = ds.index_of("deals", value)
+                    d = live.index_of("deals", value)
                     if d is None:
                         return False
-                    if ds.record("deals", d).get("person_id") != rec.get("id"):
+                    if live.record("deals", d).get("person_id") != rec.get("id"):
                         return False
                     continue
                 got = rec.get(fname)
@@ -646,8 +710,8 @@ class SandboxApp:
         return pred
 
     def _record(self, kind: str, index: int) -> dict[str, Any]:
-        """The record as served now: generated, malformed when drawn, then shaped."""
-        return self.state.shapes.apply(kind, index, self.ds.record(kind, index, self.state.badrow))
+        """The record as served now: generated, malformed when drawn, shaped, then changed (live)."""
+        return self.state.live.record(kind, index, self.state.badrow)
 
     def _shaped_order(
         self, kind: str, subset: str, since: int | None, until: int | None, sort_by: str, desc: bool, universe: Iterable[int] | None = None
@@ -657,10 +721,10 @@ class SandboxApp:
         The generator's shortcuts (times grow with the index, archived rows in fixed arrays) do not
         hold for rows with a null or moved update time, so such kinds are materialised: time filters
         never match a null time; `update_time` sorts put nulls last ascending, first descending."""
-        shapes = self.state.shapes
+        shapes = self.state.live  # the shapes, and the live changes over them
         filtered = since is not None or until is not None
         rows: list[tuple[tuple[Any, ...], int]] = []
-        for i in universe if universe is not None else range(self.ds.count(kind)):
+        for i in universe if universe is not None else shapes.universe(kind):
             if subset != "all" and shapes.is_archived(kind, i) != (subset == "archived"):
                 continue
             t = shapes.update_ts(kind, i)
@@ -672,7 +736,7 @@ class SandboxApp:
         return rows
 
     def _cursor_key(self, kind: str, cursor: dict[str, Any], sort_by: str) -> tuple[Any, ...]:
-        index = self.ds.index_of(kind, cursor.get("id"))
+        index = self.state.live.cursor_index(kind, cursor.get("id"))  # the row may be gone since
         if index is None:
             raise ApiError(400, "Invalid cursor")
         if sort_by != "update_time":
@@ -723,14 +787,14 @@ class SandboxApp:
                 raise ApiError(400, "Parameter 'ids' must be a comma separated list of integers") from None
             if len(wanted) > 100:
                 raise ApiError(400, "Parameter 'ids' accepts at most 100 ids")
-            wanted_idxs = sorted({i for i in (ds.index_of(kind, w) for w in wanted) if i is not None})
+            wanted_idxs = sorted({i for i in (self.state.live.index_of(kind, w) for w in wanted) if i is not None})
 
         if shapes.empty_pages and q.get("cursor") is None:
             # A first page that is empty yet says there is more (issue 8, item 3).
             start = encode_cursor({"field": sort_by, "fieldValue": None, "sortDirection": direction, "id": None, "start": True})
             return {"success": True, "data": [], "additional_data": {"next_cursor": start}}
 
-        shaped = shapes.touches(kind) and sort_by in MONOTONIC_SORTS
+        shaped = self.state.live.touches(kind) and sort_by in MONOTONIC_SORTS
         if shaped:
             ordered = self._shaped_order(kind, spec.subset, since, until, sort_by, desc, wanted_idxs)
             if cursor is not None:
@@ -781,7 +845,7 @@ class SandboxApp:
         if kind == "deals" and "email_messages_count" in included:
             # The one include_fields value a full export needs: which deals have mail to list.
             data = [
-                {**row, "email_messages_count": len(shapes.deal_message_ids(i))} if isinstance(row, dict) else row
+                {**row, "email_messages_count": len(self.state.live.deal_message_ids(i))} if isinstance(row, dict) else row
                 for (i, _), row in zip(page, data)
             ]  # copies: records may be shared with the generator's cache
         if spec.subset == "active" and kind in FLIP_KINDS:
@@ -792,10 +856,10 @@ class SandboxApp:
         if sort_by == "id":
             return self.ds.ident(kind, index)
         if sort_by == "update_time":
-            t = self.state.shapes.update_ts(kind, index)
+            t = self.state.live.update_ts(kind, index)
             return rfc3339(t) if t is not None else None
         if sort_by == "add_time":
-            return rfc3339(self.ds.add_ts(kind, index))
+            return self.state.live.add_ts_text(kind, index)
         return rec.get(sort_by)
 
     def v2_single(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
@@ -804,7 +868,7 @@ class SandboxApp:
             ident = int(params["id"])
         except ValueError:
             raise ApiError(400, "Parameter 'id' must be an integer") from None
-        index = self.ds.index_of(kind, ident)
+        index = self.state.live.index_of(kind, ident)
         if index is None:
             raise ApiError(404, f"{SINGULAR[kind]} not found")
         rec = self._record(kind, index)
@@ -892,7 +956,7 @@ class SandboxApp:
             raise ApiError(400, "Parameter 'sort' must be 'field ASC' or 'field DESC'")
         if field_name not in allowed:
             raise ApiError(400, f"Parameter 'sort' supports: {', '.join(allowed)}")
-        if field_name == "update_time" and kind and self.state.shapes.touches(kind):
+        if field_name == "update_time" and kind and self.state.live.touches(kind):
             return (field_name, desc), False  # null or moved times do not follow the index
         if field_name in monotonic:
             return None, desc
@@ -919,7 +983,7 @@ class SandboxApp:
         pred = self._filter_pred(spec, q)
         subset = "archived" if archived else "active"
         shapes = self.state.shapes
-        if shapes.touches("leads"):
+        if self.state.live.touches("leads"):
             candidates: Iterable[int] = [i for _, i in self._shaped_order("leads", subset, since, None, "id", desc)]
         else:
             candidates = self._candidates("leads", subset, lo, hi, desc)
@@ -967,7 +1031,7 @@ class SandboxApp:
                     return False
                 return _base is None or _base(rec)
 
-        if self.state.shapes.touches("notes"):
+        if self.state.live.touches("notes"):
             candidates: Iterable[int] = [i for _, i in self._shaped_order("notes", "all", since, None, "id", desc)]
         else:
             candidates = self._candidates("notes", "all", lo, hi, desc)
@@ -990,7 +1054,7 @@ class SandboxApp:
                 ident = int(ident)
             except ValueError:
                 raise ApiError(400, "Parameter 'id' must be an integer") from None
-        index = self.ds.index_of(kind, ident)
+        index = self.state.live.index_of(kind, ident)
         if index is None:
             raise ApiError(404, f"{SINGULAR[kind]} not found" if kind != "leads" else "requested lead not found")
         return {"success": True, "data": self._record(kind, index)}
@@ -1020,17 +1084,18 @@ class SandboxApp:
             raise ApiError(400, "Parameter 'status' must be one of: open, won, lost")
         user_id, pipeline_id, stage_id = q.int("user_id"), q.int("pipeline_id"), q.int("stage_id")
         shapes = self.state.shapes
-        key = (archived, status, user_id, pipeline_id, stage_id, tuple(sorted(shapes.flipped["deals"])))
+        live = self.state.live
+        key = (archived, status, user_id, pipeline_id, stage_id, tuple(sorted(shapes.flipped["deals"])), live.version)
         cached = self.state.summary_cache.get(key)
         if cached is not None:
             return {"success": True, "data": cached}
         ds = self.ds
         stage_probability = {ds.record("stages", s)["id"]: ds.record("stages", s)["deal_probability"] for s in range(ds.count("stages"))}
         totals: dict[str, list[float]] = {}  # currency -> [value, count, weighted]
-        for i in range(ds.count("deals")):
-            if shapes.is_archived("deals", i) != archived:
+        for i in live.universe("deals"):
+            if live.is_archived("deals", i) != archived:
                 continue
-            rec = ds.record("deals", i)  # never the malformed copy: the source's own count
+            rec = live.record("deals", i)  # never the malformed copy: the source's own count
             if status is not None and rec["status"] != status:
                 continue
             if user_id is not None and rec["owner_id"] != user_id:
@@ -1050,6 +1115,8 @@ class SandboxApp:
     def _mail_item(self, mid: int) -> dict[str, Any]:
         if self.state.shapes.hostile_of(mid) is not None:
             return self.state.shapes.hostile_list_item(mid)
+        if mid in self.state.live.mail:
+            return self.state.live.mail_list_item(mid)
         return self.ds.mail_list_item(mid, self.state.badrow)
 
     def v1_deal_mail(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
@@ -1057,10 +1124,10 @@ class SandboxApp:
             deal_id = int(params["id"])
         except ValueError:
             raise ApiError(400, "Parameter 'id' must be an integer") from None
-        d = self.ds.index_of("deals", deal_id)
+        d = self.state.live.index_of("deals", deal_id)
         if d is None:
             raise ApiError(404, "Deal not found")
-        ids = self.state.shapes.deal_message_ids(d)
+        ids = self.state.live.deal_message_ids(d)
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()
         size = self.state.shapes.cap(limit)
@@ -1077,7 +1144,12 @@ class SandboxApp:
         shapes = self.state.shapes
         include_body = q.get("include_body") in ("1", "true")
         index = self.ds.index_of("mail_messages", mid)
-        if index is None:
+        live_data = self.state.live.mail_data(mid) if index is None else None
+        if live_data is not None:  # a message a live change added
+            data = live_data
+            if include_body:
+                data["body"] = self.state.live.mail_body(mid)
+        elif index is None:
             if shapes.hostile_of(mid) is None:
                 raise ApiError(404, "Mail message not found")
             data = shapes.hostile_record(mid)

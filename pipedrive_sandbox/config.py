@@ -23,6 +23,9 @@ SCALES: tuple[str, ...] = ("tiny", "small", "seed-customer")
 REQUEST_FAULT_KINDS: tuple[str, ...] = ("500", "502", "503", "slow", "drop", "badjson")
 FAULT_KINDS: tuple[str, ...] = REQUEST_FAULT_KINDS + ("badrow",)
 LATENCY_PROFILES: tuple[str, ...] = ("none", "realistic")
+# Live account (issue 9): the change operations and their default weights.
+LIVE_OPS: tuple[str, ...] = ("create", "update", "delete", "archive", "unarchive", "merge", "mail")
+DEFAULT_LIVE_MIX = "create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2"
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,39 @@ def parse_faults(value: str | FaultSpec | None) -> FaultSpec:
     return FaultSpec(tuple((k, rates[k]) for k in FAULT_KINDS if k in rates))
 
 
+def parse_live_mix(value: str | None) -> tuple[tuple[str, float], ...]:
+    """Parse the live mode's op weights, a comma list of ``op:weight`` (``""`` = DEFAULT_LIVE_MIX).
+
+    Ops: create, update, delete, archive, unarchive, merge, mail; weights are finite numbers >= 0
+    summing to > 0. Returns (op, weight) pairs in LIVE_OPS order (missing ops weigh 0).
+    Raises ValueError naming the option and the bad part.
+    """
+    text = (value or "").strip() or DEFAULT_LIVE_MIX
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        op, sep, weight_text = part.partition(":")
+        op = op.strip().lower()
+        if op not in LIVE_OPS:
+            raise ValueError(f"invalid live_mix {value!r}: unknown op {op!r} (ops: {', '.join(LIVE_OPS)})")
+        if not sep:
+            raise ValueError(f"invalid live_mix {value!r}: {part!r} must be 'op:weight', e.g. '{op}:1'")
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            raise ValueError(f"invalid live_mix {value!r}: weight {weight_text!r} of {op!r} is not a number") from None
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"invalid live_mix {value!r}: weight of {op!r} must be a finite number >= 0")
+        if op in weights:
+            raise ValueError(f"invalid live_mix {value!r}: op {op!r} given twice")
+        weights[op] = weight
+    if sum(weights.values()) <= 0:
+        raise ValueError(f"invalid live_mix {value!r}: the weights must sum to > 0")
+    return tuple((op, weights.get(op, 0.0)) for op in LIVE_OPS)
+
+
 def _int_option(name: str, value: Any, *, minimum: int | None = None, allow_none: bool = False) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "unlimited")):
         if allow_none:
@@ -165,6 +201,21 @@ def _float_option(name: str, value: Any, *, minimum_exclusive: float | None = No
     return number
 
 
+def _live_rate(value: Any) -> float:
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "off", "none")):
+        return 0.0
+    number = _float_option("live_rate", value)
+    if number < 0:
+        raise ValueError(f"invalid live_rate {value!r}: must be >= 0 (changes per second, 0 = off)")
+    return number
+
+
+def _live_mix_text(value: Any) -> str:
+    text = "" if value is None else str(value).strip()
+    parse_live_mix(text)
+    return text
+
+
 @dataclass(frozen=True)
 class SandboxConfig:
     """Everything that shapes one sandbox: data (scale, seed), auth, limits, latency and faults."""
@@ -188,6 +239,10 @@ class SandboxConfig:
     archive_flip: int = 0
     hostile_mail: bool = False
     private_mail: int = 0
+    # Live account (issue 9): off by default; README "Live account" says what changes and how.
+    live_rate: float = 0.0
+    live_max: int = 0
+    live_mix: str = ""
     latency_spec: LatencySpec = field(init=False, repr=False, compare=False)
     fault_spec: FaultSpec = field(init=False, repr=False, compare=False)
 
@@ -219,6 +274,15 @@ class SandboxConfig:
         for name in ("empty_pages", "hostile_mail"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"invalid {name} {getattr(self, name)!r}: true or false is required")
+        if isinstance(self.live_rate, bool) or not isinstance(self.live_rate, (int, float)) or not math.isfinite(self.live_rate) or self.live_rate < 0:
+            raise ValueError(f"invalid live_rate {self.live_rate!r}: a finite number >= 0 is required (changes per second, 0 = off)")
+        if not isinstance(self.live_max, int) or isinstance(self.live_max, bool) or self.live_max < 0:
+            raise ValueError(f"invalid live_max {self.live_max!r}: an integer >= 0 is required (0 = no cap)")
+        if not isinstance(self.live_mix, str):
+            raise ValueError(f"invalid live_mix {self.live_mix!r}: a string 'op:weight,...' is required")
+        parse_live_mix(self.live_mix)
+        object.__setattr__(self, "live_rate", float(self.live_rate))
+        object.__setattr__(self, "live_mix", self.live_mix.strip())
         object.__setattr__(self, "latency_spec", parse_latency(self.latency))
         object.__setattr__(self, "fault_spec", parse_faults(self.faults))
         # Normalised text forms, so equal configs compare equal.
@@ -246,6 +310,9 @@ class SandboxConfig:
         archive_flip: int | str = 0,
         hostile_mail: bool | str = False,
         private_mail: int | str = 0,
+        live_rate: float | str = 0.0,
+        live_max: int | str = 0,
+        live_mix: str | None = "",
     ) -> "SandboxConfig":
         """Build a config from (possibly string) options; ValueError names any bad option and value."""
         scale_text = str(scale).strip().lower()
@@ -273,6 +340,9 @@ class SandboxConfig:
             archive_flip=_int_option("archive_flip", archive_flip, minimum=0),  # type: ignore[arg-type]
             hostile_mail=_bool_option("hostile_mail", hostile_mail),
             private_mail=_int_option("private_mail", private_mail, minimum=0),  # type: ignore[arg-type]
+            live_rate=_live_rate(live_rate),
+            live_max=_int_option("live_max", live_max, minimum=0),  # type: ignore[arg-type]
+            live_mix=_live_mix_text(live_mix),
         )
 
     RUNTIME_CHANGEABLE: ClassVar[tuple[str, ...]] = (
@@ -292,7 +362,12 @@ class SandboxConfig:
         "archive_flip",
         "hostile_mail",
         "private_mail",
+        # Live account: a new rate restarts the background changes from now (0 stops them).
+        "live_rate",
+        "live_max",
+        "live_mix",
     )
+    LIVE: ClassVar[tuple[str, ...]] = ("live_rate", "live_max", "live_mix")
     SHAPES: ClassVar[tuple[str, ...]] = ("page_cap", "empty_pages", "null_update_time", "archive_flip", "hostile_mail", "private_mail")
 
     def with_changes(self, changes: Mapping[str, Any]) -> "SandboxConfig":
@@ -330,6 +405,13 @@ class SandboxConfig:
         for name in ("empty_pages", "hostile_mail"):
             if getattr(self, name):
                 args.append("--" + name.replace("_", "-"))
+        # Live mode only when on, likewise.
+        if self.live_rate:
+            args += ["--live", repr(self.live_rate)]
+        if self.live_max:
+            args += ["--live-max", str(self.live_max)]
+        if self.live_mix:
+            args += ["--live-mix", self.live_mix]
         return args
 
     def public_dict(self) -> dict[str, Any]:

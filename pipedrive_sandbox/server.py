@@ -1,7 +1,9 @@
 """Running the sandbox: in a background thread, in a subprocess, or blocking in the foreground.
 
 * `SandboxServer(config)` - a context manager serving on a free 127.0.0.1 port in a thread;
-  `base_url`, and httpx helpers `stats()`, `truth(kind=None)`, `reset_stats()`, `configure(**changes)`.
+  `base_url`, and httpx helpers `stats()`, `truth(kind=None)`, `truth_rows(kind)`, `reset_stats()`,
+  `configure(**changes)`, and for the live account `live_step(n)`, `live_stop()`, `live()`,
+  `changes(since_seq=0)`.
 * `start_subprocess(config, port=None)` - `python -m pipedrive_sandbox ...` in a child process;
   returns (Popen, base_url) once the server answers.
 * `serve(config, port, host="127.0.0.1")` - blocks; what `migrate sandbox` and `python -m
@@ -44,9 +46,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(config: SandboxConfig, host: str, port: int) -> uvicorn.Config:
+def _uvicorn_config(config: SandboxConfig, host: str, port: int, app: Any = None) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(config),
+        app if app is not None else create_app(config),
         host=host,
         port=port,
         access_log=False,
@@ -75,7 +77,8 @@ class SandboxServer:
         self._sock = _bind(host, port)
         self.port = self._sock.getsockname()[1]
         self.base_url = f"http://{host}:{self.port}"
-        self._server = _Server(_uvicorn_config(self.config, host, self.port))
+        self.app = create_app(self.config)
+        self._server = _Server(_uvicorn_config(self.config, host, self.port, self.app))
         self._thread: threading.Thread | None = None
         self._client: httpx.Client | None = None
 
@@ -96,6 +99,7 @@ class SandboxServer:
         return self
 
     def stop(self) -> None:
+        self.app.state.sandbox.live.stop()  # no background changes outlive the server
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -135,6 +139,38 @@ class SandboxServer:
 
     def reset_stats(self) -> None:
         self.client.post("/_sandbox/stats/reset").raise_for_status()
+
+    def truth_rows(self, kind: str) -> dict[str, Any]:
+        """`{id (as a string): row exactly as the API serves it now}` for a truth kind."""
+        r = self.client.get("/_sandbox/truth", params={"kind": kind, "rows": "1"})
+        r.raise_for_status()
+        return r.json()["rows"]
+
+    def live_step(self, n: int = 1) -> list[dict[str, Any]]:
+        """Apply n live changes now (synchronously); returns them (see live.py for their shape)."""
+        r = self.client.post("/_sandbox/live/step", json={"n": n})
+        if r.status_code == 400:
+            raise ValueError(r.json().get("error"))
+        r.raise_for_status()
+        return r.json()["changes"]
+
+    def live_stop(self) -> dict[str, Any]:
+        """Stop the background changes; returns the live status {applied, running, rate, max, mix}."""
+        r = self.client.post("/_sandbox/live/stop")
+        r.raise_for_status()
+        return r.json()
+
+    def live(self) -> dict[str, Any]:
+        """The live status: {"applied": n, "running": bool, "rate": r, "max": n, "mix": {op: weight}}."""
+        r = self.client.get("/_sandbox/live")
+        r.raise_for_status()
+        return r.json()
+
+    def changes(self, since_seq: int = 0) -> list[dict[str, Any]]:
+        """The changes applied after seq `since_seq`, oldest first."""
+        r = self.client.get("/_sandbox/changes", params={"since_seq": since_seq})
+        r.raise_for_status()
+        return r.json()["changes"]
 
     def configure(self, **changes: Any) -> dict[str, Any]:
         r = self.client.post("/_sandbox/config", json=changes)

@@ -1,0 +1,677 @@
+"""A live account (issue 9): the sandbox changes its account while it serves.
+
+The `Dataset` stays pure (shared between the servers of one process); every change lives here, per
+server, as an overlay keyed by the generator's row index, and `Live` answers for the account as it
+is now. The application reads rows, times, list memberships and ids through it (it wraps the
+`Shapes` of issue 8); with no change applied it answers exactly what the generator and the shapes
+say, so all off = the same bytes as before.
+
+Determinism: change n (1-based `seq`) draws from `random.Random(mix(seed, S_LIVE, n))` and picks its
+op (weighted by `live_mix`), kind and rows from the state the n-1 earlier changes left, so the same
+seed and the same n give the same changes and the same account; only the times (`at`,
+`update_time`, `add_time`) come from the server's clock: each change's time is max(now, last + 1 s),
+strictly after every update_time the account served before (so at rates above 1/s the times run
+ahead of the clock by the surplus).
+
+Ops (kinds; what a consumer sees):
+* create (organizations, persons, deals, leads, activities, notes): a row at the next index of its
+  kind - an id above all (gapped kinds skip the purged multiples of 21), a new uuid for leads -
+  built by the generator; add_time = update_time = the change's time; references to purged,
+  deleted or merged parents are re-pointed to the survivor or set to null.
+* update (same kinds): visible fields change (organizations name; persons name, first_name,
+  last_name; deals value, stage_id, stage_change_time, sometimes title; leads title, value;
+  activities subject, note; notes content) and update_time moves.
+* delete (same kinds; deals only those without mail): gone from every list, 404 on GET; children
+  keep the reference (listed in truth `deleted_refs`).
+* archive / unarchive (deals, leads): moves between the active and the archived lists;
+  `is_archived` (deals also `archive_time`) and update_time change.
+* merge (persons, organizations): the merged id answers 404 and leaves the lists; every row that
+  referenced it (persons' org_id, deals, leads, activities incl. participants, notes incl. their
+  embedded name) is re-pointed to the survivor with its update_time moved; the survivor's
+  update_time moves.
+* mail (deals): a new message (id above all, above the hostile_mail ids) listed under the deal's
+  mailMessages with a fetchable body; the deal's update_time moves, its email_messages_count grows.
+
+Concurrency: every change runs under the server's lock (`SandboxState.lock`), which the request
+handlers also hold while they build a response, so a change lands between two requests.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+from .config import LIVE_OPS, SandboxConfig, parse_live_mix
+from .data import (
+    CURRENCIES,
+    FIRST_NAMES,
+    LAST_NAMES,
+    ORG_SUFFIX,
+    ORG_WORDS_A,
+    ORG_WORDS_B,
+    PRODUCTS,
+    REF_FIELDS,
+    Dataset,
+    day,
+    id_to_index,
+    iso_ms,
+    mix,
+    rfc3339,
+)
+from .shapes import HOSTILE_VARIANTS, Shapes, _time_text
+
+LIVE_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "leads", "activities", "notes")
+# (kind, weight) per op: which kinds an op touches and how often.
+OP_KINDS: dict[str, tuple[tuple[str, float], ...]] = {
+    "create": (("persons", 3), ("organizations", 1), ("deals", 2), ("leads", 1), ("activities", 3), ("notes", 3)),
+    "update": (("persons", 3), ("organizations", 1), ("deals", 3), ("leads", 1), ("activities", 2), ("notes", 2)),
+    "delete": (("persons", 2), ("organizations", 1), ("deals", 1), ("leads", 1), ("activities", 2), ("notes", 2)),
+    "archive": (("deals", 2), ("leads", 1)),
+    "unarchive": (("deals", 2), ("leads", 1)),
+    "merge": (("persons", 2), ("organizations", 1)),
+    "mail": (("deals", 1),),
+}
+TIMED_FIELDS = ("add_time", "update_time")
+S_LIVE = 60  # hash stream of the live changes, independent of the data's and the shapes' streams
+MAX_STEP = 100_000
+
+
+def _weighted(rng: random.Random, pairs: Sequence[tuple[str, float]]) -> str:
+    total = sum(w for _, w in pairs)
+    x = rng.random() * total
+    for name, w in pairs:
+        if w <= 0:
+            continue
+        x -= w
+        if x < 0:
+            return name
+    return next(name for name, w in reversed(pairs) if w > 0)
+
+
+class Live:
+    """The live overlay of one server (see the module docstring).
+
+    `shapes` is a callable answering the server's current `Shapes` (rebuilt when shape options
+    change); `config` one answering its current `SandboxConfig` (rate, cap and mix are read at
+    each change); `lock` the server's lock (an RLock) - public methods that change the account take it.
+    """
+
+    def __init__(self, ds: Dataset, shapes: Callable[[], Shapes], config: Callable[[], SandboxConfig], lock: threading.RLock) -> None:
+        self.ds = ds
+        self._shapes = shapes
+        self._config = config
+        self.lock = lock
+        self.applied = 0  # changes applied so far (= the last seq)
+        self.version = 0  # bumps with every change (cache keys)
+        self.log: list[dict[str, Any]] = []
+        self.extra: dict[str, int] = {k: 0 for k in LIVE_KINDS}  # rows created per kind
+        self.gone: dict[str, set[int]] = {k: set() for k in LIVE_KINDS}  # deleted or merged
+        self.deleted: dict[str, list[int]] = {k: [] for k in LIVE_KINDS}
+        self.merged: dict[str, dict[int, int]] = {"persons": {}, "organizations": {}}  # old index -> survivor index
+        self.fields: dict[str, dict[int, dict[str, Any]]] = {k: {} for k in LIVE_KINDS}
+        self.ts: dict[str, dict[int, int]] = {k: {} for k in LIVE_KINDS}
+        self.archived: dict[str, dict[int, bool]] = {"deals": {}, "leads": {}}
+        self.mail: dict[int, tuple[int, dict[str, Any], str]] = {}  # message id -> (deal index, data, body)
+        self.mail_by_deal: dict[int, list[int]] = {}
+        self.lead_ids: dict[str, int] = {}  # uuid of a created lead -> index
+        self.first_mail_id = ds.message_total + len(HOSTILE_VARIANTS) + 1
+        self.last_ts = self._account_last_ts()
+        self._refs: dict[tuple[str, Any], set[tuple[str, int, str]]] | None = None
+        # Background changes.
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def shapes(self) -> Shapes:
+        return self._shapes()
+
+    @property
+    def changed(self) -> bool:
+        return self.applied > 0
+
+    # ------------------------------------------------------------------ the account as it is now
+    def touches(self, kind: str) -> bool:
+        """True when rows of `kind` may have times, memberships or ids the generator does not say."""
+        return self.shapes.touches(kind) or (self.changed and kind in LIVE_KINDS)
+
+    def size(self, kind: str) -> int:
+        """Index space of a kind: generated rows plus created ones."""
+        return self.ds.count(kind) + self.extra.get(kind, 0)
+
+    def exists(self, kind: str, index: int) -> bool:
+        if kind not in LIVE_KINDS:
+            return self.ds.exists(kind, index)
+        return 0 <= index < self.size(kind) and index not in self.gone[kind]
+
+    def universe(self, kind: str) -> Iterable[int]:
+        """Indexes of the rows of `kind` that exist now, in index (= id) order."""
+        if not self.changed or kind not in LIVE_KINDS:
+            return range(self.ds.count(kind))
+        gone = self.gone[kind]
+        return [i for i in range(self.size(kind)) if i not in gone] if gone else range(self.size(kind))
+
+    def ident(self, kind: str, index: int) -> Any:
+        return self.ds.ident(kind, index)
+
+    def cursor_index(self, kind: str, ident: Any) -> int | None:
+        """Index of an id, also when the row is gone since (a cursor resumes after it)."""
+        if not self.changed or kind not in LIVE_KINDS:
+            return self.ds.index_of(kind, ident)
+        if kind == "leads":
+            i = self.ds.lead_index(str(ident))
+            return i if i is not None else self.lead_ids.get(str(ident))
+        try:
+            number = int(ident)
+        except (TypeError, ValueError):
+            return None
+        i = id_to_index(kind, number)
+        return i if i is not None and 0 <= i < self.size(kind) else None
+
+    def index_of(self, kind: str, ident: Any) -> int | None:
+        """Index of a row that exists now (None: never existed, purged, deleted or merged)."""
+        if not self.changed or kind not in LIVE_KINDS:
+            return self.ds.index_of(kind, ident)
+        i = self.cursor_index(kind, ident)
+        return None if i is None or i in self.gone[kind] else i
+
+    def update_ts(self, kind: str, index: int) -> int | None:
+        shaped = self.shapes.update_ts(kind, index) if index < self.ds.count(kind) else None
+        own = self.ts.get(kind, {}).get(index) if self.changed else None
+        if own is None:
+            return shaped
+        return own if shaped is None else max(own, shaped)
+
+    def add_ts_text(self, kind: str, index: int) -> str:
+        own = self.fields.get(kind, {}).get(index, {}).get("add_time") if self.changed else None
+        return own if isinstance(own, str) else rfc3339(self.ds.add_ts(kind, index))
+
+    def is_archived(self, kind: str, index: int) -> bool:
+        own = self.archived.get(kind, {}).get(index) if self.changed else None
+        if own is not None:
+            return own
+        return self.shapes.is_archived(kind, index) if index < self.ds.count(kind) else False
+
+    def record(self, kind: str, index: int, badrow: float = 0.0) -> dict[str, Any]:
+        """The row as served now (generated, malformed when drawn, shaped, then changed)."""
+        ds = self.ds
+        if index >= ds.count(kind):  # a created row: never malformed, no shape touches it
+            return self._apply(kind, index, ds.record(kind, index, 0.0))
+        rec = self.shapes.apply(kind, index, ds.record(kind, index, badrow))
+        if not self.changed or kind not in LIVE_KINDS:
+            return rec
+        return self._apply(kind, index, rec)
+
+    def _apply(self, kind: str, index: int, rec: dict[str, Any]) -> dict[str, Any]:
+        own = self.fields[kind].get(index)
+        t = self.ts[kind].get(index)
+        if own is None and t is None:
+            return rec
+        out = dict(rec)
+        if own:
+            out.update(own)
+        if t is not None:
+            served = self.update_ts(kind, index)
+            out["update_time"] = _time_text(kind, served if served is not None else t)
+        return out
+
+    # ------------------------------------------------------------------ mail
+    def deal_message_ids(self, deal_index: int) -> Sequence[int]:
+        base = self.shapes.deal_message_ids(deal_index)
+        extra = self.mail_by_deal.get(deal_index) if self.mail else None
+        return list(base) + extra if extra else base
+
+    def mail_data(self, mid: int) -> dict[str, Any] | None:
+        found = self.mail.get(mid)
+        return dict(found[1]) if found else None
+
+    def mail_body(self, mid: int) -> str | None:
+        found = self.mail.get(mid)
+        return found[2] if found else None
+
+    def mail_list_item(self, mid: int) -> dict[str, Any]:
+        data = self.mail[mid][1]
+        return {"object": "mailMessage", "timestamp": data["timestamp"].replace("T", " ")[:19], "data": data}
+
+    # ------------------------------------------------------------------ changing the account
+    def step(self, n: int) -> list[dict[str, Any]]:
+        """Apply n changes now (under the lock); returns them. ValueError when n is not 1..100000."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STEP:
+            raise ValueError(f"invalid n {n!r}: an integer in 1..{MAX_STEP} is required")
+        with self.lock:
+            return [self._apply_one() for _ in range(n)]
+
+    def changes(self, since_seq: int = 0) -> list[dict[str, Any]]:
+        with self.lock:
+            return [dict(c) for c in self.log[max(0, since_seq):]]
+
+    def _account_last_ts(self) -> int:
+        ds = self.ds
+        last = 0
+        for kind in LIVE_KINDS:
+            if ds.count(kind):
+                last = max(last, ds.update_ts(kind, ds.count(kind) - 1))
+        return last
+
+    def _tick(self) -> int:
+        flips = [t for f in self.shapes.flipped.values() for t in f.values()]
+        last = max([self.last_ts, *flips])
+        ts = max(int(time.time()), last + 1)
+        self.last_ts = ts
+        return ts
+
+    def _apply_one(self) -> dict[str, Any]:
+        seq = self.applied + 1
+        rng = random.Random(mix(self.ds.seed, S_LIVE, seq))
+        weights = parse_live_mix(self._config().live_mix)
+        ts = self._tick()
+        change: dict[str, Any] | None = None
+        for _ in range(12):
+            op = _weighted(rng, weights)
+            kind = _weighted(rng, OP_KINDS[op])
+            change = getattr(self, f"_op_{op}")(kind, rng, ts, seq)
+            if change is not None:
+                break
+        if change is None:  # nothing else possible (e.g. every row deleted): a create always is
+            change = self._op_create("persons", rng, ts, seq)
+        assert change is not None
+        self.applied = seq
+        self.version += 1
+        out = {"seq": seq, "at": rfc3339(ts), **change}
+        self.log.append(out)
+        return dict(out)
+
+    def _pick(self, kind: str, rng: random.Random, ok: Callable[[int], bool] | None = None) -> int | None:
+        """A row of `kind` that exists now and passes ok(index), drawn deterministically."""
+        n = self.size(kind)
+        if n == 0:
+            return None
+        gone = self.gone[kind]
+        for _ in range(64):
+            i = rng.randrange(n)
+            if i not in gone and (ok is None or ok(i)):
+                return i
+        candidates = [i for i in range(n) if i not in gone and (ok is None or ok(i))]
+        return rng.choice(candidates) if candidates else None
+
+    def _set(self, kind: str, index: int, ts: int | None = None, **values: Any) -> None:
+        if values:
+            self.fields[kind].setdefault(index, {}).update(values)
+        if ts is not None:
+            self.ts[kind][index] = ts
+
+    def _resolve(self, parent: str, value: Any) -> Any:
+        """A reference as a created row may hold it: the parent's id when it exists now, the
+        survivor's when it was merged, else None (purged or deleted)."""
+        if value is None:
+            return None
+        i = self.cursor_index(parent, value) if parent in LIVE_KINDS else None
+        if i is None or (parent not in LIVE_KINDS):
+            return None
+        merged = self.merged.get(parent, {})
+        if i in merged:
+            return self.ident(parent, merged[i])
+        return None if i in self.gone[parent] else value
+
+    # -- reverse references (built on first need, kept current after that)
+    def _ref_index(self) -> dict[tuple[str, Any], set[tuple[str, int, str]]]:
+        if self._refs is None:
+            refs: dict[tuple[str, Any], set[tuple[str, int, str]]] = {}
+            for child, pairs in REF_FIELDS.items():
+                for ci in range(self.size(child)):
+                    rec = self._plain(child, ci)
+                    for field, parent in pairs:
+                        value = rec.get(field)
+                        if value is not None:
+                            refs.setdefault((parent, value), set()).add((child, ci, field))
+            self._refs = refs
+        return self._refs
+
+    def _plain(self, kind: str, index: int) -> dict[str, Any]:
+        """The row's current values without malformation or shapes (references, names)."""
+        rec = self.ds.record(kind, index, 0.0)
+        own = self.fields[kind].get(index)
+        return {**rec, **own} if own else rec
+
+    def _note_embeds(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """The names a note embeds for its deal, organization and person, from its references now."""
+        out: dict[str, Any] = {}
+        for field, parent, key, name in (("deal_id", "deals", "deal", "title"), ("org_id", "organizations", "organization", "name"), ("person_id", "persons", "person", "name")):
+            i = self.index_of(parent, rec.get(field)) if rec.get(field) is not None else None
+            out[key] = {name: self._plain(parent, i).get(name)} if i is not None else None
+        return out
+
+    # -- ops; each returns the change's fields (op, kind, id, ...) or None when it cannot apply
+    def _op_create(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        index = self.size(kind)
+        rec = self.ds.record(kind, index, 0.0)
+        text = _time_text(kind, ts)
+        values: dict[str, Any] = {"add_time": text}
+        for field, parent in REF_FIELDS.get(kind, ()):
+            resolved = self._resolve(parent, rec.get(field))
+            if resolved != rec.get(field):
+                values[field] = resolved
+        if kind == "deals":
+            values.update(
+                status="open", close_time=None, won_time=None, lost_time=None, lost_reason=None,
+                stage_change_time=rfc3339(ts), is_archived=False, archive_time=None,
+            )
+        elif kind == "activities":
+            person = values.get("person_id", rec.get("person_id"))
+            values.update(
+                due_date=day(ts + 7 * 86400), done=False, marked_as_done_time=None,
+                participants=[{"person_id": person, "primary": True}] if person is not None else [],
+            )
+        elif kind == "leads":
+            values.update(is_archived=False)
+            self.lead_ids[rec["id"]] = index
+        self.extra[kind] += 1
+        self._set(kind, index, ts, **values)
+        if kind == "notes":
+            self._set(kind, index, None, **self._note_embeds(self._plain(kind, index)))
+        if self._refs is not None:
+            now = self._plain(kind, index)
+            for field, parent in REF_FIELDS.get(kind, ()):
+                if now.get(field) is not None:
+                    self._refs.setdefault((parent, now[field]), set()).add((kind, index, field))
+        return {"op": "create", "kind": kind, "id": self.ident(kind, index)}
+
+    def _op_update(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        i = self._pick(kind, rng)
+        if i is None:
+            return None
+        now = self._plain(kind, i)
+        values: dict[str, Any] = {}
+        if kind == "organizations":
+            suffix = rng.choice(ORG_SUFFIX)
+            values["name"] = f"{rng.choice(ORG_WORDS_A)} {rng.choice(ORG_WORDS_B)} {suffix}".strip() + f" ({seq})"
+        elif kind == "persons":
+            first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+            values.update(name=f"{first} {last}", first_name=first, last_name=last)
+        elif kind == "deals":
+            value = float(rng.randrange(1, 400) * 250)
+            if value == now.get("value"):
+                value += 250.0
+            per = self.ds.spec.stages_per_pipeline
+            pipeline = int(now.get("pipeline_id") or 1) - 1
+            stage = pipeline * per + rng.randrange(per) + 1
+            values.update(value=value, stage_id=stage, stage_change_time=rfc3339(ts))
+            if rng.random() < 0.35:
+                base = str(now.get("title") or "").rsplit(" - ", 1)[0]
+                values["title"] = f"{base} - {rng.choice(PRODUCTS)} ({seq})"
+        elif kind == "leads":
+            values["title"] = f"{rng.choice(ORG_WORDS_A)} {rng.choice(PRODUCTS).lower()} lead ({seq})"
+            old = now.get("value")
+            currency = old.get("currency") if isinstance(old, dict) else rng.choice(CURRENCIES)
+            values["value"] = {"amount": float(rng.randrange(1, 100) * 100 + seq % 100), "currency": currency}
+        elif kind == "activities":
+            atype = str(now.get("type") or "task")
+            values.update(
+                subject=f"{atype.capitalize()}: {rng.choice(PRODUCTS)} ({seq})",
+                note=f"<p>{rng.choice(('Moved', 'Rescheduled', 'Agenda changed', 'Prepared'))} (change {seq})</p>",
+            )
+        elif kind == "notes":
+            values["content"] = (
+                f"<p>{rng.choice(('Called again', 'Emailed', 'Met', 'Reviewed'))} about {rng.choice(PRODUCTS).lower()};"
+                f" next step: {rng.choice(('quote', 'demo', 'contract', 'wait'))} (change {seq}).</p>"
+            )
+        self._set(kind, i, ts, **values)
+        return {"op": "update", "kind": kind, "id": self.ident(kind, i), "fields": sorted(values)}
+
+    def _op_delete(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        ok = (lambda d: not self.deal_message_ids(d)) if kind == "deals" else None  # mail stays on its deal
+        i = self._pick(kind, rng, ok)
+        if i is None:
+            return None
+        self.gone[kind].add(i)
+        self.deleted[kind].append(i)
+        return {"op": "delete", "kind": kind, "id": self.ident(kind, i)}
+
+    def _op_archive(self, kind: str, rng: random.Random, ts: int, seq: int, archive: bool = True) -> dict[str, Any] | None:
+        i = self._pick(kind, rng, lambda j: self.is_archived(kind, j) != archive)
+        if i is None:
+            return None
+        self.archived[kind][i] = archive
+        values: dict[str, Any] = {"is_archived": archive}
+        if kind == "deals":
+            values["archive_time"] = rfc3339(ts) if archive else None
+        self._set(kind, i, ts, **values)
+        return {"op": "archive" if archive else "unarchive", "kind": kind, "id": self.ident(kind, i)}
+
+    def _op_unarchive(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        return self._op_archive(kind, rng, ts, seq, archive=False)
+
+    def _op_merge(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        old = self._pick(kind, rng)
+        if old is None:
+            return None
+        survivor = self._pick(kind, rng, lambda j: j != old)
+        if survivor is None:
+            return None
+        old_id, new_id = self.ident(kind, old), self.ident(kind, survivor)
+        refs = self._ref_index()
+        children = sorted(refs.pop((kind, old_id), set()))
+        repointed: dict[str, list[Any]] = {}
+        for child, ci, field in children:
+            refs.setdefault((kind, new_id), set()).add((child, ci, field))
+            if not self.exists(child, ci):
+                continue  # a gone row keeps what it had
+            values: dict[str, Any] = {field: new_id}
+            if child == "activities" and field == "person_id":
+                parts = self._plain(child, ci).get("participants") or []
+                values["participants"] = [{**p, "person_id": new_id} if p.get("person_id") == old_id else p for p in parts]
+            self._set(child, ci, ts, **values)
+            if child == "notes":
+                self._set(child, ci, None, **self._note_embeds(self._plain(child, ci)))
+            ids = repointed.setdefault(child, [])
+            if self.ident(child, ci) not in ids:
+                ids.append(self.ident(child, ci))
+        self.gone[kind].add(old)
+        merged = self.merged[kind]
+        for k, v in list(merged.items()):
+            if v == old:
+                merged[k] = survivor
+        merged[old] = survivor
+        self._set(kind, survivor, ts)
+        return {"op": "merge", "kind": kind, "id": old_id, "into": new_id, "repointed": repointed}
+
+    def _op_mail(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        d = self._pick("deals", rng)
+        if d is None:
+            return None
+        mid = self.first_mail_id + len(self.mail)
+        data, body = self._new_message(mid, d, ts, rng)
+        self.mail[mid] = (d, data, body)
+        self.mail_by_deal.setdefault(d, []).append(mid)
+        self._set("deals", d, ts)
+        return {"op": "mail", "kind": "mail_messages", "id": mid, "deal_id": self.ident("deals", d)}
+
+    def _new_message(self, mid: int, d: int, ts: int, rng: random.Random) -> tuple[dict[str, Any], str]:
+        ds = self.ds
+        deal = self._plain("deals", d)
+        owner = deal.get("owner_id") if isinstance(deal.get("owner_id"), int) else 1
+        user_name = " ".join(ds.user_name(owner))
+
+        def party(pid: int, email: str, name: str, person_id: Any) -> dict[str, Any]:
+            return {"id": pid, "email_address": email, "name": name, "linked_person_id": person_id,
+                    "linked_person_name": name if person_id is not None else None, "mail_message_party_id": pid}
+
+        user = party(2 * mid, ds.user_email(owner), user_name, None)
+        p = self.index_of("persons", deal.get("person_id")) if deal.get("person_id") is not None else None
+        emails = [e.get("value") for e in (self._plain("persons", p).get("emails") or [])] if p is not None else []
+        if p is not None and emails:
+            person = self._plain("persons", p)
+            contact = party(2 * mid + 1, emails[0], person.get("name") or "", self.ident("persons", p))
+        else:
+            contact = party(2 * mid + 1, f"info{mid % 97}@{ds.company_domain}", "", None)
+        inbound = rng.random() < 0.55
+        sender, receiver = (contact, user) if inbound else (user, contact)
+        subject = "Re: " + str(deal.get("title") or "")
+        company = ds.company_domain.split(".")[0]
+        t = iso_ms(ts)
+        data = {
+            "id": mid,
+            "from": [sender],
+            "to": [receiver],
+            "cc": [],
+            "bcc": [],
+            "body_url": f"https://{company}.pipedrive.example/v1/mailbox/mailMessages/{mid}/body",
+            "account_id": f"acct{owner:06d}",
+            "user_id": owner,
+            "mail_thread_id": 1_000_000 + self.ident("deals", d) * 4 + 3,
+            "subject": subject,
+            "snippet": f"Hello, following up on {subject[:60]}",
+            "mail_tracking_status": rng.choice(("opened", "not opened", None)),
+            "mail_link_tracking_enabled_flag": 0,
+            "read_flag": 0,
+            "draft": "",
+            "draft_flag": 0,
+            "synced_flag": 1,
+            "deleted_flag": 0,
+            "has_body_flag": 1,
+            "sent_flag": 0 if inbound else 1,
+            "sent_from_pipedrive_flag": 0 if inbound else 1,
+            "smart_bcc_flag": 0,
+            "message_time": t,
+            "add_time": t,
+            "update_time": t,
+            "has_attachments_flag": 0,
+            "has_inline_attachments_flag": 0,
+            "has_real_attachments_flag": 0,
+            "nylas_id": f"{mix(ds.seed, mid):016x}",
+            "s3_bucket": "pipedrive-mail-sandbox",
+            "s3_bucket_path": f"sandbox/{owner}/nylas/{mid}/body",
+            "external_deleted_flag": False,
+            "mua_message_id": f"{mix(ds.seed, mid, 2):016x}@mailer.example",
+            "item_type": "mailMessage",
+            "timestamp": t,
+            "company_id": ds.company()["company_id"],
+        }
+        body = "\n".join([
+            f"<p>{rng.choice(('Hi', 'Hello', 'Dear team'))},</p>",
+            f"<p>Regarding {deal.get('title')}: {rng.choice(('the new quote is attached', 'can we meet this week', 'thanks for today', 'the contract is signed'))}.</p>",
+            f"<p>Message {mid}, written while the migration ran.</p>",
+            "<p>Best regards</p>",
+        ])
+        return data, body
+
+    # ------------------------------------------------------------------ background changes
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def start(self) -> None:
+        """(Re)start the background changes at the config's live_rate from now (0 = just stop)."""
+        self.stop()
+        rate = self._config().live_rate
+        if rate <= 0:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(rate, self._stop), name="pipedrive-sandbox-live", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background changes (waits for the change under way); idempotent."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        self._thread = None
+
+    def _run(self, rate: float, stop: threading.Event) -> None:
+        t0 = time.monotonic()
+        made = 0
+        while not stop.is_set():
+            due = int((time.monotonic() - t0) * rate) - made
+            with self.lock:
+                if stop.is_set():
+                    return
+                cap = self._config().live_max
+                for _ in range(max(0, min(due, 1000))):
+                    if cap and self.applied >= cap:
+                        break
+                    self._apply_one()
+                    made += 1
+                if cap and self.applied >= cap:
+                    stop.set()
+                    return
+            wait = t0 + (made + 1) / rate - time.monotonic()
+            stop.wait(min(0.5, max(0.0, wait)))
+
+    def status(self) -> dict[str, Any]:
+        config = self._config()
+        return {"applied": self.applied, "running": self.running, "rate": config.live_rate, "max": config.live_max,
+                "mix": dict(parse_live_mix(config.live_mix))}
+
+    # ------------------------------------------------------------------ truth
+    def extend_truth(self, out: dict[str, Any], kind: str | None) -> dict[str, Any]:
+        """Make a truth answer (after the shapes') say what the account is now; add the live keys
+        `deleted`, `merged`, `deleted_refs` and `changes_applied` (when kind is None or one of them)."""
+        ds = self.ds
+        if self.changed:
+            ids = out.get("ids", {})
+            for name in list(ids):
+                base = name.removesuffix("_archived")
+                if base in ("deals", "leads"):
+                    archived = name.endswith("_archived")
+                    ids[name] = [self.ident(base, i) for i in self.universe(base) if self.is_archived(base, i) == archived]
+                elif base in LIVE_KINDS:
+                    ids[name] = [self.ident(base, i) for i in self.universe(base)]
+                elif base == "mail_messages":
+                    ids[name] = list(ids[name]) + sorted(self.mail)
+            if "deals_with_mail" in out:
+                hosts = sorted(set(ds.mail_deal_index) | set(self.shapes.extra_by_deal) | set(self.mail_by_deal))
+                out["deals_with_mail"] = {
+                    str(self.ident("deals", d)): list(self.deal_message_ids(d)) for d in hosts if self.exists("deals", d)
+                }
+            if out.get("counts") is not None:
+                counts = out["counts"]
+                for name in ds.TRUTH_KINDS:
+                    base = name.removesuffix("_archived")
+                    if base in ("deals", "leads"):
+                        archived = name.endswith("_archived")
+                        counts[name] = sum(1 for i in self.universe(base) if self.is_archived(base, i) == archived)
+                    elif base in LIVE_KINDS:
+                        counts[name] = len(self.universe(base))
+                counts["mail_messages"] += len(self.mail)
+                counts["deals_with_mail"] = len(
+                    {d for d in set(ds.mail_deal_index) | set(self.shapes.extra_by_deal) | set(self.mail_by_deal) if self.exists("deals", d)}
+                )
+            if "dangling" in out:
+                out["dangling"] = {k: [x for x in v if self.index_of(k, x) is not None] for k, v in out["dangling"].items()}
+            if "dangling_refs" in out:
+                out["dangling_refs"] = {k: [r for r in v if self.index_of(k, r["id"]) is not None] for k, v in out["dangling_refs"].items()}
+            if "malformed" in out:
+                out["malformed"] = {k: [x for x in v if k not in LIVE_KINDS or self.index_of(k, x) is not None] for k, v in out["malformed"].items()}
+                out["malformed_rows"] = {
+                    k: [r for r in v if k not in LIVE_KINDS or self.index_of(k, r["id"]) is not None] for k, v in out["malformed_rows"].items()
+                }
+        if kind is None or kind == "deleted":
+            out["deleted"] = {k: [self.ident(k, i) for i in v] for k, v in self.deleted.items()}
+        if kind is None or kind == "merged":
+            out["merged"] = {k: {str(self.ident(k, old)): self.ident(k, new) for old, new in sorted(v.items())} for k, v in self.merged.items()}
+        if kind is None or kind == "deleted_refs":
+            out["deleted_refs"] = self.deleted_refs()
+        out["changes_applied"] = self.applied
+        return out
+
+    def deleted_refs(self) -> dict[str, list[dict[str, Any]]]:
+        """Per child kind, references of rows that exist now to rows deleted by a live change:
+        {"id", "field", "parent_kind", "parent_id"} (GET of the parent answers 404)."""
+        out: dict[str, list[dict[str, Any]]] = {k: [] for k in REF_FIELDS}
+        if not any(self.deleted.values()):
+            return out
+        refs = self._ref_index()
+        for parent, indexes in self.deleted.items():
+            for pi in indexes:
+                pid = self.ident(parent, pi)
+                for child, ci, field in sorted(refs.get((parent, pid), ())):
+                    if self.exists(child, ci) and self._plain(child, ci).get(field) == pid:
+                        out[child].append({"id": self.ident(child, ci), "field": field, "parent_kind": parent, "parent_id": pid})
+        for rows in out.values():
+            rows.sort(key=lambda r: (str(r["id"]), r["field"]))
+        return out
+
+
+LIVE_TRUTH_KINDS: tuple[str, ...] = ("deleted", "merged", "deleted_refs", "changes_applied")
+__all__ = ["Live", "LIVE_KINDS", "LIVE_OPS", "LIVE_TRUTH_KINDS", "OP_KINDS"]
