@@ -49,7 +49,7 @@ def sync_schedule(job, source: str) -> ScheduleDefinition:
         tenants = syncable_tenants(database.database(), source, list(context.instance.get_dynamic_partitions(TENANTS)))
         if not tenants:
             return SkipReason(f"no tenant has a succeeded {source} run to sync from")
-        stamp = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "now"
+        stamp = context.scheduled_execution_time.isoformat()
         return [RunRequest(run_key=f"sync:{t}:{stamp}", partition_key=t) for t in tenants]
 
     return sync_tenants

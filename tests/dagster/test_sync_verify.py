@@ -1,0 +1,169 @@
+"""The faces of issue 9: `migrate verify` / `migrate sync`, the Dagster sync job, its schedule and
+the `matches_source` check.
+
+* CLI: `migrate verify` and `migrate sync` of an unknown tenant, and `migrate sync` of a tenant with
+  no succeeded run, end with one line and exit 2 (nothing launched); `migrate verify` of a clean
+  tiny sandbox tenant exits 0 with the cost beside the verdict, and 1 naming the missing row once
+  a product row is deleted (`--json` carries every id).
+* Definitions: the sync job is the phase assets tagged `migration/mode=sync`; the schedule is
+  stopped by default and asks for the tenants whose latest run succeeded; `matches_source` (one per
+  phase) is in neither the tenant job nor the sync job (it spends tokens), and not blocking.
+* On a tiny sandbox tenant through Dagster: the phase assets launched with the sync tag start an
+  engine sync that brings a change made at the source; `matches_source`, run on its own, passes
+  every phase with its tokens in the metadata, and fails naming a row deleted behind the ledger.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from dagster import AssetSelection, DagsterInstance, build_schedule_context, materialize
+
+from engine_core import runs
+from engine_core.providers.base import provider_for
+from migration_pipeline import tags
+from migration_pipeline.assets.checks import MATCHES_SOURCE, build_phase_checks, build_source_checks
+from migration_pipeline.assets.phases import build_phase_assets
+from migration_pipeline.instance import to_url
+from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, PipedriveSource
+from tests.pipedrive.support import UNLIMITED, migrate, sandbox
+
+pytestmark = pytest.mark.timeout(240)
+
+MIGRATE = str(Path(sys.executable).parent / "migrate")
+TOKEN = "sandbox-tok-7f3a9c1e55b2d840"
+TENANT = "acme"
+
+
+def _env(db_url: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
+    env.update(DATABASE_URL=to_url(db_url), **extra)
+    return env
+
+
+def _migrate(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([MIGRATE, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr[-3000:]
+    assert "Traceback" not in out.stderr + out.stdout
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_verify_and_sync_of_an_unknown_tenant_or_one_never_succeeded_are_one_line(db_url, db):
+    env = _env(db_url, MIGRATE_SOURCE="example")
+    _one_line_error(_migrate(["verify", "nobody"], env), "tenant 'nobody' has no migration run")
+    _one_line_error(_migrate(["sync", "nobody"], env), "tenant 'nobody' has no migration run")
+    runs.start_run(db, provider_for("example"), "acme")  # running, never succeeded
+    _one_line_error(_migrate(["sync", "acme"], env), "tenant 'acme' has no succeeded example run to sync from")
+    assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == 1  # nothing launched or started
+
+
+def test_migrate_verify_exit_codes_on_a_tiny_sandbox_tenant(db_url, db):
+    with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
+        assert migrate(db, sb, TENANT).status == "succeeded"
+        env = _env(db_url, PIPEDRIVE_API_TOKEN=TOKEN)
+        clean = _migrate(["verify", TENANT], env)
+        assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-2000:]
+        last = clean.stdout.strip().splitlines()[-1]
+        assert "PASSED" in last and "requests" in last and "tokens" in last
+
+        gone = db.sql("SELECT source_id, record_id FROM migration_records WHERE tenant_id = %(t)s"
+                      " AND kind = 'notes' AND action = 'created' ORDER BY record_id LIMIT 1", {"t": TENANT})[0]
+        db.sql("DELETE FROM crm.notes WHERE id = %(id)s RETURNING id", {"id": gone["record_id"]})
+        found = _migrate(["verify", TENANT, "--json"], env)
+    assert found.returncode == 1, found.stdout[-3000:] + found.stderr[-2000:]
+    verdict = json.loads(found.stdout)
+    assert verdict["passed"] is False and verdict["differences"] == 1 and verdict["tokens"] > 0
+    notes = next(k for k in verdict["kinds"] if k["kind"] == "notes")
+    assert notes["missing"] == [gone["source_id"]]
+    assert TOKEN not in found.stdout + found.stderr
+
+
+def test_the_sync_job_schedule_and_the_proof_are_wired_as_documented(instance, db):
+    from migration_pipeline.definitions import build_definitions
+
+    defs = build_definitions("pipedrive")
+    repo = defs.get_repository_def()
+    sync = repo.get_job("sync_tenant")
+    assert sync.tags.get(tags.MODE) == tags.SYNC and sync.partitions_def is not None
+    proofs = {c.name for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE}
+    assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == 7
+    for name in ("migrate_tenant", "sync_tenant"):
+        in_job = {c.name for c in repo.get_job(name).asset_layer.asset_graph.asset_check_keys}
+        assert MATCHES_SOURCE not in in_job and "ledger_matches_target" in in_job, name
+    assert all(not c.blocking for spec in build_source_checks("pipedrive") for c in spec.check_specs)
+
+    schedule = repo.get_schedule_def("sync_tenants")
+    assert schedule.default_status.value == "STOPPED"
+    db.sql("INSERT INTO migrations (tenant_id, source, source_account, status, plan, finished_at) VALUES"
+           " ('done', 'pipedrive', 'a', 'succeeded', '[]'::jsonb, now()),"
+           " ('busy', 'pipedrive', 'a', 'running', '[]'::jsonb, NULL) RETURNING id")
+    instance.add_dynamic_partitions("tenants", ["done", "busy", "new"])
+    with build_schedule_context(instance=instance, resources={"database": MigrationDatabase(url=db.url)}, repository_def=repo,
+                                scheduled_execution_time=datetime(2026, 12, 1, 3, tzinfo=timezone.utc)) as context:
+        requests = list(schedule.evaluate_tick(context).run_requests or [])
+    assert [r.partition_key for r in requests] == ["done"]
+
+
+def _resources(db_url: str, base_url: str) -> dict:
+    return {
+        "database": MigrationDatabase(url=to_url(db_url), max_size=8),
+        "source": PipedriveSource(base_url=base_url, api_token=TOKEN),
+        "lane": LaneSettings(heartbeat_seconds=0.0),
+        "new_run": NewRunOptions(options_json=json.dumps({"burst_limit": UNLIMITED})),
+    }
+
+
+def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_url, db):
+    instance.add_dynamic_partitions("tenants", [TENANT])
+    assets = build_phase_assets("pipedrive")
+    checks = [*build_phase_checks("pipedrive"), *build_source_checks("pipedrive")]
+    proofs = AssetSelection.checks(*build_source_checks("pipedrive"))
+    phases = AssetSelection.all() - proofs
+    with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
+        res = _resources(db_url, sb.base_url)
+        full = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
+                           selection=phases, raise_on_error=False)
+        assert full.success
+        first = runs.latest_run(db, TENANT, "pipedrive")
+        sb.configure(live_mix="update:1")
+        changed = sb.live_step(1)[0]
+
+        synced = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
+                             selection=phases, tags={tags.MODE: tags.SYNC}, raise_on_error=False)
+        assert synced.success
+        sync = runs.latest_run(db, TENANT, "pipedrive")
+        assert sync.id != first.id and sync.status == "succeeded"
+        assert db.sql("SELECT mode FROM migrations WHERE id = %(r)s", {"r": sync.id})[0]["mode"] == "sync"
+        assert (synced.dagster_run.tags.get(tags.ENGINE_RUN)) == str(sync.id)
+
+        proved = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
+                             selection=proofs, raise_on_error=False)
+        evaluations = {e.asset_key.path[-1]: e for e in proved.get_asset_check_evaluations()}
+        assert len(evaluations) == 7 and all(e.check_name == MATCHES_SOURCE for e in evaluations.values())
+        assert all(e.passed for e in evaluations.values()), {k: e.metadata.get("verdict") for k, e in evaluations.items()}
+        assert sum(e.metadata["tokens"].value for e in evaluations.values()) > 0
+        assert not proved.get_asset_materialization_events()  # the proof materialises nothing
+
+        notes = db.sql("SELECT source_id, record_id FROM migration_records WHERE tenant_id = %(t)s AND kind = 'notes'"
+                       " AND action = 'created' ORDER BY record_id LIMIT 1", {"t": TENANT})[0]
+        db.sql("DELETE FROM crm.notes WHERE id = %(id)s RETURNING id", {"id": notes["record_id"]})
+        again = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
+                            selection=proofs, raise_on_error=False)
+    failed = {e.asset_key.path[-1]: e for e in again.get_asset_check_evaluations() if not e.passed}
+    assert list(failed) == ["phase_6_notes"]
+    assert failed["phase_6_notes"].metadata["notes/missing"].value == 1
+    assert notes["source_id"] in failed["phase_6_notes"].metadata["verdict"].value
+    assert changed["id"] is not None
