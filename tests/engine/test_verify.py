@@ -19,7 +19,7 @@ import pytest
 
 from engine_core.errors import ConfigError, RunNotFound
 from engine_core.providers.pipedrive.provider import PipedriveProvider
-from engine_core.verify import compare, listing_kinds, verify
+from engine_core.verify import KindResult, VerifyResult, compare, listing_kinds, verify
 from tests.pipedrive.support import FAST, IDENTITY, LEDGER_KIND, UNLIMITED, migrate, sandbox
 
 TOKEN = "sandbox-tok-7f3a9c1e55b2d840"
@@ -65,6 +65,14 @@ def test_a_matched_row_lives_through_its_record_not_a_source_id():
     assert gone.missing == ["42"]
 
 
+def test_a_kind_the_source_cannot_list_is_shown_but_proves_nothing():
+    unlisted = KindResult("fields", ("fields",), checked=False, note="not listed")
+    assert not VerifyResult("acme", "pipedrive", [unlisted]).passed
+    both = VerifyResult("acme", "pipedrive", [unlisted, KindResult("notes", ("notes",), source=3, ledger=3, product=3)])
+    assert both.passed
+    assert both.lines()[0] == "fields: not checked (not listed)"
+
+
 def test_kinds_fold_into_ledger_identities_and_unknown_kinds_are_one_line():
     provider = PipedriveProvider(base_url="http://127.0.0.1:1", token="t")
     kinds = listing_kinds(provider, ["deals", "notes"])
@@ -105,7 +113,7 @@ def test_a_clean_tenant_passes_then_each_difference_is_named(db):
         charged = sb.stats()
         assert clean.passed, "\n".join(clean.lines())
         assert clean.differences == 0
-        assert all(k.checked for k in clean.kinds)
+        assert [k.kind for k in clean.kinds if not k.checked] == ["fields"]  # refreshed by every run, not listed
         assert {"persons", "deals", "leads", "notes", "emails"} <= set(_by_kind(clean))
         # the cost beside the result is what the source charged for the listings
         assert (clean.requests, clean.tokens) == (charged["requests_total"], charged["tokens_total"])
