@@ -9,6 +9,7 @@ imports this package. Public API:
   or the foreground.
 * `create_app` (app.py) - the Starlette application.
 * `Dataset` (data.py) - the deterministic generated account.
+* live.py - the live account (issue 9): changes to the account while it serves.
 """
 from __future__ import annotations
 

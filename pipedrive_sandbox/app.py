@@ -6,7 +6,8 @@ burst; every request that passes is charged its `x-token-cost`) -> fault draw ->
 handler. Every authenticated API response carries the rate-limit headers.
 
 The private namespace `/_sandbox/` needs no auth: `GET stats`, `POST stats/reset`, `GET truth`
-(`?kind=` for one part), `GET|POST config`, `GET health`.
+(`?kind=` for one part, `&rows=1` for its rows as served), `GET|POST config`, `GET health`, and
+the live account's `GET live`, `POST live/step`, `POST live/stop`, `GET changes` (live.py).
 """
 from __future__ import annotations
 
