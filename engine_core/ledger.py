@@ -4,14 +4,36 @@
 leaves no claim behind, and a claim that loses (the row is already here) rolls the write back.
 Created and matched rows are exclusive; skipped and failed rows are placeholders that the next
 successful write takes over.
+
+Versions (issue 9, migration 0010). Every claim records the source version it wrote
+(`source_version`: Pipedrive's `update_time` as served, or `content_version`'s hash). A later
+sighting of a written row locks its entry (the version fence: two workers writing the same changed
+row at once make one update), then:
+* a newer version (`newer`) updates the product row in place through the writer's `update`
+  callback - never a second row - with a `migration_record_history` row keeping the previous
+  version and the columns' previous values; outcome `updated`;
+* the same version, or an older one (a stale sighting must not undo a newer write), is
+  `already_here`, as before;
+* a row the product already had (a `matched` contact, company or user) is the product's own: it
+  is not overwritten unless the run's option `overwrite_matched` is true (`already_here`, event
+  `matched_kept`, and its ledger version stays the one matched, so a later run with the option
+  still finds it changed).
+Deletions at the source are soft (`mark_deleted`): `deleted_at_source` on the entry and on the
+product row, a `deleted` history row, never a hard delete; a row seen again clears both
+(outcome `updated`, event `restored`, a `restored` history row instead of an `updated` one), so a
+run's `updated` outcomes always equal its `updated` + `restored` history rows (the rollup checks).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn, Database
@@ -20,8 +42,24 @@ from engine_core.models import Run
 IMPORTED = "imported"
 MATCHED = "matched"
 ALREADY_HERE = "already_here"
+UPDATED = "updated"
 SKIPPED = "skipped"
 FAILED = "failed"
+
+WRITTEN_ACTIONS = ("created", "matched")
+Event = Callable[[str], None]
+# The update callback of a writer: (local record id) -> the product row's previous values of the
+# columns it changed ({} when nothing changed), or None when the product row is gone.
+Update = Callable[[int], "Mapping[str, Any] | None"]
+
+# Product tables a ledger entry may point at (record_type -> the table's qualified name), the only
+# ones a soft delete or a restore touches: record types come from the database, never into SQL
+# unchecked.
+PRODUCT_TABLES: dict[str, tuple[str, str]] = {
+    **{f"crm.{t}": ("crm", t) for t in ("users", "pipelines", "stages", "companies", "contacts", "deals", "leads",
+                                        "activities", "notes", "emails", "custom_field_definitions")},
+    "example_items": ("public", "example_items"),
+}
 
 
 @dataclass(frozen=True)
@@ -33,38 +71,222 @@ class Written:
     matched: bool = False
 
 
+# --- versions --------------------------------------------------------------------------------
+
+
+def content_version(row: Any) -> str:
+    """The version of a row without an update time: "sha256:" + the hex digest of its canonical
+    JSON (sorted keys, no spaces; values JSON cannot hold are written with `str`)."""
+    text = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _moment(version: str) -> datetime | None:
+    """A version that is a time (RFC 3339 with or without milliseconds, or `YYYY-MM-DD HH:MM:SS`,
+    UTC when it carries no offset), else None."""
+    if not version or version.startswith("sha256:"):
+        return None
+    raw = version.strip()
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(raw.replace(" ", "T", 1))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def newer(version: str | None, written: str | None) -> bool:
+    """Whether a sighting's `version` supersedes the `written` one. None (the writer knows no
+    version) never does; a written None (an entry from before versions) always is superseded; two
+    times compare as times (the same instant in v1 and v2 formats is one version; an older one is
+    a stale sighting); anything else (content hashes) supersedes when it differs."""
+    if version is None:
+        return False
+    if written is None:
+        return True
+    a, b = _moment(version), _moment(written)
+    if a is not None and b is not None:
+        return a > b
+    return version != written
+
+
+def overwrite_matched(run: Run) -> bool:
+    """The run option `overwrite_matched` (default false): whether a changed source row overwrites
+    the product's own row it was matched to. Accepts booleans, 0/1 and "true"/"false"."""
+    value = run.options.get("overwrite_matched", False)
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
+
+
+# --- the write path --------------------------------------------------------------------------
+
+
 def write_once(
     tx: Conn, run: Run, kind: str, source_id: object, write: Callable[[], Written],
     *, dangling: Sequence[Mapping[str, Any]] | None = None, reason: str | None = None,
+    version: str | None = None, update: Update | None = None, on_event: Event | None = None,
 ) -> str:
-    """Write a source row and claim it; returns imported, matched or already_here.
+    """Write a source row and claim it; returns imported, matched, updated or already_here.
 
     `dangling`: the row's references to parents that do not exist at the source (issue 8, item 5),
     kept on the claim as a jsonb list; `reason` says so in words for `migrate explain`.
+    `version`: the source version of the row (kept on the claim; see the module docstring);
+    `update`: how to write this version over the row's product record in place (`Update`), used
+    when the ledger holds an older version; without it a written row is already here whatever
+    its version. `on_event` hears `restored` and `matched_kept` (task stats).
     """
     sid = str(source_id)
-    with tx.raw.transaction() as sp:
-        written = write()
-        claimed = tx.fetch_one(
-            "claim_record",
-            {
-                "run_id": run.id,
-                "tenant_id": run.tenant_id,
-                "source": run.source,
-                "kind": kind,
-                "source_id": sid,
-                "record_type": written.record_type,
-                "record_id": written.record_id,
-                "action": "matched" if written.matched else "created",
-                "reason": reason[:500] if reason else None,
-                "dangling": Jsonb(list(dangling)) if dangling else None,
-            },
-        )
-        if claimed is None:
-            # someone else holds this row: undo our write, report it as already here
-            raise psycopg.Rollback(sp)
-        return MATCHED if written.matched else IMPORTED
-    return ALREADY_HERE
+    key = {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_id": sid}
+    entry = tx.fetch_one("ledger_entry_for_update", key)
+    if entry is None or entry["action"] not in WRITTEN_ACTIONS:
+        with tx.raw.transaction() as sp:
+            written = write()
+            claimed = tx.fetch_one(
+                "claim_record",
+                {
+                    **key,
+                    "run_id": run.id,
+                    "record_type": written.record_type,
+                    "record_id": written.record_id,
+                    "action": "matched" if written.matched else "created",
+                    "reason": reason[:500] if reason else None,
+                    "dangling": Jsonb(list(dangling)) if dangling else None,
+                    "source_version": version,
+                },
+            )
+            if claimed is None:
+                # someone else claimed this row meanwhile: undo our write, then see what they wrote
+                raise psycopg.Rollback(sp)
+            return MATCHED if written.matched else IMPORTED
+        entry = tx.fetch_one("ledger_entry_for_update", key)
+        if entry is None or entry["action"] not in WRITTEN_ACTIONS:
+            return ALREADY_HERE  # not reachable through the claim's fence; say nothing was written
+    return _sighting(tx, run, entry, version, update, dangling=dangling, reason=reason, on_event=on_event)
+
+
+def _sighting(
+    tx: Conn, run: Run, entry: Mapping[str, Any], version: str | None, update: Update | None,
+    *, dangling: Sequence[Mapping[str, Any]] | None, reason: str | None, on_event: Event | None,
+) -> str:
+    """A written row seen again, its entry locked: update in place, restore, or already here.
+
+    One history row per sighting that changed something: `restored` when the row was marked
+    deleted at the source (with the update's versions and previous values when it also changed),
+    else `updated`; so a run's `updated` outcomes = its `updated` + `restored` history rows."""
+    mine = entry["action"] == "created" or overwrite_matched(run)
+    restored = entry["deleted_at_source"] is not None
+    changed = newer(version, entry["source_version"]) and update is not None and entry["record_id"] is not None
+    if changed and not mine:
+        if on_event:
+            on_event("matched_kept")  # the product's own row: not overwritten without overwrite_matched
+        changed = False
+    before: Mapping[str, Any] | None = None
+    if changed:
+        before = update(entry["record_id"])  # type: ignore[misc]
+        changed = before is not None  # None: the product row is gone (the product deleted it)
+    if restored:
+        if mine and entry["record_id"] is not None:
+            _set_deleted(tx, entry["record_type"], [entry["record_id"]], None)
+        if on_event:
+            on_event("restored")
+    if not changed and not restored:
+        return ALREADY_HERE
+    after = version if changed else entry["source_version"]
+    _history(tx, run, entry["id"], "restored" if restored else "updated", entry["source_version"], after,
+             dict(before) if changed and before is not None else None)
+    tx.execute(
+        "ledger_entry_written",
+        {
+            "id": entry["id"],
+            "source_version": after,
+            "dangling": Jsonb(list(dangling)) if changed and dangling else (None if changed else _keep(entry)),
+            "reason": (reason[:500] if reason else None) if changed else _keep(entry, "reason"),
+        },
+    )
+    return UPDATED
+
+
+def _keep(entry: Mapping[str, Any], column: str = "dangling") -> Any:
+    value = entry.get(column)
+    return Jsonb(value) if column == "dangling" and value is not None else value
+
+
+def _history(tx: Conn, run: Run, record_id: int, action: str, before_version: str | None,
+             after_version: str | None, before: Mapping[str, Any] | None) -> None:
+    tx.execute("ledger_history", {"record_id": record_id, "run_id": run.id, "action": action,
+                                  "version_before": before_version, "version_after": after_version,
+                                  "before": Jsonb(_jsonable(before)) if before is not None else None})
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _set_deleted(tx: Conn, record_type: str | None, record_ids: Sequence[int], at: datetime | None) -> int:
+    """Mark (or with `at` None, clear) deleted_at_source on product rows of one record type."""
+    table = PRODUCT_TABLES.get(record_type or "")
+    if table is None or not record_ids:
+        return 0
+    statement = sql.SQL("UPDATE {} SET deleted_at_source = %(at)s WHERE id = ANY(%(ids)s::bigint[])").format(
+        sql.Identifier(*table)).as_string(tx.raw)
+    return len(tx.sql(statement + " RETURNING id", {"at": at, "ids": list(record_ids)}))
+
+
+def mark_deleted(tx: Conn, run: Run, kind: str, source_ids: Iterable[object], at: datetime | None = None) -> int:
+    """Soft-delete these source rows of a ledger kind: `deleted_at_source` (= `at`, default the
+    transaction's now()) on their ledger entries and on the product rows created from them (a
+    matched row - the product's own - only with the run option `overwrite_matched`), one `deleted`
+    history row each for `run`. Never a hard delete. Entries already marked, and ids the ledger
+    does not know, are left alone; returns how many entries were marked now. A dry run writes
+    nothing and returns how many it would mark. Runs in the caller's transaction `tx`."""
+    ids = sorted({str(s) for s in source_ids if s is not None and str(s) != ""})
+    if not ids:
+        return 0
+    params = {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_ids": ids}
+    if run.dry_run:
+        row = tx.fetch_one("ledger_would_delete", params)
+        return int(row["n"]) if row else 0
+    marked = tx.fetch_all("ledger_mark_deleted", {**params, "run_id": run.id, "at": at})
+    overwrite = overwrite_matched(run)
+    by_type: dict[tuple[str, datetime], list[int]] = {}
+    for m in marked:
+        if m["record_id"] is not None and (m["action"] == "created" or (m["action"] == "matched" and overwrite)):
+            by_type.setdefault((m["record_type"], m["deleted_at_source"]), []).append(int(m["record_id"]))
+    for (record_type, moment), record_ids in sorted(by_type.items(), key=lambda kv: kv[0][0] or ""):
+        _set_deleted(tx, record_type, record_ids, moment)
+    return len(marked)
+
+
+def versions(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, str | None]:
+    """The source version the ledger holds for each of these source ids of a ledger kind (None for
+    a placeholder or an entry from before versions); ids without an entry are absent."""
+    ids = [str(s) for s in source_ids if s is not None]
+    if not ids:
+        return {}
+    rows = conn.fetch_all("ledger_versions", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                              "source_ids": ids})
+    return {r["source_id"]: r["source_version"] for r in rows}
+
+
+def ledger_index(conn: Conn | Database, tenant_id: str, source: str, kind: str, *,
+                 placeholders: bool = False) -> dict[str, tuple[str | None, datetime | None]]:
+    """Every written (created or matched) entry of one ledger kind of a tenant's source:
+    {source_id: (source_version, deleted_at_source)}; with `placeholders`, skipped and failed
+    entries too (their version is None). One query; a kind of a million rows is a million items."""
+    rows = conn.fetch_all("ledger_index", {"tenant_id": tenant_id, "source": source, "kind": kind,
+                                           "placeholders": placeholders})
+    return {r["source_id"]: (r["source_version"], r["deleted_at_source"]) for r in rows}
+
+
+def history_counts(db: Database | Conn, run_id: int) -> dict[str, dict[str, int]]:
+    """What a run changed, per ledger kind: {"deals": {"updated": 3, "deleted": 1, "restored": 0}}
+    (changes absent count 0; kinds without any are absent)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in db.fetch_all("history_counts", {"run_id": run_id}):
+        out.setdefault(r["kind"], {"updated": 0, "deleted": 0, "restored": 0})[r["action"]] = int(r["n"])
+    return out
 
 
 def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: str, action: str = "skipped") -> str:

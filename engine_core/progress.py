@@ -5,8 +5,8 @@
   on purpose: a Dagster phase op and its worker threads share one process, so the op reports what
   its own lane asked of the source; other processes report theirs.
 * `PhaseMeter`: successive snapshots of one phase of one run, from the task stats the workers
-  checkpoint with every window (rows seen / imported / matched / already here / skipped / failed,
-  tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
+  checkpoint with every window (rows seen / imported / matched / already here / updated / skipped /
+  failed, tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
   where a total is known (the source's own count, else the phase's tasks).
 * `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look).
 * `ProgressBoard`: one `rich` progress bar per phase for `migrate run`, drawn from snapshots.
@@ -128,6 +128,7 @@ class PhaseProgress:
     imported: int = 0
     matched: int = 0
     already_here: int = 0
+    updated: int = 0  # written over their product row in place (a newer source version, issue 9)
     skipped: int = 0
     failed: int = 0
     tasks_done: int = 0
@@ -151,7 +152,9 @@ class PhaseProgress:
     def line(self) -> str:
         """One human line: what the log events and the CLI say."""
         parts = [f"phase {self.phase + 1} ({', '.join(self.kinds)}): {self.seen} seen, {self.imported} imported,"
-                 f" {self.matched + self.already_here} matched or already here, {self.skipped} skipped,"
+                 f" {self.matched + self.already_here} matched or already here,"
+                 + (f" {self.updated} updated," if self.updated else "")
+                 + f" {self.skipped} skipped,"
                  f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"]
         if self.percent is not None:
             parts.append(f"{self.percent:.0f}%")
@@ -178,8 +181,8 @@ def _phase_figures(rows: list[dict[str, Any]], phase: int, kinds: list[str], run
     for r in rows:
         if r["phase"] != phase:
             continue
-        for c in ("seen", "imported", "matched", "already_here", "skipped", "failed"):
-            setattr(p, c, getattr(p, c) + int(r[c]))
+        for c in ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed"):
+            setattr(p, c, getattr(p, c) + int(r.get(c) or 0))
         p.tasks_total += int(r["n"])
         if r["status"] in DONE:
             p.tasks_done += int(r["n"])
@@ -320,7 +323,8 @@ class ProgressBoard:
                 continue
             if i not in self._bars:
                 self._bars[i] = self.progress.add_task(f"phase {i + 1} {', '.join(kinds)}", total=100.0, figures="")
-            figures = (f"{p.seen} seen {p.imported} imported {p.skipped} skipped {p.failed} failed"
+            figures = (f"{p.seen} seen {p.imported} imported" + (f" {p.updated} updated" if p.updated else "")
+                       + f" {p.skipped} skipped {p.failed} failed"
                        f" | tasks {p.tasks_done}/{p.tasks_total} | {p.rows_per_second:.0f} rows/s"
                        f" {p.requests_per_second:.1f} req/s {p.rate_limited}x429")
             if p.retrying:

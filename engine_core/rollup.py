@@ -1,12 +1,18 @@
 """The run page as queries: the rollup, the duration-by-payload diagnosis, and one row's story.
 
 The rollup also checks completeness (issue 8, "checked, not assumed"): for every kind of a closed
-phase, rows seen = rows accounted for (imported + matched + already here + skipped + failed in the
-task stats); rows claimed in the ledger by this run = imported + matched (per phase, so a task
-kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under `deals` -
-is compared with its phase); and rows seen = the source's own count where a discovery task
-recorded one (`source_total` in its stats). What does not add up is listed in `completeness`
-and `incomplete`, and `verdict` says so beside the engine's status.
+phase, rows seen = rows accounted for (imported + matched + already here + updated + skipped +
+failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
+so a task kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under
+`deals` - is compared with its phase); rows updated in place = the ledger history's `updated` and
+`restored` rows of this run (issue 9, per phase likewise: a sighting that changed a row writes
+one); and rows seen = the source's own count where a discovery task recorded one (`source_total`
+in its stats). What does not add up is listed in `completeness` and `incomplete`, and `verdict`
+says so beside the engine's status.
+
+Rows deleted at the source are not rows seen (no listing serves them): `deleted_at_source` and
+`restored` per kind come from the ledger history of the run (`ledger.history_counts`), beside the
+counters, outside the sum.
 """
 from __future__ import annotations
 
@@ -17,9 +23,11 @@ from typing import Any
 
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
+from engine_core.ledger import history_counts
 from engine_core.models import Run
 
-COUNTERS = ("imported", "matched", "already_here", "skipped", "failed")
+# A row's outcomes, each seen row has exactly one (their sum is `accounted`).
+COUNTERS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
 
 
 @dataclass
@@ -31,14 +39,18 @@ class KindRollup:
     imported: int = 0
     matched: int = 0
     already_here: int = 0
+    updated: int = 0  # written over their product row in place: a newer source version (issue 9)
     skipped: int = 0
     failed: int = 0
     source_total: int | None = None  # the source's own count, where a discovery task recorded one
+    # from the ledger's history of this run, per ledger kind (not rows seen; outside `accounted`)
+    deleted_at_source: int = 0
+    restored: int = 0
 
     @property
     def accounted(self) -> int:
-        """Rows with an outcome: imported + matched + already here + skipped + failed."""
-        return self.imported + self.matched + self.already_here + self.skipped + self.failed
+        """Rows with an outcome: imported + matched + already here + updated + skipped + failed."""
+        return self.imported + self.matched + self.already_here + self.updated + self.skipped + self.failed
 
 
 @dataclass
@@ -111,6 +123,13 @@ def rollup(db: Database, run_id: int) -> RunRollup:
             setattr(kr, c, getattr(kr, c) + int(r[c]))
         if r.get("source_total") is not None:
             kr.source_total = max(kr.source_total or 0, int(r["source_total"]))
+    changes = history_counts(db, run_id)
+    for kind, counts in changes.items():
+        kr = kinds.get(kind)
+        if kr is None:  # a ledger kind no task kind of the plan is named after
+            kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind))
+        kr.deleted_at_source += counts.get("deleted", 0)
+        kr.restored += counts.get("restored", 0)
     end = row["finished_at"] or datetime.now(row["started_at"].tzinfo)
     kind_list = list(kinds.values())
     return RunRollup(
@@ -128,8 +147,15 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         seconds=(end - row["started_at"]).total_seconds() if row["started_at"] else None,
-        completeness=completeness(db, run, kind_list),
+        completeness=completeness(db, run, kind_list, changes),
     )
+
+
+def _phase_of(run: Run, kind: str) -> int:
+    for i, group in enumerate(run.plan):
+        if kind in group:
+            return i
+    return max(len(run.plan) - 1, 0)
 
 
 def closed_phases(run: Run, kinds: list[KindRollup]) -> list[int]:
@@ -143,12 +169,15 @@ def closed_phases(run: Run, kinds: list[KindRollup]) -> list[int]:
     return closed
 
 
-def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[str, Any]]:
+def completeness(db: Database, run: Run, kinds: list[KindRollup],
+                 changes: dict[str, dict[str, int]] | None = None) -> list[dict[str, Any]]:
     """Per closed phase, whether its kinds add up (see the module docstring); problems as lines.
 
     A dry run writes no ledger rows, so only its stats and source counts are compared."""
     written = {r["kind"]: int(r["created"]) + int(r["matched"])
                for r in db.fetch_all("ledger_written_by_kind", {"run_id": run.id})}
+    if changes is None:
+        changes = history_counts(db, run.id)
     out: list[dict[str, Any]] = []
     for phase in closed_phases(run, kinds):
         mine = [k for k in kinds if k.phase == phase]
@@ -157,7 +186,7 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
             if k.seen != k.accounted:
                 problems.append(f"{k.kind}: {k.seen} seen but {k.accounted} accounted for "
                                 f"(imported {k.imported}, matched {k.matched}, already here {k.already_here}, "
-                                f"skipped {k.skipped}, failed {k.failed})")
+                                f"updated {k.updated}, skipped {k.skipped}, failed {k.failed})")
             if k.source_total is not None and k.seen != k.source_total:
                 problems.append(f"{k.kind}: {k.seen} seen of the source's own count {k.source_total}")
         stats_written = sum(k.imported + k.matched for k in mine)
@@ -165,12 +194,21 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
         if not run.dry_run and stats_written != ledger_written:
             problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_written} imported or "
                             f"matched in the task stats but {ledger_written} claimed in the ledger by this run")
+        stats_updated = sum(k.updated for k in mine)
+        history_updated = sum(changes.get(k.kind, {}).get("updated", 0) + changes.get(k.kind, {}).get("restored", 0)
+                              for k in mine)
+        if not run.dry_run and stats_updated != history_updated:
+            problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_updated} updated in the "
+                            f"task stats but {history_updated} updates in the ledger's history by this run")
         out.append({
             "phase": phase,
             "kinds": {k.kind: {"seen": k.seen, "accounted": k.accounted, "source_total": k.source_total,
-                               "ledger_written": written.get(k.kind, 0)} for k in mine},
+                               "ledger_written": written.get(k.kind, 0), "updated": k.updated,
+                               "deleted_at_source": k.deleted_at_source, "restored": k.restored} for k in mine},
             "stats_written": stats_written,
             "ledger_written": None if run.dry_run else ledger_written,
+            "stats_updated": stats_updated,
+            "history_updated": None if run.dry_run else history_updated,
             "complete": not problems,
             "problems": problems,
         })

@@ -234,14 +234,18 @@ UPDATE migrations
 -- The ledger's contract: created/matched rows are exclusive (no row returned: roll back the
 -- write, it is already here); skipped/failed rows are placeholders a real write takes over.
 -- `dangling` (migration 0008): references to parents that do not exist at the source, or NULL.
+-- `source_version` (migration 0010): the version written; a placeholder taken over is here again,
+-- so its deleted_at_source clears.
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling)
+       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling,
+        source_version)
 VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(record_type)s,
-        %(record_id)s, %(action)s, %(reason)s, %(dangling)s)
+        %(record_id)s, %(action)s, %(reason)s, %(dangling)s, %(source_version)s)
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, record_type = EXCLUDED.record_type,
        record_id = EXCLUDED.record_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       dangling = EXCLUDED.dangling, created_at = now()
+       dangling = EXCLUDED.dangling, source_version = EXCLUDED.source_version,
+       deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
@@ -252,7 +256,7 @@ INSERT INTO migration_records
 VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s)
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       created_at = now()
+       deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
@@ -304,6 +308,7 @@ SELECT phase, kind, status, count(*) AS n,
        COALESCE(sum((stats->>'imported')::bigint), 0) AS imported,
        COALESCE(sum((stats->>'matched')::bigint), 0) AS matched,
        COALESCE(sum((stats->>'already_here')::bigint), 0) AS already_here,
+       COALESCE(sum((stats->>'updated')::bigint), 0) AS updated,
        COALESCE(sum((stats->>'skipped')::bigint), 0) AS skipped,
        COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
        COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
@@ -549,3 +554,68 @@ SELECT r.*, m.status AS run_status, m.dry_run AS run_dry_run
   FROM migration_records r JOIN migrations m ON m.id = r.migration_id
  WHERE r.tenant_id = %(tenant_id)s AND r.kind = %(kind)s AND r.source_id = %(source_id)s
  ORDER BY r.source;
+
+-- === versions, updates in place, soft deletes (issue 9, migration 0010; engine_core/ledger.py) ===
+
+-- name: ledger_entry_for_update --
+-- The version fence: a sighting of a written row locks its entry before it compares versions, so
+-- of two workers writing the same changed row at once the second waits and then finds the new
+-- version already here (one update, one history row).
+SELECT id, migration_id, action, record_type, record_id, source_version, deleted_at_source
+  FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND source_id = %(source_id)s
+   FOR UPDATE;
+
+-- name: ledger_entry_written --
+-- After an update in place (or a restore): the entry holds the version now in the product row,
+-- is no longer deleted at the source, and keeps the new version's dangling references. Its
+-- migration_id stays the run that claimed it; the change is in migration_record_history.
+UPDATE migration_records
+   SET source_version = %(source_version)s, deleted_at_source = NULL,
+       dangling = %(dangling)s, reason = %(reason)s
+ WHERE id = %(id)s;
+
+-- name: ledger_history --
+INSERT INTO migration_record_history (record_id, migration_id, action, version_before, version_after, before)
+VALUES (%(record_id)s, %(run_id)s, %(action)s, %(version_before)s, %(version_after)s, %(before)s);
+
+-- name: ledger_mark_deleted --
+-- Soft delete, once: only entries not already marked change (so a second detection of the same
+-- deletion adds nothing), each with a `deleted` history row; returns what the product rows are.
+WITH marked AS (
+    UPDATE migration_records
+       SET deleted_at_source = COALESCE(%(at)s::timestamptz, now())
+     WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+       AND source_id = ANY(%(source_ids)s::text[]) AND deleted_at_source IS NULL
+    RETURNING id, action, record_type, record_id, source_version, deleted_at_source
+), noted AS (
+    INSERT INTO migration_record_history (record_id, migration_id, action, version_before, version_after)
+    SELECT id, %(run_id)s, 'deleted', source_version, source_version FROM marked
+)
+SELECT id, action, record_type, record_id, deleted_at_source FROM marked;
+
+-- name: ledger_would_delete --
+-- A dry run's mark_deleted: how many entries it would mark, nothing written.
+SELECT count(*) AS n FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = ANY(%(source_ids)s::text[]) AND deleted_at_source IS NULL;
+
+-- name: ledger_versions --
+SELECT source_id, source_version FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND source_id = ANY(%(source_ids)s::text[]);
+
+-- name: ledger_index --
+-- Every entry of one ledger kind with its version and soft-delete mark (a catch-up's or verify's
+-- comparison with the source's id listing); placeholders only when asked for.
+SELECT source_id, source_version, deleted_at_source FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND (%(placeholders)s OR action IN ('created', 'matched'));
+
+-- name: history_counts --
+-- What a run changed, per ledger kind and change (updated, deleted, restored): the rollup's
+-- "updated" is checked against these, "deleted at source" and "restored" are these.
+SELECT r.kind, h.action, count(*) AS n
+  FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id
+ WHERE h.migration_id = %(run_id)s
+ GROUP BY r.kind, h.action ORDER BY r.kind, h.action;

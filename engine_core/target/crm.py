@@ -122,6 +122,56 @@ def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
     return Written(TABLES[table].record_type, insert(tx, table, values))
 
 
+# --- updates in place (issue 9) --------------------------------------------------------------
+
+# A row's identity and owner never change in place: an update writes what the source says about
+# the record, not where it came from (a matched row - the product's own - keeps having no source).
+IDENTITY_COLUMNS = frozenset({"tenant_id", "source", "source_id"})
+
+
+def update(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Write a newer source version over crm.<table> row `record_id`, in place (one row, same id).
+
+    `values` are the mapped column values (as for `insert`); the identity columns (`tenant_id`,
+    `source`, `source_id`) are left as they are. Returns the row's previous values of the columns
+    that changed, as JSON values ({} when nothing changed) - what the ledger's history keeps - or
+    None when there is no such row (the product deleted it). Raises KeyError for a column the
+    table does not have."""
+    spec = TABLES[table]
+    unknown = sorted(set(values) - spec.columns)
+    if unknown:
+        raise KeyError(f"crm.{table} has no column {', '.join(unknown)}")
+    names = tuple(n for n in values if n not in IDENTITY_COLUMNS)
+    if not names:
+        return {}
+    statement = _update_statement(tx, table, names)
+    params = {n: (Jsonb(values[n]) if n in spec.jsonb and values[n] is not None else values[n]) for n in names}
+    params["__id"] = record_id
+    rows = tx.sql(statement, params)
+    if not rows:
+        return None
+    old, new = rows[0]["old"], rows[0]["new"]
+    return {n: old.get(n) for n in names if old.get(n) != new.get(n)}
+
+
+_UPDATES: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
+def _update_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
+    # The self-join reads the row as it was before this statement: RETURNING gives old and new.
+    key = (table, names)
+    text = _UPDATES.get(key)
+    if text is None:
+        text = _UPDATES[key] = sql.SQL(
+            "UPDATE crm.{t} AS n SET {sets} FROM crm.{t} AS o WHERE n.id = %(__id)s AND o.id = n.id"
+            " RETURNING to_jsonb(o) AS old, to_jsonb(n) AS new"
+        ).format(
+            t=sql.Identifier(table),
+            sets=sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(n), sql.Placeholder(n)) for n in names),
+        ).as_string(tx.raw)
+    return text
+
+
 # --- one row per source record, whichever list served it ------------------------------------
 
 # The tables whose rows carry an archived flag that moves at the source (a deal or lead archived
@@ -325,6 +375,17 @@ def upsert_field_definition(tx: Conn, values: Mapping[str, Any]) -> int:
         },
     )
     return int(rows[0]["id"])
+
+
+def field_definition(conn: Conn, tenant_id: str, source: str, entity: str, field_key: str) -> dict[str, Any] | None:
+    """One stored field definition (its columns as `field_definitions` gives them), or None."""
+    rows = conn.sql(
+        "SELECT entity, field_key, name, field_type, options, subfields, is_custom, position"
+        "  FROM crm.custom_field_definitions"
+        " WHERE tenant_id = %(t)s AND source = %(s)s AND entity = %(e)s AND field_key = %(k)s",
+        {"t": tenant_id, "s": source, "e": entity, "k": field_key},
+    )
+    return rows[0] if rows else None
 
 
 def field_definitions(conn: Conn, tenant_id: str, source: str) -> list[dict[str, Any]]:

@@ -2,9 +2,9 @@
 
 A deal listed by `/api/v2/deals`, archived, then listed again by `/api/v2/deals/archived` is one
 ledger entry (kind `deals`) and one crm.deals row, archived, with its emails on it; the same for
-leads and `/v1/leads/archived`. The later sighting changes the archived flag and nothing else, and
-only when it is the newer version at the source: a stale active sighting of a deal archived since
-does not un-archive it, a newer one (a restore) does. Ledger entries older code wrote under
+leads and `/v1/leads/archived`. The later sighting, a newer version at the source, updates that
+row in place (issue 9: archived flag, title and all); a stale active sighting of a deal archived
+since does not un-archive it, a newer one (a restore) does. Ledger entries older code wrote under
 `deals_archived` are folded by migration 0008: twins merge into one row, children moved onto it.
 
 The sighting through the other list is driven through the provider's own page writer with a task
@@ -73,7 +73,7 @@ def test_a_deal_seen_in_both_lists_is_one_row_archived_with_its_emails(db) -> No
         # archived since the active list served it: the archived list shows it, updated later
         moved = datetime.now(timezone.utc).replace(microsecond=0)
         archived = {**source, "is_archived": True, "archive_time": _rfc3339(moved), "update_time": _rfc3339(moved),
-                    "title": "a title the archived sighting must not write"}
+                    "title": "a title changed with the archiving"}
         ctx = _sight(db, run, "deals_archived", [archived], client)
         lead_sid = next(str(i) for i in truth["ids"]["leads"])
         lead = client.get(f"/v1/leads/{lead_sid}")["data"]
@@ -81,9 +81,10 @@ def test_a_deal_seen_in_both_lists_is_one_row_archived_with_its_emails(db) -> No
     rows = _deal_rows(db, sid)
     assert len(rows) == 1, "one product row per source deal"
     assert rows[0]["id"] == before[0]["id"] and rows[0]["archived"] is True and rows[0]["archived_at"] == moved
-    assert rows[0]["title"] == before[0]["title"], "the later sighting changes the archived flag, nothing else"
+    # a newer version at the source (issue 9): the same row updated in place, title and all
+    assert rows[0]["title"] == "a title changed with the archiving"
     assert _entries(db, sid) == [{"kind": "deals", "action": "created", "record_id": rows[0]["id"]}]
-    assert (ctx.stats.get("already_here"), ctx.stats.get("archived_updated"), ctx.stats.get("imported")) == (1, 1, 0)
+    assert (ctx.stats.get("updated"), ctx.stats.get("archived_updated"), ctx.stats.get("imported")) == (1, 1, 0)
     mails = db.sql("SELECT DISTINCT deal_id FROM crm.emails WHERE tenant_id = %(t)s AND source_id = ANY(%(m)s)",
                    {"t": TENANT, "m": [str(m) for m in truth["deals_with_mail"][sid]]})
     assert [m["deal_id"] for m in mails] == [rows[0]["id"]], "its emails are on the one row"

@@ -372,13 +372,18 @@ class EmailTask:
         refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
             states = _ledger_states(conn, run, ids)
+            versions = ledger.versions(conn, run, KIND, ids)
             every_ref = refs + ledger_refs(r.mapped for r in rows)
             self.found.update(ledger.resolve(conn, run, every_ref))
             if self.dry is not None:
                 self.dry |= ledger.dry_written(conn, run, every_ref)
         for r in rows:
             state = states.get(r["id"]) if r["id"] is not None else None
-            if state is not None:
+            # a written message listed with a newer version (issue 9) is fetched and written again,
+            # in place; one written before versions (None) is not: that would fetch every body again
+            held = versions.get(r["id"]) if r["id"] is not None else None
+            changed = held is not None and r.mapped is not None and ledger.newer(r.mapped.version, held)
+            if state is not None and not changed:
                 ours, written = state["migration_id"] == run.id, state["action"] in ("created", "matched")
                 if ours and not ctx.revisit:
                     continue  # this run recorded it in a window that committed, counts and all
@@ -521,7 +526,8 @@ class EmailTask:
 
 
 def _with_values(mapped: Mapped, values: dict[str, Any]) -> Mapped:
-    return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links)
+    return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links,
+                  version=mapped.version)
 
 
 def _ledger_states(conn: Conn, run: Any, ids: list[str]) -> dict[str, dict[str, Any]]:

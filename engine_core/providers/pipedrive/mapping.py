@@ -21,6 +21,7 @@ from datetime import date, datetime, timezone
 from typing import Any
 
 from engine_core.errors import EngineError
+from engine_core.ledger import content_version
 from engine_core.target.crm import normal_domain, normal_email
 
 SOURCE = "pipedrive"
@@ -106,9 +107,21 @@ class Mapped:
     parents: list[Ref] = field(default_factory=list)  # all must resolve, or the row is skipped
     links: list[Ref] = field(default_factory=list)  # filled when found, empty when not
     match_emails: list[str] = field(default_factory=list)
+    # the source version the ledger records (issue 9): `source_version` of the row
+    version: str | None = None
 
     def refs(self) -> list[Ref]:
         return self.parents + self.links
+
+
+def source_version(row: Mapping[str, Any], name: str = "update_time") -> str:
+    """A row's source version as the ledger keeps it (migration 0010): its update time exactly as
+    served (`update_time`; users: `modified`), or for a row without one "sha256:" + the hex digest
+    of the row's canonical JSON (`ledger.content_version`)."""
+    value = row.get(name)
+    if isinstance(value, str) and value.strip():
+        return value
+    return content_version(row)
 
 
 # --- field checks ----------------------------------------------------------------------------
@@ -403,7 +416,7 @@ def map_user(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
         "timezone": text(row, "timezone_name"),
         "locale": text(row, "locale"),
     }
-    return Mapped("users", sid, values)
+    return Mapped("users", sid, values, version=source_version(row, "modified"))
 
 
 def _position(row: Mapping[str, Any]) -> int | None:
@@ -422,7 +435,7 @@ def map_pipeline(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Map
         "active": flag(row, "is_deleted") is not True,
         "deal_probability_enabled": flag(row, "is_deal_probability_enabled"),
     }
-    return Mapped("pipelines", sid, values)
+    return Mapped("pipelines", sid, values, version=source_version(row))
 
 
 def map_stage(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
@@ -442,7 +455,7 @@ def map_stage(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped
         "deal_probability": number(row, "deal_probability"),
         "rotten_after_days": int(rot_days) if rot_days is not None and flag(row, "is_deal_rot_enabled") is not False else None,
     }
-    return Mapped("stages", sid, values, parents=parents)
+    return Mapped("stages", sid, values, parents=parents, version=source_version(row))
 
 
 def map_organization(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
@@ -460,7 +473,7 @@ def map_organization(row: Mapping[str, Any], tenant_id: str, book: FieldBook) ->
         "visible_to": visible_to(row),
         "custom_fields": custom_fields_v2(book, "organization", row, links),
     }
-    return Mapped("companies", sid, values, links=links)
+    return Mapped("companies", sid, values, links=links, version=source_version(row))
 
 
 def _emails(row: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -506,7 +519,8 @@ def map_person(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mappe
     }
     if isinstance(values["postal_address"], str):
         values["postal_address"] = {"value": values["postal_address"]}
-    return Mapped("contacts", sid, values, parents=parents, links=links, match_emails=[e["value"] for e in emails])
+    return Mapped("contacts", sid, values, parents=parents, links=links, match_emails=[e["value"] for e in emails],
+                  version=source_version(row))
 
 
 def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
@@ -542,7 +556,7 @@ def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
         "visible_to": visible_to(row),
         "custom_fields": custom_fields_v2(book, "deal", row, links),
     }
-    return Mapped("deals", sid, values, parents=parents, links=links)
+    return Mapped("deals", sid, values, parents=parents, links=links, version=source_version(row))
 
 
 def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
@@ -568,7 +582,7 @@ def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
         "visible_to": visible_to(row),
         "custom_fields": custom_fields_v1(book, "lead", row, links),
     }
-    return Mapped("leads", sid, values, parents=parents, links=links)
+    return Mapped("leads", sid, values, parents=parents, links=links, version=source_version(row))
 
 
 def _attachments(row: Mapping[str, Any], parents: list[Ref]) -> None:
@@ -604,7 +618,7 @@ def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Map
     }
     if isinstance(values["location"], str):
         values["location"] = {"value": values["location"]}
-    return Mapped("activities", sid, values, parents=parents, links=links)
+    return Mapped("activities", sid, values, parents=parents, links=links, version=source_version(row))
 
 
 PIN_FLAGS = ("deal", "lead", "person", "organization", "project", "task")
@@ -621,7 +635,7 @@ def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
         "content": text(row, "content", required=True, limit=TEXT_MAX),
         "pinned": [p for p in PIN_FLAGS if flag(row, f"pinned_to_{p}_flag")],
     }
-    return Mapped("notes", sid, values, parents=parents, links=links)
+    return Mapped("notes", sid, values, parents=parents, links=links, version=source_version(row))
 
 
 MAPPERS = {
@@ -687,7 +701,7 @@ def map_email(item: Any, tenant_id: str, deal_source_id: str) -> Mapped:
         "thread_ref": str(message["mail_thread_id"]) if isinstance(message.get("mail_thread_id"), (int, str)) else None,
         "has_attachments": bool(flag(message, "has_attachments_flag")),
     }
-    return Mapped("emails", sid, values, parents=parents, links=links)
+    return Mapped("emails", sid, values, parents=parents, links=links, version=source_version(message))
 
 
 def with_body(mapped: Mapped, message: Any) -> Mapped:
@@ -700,7 +714,8 @@ def with_body(mapped: Mapped, message: Any) -> Mapped:
             raise MalformedRow("body contains NUL bytes")
         if len(body) > TEXT_MAX:
             raise MalformedRow(f"body is {len(body):,} characters long (at most {TEXT_MAX:,})")
-    return Mapped(mapped.table, mapped.source_id, {**mapped.values, "body": body}, mapped.parents, mapped.links)
+    return Mapped(mapped.table, mapped.source_id, {**mapped.values, "body": body}, mapped.parents, mapped.links,
+                  version=mapped.version)
 
 
 def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:

@@ -22,9 +22,17 @@ without a request. Owners stay soft references.
 
 One identity per source record (issue 8, item 6): the archived lists' tasks write ledger kind
 `deals` / `leads` (`mapping.ledger_kind`), so a deal listed by `/api/v2/deals` and again, archived
-since, by `/api/v2/deals/archived` is one ledger entry and one product row. Its second sighting is
-`already_here`; it brings the row's archived flag up to date (`crm.refresh_archived`: the newer
-version at the source wins) and counts `archived_updated` in the task's stats.
+since, by `/api/v2/deals/archived` is one ledger entry and one product row. Archiving moves a
+record's update time, so its second sighting is a newer version: `updated` in place (below), with
+`archived_updated` in the task's stats; a sighting whose version cannot be ordered against the
+written one (equal times) is `already_here` and only brings the archived flag up
+(`crm.refresh_archived`).
+
+Changes (issue 9). Every row carries its source version (`Mapped.version`: `update_time` as
+served, or a content hash); a written row seen again with a newer version is written over its
+product row in place (`crm.update`, same record id, never a second row), outcome `updated`, the
+previous values in the ledger's history (`ledger.write_once`). A matched row (the product's own
+contact, company or user) is not overwritten unless the run option `overwrite_matched` is true.
 
 In a dry run nothing is written (the engine rolls each row's savepoint back), so a parent that
 this same run would have created earlier is not in the ledger; the engine remembers the dry run's
@@ -239,14 +247,28 @@ def write_mapped(
         write = lambda: crm.write_user(tx, values)  # noqa: E731
     else:
         write = lambda: crm.write(tx, mapped.table, values)  # noqa: E731
-    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason)
+    archived_before: list[bool] = []
+
+    def update(record_id: int) -> dict[str, Any] | None:
+        # a newer version at the source: the same product row, every mapped column brought up to it
+        before = crm.update(tx, mapped.table, record_id, values)
+        if before and "archived" in before:
+            archived_before.append(True)
+        return before
+
+    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason,
+                                version=mapped.version, update=update, on_event=on_event)
     if outcome == ledger.ALREADY_HERE:
         if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
-            # another list (or run) wrote this record: its archived flag may have moved since
+            # another list wrote this record at a version that cannot be ordered against this one:
+            # its archived flag may have moved since
             record_id = ledger.record_of(tx, run, kind, mapped.source_id)
             if record_id is not None and crm.refresh_archived(tx, mapped.table, record_id, mapped.values):
                 if on_event:
                     on_event("archived_updated")
+    elif outcome == ledger.UPDATED:
+        if archived_before and on_event:
+            on_event("archived_updated")  # the update moved the archived flag (archived or restored)
     elif refs and on_event:
         on_event("dangling")
     return outcome
@@ -315,15 +337,26 @@ def normal_definition(entity: str, item: dict[str, Any], position: int) -> dict[
     }
 
 
+DEFINITION_COLUMNS = ("entity", "field_key", "name", "field_type", "options", "subfields", "is_custom", "position")
+
+
 def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]]) -> PageResult:
-    """Store the run's field definitions: refreshed in place every run, claimed once in the ledger."""
+    """Store the run's field definitions: refreshed in place every run, claimed once in the ledger.
+
+    A definition's version is its content's hash (`ledger.content_version` of the normalised
+    definition: definitions have no update time); a changed one counts `updated`, with the
+    previous values in the ledger's history."""
 
     def writer(tx: Conn, d: dict[str, Any]) -> str:
-        values = {k: d[k] for k in ("entity", "field_key", "name", "field_type", "options", "subfields", "is_custom", "position")}
+        values = {k: d[k] for k in DEFINITION_COLUMNS}
         # The refresh happens outside the claim's savepoint: a field already here still gets
-        # its current name and option labels.
+        # its current name and option labels. What it replaced is kept for the history.
+        old = crm.field_definition(tx, ctx.run.tenant_id, ctx.run.source, d["entity"], d["field_key"])
         def_id = crm.upsert_field_definition(tx, {"tenant_id": ctx.run.tenant_id, "source": ctx.run.source, **values})
-        return ledger.write_once(tx, ctx.run, "fields", d["id"], lambda: ledger.Written("crm.custom_field_definitions", def_id))
+        before = {k: old[k] for k in DEFINITION_COLUMNS if old is not None and old[k] != values[k]}
+        return ledger.write_once(tx, ctx.run, "fields", d["id"], lambda: ledger.Written("crm.custom_field_definitions", def_id),
+                                 version=ledger.content_version(values), update=lambda _record_id: before,
+                                 on_event=ctx.stats.bump)
 
     return ctx.write_rows(list(definitions), writer, kind="fields")
 
