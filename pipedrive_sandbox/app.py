@@ -310,6 +310,15 @@ class SandboxState:
         return self.config.fault_spec.rate("badrow")
 
     def reconfigure(self, changes: dict[str, Any]) -> SandboxConfig:
+        """Apply run-time option changes (ValueError names a bad one). Swaps config and shapes under
+        the lock; (re)starts the live background outside it (its thread takes the lock to stop)."""
+        with self.lock:
+            old, new = self.config, self._reconfigure(changes)
+        if new.live_rate != old.live_rate or (new.live_rate > 0 and not self.live.running and new.live_max != old.live_max):
+            self.live.start()  # a new rate (or cap) starts the background changes over from now; 0 stops them
+        return new
+
+    def _reconfigure(self, changes: dict[str, Any]) -> SandboxConfig:
         new = self.config.with_changes(changes)
         self.limiter.reconfigure(
             burst_limit=new.burst_limit,
@@ -321,10 +330,7 @@ class SandboxState:
         if any(getattr(new, name) != getattr(self.config, name) for name in SandboxConfig.SHAPES):
             self.shapes = Shapes(self.dataset, new)  # a fresh shape state: archive flips start over
             self.summary_cache.clear()
-        old = self.config
         self.config = new
-        if new.live_rate != old.live_rate or (new.live_rate > 0 and not self.live.running and new.live_max != old.live_max):
-            self.live.start()  # a new rate (or cap) starts the background changes over from now; 0 stops them
         return new
 
 

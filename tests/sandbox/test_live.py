@@ -426,3 +426,50 @@ def test_live_options_parse_round_trip_and_errors() -> None:
         with make_client(server.base_url) as c:
             assert c.get("/_sandbox/truth", params={"rows": "1"}).status_code == 400
             assert c.get("/_sandbox/changes", params={"since_seq": "-1"}).status_code == 400
+
+
+def test_changed_rows_and_new_mail_validate_against_the_published_schemas(specs: dict[str, Any], sb: SandboxServer, c: httpx.Client) -> None:
+    from .conftest import response_schema
+    from .test_fidelity import ALLOWED_UNDECLARED_NULLS, _strip_prefix, undeclared_null_paths
+
+    changes = sb.live_step(80)
+    allowance = {"persons": "person", "organizations": "organization", "deals": "deal", "activities": "activity", "notes": "note", "leads": "none"}
+    spec_path = {"persons": ("v2", "/persons/{id}"), "organizations": ("v2", "/organizations/{id}"), "deals": ("v2", "/deals/{id}"),
+                 "activities": ("v2", "/activities/{id}"), "leads": ("v1", "/leads/{id}"), "notes": ("v1", "/notes/{id}")}
+    checked: set[tuple[str, str]] = set()
+    for ch in changes:
+        if ch["op"] == "mail":
+            cases = [("v1", "/deals/{id}/mailMessages", f"/v1/deals/{ch['deal_id']}/mailMessages?limit=500", "mail"),
+                     ("v1", "/mailbox/mailMessages/{id}", f"/v1/mailbox/mailMessages/{ch['id']}?include_body=1", "mail")]
+        elif ch["op"] in ("delete", "merge") or get(c, ch["kind"], ch["id"]).status_code == 404:
+            continue
+        else:
+            api, path = spec_path[ch["kind"]]
+            cases = [(api, path, GET[ch["kind"]].format(ch["id"]), allowance[ch["kind"]])]
+        for api, path, url, allow in cases:
+            body = c.get(url).json()
+            nulls, others = undeclared_null_paths(response_schema(specs, api, path), body)
+            assert not others, (ch, url, others[:5])
+            stray = {p for p in (_strip_prefix(n) for n in nulls) if p not in ALLOWED_UNDECLARED_NULLS[allow]}
+            assert not stray, (ch, url, sorted(stray))
+            checked.add((ch["op"], ch["kind"]))
+    assert {("create", "deals"), ("update", "persons"), ("mail", "mail_messages")} <= checked
+
+
+def test_live_changes_over_the_api_shapes_keep_lists_and_truth_equal() -> None:
+    shapes = dict(page_cap=5, null_update_time=2, archive_flip=2, hostile_mail=True)
+    with sandbox(**shapes) as server, make_client(server.base_url) as c:
+        for name in list(V2_LIST) + list(V1_LIST):
+            listed(c, name)  # serve the active lists once: the archive flips happen
+        changes = server.live_step(50)
+        truth = server.truth()
+        for name in list(V2_LIST) + list(V1_LIST):
+            assert listed(c, name) == truth["ids"][name], name
+        middle = changes[25]["at"]
+        for name in ("persons", "deals"):
+            rows = server.truth_rows(name)
+            newer = sorted(r["id"] for r in rows.values() if r.get("update_time") and ts(r["update_time"]) >= ts(middle))
+            assert sorted(listed(c, name, updated_since=middle)) == newer, name
+        for mid in [ch["id"] for ch in changes if ch["op"] == "mail"]:
+            assert c.get(f"/v1/mailbox/mailMessages/{mid}", params={"include_body": 1}).status_code == 200
+        assert min(ch["id"] for ch in changes if ch["op"] == "mail") > max(h["id"] for h in truth["hostile_mail"])
