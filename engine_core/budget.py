@@ -1,54 +1,86 @@
-"""The source's rate-limit budget, leased centrally in chunks and spent locally.
+"""The source's rate-limit budget: slots scheduled centrally in chunks, spent locally at their time.
 
 One row in `source_budgets` per source account - not per tenant: two tenants importing one account
 share its allowance, and so do every lane thread, fetch thread and worker process. A worker leases
-a *chunk* of slots with one statement under the row lock, spends them in-process (thread-safe, no
+a *chunk* of C slots with one statement under the row lock, spends them in-process (thread-safe, no
 database), and reports what the response headers said on its next lease. The hot path never writes
 the row per request: one statement per chunk, plus a write only when something happens that every
-worker must know at once (a 429, the daily budget spent).
+worker must know at once (a burst 429, the daily budget spent).
 
-The guarantee, and why it holds
--------------------------------
-The source counts requests in a *rolling* window of W seconds (2 s) and refuses the (L+1)-th. Handing
-out L slots per fixed W-second window would allow 2L across a window boundary, so the row keeps a
-token bucket instead, in its GCRA form: one timestamp `tat`, the earliest start of the next chunk.
+The guarantee, and why it holds (issue 11: the rate the source allows, not 0.55 of it)
+-------------------------------------------------------------------------------------
+The source counts requests in a *rolling* window of W seconds (2 s) and refuses a request when L
+were accepted within the W seconds before it. The row keeps a GCRA token bucket, one timestamp
+`tat`, and schedules every slot *individually*:
 
-* A lease of a chunk of C slots starts at `start = max(now, tat, paused_until)` and moves `tat` to
-  `start + C / r`: chunk starts are at least C / r apart, whoever leases them.
-* A slot may be spent only within [start, start + ttl] (it expires unspent after that); the source
-  sees it within that interval plus the network's one-way delay, bounded by a `latency_margin` m.
-* So the requests the source sees in any window [t, t + W] come from chunks that started within
-  [t - ttl - m, t + W], an interval of H = W + ttl + m. At most H*r/C + 1 chunk starts fit in it,
-  i.e. at most H*r + C slots. With r = (L - C) / H that is exactly L: never more than the limit,
-  summed over every worker sharing the account, at any alignment of the window.
+* A lease of C slots starts at `start = max(now, tat, paused_until)` (database clock, under the row
+  lock), gives slot j the time `s_j = start + j*g` (j = 0..C-1) and moves `tat` to `start + C*g`
+  (plus 1 us against rounding). So any two slots ever granted for the account, by any process, are
+  at least g apart.
+* A slot may be sent only within [s_j, s_j + ttl] (`lease_ttl`; unsent, it expires), and the
+  request reaches the source's counter at most `latency_margin` m after the check that let it go
+  (m bounds the jitter of the one-way delay and the client's own time from check to socket: a
+  constant delay shifts every request alike and changes no count). So it arrives in
+  [s_j, s_j + d] with d = ttl + m.
+* The requests that arrive in any window (t - W, t] therefore hold slots with s_j in
+  (t - W - d, t], a half-open interval of length W + d; points at least g apart number at most
+  ceil((W + d) / g) in it. With g = (W + d) / L that is L: never more than the limit, summed over
+  every worker sharing the account, at any alignment of the window. The sustained rate is
+  L / (W + d): with ttl = 0.05 s and m = 0.075 s, 0.94 of the allowed L / W.
+* Every worker maps a database time onto its own monotonic clock conservatively: the database read
+  its clock between `before` and `after` (local) of a lease statement, so the offset between the
+  clocks lies in [before - db_now, after - db_now]; the tightest of the last 10 s of leases, each
+  widened by 500 ppm of drift per second since, gives [lo, hi], and slot j is valid locally from
+  `s_j + hi` to `s_j + lo + ttl` - an interval inside [s_j, s_j + ttl] on the database's clock. A
+  slow statement only shortens slots' lives (they expire unspent: lost rate, never an extra
+  request), and one fast lease in ten seconds is enough to keep them whole.
 
-Chunk starts are on the database's clock (`clock_timestamp()` under the row lock), so processes on
-different machines agree. Each worker maps a start onto its own monotonic clock conservatively:
-a slot becomes valid after the lease statement returned (`after + delay`) and expires counted from
-before it was sent (`before + delay + ttl`), so the local validity interval lies inside the
-database's. A lease may start in the future (a queue of at most `max_ahead` seconds): the worker
-waits locally rather than polling the row, so a refused lease costs no statement in steady state.
+This is the previous design's bound with two changes: the chunk no longer starts all its slots at
+once (that cost C per window), and a slot lives for `ttl` after its own time instead of a whole
+chunk's worth of time (that cost ttl + m of every W + ttl + m). A fetch round's `reserve(n)` holds
+n *scheduled* slots; each fetch thread waits locally for its slot's time, with no database.
 
-The cost is headroom: the sustained rate is (L - C) / (W + ttl + m), not L / W. With L = 80, C = 8,
-ttl = 1 s and m = 0.25 s that is 22 requests/s against the source's 40; a shorter `lease_ttl` buys
-rate at the price of more expired slots when a worker is slow to spend. Statements on the row:
-one per C requests (C = 8: 125 per 1,000), plus one per burst 429 or daily exhaustion.
+Self-correction from what the source says
+-----------------------------------------
+The proof assumes the account's token is spent only through this row. What the source reports
+corrects it when that is not so (another integration on the same token, a jitter beyond m):
 
-Reconcile
----------
-`observe(headers)` keeps what the responses say: `x-ratelimit-limit` lowers the limit in force when
-the plan's is lower than configured (taking effect at the next lease), `x-ratelimit-remaining: 0`
-pauses this process until the window resets, and the `x-daily-ratelimit-token-*` values ride along
-on the next lease statement. A burst 429 (`note_rate_limited("burst", wait)`) writes `paused_until`
-once, so no worker leases before the window has emptied. A spent daily budget (a daily 429, or
-remaining at or below `daily_floor`) writes `daily_reset_at`; from then on this process's slots are
-refused at once and every other worker's next lease raises `RateLimitParked` without calling the
-source - the task parks until the reset instead of burning attempts on a wait measured in hours.
-A daily 429 carries the exact wait (`Retry-After`); a 200 that merely reports 0 tokens left does
-not say when the day ends, so it parks for `daily_probe_seconds`, after which one request learns
-the exact reset from the 429 it gets (a refused request costs no tokens). Other processes learn of
-a park at their next lease: their slots already in hand (at most one chunk, at most `lease_ttl`
-old) may still meet a daily 429, which parks them with the exact wait.
+* `x-ratelimit-limit` lower than configured lowers the limit in force at the next lease.
+* `x-ratelimit-remaining: 0` with `x-ratelimit-reset`: this process holds off until the window
+  resets (capped at W).
+* A burst 429 (`Retry-After`): `paused_until` is written once, so no slot of any worker starts
+  before the window has emptied, and `rate_scale` drops to 3/4 of what was in force (at least
+  `min_rate_scale`): every lease's spacing is g / rate_scale, recovering linearly to g at
+  `rate_recovery` per second from `last_burst_at`. A larger spacing keeps the proof.
+
+The daily token budget, and our share of it
+-------------------------------------------
+The source charges every accepted request its token cost against a daily budget per company
+shared by all its integrations. The engine spends at most `daily_share` of it (default from
+MIGRATE_DAILY_TOKEN_SHARE, 0.8): it never lets the source's remaining tokens fall below the floor
+F = ceil((1 - share) * limit), `limit` being `x-daily-ratelimit-token-limit`.
+
+* Each granted slot has a sequence number (the row's `slots_leased` count). A response's
+  `x-daily-ratelimit-token-remaining` R, reported with the number k of the slot its request used,
+  counts every request that reached the source before it; slots numbered below k - lag (lag =
+  ceil(d / g) + 1) arrived before slot k did (they are >= lag*g > d earlier), so they are in R.
+* Every request costs at most `max_cost` tokens (80: the largest `x-token-cost` in the spec). So
+  after a lease that brings the count to n, the tokens our requests may have spent beyond R are at
+  most max_cost * (n - k + lag). A lease is granted only if R - max_cost * (n - k + lag) >= F;
+  otherwise the row parks the account (`daily_reset_at`, `daily_reason = 'share'`) until the day
+  resets - `x-daily-ratelimit-reset` when the source sends it, else the next UTC midnight (the
+  `daily_reset` callable). With no other integration spending, the source's count of our tokens
+  in a day never exceeds share * limit; with others spending, we stop as soon as R says so.
+* The row keeps the tightest report (R + max_cost * k smallest) or a newer one (k beyond the
+  kept k + lag: a day that reset reports a larger R), and forgets its numbers when a parked day's
+  reset time has passed. Before the source has reported a limit nothing is known and nothing is
+  held back.
+* A daily 429 (the budget spent by everyone together) parks every worker with the exact wait
+  (`Retry-After`, `daily_reason = 'spent'`). A parked worker raises `RateLimitParked` at once and
+  its task parks until the reset instead of burning attempts on a wait measured in hours;
+  `waiting_state(db, account)` says why and until when, for the run's status.
+
+Statements on the row: one per C requests, plus one per burst 429 or daily park.
 """
 from __future__ import annotations
 
@@ -60,17 +92,19 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Literal
+from datetime import datetime, timedelta, timezone
+from typing import Any, Literal, NamedTuple
 
-from engine_core.db import Database, query
+from engine_core.config import daily_token_share
+from engine_core.db import Database
 from engine_core.errors import RateLimitParked, TaskStopped
 
 log = logging.getLogger(__name__)
 
 POLL = 0.1  # how often a waiter looks at its cancel event
-
-# The statements are named queries in sql/queries.sql (budget_lease, budget_create, budget_pause,
-# budget_park); each is counted by `BudgetStats`.
+OFFSET_MEMORY = 10.0  # seconds of lease round trips that bound this process's clock offset
+CLOCK_DRIFT = 5e-4  # the most two clocks drift apart per second (NTP slews at most 500 ppm)
+MAX_TOKEN_COST = 80  # the largest x-token-cost in Pipedrive's spec (/v1/deals/summary/archived)
 
 
 class BudgetCancelled(TaskStopped):
@@ -89,17 +123,190 @@ class BudgetStats:
     slots_expired: int
 
 
-@dataclass
-class _Lease:
-    """A chunk held locally (mutable: `left` goes down as slots are taken)."""
+@dataclass(frozen=True)
+class _Slot:
+    """One scheduled slot on this process's monotonic clock: send within [valid_from, expires_at]."""
 
     valid_from: float
     expires_at: float
-    left: int
+    seq: int  # the row's slot numbering (slots_leased before this chunk + j)
+
+
+def seconds_to_utc_midnight(now: float) -> float:
+    """Seconds from `now` (epoch seconds) to the next UTC midnight: Pipedrive's daily budget is
+    counted per UTC day when the source does not say when it resets (at least 1 s)."""
+    moment = datetime.fromtimestamp(now, tz=timezone.utc)
+    midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1.0, midnight.timestamp() - now)
+
+
+# The statements on the row. They live here, beside the proof they implement.
+LEASE_SQL = """
+WITH locked AS (
+    SELECT * FROM source_budgets
+     WHERE source = %(source)s AND account = %(account)s
+       FOR UPDATE
+), stamped AS (
+    -- clock_timestamp() after the lock is held: a waiter must not start from the time it queued
+    SELECT locked.*, clock_timestamp() AS now FROM locked
+), day AS (
+    -- a parked day whose reset has passed: its numbers are forgotten
+    SELECT s.*, (s.daily_reset_at IS NOT NULL AND s.daily_reset_at <= s.now) AS new_day FROM stamped s
+), report AS (
+    SELECT d.*,
+           (%(rem)s::bigint IS NOT NULL AND %(seq)s::bigint IS NOT NULL AND (
+                d.new_day OR d.daily_remaining IS NULL OR d.daily_seq IS NULL
+             OR %(seq)s::bigint > d.daily_seq + %(lag)s
+             OR %(rem)s::bigint + %(max_cost)s * %(seq)s::bigint < d.daily_remaining + %(max_cost)s * d.daily_seq
+           )) AS take
+      FROM day d
+), known AS (
+    SELECT r.*,
+           CASE WHEN r.take THEN %(rem)s::bigint WHEN r.new_day THEN NULL ELSE r.daily_remaining END AS rem,
+           CASE WHEN r.take THEN %(seq)s::bigint WHEN r.new_day THEN NULL ELSE r.daily_seq END AS kseq,
+           COALESCE(%(daily_limit)s::bigint, r.daily_limit) AS lim,
+           CASE WHEN r.new_day THEN NULL ELSE r.daily_reset_at END AS reset_at,
+           LEAST(1.0, r.rate_scale + %(recovery)s * GREATEST(0.0,
+                 EXTRACT(EPOCH FROM r.now - COALESCE(r.last_burst_at, r.now))::float8)) AS scale
+      FROM report r
+), plan AS (
+    SELECT k.*,
+           GREATEST(k.now, k.tat, COALESCE(k.paused_until, k.now)) AS start,
+           %(spacing)s::float8 / k.scale AS slot_spacing,
+           (k.reset_at IS NOT NULL AND k.reset_at > k.now) AS parked_before,
+           (k.rem IS NOT NULL AND k.kseq IS NOT NULL AND k.lim IS NOT NULL
+            AND k.rem - %(max_cost)s * (k.slots_leased + %(chunk)s - k.kseq + %(lag)s)
+                < CEIL((1.0 - %(share)s::float8) * k.lim)) AS share_reached
+      FROM known k
+), decided AS (
+    SELECT p.*,
+           (NOT p.parked_before AND NOT p.share_reached
+            AND p.start <= p.now + make_interval(secs => %(max_ahead)s)) AS grant_it,
+           (NOT p.parked_before AND p.share_reached) AS park_now
+      FROM plan p
+), written AS (
+    UPDATE source_budgets b
+       SET tat = CASE WHEN d.grant_it
+                      THEN d.start + make_interval(secs => d.slot_spacing * %(chunk)s + 0.000001)
+                      ELSE b.tat END,
+           burst_limit = %(burst_limit)s,
+           daily_remaining = d.rem,
+           daily_seq = d.kseq,
+           daily_limit = d.lim,
+           daily_reset_at = CASE WHEN d.park_now THEN d.now + make_interval(secs => %(daily_wait)s)
+                                 ELSE d.reset_at END,
+           daily_reason = CASE WHEN d.park_now THEN 'share'
+                               WHEN d.reset_at IS NULL THEN NULL ELSE b.daily_reason END,
+           leases = b.leases + CASE WHEN d.grant_it THEN 1 ELSE 0 END,
+           slots_leased = b.slots_leased + CASE WHEN d.grant_it THEN %(chunk)s ELSE 0 END,
+           updated_at = d.now
+      FROM decided d
+     WHERE b.source = d.source AND b.account = d.account
+    RETURNING b.daily_reset_at, b.daily_reason
+)
+SELECT EXTRACT(EPOCH FROM d.start - d.now)::float8 AS delay,
+       EXTRACT(EPOCH FROM d.now)::float8 AS db_now,
+       EXTRACT(EPOCH FROM d.start)::float8 AS db_start,
+       d.slot_spacing,
+       d.slots_leased AS first_seq,
+       d.grant_it AS granted,
+       (d.parked_before OR d.park_now) AS parked,
+       EXTRACT(EPOCH FROM w.daily_reset_at - d.now)::float8 AS daily_wait,
+       w.daily_reason AS reason
+  FROM decided d, written w
+"""
+
+CREATE_SQL = """
+INSERT INTO source_budgets (source, account, burst_limit, window_seconds)
+VALUES (%(source)s, %(account)s, %(burst_limit)s, %(window_seconds)s)
+ON CONFLICT (source, account) DO NOTHING
+"""
+
+# A burst 429: no slot starts before the window has emptied, whoever leases it (a later pause
+# wins), and the rate in force drops to 3/4 of what it was (recovering from now).
+PAUSE_SQL = """
+UPDATE source_budgets
+   SET paused_until = GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s)),
+       rate_scale = GREATEST(%(min_scale)s::float8, 0.75 * LEAST(1.0, rate_scale + %(recovery)s * GREATEST(0.0,
+                    EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(last_burst_at, clock_timestamp()))::float8))),
+       last_burst_at = clock_timestamp(),
+       updated_at = clock_timestamp()
+ WHERE source = %(source)s AND account = %(account)s
+"""
+
+# A daily 429 ('spent') or our share used ('share'): every worker sharing the account parks until
+# the reset. A stale reset from an
+# earlier day is replaced; a later one recorded by another worker is kept.
+PARK_SQL = """
+UPDATE source_budgets
+   SET daily_reset_at = CASE
+           WHEN daily_reset_at IS NULL OR daily_reset_at <= clock_timestamp()
+           THEN clock_timestamp() + make_interval(secs => %(wait)s)
+           ELSE GREATEST(daily_reset_at, clock_timestamp() + make_interval(secs => %(wait)s))
+       END,
+       daily_reason = %(reason)s,
+       daily_remaining = CASE WHEN %(reason)s = 'spent' THEN 0 ELSE daily_remaining END,
+       daily_seq = CASE WHEN %(reason)s = 'spent' THEN slots_leased ELSE daily_seq END,
+       updated_at = clock_timestamp()
+ WHERE source = %(source)s AND account = %(account)s
+"""
+
+WAITING_SQL = """
+SELECT clock_timestamp() AS now, paused_until, daily_reset_at, daily_reason, daily_limit, daily_remaining
+  FROM source_budgets WHERE source = %(source)s AND account = %(account)s
+"""
+
+
+class WaitingState(NamedTuple):
+    """What an account's budget is waiting on: `reason` (None when nothing) and `until` (a UTC
+    datetime, None when nothing). `kind` is 'daily_share' | 'daily_spent' | 'burst' | None."""
+
+    reason: str | None
+    until: datetime | None
+    kind: str | None = None
+
+
+def waiting_state(db: Database, account: str, source: str = "pipedrive") -> WaitingState:
+    """Why the account's workers are not calling the source right now, and until when.
+
+    Reads the account's budget row (no lock, one statement): a parked daily budget first (our
+    share of the day is used up, or the source answered a daily 429), then a burst pause (a 429).
+    Returns `WaitingState(None, None)` when neither holds or the account has no row yet. For
+    `migrate status` / progress: e.g. "waiting on the daily token budget (our 80% share is used)
+    until 2026-12-02 00:00 UTC".
+    """
+    rows = db.sql(WAITING_SQL, {"source": source, "account": account})
+    if not rows:
+        return WaitingState(None, None)
+    row = rows[0]
+    now = row["now"]
+    reset = row["daily_reset_at"]
+    if reset is not None and reset > now:
+        if row["daily_reason"] == "share":
+            share = daily_token_share()
+            limit = row["daily_limit"]
+            of = f" of {limit:,} tokens" if limit else ""
+            return WaitingState(f"waiting on the daily token budget: our {share:.0%} share{of} is used",
+                                reset.astimezone(timezone.utc), "daily_share")
+        return WaitingState("waiting on the daily token budget: the source says it is spent",
+                            reset.astimezone(timezone.utc), "daily_spent")
+    paused = row["paused_until"]
+    if paused is not None and paused > now:
+        return WaitingState("waiting on the burst window: the source answered 429", paused.astimezone(timezone.utc), "burst")
+    return WaitingState(None, None)
 
 
 class Budget:
-    """A source account's rate-limit budget: lease chunks from the row, spend them locally."""
+    """A source account's rate-limit budget: lease chunks of scheduled slots, spend them locally.
+
+    `burst_limit` L per `window_seconds` W; `chunk` C slots per lease statement (at most L / 4);
+    `lease_ttl` how long after its scheduled time a slot may still be sent; `latency_margin` the
+    bound on the jitter from a slot's check to the request's arrival at the source (both seconds;
+    see the module's proof); `max_ahead` how far in the future a lease may start; `daily_share`
+    the share of the daily token budget this engine may spend (default MIGRATE_DAILY_TOKEN_SHARE);
+    `max_cost` the largest token cost of one request; `daily_reset` seconds from an epoch time to
+    the source's daily reset when it does not say. Raises ValueError on a bad number.
+    """
 
     def __init__(
         self,
@@ -110,12 +317,17 @@ class Budget:
         burst_limit: int = 80,
         window_seconds: float = 2.0,
         chunk: int = 8,
-        lease_ttl: float = 1.0,
-        latency_margin: float = 0.25,
+        lease_ttl: float = 0.05,
+        latency_margin: float = 0.075,
         max_ahead: float = 5.0,
-        daily_floor: int = 0,
+        daily_share: float | None = None,
+        max_cost: int = MAX_TOKEN_COST,
+        daily_reset: Callable[[float], float] = seconds_to_utc_midnight,
         daily_probe_seconds: float = 30.0,
+        rate_recovery: float = 0.02,
+        min_rate_scale: float = 0.25,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if burst_limit < 2:
             raise ValueError(f"burst_limit must be >= 2, got {burst_limit}")
@@ -123,6 +335,13 @@ class Budget:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         if window_seconds <= 0 or lease_ttl <= 0 or latency_margin < 0 or max_ahead < 0:
             raise ValueError("window_seconds and lease_ttl must be > 0; latency_margin and max_ahead >= 0")
+        share = daily_token_share() if daily_share is None else daily_share
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"daily_share must be in (0, 1], got {share}")
+        if max_cost < 1:
+            raise ValueError(f"max_cost must be >= 1, got {max_cost}")
+        if not 0.0 < min_rate_scale <= 1.0 or rate_recovery < 0:
+            raise ValueError("min_rate_scale must be in (0, 1] and rate_recovery >= 0")
         self.db = db
         self.source = source
         self.account = account
@@ -132,20 +351,28 @@ class Budget:
         self.lease_ttl = lease_ttl
         self.latency_margin = latency_margin
         self.max_ahead = max_ahead
-        self.daily_floor = daily_floor
+        self.daily_share = share
+        self.max_cost = max_cost
         self.daily_probe_seconds = daily_probe_seconds
+        self.rate_recovery = rate_recovery
+        self.min_rate_scale = min_rate_scale
+        self._daily_reset = daily_reset
         self._clock = clock
+        self._wall = wall_clock
         self._cond = threading.Condition(threading.Lock())
-        self._leases: list[_Lease] = []
+        self._local = threading.local()  # .seq: the slot this thread's last request used
+        self._slots: list[_Slot] = []  # held, sorted by valid_from
         self._leasing = False
-        self._row_ready = False
         self._reported_limit: int | None = None
         self._paused_until = -math.inf  # local: no slot is spent before this
         self._row_paused_until = -math.inf  # what this process last wrote to the row
-        self._parked_until = -math.inf  # local: the daily budget is spent until this
+        self._parked_until = -math.inf  # local: the daily budget is parked until this
+        self._parked_reason: str | None = None
         self._not_before = -math.inf  # a refused lease: the queue was longer than max_ahead
-        self._daily_remaining: int | None = None
+        self._report: tuple[int, int] | None = None  # (daily remaining, seq), for the next lease
         self._daily_limit: int | None = None
+        self._daily_reset_at: float | None = None  # local clock: the source's x-daily-ratelimit-reset
+        self._offsets: deque[tuple[float, float, float]] = deque()  # (local time, lo, hi): see _offset
         self._statements = 0
         self._writes = 0
         self._lease_count = 0
@@ -166,20 +393,27 @@ class Budget:
         return self.burst_limit
 
     def lease_size(self, limit: int | None = None) -> int:
-        """Slots per lease: the configured chunk, at most a quarter of the limit.
-
-        The sustained rate is (L - C) / (W + ttl + m): a chunk near the limit would starve it (on
-        the Essential plan's 20 per 2 s, C = 8 leaves 3.7/s, C = 5 leaves 4.6/s).
-        """
+        """Slots per lease: the configured chunk, at most a quarter of the limit."""
         limit = self.limit if limit is None else limit
         return max(1, min(self.chunk, limit // 4))
 
+    @property
+    def horizon(self) -> float:
+        """W + d, d = ttl + margin: the span whose slots may land in one window (seconds)."""
+        return self.window_seconds + self.lease_ttl + self.latency_margin
+
     def spacing(self, limit: int | None = None) -> float:
-        """Seconds between chunk starts: C / r with r = (L - C) / (W + ttl + margin)."""
+        """Seconds between two slots at full rate: g = (W + ttl + margin) / L (the proof's g)."""
         limit = self.limit if limit is None else limit
-        size = self.lease_size(limit)
-        horizon = self.window_seconds + self.lease_ttl + self.latency_margin
-        return size * horizon / (limit - size)
+        return self.horizon / limit
+
+    def rate(self, limit: int | None = None) -> float:
+        """The sustained rate the proof allows, requests per second: L / (W + ttl + margin)."""
+        return 1.0 / self.spacing(limit)
+
+    def lag(self, limit: int | None = None) -> int:
+        """Slots that may still be on their way when a later slot's response reports (ceil(d/g)+1)."""
+        return math.ceil((self.lease_ttl + self.latency_margin) / self.spacing(limit)) + 1
 
     def stats(self) -> BudgetStats:
         with self._cond:
@@ -195,24 +429,55 @@ class Budget:
     # --- spending -----------------------------------------------------------------------------
 
     def acquire(self, cancel: threading.Event | None = None) -> None:
-        """Take one slot for a request about to be sent; blocks until one is held."""
-        self._take(1, cancel)
-        with self._cond:
-            self._slots_spent += 1
+        """Take one slot for a request about to be sent: blocks until its scheduled time has come.
+        Raises BudgetCancelled on a stop, RateLimitParked when the daily budget is parked."""
+        self.acquire_seq(cancel)
+
+    def acquire_seq(self, cancel: threading.Event | None = None) -> int:
+        """`acquire`, returning the slot's sequence number (also kept for this thread's `observe`)."""
+        while True:
+            (slot,) = self._take(1, cancel)
+            if self._wait_for(slot, cancel):
+                with self._cond:
+                    self._slots_spent += 1
+                self._local.seq = slot.seq
+                return slot.seq
 
     def reserve(self, n: int, *, cancel: threading.Event | None = None, deferred: bool = False) -> Reservation:
-        """Hold n slots for a fetch round, so the fetch threads spend them with no database.
+        """Hold n scheduled slots for a fetch round, so the fetch threads spend them with no database.
 
         `deferred`: from now until `serve` returns (or `release`), whatever else the fetch threads
         need of the budget waits for this thread's `serve` (see `Reservation`).
         """
         return Reservation(self, self._take(n, cancel), deferred=deferred)
 
-    def _take(self, n: int, cancel: threading.Event | None) -> list[float]:
-        """Take n currently valid slots; returns their expiry times (local clock)."""
+    def _wait_for(self, slot: _Slot, cancel: threading.Event | None) -> bool:
+        """Wait until the slot's time (and any pause); True when it is then still valid to send."""
+        while True:
+            with self._cond:
+                self._check(cancel)
+                now = self._clock()
+                start = max(slot.valid_from, self._paused_until)
+                if now >= start:
+                    if now <= slot.expires_at:
+                        return True
+                    self._slots_expired += 1
+                    return False
+                if start > slot.expires_at:
+                    self._slots_expired += 1  # a pause outlives the slot
+                    return False
+            wait = min(start - now, POLL if cancel is not None else 1.0)
+            if cancel is not None:
+                if cancel.wait(wait):
+                    raise BudgetCancelled()
+            else:
+                time.sleep(wait)
+
+    def _take(self, n: int, cancel: threading.Event | None) -> list[_Slot]:
+        """Take the n earliest held slots (valid now or later), leasing chunks as needed."""
         if not 1 <= n <= self.lease_size():
             raise ValueError(f"can hold 1..{self.lease_size()} slots at once, asked for {n}")
-        taken: list[float] = []
+        taken: list[_Slot] = []
         try:
             while len(taken) < n:
                 i_lease = False
@@ -220,21 +485,17 @@ class Budget:
                     self._check(cancel)
                     now = self._clock()
                     self._drop_expired(now)
+                    k = min(n - len(taken), len(self._slots))
+                    taken.extend(self._slots[:k])
+                    del self._slots[:k]
+                    if len(taken) >= n:
+                        break
                     wait: float | None = None  # None: until another thread's lease lands
-                    if now < self._paused_until:
-                        wait = self._paused_until - now
-                    else:
-                        taken.extend(self._take_valid(n - len(taken), now))
-                        if len(taken) >= n:
-                            break
-                        upcoming = [l for l in self._leases if l.valid_from > now and l.left > 0]
-                        if sum(l.left for l in upcoming) >= n - len(taken):
-                            wait = min(l.valid_from for l in upcoming) - now
-                        elif now < self._not_before:
-                            wait = self._not_before - now
-                        elif not self._leasing:
-                            # One lease in flight per process: the other threads wait for it.
-                            self._leasing = i_lease = True
+                    if now < self._not_before:
+                        wait = self._not_before - now
+                    elif not self._leasing:
+                        # One lease in flight per process: the other threads wait for it.
+                        self._leasing = i_lease = True
                     if not i_lease:
                         self._cond.wait(self._wait_time(wait, cancel))
                         continue
@@ -253,39 +514,22 @@ class Budget:
         limit = POLL if cancel is not None else 1.0
         return limit if wait is None else max(0.0, min(wait, limit))
 
-    def _take_valid(self, want: int, now: float) -> list[float]:
-        out: list[float] = []
-        # Earliest-expiring first, so a slot is spent before it can go to waste.
-        for lease in sorted(self._leases, key=lambda l: l.expires_at):
-            if want <= 0:
-                break
-            if lease.valid_from <= now and lease.left > 0:
-                k = min(want, lease.left)
-                lease.left -= k
-                want -= k
-                out.extend([lease.expires_at] * k)
-        self._leases = [l for l in self._leases if l.left > 0]
-        return out
-
     def _drop_expired(self, now: float) -> None:
-        kept = []
-        for lease in self._leases:
-            if lease.expires_at <= now:
-                self._slots_expired += lease.left
-            else:
-                kept.append(lease)
-        self._leases = kept
+        kept = [s for s in self._slots if s.expires_at > now]
+        self._slots_expired += len(self._slots) - len(kept)
+        self._slots = kept
 
-    def _give_back(self, expiries: list[float]) -> None:
-        if not expiries:
+    def _give_back(self, slots: list[_Slot]) -> None:
+        if not slots:
             return
         with self._cond:
             now = self._clock()
-            for expiry in expiries:
-                if expiry > now:
-                    self._leases.append(_Lease(valid_from=now, expires_at=expiry, left=1))
+            for slot in slots:
+                if slot.expires_at > now:
+                    self._slots.append(slot)
                 else:
                     self._slots_expired += 1
+            self._slots.sort(key=lambda s: s.valid_from)
             self._cond.notify_all()
 
     def _check(self, cancel: threading.Event | None) -> None:
@@ -294,15 +538,29 @@ class Budget:
             raise BudgetCancelled()
         now = self._clock()
         if now < self._parked_until:
-            raise RateLimitParked(self._parked_until - now)
+            raise RateLimitParked(self._parked_until - now, self._park_message(self._parked_until - now))
+
+    def _park_message(self, wait: float) -> str:
+        why = ("our share of the daily token budget is used" if self._parked_reason == "share"
+               else "the daily token budget is spent")
+        return f"{why} ({self.daily_share:.0%} share); parked for {wait:.0f}s"
 
     # --- the row ------------------------------------------------------------------------------
+
+    def _daily_wait(self) -> float:
+        """Seconds to the source's next daily reset: its own header when it sent one, else the
+        `daily_reset` rule (UTC midnight)."""
+        now = self._clock()
+        if self._daily_reset_at is not None and self._daily_reset_at > now:
+            return self._daily_reset_at - now
+        return self._daily_reset(self._wall())
 
     def _lease(self) -> None:
         """One statement: lease a chunk (or learn that the account is parked). Called unlocked."""
         with self._cond:
             limit = self.limit
             size = self.lease_size(limit)
+            report = self._report
             params: dict[str, Any] = {
                 "source": self.source,
                 "account": self.account,
@@ -310,42 +568,70 @@ class Budget:
                 "burst_limit": limit,
                 "chunk": size,
                 "max_ahead": self.max_ahead,
-                "daily_remaining": self._daily_remaining,
+                "rem": report[0] if report else None,
+                "seq": report[1] if report else None,
                 "daily_limit": self._daily_limit,
+                "lag": self.lag(limit),
+                "max_cost": self.max_cost,
+                "share": self.daily_share,
+                "recovery": self.rate_recovery,
+                "daily_wait": self._daily_wait(),
             }
         before = self._clock()
-        rows = self._run("budget_lease", params)
+        rows = self._run(LEASE_SQL, params)
         if not rows:
             self._create_row(limit)
             before = self._clock()
-            rows = self._run("budget_lease", params)
+            rows = self._run(LEASE_SQL, params)
         after = self._clock()
         row = rows[0]
         with self._cond:
+            self._writes += 1
+            if self._report == report:
+                self._report = None  # delivered, unless a newer report arrived meanwhile
+            if self._daily_limit == params["daily_limit"]:
+                self._daily_limit = None
             if row["parked"]:
-                self._parked_until = max(self._parked_until, before + float(row["daily_wait"] or 0.0))
+                wait = float(row["daily_wait"] or 0.0)
+                self._parked_until = max(self._parked_until, before + wait)
+                self._parked_reason = row["reason"]
                 return
             delay = max(0.0, float(row["delay"]))
             if not row["granted"]:
                 # The queue is longer than max_ahead: come back when it is not, without asking.
                 self._not_before = after + delay - self.max_ahead
                 return
-            self._writes += 1
             self._lease_count += 1
             self._slots_leased += size
-            # delivered, unless a newer report arrived meanwhile (it rides on the next lease)
-            if self._daily_remaining == params["daily_remaining"]:
-                self._daily_remaining = None
-            if self._daily_limit == params["daily_limit"]:
-                self._daily_limit = None
-            valid_from = after + delay
-            expires_at = before + delay + self.lease_ttl
-            if expires_at - valid_from < self.lease_ttl / 4:
-                log.warning("budget lease for %s/%s took %.2fs of a %.2fs ttl", self.source, self.account, after - before, self.lease_ttl)
-            self._leases.append(_Lease(valid_from=valid_from, expires_at=expires_at, left=size))
+            g = float(row["slot_spacing"])
+            first = int(row["first_seq"])
+            lo, hi = self._offset(before, after, float(row["db_now"]))
+            start = float(row["db_start"])
+            if hi - lo > self.lease_ttl / 2:
+                log.debug("budget lease for %s/%s: clock offset known to %.3fs of a %.3fs ttl", self.source, self.account, hi - lo, self.lease_ttl)
+            for j in range(size):
+                self._slots.append(_Slot(start + j * g + hi, start + j * g + lo + self.lease_ttl, first + j))
+            self._slots.sort(key=lambda s: s.valid_from)
+
+    def _offset(self, before: float, after: float, db_now: float) -> tuple[float, float]:
+        """Under the lock: bounds [lo, hi] on (local monotonic clock - database clock), from this
+        lease (the database read its clock between `before` and `after`) and the leases of the last
+        OFFSET_MEMORY seconds, each widened by the worst clock drift since (CLOCK_DRIFT). A slot at
+        database time s is sent within [s + hi, s + lo + ttl] local: inside [s, s + ttl] on the
+        database's clock, however slow this lease statement was (the tightest recent one counts)."""
+        self._offsets.append((after, before - db_now, after - db_now))
+        while self._offsets and self._offsets[0][0] < after - OFFSET_MEMORY:
+            self._offsets.popleft()
+        lo = max(l - CLOCK_DRIFT * (after - t) for t, l, _ in self._offsets)
+        hi = min(h + CLOCK_DRIFT * (after - t) for t, _, h in self._offsets)
+        if lo > hi:  # a clock stepped: trust this lease alone
+            self._offsets.clear()
+            self._offsets.append((after, before - db_now, after - db_now))
+            lo, hi = before - db_now, after - db_now
+        return lo, hi
 
     def _create_row(self, limit: int) -> None:
-        self._run("budget_create", {
+        self._run(CREATE_SQL, {
             "source": self.source,
             "account": self.account,
             "burst_limit": limit,
@@ -354,76 +640,96 @@ class Budget:
         with self._cond:
             self._writes += 1
 
-    def _run(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    def _run(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._cond:
             self._statements += 1
-        return self.db.sql(query(name), params)
+        return self.db.sql(sql, params)
 
     # --- what the source said -----------------------------------------------------------------
 
     def observe(self, headers: Mapping[str, str], note: Callable[[Literal["burst", "daily"], float], None] | None = None) -> None:
         """Keep what a response's rate-limit headers say (no database unless the day is spent; then
-        `note`, default `note_rate_limited`, tells the other workers)."""
+        `note`, default `note_rate_limited`, tells the other workers). Called on the thread that
+        sent the request, after its `acquire`/`spend` (the report is tied to that slot)."""
         h = {k.lower(): v for k, v in headers.items()}
         limit = _int(h.get("x-ratelimit-limit"))
         remaining = _int(h.get("x-ratelimit-remaining"))
         reset = _float(h.get("x-ratelimit-reset"))
         daily_remaining = _int(h.get("x-daily-ratelimit-token-remaining"))
         daily_limit = _int(h.get("x-daily-ratelimit-token-limit"))
+        daily_reset = _float(h.get("x-daily-ratelimit-reset"))
+        seq = getattr(self._local, "seq", None)
+        floor_hit = False
         with self._cond:
+            now = self._clock()
             if limit is not None and limit >= 2 and limit != self._reported_limit:
                 if self._reported_limit is None or limit < self.limit:
                     log.info("%s/%s: the source reports a burst limit of %d", self.source, self.account, limit)
                 self._reported_limit = limit
             if remaining is not None and remaining <= 0 and reset is not None:
                 # The window is full (someone else spends this token too): hold off locally.
-                self._paused_until = max(self._paused_until, self._clock() + min(reset, self.window_seconds))
-            if daily_remaining is not None:
-                self._daily_remaining = daily_remaining
+                self._paused_until = max(self._paused_until, now + min(reset, self.window_seconds))
+            if daily_reset is not None:
+                self._daily_reset_at = now + daily_reset
             if daily_limit is not None:
                 self._daily_limit = daily_limit
-        if daily_remaining is not None and daily_remaining <= self.daily_floor:
-            wait = _float(h.get("x-daily-ratelimit-reset"))
-            (note or self.note_rate_limited)("daily", wait if wait is not None else self.daily_probe_seconds)
+            if daily_remaining is not None and seq is not None:
+                old = self._report
+                if (old is None or seq > old[1] + self.lag()
+                        or daily_remaining + self.max_cost * seq < old[0] + self.max_cost * old[1]):
+                    self._report = (daily_remaining, seq)
+            if daily_remaining is not None and daily_limit is not None:
+                floor_hit = daily_remaining < math.ceil((1.0 - self.daily_share) * daily_limit) + self.max_cost
+        if daily_remaining is not None and daily_remaining <= 0:
+            wait = daily_reset if daily_reset is not None else self.daily_probe_seconds
+            (note or self.note_rate_limited)("daily", wait)
+        elif floor_hit:
+            # Within one request of our share's floor: park now, and every worker at its next lease.
+            (note or self.note_rate_limited)("share", self._daily_wait())
 
-    def note_rate_limited(self, scope: Literal["burst", "daily"], retry_after: float) -> None:
-        """A 429 (or a spent daily budget): tell every worker sharing the account, once."""
+    def note_rate_limited(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> None:
+        """A 429, a spent daily budget or our share of it used: tell every worker sharing the
+        account, once."""
         pending = self.note_locally(scope, retry_after)
         if pending is not None:
             self.write_note(pending)
 
-    def note_locally(self, scope: Literal["burst", "daily"], retry_after: float) -> PendingNote | None:
+    def note_locally(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> PendingNote | None:
         """The in-process half of `note_rate_limited`: this process pauses (or parks) at once. Returns
         the row write still owed to the other workers, or None when the row already says as much."""
         retry_after = max(0.0, float(retry_after))
         now = self._clock()
         with self._cond:
-            if scope == "daily":
+            if scope in ("daily", "share"):
                 if now + retry_after <= self._parked_until + 0.5:
                     return None  # already parked at least that long: no second write
                 self._parked_until = now + retry_after
-                statement = "budget_park"
+                self._parked_reason = "spent" if scope == "daily" else "share"
+                params = {"reason": self._parked_reason}
+                statement = PARK_SQL
             else:
                 self._paused_until = max(self._paused_until, now + retry_after)
                 if now + retry_after <= self._row_paused_until + 0.25:
                     return None  # this pause is already on the row
                 self._row_paused_until = now + retry_after
-                statement = "budget_pause"
+                params = {"min_scale": self.min_rate_scale, "recovery": self.rate_recovery}
+                statement = PAUSE_SQL
             self._cond.notify_all()
-        return PendingNote(statement, now + retry_after)
+        return PendingNote(statement, now + retry_after, params)
 
     def write_note(self, note: PendingNote) -> None:
         """The row half: one statement, for the time still left of the wait."""
         wait = max(0.0, note.until - self._clock())
-        self._run(note.statement, {"source": self.source, "account": self.account, "wait": wait})
+        self._run(note.statement, {"source": self.source, "account": self.account, "wait": wait, **note.params})
         with self._cond:
             self._writes += 1
 
 
 @dataclass(frozen=True)
 class PendingNote:
-    statement: str  # budget_pause | budget_park
+    statement: str  # PAUSE_SQL | PARK_SQL
     until: float  # local clock
+    params: dict[str, Any]
 
 
 class _Reply:
@@ -447,7 +753,8 @@ class _Reply:
 
 
 class Reservation:
-    """Slots held for a fetch round: spending one is local; unspent ones go back on `release()`.
+    """Scheduled slots held for a fetch round: spending one is local (the fetch thread waits for the
+    slot's time); unspent ones go back on `release()`.
 
     It is also the fetch threads' only door to the budget, so that they never touch the database.
     What needs it - a slot beyond the reserved ones (a retried request, or held slots that lapsed)
@@ -459,9 +766,9 @@ class Reservation:
     called directly.
     """
 
-    def __init__(self, budget: Budget, expiries: list[float], *, deferred: bool = False) -> None:
+    def __init__(self, budget: Budget, slots: list[_Slot], *, deferred: bool = False) -> None:
         self._budget = budget
-        self._expiries = sorted(expiries)
+        self._slots = sorted(slots, key=lambda s: s.valid_from)
         self._lock = threading.Lock()
         self._owner = threading.get_ident()
         self._serving = deferred
@@ -471,44 +778,37 @@ class Reservation:
     @property
     def held(self) -> int:
         with self._lock:
-            return len(self._expiries)
+            return len(self._slots)
 
     def spend(self, cancel: threading.Event | None = None) -> None:
-        """Spend one held slot; when none is left valid, take a fresh one from the budget."""
+        """Spend one held slot - the earliest, waiting for its time; when none is left valid, take a
+        fresh one from the budget (through the owner's thread)."""
         budget = self._budget
-        with budget._cond:
-            budget._check(cancel)
-            paused = budget._paused_until - budget._clock()
-        if paused > 0:
-            # A burst 429 since the reservation: the held slots may lapse while the window empties.
-            if cancel is not None:
-                if cancel.wait(paused):
-                    raise BudgetCancelled()
-            else:
-                time.sleep(paused)
-        now = budget._clock()
-        with self._lock:
-            while self._expiries and self._expiries[0] <= now:
-                self._expiries.pop(0)
+        while True:
+            with self._lock:
+                slot = self._slots.pop(0) if self._slots else None
+            if slot is None:
+                self.acquire(cancel)
+                return
+            if budget._wait_for(slot, cancel):
                 with budget._cond:
-                    budget._slots_expired += 1
-            slot = self._expiries.pop(0) if self._expiries else None
-        if slot is None:
-            self.acquire(cancel)
-            return
-        with budget._cond:
-            budget._slots_spent += 1
+                    budget._slots_spent += 1
+                budget._local.seq = slot.seq
+                return
 
     # --- what the client asks of its budget, from a fetch thread -------------------------------
 
     def acquire(self, cancel: threading.Event | None = None) -> None:
         """A slot beyond the reserved ones (a retry): leased by the owner's thread if need be."""
-        self._on_owner(lambda: self._budget.acquire(cancel), wait=True)
+        got: list[int] = []
+        self._on_owner(lambda: got.append(self._budget.acquire_seq(cancel)), wait=True)
+        if got:
+            self._budget._local.seq = got[0]
 
     def observe(self, headers: Mapping[str, str]) -> None:
         self._budget.observe(headers, note=self.note_rate_limited)
 
-    def note_rate_limited(self, scope: Literal["burst", "daily"], retry_after: float) -> None:
+    def note_rate_limited(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> None:
         pending = self._budget.note_locally(scope, retry_after)
         if pending is not None:
             self._on_owner(lambda: self._budget.write_note(pending), wait=False)
@@ -585,8 +885,8 @@ class Reservation:
         if self._serving:  # deferred but never served (the round failed before): let go
             self._stop_serving(True)
         with self._lock:
-            expiries, self._expiries = self._expiries, []
-        self._budget._give_back(expiries)
+            slots, self._slots = self._slots, []
+        self._budget._give_back(slots)
 
     def __enter__(self) -> Reservation:
         return self

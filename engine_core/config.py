@@ -89,13 +89,32 @@ def number(name: str, env: dict[str, str] | None = None) -> float:
     return _float(env, name, float(default), minimum=float(minimum))
 
 
+DAILY_TOKEN_SHARE = "MIGRATE_DAILY_TOKEN_SHARE"
+DEFAULT_DAILY_TOKEN_SHARE = 0.8  # the rest of the day's tokens stays with the customer's other integrations
+
+
+def daily_token_share(env: dict[str, str] | None = None) -> float:
+    """MIGRATE_DAILY_TOKEN_SHARE: the share of the source's daily token budget the engine may spend,
+    a number in (0, 1] (default 0.8: a fifth of the day stays for the customer's other
+    integrations; Pipedrive's daily budget is per company and shared by all of them). The budget
+    (engine_core.budget) never lets the source's remaining tokens fall below (1 - share) * limit.
+    Raises ConfigError naming the variable when the value is not a number in (0, 1]."""
+    env = dict(os.environ if env is None else env)
+    raw = env.get(DAILY_TOKEN_SHARE)
+    value = _float(env, DAILY_TOKEN_SHARE, DEFAULT_DAILY_TOKEN_SHARE)
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{DAILY_TOKEN_SHARE} must be a share in (0, 1] (e.g. 0.8), got {raw!r}")
+    return value
+
+
 def check_environment(env: dict[str, str] | None = None) -> Settings:
-    """Every MIGRATE_* number (Settings and FACE_NUMBERS) checked; returns the engine's Settings.
-    Raises ConfigError naming the first bad variable and its value."""
+    """Every MIGRATE_* number (Settings, FACE_NUMBERS, MIGRATE_DAILY_TOKEN_SHARE) checked; returns
+    the engine's Settings. Raises ConfigError naming the first bad variable and its value."""
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
     for name in FACE_NUMBERS:
         number(name, env)
+    daily_token_share(env)
     return settings
 
 

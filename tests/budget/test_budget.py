@@ -29,7 +29,7 @@ def row(db: Database, account: str = "acct") -> dict:
 
 def test_first_lease_creates_the_row_and_chunks_are_spaced(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0, latency_margin=0.25)
-    assert budget.spacing() == pytest.approx(8 * 3.25 / 72)
+    assert budget.spacing() == pytest.approx(3.25 / 80)  # per slot: (W + ttl + margin) / L
     times = []
     started = time.monotonic()
     for _ in range(17):
@@ -39,9 +39,9 @@ def test_first_lease_creates_the_row_and_chunks_are_spaced(db: Database) -> None
     assert stats.leases == 3 and stats.slots_leased == 24 and stats.slots_spent == 17
     assert stats.statements == 5  # a lease that found no row, the insert, then three leases
     assert stats.writes == 4  # the insert and three granted leases
-    # slot 9 waits for the second chunk's start, slot 17 for the third's
-    assert times[8] >= budget.spacing() - 0.02
-    assert times[16] >= 2 * budget.spacing() - 0.02
+    # every slot waits for its own time: slot j is j spacings after the first (never earlier)
+    for j in (1, 7, 8, 16):
+        assert times[j] >= j * budget.spacing() - 0.005
     found = row(db)
     assert found["leases"] == 3 and found["slots_leased"] == 24 and found["burst_limit"] == 80
 
@@ -165,12 +165,12 @@ def test_headers_saying_no_daily_tokens_left_park_too(db: Database) -> None:
 
 
 def test_a_lower_reported_limit_slows_the_bucket(db: Database) -> None:
-    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
-    fast = budget.lease_size() / budget.spacing()  # slots per second
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0)  # no slot lapses on a busy machine
+    fast = budget.rate()  # slots per second
     budget.observe({"x-ratelimit-limit": "20", "x-ratelimit-remaining": "19", "x-ratelimit-reset": "1"})
     assert budget.limit == 20 and budget.lease_size() == 5
-    slow = budget.lease_size() / budget.spacing()
-    assert slow == pytest.approx(15 / 3.25) and slow < fast / 4
+    slow = budget.rate()
+    assert slow == pytest.approx(20 / 3.075) and slow == pytest.approx(fast / 4)  # L / (W + ttl + margin)
     budget.observe({"x-ratelimit-limit": "120"})  # a higher plan does not raise the configured ceiling
     assert budget.limit == 80
     budget.observe({"x-ratelimit-limit": "20"})
@@ -191,7 +191,7 @@ def test_full_window_reported_pauses_this_process(db: Database) -> None:
 
 
 def test_reserved_slots_are_spent_without_the_database(db: Database) -> None:
-    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0)  # no slot lapses on a busy machine
     with budget.reserve(4) as held:
         statements = budget.stats().statements
         assert held.held == 4
@@ -213,7 +213,7 @@ def test_reserved_slots_are_spent_without_the_database(db: Database) -> None:
 def test_unspent_slots_expire(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2)
     budget.acquire()
-    time.sleep(0.3)
+    time.sleep(0.6)  # the chunk's last slot is 7 spacings (0.2 s) after its first, plus its ttl
     budget.acquire()
     stats = budget.stats()
     assert stats.leases == 2 and stats.slots_expired == 7
@@ -240,8 +240,9 @@ def test_racing_leases_never_share_a_start(db: Database) -> None:
         "$$ BEGIN IF NEW.leases > OLD.leases THEN INSERT INTO lease_log (old_tat, new_tat) VALUES (OLD.tat, NEW.tat); END IF; RETURN NEW; END $$"
     )
     db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
-    workers = [Budget(db, "pipedrive", "acct", burst_limit=20_000, chunk=8) for _ in range(6)]
-    spacing = workers[0].spacing()
+    # (a long ttl: no slot may expire under the six-way contention, so leases are exactly 6 x 15)
+    workers = [Budget(db, "pipedrive", "acct", burst_limit=20_000, chunk=8, lease_ttl=5.0) for _ in range(6)]
+    spacing = 8 * workers[0].spacing()  # a chunk's eight slots
     barrier = threading.Barrier(len(workers))
 
     def work(budget: Budget) -> None:
@@ -260,14 +261,14 @@ def test_racing_leases_never_share_a_start(db: Database) -> None:
     assert len(set(news)) == len(news)
     # in commit order, each lease built on the previous one's tat (no lost update) ...
     assert all(cur["old"] == pytest.approx(prev["new"], abs=1e-6) for prev, cur in zip(log, log[1:]))
-    # ... and moved it by at least one spacing
+    # ... and moved it by at least a chunk's spacings
     assert all(cur["new"] - prev["new"] >= spacing - 1e-6 for prev, cur in zip(log, log[1:]))
 
 
 def test_fetch_round_reserves_four_then_fetches_with_no_database(db: Database) -> None:
     # The email task's shape: reserve four slots on the job thread, run four fetch threads, join.
     transport = httpx.MockTransport(lambda r: httpx.Response(200, json={"success": True, "data": {"id": int(r.url.path.rsplit("/", 1)[1]), "body": "<p/>"}}))
-    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8)
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0)  # no slot lapses on a busy machine
     client = PipedriveClient("http://pipedrive.test", "tok-x", budget=budget, transport=transport)
     bodies: dict[int, str] = {}
     for round_start in (0, 4, 8):
