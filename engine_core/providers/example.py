@@ -9,6 +9,8 @@ through the ledger, skips, malformed rows, failing and transient pages. Options 
   fail_pages      {kind: [starts]}        pages whose task fails
   transient_pages {kind: {start: times}}  pages that raise a transient error the first N attempts
   row_delay       seconds per row write   (to give tests a mid-page moment)
+  version         source version of every row (issue 9): a run with another version sees every
+                  row changed (its name carries the version) and updates it in place
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ def generate(kind: str, options: dict[str, Any]) -> list[dict[str, Any]]:
     dangling = set(options.get("dangling", {}).get(kind, []))
     parent = PARENT.get(kind)
     parent_n = int(options.get("counts", {}).get(parent, 60)) if parent else 0
+    version = options.get("version")
     rows = []
     for i in range(1, n + 1):
-        row: dict[str, Any] = {"id": i, "name": f"{kind[:-1]} {i}"}
+        row: dict[str, Any] = {"id": i, "name": f"{kind[:-1]} {i}" + (f" {version}" if version else "")}
         if parent:
             row["parent_id"] = (i % parent_n) + 1 if parent_n else None
             if i in dangling:
@@ -109,7 +112,17 @@ class ExampleProvider:
                 )
                 return ledger.Written("example_items", got[0]["id"])
 
-            return ledger.write_once(tx, ctx.run, kind, row["id"], insert)
+            def update(record_id: int) -> dict[str, Any] | None:
+                got = tx.sql(
+                    "UPDATE example_items n SET parent_id = %(p)s, payload = %(d)s FROM example_items o"
+                    " WHERE n.id = %(id)s AND o.id = n.id RETURNING o.parent_id, o.payload",
+                    {"id": record_id, "p": parent_id, "d": row},
+                )
+                return {"parent_id": got[0]["parent_id"], "payload": got[0]["payload"]} if got else None
+
+            version = self.options.get("version")
+            return ledger.write_once(tx, ctx.run, kind, row["id"], insert,
+                                     version=str(version) if version else None, update=update)
 
         ctx.write_rows(page, write)
         if len(page) == size and start + size < len(everything):
