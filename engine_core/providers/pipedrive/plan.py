@@ -2,7 +2,8 @@
 
 Parents come before the rows that point at them: owners, field definitions and pipelines, then
 organizations and the pipelines' stages, persons (in organizations), deals and leads (on persons/organizations; archived ones come from
-their own endpoints), then activities and notes (on any of those), then each deal's email.
+their own endpoints), then activities and notes (on any of those), then each deal's email; then the catch-up (issue 9): what changed at the source since the run's
+snapshot - created, changed, deleted rows of every kind - found by one inventory walk per kind.
 Activities and notes are separate phases so a "notes and activities only" run has two.
 """
 from __future__ import annotations
@@ -15,7 +16,11 @@ PHASES: list[list[str]] = [
     ["activities"],
     ["notes"],
     ["emails"],
+    ["catchup"],
 ]
+# The catch-up phase (issue 9, `inventory.py`): what changed at the source while the run walked,
+# and what was deleted, under the other kinds' ledger identities.
+CATCHUP = "catchup"
 
 # The kinds whose rows a kind's rows must link to (or be skipped as "not linked"). Owners, a deal's
 # pipeline and stage, people on mail and custom-field references are soft links and not listed. A retry revisits the later
@@ -36,4 +41,5 @@ DEPENDS_ON: dict[str, tuple[str, ...]] = {
     "activities": (*_DEALS, *_LEADS, "persons", "organizations"),
     "notes": (*_DEALS, *_LEADS, "persons", "organizations"),
     "emails": _DEALS,
+    "catchup": ("users", "pipelines", "stages", "organizations", "persons", *_DEALS, *_LEADS, "activities", "notes"),
 }

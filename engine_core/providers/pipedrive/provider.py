@@ -47,7 +47,9 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -57,11 +59,11 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.base import register
-from engine_core.providers.pipedrive import emails, mapping, stripes, writers
+from engine_core.providers.pipedrive import emails, inventory, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
-from engine_core.providers.pipedrive.plan import DEPENDS_ON, PHASES
+from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 
 SOURCE = "pipedrive"
 ENV_BASE_URL = "PIPEDRIVE_BASE_URL"
@@ -160,8 +162,24 @@ def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
         return budget
 
 
+def listing_bounds(run: Run) -> tuple[str | None, str | None]:
+    """(updated_since, updated_until) of a run's walks (issue 9): until = the run's snapshot (whole
+    seconds, exclusive; what changed after it is the catch-up's); a sync's since = its `since`
+    minus the snapshot margin (`runs.snapshot_margin`), a full run's None."""
+    from engine_core.runs import snapshot_margin
+
+    upper = stripes.rfc3339(run.snapshot_at) if run.snapshot_at is not None else None
+    lower = stripes.rfc3339(run.since - snapshot_margin(run)) if run.is_sync and run.since is not None else None
+    return lower, upper
+
+
+# v1 lists that take `updated_since` (a sync asks only for what changed); archived leads do not.
+V1_SINCE = frozenset({"notes", "leads"})
+
+
 class PipedriveProvider:
     source = SOURCE
+    catchup_kind = CATCHUP
 
     def __init__(
         self,
@@ -222,15 +240,54 @@ class PipedriveProvider:
             self._identity = f"pipedrive company {me['company_id']}"
         return self._identity
 
+    def source_time(self) -> datetime | None:
+        """The source's clock now: the `Date` header of one `/v1/users/me` (2 tokens, unpaced, as
+        `identity`), for the run's snapshot moment. None when the answer carries no date."""
+        import httpx
+
+        cfg = self.config()
+        with httpx.Client(base_url=cfg.base_url, headers={"x-api-token": cfg.token}, timeout=30.0) as http:
+            response = http.get("/v1/users/me")
+        raw = response.headers.get("date")
+        if not raw:
+            return None
+        moment = parsedate_to_datetime(raw)
+        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+    def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
+        """Every id the source lists now for `kind`, with its version (`inventory.source_ids`: the
+        list endpoint itself, 500 rows a call, v1 walks overlapping so deletions cannot hide a row).
+        `options["db"]`: requests go through the account's shared budget; `options["cost"]`: a
+        dict counting `requests` and `tokens`. NotImplementedError for `fields` and `catchup`."""
+        options = options or {}
+        db = options.get("db")
+        if db is not None:
+            client = self.client(db)
+        else:
+            cfg = self.config()
+            client = PipedriveClient(cfg.base_url, cfg.token)
+        cost = options.get("cost")
+        meter = inventory.Meter(client, cost if isinstance(cost, dict) else {})
+        return inventory.source_ids(meter, kind)
+
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
         if kind == "fields":
             return [Successor("fields:all", {})]
+        lower, upper = listing_bounds(run)
         if kind in stripes.V1_PATHS:
-            return stripes.v1_seeds(kind)
+            seeds = stripes.v1_seeds(kind)
+            if lower and kind in V1_SINCE:
+                seeds = [Successor(s.cursor_key, {**s.cursor, "since": lower}) for s in seeds]
+            return seeds
         if kind in stripes.V2_PATHS:
-            return stripes.v2_seeds(kind)
+            seeds = stripes.v2_seeds(kind)
+            if kind not in stripes.UNSTRIPED and (lower or upper):
+                seeds = [Successor(s.cursor_key, {**s.cursor, "since": lower, "until": upper}) for s in seeds]
+            return seeds
         if kind == "emails":
-            return stripes.email_seeds()
+            return stripes.email_seeds(lower)
+        if kind == CATCHUP:
+            return inventory.catchup_seeds(run)
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
@@ -251,6 +308,12 @@ class PipedriveProvider:
             if cursor.get("discover"):
                 return self._v2_discover(ctx, client)
             return self._v2_page(ctx, client)
+        if kind == CATCHUP:
+            if cursor.get("deals"):
+                return emails.run_email_task(ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads)
+            if cursor.get("deletes"):
+                return inventory.run_deletes(ctx, client, self._mapper_of(ctx))
+            return inventory.run_page(ctx, client, self._mapper_of(ctx))
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     # -- listing kinds --------------------------------------------------------------------
@@ -259,6 +322,17 @@ class PipedriveProvider:
         book = self.book(ctx) if kind in mapping.ENTITY_OF_KIND else FieldBook()
         fn = mapping.MAPPERS[kind]
         return lambda row: fn(row, tenant, book)
+
+    def _mapper_of(self, ctx: TaskContext) -> Any:
+        """kind -> the row mapper of that listing kind (the catch-up maps many kinds in one task)."""
+        tenant = ctx.run.tenant_id
+
+        def of(kind: str) -> writers.Mapper:
+            book = self.book(ctx) if kind in mapping.ENTITY_OF_KIND else FieldBook()
+            fn = mapping.MAPPERS[kind]
+            return lambda row: fn(row, tenant, book)
+
+        return of
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v1_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
@@ -277,8 +351,10 @@ class PipedriveProvider:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
             else:
                 ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
-        found = discover(client, stripes.V2_PATHS[kind], ctx.cancel)
-        seeds = discovery_seeds(kind, found)
+        cursor = ctx.task.cursor
+        lower, upper = cursor.get("since"), cursor.get("until")
+        found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
+        seeds = discovery_seeds(kind, found, lower, upper)
         ctx.stats.values["probe_requests"] = found.requests
         ctx.stats.values["stripes"] = len(seeds)
         if found.nulls:
@@ -363,13 +439,15 @@ class Discovery:
         return stripes.time_spans(self.oldest, self.newest)
 
 
-def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None) -> tuple[datetime | None, bool, bool, int]:
+def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None,
+          bounds: Mapping[str, str] | None = None) -> tuple[datetime | None, bool, bool, int]:
     """Walk a v2 list sorted by `update_time` in `direction` until a row with an update time, or
     the end: (that time or None, any row seen, a null-time row seen, requests). Empty pages with a
-    `next_cursor` are walked through: only a null `next_cursor` ends a list."""
+    `next_cursor` are walked through: only a null `next_cursor` ends a list. `bounds`: the run's
+    `updated_since` / `updated_until` (a bounded probe meets no null-time row)."""
     cursor: str | None = None
     limit, requests, seen, nulls = PROBE_LIMIT, 0, False, False
-    params = {"sort_by": "update_time", "sort_direction": direction}
+    params = {"sort_by": "update_time", "sort_direction": direction, **(bounds or {})}
     while True:
         page = client.list_v2(path, params, cursor=cursor, limit=limit, cancel=cancel)
         requests += 1
@@ -388,22 +466,26 @@ def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None
             limit = stripes.PAGE  # a page without a timed row: walk on in the largest pages
 
 
-def discover(client: PipedriveClient, path: str, cancel: Any = None) -> Discovery:
+def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Mapping[str, str] | None = None) -> Discovery:
     """Both ends of a v2 list's `update_time`. Null-time rows sort at one end (which one depends on
-    the server), so they come before any timed row in one of the two probes (`stripes` docstring)."""
-    oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel)
+    the server), so they come before any timed row in one of the two probes (`stripes` docstring).
+    A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot."""
+    probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
+    oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel, probe_bounds)
     if not seen_a:
         return Discovery(None, None, rows=False, nulls=False, requests=req_a)
-    newest, seen_d, nulls_d, req_d = probe(client, path, "desc", cancel)
+    newest, seen_d, nulls_d, req_d = probe(client, path, "desc", cancel, probe_bounds)
     return Discovery(oldest, newest, rows=True, nulls=nulls_a or nulls_d, requests=req_a + req_d)
 
 
-def discovery_seeds(kind: str, found: Discovery) -> list[Successor]:
-    """The walkers a discovery seeds: none for a list empty to its end, else one per span and the
-    null walker when a probe met a null-time row (`stripes.v2_stripe_seeds`)."""
+def discovery_seeds(kind: str, found: Discovery, lower: str | None = None, upper: str | None = None) -> list[Successor]:
+    """The walkers a discovery seeds: none for a list empty to its end, else one per span (held
+    inside the run's bounds, `stripes.bounded_spans`) and the null walker when a probe met a
+    null-time row and the run is not a sync (`stripes.v2_stripe_seeds`)."""
     if not found.rows:
         return []
-    return stripes.v2_stripe_seeds(kind, found.spans, nulls=found.nulls)
+    spans = stripes.bounded_spans(found.spans, lower, upper) if (lower or upper) else found.spans
+    return stripes.v2_stripe_seeds(kind, spans, nulls=found.nulls and lower is None)
 
 
 @dataclass(frozen=True)
@@ -420,8 +502,12 @@ def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], can
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
     (`stripes.v1_after`), never by the number of rows that came back."""
     start, _ = stripes.v1_span(cursor)
-    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
+    since = cursor.get("since")
+    params = {"updated_since": since} if since else None
+    page = client.list_v1(stripes.V1_PATHS[kind], params, start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
     after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
+    if after is not None and since:
+        after = Successor(after.cursor_key, {**after.cursor, "since": since})  # a sync's walk stays filtered
     return Listed(page.rows, 0, (after,) if after is not None else ())
 
 

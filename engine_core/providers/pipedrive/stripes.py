@@ -28,10 +28,13 @@ page arithmetic: a v2 cursor is opaque and only reachable by walking. They are s
 an update time or the end), cuts [oldest, newest] into four equal spans and seeds one walker per
 span (`kind:s<stripe>:p0`); each walker lists its span page by page in id order, carrying the v2
 cursor, and creates its own next page (`kind:s<stripe>:p<n+1>`). The first span is open below
-and the last open above, so every row WITH an update time falls into exactly one span, even one
-outside [oldest, newest]: a row updated while the run walks moves to the open-ended last stripe,
-which is walked in id order and picks it up unless it has already passed that id (a later run
-catches it; the ledger makes that rerun cheap). Ids were the alternative, but v2 lists take no id
+and the last ends at the run's snapshot (`bounded_spans`, issue 9; a sync's first starts at its
+`since` minus the margin), so every row WITH an update time before the snapshot falls into exactly
+one span, even one outside [oldest, newest]. A row updated while the run walks gets an update time
+after the snapshot and leaves every span - it is in the catch-up phase's inventory walk
+(`inventory.py`), which writes it as it is then (before issue 9 it moved into the open-ended last
+stripe and was lost whenever that walker had passed its id: "a later run catches it", and a later
+run only found it "already here"). Ids were the alternative, but v2 lists take no id
 range (only `ids=` lists of 100), and time spans need no knowledge of the id space. Equal spans
 are equal work when records arrive evenly; an account that grew fast recently has a heavier last
 stripe, which still walks alongside the other three rather than after them.
@@ -169,6 +172,22 @@ def time_spans(oldest: datetime | None, newest: datetime | None, stripes: int = 
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def bounded_spans(spans: list[tuple[str | None, str | None]], lower: str | None, upper: str | None) -> list[tuple[str | None, str | None]]:
+    """`spans` held inside a run's bounds (issue 9): the first span starts at `lower` (a sync's
+    `since` minus the margin; None: open below) and the last ends at `upper` (the run's snapshot,
+    exclusive; None: open above); cuts outside (lower, upper) are dropped. A row updated after the
+    snapshot is in no span: the catch-up phase lists it (so a row updated while the walkers walk
+    moves out of every span instead of into one a walker has passed)."""
+    cuts = [c for _, c in spans[:-1] if c is not None]
+    cuts = [c for c in cuts if (lower is None or _instant(c) > _instant(lower)) and (upper is None or _instant(c) < _instant(upper))]
+    bounds: list[str | None] = [lower, *cuts, upper]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _instant(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 NULLS = "nulls"  # the stripe name of the walker over null-time rows
 
 
@@ -221,12 +240,14 @@ DEALS_PER_TASK = 10
 MAIL_SOURCES: dict[str, str] = {"deals": "/api/v2/deals", "deals_archived": "/api/v2/deals/archived"}
 
 
-def email_seeds() -> list[Successor]:
+def email_seeds(since: str | None = None) -> list[Successor]:
     """One discovery walker per deal list (active and archived deals carry mail alike). Each walks
     its whole list, unfiltered (null-time deals included), and hands on whenever the page carries a
-    `next_cursor` - rows or none (`email_discovery_next`; the walk ends only on a null cursor)."""
+    `next_cursor` - rows or none (`email_discovery_next`; the walk ends only on a null cursor).
+    A sync's walkers carry `since` (`updated_since`: new mail moves its deal's update time)."""
+    extra = {"since": since} if since else {}
     return [
-        Successor(f"emails:discover:{source}:p0", {"discover": source, "cursor": None, "page": 0})
+        Successor(f"emails:discover:{source}:p0", {"discover": source, "cursor": None, "page": 0, **extra})
         for source in MAIL_SOURCES
     ]
 
@@ -234,7 +255,8 @@ def email_seeds() -> list[Successor]:
 def email_discovery_next(cursor: dict[str, Any], next_cursor: str) -> Successor:
     page = int(cursor.get("page", 0)) + 1
     source = cursor["discover"]
-    return Successor(f"emails:discover:{source}:p{page}", {"discover": source, "cursor": next_cursor, "page": page})
+    extra = {"since": cursor["since"]} if cursor.get("since") else {}
+    return Successor(f"emails:discover:{source}:p{page}", {"discover": source, "cursor": next_cursor, "page": page, **extra})
 
 
 def email_tasks(cursor: dict[str, Any], deal_ids: list[int], per_task: int = DEALS_PER_TASK) -> list[Successor]:

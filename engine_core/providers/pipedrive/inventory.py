@@ -1,0 +1,419 @@
+"""The source's inventory (issue 9): every id Pipedrive lists now, and the catch-up phase built on it.
+
+`source_ids(provider, settings, kind, options)` walks a kind's cheapest full listing - the list
+endpoint itself, 500 rows a call (Pipedrive has no id-only listing: v1 and v2 lists both carry
+whole rows) - and yields `(source id, version)`, the version being the string the ledger keeps
+(`mapping.source_version`: `update_time` as served, users' `modified`). Each request is counted
+into `options["cost"]` (`requests`, and `tokens` at the endpoint's `x-token-cost`, `TOKEN_COSTS`).
+`emails` lists the deals (both lists, with `email_messages_count`) and the mail of each deal that
+has any; `fields` and the catch-up kind are not listed (NotImplementedError).
+
+**Walking a list that changes under it.** v2 lists are walked by cursor in id order: a cursor
+names the last row served, so deletions and updates elsewhere do not move it. v1 lists (users,
+leads, archived leads, notes) have only offsets, and a row deleted before the current offset
+shifts every later row one place back (the issue's 699 of 700 notes). The walk here is
+sequential and overlapping (`v1_step`): each page is asked from OVERLAP rows (at most half the
+last page) before where the last one ended and must contain one of the last ids served; the rows after it are new. When
+none is there - more than OVERLAP rows vanished before the offset meanwhile - it steps back a
+page and looks again (at offset 0 everything it serves counts as new). Rows inserted before the
+offset shift the other way and are only served twice. So a row present for the whole walk is
+served at least once.
+
+**The catch-up phase** (kind `catchup`, the plan's last phase; a sync has it too). A full run's
+walks cover the snapshot; what moved while they walked - a row updated from one `update_time`
+span into another the walker had passed, a note pushed across an offset boundary by a deletion,
+a deal archived between the active and the archived lists, deletions, merges - is found here by
+one sequential inventory walk per kind, parents first (users, pipelines, stages, organizations,
+persons, deals + archived deals, leads + archived leads, activities, notes). A page's rows are
+compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
+at an older version or holds as deleted are written through the engine's write path (created,
+or updated in place with the ledger's history: `ledger.write_once`); the rest cost nothing more.
+Every id served is recorded in `migration_inventory`. When a ledger kind's lists are done, a
+`deletes` task takes the kind's live ledger entries the inventory did not see, asks the source
+for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers
+404 and its children were re-pointed to the survivor, whose update moved them into this walk)
+and is marked with `ledger.mark_deleted`; a row that answers is written as served (it moved
+between lists while the walk passed). Changed deals with more mail than the product holds for
+them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
+mail is fetched only for deals whose mail changed.
+
+Why one listing and not an `updated_since` listing plus an id listing: deletions can only be
+found by a full id listing, and Pipedrive's lists serve whole rows with their `update_time`, so
+that listing already carries every changed row; asking `updated_since` as well would list the
+changed rows twice. A sync's earlier phases ask `updated_since` (v2 lists, notes, active leads;
+archived leads take no such filter and are listed whole) so they write the changes in parallel,
+kind by kind; its catch-up is the inventory. What the catch-up does not find: mail deleted at the
+source (mail is only ever added by listing a deal's messages) and field definitions (refreshed by
+every run's `fields` task). Rows changed while the catch-up itself walks past them are the next
+sync's.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_core import ledger
+from engine_core.context import TaskContext
+from engine_core.db import Conn
+from engine_core.models import Run, Successor, TaskOutcome
+from engine_core.providers.pipedrive import mapping, writers
+from engine_core.providers.pipedrive.client import Page, PipedriveClient
+from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.mapping import ledger_kind, message_of
+from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS
+
+CATCHUP = "catchup"
+OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
+DEALS_PER_TASK = 10
+
+# The order the catch-up walks the kinds in: parents before the rows that link to them.
+ORDER: tuple[str, ...] = ("users", "pipelines", "stages", "organizations", "persons", "deals", "deals_archived",
+                          "leads", "leads_archived", "activities", "notes")
+# Extra listing parameters: deals carry their mail count (for the mail catch-up and `emails`).
+PARAMS: dict[str, dict[str, str]] = {
+    "deals": {"include_fields": "email_messages_count"},
+    "deals_archived": {"include_fields": "email_messages_count"},
+}
+VERSION_FIELD: dict[str, str] = {"users": "modified"}
+# GET by id, to tell a deletion from a row that moved between lists while the inventory walked.
+SINGLE_PATHS: dict[str, str] = {
+    **writers.PARENT_PATHS,
+    "users": "/v1/users/{}",
+    "activities": "/api/v2/activities/{}",
+    "notes": "/v1/notes/{}",
+}
+
+# Tokens per request (the published specs' `x-token-cost`; shared/pipedrive-openapi).
+TOKEN_COSTS: dict[str, int] = {
+    "/api/v2/persons": 10, "/api/v2/organizations": 10, "/api/v2/deals": 10, "/api/v2/deals/archived": 20,
+    "/api/v2/activities": 10, "/api/v2/pipelines": 5, "/api/v2/stages": 5,
+    "/v1/leads": 20, "/v1/leads/archived": 40, "/v1/notes": 20, "/v1/users": 20,
+    "mailMessages": 20, "v2 single": 1, "v1 single": 2,
+}
+
+
+def token_cost(path: str) -> int:
+    if path in TOKEN_COSTS:
+        return TOKEN_COSTS[path]
+    if path.endswith("/mailMessages"):
+        return TOKEN_COSTS["mailMessages"]
+    return TOKEN_COSTS["v2 single"] if path.startswith("/api/v2/") else TOKEN_COSTS["v1 single"]
+
+
+@dataclass
+class Meter:
+    """The client, counting every request into `cost` (`requests`, `tokens`)."""
+
+    client: PipedriveClient
+    cost: dict[str, int] = field(default_factory=dict)
+    cancel: Any = None
+
+    def _count(self, path: str) -> None:
+        self.cost["requests"] = int(self.cost.get("requests", 0)) + 1
+        self.cost["tokens"] = int(self.cost.get("tokens", 0)) + token_cost(path)
+
+    def list_v1(self, path: str, params: Mapping[str, Any] | None, start: int) -> Page:
+        self._count(path)
+        return self.client.list_v1(path, params, start=start, limit=PAGE, cancel=self.cancel)
+
+    def list_v2(self, path: str, params: Mapping[str, Any] | None, cursor: str | None) -> Page:
+        self._count(path)
+        return self.client.list_v2(path, params, cursor=cursor, limit=PAGE, cancel=self.cancel)
+
+    def get(self, path: str) -> dict[str, Any]:
+        self._count(path)
+        return self.client.get(path, cancel=self.cancel)
+
+
+def row_id(row: Any) -> str | None:
+    value = row.get("id") if isinstance(row, dict) else None
+    if value is None or isinstance(value, bool) or str(value).strip() == "":
+        return None
+    return str(value).strip().lower() if isinstance(value, str) else str(value)
+
+
+def version_of(kind: str, row: Mapping[str, Any]) -> str:
+    """The row's version as the ledger keeps it (`mapping.source_version`)."""
+    return mapping.source_version(row, VERSION_FIELD.get(kind, "update_time"))
+
+
+# --- walking one list ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One page of a walk: the rows new to it and where the walk goes on (`after`, None: the end)."""
+
+    rows: tuple[dict[str, Any], ...]
+    after: dict[str, Any] | None
+
+
+def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any]) -> Step:
+    """One overlapping page of a v1 walk (module docstring). `at`: {"start": offset after the
+    rows served so far, "tail": the last OVERLAP ids served}."""
+    start, tail = int(at.get("start", 0)), list(at.get("tail") or [])
+    # never more than half the rows the last page served: a server capping its pages still
+    # moves the walk on by at least the other half
+    overlap = min(OVERLAP, max(1, int(at.get("served", OVERLAP * 2)) // 2))
+    asked = max(0, start - overlap) if tail else start
+    page = meter.list_v1(path, params, asked)
+    ids = [row_id(r) for r in page.rows]
+    new = list(page.rows)
+    if tail:
+        seen = set(tail)
+        found = max((i for i, sid in enumerate(ids) if sid in seen), default=None)
+        if found is None and asked > 0:
+            # more rows vanished before the offset than the overlap holds: look a page earlier
+            return Step((), {"start": max(0, asked - PAGE + overlap), "tail": tail, "served": at.get("served", PAGE)})
+        if found is not None:
+            new = new[found + 1 :]
+    if not page.more:
+        return Step(tuple(new), None)
+    end = asked + len(page.rows) if page.rows else (page.next_start or asked + 1)
+    kept = [sid for sid in ids if sid is not None][-OVERLAP:] or tail
+    return Step(tuple(new), {"start": end, "tail": kept, "served": len(page.rows) or 1})
+
+
+def v2_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any]) -> Step:
+    """One page of a v2 walk in id order by cursor (a cursor names the last row served)."""
+    page = meter.list_v2(path, params, at.get("cursor"))
+    return Step(page.rows, {"cursor": page.next_cursor} if page.more and page.next_cursor else None)
+
+
+def path_of(kind: str) -> str:
+    return V2_PATHS[kind] if kind in V2_PATHS else V1_PATHS[kind]
+
+
+def list_step(meter: Meter, kind: str, at: Mapping[str, Any]) -> Step:
+    params = PARAMS.get(kind)
+    if kind in V2_PATHS:
+        return v2_step(meter, V2_PATHS[kind], params, at)
+    return v1_step(meter, V1_PATHS[kind], params, at)
+
+
+def walk(meter: Meter, kind: str) -> Iterator[dict[str, Any]]:
+    """Every row of a kind's list, each present for the whole walk at least once."""
+    at: dict[str, Any] | None = {}
+    while at is not None:
+        step = list_step(meter, kind, at)
+        yield from step.rows
+        at = step.after
+
+
+# --- source_ids ---------------------------------------------------------------------------------
+
+
+def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
+    """Every id the source lists now for a plan kind, with its version (module docstring)."""
+    if kind == "emails":
+        yield from _mail_ids(meter)
+        return
+    if kind not in V2_PATHS and kind not in V1_PATHS:
+        raise NotImplementedError(f"the pipedrive provider has no id listing for {kind!r}")
+    for row in walk(meter, kind):
+        sid = row_id(row)
+        if sid is not None:
+            yield sid, version_of(kind, row)
+
+
+def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
+    deals: list[int] = []
+    for kind in ("deals", "deals_archived"):
+        for row in walk(meter, kind):
+            count = row.get("email_messages_count")
+            if isinstance(row.get("id"), int) and (count is None or (isinstance(count, int) and count > 0)):
+                deals.append(row["id"])
+    for deal in sorted(set(deals)):
+        path = f"/v1/deals/{deal}/mailMessages"
+        start: int | None = 0
+        while start is not None:
+            try:
+                page = meter.list_v1(path, None, start)
+            except NotFound:
+                break  # deleted since listed
+            for item in page.rows:
+                try:
+                    sid = row_id(dict(message_of(item)))
+                except mapping.MalformedRow:
+                    continue
+                if sid is not None:
+                    yield sid, None
+            start = page.next_start if page.more else None
+
+
+# --- the catch-up phase -------------------------------------------------------------------------
+
+
+def catchup_kinds(run: Run) -> list[str]:
+    """The run's kinds the catch-up walks, in walking order."""
+    return [k for k in ORDER if k in run.kinds]
+
+
+def catchup_seeds(run: Run) -> list[Successor]:
+    kinds = catchup_kinds(run)
+    return [page_task(kinds[0], 0, {})] if kinds else []
+
+
+def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
+    return Successor(f"{CATCHUP}:{kind}:p{page}", {"list": kind, "page": page, **at})
+
+
+def _after_list(run: Run, kind: str) -> list[Successor]:
+    """What follows a list's last page: the next list's first page, and - when this was the last
+    list of its ledger kind - that kind's deletes task."""
+    kinds = catchup_kinds(run)
+    i = kinds.index(kind) if kind in kinds else len(kinds)
+    out: list[Successor] = []
+    following = kinds[i + 1] if i + 1 < len(kinds) else None
+    if following is not None:
+        out.append(page_task(following, 0, {}))
+    if following is None or ledger_kind(following) != ledger_kind(kind):
+        lk = ledger_kind(kind)
+        out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
+    return out
+
+
+def _ledger_entries(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    if not ids:
+        return {}
+    rows = conn.sql(
+        "SELECT source_id, action, source_version, deleted_at_source FROM migration_records"
+        " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])",
+        {"t": run.tenant_id, "s": run.source, "k": kind, "ids": list(ids)},
+    )
+    return {r["source_id"]: r for r in rows}
+
+
+def needs_write(entry: Mapping[str, Any] | None, version: str) -> bool:
+    """A listed row is written when the ledger lacks it, holds a placeholder, holds an older
+    version (`ledger.newer`) or holds it as deleted at the source."""
+    if entry is None or entry["action"] not in ("created", "matched"):
+        return True
+    if entry.get("deleted_at_source") is not None:
+        return True
+    return ledger.newer(version, entry["source_version"])
+
+
+def _remember(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> None:
+    if ids:
+        conn.sql(
+            "INSERT INTO migration_inventory (migration_id, kind, source_id)"
+            " SELECT %(r)s, %(k)s, unnest(%(ids)s::text[]) ON CONFLICT DO NOTHING",
+            {"r": run.id, "k": kind, "ids": list(ids)},
+        )
+
+
+def _forget_older(conn: Conn, run: Run) -> None:
+    """Inventories of the tenant's finished runs: nothing reads them any more."""
+    conn.sql(
+        "DELETE FROM migration_inventory i USING migrations m WHERE i.migration_id = m.id"
+        " AND m.tenant_id = %(t)s AND m.source = %(s)s AND m.id <> %(r)s"
+        " AND m.status IN ('succeeded', 'failed', 'stopped')",
+        {"t": run.tenant_id, "s": run.source, "r": run.id},
+    )
+
+
+def _mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Deals among these written rows whose source mail count exceeds the product's."""
+    counts = {row_id(r): r.get("email_messages_count") for r in rows if isinstance(r.get("id"), int)}
+    counts = {sid: c for sid, c in counts.items() if sid and (c is None or (isinstance(c, int) and c > 0))}
+    if not counts:
+        return []
+    held = {r["source_id"]: int(r["n"]) for r in conn.sql(
+        "SELECT r.source_id, count(e.id) AS n FROM migration_records r"
+        " LEFT JOIN crm.emails e ON e.deal_id = r.record_id AND e.tenant_id = r.tenant_id"
+        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = 'deals'"
+        " AND r.source_id = ANY(%(ids)s::text[]) GROUP BY r.source_id",
+        {"t": run.tenant_id, "s": run.source, "ids": list(counts)})}
+    return sorted(int(sid) for sid, c in counts.items() if c is None or c > held.get(sid, 0))
+
+
+def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
+    return [
+        Successor(f"{CATCHUP}:mail:{kind}:p{page}:c{j // DEALS_PER_TASK}", {"deals": list(deals[j : j + DEALS_PER_TASK])})
+        for j in range(0, len(deals), DEALS_PER_TASK)
+    ]
+
+
+def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
+                  rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Record the rows as seen, write those the ledger does not hold at their version; returns
+    the rows written."""
+    listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
+    ids = [sid for sid, _ in listed if sid is not None]
+    with ctx.db.transaction() as tx:
+        _remember(tx, ctx.run, lk, ids)
+        entries = _ledger_entries(tx, ctx.run, lk, ids)
+    changed = [r for sid, r in listed if sid is None or needs_write(entries.get(sid), version_of(kind, r))]
+    ctx.stats.bump("inventory_listed", len(listed))
+    ctx.stats.bump("unchanged", len(listed) - len(changed))
+    if changed:
+        ctx.offset = 0  # the page is listed again on a retry and compared again: never skip by offset
+        writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+    return changed
+
+
+def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """One page of the catch-up's inventory walk (module docstring)."""
+    cursor = ctx.task.cursor
+    kind, page = cursor["list"], int(cursor.get("page", 0))
+    lk = ledger_kind(kind)
+    if page == 0 and kind == catchup_kinds(ctx.run)[0]:
+        with ctx.db.transaction() as tx:
+            _forget_older(tx, ctx.run)
+    meter = Meter(client, {}, ctx.cancel)
+    step = list_step(meter, kind, cursor)
+    ctx.stats.bump("requests", meter.cost.get("requests", 0))
+    ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
+    written = write_changed(ctx, client, mapper_of, kind, lk, step.rows)
+    successors: list[Successor] = []
+    if lk == "deals" and written:
+        with ctx.db.connection() as conn:
+            deals = _mail_wanted(conn, ctx.run, written)
+        if deals:
+            ctx.stats.bump("mail_deals", len(deals))
+            successors.extend(mail_tasks(kind, page, deals))
+    if step.after is not None:
+        successors.append(page_task(kind, page + 1, step.after))
+    else:
+        successors.extend(_after_list(ctx.run, kind))
+    return TaskOutcome(tuple(successors))
+
+
+def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """A ledger kind's live entries the inventory did not see: 404 at the source -> marked deleted;
+    a row that answers moved between lists meanwhile and is written as served."""
+    lk = ctx.task.cursor["deletes"]
+    run = ctx.run
+    rows = ctx.db.sql(
+        "SELECT r.source_id FROM migration_records r"
+        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action IN ('created', 'matched')"
+        " AND r.deleted_at_source IS NULL AND NOT EXISTS (SELECT 1 FROM migration_inventory i"
+        "   WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)"
+        " ORDER BY r.source_id",
+        {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id},
+    )
+    meter = Meter(client, {}, ctx.cancel)
+    gone: list[str] = []
+    present: list[dict[str, Any]] = []
+    for r in rows:
+        ctx.stop_point()
+        sid = r["source_id"]
+        try:
+            body = meter.get(SINGLE_PATHS[lk].format(sid))
+        except NotFound:
+            gone.append(sid)
+            continue
+        data = body.get("data")
+        if isinstance(data, dict):
+            present.append(data)
+    ctx.stats.bump("requests", meter.cost.get("requests", 0))
+    ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
+    ctx.stats.values["delete_candidates"] = len(rows)
+    if present:
+        write_changed(ctx, client, mapper_of, lk, lk, present)
+    if gone:
+        with ctx.db.transaction() as tx:
+            ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, run, lk, gone)
+    return TaskOutcome()
