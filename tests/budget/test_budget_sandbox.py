@@ -1,8 +1,9 @@
-"""The budget's guarantee against a faithful Pipedrive over a real socket: two worker processes of
-eight fetch threads each, sharing one account's budget row, never put more than the burst limit
-into the sandbox's rolling window (its own count of burst 429s stays 0); a spent daily budget parks
-every worker (DailyLimitReached, wait within the day) without calling the source, and requests
-succeed again after the reset.
+"""The budget's guarantees against a faithful Pipedrive over a real socket, with real worker
+processes on real Postgres: two processes of eight fetch threads each, sharing one account's budget
+row, never put more than the burst limit into the sandbox's rolling window (the sandbox's own count
+of burst 429s stays 0); two processes never spend more than their share of a (short) day's token
+budget by the sandbox's own count; a spent daily budget parks every worker (DailyLimitReached, wait
+within the day) without calling the source, and requests succeed again after the reset.
 """
 from __future__ import annotations
 
@@ -34,50 +35,87 @@ def sandbox() -> Iterator[Any]:
         yield sb
 
 
-def peak_in_window(times: list[float], window: float) -> int:
-    times = sorted(times)
-    peak, lo = 0, 0
-    for hi, t in enumerate(times):
-        while times[lo] <= t - window:
-            lo += 1
-        peak = max(peak, hi - lo + 1)
-    return peak
-
-
-def test_two_processes_sixteen_threads_never_trip_the_burst_window(db_url: str, sandbox: Any) -> None:
-    options = {"burst_limit": BURST, "chunk": 4, "lease_ttl": 0.5, "latency_margin": 0.25}
+def run_workers(db_url: str, sandbox: Any, n: int, options: dict[str, Any], threads: int, seconds: float, **kw: Any) -> list[dict[str, Any]]:
+    """n worker processes (spawned, each its own Database and Budget, one account), joined."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=fetch_worker, args=(db_url, sandbox.base_url, TOKEN, "company-1", options, 8, 6.0, results))
-        for _ in range(2)
+        ctx.Process(target=fetch_worker, args=(db_url, sandbox.base_url, TOKEN, "company-1", options, threads, seconds, results), kwargs=kw)
+        for _ in range(n)
     ]
     for p in procs:
         p.start()
-    reports = [results.get(timeout=60) for _ in procs]
+    reports = [results.get(timeout=120) for _ in procs]
     for p in procs:
         p.join(timeout=30)
         assert p.exitcode == 0
+    return reports
+
+
+def test_two_processes_sixteen_threads_never_trip_the_burst_window(db_url: str, sandbox: Any) -> None:
+    # The sandbox enforces the rolling window itself: a request arriving when BURST were accepted
+    # in the 2 s before it is answered 429 and counted. So its burst 429 count is the number of
+    # times the workers together put more than the limit into a rolling window: it must stay 0 while
+    # both processes, 8 fetch threads each, ask for far more than the limit (no latency).
+    options = {"burst_limit": BURST}  # the defaults: ttl 0.05 s, margin 0.075 s, rate 0.94 L/W
+    sandbox.reset_stats()
+    reports = run_workers(db_url, sandbox, 2, options, 8, 6.0)
     stats = sandbox.stats()
     ok = sum(r["counts"].get("ok", 0) for r in reports)
     failed = {k: v for r in reports for k, v in r["counts"].items() if k != "ok"}
-    sent = [t for r in reports for t in r["sent"]]
     leases = sum(r["stats"]["leases"] for r in reports)
     statements = sum(r["stats"]["statements"] for r in reports)
-    peak = peak_in_window(sent, 2.0)
+    expired = sum(r["stats"]["slots_expired"] for r in reports)
     print(
-        f"\n2 processes x 8 threads, burst limit {BURST}/2 s: {stats['requests_total']} requests in 6 s, "
+        f"\n2 processes x 8 threads, burst limit {BURST}/2 s: {stats['requests_total']} requests in 6 s "
+        f"({stats['requests_total'] / 6.0 / (BURST / 2):.2f} of the allowed rate), "
         f"429 burst={stats['rate_limited']['burst']} daily={stats['rate_limited']['daily']}, "
-        f"peak {peak} sends in any 2 s, {leases} leases, {statements} budget statements "
-        f"({1000 * statements / max(1, ok):.0f} per 1,000 requests at chunk 4)"
+        f"{leases} leases, {statements} budget statements, {expired} slots expired"
     )
     assert stats["rate_limited"]["burst"] == 0
     assert failed == {}
-    assert stats["requests_total"] == ok == len(sent)
-    assert ok >= 25  # the sandbox saw real traffic from both processes
-    assert all(r["counts"].get("ok", 0) > 0 for r in reports)
-    assert peak <= BURST
-    assert statements <= 2 * ok / options["chunk"] + 4  # one per chunk, plus creating the row
+    assert stats["requests_total"] == ok
+    assert all(r["counts"].get("ok", 0) > 0 for r in reports)  # both processes were served
+    assert statements <= leases + 4  # one per chunk, plus creating the row
+
+
+def test_two_processes_never_spend_more_than_their_share_of_a_day(db_url: str, sandbox: Any) -> None:
+    # A short simulated day (4 s) of 1,200 tokens, a share of 0.5: the sandbox's own count of the
+    # day's tokens never passes 600 (polled every 20 ms; the workers are parked at each day's end,
+    # so the last poll of a day sees its final count), no request meets a daily 429 (the engine
+    # stops short of the budget), and the next day the workers go on (every whole day spends most
+    # of its share: the burst rate alone would spend ~750 a day). Every request costs 5 tokens
+    # (/api/v2/pipelines), so max_cost = 5: what is held back is 5 x the slots in flight.
+    day, budget, share = 4.0, 1200, 0.5
+    sandbox.configure(burst_limit=80, daily_budget=budget, day_seconds=day)  # a fresh simulated day
+    anchor = time.time() + sandbox.stats()["daily"]["seconds_to_reset"]
+    sandbox.reset_stats()
+    used: dict[int, int] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            d = sandbox.stats()["daily"]
+            used[d["day"]] = max(used.get(d["day"], 0), d["used"])
+            time.sleep(0.02)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        options = {"burst_limit": 80, "daily_share": share, "max_cost": 5}
+        reports = run_workers(db_url, sandbox, 2, options, 4, 2.5 * day, calls=("pipelines",), day=(anchor, day))
+    finally:
+        done.set()
+        poller.join()
+    stats = sandbox.stats()
+    print(f"\nshare {share} of {budget} tokens a {day:.0f} s day, 2 processes: tokens per day {dict(sorted(used.items()))}, "
+          f"daily 429s {stats['rate_limited']['daily']}, outcomes {[r['counts'] for r in reports]}")
+    assert stats["rate_limited"]["daily"] == 0
+    assert stats["rate_limited"]["burst"] == 0
+    assert all(v <= share * budget for v in used.values()), used
+    whole_days = [used[d] for d in sorted(used)[1:-1]]  # the first day has the processes' start-up
+    assert whole_days and all(v >= 0.5 * share * budget for v in whole_days), used  # day after day
+    assert all(r["counts"].get("parked", 0) > 0 for r in reports)  # both processes waited on the day
 
 
 def test_spent_daily_budget_parks_every_worker_until_the_reset(db: Database, db_url: str, sandbox: Any) -> None:
