@@ -299,6 +299,8 @@ class SandboxState:
         self.stats = Stats()
         self.shapes = Shapes(self.dataset, config)
         self.summary_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.summary_base: dict[tuple[Any, ...], dict[str, list[float]]] = {}  # generated deals only
+        self.summary_version = 0  # the live version summary_cache answers for
         # Live account (issue 9): changes run under this lock, which handlers hold while they answer.
         self.lock = threading.RLock()
         self.live = Live(self.dataset, lambda: self.shapes, lambda: self.config, self.lock)
@@ -330,6 +332,7 @@ class SandboxState:
         if any(getattr(new, name) != getattr(self.config, name) for name in SandboxConfig.SHAPES):
             self.shapes = Shapes(self.dataset, new)  # a fresh shape state: archive flips start over
             self.summary_cache.clear()
+            self.summary_base.clear()
         self.config = new
         return new
 
@@ -1092,30 +1095,46 @@ class SandboxApp:
         user_id, pipeline_id, stage_id = q.int("user_id"), q.int("pipeline_id"), q.int("stage_id")
         shapes = self.state.shapes
         live = self.state.live
-        key = (archived, status, user_id, pipeline_id, stage_id, tuple(sorted(shapes.flipped["deals"])), live.version)
+        key = (archived, status, user_id, pipeline_id, stage_id, tuple(sorted(shapes.flipped["deals"])))
+        if self.state.summary_version != live.version:
+            self.state.summary_cache.clear()
+            self.state.summary_version = live.version
         cached = self.state.summary_cache.get(key)
         if cached is not None:
             return {"success": True, "data": cached}
         ds = self.ds
         stage_probability = {ds.record("stages", s)["id"]: ds.record("stages", s)["deal_probability"] for s in range(ds.count("stages"))}
-        totals: dict[str, list[float]] = {}  # currency -> [value, count, weighted]
-        for i in live.universe("deals"):
-            if live.is_archived("deals", i) != archived:
-                continue
-            rec = live.record("deals", i)  # never the malformed copy: the source's own count
+
+        def count(totals: dict[str, list[float]], rec: dict[str, Any], sign: int) -> None:
             if status is not None and rec["status"] != status:
-                continue
+                return
             if user_id is not None and rec["owner_id"] != user_id:
-                continue
+                return
             if pipeline_id is not None and rec["pipeline_id"] != pipeline_id:
-                continue
+                return
             if stage_id is not None and rec["stage_id"] != stage_id:
-                continue
-            t = totals.setdefault(rec["currency"], [0.0, 0, 0.0])
-            t[0] += rec["value"]
-            t[1] += 1
-            t[2] += rec["value"] * stage_probability.get(rec["stage_id"], 100) / 100.0
-        data = _deals_summary(totals)
+                return
+            t = totals.setdefault(rec["currency"], [0.0, 0, 0.0])  # currency -> [value, count, weighted]
+            t[0] += sign * rec["value"]
+            t[1] += sign
+            t[2] += sign * rec["value"] * stage_probability.get(rec["stage_id"], 100) / 100.0
+
+        base = self.state.summary_base.get(key)
+        if base is None:
+            base = {}
+            for i in range(ds.count("deals")):
+                if shapes.is_archived("deals", i) == archived:
+                    count(base, ds.record("deals", i), 1)  # never the malformed copy: the source's own count
+            self.state.summary_base[key] = base
+        totals = {currency: list(t) for currency, t in base.items()}
+        # Live changes: take the deals they touched out as generated, put them back as they are now
+        # (values are multiples of 250 and probabilities of 20%: the float sums stay exact).
+        for i in live.touched("deals"):
+            if i < ds.count("deals") and shapes.is_archived("deals", i) == archived:
+                count(totals, ds.record("deals", i), -1)
+            if live.exists("deals", i) and live.is_archived("deals", i) == archived:
+                count(totals, live.record("deals", i), 1)
+        data = _deals_summary({currency: t for currency, t in totals.items() if t[1]})
         self.state.summary_cache[key] = data
         return {"success": True, "data": data}
 

@@ -613,6 +613,56 @@ class Dataset:
             rec = self._malform(kind, index, rec)
         return rec
 
+    # References (REF_FIELDS) without building the row: the builders draw them the same way, first.
+    def refs(self, kind: str, index: int) -> dict[str, Any]:
+        """The reference fields of a row as the generator serves them ({field: id or None}, the
+        fields of REF_FIELDS[kind]); a few microseconds, where building the row costs far more."""
+        if kind == "persons":
+            return self._person_refs(index)
+        rng = self._rng(S_RECORD, KIND_CODE[kind], index)
+        if kind == "deals":
+            return self._deal_refs(index, rng)
+        if kind == "leads":
+            return self._lead_refs(index, rng)
+        if kind in ("activities", "notes"):
+            return self._target(kind, index, rng)
+        raise KeyError(kind)
+
+    def _person_refs(self, i: int) -> dict[str, Any]:
+        org = self.person_org(i)
+        org_id = index_to_id("organizations", org) if org is not None else None
+        if self.is_dangling("persons", i):
+            org_id = self.dangling_ref("persons", i, "organizations")
+        return {"org_id": org_id}
+
+    def _deal_refs(self, i: int, rng: random.Random) -> dict[str, Any]:
+        """(Draws from the deal's record rng exactly as its builder does, before anything else.)"""
+        person = self.deal_person(i)
+        org = self.deal_org(i)
+        person_id = index_to_id("persons", person) if person is not None else None
+        org_id = index_to_id("organizations", org) if org is not None else None
+        if self.is_dangling("deals", i):
+            if person_id is not None and (org_id is None or rng.random() < 0.5):
+                person_id = self.dangling_ref("deals", i, "persons")
+            else:
+                org_id = self.dangling_ref("deals", i, "organizations")
+        return {"person_id": person_id, "org_id": org_id}
+
+    def _lead_refs(self, i: int, rng: random.Random) -> dict[str, Any]:
+        """(Draws from the lead's record rng exactly as its builder does, before anything else.)"""
+        person = rng.randrange(self.counts["persons"]) if rng.random() < 0.8 else None
+        org = self.person_org(person) if person is not None else None
+        if person is None or (org is None and rng.random() < 0.3):
+            org = rng.randrange(self.counts["organizations"])
+        person_id = index_to_id("persons", person) if person is not None else None
+        org_id = index_to_id("organizations", org) if org is not None else None
+        if self.is_dangling("leads", i):
+            if person_id is not None:
+                person_id = self.dangling_ref("leads", i, "persons")
+            else:
+                org_id = self.dangling_ref("leads", i, "organizations")
+        return {"person_id": person_id, "organization_id": org_id}
+
     def _build_users(self, i: int) -> dict[str, Any]:
         rng = self._rng(S_RECORD, KIND_CODE["users"], i)
         uid = i + 1
@@ -683,10 +733,7 @@ class Dataset:
         code = KIND_CODE["persons"]
         rng = self._rng(S_RECORD, code, i)
         first, last = self.person_name(i)
-        org = self.person_org(i)
-        org_id = index_to_id("organizations", org) if org is not None else None
-        if self.is_dangling("persons", i):
-            org_id = self.dangling_ref("persons", i, "organizations")
+        org_id = self._person_refs(i)["org_id"]
         emails = self.person_emails(i)
         labels = ("work", "home", "other")
         return {
@@ -719,15 +766,8 @@ class Dataset:
     def _build_deals(self, i: int) -> dict[str, Any]:
         code = KIND_CODE["deals"]
         rng = self._rng(S_RECORD, code, i)
-        person = self.deal_person(i)
-        org = self.deal_org(i)
-        person_id = index_to_id("persons", person) if person is not None else None
-        org_id = index_to_id("organizations", org) if org is not None else None
-        if self.is_dangling("deals", i):
-            if person_id is not None and (org_id is None or rng.random() < 0.5):
-                person_id = self.dangling_ref("deals", i, "persons")
-            else:
-                org_id = self.dangling_ref("deals", i, "organizations")
+        refs = self._deal_refs(i, rng)
+        person_id, org_id = refs["person_id"], refs["org_id"]
         archived = self.is_archived("deals", i)
         n_pipe = self.counts["pipelines"]
         pipeline = 0 if rng.random() < 0.6 else rng.randrange(n_pipe)
@@ -779,17 +819,8 @@ class Dataset:
     def _build_leads(self, i: int) -> dict[str, Any]:
         code = KIND_CODE["leads"]
         rng = self._rng(S_RECORD, code, i)
-        person = rng.randrange(self.counts["persons"]) if rng.random() < 0.8 else None
-        org = self.person_org(person) if person is not None else None
-        if person is None or (org is None and rng.random() < 0.3):
-            org = rng.randrange(self.counts["organizations"])
-        person_id = index_to_id("persons", person) if person is not None else None
-        org_id = index_to_id("organizations", org) if org is not None else None
-        if self.is_dangling("leads", i):
-            if person_id is not None:
-                person_id = self.dangling_ref("leads", i, "persons")
-            else:
-                org_id = self.dangling_ref("leads", i, "organizations")
+        refs = self._lead_refs(i, rng)
+        person_id, org_id = refs["person_id"], refs["organization_id"]
         owner = 1 + rng.randrange(self.counts["users"])
         add = self.add_ts("leads", i)
         rec: dict[str, Any] = {

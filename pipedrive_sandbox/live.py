@@ -139,6 +139,14 @@ class Live:
         """Index space of a kind: generated rows plus created ones."""
         return self.ds.count(kind) + self.extra.get(kind, 0)
 
+    def touched(self, kind: str) -> list[int]:
+        """Indexes of `kind` a live change touched (changed, archived, gone or created), sorted."""
+        if not self.changed or kind not in LIVE_KINDS:
+            return []
+        out = set(self.fields[kind]) | set(self.ts[kind]) | self.gone[kind] | set(self.archived.get(kind, {}))
+        out.update(range(self.ds.count(kind), self.size(kind)))
+        return sorted(out)
+
     def exists(self, kind: str, index: int) -> bool:
         if kind not in LIVE_KINDS:
             return self.ds.exists(kind, index)
@@ -319,13 +327,21 @@ class Live:
             refs: dict[tuple[str, Any], set[tuple[str, int, str]]] = {}
             for child, pairs in REF_FIELDS.items():
                 for ci in range(self.size(child)):
-                    rec = self._plain(child, ci)
+                    rec = self._refs_now(child, ci)
                     for field, parent in pairs:
                         value = rec.get(field)
                         if value is not None:
                             refs.setdefault((parent, value), set()).add((child, ci, field))
             self._refs = refs
         return self._refs
+
+    def _refs_now(self, kind: str, index: int) -> dict[str, Any]:
+        """The row's reference fields now (cheap: no row is built); {} for kinds without any."""
+        if kind not in REF_FIELDS:
+            return {}
+        refs = self.ds.refs(kind, index)
+        own = self.fields[kind].get(index)
+        return {f: own.get(f, v) for f, v in refs.items()} if own else refs
 
     def _plain(self, kind: str, index: int) -> dict[str, Any]:
         """The row's current values without malformation or shapes (references, names)."""
@@ -370,7 +386,7 @@ class Live:
         if kind == "notes":
             self._set(kind, index, None, **self._note_embeds(self._plain(kind, index)))
         if self._refs is not None:
-            now = self._plain(kind, index)
+            now = self._refs_now(kind, index)
             for field, parent in REF_FIELDS.get(kind, ()):
                 if now.get(field) is not None:
                     self._refs.setdefault((parent, now[field]), set()).add((kind, index, field))
@@ -666,7 +682,7 @@ class Live:
             for pi in indexes:
                 pid = self.ident(parent, pi)
                 for child, ci, field in sorted(refs.get((parent, pid), ())):
-                    if self.exists(child, ci) and self._plain(child, ci).get(field) == pid:
+                    if self.exists(child, ci) and self._refs_now(child, ci).get(field) == pid:
                         out[child].append({"id": self.ident(child, ci), "field": field, "parent_kind": parent, "parent_id": pid})
         for rows in out.values():
             rows.sort(key=lambda r: (str(r["id"]), r["field"]))

@@ -473,3 +473,24 @@ def test_live_changes_over_the_api_shapes_keep_lists_and_truth_equal() -> None:
         for mid in [ch["id"] for ch in changes if ch["op"] == "mail"]:
             assert c.get(f"/v1/mailbox/mailMessages/{mid}", params={"include_body": 1}).status_code == 200
         assert min(ch["id"] for ch in changes if ch["op"] == "mail") > max(h["id"] for h in truth["hostile_mail"])
+
+
+def test_a_long_mixed_run_keeps_lists_summaries_and_truth_equal() -> None:
+    with sandbox(seed=2) as server, make_client(server.base_url) as c:
+        c.get("/v1/deals/summary", params={"status": "open"})  # a summary cached before the changes
+        changes = server.live_step(400)
+        assert {ch["op"] for ch in changes} == {"create", "update", "delete", "archive", "unarchive", "merge", "mail"}
+        truth = server.truth()
+        for name in list(V2_LIST) + list(V1_LIST):
+            assert listed(c, name, limit=50) == truth["ids"][name], name
+        for name, path in (("deals", "/v1/deals/summary"), ("deals_archived", "/v1/deals/summary/archived")):
+            rows = list(server.truth_rows(name).values())
+            for params in ({}, {"status": "open"}, {"pipeline_id": 1}, {"user_id": 2}):
+                field = {"user_id": "owner_id"}
+                chosen = [r for r in rows if all(r[field.get(k, k)] == v for k, v in params.items())]
+                data = c.get(path, params=params).json()["data"]
+                assert data["total_count"] == len(chosen), (name, params)
+                values: dict[str, float] = {}
+                for r in chosen:
+                    values[r["currency"]] = values.get(r["currency"], 0.0) + r["value"]
+                assert {cur: v["value"] for cur, v in data["values_total"].items()} == values, (name, params)
