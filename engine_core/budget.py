@@ -257,13 +257,28 @@ SELECT clock_timestamp() AS now, paused_until, daily_reset_at, daily_reason, dai
 """
 
 
+WAITING_SHARE = "waiting on the daily token budget: our {share:.0%} share{of} is used"
+WAITING_SPENT = "waiting on the daily token budget: the source says it is spent"
+WAITING_BURST = "waiting on the burst window: the source answered 429"
+
+
 class WaitingState(NamedTuple):
     """What an account's budget is waiting on: `reason` (None when nothing) and `until` (a UTC
-    datetime, None when nothing). `kind` is 'daily_share' | 'daily_spent' | 'burst' | None."""
+    datetime, None when nothing); unpacks as `(reason, until)`."""
 
     reason: str | None
     until: datetime | None
-    kind: str | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """'daily_share' | 'daily_spent' | 'burst' | None, for code that branches on it."""
+        if self.reason is None:
+            return None
+        if self.reason == WAITING_SPENT:
+            return "daily_spent"
+        if self.reason == WAITING_BURST:
+            return "burst"
+        return "daily_share"
 
 
 def waiting_state(db: Database, account: str, source: str = "pipedrive") -> WaitingState:
@@ -271,9 +286,10 @@ def waiting_state(db: Database, account: str, source: str = "pipedrive") -> Wait
 
     Reads the account's budget row (no lock, one statement): a parked daily budget first (our
     share of the day is used up, or the source answered a daily 429), then a burst pause (a 429).
-    Returns `WaitingState(None, None)` when neither holds or the account has no row yet. For
-    `migrate status` / progress: e.g. "waiting on the daily token budget (our 80% share is used)
-    until 2026-12-02 00:00 UTC".
+    Returns `WaitingState(None, None)` when neither holds or the account has no row yet. The share
+    named is this process's MIGRATE_DAILY_TOKEN_SHARE. `migrate status` prints it while the run is
+    live, e.g. "waiting on the daily token budget: our 80% share of 150,000 tokens is used, until
+    2026-12-02 00:00:00 UTC"; `--json` carries {"reason", "until"} as "waiting".
     """
     rows = db.sql(WAITING_SQL, {"source": source, "account": account})
     if not rows:
@@ -286,13 +302,11 @@ def waiting_state(db: Database, account: str, source: str = "pipedrive") -> Wait
             share = daily_token_share()
             limit = row["daily_limit"]
             of = f" of {limit:,} tokens" if limit else ""
-            return WaitingState(f"waiting on the daily token budget: our {share:.0%} share{of} is used",
-                                reset.astimezone(timezone.utc), "daily_share")
-        return WaitingState("waiting on the daily token budget: the source says it is spent",
-                            reset.astimezone(timezone.utc), "daily_spent")
+            return WaitingState(WAITING_SHARE.format(share=share, of=of), reset.astimezone(timezone.utc))
+        return WaitingState(WAITING_SPENT, reset.astimezone(timezone.utc))
     paused = row["paused_until"]
     if paused is not None and paused > now:
-        return WaitingState("waiting on the burst window: the source answered 429", paused.astimezone(timezone.utc), "burst")
+        return WaitingState(WAITING_BURST, paused.astimezone(timezone.utc))
     return WaitingState(None, None)
 
 

@@ -106,14 +106,25 @@ def status(tenant: str, source: str | None, as_json: bool) -> None:
     """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons."""
     with _db() as db:
         try:
-            r = rollups.rollup(db, runs.latest_run(db, tenant, source).id)
+            run = runs.latest_run(db, tenant, source)
+            r = rollups.rollup(db, run.id)
         except EngineError as e:
             _fail(e)
+        from engine_core.budget import waiting_state
         from engine_core.progress import run_progress, status_line
 
         done = run_progress(db, r.run_id)  # percent and ETA (engine_core.progress)
-        _emit(as_json, {**r.as_dict(), "progress": done},
-              lambda: (print_rollup(r), console.print(status_line(done))))
+        # what the account's budget waits on (the daily token share, a burst 429), while the run is live
+        waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
+        wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
+
+        def render() -> None:
+            print_rollup(r)
+            console.print(status_line(done))
+            if wait_json is not None:
+                console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
+
+        _emit(as_json, {**r.as_dict(), "progress": done, "waiting": wait_json}, render)
 
 
 @main.command()
