@@ -164,3 +164,37 @@ def deployment(workers: int = 2, *, lane_width: int = 4, worker_slots: int = 2, 
 def launch_options() -> dict[str, Any]:
     """The run config of a tenant launch: no pacing (tests measure behaviour, not the burst limit)."""
     return {"resources": {"new_run": {"config": {"options_json": json.dumps({"burst_limit": UNLIMITED})}}}}
+
+
+def launch_phases(ui, tenant: str) -> str:
+    """The launchpad of the tenant job with every phase asset selected and the asset checks left out
+    (the checks are proven in tests/dagster; here each would be one more celery task per phase)."""
+    from tests.dagster.graphql import REPO, GraphQLError
+
+    phases = [a["assetKey"]["path"] for a in ui.phase_assets() if a["assetKey"]["path"][0] == "pipedrive"]
+    d = ui.q(
+        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
+             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
+             ... on RunConfigValidationInvalid { errors { message } } ... on InvalidSubsetError { message } } }""",
+        params={"selector": {**REPO, "jobName": "migrate_tenant", "assetSelection": [{"path": p} for p in phases],
+                             "assetCheckSelection": []},
+                "runConfigData": launch_options(),
+                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": tenant}]}})
+    out = d["launchRun"]
+    if out["__typename"] != "LaunchRunSuccess":
+        raise GraphQLError(str(out))
+    return out["run"]["runId"]
+
+
+def celery_hosts(instance, run_id: str) -> list[tuple[int, str, str]]:
+    """(storage id, step key, celery worker) of every 'Executing steps ... in celery worker' event."""
+    from dagster import DagsterEventType
+
+    out = []
+    for rec in instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records:
+        event = rec.event_log_entry.dagster_event
+        md = event.engine_event_data.metadata if event and event.engine_event_data else {}
+        worker = md.get("Celery worker")
+        if worker is not None:
+            out.append((rec.storage_id, event.step_key, str(worker.value)))
+    return out

@@ -23,10 +23,11 @@ import threading
 import time
 
 import pytest
-from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
+from dagster import DagsterRunStatus, RunsFilter
 
 from engine_core import db as dbmod
 from tests.deploy import hosts
+from tests.deploy.deployment import celery_hosts
 from tests.pipedrive.support import TABLE, actions, ledger, ledger_truth
 
 REASON = hosts.missing()
@@ -60,6 +61,7 @@ class Sampler(threading.Thread):
         self.hosts_seen: set[str] = set()
         self.dead: set[str] = set()
         self.running: list[dict] = []
+        self.connections: dict[str, int] = {}  # the most Postgres connections seen from each address
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -73,24 +75,15 @@ class Sampler(threading.Thread):
                 live = {r["locked_by"] for r in rows if r["locked_by"] and r["locked_by"].split(":")[0] not in self.dead}
                 self.max_workers = max(self.max_workers, len(live))
                 self.hosts_seen.update(r["locked_by"].split(":")[0] for r in rows if r["locked_by"])
+                for r in self.db.sql("SELECT host(client_addr) AS addr, count(*) AS n FROM pg_stat_activity "
+                                     "WHERE client_addr IS NOT NULL GROUP BY 1"):
+                    self.connections[r["addr"]] = max(self.connections.get(r["addr"], 0), r["n"])
         except BaseException as e:  # reported by the test
             self.error = e
 
 
-def celery_hosts(instance, run_id: str) -> list[tuple[int, str, str]]:
-    """(storage id, step key, celery worker) of every 'Executing steps ... in celery worker' event."""
-    out = []
-    for rec in instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records:
-        event = rec.event_log_entry.dagster_event
-        md = event.engine_event_data.metadata if event and event.engine_event_data else {}
-        worker = md.get("Celery worker")
-        if worker is not None:
-            out.append((rec.storage_id, event.step_key, str(worker.value)))
-    return out
-
-
 def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
-    from tests.deploy.deployment import deployment
+    from tests.deploy.deployment import deployment, launch_phases
 
     t0 = time.monotonic()
     with deployment(workers=2, lane_width=LANE, worker_slots=2, scale="tiny", latency=LATENCY,
@@ -162,31 +155,16 @@ def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
         failed = db.sql("SELECT count(*) AS n FROM migration_tasks WHERE status <> 'succeeded'")[0]["n"]
         assert failed == 0
 
+        # the pool arithmetic of docs/deploy.md: per step slot at most the engine pool (6) + Dagster's
+        # storage (NullPool, one per writing thread, 2)
+        by_host = {name: sampler.connections.get(h.address, 0) for name, h in dep.top.hosts.items()}
+        print(f"most Postgres connections seen per host: {by_host}")
+        assert by_host["worker-b"] <= 2 * (6 + 2), by_host
+
         # the lane held across hosts
         assert sampler.max_runs <= LANE, sampler.max_runs
         assert sampler.max_workers <= LANE, sampler.max_workers
         db.close()
-
-
-def launch_phases(ui, tenant: str) -> str:
-    """The launchpad of the tenant job with every phase asset selected and the asset checks left out
-    (the checks are proven in tests/dagster; here each would be one more celery task per phase)."""
-    from tests.dagster.graphql import REPO, GraphQLError
-    from tests.deploy.deployment import launch_options
-
-    phases = [a["assetKey"]["path"] for a in ui.phase_assets() if a["assetKey"]["path"][0] == "pipedrive"]
-    d = ui.q(
-        """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
-             __typename ... on LaunchRunSuccess { run { runId } } ... on PythonError { message }
-             ... on RunConfigValidationInvalid { errors { message } } ... on InvalidSubsetError { message } } }""",
-        params={"selector": {**REPO, "jobName": "migrate_tenant", "assetSelection": [{"path": p} for p in phases],
-                             "assetCheckSelection": []},
-                "runConfigData": launch_options(),
-                "executionMetadata": {"tags": [{"key": "dagster/partition", "value": tenant}]}})
-    out = d["launchRun"]
-    if out["__typename"] != "LaunchRunSuccess":
-        raise GraphQLError(str(out))
-    return out["run"]["runId"]
 
 
 def httpx_truth(base_url: str) -> dict:
