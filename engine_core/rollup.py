@@ -4,11 +4,13 @@ The rollup also checks completeness (issue 8, "checked, not assumed"): for every
 phase, rows seen = rows accounted for (imported + matched + already here + updated + skipped +
 failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
 so a task kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under
-`deals` - is compared with its phase); rows updated in place = the ledger history's `updated` and
-`restored` rows of this run (issue 9, per phase likewise: a sighting that changed a row writes
-one); and rows seen = the source's own count where a discovery task recorded one (`source_total`
-in its stats). What does not add up is listed in `completeness` and `incomplete`, and `verdict`
-says so beside the engine's status.
+`deals` - is compared with its phase); and rows seen = the source's own count where a discovery
+task recorded one (`source_total` in its stats). For the whole run (issue 9): rows updated in place
+in the task stats = the ledger history's `updated` and `restored` rows of this run (a sighting that
+changed a row writes one, in the window that counts it, so this holds at any moment; run-wide
+because a catch-up task writes rows of many ledger kinds). What does not add up is listed in
+`completeness` (per phase), `problems` (run-wide) and `incomplete`, and `verdict` says so beside
+the engine's status.
 
 Rows deleted at the source are not rows seen (no listing serves them): `deleted_at_source` and
 `restored` per kind come from the ledger history of the run (`ledger.history_counts`), beside the
@@ -71,11 +73,14 @@ class RunRollup:
     seconds: float | None
     # per closed phase: {"phase", "kinds", "complete", "problems": [str], per-kind figures}
     completeness: list[dict[str, Any]] = field(default_factory=list)
+    # run-wide checks that are not one phase's (updates against the ledger's history), one line each
+    problems: list[str] = field(default_factory=list)
 
     @property
     def incomplete(self) -> list[str]:
-        """Every problem of every closed phase, one line each ("deals: seen 39 of the source's 40")."""
-        return [p for c in self.completeness for p in c["problems"]]
+        """Every problem of every closed phase, then the run-wide ones, one line each
+        ("deals: seen 39 of the source's 40")."""
+        return [p for c in self.completeness for p in c["problems"]] + list(self.problems)
 
     @property
     def complete(self) -> bool:
@@ -147,8 +152,22 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         started_at=row["started_at"],
         finished_at=row["finished_at"],
         seconds=(end - row["started_at"]).total_seconds() if row["started_at"] else None,
-        completeness=completeness(db, run, kind_list, changes),
+        completeness=completeness(db, run, kind_list),
+        problems=run_problems(run, kind_list, changes),
     )
+
+
+def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str, int]]) -> list[str]:
+    """Run-wide checks (see the module docstring): the task stats' `updated` against the ledger
+    history's `updated` + `restored` rows of the run. A dry run writes no history: not compared."""
+    if run.dry_run:
+        return []
+    stats_updated = sum(k.updated for k in kinds)
+    history_updated = sum(c.get("updated", 0) + c.get("restored", 0) for c in changes.values())
+    if stats_updated == history_updated:
+        return []
+    return [f"{stats_updated} updated in the task stats but {history_updated} updates in the ledger's history "
+            f"by this run"]
 
 
 def _phase_of(run: Run, kind: str) -> int:
@@ -169,15 +188,12 @@ def closed_phases(run: Run, kinds: list[KindRollup]) -> list[int]:
     return closed
 
 
-def completeness(db: Database, run: Run, kinds: list[KindRollup],
-                 changes: dict[str, dict[str, int]] | None = None) -> list[dict[str, Any]]:
+def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[str, Any]]:
     """Per closed phase, whether its kinds add up (see the module docstring); problems as lines.
 
     A dry run writes no ledger rows, so only its stats and source counts are compared."""
     written = {r["kind"]: int(r["created"]) + int(r["matched"])
                for r in db.fetch_all("ledger_written_by_kind", {"run_id": run.id})}
-    if changes is None:
-        changes = history_counts(db, run.id)
     out: list[dict[str, Any]] = []
     for phase in closed_phases(run, kinds):
         mine = [k for k in kinds if k.phase == phase]
@@ -194,12 +210,6 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup],
         if not run.dry_run and stats_written != ledger_written:
             problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_written} imported or "
                             f"matched in the task stats but {ledger_written} claimed in the ledger by this run")
-        stats_updated = sum(k.updated for k in mine)
-        history_updated = sum(changes.get(k.kind, {}).get("updated", 0) + changes.get(k.kind, {}).get("restored", 0)
-                              for k in mine)
-        if not run.dry_run and stats_updated != history_updated:
-            problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_updated} updated in the "
-                            f"task stats but {history_updated} updates in the ledger's history by this run")
         out.append({
             "phase": phase,
             "kinds": {k.kind: {"seen": k.seen, "accounted": k.accounted, "source_total": k.source_total,
@@ -207,8 +217,6 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup],
                                "deleted_at_source": k.deleted_at_source, "restored": k.restored} for k in mine},
             "stats_written": stats_written,
             "ledger_written": None if run.dry_run else ledger_written,
-            "stats_updated": stats_updated,
-            "history_updated": None if run.dry_run else history_updated,
             "complete": not problems,
             "problems": problems,
         })
