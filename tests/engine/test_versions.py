@@ -251,3 +251,17 @@ def test_the_rollup_names_updates_the_history_does_not_hold(db) -> None:
            {"r": run.id})
     report = rollup.rollup(db, run.id)
     assert any("1 updated in the task stats but 0 updates in the ledger's history" in p for p in report.incomplete)
+
+
+def test_a_placeholder_deleted_at_the_source_and_then_written_is_no_longer_deleted(db) -> None:
+    run = _run(db)
+    with db.transaction() as tx:
+        assert ledger.skip(tx, run, KIND, "21", "not linked to any record") == "skipped"
+    with db.transaction() as tx:
+        assert ledger.mark_deleted(tx, run, KIND, ["21"]) == 1
+    assert _entry(db, "21")["deleted_at_source"] is not None
+    # the takeover path of issue 8 is unchanged: a real write claims the placeholder, and it is here
+    assert _write(db, run, "21", "Arrived", V1) == "imported"
+    entry = _entry(db, "21")
+    assert (entry["action"], entry["source_version"], entry["deleted_at_source"]) == ("created", V1, None)
+    assert len(_items(db, "21")) == 1
