@@ -345,7 +345,7 @@ class PipedriveProvider:
         (`source_total`, from the deals summary) for the rollup to compare at phase close."""
         kind = ctx.task.kind
         summary = SUMMARY_PATHS.get(kind)
-        if summary is not None:
+        if summary is not None and not ctx.task.cursor.get("since"):  # a sync lists only changed deals: no count to compare
             total = source_total(client, summary, ctx.cancel)
             if total is None:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")

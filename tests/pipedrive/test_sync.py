@@ -1,0 +1,121 @@
+"""Re-sync (issue 9): a run while the account changes at a steady rate, the changes stop, a sync;
+then the product is the source's final state - every row exactly once with its final field
+values, deleted rows marked, merged ids resolved to the survivor, zero duplicates - and the
+sync's cost at the source is measured against the full run's (the sandbox's own stats).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine_core import runs
+from engine_core.errors import NothingToSync
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.worker import drain_threads
+from tests.pipedrive.support import FAST, TOKEN, UNLIMITED, failed_tasks, sandbox, start
+
+TENANT = "acme"
+# truth kind -> (ledger kind, product table, a field served as the product stores it)
+KINDS: dict[str, tuple[str, str, tuple[str, str] | None]] = {
+    "organizations": ("organizations", "crm.companies", ("name", "name")),
+    "persons": ("persons", "crm.contacts", ("name", "name")),
+    "deals": ("deals", "crm.deals", ("title", "title")),
+    "deals_archived": ("deals", "crm.deals", ("title", "title")),
+    "leads": ("leads", "crm.leads", ("title", "title")),
+    "leads_archived": ("leads", "crm.leads", ("title", "title")),
+    "activities": ("activities", "crm.activities", ("subject", "subject")),
+    "notes": ("notes", "crm.notes", None),
+}
+
+
+def test_sync_without_a_succeeded_run_says_so(db) -> None:
+    provider = PipedriveProvider(base_url="http://127.0.0.1:9", token=TOKEN)
+    with pytest.raises(NothingToSync, match="'nobody'"):
+        runs.start_sync(db, provider, "nobody", settings=FAST)
+
+
+def _ledger(db, kind: str) -> dict[str, dict[str, Any]]:
+    rows = db.sql("SELECT source_id, action, record_id, source_version, deleted_at_source FROM migration_records"
+                  " WHERE tenant_id = %(t)s AND source = 'pipedrive' AND kind = %(k)s", {"t": TENANT, "k": kind})
+    return {r["source_id"]: r for r in rows}
+
+
+def _product(db, table: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in db.sql(f"SELECT * FROM {table} WHERE tenant_id = %(t)s AND source = 'pipedrive'", {"t": TENANT}):
+        out.setdefault(str(r["source_id"]), []).append(r)
+    return out
+
+
+def _cost(sb: Any) -> dict[str, int]:
+    stats = sb.stats()
+    return {"requests": int(stats["requests_total"]), "tokens": int(stats["tokens_total"])}
+
+
+def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
+    with sandbox(scale="tiny", live_mix="create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2") as sb:
+        opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED}
+        run = start(db, sb, TENANT)
+        sb.configure(live_rate=25.0, live_max=120)  # a steady stream of changes while the run walks
+        drain_threads(db, run.id, width=4, settings=FAST)
+        run = runs.get_run(db, run.id)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        full = _cost(sb)
+        sb.live_stop()
+        applied = sb.live()["applied"]
+        assert applied > 20, f"only {applied} changes landed while the run walked"
+        sb.reset_stats()
+        sync = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT, options=opts, settings=FAST)
+        assert sync.mode == "sync" and sync.since == run.snapshot_at
+        drain_threads(db, sync.id, width=4, settings=FAST)
+        sync = runs.get_run(db, sync.id)
+        assert sync.status == "succeeded", failed_tasks(db, sync.id)
+        cost = _cost(sb)
+        truth = sb.truth()
+
+        ledgers = {lk: _ledger(db, lk) for lk, _, _ in KINDS.values()}
+        for name, (lk, table, fields) in KINDS.items():
+            rows = sb.truth_rows(name)
+            products = _product(db, table)
+            for sid, row in rows.items():
+                e = ledgers[lk].get(sid)
+                assert e is not None and e["action"] in ("created", "matched"), f"{name} {sid}: {e}"
+                assert e["deleted_at_source"] is None, f"{name} {sid} is marked deleted but the source has it"
+                if row.get("update_time"):
+                    assert e["source_version"] == row["update_time"], f"{name} {sid} is stale"
+                if e["action"] == "created":
+                    mine = products.get(sid, [])
+                    assert len(mine) == 1, f"{name} {sid}: {len(mine)} product rows"
+                    if fields:
+                        assert mine[0][fields[1]] == row[fields[0]], f"{name} {sid}: {fields[0]} is not the final value"
+                    if name.startswith(("deals", "leads")):
+                        assert mine[0]["archived"] is name.endswith("_archived"), f"{name} {sid}: archived flag"
+        for kind, ids in truth["deleted"].items():
+            lk = {"deals_archived": "deals", "leads_archived": "leads"}.get(kind, kind)
+            for sid in map(str, ids):
+                e = ledgers.get(lk, {}).get(sid)
+                assert e is None or e["deleted_at_source"] is not None, f"deleted {kind} {sid} is not marked"
+        contacts = _product(db, "crm.contacts")
+        for kind, merged in truth["merged"].items():
+            for old, survivor in merged.items():
+                e = ledgers[kind].get(str(old))
+                assert e is None or e["deleted_at_source"] is not None, f"merged {kind} {old} is not marked"
+                assert str(survivor) in ledgers[kind], f"survivor {kind} {survivor} missing"
+        deals = _product(db, "crm.deals")
+        for name in ("deals", "deals_archived"):
+            for sid, row in sb.truth_rows(name).items():
+                person = row.get("person_id")
+                if person and str(person) in contacts and ledgers["deals"][sid]["action"] == "created":
+                    assert deals[sid][0]["contact_id"] == contacts[str(person)][0]["id"], f"deal {sid} links elsewhere"
+        mail = {m for msgs in truth["deals_with_mail"].values() for m in msgs}
+        emails = _ledger(db, "emails")
+        assert {str(m) for m in mail} <= set(emails), "mail missing"
+        for table in ("crm.companies", "crm.contacts", "crm.deals", "crm.leads", "crm.activities", "crm.notes", "crm.emails"):
+            dup = db.sql(f"SELECT source_id, count(*) AS n FROM {table} WHERE tenant_id = %(t)s AND source = 'pipedrive'"
+                         " GROUP BY source_id HAVING count(*) > 1", {"t": TENANT})
+            assert not dup, f"{table}: duplicates {dup[:5]}"
+        print(f"\nlive changes: {applied}; full run: {full['requests']} requests, {full['tokens']} tokens; "
+              f"sync: {cost['requests']} requests, {cost['tokens']} tokens "
+              f"({100 * cost['tokens'] / max(1, full['tokens']):.0f}% of the run's tokens)")
+        assert cost["tokens"] < full["tokens"]
