@@ -1,5 +1,5 @@
 """The project's only Definitions: phase assets and checks of one source, the jobs (the tenant's
-migration, its sync, the drainer, `explain_row`), the sensors and the sync schedule (off by default).
+migration, its sync, its proof from the source, the drainer, `explain_row`), the sensors and the sync schedule (off by default).
 
 The source is `MIGRATE_SOURCE` (default `pipedrive`). If its provider cannot be loaded the code
 location still loads, on the `example` provider, and says why in the assets' descriptions and the
@@ -16,7 +16,7 @@ from engine_core.providers.base import provider_for
 from migration_pipeline.assets.checks import build_phase_checks, build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.deploy import executor_def
-from migration_pipeline.jobs import drainer_job, explain_job, sync_job, tenant_job
+from migration_pipeline.jobs import drainer_job, explain_job, sync_job, tenant_job, verify_job
 from migration_pipeline.resources import default_resources
 from migration_pipeline.schedules import sync_schedule
 from migration_pipeline.sensors import build_sensors
@@ -46,7 +46,8 @@ def build_definitions(source: str) -> Definitions:
     return Definitions(
         assets=build_phase_assets(source),
         asset_checks=[*build_phase_checks(source), *proofs],
-        jobs=[tenant_job(source, without_checks=proofs), sync, drain, explain_job()],
+        jobs=[tenant_job(source, without_checks=proofs), sync, drain, explain_job(),
+              *([verify_job()] if proofs else [])],
         sensors=build_sensors(drain, source),
         schedules=[sync_schedule(sync, source)],
         resources=default_resources(source),

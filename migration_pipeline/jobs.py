@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
     AssetMaterialization,
     AssetRecordsFilter,
     AssetSelection,
@@ -52,6 +54,7 @@ from migration_pipeline.resources import LaneSettings, MigrationDatabase, Source
 
 TENANT_JOB = "migrate_tenant"
 SYNC_JOB = "sync_tenant"
+VERIFY_JOB = "verify_tenant"
 DRAINER_JOB = "drain_tenant"
 EXPLAIN_JOB = "explain_row"
 
@@ -89,6 +92,43 @@ def sync_job(source: str, without_checks=()):
                      "deals whose mail changed)."),
         tags={tags.SOURCE: source, tags.MODE: tags.SYNC},
     )
+
+
+@op(name="verify", out=Out(Nothing),
+    description="Prove the tenant's phases against the source (engine_core.verify): one matches_source "
+                "evaluation per phase asset, with the requests and tokens it spent.")
+def verify_tenant_op(context: OpExecutionContext, database: MigrationDatabase, source: SourceResource,
+                     lane: LaneSettings):
+    from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
+
+    db, tenant = database.database(), context.partition_key
+    provider, settings = source.provider(), lane.engine_settings()
+    failed, tokens = [], 0
+    for spec in proof_specs(source.source):
+        passed, md = source_check(db, provider, tenant, spec, settings)
+        tokens += int(getattr(md.get("tokens"), "value", 0) or 0)
+        context.log_event(AssetCheckEvaluation(asset_key=spec.key, check_name=MATCHES_SOURCE, passed=passed,
+                                               metadata=md, partition=tenant, severity=AssetCheckSeverity.ERROR))
+        if not passed:
+            failed.append(spec.name)
+    context.log.info(f"{tenant}: {len(failed)} phase(s) differ from the source" + (f": {', '.join(failed)}" if failed else "")
+                     + f"; {tokens} tokens spent")
+    yield Output(None, metadata={"phases_differing": len(failed), "tokens": tokens})
+
+
+def verify_job() -> JobDefinition:
+    """The proof from the source on its own (issue 9), launched on a tenant partition from the
+    launchpad: every phase's `matches_source` evaluated (`engine_core.verify`), nothing
+    materialised. An op job, because Dagster cannot infer a partitioned run for a selection of
+    asset checks alone; its evaluations land on each phase asset's `matches_source` check."""
+
+    @job(name=VERIFY_JOB, partitions_def=tenants, tags={tags.ROLE: "verify"},
+         description="Prove one tenant against its source: each phase's kinds listed at the source (cheapest "
+                     "listing) against the ledger and the product's rows; spends source tokens.")
+    def verify_tenant():
+        verify_tenant_op()
+
+    return verify_tenant
 
 
 @op(description="Drain the tenant's live engine run for one turn (one lane slot).", out=Out(Nothing))

@@ -16,8 +16,9 @@
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
   requests and tokens it spent. It spends source tokens, so it is not blocking and not in the
-  tenant or sync job: run it on its own from the UI (the phase asset's Checks tab -> Execute, on
-  a partition). Built only for a provider that can list its ids (`Provider.source_ids`).
+  tenant or sync job: run it on its own from the UI, on a tenant partition: the `verify_tenant`
+  job's launchpad (every phase) or the phase asset's Checks tab. Built only for a provider that can
+  list its ids (`Provider.source_ids`).
 
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
@@ -286,10 +287,16 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
 
 def build_source_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:
     """`matches_source` per phase asset, for a provider that can list its ids (else none)."""
+    return [_source_check_for(spec) for spec in proof_specs(source, phases)]
+
+
+def proof_specs(source: str, phases: list[list[str]] | None = None) -> list[PhaseSpec]:
+    """The phases `matches_source` proves: every phase with a data kind (not the catch-up), for a
+    provider that can list its ids; none otherwise."""
     if not can_list_ids(source):
         return []
     skip = catchup_kind(provider_for(source))  # the catch-up phase has no kind of its own to prove
-    return [_source_check_for(spec) for spec in phase_specs(source, phases) if set(spec.kinds) - {skip}]
+    return [spec for spec in phase_specs(source, phases) if set(spec.kinds) - {skip}]
 
 
 def build_phase_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:

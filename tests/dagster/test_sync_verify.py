@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, build_schedule_context, materialize
+from dagster import AssetSelection, Definitions, build_schedule_context, materialize
 
 from engine_core import runs
 from engine_core.providers.base import provider_for
@@ -30,6 +30,7 @@ from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, build_phase_checks, build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.instance import to_url
+from migration_pipeline.jobs import VERIFY_JOB, verify_job
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, PipedriveSource
 from tests.pipedrive.support import UNLIMITED, migrate, sandbox
 
@@ -100,6 +101,7 @@ def test_the_sync_job_schedule_and_the_proof_are_wired_as_documented(instance, d
     assert sync.tags.get(tags.MODE) == tags.SYNC and sync.partitions_def is not None
     proofs = {c.name for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE}
     assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == 7
+    assert repo.get_job(VERIFY_JOB).partitions_def is not None  # the proof alone, from the launchpad
     for name in ("migrate_tenant", "sync_tenant"):
         in_job = {c.name for c in repo.get_job(name).asset_layer.asset_graph.asset_check_keys}
         assert MATCHES_SOURCE not in in_job and "ledger_matches_target" in in_job, name
@@ -126,12 +128,22 @@ def _resources(db_url: str, base_url: str) -> dict:
     }
 
 
+def _prove(assets, checks, proofs, instance, res):
+    """The verify_tenant job on a partition, as its launchpad runs it: matches_source per phase."""
+    defs = Definitions(assets=assets, asset_checks=checks, resources=res, jobs=[verify_job()])
+    return defs.get_job_def(VERIFY_JOB).execute_in_process(partition_key=TENANT, instance=instance, raise_on_error=False)
+
+
+def _evaluations(result):
+    return [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+
+
 def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_url, db):
     instance.add_dynamic_partitions("tenants", [TENANT])
     assets = build_phase_assets("pipedrive")
     checks = [*build_phase_checks("pipedrive"), *build_source_checks("pipedrive")]
-    proofs = AssetSelection.checks(*build_source_checks("pipedrive"))
-    phases = AssetSelection.all() - proofs
+    proofs = build_source_checks("pipedrive")
+    phases = AssetSelection.all() - AssetSelection.checks(*proofs)
     with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
         res = _resources(db_url, sb.base_url)
         full = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
@@ -149,10 +161,11 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         assert db.sql("SELECT mode FROM migrations WHERE id = %(r)s", {"r": sync.id})[0]["mode"] == "sync"
         assert (synced.dagster_run.tags.get(tags.ENGINE_RUN)) == str(sync.id)
 
-        proved = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
-                             selection=proofs, raise_on_error=False)
-        evaluations = {e.asset_key.path[-1]: e for e in proved.get_asset_check_evaluations()}
-        assert len(evaluations) == 7 and all(e.check_name == MATCHES_SOURCE for e in evaluations.values())
+        proved = _prove(assets, checks, proofs, instance, res)
+        assert proved.success
+        evaluations = {e.asset_key.path[-1]: e for e in _evaluations(proved)}
+        assert len(evaluations) == 7 and all(e.check_name == MATCHES_SOURCE and e.partition == TENANT
+                                             for e in evaluations.values())
         assert all(e.passed for e in evaluations.values()), {k: e.metadata.get("verdict") for k, e in evaluations.items()}
         assert sum(e.metadata["tokens"].value for e in evaluations.values()) > 0
         assert not proved.get_asset_materialization_events()  # the proof materialises nothing
@@ -160,9 +173,8 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         notes = db.sql("SELECT source_id, record_id FROM migration_records WHERE tenant_id = %(t)s AND kind = 'notes'"
                        " AND action = 'created' ORDER BY record_id LIMIT 1", {"t": TENANT})[0]
         db.sql("DELETE FROM crm.notes WHERE id = %(id)s RETURNING id", {"id": notes["record_id"]})
-        again = materialize([*assets, *checks], partition_key=TENANT, instance=instance, resources=res,
-                            selection=proofs, raise_on_error=False)
-    failed = {e.asset_key.path[-1]: e for e in again.get_asset_check_evaluations() if not e.passed}
+        again = _prove(assets, checks, proofs, instance, res)
+    failed = {e.asset_key.path[-1]: e for e in _evaluations(again) if not e.passed}
     assert list(failed) == ["phase_6_notes"]
     assert failed["phase_6_notes"].metadata["notes/missing"].value == 1
     assert notes["source_id"] in failed["phase_6_notes"].metadata["verdict"].value
