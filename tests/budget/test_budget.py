@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from engine_core.budget import Budget, BudgetCancelled
+from engine_core.budget import Budget, BudgetCancelled, waiting_state
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked
 from engine_core.providers.pipedrive.client import PipedriveClient
@@ -372,3 +372,58 @@ def test_serving_ends_when_the_round_does_not_at_the_next_poll(db: Database) -> 
         futures = [pool.submit(time.sleep, 0.2)]
         held.serve(futures, poll=3600)
     assert all(f.done() for f in futures)
+
+
+def test_a_burst_429_slows_every_workers_leases_and_the_rate_recovers(db: Database) -> None:
+    a = Budget(db, "pipedrive", "acct", burst_limit=80, rate_recovery=0.25, lease_ttl=1.0)
+    b = Budget(db, "pipedrive", "acct", burst_limit=80, rate_recovery=0.25, lease_ttl=1.0)
+    a.acquire()
+    assert row(db)["rate_scale"] == 1.0
+    a.note_rate_limited("burst", 0.0)  # one write: pause (none left) and a slower rate for everyone
+    assert row(db)["rate_scale"] == pytest.approx(0.75)
+    db.sql("CREATE TABLE lease_log (spacing float8)")
+    db.sql(
+        "CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN IF NEW.leases > OLD.leases THEN INSERT INTO lease_log VALUES "
+        "(EXTRACT(EPOCH FROM NEW.tat - GREATEST(OLD.tat, clock_timestamp() - interval '1 hour'))); END IF; RETURN NEW; END $$"
+    )
+    db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
+    b.acquire()  # another worker's lease right after the 429: its chunk spans ~8 spacings / 0.75
+    (first,) = db.sql("SELECT max(spacing) AS s FROM lease_log")
+    assert first["s"] >= 8 * b.spacing() / 0.8  # (0.25 per second of recovery: well below 0.8 yet)
+    time.sleep(1.1)  # back to the full rate
+    db.sql("DELETE FROM lease_log")
+    for _ in range(24):
+        b.acquire()
+    (later,) = db.sql("SELECT min(spacing) AS s FROM lease_log")  # leases that built on the last one
+    assert later["s"] == pytest.approx(8 * b.spacing(), abs=1e-4)
+
+
+def test_leases_stop_at_the_daily_share_counting_every_slot_since_the_report(db: Database) -> None:
+    # limit 1,000, share 0.5: the floor is 500. A report of 800 left, carried by slot 0; every slot
+    # may cost 10 tokens; lag = ceil((ttl + margin) / g) + 1 slots may still be on their way.
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2, latency_margin=0.0,
+                    daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
+    lag = budget.lag()
+    budget.acquire()  # slot 0 (the first chunk: 0..7)
+    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "800"})
+    spent = 1
+    with pytest.raises(RateLimitParked) as info:
+        while True:
+            budget.acquire()
+            spent += 1
+    # a chunk is granted while 800 - 10 * (slots leased with it + lag) >= 500
+    granted = max(n for n in range(8, 1000, 8) if n == 8 or 800 - 10 * (n + lag) >= 500)
+    assert granted > 8 and row(db)["slots_leased"] == granted and spent <= granted
+    assert "share" in str(info.value) and 0 < info.value.wait_seconds <= 0.5
+    assert row(db)["daily_reason"] == "share"
+    state = waiting_state(db, "acct")
+    assert state.kind == "daily_share" and state.until is not None
+    # another worker parks from the row without a slot
+    other = Budget(db, "pipedrive", "acct", burst_limit=80, daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
+    with pytest.raises(RateLimitParked):
+        other.acquire()
+    # the day resets: its numbers are forgotten and the leases go on
+    time.sleep(0.6)
+    other.acquire()
+    assert row(db)["daily_remaining"] is None and row(db)["daily_reset_at"] is None
