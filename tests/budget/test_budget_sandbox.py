@@ -19,7 +19,7 @@ from engine_core.budget import Budget
 from engine_core.db import Database
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import DailyLimitReached
-from tests.budget.workers import fetch_worker
+from tests.budget.workers import fetch_worker, sandbox_day
 
 sandbox_server = pytest.importorskip("pipedrive_sandbox.server", reason="the sandbox server is not built yet")
 from pipedrive_sandbox.config import SandboxConfig  # noqa: E402
@@ -122,7 +122,10 @@ def test_spent_daily_budget_parks_every_worker_until_the_reset(db: Database, db_
     day = 3.0
     sandbox.configure(burst_limit=80, daily_budget=50, day_seconds=day)  # a fresh simulated day
     started = time.monotonic()
-    options = {"burst_limit": 80, "chunk": 8, "daily_probe_seconds": 0.5}
+    anchor = time.time() + sandbox.stats()["daily"]["seconds_to_reset"]
+    # the whole budget (share 1.0), every request 5 tokens, the sandbox's day boundaries
+    options = {"burst_limit": 80, "chunk": 8, "daily_probe_seconds": 0.5, "daily_share": 1.0, "max_cost": 5,
+               "daily_reset": sandbox_day(anchor, day)}
     budget = Budget(db, "pipedrive", "company-2", **options)
     client = PipedriveClient(sandbox.base_url, TOKEN, budget=budget)
     parked: list[DailyLimitReached] = []
