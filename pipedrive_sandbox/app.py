@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import heapq
 import itertools
 import json
 import logging
@@ -745,6 +746,58 @@ class SandboxApp:
         rows.sort(reverse=desc)
         return rows
 
+    def _live_order(
+        self, kind: str, subset: str, since: int | None, until: int | None, sort_by: str, desc: bool, after: tuple[Any, ...] | None
+    ) -> Iterator[int]:
+        """Indexes a list of a kind only live changes touch serves, in served order, lazily:
+        `_shaped_order` (then the keys after the cursor key `after`) without materialising.
+
+        The generated rows no change touched keep the generator's shortcuts (times grow with the
+        index: binary search for the time filters and the cursor); the touched rows - few - are
+        checked one by one and merged in by their sort key."""
+        ds, live = self.ds, self.state.live
+        touched = live.touched(kind)
+        skip = set(touched)
+
+        def key(i: int) -> tuple[Any, ...]:
+            if sort_by != "update_time":
+                return (i,)
+            t = live.update_ts(kind, i)
+            return (t is None, t or 0, i)
+
+        def passes(i: int) -> bool:
+            if not live.exists(kind, i):
+                return False
+            if subset != "all" and live.is_archived(kind, i) != (subset == "archived"):
+                return False
+            if since is not None or until is not None:
+                t = live.update_ts(kind, i)
+                if t is None or (since is not None and t < since) or (until is not None and t >= until):
+                    return False
+            return True
+
+        mine = sorted(((key(i), i) for i in touched if passes(i)), reverse=desc)
+        if after is not None:
+            mine = [r for r in mine if (r[0] < after if desc else r[0] > after)]
+        lo = ds.first_index_at_or_after(kind, since) if since is not None else 0
+        hi = ds.first_index_at_or_after(kind, until) if until is not None else ds.count(kind)
+        if after is not None:
+            if sort_by != "update_time":
+                lo, hi = (lo, min(hi, after[0])) if desc else (max(lo, after[0] + 1), hi)
+            elif not after[0]:  # generated times are never null: only a non-null key bounds them
+                t = after[1]
+                lo, hi = (lo, min(hi, ds.first_index_at_or_after(kind, t + 1))) if desc else (max(lo, ds.first_index_at_or_after(kind, t)), hi)
+            elif not desc:
+                lo = hi  # ascending, nulls come last: nothing generated after a null key
+        base: Iterator[tuple[tuple[Any, ...], int]] = (
+            ((False, ds.update_ts(kind, i), i) if sort_by == "update_time" else (i,), i)
+            for i in self._candidates(kind, subset, lo, max(lo, hi), desc)
+            if i not in skip
+        )
+        if after is not None and sort_by == "update_time":
+            base = (r for r in base if (r[0] < after if desc else r[0] > after))
+        return (i for _, i in heapq.merge(base, mine, key=lambda r: r[0], reverse=desc))
+
     def _cursor_key(self, kind: str, cursor: dict[str, Any], sort_by: str) -> tuple[Any, ...]:
         index = self.state.live.cursor_index(kind, cursor.get("id"))  # the row may be gone since
         if index is None:
@@ -805,12 +858,16 @@ class SandboxApp:
             return {"success": True, "data": [], "additional_data": {"next_cursor": start}}
 
         shaped = self.state.live.touches(kind) and sort_by in MONOTONIC_SORTS
-        if shaped:
+        if shaped and wanted_idxs is None and not shapes.touches(kind):
+            # Only live changes touch the kind: lazily, without materialising its rows.
+            ck = self._cursor_key(kind, cursor, sort_by) if cursor is not None else None
+            candidates: Iterable[int] = self._live_order(kind, spec.subset, since, until, sort_by, desc, ck)
+        elif shaped:
             ordered = self._shaped_order(kind, spec.subset, since, until, sort_by, desc, wanted_idxs)
             if cursor is not None:
                 ck = self._cursor_key(kind, cursor, sort_by)
                 ordered = [r for r in ordered if (r[0] < ck if desc else r[0] > ck)]
-            candidates: Iterable[int] = [i for _, i in ordered]
+            candidates = [i for _, i in ordered]
         elif wanted_idxs is not None:
             idxs = [i for i in wanted_idxs if lo <= i < hi]
             if spec.subset != "all":
@@ -993,8 +1050,10 @@ class SandboxApp:
         pred = self._filter_pred(spec, q)
         subset = "archived" if archived else "active"
         shapes = self.state.shapes
-        if self.state.live.touches("leads"):
-            candidates: Iterable[int] = [i for _, i in self._shaped_order("leads", subset, since, None, "id", desc)]
+        if self.state.live.touches("leads") and not shapes.touches("leads"):
+            candidates: Iterable[int] = self._live_order("leads", subset, since, None, "id", desc, None)
+        elif self.state.live.touches("leads"):
+            candidates = [i for _, i in self._shaped_order("leads", subset, since, None, "id", desc)]
         else:
             candidates = self._candidates("leads", subset, lo, hi, desc)
         rows, start, limit, more, served = self._v1_page("leads", candidates, q, pred, sort)
@@ -1041,8 +1100,10 @@ class SandboxApp:
                     return False
                 return _base is None or _base(rec)
 
-        if self.state.live.touches("notes"):
-            candidates: Iterable[int] = [i for _, i in self._shaped_order("notes", "all", since, None, "id", desc)]
+        if self.state.live.touches("notes") and not self.state.shapes.touches("notes"):
+            candidates: Iterable[int] = self._live_order("notes", "all", since, None, "id", desc, None)
+        elif self.state.live.touches("notes"):
+            candidates = [i for _, i in self._shaped_order("notes", "all", since, None, "id", desc)]
         else:
             candidates = self._candidates("notes", "all", lo, hi, desc)
         rows, start, limit, more, _ = self._v1_page("notes", candidates, q, pred, sort)
