@@ -99,9 +99,16 @@ def run_env(db_url, tmp_path) -> dict[str, str]:
 
 
 def _nothing_launched(db_url: str) -> None:
+    """No run, partition or engine run - and Dagster's storage was never even opened (its tables
+    do not exist): the input was refused before an instance, a daemon or a launch was started,
+    which is what makes the refusal fast (a launch failing on the same input took ~20 s)."""
     assert _storage_rows(db_url, "SELECT count(*) FROM runs") == 0
     assert _storage_rows(db_url, "SELECT count(*) FROM dynamic_partitions") == 0
     assert _storage_rows(db_url, "SELECT count(*) FROM migrations") == 0
+    with psycopg.connect(db_url) as c:
+        opened = [t for t in ("runs", "dynamic_partitions", "event_logs")
+                  if c.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is not None]
+    assert not opened, f"Dagster's storage was set up ({opened}) before the input was checked"
 
 
 def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, run_env):
