@@ -9,10 +9,12 @@ Pipedrive's `Date` header), the database's otherwise. The provider's walks cover
 at that moment, and its catch-up phase (`catchup_kind`, the plan's last group, kept even in a run
 limited to some kinds) brings what changed since - rows created, changed (updated in place through
 the ledger), deleted (marked) - before the run succeeds. A sync (`start_sync`, mode 'sync') is the
-same run - same phases, claims, windows, budget, stop/retry/resume - whose listings ask only for
-what changed since the last succeeded run's or sync's snapshot (`migrations.since`), minus
-`SNAPSHOT_MARGIN_SECONDS` for the clocks of the source's servers; its catch-up lists the ids
-deletions need.
+same run - same phases, claims, windows, budget, stop/retry/resume - bringing what changed since
+the last succeeded run's or sync's snapshot (`migrations.since`): the provider decides how (the
+Pipedrive provider's sync is its catch-up phase: the id listings deletions need carry the changed
+rows; with the option `detect_deletes: false` it lists only rows updated since `since` minus
+`SNAPSHOT_MARGIN_SECONDS`, the margin for the clocks of the source's servers). The example
+provider has no catch-up phase: its source holds still, so its runs are their snapshot.
 """
 from __future__ import annotations
 

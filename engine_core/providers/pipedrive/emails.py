@@ -1,8 +1,7 @@
 """The email phase: discovery, then tasks of ten deals that keep four requests in flight.
 
-Discovery walks the deal lists (active and archived; a sync only the deals updated since its
-`since`, and of those only deals with more messages than the product holds) a page per task,
-asking for each deal's `email_messages_count`, and seeds tasks of ten deals that have mail (`{"deals": [ids]}`, keyed by
+Discovery walks the deal lists (active and archived) a page per task, asking for each deal's
+`email_messages_count`, and seeds tasks of ten deals that have mail (`{"deals": [ids]}`, keyed by
 discovery page and chunk, so a retried page finds its tasks already there). A source that does not
 report the count gets every deal listed: a deal without mail then costs one listing call.
 
@@ -92,10 +91,7 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     """One page of a deal list: tasks of ten deals with mail, and the next discovery page."""
     cursor = ctx.task.cursor
     path = MAIL_SOURCES[cursor["discover"]]
-    params = {"include_fields": "email_messages_count"}
-    if cursor.get("since"):
-        params["updated_since"] = cursor["since"]  # a sync: new mail moves its deal's update time
-    page = client.list_v2(path, params, cursor=cursor.get("cursor"), limit=PAGE, cancel=ctx.cancel)
+    page = client.list_v2(path, {"include_fields": "email_messages_count"}, cursor=cursor.get("cursor"), limit=PAGE, cancel=ctx.cancel)
     deal_ids: list[int] = []
     uncounted = 0
     for row in page.rows:
@@ -108,13 +104,6 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
             deal_ids.append(ident)
         elif isinstance(count, int) and not isinstance(count, bool) and count > 0:
             deal_ids.append(ident)
-    if cursor.get("since") and deal_ids:
-        # a sync lists the mail only of deals with more messages at the source than the product holds
-        from engine_core.providers.pipedrive.inventory import _mail_wanted
-
-        counted = [r for r in page.rows if isinstance(r, dict) and r.get("id") in set(deal_ids)]
-        with ctx.db.connection() as conn:
-            deal_ids = _mail_wanted(conn, ctx.run, counted)
     if uncounted:
         ctx.log.note("info", KIND, "the source does not report email_messages_count: every deal's mail is listed")
     ctx.stats.bump("deals_listed", len(page.rows))

@@ -37,15 +37,23 @@ between lists while the walk passed). Changed deals with more mail than the prod
 them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
 mail is fetched only for deals whose mail changed.
 
-Why one listing and not an `updated_since` listing plus an id listing: deletions can only be
-found by a full id listing, and Pipedrive's lists serve whole rows with their `update_time`, so
-that listing already carries every changed row; asking `updated_since` as well would list the
-changed rows twice. A sync's earlier phases ask `updated_since` (v2 lists, notes, active leads;
-archived leads take no such filter and are listed whole) so they write the changes in parallel,
-kind by kind; its catch-up is the inventory. What the catch-up does not find: mail deleted at the
-source (mail is only ever added by listing a deal's messages) and field definitions (refreshed by
-every run's `fields` task). Rows changed while the catch-up itself walks past them are the next
-sync's.
+**A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
+the field definitions, and the catch-up brings every change and deletion since the last succeeded
+run's snapshot. Why one listing and not an `updated_since` listing plus an id listing: deletions
+can only be found by a full id listing (Pipedrive has no list of deleted rows), and Pipedrive's
+lists serve whole rows with their `update_time`, so that listing already carries every changed
+row; an `updated_since` listing as well would list the changed rows twice (one call per kind at
+least). With the run option `detect_deletes: false` a sync lists only what changed instead:
+`updated_since` = the sync's `since` minus the snapshot margin on the v2 lists, notes and active
+leads (`SINCE_KINDS`); archived leads, users, pipelines and stages take no such filter and are
+listed whole (short lists, except archived leads: the API leaves no choice); no deletes tasks.
+A full run always walks the whole inventory: rows lost by its own walks (a shifted offset) have
+not changed, so no `updated_since` listing would bring them.
+
+What the catch-up does not find: mail deleted at the source (mail is only ever added, by listing a
+deal's messages) and field definitions (refreshed by every run's `fields` task). Rows changed
+while the catch-up itself walks past them are the next sync's (their update time is after this
+run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
@@ -61,7 +69,7 @@ from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.mapping import ledger_kind, message_of
-from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS
+from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS, rfc3339
 
 CATCHUP = "catchup"
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
@@ -76,6 +84,8 @@ PARAMS: dict[str, dict[str, str]] = {
     "deals_archived": {"include_fields": "email_messages_count"},
 }
 VERSION_FIELD: dict[str, str] = {"users": "modified"}
+# Lists that take `updated_since` (a sync with detect_deletes false asks only for what changed).
+SINCE_KINDS = frozenset({"organizations", "persons", "deals", "deals_archived", "activities", "leads", "notes"})
 # GET by id, to tell a deletion from a row that moved between lists while the inventory walked.
 SINGLE_PATHS: dict[str, str] = {
     **writers.PARENT_PATHS,
@@ -185,8 +195,10 @@ def path_of(kind: str) -> str:
     return V2_PATHS[kind] if kind in V2_PATHS else V1_PATHS[kind]
 
 
-def list_step(meter: Meter, kind: str, at: Mapping[str, Any]) -> Step:
-    params = PARAMS.get(kind)
+def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None = None) -> Step:
+    params = dict(PARAMS.get(kind) or {})
+    if since and kind in SINCE_KINDS:
+        params["updated_since"] = since
     if kind in V2_PATHS:
         return v2_step(meter, V2_PATHS[kind], params, at)
     return v1_step(meter, V1_PATHS[kind], params, at)
@@ -245,6 +257,23 @@ def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
 # --- the catch-up phase -------------------------------------------------------------------------
 
 
+def detect_deletes(run: Run) -> bool:
+    """The run option `detect_deletes` (default true; a full run always does)."""
+    value = run.options.get("detect_deletes", True)
+    if isinstance(value, str):
+        value = value.strip().lower() not in ("0", "false", "no", "off")
+    return bool(value) or not run.is_sync
+
+
+def changed_since(run: Run) -> str | None:
+    """`updated_since` of a sync that does not detect deletes: its `since` minus the margin."""
+    if detect_deletes(run) or run.since is None:
+        return None
+    from engine_core.runs import snapshot_margin
+
+    return rfc3339(run.since - snapshot_margin(run))
+
+
 def catchup_kinds(run: Run) -> list[str]:
     """The run's kinds the catch-up walks, in walking order."""
     return [k for k in ORDER if k in run.kinds]
@@ -268,7 +297,7 @@ def _after_list(run: Run, kind: str) -> list[Successor]:
     following = kinds[i + 1] if i + 1 < len(kinds) else None
     if following is not None:
         out.append(page_task(following, 0, {}))
-    if following is None or ledger_kind(following) != ledger_kind(kind):
+    if detect_deletes(run) and (following is None or ledger_kind(following) != ledger_kind(kind)):
         lk = ledger_kind(kind)
         out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
     return out
@@ -363,7 +392,7 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         with ctx.db.transaction() as tx:
             _forget_older(tx, ctx.run)
     meter = Meter(client, {}, ctx.cancel)
-    step = list_step(meter, kind, cursor)
+    step = list_step(meter, kind, cursor, changed_since(ctx.run))
     ctx.stats.bump("requests", meter.cost.get("requests", 0))
     ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
     written = write_changed(ctx, client, mapper_of, kind, lk, step.rows)

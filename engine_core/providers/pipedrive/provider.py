@@ -23,6 +23,13 @@ Tasks and cursors (details in `stripes.py`):
   its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
   fetches bodies in rounds of four on four threads holding no database connection (`emails.py`).
+* `catchup` (issue 9) - the last phase: a run records its snapshot moment (the source's `Date`,
+  `source_time`); the v2 spans end at it, and the catch-up walks each kind's whole list once,
+  parents first, writing what the ledger lacks or holds at an older version (a row that moved
+  between spans, offsets or lists while the run walked; changes since), marking what a GET
+  confirms deleted, and fetching mail for changed deals with more mail than the product holds
+  (`inventory.py`). A sync (mode 'sync') seeds only the field definitions and its catch-up.
+  `source_ids` is the same listing, for verify.
 
 Configuration comes from the environment: `PIPEDRIVE_BASE_URL` (a run's `base_url` option takes
 precedence, for tests and demos against the sandbox) and `PIPEDRIVE_API_TOKEN`. A missing variable
@@ -36,7 +43,8 @@ company (another account key) carries on.
 
 Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
 default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
-fetches in flight per email task, default 4).
+fetches in flight per email task, default 4), `snapshot_margin_seconds` (default 300),
+`detect_deletes` (a sync's, default true: false lists only rows updated since, no deletions).
 """
 from __future__ import annotations
 
@@ -162,19 +170,10 @@ def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
         return budget
 
 
-def listing_bounds(run: Run) -> tuple[str | None, str | None]:
-    """(updated_since, updated_until) of a run's walks (issue 9): until = the run's snapshot (whole
-    seconds, exclusive; what changed after it is the catch-up's); a sync's since = its `since`
-    minus the snapshot margin (`runs.snapshot_margin`), a full run's None."""
-    from engine_core.runs import snapshot_margin
-
-    upper = stripes.rfc3339(run.snapshot_at) if run.snapshot_at is not None else None
-    lower = stripes.rfc3339(run.since - snapshot_margin(run)) if run.is_sync and run.since is not None else None
-    return lower, upper
-
-
-# v1 lists that take `updated_since` (a sync asks only for what changed); archived leads do not.
-V1_SINCE = frozenset({"notes", "leads"})
+def snapshot_bound(run: Run) -> str | None:
+    """`updated_until` of a full run's v2 spans (issue 9): the run's snapshot, whole seconds,
+    exclusive - what changed after it is the catch-up phase's. None for a run from before snapshots."""
+    return stripes.rfc3339(run.snapshot_at) if run.snapshot_at is not None else None
 
 
 class PipedriveProvider:
@@ -273,19 +272,20 @@ class PipedriveProvider:
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
         if kind == "fields":
             return [Successor("fields:all", {})]
-        lower, upper = listing_bounds(run)
+        if run.is_sync and kind != CATCHUP:
+            # a sync's work is its catch-up (`inventory.py`): one listing per kind brings every
+            # change and deletion since the last run; the other phases seed nothing and close at once
+            return []
         if kind in stripes.V1_PATHS:
-            seeds = stripes.v1_seeds(kind)
-            if lower and kind in V1_SINCE:
-                seeds = [Successor(s.cursor_key, {**s.cursor, "since": lower}) for s in seeds]
-            return seeds
+            return stripes.v1_seeds(kind)
         if kind in stripes.V2_PATHS:
             seeds = stripes.v2_seeds(kind)
-            if kind not in stripes.UNSTRIPED and (lower or upper):
-                seeds = [Successor(s.cursor_key, {**s.cursor, "since": lower, "until": upper}) for s in seeds]
+            upper = snapshot_bound(run)
+            if kind not in stripes.UNSTRIPED and upper:
+                seeds = [Successor(s.cursor_key, {**s.cursor, "until": upper}) for s in seeds]
             return seeds
         if kind == "emails":
-            return stripes.email_seeds(lower)
+            return stripes.email_seeds()
         if kind == CATCHUP:
             return inventory.catchup_seeds(run)
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
@@ -345,7 +345,7 @@ class PipedriveProvider:
         (`source_total`, from the deals summary) for the rollup to compare at phase close."""
         kind = ctx.task.kind
         summary = SUMMARY_PATHS.get(kind)
-        if summary is not None and not ctx.task.cursor.get("since"):  # a sync lists only changed deals: no count to compare
+        if summary is not None:
             total = source_total(client, summary, ctx.cancel)
             if total is None:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
@@ -502,12 +502,8 @@ def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], can
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
     (`stripes.v1_after`), never by the number of rows that came back."""
     start, _ = stripes.v1_span(cursor)
-    since = cursor.get("since")
-    params = {"updated_since": since} if since else None
-    page = client.list_v1(stripes.V1_PATHS[kind], params, start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
+    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
     after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
-    if after is not None and since:
-        after = Successor(after.cursor_key, {**after.cursor, "since": since})  # a sync's walk stays filtered
     return Listed(page.rows, 0, (after,) if after is not None else ())
 
 

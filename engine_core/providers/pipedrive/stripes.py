@@ -28,8 +28,7 @@ page arithmetic: a v2 cursor is opaque and only reachable by walking. They are s
 an update time or the end), cuts [oldest, newest] into four equal spans and seeds one walker per
 span (`kind:s<stripe>:p0`); each walker lists its span page by page in id order, carrying the v2
 cursor, and creates its own next page (`kind:s<stripe>:p<n+1>`). The first span is open below
-and the last ends at the run's snapshot (`bounded_spans`, issue 9; a sync's first starts at its
-`since` minus the margin), so every row WITH an update time before the snapshot falls into exactly
+and the last ends at the run's snapshot (`bounded_spans`, issue 9), so every row WITH an update time before the snapshot falls into exactly
 one span, even one outside [oldest, newest]. A row updated while the run walks gets an update time
 after the snapshot and leaves every span - it is in the catch-up phase's inventory walk
 (`inventory.py`), which writes it as it is then (before issue 9 it moved into the open-ended last
@@ -240,14 +239,12 @@ DEALS_PER_TASK = 10
 MAIL_SOURCES: dict[str, str] = {"deals": "/api/v2/deals", "deals_archived": "/api/v2/deals/archived"}
 
 
-def email_seeds(since: str | None = None) -> list[Successor]:
+def email_seeds() -> list[Successor]:
     """One discovery walker per deal list (active and archived deals carry mail alike). Each walks
     its whole list, unfiltered (null-time deals included), and hands on whenever the page carries a
-    `next_cursor` - rows or none (`email_discovery_next`; the walk ends only on a null cursor).
-    A sync's walkers carry `since` (`updated_since`: new mail moves its deal's update time)."""
-    extra = {"since": since} if since else {}
+    `next_cursor` - rows or none (`email_discovery_next`; the walk ends only on a null cursor)."""
     return [
-        Successor(f"emails:discover:{source}:p0", {"discover": source, "cursor": None, "page": 0, **extra})
+        Successor(f"emails:discover:{source}:p0", {"discover": source, "cursor": None, "page": 0})
         for source in MAIL_SOURCES
     ]
 
@@ -255,8 +252,7 @@ def email_seeds(since: str | None = None) -> list[Successor]:
 def email_discovery_next(cursor: dict[str, Any], next_cursor: str) -> Successor:
     page = int(cursor.get("page", 0)) + 1
     source = cursor["discover"]
-    extra = {"since": cursor["since"]} if cursor.get("since") else {}
-    return Successor(f"emails:discover:{source}:p{page}", {"discover": source, "cursor": next_cursor, "page": page, **extra})
+    return Successor(f"emails:discover:{source}:p{page}", {"discover": source, "cursor": next_cursor, "page": page})
 
 
 def email_tasks(cursor: dict[str, Any], deal_ids: list[int], per_task: int = DEALS_PER_TASK) -> list[Successor]:
