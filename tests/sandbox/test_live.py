@@ -553,3 +553,20 @@ def test_the_reference_index_built_late_or_prebuilt_equals_the_rows_now() -> Non
                     rows_now.setdefault((parent, row[field]), set()).add((child, ci, field))
     for app in (prebuilt, on_demand):
         assert {k: v for k, v in app.state.live._ref_index().items() if v} == rows_now
+
+
+def test_the_cli_serves_a_live_account_bounded_by_live_max() -> None:
+    from pipedrive_sandbox import start_subprocess
+
+    proc, base_url = start_subprocess(SandboxConfig(scale="tiny", live_rate=100.0, live_max=12, live_mix="update:1,mail:1"))
+    try:
+        with httpx.Client(base_url=base_url, timeout=30) as c:
+            wait_for(lambda: c.get("/_sandbox/live").json()["applied"] == 12 and not c.get("/_sandbox/live").json()["running"])
+            status = c.get("/_sandbox/live").json()
+            assert status["rate"] == 100.0 and status["max"] == 12 and status["mix"]["delete"] == 0
+            changes = c.get("/_sandbox/changes", params={"since_seq": 10}).json()
+            assert [ch["seq"] for ch in changes["changes"]] == [11, 12] and changes["applied"] == 12
+            assert {ch["op"] for ch in c.get("/_sandbox/changes").json()["changes"]} <= {"update", "mail"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
