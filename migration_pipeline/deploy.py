@@ -60,7 +60,73 @@ def executor_def(env: dict[str, str] | None = None) -> ExecutorDefinition:
     if name == "in_process":
         return in_process_executor
     try:
-        from dagster_celery import celery_executor
+        import dagster_celery  # noqa: F401
     except ImportError:
         raise ConfigError(f"{EXECUTOR_ENV}=celery needs dagster-celery: pip install -e '.[deploy]'") from None
-    return celery_executor.configured(celery_config(env.get(CELERY_CONFIG_ENV)), name="celery")
+    return _celery_executor().configured(celery_config(env.get(CELERY_CONFIG_ENV)), name="celery")
+
+
+def _celery_executor() -> ExecutorDefinition:
+    """dagster-celery's executor, with one addition: a terminate stops the engine run.
+
+    On a terminate, dagster-celery's orchestrator revokes its steps without terminating them
+    (`AsyncResult.revoke()`), so a phase op already running on a worker host would drain its phase
+    to the end, and the engine run would go on (drainers included): the UI's Terminate would not be
+    the engine's stop it is on one machine (lane.py). Here the orchestrator, when it reports the
+    termination, sets the engine run's stop flag (`runs.stop`), which every worker host checks
+    before every claim; the running step stops at its next task boundary and ends CANCELED."""
+    from dagster import executor, multiple_process_executor_requirements
+    from dagster._core.execution.retries import RetryMode
+    from dagster_celery.executor import CELERY_CONFIG, CeleryExecutor
+
+    class StoppingCeleryExecutor(CeleryExecutor):
+        def execute(self, plan_context, execution_plan):
+            stopped = False
+            for event in super().execute(plan_context, execution_plan):
+                yield event
+                if not stopped and _is_termination(event):
+                    stopped = True
+                    stop_engine_run(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+
+    @executor(name="celery", config_schema=CELERY_CONFIG, requirements=multiple_process_executor_requirements())
+    def celery_executor_stopping(init_context):
+        config = init_context.executor_config
+        return StoppingCeleryExecutor(
+            broker=config.get("broker"), backend=config.get("backend"), config_source=config.get("config_source"),
+            include=config.get("include"), retries=RetryMode.from_config(config["retries"]))
+
+    return celery_executor_stopping
+
+
+def _is_termination(event: Any) -> bool:
+    """The celery orchestrator's 'received termination signal' engine event."""
+    data = getattr(event, "event_specific_data", None)
+    return bool(getattr(event, "is_engine_event", False) and data is not None
+                and "steps_interrupted" in (getattr(data, "metadata", None) or {}))
+
+
+def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None) -> int | None:
+    """Set the stop flag of the engine run a Dagster run attached to (its `migration/run_id` tag);
+    the engine run id, or None when the run never attached. Errors are logged, not raised: the
+    terminate goes on either way."""
+    from engine_core import db as dbmod
+    from engine_core import runs
+    from migration_pipeline import tags
+
+    run = instance.get_run_by_id(dagster_run_id)
+    engine_run = (run.tags.get(tags.ENGINE_RUN, "") if run is not None else "")
+    if not engine_run.isdigit():
+        return None
+    try:
+        db = dbmod.connect(max_size=1, apply=False)
+        try:
+            stopped = runs.stop(db, int(engine_run))
+        finally:
+            db.close()
+        if log is not None:
+            log.warning(f"terminated: stop requested for {stopped.name}; the steps on the worker hosts stop at "
+                        "their next task boundary and keep their checkpoints")
+    except Exception as e:  # the terminate must not fail on this
+        if log is not None:
+            log.error(f"terminated, but the stop flag of engine run {engine_run} could not be set: {e}")
+    return int(engine_run)

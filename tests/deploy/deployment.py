@@ -104,8 +104,8 @@ def deployment(workers: int = 2, *, lane_width: int = 4, worker_slots: int = 2, 
     sandbox = None
     try:
         with Topology(names, workdir) as top:
+            broker = top.start_rabbitmq("data")  # boots (~5 s) while the Postgres cluster is made
             admin = top.start_postgres("data")
-            broker = top.start_rabbitmq("data")
             config = SandboxConfig(scale=scale, seed=1, token=TOKEN, burst_limit=UNLIMITED, latency=latency)
             sandbox, sandbox_url = start_subprocess(config, host=top.gateway)
             with psycopg.connect(admin, autocommit=True) as c:

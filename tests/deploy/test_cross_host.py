@@ -14,7 +14,10 @@ proves:
 * both runs succeed and both tenants reconcile exactly with the sandbox's truth (ledger ids per
   kind, target rows = created + matched, no duplicates, no failed task);
 * the lane limit (here 2) held across hosts: never more than 2 migration runs in progress in the
-  shared run storage, never more than 2 live engine workers holding tasks.
+  shared run storage, never more than 2 live engine workers holding tasks;
+* a third tenant terminated from the UI while its step runs on a worker host ends CANCELED with its
+  engine run stopped (migration_pipeline/deploy.py: dagster-celery alone would let the step drain
+  on), and no drainer run is started for it.
 Skipped, saying why, where network namespaces cannot be made (not root, no iproute2, no RabbitMQ).
 """
 from __future__ import annotations
@@ -39,8 +42,9 @@ LATENCY = "realistic:0.3"  # tasks long enough to be caught mid-flight, short en
 IN_PROGRESS = [DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 TENANTS = ("acme", "globex")
+STOPPED = "initech"  # launched, then terminated from the UI
 FAST = {
-    "MIGRATE_STALE_LOCK_SECONDS": "8",  # a dead host's task is free again within seconds
+    "MIGRATE_STALE_LOCK_SECONDS": "6",  # a dead host's task is free again within seconds
     "MIGRATE_HEARTBEAT_SECONDS": "1",
     "MIGRATE_REAPER_INTERVAL_SECONDS": "2",
     "MIGRATE_LANE_INTERVAL_SECONDS": "2",
@@ -164,6 +168,33 @@ def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
         # the lane held across hosts
         assert sampler.max_runs <= LANE, sampler.max_runs
         assert sampler.max_workers <= LANE, sampler.max_workers
+
+        # a terminate from the UI stops the engine run, though its step runs on a worker host
+        dep.ui.add_partition(STOPPED)
+        stopped_run = launch_phases(dep.ui, STOPPED)
+        engine_run = None
+        deadline = time.monotonic() + 120
+        while engine_run is None and time.monotonic() < deadline:
+            # the engine run exists once the first phase step, on a worker host, has started it
+            rows = db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s", {"t": STOPPED})
+            engine_run = rows[0]["id"] if rows else None
+            time.sleep(0.2)
+        assert engine_run is not None, dep.logs()
+        dep.ui.terminate(stopped_run)
+        deadline = time.monotonic() + 120
+        while instance.get_run_by_id(stopped_run).status not in FINISHED and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert instance.get_run_by_id(stopped_run).status == DagsterRunStatus.CANCELED
+        status = db.sql("SELECT status, cancel_requested FROM migrations WHERE id = %(r)s", {"r": engine_run})[0]
+        assert status["status"] in ("stopping", "stopped") and status["cancel_requested"], status
+        deadline, live, running = time.monotonic() + 60, 1, 1
+        while (live or running) and time.monotonic() < deadline:  # no drainer carries on the stopped run
+            live = instance.get_runs_count(RunsFilter(tags={"dagster/partition": STOPPED},
+                                                      statuses=IN_PROGRESS + [DagsterRunStatus.QUEUED]))
+            running = db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s "
+                             "AND status IN ('running', 'pending')", {"r": engine_run})[0]["n"]
+            time.sleep(0.5)
+        assert not live and not running, (live, running)
         db.close()
 
 
