@@ -5,6 +5,8 @@ the `matches_source` check.
   no succeeded run, end with one line and exit 2 (nothing launched); `migrate verify` of a clean
   tiny sandbox tenant exits 0 with the cost beside the verdict, and 1 naming the missing row once
   a product row is deleted (`--json` carries every id).
+* `migrate sandbox --live RATE --live-max N` serves an account that changes at RATE and stops after
+  N changes; `--live 0` and `--live-max` without `--live` are one line, exit 2.
 * Definitions: the sync job is the phase assets tagged `migration/mode=sync`; the schedule is
   stopped by default and asks for the tenants whose latest run succeeded; `matches_source` (one per
   phase) is in neither the tenant job nor the sync job (it spends tokens), and not blocking.
@@ -69,6 +71,42 @@ def test_verify_and_sync_of_an_unknown_tenant_or_one_never_succeeded_are_one_lin
     runs.start_run(db, provider_for("example"), "acme")  # running, never succeeded
     _one_line_error(_migrate(["sync", "acme"], env), "tenant 'acme' has no succeeded example run to sync from")
     assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == 1  # nothing launched or started
+
+
+def test_migrate_sandbox_live(tmp_path):
+    from migration_pipeline.stack import free_port
+
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli import main
+
+    for args, needle in ((["--live", "0"], "--live must be a rate above 0"),
+                         (["--live-max", "3"], "--live-max needs --live RATE")):
+        out = CliRunner().invoke(main, ["sandbox", *args])
+        lines = out.output.strip().splitlines()
+        assert out.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], out.output
+    env = _env("dbname=unused")
+    port = free_port()
+    proc = subprocess.Popen([MIGRATE, "sandbox", "--port", str(port), "--scale", "tiny", "--live", "20", "--live-max", "3"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+
+        import httpx
+
+        deadline, live = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and live.get("applied") != 3:
+            try:
+                live = httpx.get(f"http://127.0.0.1:{port}/_sandbox/live", timeout=5).json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert live.get("applied") == 3 and live.get("rate") == 20, live
+        time.sleep(0.5)
+        assert httpx.get(f"http://127.0.0.1:{port}/_sandbox/live", timeout=5).json()["applied"] == 3  # capped
+    finally:
+        proc.terminate()
+        proc.wait(15)
 
 
 def test_migrate_verify_exit_codes_on_a_tiny_sandbox_tenant(db_url, db):
