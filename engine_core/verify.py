@@ -201,29 +201,15 @@ def _columns(db: Database, table: str) -> set[str]:
 
 
 def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, dict[str, Any]]:
-    """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind.
-    The version and the deleted mark are the ledger's (`ledger.ledger_index`, migration 0010)."""
-    columns = _columns(db, "public.migration_records")
-    version = "source_version" if "source_version" in columns else "NULL::text"
-    deleted = "deleted_at_source" if "deleted_at_source" in columns else "NULL::timestamptz"
+    """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind,
+    placeholders included. The version and the deleted mark are what `ledger.ledger_index` reads
+    (migration 0010); the action and the record say whether and where the product holds the row."""
     rows = db.sql(
-        f"SELECT source_id, action, record_type, record_id, {version} AS version, {deleted} AS deleted"
+        "SELECT source_id, action, record_type, record_id, source_version AS version, deleted_at_source AS deleted"
         " FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s",
         {"t": tenant_id, "s": source, "k": kind},
     )
-    out = {_norm(r["source_id"]): dict(r) for r in rows}
-    try:
-        from engine_core import ledger
-
-        index = ledger.ledger_index  # type: ignore[attr-defined]
-    except AttributeError:
-        return out
-    with db.connection() as conn:
-        for sid, (v, d) in index(conn, tenant_id, source, kind).items():
-            entry = out.get(_norm(sid))
-            if entry is not None:
-                entry["version"], entry["deleted"] = v, d
-    return out
+    return {_norm(r["source_id"]): dict(r) for r in rows}
 
 
 def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],

@@ -461,6 +461,9 @@ def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     with _db() as db:
         result = run_verify(db, tenant, source, wanted)
+    if not any(k.checked for k in result.kinds):  # a source without id listings: nothing to prove
+        _fail(f"the {result.source} source cannot list its ids ({result.kinds[0].note if result.kinds else 'no kinds'}); "
+              "nothing to verify")
     _emit(as_json, result.as_dict(), lambda: print_verify(result))
     sys.exit(0 if result.passed else 1)
 

@@ -1,8 +1,9 @@
 """The faces of issue 9: `migrate verify` / `migrate sync`, the Dagster sync job, its schedule and
 the `matches_source` check.
 
-* CLI: `migrate verify` and `migrate sync` of an unknown tenant, and `migrate sync` of a tenant with
-  no succeeded run, end with one line and exit 2 (nothing launched); `migrate verify` of a clean
+* CLI: `migrate verify` and `migrate sync` of an unknown tenant, `migrate sync` of a tenant with
+  no succeeded run, and `migrate verify` of a source without id listings end with one line and
+  exit 2 (nothing launched); `migrate verify` of a clean
   tiny sandbox tenant exits 0 with the cost beside the verdict, and 1 naming the missing row once
   a product row is deleted (`--json` carries every id).
 * `migrate sandbox --live RATE --live-max N` serves an account that changes at RATE and stops after
@@ -70,6 +71,7 @@ def test_verify_and_sync_of_an_unknown_tenant_or_one_never_succeeded_are_one_lin
     _one_line_error(_migrate(["sync", "nobody"], env), "tenant 'nobody' has no migration run")
     runs.start_run(db, provider_for("example"), "acme")  # running, never succeeded
     _one_line_error(_migrate(["sync", "acme"], env), "tenant 'acme' has no succeeded example run to sync from")
+    _one_line_error(_migrate(["verify", "acme"], env), "the example source cannot list its ids")
     assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == 1  # nothing launched or started
 
 
