@@ -35,7 +35,7 @@ for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's m
 and is marked with `ledger.mark_deleted`; a row that answers is written as served (it moved
 between lists while the walk passed). Changed deals with more mail than the product holds for
 them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
-mail is fetched only for deals whose mail changed.
+mail is fetched only for deals whose mail changed (and only in runs that import mail).
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -280,6 +280,9 @@ def catchup_kinds(run: Run) -> list[str]:
 
 
 def catchup_seeds(run: Run) -> list[Successor]:
+    """The catch-up's first task. A dry run's catch-up makes the same listing calls and writes
+    nothing, not even dry (its walks wrote nothing to compare the source with; their report is
+    the run's); it seeds no mail and no deletes tasks."""
     kinds = catchup_kinds(run)
     return [page_task(kinds[0], 0, {})] if kinds else []
 
@@ -297,7 +300,7 @@ def _after_list(run: Run, kind: str) -> list[Successor]:
     following = kinds[i + 1] if i + 1 < len(kinds) else None
     if following is not None:
         out.append(page_task(following, 0, {}))
-    if detect_deletes(run) and (following is None or ledger_kind(following) != ledger_kind(kind)):
+    if detect_deletes(run) and not run.dry_run and (following is None or ledger_kind(following) != ledger_kind(kind)):
         lk = ledger_kind(kind)
         out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
     return out
@@ -395,9 +398,13 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     step = list_step(meter, kind, cursor, changed_since(ctx.run))
     ctx.stats.bump("requests", meter.cost.get("requests", 0))
     ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
-    written = write_changed(ctx, client, mapper_of, kind, lk, step.rows)
+    if ctx.run.dry_run:
+        ctx.stats.bump("inventory_listed", len(step.rows))
+        written: list[dict[str, Any]] = []
+    else:
+        written = write_changed(ctx, client, mapper_of, kind, lk, step.rows)
     successors: list[Successor] = []
-    if lk == "deals" and written:
+    if lk == "deals" and written and "emails" in ctx.run.kinds:
         with ctx.db.connection() as conn:
             deals = _mail_wanted(conn, ctx.run, written)
         if deals:

@@ -16,10 +16,10 @@ PHASES: list[list[str]] = [
     ["activities"],
     ["notes"],
     ["emails"],
-    ["catchup"],
 ]
 # The catch-up phase (issue 9, `inventory.py`): what changed at the source while the run walked,
-# and what was deleted, under the other kinds' ledger identities.
+# and what was deleted, under the other kinds' ledger identities. Always the provider's last phase
+# (`PipedriveProvider.phases()` = PHASES + [[CATCHUP]]); PHASES are the data phases.
 CATCHUP = "catchup"
 
 # The kinds whose rows a kind's rows must link to (or be skipped as "not linked"). Owners, a deal's

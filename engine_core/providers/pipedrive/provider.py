@@ -222,7 +222,8 @@ class PipedriveProvider:
 
     # -- the provider protocol ------------------------------------------------------------
     def phases(self) -> list[list[str]]:
-        return [list(group) for group in PHASES]
+        """The data phases (`plan.PHASES`), then the catch-up phase (issue 9)."""
+        return [list(group) for group in PHASES] + [[CATCHUP]]
 
     def depends_on(self, kind: str) -> tuple[str, ...]:
         return DEPENDS_ON.get(kind, ())
