@@ -100,6 +100,7 @@ def deployment(workers: int = 2, *, lane_width: int = 4, worker_slots: int = 2, 
 
     names = ["data", "control", "code", *[f"worker-{chr(ord('a') + i)}" for i in range(workers)]]
     workdir = Path(tempfile.mkdtemp(prefix="migrate-deploy-"))
+    saved = os.environ.get(STORAGE_URL_ENV)  # Deployment.instance() sets it; later tests must not see it
     os.chmod(workdir, 0o755)  # the postgres and rabbitmq users write below it
     sandbox = None
     try:
@@ -159,6 +160,10 @@ def deployment(workers: int = 2, *, lane_width: int = 4, worker_slots: int = 2, 
             sandbox.terminate()
             sandbox.wait(10)
         shutil.rmtree(workdir, ignore_errors=True)
+        if saved is None:
+            os.environ.pop(STORAGE_URL_ENV, None)
+        else:
+            os.environ[STORAGE_URL_ENV] = saved
 
 
 def launch_options() -> dict[str, Any]:
