@@ -68,6 +68,7 @@ class KindResult:
     ledger: int = 0  # live ledger claims (created or matched, not marked deleted at the source)
     product: int = 0  # source ids with a live product row
     unwritten: int = 0  # source ids the ledger accounts for as skipped or failed
+    unwritten_ids: list[str] = field(default_factory=list)
     deleted_marked: int = 0  # ledger rows marked deleted at the source
     unversioned: int = 0  # ledger rows without a source version (not compared)
     missing: list[str] = field(default_factory=list)
@@ -86,6 +87,7 @@ class KindResult:
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
+            "unwritten_ids": list(self.unwritten_ids),
             **{d: list(getattr(self, d)) for d in DIFFERENCES},
         }
 
@@ -128,7 +130,7 @@ class VerifyResult:
             if not k.checked:
                 out.append(f"{k.kind}: not checked ({k.note})")
                 continue
-            extra = f", {k.unwritten} skipped/failed with reasons" if k.unwritten else ""
+            extra = f", {k.unwritten} skipped/failed with reasons (migrate explain)" if k.unwritten else ""
             extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
             extra += f", {k.unversioned} without version" if k.unversioned else ""
             verdict = "ok" if not k.differences else f"{k.differences} difference(s)"
@@ -265,6 +267,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
         if sid not in live:
             if entry is not None and entry["action"] in PLACEHOLDERS:
                 result.unwritten += 1
+                result.unwritten_ids.append(sid)
             else:
                 result.missing.append(sid)
             continue
@@ -279,7 +282,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
         if claimed_live or sid in live:
             result.extra.append(sid)
     result.duplicated = [sid for sid, rows in product_rows.items() if len(rows) > 1]
-    for d in DIFFERENCES:
+    for d in (*DIFFERENCES, "unwritten_ids"):
         getattr(result, d).sort(key=lambda s: (len(s), s))
     return result
 

@@ -51,6 +51,7 @@ def test_the_rules_of_each_difference():
     assert result.duplicated == ["6"]
     assert result.extra == ["7", "9"]
     assert (result.source, result.unwritten, result.deleted_marked, result.unversioned) == (6, 1, 2, 1)
+    assert result.unwritten_ids == ["3"] and result.as_dict()["unwritten_ids"] == ["3"]
     assert result.product == 5  # 1, 2, 5, 6, 7 have a live product row
 
 
