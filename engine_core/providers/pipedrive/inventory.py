@@ -64,6 +64,7 @@ from typing import Any
 from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
+from engine_core.errors import PageFailed
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient
@@ -382,7 +383,12 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
     ctx.stats.bump("unchanged", len(listed) - len(changed))
     if changed:
         ctx.offset = 0  # the page is listed again on a retry and compared again: never skip by offset
-        writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+        try:
+            writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+        except PageFailed:
+            # raised once every window has committed: the few rows picked from this page (often
+            # one malformed row failing again) failed alone, each with its reason in the ledger
+            pass
     return changed
 
 
