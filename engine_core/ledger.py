@@ -7,8 +7,8 @@ successful write takes over.
 
 Versions (issue 9, migration 0010). Every claim records the source version it wrote
 (`source_version`: Pipedrive's `update_time` as served, or `content_version`'s hash). A later
-sighting of a written row locks its entry (the version fence: two workers writing the same changed
-row at once make one update), then:
+sighting of a written row (its claim lost, its write rolled back) locks the entry (the version
+fence: two workers writing the same changed row at once make one update), then:
 * a newer version (`newer`) updates the product row in place through the writer's `update`
   callback - never a second row - with a `migration_record_history` row keeping the previous
   version and the columns' previous values; outcome `updated`;
@@ -139,30 +139,31 @@ def write_once(
     """
     sid = str(source_id)
     key = {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_id": sid}
+    # The first write of a row costs what it always did (write, claim); only a row the ledger holds
+    # already pays for the version comparison, after its claim lost.
+    with tx.raw.transaction() as sp:
+        written = write()
+        claimed = tx.fetch_one(
+            "claim_record",
+            {
+                **key,
+                "run_id": run.id,
+                "record_type": written.record_type,
+                "record_id": written.record_id,
+                "action": "matched" if written.matched else "created",
+                "reason": reason[:500] if reason else None,
+                "dangling": Jsonb(list(dangling)) if dangling else None,
+                "source_version": version,
+            },
+        )
+        if claimed is None:
+            # the row is written already (by another list, run or worker): undo our write, then
+            # compare what the ledger holds with this sighting
+            raise psycopg.Rollback(sp)
+        return MATCHED if written.matched else IMPORTED
     entry = tx.fetch_one("ledger_entry_for_update", key)
     if entry is None or entry["action"] not in WRITTEN_ACTIONS:
-        with tx.raw.transaction() as sp:
-            written = write()
-            claimed = tx.fetch_one(
-                "claim_record",
-                {
-                    **key,
-                    "run_id": run.id,
-                    "record_type": written.record_type,
-                    "record_id": written.record_id,
-                    "action": "matched" if written.matched else "created",
-                    "reason": reason[:500] if reason else None,
-                    "dangling": Jsonb(list(dangling)) if dangling else None,
-                    "source_version": version,
-                },
-            )
-            if claimed is None:
-                # someone else claimed this row meanwhile: undo our write, then see what they wrote
-                raise psycopg.Rollback(sp)
-            return MATCHED if written.matched else IMPORTED
-        entry = tx.fetch_one("ledger_entry_for_update", key)
-        if entry is None or entry["action"] not in WRITTEN_ACTIONS:
-            return ALREADY_HERE  # not reachable through the claim's fence; say nothing was written
+        return ALREADY_HERE  # not reachable through the claim's fence; nothing was written
     return _sighting(tx, run, entry, version, update, dangling=dangling, reason=reason, on_event=on_event)
 
 

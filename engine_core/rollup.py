@@ -286,4 +286,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
         "run_id": row["migration_id"],
         "run_status": row["run_status"],
         "at": row["created_at"].isoformat(),
+        # issue 9: the source version written, and when the row was found gone from the source
+        "source_version": row.get("source_version"),
+        "deleted_at_source": row["deleted_at_source"].isoformat() if row.get("deleted_at_source") else None,
     }
