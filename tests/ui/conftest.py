@@ -72,13 +72,14 @@ def browser() -> Iterator[Any]:
 @dataclass
 class UIStack:
     """A running `migrate ui --sandbox`: the UI's address, its GraphQL URL, the sandbox's address,
-    the process, its log."""
+    the process, its log, the engine's database (to pick a row for explain_row)."""
 
     url: str
     graphql: str
     sandbox: str
     proc: subprocess.Popen | None
     log: Path
+    db_url: str = ""
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def ui_stack(db_url: str, tmp_path: Path) -> Iterator[UIStack]:
     )
     try:
         graphql = stack.wait_for_webserver(port, proc, timeout=180)
-        yield UIStack(f"http://127.0.0.1:{port}", graphql, f"http://127.0.0.1:{sandbox_port}", proc, log_path)
+        yield UIStack(f"http://127.0.0.1:{port}", graphql, f"http://127.0.0.1:{sandbox_port}", proc, log_path, db_url)
     except Exception:
         print(f"--- tail of {log_path}:\n{log_path.read_text(errors='replace')[-4000:]}")
         raise

@@ -7,7 +7,12 @@
    appear in the run's event log;
 5. Terminate (confirmed in the dialog) ends the run as Canceled;
 6. Materialize all... again for the same partition relaunches it, and the run succeeds;
-7. every phase asset of the tenant's partition is materialised (green), in the UI and in Dagster.
+7. every phase asset of the tenant's partition is materialised (green), in the UI and in Dagster;
+8. a phase's metadata on the asset's partition page carries its grouped reasons and the capped
+   table of skipped and failed rows ("N of M (capped at ...)");
+9. "what happened to row X": the explain_row job launched from its launchpad with tenant, kind and
+   source_id as config, and the row's ledger story ("created by run #1 ...") read in that run's
+   event log.
 
 Every wait is a condition with a generous limit (a loaded 2-core CI machine), never a sleep.
 A screenshot of each step is saved (see conftest.py for where).
@@ -20,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
+from migration_pipeline.assets.phases import phase_specs
+from migration_pipeline.jobs import EXPLAIN_JOB
 from tests.ui.conftest import UIStack
 
 try:  # absent: conftest's fixtures skip the test with the reason (fail it under CI)
@@ -32,9 +40,8 @@ except ImportError:  # pragma: no cover
 pytestmark = pytest.mark.timeout(420)
 
 TENANT = "globex"
-PHASE_NAMES = ("phase_1_fields_users_pipelines", "phase_2_organizations_stages", "phase_3_persons",
-               "phase_4_deals_deals_archived_leads_leads_archived", "phase_5_activities", "phase_6_notes",
-               "phase_7_emails")
+PHASE_NAMES = tuple(spec.name for spec in phase_specs("pipedrive"))  # the UI's asset names, in plan order
+PERSONS_PHASE = next(n for n in PHASE_NAMES if n.endswith("_persons"))
 PROGRESS_LINE = re.compile(r"progress: phase \d+ \(")
 
 # Limits (ms) for the UI to show a state; generous for a loaded CI machine.
@@ -174,8 +181,47 @@ def ui_flow(flow: Flow, tenant: str) -> None:
     for phase in PHASE_NAMES:
         assert flow.materialized_partitions(phase) == [tenant], phase
 
+    # 8. a phase's metadata: grouped reasons and the capped table of skipped/failed rows
+    page.goto(f"{flow.stack.url}/assets/pipedrive/{PERSONS_PHASE}?view=partitions&partition={tenant}")
+    page.get_by_text("skipped_and_failed_rows_listed", exact=True).scroll_into_view_if_needed()
+    expect(page.get_by_text(re.compile(r"^\d+ of \d+ \(capped at \d+")).first).to_be_visible(timeout=PAGE)
+    expect(page.get_by_text("reasons", exact=True)).to_be_visible()
+    page.get_by_text("skipped_and_failed_rows", exact=True).scroll_into_view_if_needed()
+    flow.shot("phase-metadata-reasons-and-rows")
 
-def test_add_a_tenant_launch_watch_progress_terminate_relaunch_and_the_phases_go_green(ui_stack, browser, screenshots):
+    # 9. what happened to row X: explain_row from its launchpad, the answer in the run's events
+    with psycopg.connect(flow.stack.db_url) as c:
+        person = c.execute("SELECT source_id FROM migration_records WHERE tenant_id = %s AND kind = 'persons'"
+                           " AND action = 'created' ORDER BY source_id::bigint LIMIT 1", (tenant,)).fetchone()[0]
+    explain_run = explain_row(flow, tenant, "persons", person)
+    story = page.get_by_text(f"### persons {person} of tenant {tenant}").first
+    expect(story, "the row's story never showed in the explain run's events").to_be_visible(timeout=RUN_STATE)
+    expect(page.get_by_text(re.compile(r"\*\*created\*\* by run #1 \(succeeded\)")).first).to_be_visible()
+    expect(page.get_by_text("Success", exact=True).first).to_be_visible(timeout=RUN_STATE)
+    flow.shot("explain-row-answer")
+    assert flow.run_status(explain_run) == "SUCCESS"
+
+
+def explain_row(flow: Flow, tenant: str, kind: str, source_id: str) -> str:
+    """The explain_row job's launchpad: its config (ops -> explain -> config) typed into the
+    editor, Launch Run; returns the run id of the run page it opens."""
+    page = flow.page
+    page.goto(f"{flow.stack.url}/locations/migration_pipeline.definitions/jobs/{EXPLAIN_JOB}/playground")
+    editor = page.locator(".CodeMirror").first
+    expect(editor).to_be_visible(timeout=PAGE)
+    editor.click()
+    page.keyboard.press("Control+A")
+    # one line of flow-style YAML: typed text is not re-indented by the editor
+    page.keyboard.insert_text(f'ops: {{explain: {{config: {{tenant: "{tenant}", kind: "{kind}", source_id: "{source_id}"}}}}}}')
+    launch = page.get_by_role("button", name="Launch Run")
+    expect(launch).to_be_enabled(timeout=PAGE)
+    flow.shot("explain-row-launchpad")
+    launch.click()
+    page.wait_for_url(re.compile(r"/runs/[0-9a-f-]{36}"), timeout=PAGE)
+    return re.search(r"/runs/([0-9a-f-]{36})", page.url).group(1)
+
+
+def test_add_a_tenant_launch_watch_progress_terminate_relaunch_phases_go_green_and_explain_a_row(ui_stack, browser, screenshots):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(PAGE)
     flow = Flow(page, ui_stack, screenshots)
