@@ -130,6 +130,8 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         drain_threads(db, quick.id, width=4, settings=FAST)
         assert runs.get_run(db, quick.id).status == "succeeded", failed_tasks(db, quick.id)
         changed = _cost(sb)
+        requests = sb.stats()["requests"]
+        assert not requests.get("/v1/deals/{id}/mailMessages"), "mail listed for deals whose mail did not change"
         for c in updated:
             name = c["kind"]
             rows = sb.truth_rows(name) if name not in ("deals", "leads") else {

@@ -20,6 +20,11 @@ sub-page resumes at that offset; its successor's key is its `next_start`, so a r
 already there. Keys never collide: a sub-page starts strictly inside its span, never on a multiple
 of 500. Cost: a server that caps at c rows a page costs 500 / c tasks a span instead of one.
 
+Offsets shift: a row deleted before a span's start while the stripes walk moves every later row
+one place back, so the row at the span's first offset is on neither span (issue 9: "699 of 700
+notes"). The walks do not try to repair that; the run's catch-up phase walks each list again,
+sequentially and overlapping (`inventory.v1_step`), and writes whatever the ledger lacks.
+
 Cursor-paginated (v2) kinds - organizations, persons, deals, deals_archived, activities - have no
 page arithmetic: a v2 cursor is opaque and only reachable by walking. They are striped by ranges of
 `update_time`, the one range filter every v2 list accepts (`updated_since` inclusive,
