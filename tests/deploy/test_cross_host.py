@@ -18,10 +18,12 @@ proves:
 * a third tenant terminated from the UI while its step runs on a worker host ends CANCELED with its
   engine run stopped (migration_pipeline/deploy.py: dagster-celery alone would let the step drain
   on), and no drainer run is started for it.
-Skipped, saying why, where network namespaces cannot be made (not root, no iproute2, no RabbitMQ).
+Skipped, saying why, where network namespaces cannot be made (not root, no iproute2, no RabbitMQ);
+a failure instead under CI=true.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -34,7 +36,10 @@ from tests.deploy.deployment import celery_hosts
 from tests.pipedrive.support import TABLE, actions, ledger, ledger_truth
 
 REASON = hosts.missing()
-pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"cross-host test: {REASON}"),
+UNDER_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+# Skipped with the reason where hosts cannot be made; under CI (root, RabbitMQ on the machine) a
+# missing piece is a failure, so the test cannot pass in CI by being skipped.
+pytestmark = [pytest.mark.skipif(REASON is not None and not UNDER_CI, reason=f"cross-host test: {REASON}"),
               pytest.mark.timeout(420)]
 
 LANE = 2
@@ -87,6 +92,8 @@ class Sampler(threading.Thread):
 
 
 def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
+    if REASON is not None:
+        pytest.fail(f"cross-host test cannot run under CI: {REASON}")
     from tests.deploy.deployment import deployment, launch_phases
 
     t0 = time.monotonic()
