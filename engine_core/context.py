@@ -129,7 +129,12 @@ class TaskContext:
         if self.revisit:
             # a task run again after a retry: rows this run already wrote count as written, untouched
             with self.db.connection() as conn:
-                mine = ledger.written_by_run(conn, self.run, kind, [row_id(r) for r in rows[start:]])
+                ids = [row_id(r) for r in rows[start:]]
+                mine = ledger.written_by_run(conn, self.run, kind, ids)
+                # rows this run updated in place (issue 9) count as updated again: the history keeps
+                # the update, and the task's fresh counts must say so too (the rollup compares them)
+                for sid in ledger.updated_by_run(conn, self.run, kind, ids):
+                    mine.setdefault(sid, ledger.UPDATED)
         outcomes: dict[str, int] = {}
         for w in range(0, len(rows), self.window):
             window = rows[w : w + self.window]
@@ -144,7 +149,7 @@ class TaskContext:
                             continue
                         done = mine.get(row_id(row) or "")
                         if done is not None:
-                            outcome = ledger.IMPORTED if done == "created" else ledger.MATCHED
+                            outcome = {"created": ledger.IMPORTED, "matched": ledger.MATCHED}.get(done, done)
                         else:
                             outcome = self._write_row(tx, kind, row, writer)
                         self.stats.bump("seen")

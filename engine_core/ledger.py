@@ -281,6 +281,17 @@ def ledger_index(conn: Conn | Database, tenant_id: str, source: str, kind: str, 
     return {r["source_id"]: (r["source_version"], r["deleted_at_source"]) for r in rows}
 
 
+def updated_by_run(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> set[str]:
+    """Which of these source ids of a ledger kind this run updated in place or restored (history
+    rows of the run), for a task run again by a retry: they count as updated, not already here."""
+    ids = [str(s) for s in source_ids if s is not None]
+    if not ids:
+        return set()
+    rows = conn.fetch_all("updated_by_run", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                             "run_id": run.id, "source_ids": ids})
+    return {r["source_id"] for r in rows}
+
+
 def history_counts(db: Database | Conn, run_id: int) -> dict[str, dict[str, int]]:
     """What a run changed, per ledger kind: {"deals": {"updated": 3, "deleted": 1, "restored": 0}}
     (changes absent count 0; kinds without any are absent)."""

@@ -612,6 +612,14 @@ SELECT source_id, source_version, deleted_at_source FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND (%(placeholders)s OR action IN ('created', 'matched'));
 
+-- name: updated_by_run --
+-- A retried task's rows that its run already changed in place (`ledger.updated_by_run`).
+SELECT DISTINCT r.source_id
+  FROM migration_records r JOIN migration_record_history h ON h.record_id = r.id
+ WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s AND r.kind = %(kind)s
+   AND r.source_id = ANY(%(source_ids)s::text[])
+   AND h.migration_id = %(run_id)s AND h.action IN ('updated', 'restored');
+
 -- name: history_counts --
 -- What a run changed, per ledger kind and change (updated, deleted, restored): the rollup's
 -- "updated" is checked against these, "deleted at source" and "restored" are these.

@@ -18,7 +18,10 @@ from typing import Any
 
 from engine_core import db as dbmod
 from engine_core import ledger, rollup, runs
+from engine_core.context import TaskContext
+from engine_core.models import Stats, Task
 from engine_core.providers.base import provider_for
+from engine_core.runlog import RunLog
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST
 
@@ -265,3 +268,24 @@ def test_a_placeholder_deleted_at_the_source_and_then_written_is_no_longer_delet
     entry = _entry(db, "21")
     assert (entry["action"], entry["source_version"], entry["deleted_at_source"]) == ("created", V1, None)
     assert len(_items(db, "21")) == 1
+
+
+def test_a_task_run_again_by_a_retry_counts_the_rows_it_updated_as_updated(db) -> None:
+    counts = {"companies": 12, "contacts": 0, "deals": 0, "activities": 0, "notes": 0}
+    first = _run(db, counts=counts, version="v1")
+    drain_threads(db, first.id, width=1, settings=FAST)
+    second = _run(db, counts=counts, version="v2")
+    drain_threads(db, second.id, width=1, settings=FAST)
+    assert rollup.rollup(db, second.id).problems == []
+    # a retry re-arms a task that already ran, with fresh counts (`revisit`): the same page again
+    task_row = db.sql("UPDATE migration_tasks SET status = 'running', locked_by = 'retry-test', locked_at = now(),"
+                      " processed_offset = 0, stats = '{\"revisit\": 1}'::jsonb"
+                      " WHERE id = (SELECT min(id) FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'companies')"
+                      " RETURNING *", {"r": second.id})[0]
+    run = runs.get_run(db, second.id)
+    task = Task.from_row(task_row)
+    ctx = TaskContext(db=db, run=run, task=task, worker="retry-test", settings=FAST, log=RunLog(run.id, task.id),
+                      stats=Stats(dict(task.stats)))
+    provider_for("example", run).run_task(ctx)
+    assert (ctx.stats.get("updated"), ctx.stats.get("already_here")) == (12, 0)
+    assert rollup.rollup(db, second.id).problems == [], "the fresh counts agree with the history"
