@@ -318,3 +318,23 @@ def test_two_workers_writing_the_same_changed_deals_at_once_make_one_update_each
     history = _history(db, run.id)
     assert sorted(h["source_id"] for h in history) == sorted(str(d["id"]) for d in changed), "one update per deal"
     _no_duplicates(db)
+
+
+def test_a_row_imported_with_a_dangling_parent_is_linked_when_a_newer_version_points_at_one_that_exists(db) -> None:
+    with sandbox() as sb:
+        truth = sb.truth()
+        run = migrate(db, sb, TENANT)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        sid = next(str(i) for i in truth["dangling"].get("persons", []))
+        person = sb.truth_rows("persons")[sid]
+        entry = _entries(db, "persons")[sid]
+        assert entry["dangling"] and entry["reason"].startswith("imported; ")
+        org = next(str(i) for i in truth["ids"]["organizations"])
+        moved = {**person, "org_id": int(org), "update_time": _later(person["update_time"])}
+        ctx = _sight(db, run, "persons", [moved], PipedriveClient(sb.base_url, TOKEN), "linked")
+    assert ctx.stats.get("updated") == 1
+    company = _records(db, "companies")[org][0]
+    row = db.sql("SELECT company_id, dangling_refs FROM crm.contacts WHERE id = %(i)s", {"i": entry["record_id"]})[0]
+    assert row == {"company_id": company, "dangling_refs": None}
+    after = _entries(db, "persons")[sid]
+    assert (after["dangling"], after["reason"], after["record_id"]) == (None, None, entry["record_id"])

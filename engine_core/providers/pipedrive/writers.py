@@ -251,7 +251,9 @@ def write_mapped(
 
     def update(record_id: int) -> dict[str, Any] | None:
         # a newer version at the source: the same product row, every mapped column brought up to it
-        before = crm.update(tx, mapped.table, record_id, values)
+        # (its dangling references too: a parent the new version points at may exist now)
+        changed = {**values, "dangling_refs": refs or None} if "dangling_refs" in crm.TABLES[mapped.table].columns else values
+        before = crm.update(tx, mapped.table, record_id, changed)
         if before and "archived" in before:
             archived_before.append(True)
         return before
