@@ -110,7 +110,8 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
                     assert deals[sid][0]["contact_id"] == contacts[str(person)][0]["id"], f"deal {sid} links elsewhere"
         mail = {m for msgs in truth["deals_with_mail"].values() for m in msgs}
         emails = _ledger(db, "emails")
-        assert {str(m) for m in mail} <= set(emails), "mail missing"
+        unwritten = {str(m) for m in mail if emails.get(str(m), {}).get("action") != "created"}
+        assert not unwritten, f"mail not in the product: {sorted(unwritten)[:10]}"
         for table in ("crm.companies", "crm.contacts", "crm.deals", "crm.leads", "crm.activities", "crm.notes", "crm.emails"):
             dup = db.sql(f"SELECT source_id, count(*) AS n FROM {table} WHERE tenant_id = %(t)s AND source = 'pipedrive'"
                          " GROUP BY source_id HAVING count(*) > 1", {"t": TENANT})

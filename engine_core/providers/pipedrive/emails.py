@@ -205,6 +205,9 @@ class EmailTask:
         if budget is not None:
             self.per_round = max(1, min(fetch_threads, budget.lease_size()))
         self.deals = [int(d) for d in ctx.task.cursor.get("deals", [])]
+        # a catch-up's mail task (issue 9): this run's own placeholders are taken over too - mail
+        # skipped earlier in the run because its deal was not written yet (the catch-up wrote it)
+        self.retake = bool(ctx.task.cursor.get("retake"))
         self.offset = min(ctx.offset, len(self.deals))
         done = ctx.stats.get(DONE_MASK)
         self.listed = {j: bool(done >> j & 1) for j in range(self.offset, len(self.deals))}
@@ -385,7 +388,7 @@ class EmailTask:
             changed = held is not None and r.mapped is not None and ledger.newer(r.mapped.version, held)
             if state is not None and not changed:
                 ours, written = state["migration_id"] == run.id, state["action"] in ("created", "matched")
-                if ours and not ctx.revisit:
+                if ours and not ctx.revisit and (written or not self.retake):
                     continue  # this run recorded it in a window that committed, counts and all
                 if written:
                     # never fetched again; counted when its deal finishes (a retry's fresh counts

@@ -35,7 +35,9 @@ for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's m
 and is marked with `ledger.mark_deleted`; a row that answers is written as served (it moved
 between lists while the walk passed). Changed deals with more mail than the product holds for
 them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
-mail is fetched only for deals whose mail changed (and only in runs that import mail).
+mail is fetched only for deals whose mail changed (and only in runs that import mail); these
+tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
+created meanwhile, was not written yet).
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -364,7 +366,8 @@ def _mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[i
 
 def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
     return [
-        Successor(f"{CATCHUP}:mail:{kind}:p{page}:c{j // DEALS_PER_TASK}", {"deals": list(deals[j : j + DEALS_PER_TASK])})
+        Successor(f"{CATCHUP}:mail:{kind}:p{page}:c{j // DEALS_PER_TASK}",
+                  {"deals": list(deals[j : j + DEALS_PER_TASK]), "retake": True})
         for j in range(0, len(deals), DEALS_PER_TASK)
     ]
 
