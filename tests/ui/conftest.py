@@ -16,15 +16,19 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from migration_pipeline import stack
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
+from tests.conftest import _with_dbname
 
 CHROMIUM = Path(os.environ.get("MIGRATE_CHROMIUM", "/usr/bin/chromium"))
 # The sandbox starts slow (twice its realistic per-endpoint delays): the first run's early phases
@@ -72,22 +76,42 @@ def browser() -> Iterator[Any]:
 @dataclass
 class UIStack:
     """A running `migrate ui --sandbox`: the UI's address, its GraphQL URL, the sandbox's address,
-    the process, its log, the engine's database (to pick a row for explain_row)."""
+    the process, its log, the engine's database (to pick a row for explain_row), the environment it
+    was started with, the pids of its children (the sandbox and dagster dev)."""
 
     url: str
     graphql: str
     sandbox: str
     proc: subprocess.Popen | None
     log: Path
-    db_url: str = ""
+    db_url: str
+    env: dict[str, str]
+    children: list[int]
 
 
-@pytest.fixture
-def ui_stack(db_url: str, tmp_path: Path) -> Iterator[UIStack]:
-    """`migrate ui --sandbox --scale tiny` on free ports, as a user starts it, on a private
-    MIGRATE_HOME (so a private DAGSTER_HOME) and the test's own database for both the engine and
-    Dagster's storage (the documented override, so nothing outlives the test's database)."""
-    require_browser()  # before the costly start
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="package")
+def ui_stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UIStack]:
+    """`migrate ui --sandbox --scale tiny` on free ports, as a user starts it - from a script that
+    ignores SIGINT, as a `&` would - on a private MIGRATE_HOME (so a private DAGSTER_HOME) and a
+    database of its own for both the engine and Dagster's storage (the documented override, so
+    nothing outlives the database). Started once for tests/ui (the browser flow and the command's
+    own checks share it: one start less).
+
+    Teardown is a check too: SIGTERM ends `migrate ui` with exit code 0 and every child it started
+    (the sandbox, dagster dev) exits - a failure there is an error at the last test's teardown."""
+    name = f"test_ui_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server_url, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    db_url = _with_dbname(server_url, name)
+    tmp_path = tmp_path_factory.mktemp("ui_stack")
     port, sandbox_port = stack.free_port(), stack.free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", STORAGE_URL_ENV, "MIGRATE_SOURCE")}
     env.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"),
@@ -98,15 +122,28 @@ def ui_stack(db_url: str, tmp_path: Path) -> Iterator[UIStack]:
         [str(Path(sys.executable).parent / "migrate"), "ui", "--sandbox", "--port", str(port),
          "--sandbox-port", str(sandbox_port), "--scale", "tiny", "--latency", SANDBOX_LATENCY],
         env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as a script's `&` would
     )
+    children: list[int] = []
     try:
-        graphql = stack.wait_for_webserver(port, proc, timeout=180)
-        yield UIStack(f"http://127.0.0.1:{port}", graphql, f"http://127.0.0.1:{sandbox_port}", proc, log_path, db_url)
-    except Exception:
-        print(f"--- tail of {log_path}:\n{log_path.read_text(errors='replace')[-4000:]}")
-        raise
+        try:
+            graphql = stack.wait_for_webserver(port, proc, timeout=180)
+        except Exception:
+            print(f"--- tail of {log_path}:\n{log_path.read_text(errors='replace')[-4000:]}")
+            raise
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        yield UIStack(f"http://127.0.0.1:{port}", graphql, f"http://127.0.0.1:{sandbox_port}", proc, log_path,
+                      to_url(db_url), env, children)
+        # `migrate ui` stops its children (sandbox, dagster dev) on SIGTERM
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == 0, log_path.read_text(errors="replace")[-3000:]
+        deadline = time.monotonic() + 20
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not [c for c in children if _alive(c)], "children outlived `migrate ui`"
     finally:
-        # `migrate ui` stops its children (sandbox, dagster dev) on SIGTERM.
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -115,6 +152,8 @@ def ui_stack(db_url: str, tmp_path: Path) -> Iterator[UIStack]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         log.close()
+        with psycopg.connect(server_url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

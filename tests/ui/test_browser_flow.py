@@ -221,7 +221,7 @@ def explain_row(flow: Flow, tenant: str, kind: str, source_id: str) -> str:
     return re.search(r"/runs/([0-9a-f-]{36})", page.url).group(1)
 
 
-def test_add_a_tenant_launch_watch_progress_terminate_relaunch_phases_go_green_and_explain_a_row(ui_stack, browser, screenshots):
+def test_add_a_tenant_launch_watch_progress_terminate_relaunch_phases_go_green_and_explain_a_row(browser, ui_stack, screenshots):
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(PAGE)
     flow = Flow(page, ui_stack, screenshots)
