@@ -11,6 +11,7 @@ import pytest
 
 from engine_core import runs
 from engine_core.errors import NothingToSync
+from engine_core.verify import verify
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
 from tests.pipedrive.support import FAST, TOKEN, UNLIMITED, failed_tasks, sandbox, start
@@ -116,6 +117,8 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
             dup = db.sql(f"SELECT source_id, count(*) AS n FROM {table} WHERE tenant_id = %(t)s AND source = 'pipedrive'"
                          " GROUP BY source_id HAVING count(*) > 1", {"t": TENANT})
             assert not dup, f"{table}: duplicates {dup[:5]}"
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST)
+        assert proof.passed, [k.as_dict() for k in proof.kinds if k.differences]
         print(f"\nlive changes: {applied}; full run: {full['requests']} requests, {full['tokens']} tokens; "
               f"sync: {cost['requests']} requests, {cost['tokens']} tokens "
               f"({100 * cost['tokens'] / max(1, full['tokens']):.0f}% of the run's tokens)")
