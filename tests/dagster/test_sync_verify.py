@@ -218,4 +218,7 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
     assert list(failed) == ["phase_6_notes"]
     assert failed["phase_6_notes"].metadata["notes/missing"].value == 1
     assert notes["source_id"] in failed["phase_6_notes"].metadata["verdict"].value
-    assert changed["id"] is not None
+    updated = db.sql("SELECT count(*) AS n FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id"
+                     " WHERE r.tenant_id = %(t)s AND r.source_id = %(s)s AND h.action = 'updated' AND h.migration_id = %(m)s",
+                     {"t": TENANT, "s": str(changed["id"]).lower(), "m": sync.id})[0]["n"]
+    assert updated == 1, changed  # the sync brought the change made at the source, in place
