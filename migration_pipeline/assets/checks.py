@@ -16,9 +16,9 @@
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
   requests and tokens it spent. It spends source tokens, so it is not blocking and not in the
-  tenant or sync job: run it on its own from the UI, on a tenant partition: the `verify_tenant`
-  job's launchpad (every phase) or the phase asset's Checks tab. Built only for a provider that can
-  list its ids (`Provider.source_ids`).
+  tenant or sync job: run it on its own from the UI through the `verify_tenant` job's launchpad on
+  a tenant partition (every phase; its evaluations land on these checks). Built only for a provider
+  that can list its ids (`Provider.source_ids`).
 
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
