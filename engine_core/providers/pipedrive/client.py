@@ -531,8 +531,9 @@ class PipedriveClient:
         except DailyLimitReached:
             raise
         except RateLimitParked as e:
-            # Another worker saw the daily budget spent: park without calling the source.
-            raise DailyLimitReached(e.wait_seconds, method="GET", path=path, status=None, detail="budget parked") from None
+            # The budget is parked (our daily share used, or another worker saw the day spent):
+            # park without calling the source, saying which.
+            raise DailyLimitReached(e.wait_seconds, method="GET", path=path, status=None, detail=f"budget parked: {e}") from None
         except TaskStopped as e:
             if isinstance(e, Cancelled):
                 raise
