@@ -10,6 +10,7 @@ import json
 from dagster import AssetKey
 
 from engine_core import runs
+from engine_core.providers.pipedrive.inventory import ORDER, path_of
 from engine_core.providers.pipedrive.plan import PHASES
 from migration_pipeline.assets.checks import build_phase_checks
 from migration_pipeline.assets.phases import build_phase_assets
@@ -54,7 +55,7 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
     assert run.status == "succeeded"
 
     metadata = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
-    assert len(metadata) == len(PHASES) == 7
+    assert len(metadata) == len(PHASES) + 1 == 8  # the data phases and the catch-up (issue 9)
     per_kind: dict[str, dict[str, float]] = {}
     for md in metadata.values():
         for key, value in md.items():
@@ -79,7 +80,7 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
         assert len({r["source_id"] for r in rows}) == len(rows), f"crm.{table} has duplicates"
 
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    assert len(checks) == 3 * 7 and all(checks.values()), checks
+    assert len(checks) == 3 * 8 and all(checks.values()), checks  # 8 phases with the catch-up
     assert TOKEN not in _event_text(instance, result.run_id)
     assert TOKEN not in json.dumps(instance.get_run_by_id(result.run_id).run_config, default=str)
 
@@ -108,7 +109,9 @@ def test_a_failed_phase_is_retried_by_rerunning_the_partition_without_fetching_t
         stats = sb.stats()
     assert runs.get_run(db, run.id).status == "succeeded"
     assert [r["id"] for r in db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s", {"t": TENANT})] == [run.id]
-    twice = {k: n for k, n in stats["listings"].items() if n > 1}
+    # the catch-up phase (issue 9) walks each list once more, by design: once beyond that is twice
+    catchup = {path_of(k) for k in ORDER}
+    twice = {k: n for k, n in stats["listings"].items() if n > (2 if k.split("?")[0] in catchup else 1)}
     assert twice == {}, f"listings served twice: {twice}"
     assert stats["bodies_fetched"] and max(stats["bodies_fetched"].values()) == 1
     assert len(ledger(db, TENANT, "notes")) == 40
