@@ -45,6 +45,7 @@ from engine_core.runs import RunStillStopping
 from engine_core.models import Run
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
+from engine_core.budget import waiting_state
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary, progress_metadata, reasons_table
 from migration_pipeline.lane import drain_in_slot, hold_interrupts
@@ -178,11 +179,14 @@ class PhaseReporter:
     imported / skipped / failed, rows/s, requests/s, 429s, retries in progress, tasks done/total,
     percent, ETA), so the UI plots throughput and 429s over time for each phase."""
 
-    def __init__(self, context: AssetExecutionContext, spec: PhaseSpec, db: Database, run_id: int, phase: int) -> None:
+    def __init__(self, context: AssetExecutionContext, spec: PhaseSpec, db: Database, run_id: int, phase: int,
+                 account: str | None = None, source: str = "pipedrive") -> None:
         self.context = context
         self.spec = spec
         self.db = db
         self.run_id = run_id
+        self.account = account  # the source account whose budget the run's workers share
+        self.source = source
         self.meter = PhaseMeter(db, run_id, phase, list(spec.kinds))
         self.reports = 0
         self.paused: str | None = None
@@ -190,7 +194,8 @@ class PhaseReporter:
 
     def tick(self) -> PhaseProgress:
         p = self.meter.snapshot()
-        self.context.log.info(f"progress: {p.line()}")
+        waiting = self.waiting()
+        self.context.log.info(f"progress: {p.line()}" + (f"; {waiting}" if waiting else ""))
         self.context.log_event(AssetObservation(
             asset_key=self.spec.key, partition=self.context.partition_key, metadata=progress_metadata(p),
         ))
@@ -203,6 +208,19 @@ class PhaseReporter:
                                    "once the source answers")
             runs.pause(self.db, self.run_id, down)
         return p
+
+    def waiting(self) -> str | None:
+        """What the account's budget waits on now, with until when ("waiting on the daily token
+        budget: ..., until 2026-12-02 00:00:00 UTC"; engine_core.budget.waiting_state), or None.
+        A wait of the workers is never silent in the run's events; a failure to read it is not
+        the phase's failure."""
+        if not self.account:
+            return None
+        try:
+            w = waiting_state(self.db, self.account, self.source)
+        except Exception:  # noqa: BLE001 - the report goes on without it
+            return None
+        return f"{w.reason}, until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.reason and w.until else None
 
 
 def materialize_phase(
@@ -237,7 +255,7 @@ def materialize_phase(
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
-    reporter = PhaseReporter(context, spec, db, run.id, phase)
+    reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
     result = drain_in_slot(
         db,
         run.id,

@@ -167,3 +167,18 @@ def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, e
     report = json.loads(out.output)
     assert {r["payload"] for r in report["durations"]} <= {"0", "4-7", "8-15"}
     assert [(g["kind"], g["action"], g["count"]) for g in report["reasons"]] == [("deals", "skipped", 3)]
+
+
+def test_a_budget_wait_is_said_in_the_phase_progress_events(instance, engine_url, db, monkeypatch):
+    # The account's budget row says the daily budget is spent until a reset: every progress report
+    # of the running phase says so with the time, so the UI's event log never shows a silent wait.
+    from migration_pipeline.assets import phases
+
+    monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
+    db.sql("INSERT INTO source_budgets (source, account, burst_limit, daily_reset_at, daily_reason)"
+           " VALUES ('example', 'example-account', 80, now() + interval '1 hour', 'spent')")
+    slow = {**SMALL, "row_delay": 0.02}
+    result = materialize_tenant(instance, "parked", resources(engine_url, options=slow), raise_on_error=True)
+    lines = [r.user_message for r in instance.all_logs(result.run_id) if r.user_message.startswith("progress: phase")]
+    assert lines and all("waiting on the daily token budget: the source says it is spent, until " in ln
+                         for ln in lines), lines[:3]
