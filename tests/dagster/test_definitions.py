@@ -3,6 +3,7 @@ partitions, the sensors, the lane limit keyed on what every launch path carries,
 and the boundary (the engine imports no Dagster)."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,17 @@ def test_only_definitions_py_builds_definitions():
         if "Definitions(" in p.read_text() and p.name != "definitions.py"
     ]
     assert offenders == []
+
+
+def test_a_fresh_clone_has_what_the_readme_and_the_instance_need():
+    # issue 10, item 6: dagster.yaml is the instance file at the root, beside workspace.yaml (the
+    # commands copy it into DAGSTER_HOME), and the README points at nothing outside the clone
+    from migration_pipeline.instance import INSTANCE_TEMPLATE
+
+    assert INSTANCE_TEMPLATE == ROOT / "dagster.yaml" and INSTANCE_TEMPLATE.exists()
+    assert (ROOT / "workspace.yaml").exists() and not (ROOT / "migration_pipeline" / "dagster.yaml").exists()
+    readme = (ROOT / "README.md").read_text()
+    assert "../" not in readme, [ln for ln in readme.splitlines() if "../" in ln]
+    for target in re.findall(r"\]\(([^)#\s]+)", readme):  # relative links resolve inside the clone
+        if not re.match(r"^[a-z]+://|^mailto:", target):
+            assert (ROOT / target).exists(), target
