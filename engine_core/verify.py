@@ -206,11 +206,7 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind,
     placeholders included. The version and the deleted mark are what `ledger.ledger_index` reads
     (migration 0010); the action and the record say whether and where the product holds the row."""
-    rows = db.sql(
-        "SELECT source_id, action, record_type, record_id, source_version AS version, deleted_at_source AS deleted"
-        " FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s",
-        {"t": tenant_id, "s": source, "k": kind},
-    )
+    rows = db.fetch_all("verify_ledger", {"tenant_id": tenant_id, "source": source, "kind": kind})
     return {_norm(r["source_id"]): dict(r) for r in rows}
 
 

@@ -25,11 +25,7 @@ def syncable_tenants(db, source: str, tenants: list[str]) -> list[str]:
     """Of `tenants`, those whose latest (non-dry) run of `source` succeeded, in the given order."""
     if not tenants:
         return []
-    rows = db.sql(
-        "SELECT DISTINCT ON (tenant_id) tenant_id, status FROM migrations"
-        " WHERE source = %(s)s AND tenant_id = ANY(%(t)s) AND NOT dry_run ORDER BY tenant_id, id DESC",
-        {"s": source, "t": tenants},
-    )
+    rows = db.fetch_all("latest_status_per_tenant", {"source": source, "tenants": tenants})
     ok = {r["tenant_id"] for r in rows if r["status"] == "succeeded"}
     return [t for t in tenants if t in ok]
 

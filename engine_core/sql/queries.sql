@@ -627,3 +627,17 @@ SELECT r.kind, h.action, count(*) AS n
   FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id
  WHERE h.migration_id = %(run_id)s
  GROUP BY r.kind, h.action ORDER BY r.kind, h.action;
+
+-- name: verify_ledger --
+-- Every entry of one ledger kind, placeholders included, with where the product holds it
+-- (`verify`: the proof from the source compares these with the source's ids and the product's rows).
+SELECT source_id, action, record_type, record_id, source_version AS version, deleted_at_source AS deleted
+  FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s;
+
+-- name: latest_status_per_tenant --
+-- Each of these tenants' latest (not dry) run of a source and its status (the sync schedule asks
+-- for the tenants whose latest run succeeded).
+SELECT DISTINCT ON (tenant_id) tenant_id, status FROM migrations
+ WHERE source = %(source)s AND tenant_id = ANY(%(tenants)s::text[]) AND NOT dry_run
+ ORDER BY tenant_id, id DESC;
