@@ -370,6 +370,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         engine_id = dagster_run.tags.get("migration/run_id")
         with _db() as db:
             r = rollups.rollup(db, int(engine_id)) if engine_id else None
+            cost = db.fetch_one("run_cost", {"run_id": int(engine_id)}) if engine_id else None
         dry_run = bool(r.dry_run) if r is not None else bool(new_run.get("dry_run"))
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else launch.run_failure_message(instance, run_id)
@@ -378,7 +379,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
                               for p in results],
-                   "engine": r.as_dict() if r else None}
+                   "engine": r.as_dict() if r else None,
+                   "cost": {k: int(v) for k, v in cost.items()} if cost else None}
 
         def render() -> None:
             print_phase_results(results, dry_run)
@@ -386,6 +388,9 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 print_rollup(r)
             if why:
                 console.print(f"[red]{why}[/red]")
+            if cost and cost["requests"]:  # the tasks' own count of their requests and tokens
+                console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
+                              f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
 
         _emit(as_json, payload, render)

@@ -641,3 +641,10 @@ SELECT source_id, action, record_type, record_id, source_version AS version, del
 SELECT DISTINCT ON (tenant_id) tenant_id, status FROM migrations
  WHERE source = %(source)s AND tenant_id = ANY(%(tenants)s::text[]) AND NOT dry_run
  ORDER BY tenant_id, id DESC;
+
+-- name: run_cost --
+-- What a run spent at the source: the requests and tokens its tasks counted in their stats
+-- (`migrate run` / `migrate sync` print it beside the result; a sync's cost against a full run's).
+SELECT COALESCE(sum((stats->>'requests')::bigint), 0) AS requests,
+       COALESCE(sum((stats->>'tokens')::bigint), 0) AS tokens
+  FROM migration_tasks WHERE migration_id = %(run_id)s;
