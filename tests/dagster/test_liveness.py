@@ -140,7 +140,7 @@ def _finished(proc: subprocess.Popen, tenant: str) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         raise
-    assert proc.returncode == 0, f"{tenant}: {err[-3000:]}"
+    assert proc.returncode == 0, f"{tenant}: exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert json.loads(out)["dagster_status"] == "SUCCESS", out[-2000:]
 
 
