@@ -351,15 +351,12 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             added = launch.add_tenant(instance, tenant)
             run_id = str(uuid.uuid4())
             try:
-                if job is None:
-                    launch.submit_tenant_run(env, tenant, run_config, run_id=run_id)
-                else:
-                    launch.submit_tenant_run(env, tenant, run_config, job=job, run_id=run_id)
+                launch.submit_tenant_run(env, tenant, run_config, job=job or launch.TENANT_JOB, run_id=run_id)
             except BaseException:
                 launch.undo_failed_launch(instance, tenant, run_id, added)
                 raise
             if not as_json:
-                console.print(f"launched Dagster run {run_id} ({job or 'migrate_tenant'}) for tenant {tenant!r} ({source}); "
+                console.print(f"launched Dagster run {run_id} ({job or launch.TENANT_JOB}) for tenant {tenant!r} ({source}); "
                               f"Dagster home {home}")
             dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
                                               lane_width=settings.lane_width, queue_timeout=queue_timeout,
