@@ -63,6 +63,16 @@ PRODUCT_TABLES: dict[str, tuple[str, str]] = {
 
 
 @dataclass(frozen=True)
+class Held:
+    """What the ledger held for a written (created or matched) row when a page was read (`held`):
+    a hint that lets `write_once` skip the write attempt of a row it already has."""
+
+    action: str
+    version: str | None
+    deleted_at_source: datetime | None
+
+
+@dataclass(frozen=True)
 class Written:
     """What a writer made: the local record's type and id; `matched` when it linked an existing one."""
 
@@ -127,6 +137,7 @@ def write_once(
     tx: Conn, run: Run, kind: str, source_id: object, write: Callable[[], Written],
     *, dangling: Sequence[Mapping[str, Any]] | None = None, reason: str | None = None,
     version: str | None = None, update: Update | None = None, on_event: Event | None = None,
+    held: Held | None = None,
 ) -> str:
     """Write a source row and claim it; returns imported, matched, updated or already_here.
 
@@ -136,9 +147,18 @@ def write_once(
     `update`: how to write this version over the row's product record in place (`Update`), used
     when the ledger holds an older version; without it a written row is already here whatever
     its version. `on_event` hears `restored` and `matched_kept` (task stats).
+    `held`: the entry as the page read it (`held()`), when written: a row held at this version or a
+    newer one and not deleted is already here without a statement (a concurrent writer can only
+    have moved it further), any other goes straight to the version comparison under the lock.
     """
     sid = str(source_id)
     key = {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_id": sid}
+    if held is not None and held.action in WRITTEN_ACTIONS:
+        if held.deleted_at_source is None and not (update is not None and newer(version, held.version)):
+            return ALREADY_HERE
+        entry = tx.fetch_one("ledger_entry_for_update", key)
+        if entry is not None and entry["action"] in WRITTEN_ACTIONS:
+            return _sighting(tx, run, entry, version, update, dangling=dangling, reason=reason, on_event=on_event)
     # The first write of a row costs what it always did (write, claim); only a row the ledger holds
     # already pays for the version comparison, after its claim lost.
     with tx.raw.transaction() as sp:
@@ -269,6 +289,18 @@ def versions(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[ob
     rows = conn.fetch_all("ledger_versions", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
                                               "source_ids": ids})
     return {r["source_id"]: r["source_version"] for r in rows}
+
+
+def held(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, Held]:
+    """The written (created or matched) entries among these source ids of a ledger kind, as the
+    ledger holds them now (one query per page): hints for `write_once(held=...)`."""
+    ids = [str(s) for s in source_ids if s is not None]
+    if not ids:
+        return {}
+    rows = conn.fetch_all("ledger_versions", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                              "source_ids": ids})
+    return {r["source_id"]: Held(r["action"], r["source_version"], r["deleted_at_source"])
+            for r in rows if r["action"] in WRITTEN_ACTIONS}
 
 
 def ledger_index(conn: Conn | Database, tenant_id: str, source: str, kind: str, *,

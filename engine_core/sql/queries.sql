@@ -601,7 +601,7 @@ SELECT count(*) AS n FROM migration_records
    AND source_id = ANY(%(source_ids)s::text[]) AND deleted_at_source IS NULL;
 
 -- name: ledger_versions --
-SELECT source_id, source_version FROM migration_records
+SELECT source_id, source_version, action, deleted_at_source FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND source_id = ANY(%(source_ids)s::text[]);
 

@@ -200,13 +200,14 @@ def _describe_missing(ref: Ref, exists: Mapping[Pair, bool]) -> str:
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int],
     dry: set[tuple[str, str]] | None = None, *, exists: Mapping[Pair, bool] | None = None,
-    on_event: Event | None = None,
+    on_event: Event | None = None, held: ledger.Held | None = None,
 ) -> str:
     """Link, then write once through the ledger: imported, matched, already_here or skipped.
 
     `exists`: what the source answered about missing parents (`ask_source`); a parent it answered
     404 for is dangling - the row is imported with that link empty and the reference recorded.
-    `on_event` hears `dangling` and `archived_updated` (stats of the task).
+    `on_event` hears `dangling` and `archived_updated` (stats of the task). `held`: the row's ledger
+    entry as its page read it (`ledger.held`), so a row already here at this version costs no write.
     """
     exists = exists or {}
     resolved: dict[Ref, int | None] = {}
@@ -259,7 +260,7 @@ def write_mapped(
         return before
 
     outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason,
-                                version=mapped.version, update=update, on_event=on_event)
+                                version=mapped.version, update=update, on_event=on_event, held=held)
     if outcome == ledger.ALREADY_HERE:
         if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
             # another list wrote this record at a version that cannot be ordered against this one:
@@ -290,6 +291,7 @@ def write_page(
     with ctx.db.connection() as conn:
         found = ledger.resolve(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
+        held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
         missing = missing_parents((p["mapped"] for p in prepared), found, dry)
         if missing and client is not None:
             ask = askable(ctx.run, missing, ledger.known(conn, ctx.run, missing))
@@ -299,7 +301,8 @@ def write_page(
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:
             raise row["error"]
-        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry, exists=exists, on_event=ctx.stats.bump)
+        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry, exists=exists, on_event=ctx.stats.bump,
+                            held=held.get(row["id"]))
 
     return ctx.write_rows(prepared, writer, kind=kind)
 
