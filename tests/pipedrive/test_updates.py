@@ -338,3 +338,15 @@ def test_a_row_imported_with_a_dangling_parent_is_linked_when_a_newer_version_po
     assert row == {"company_id": company, "dangling_refs": None}
     after = _entries(db, "persons")[sid]
     assert (after["dangling"], after["reason"], after["record_id"]) == (None, None, entry["record_id"])
+
+
+def test_rows_already_here_at_their_version_cost_no_write_attempt(db) -> None:
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        deals = list(sb.truth_rows("deals").values())[:25]
+        sequence = db.sql("SELECT last_value FROM crm.deals_id_seq")[0]["last_value"]
+        ctx = _sight(db, run, "deals", deals, PipedriveClient(sb.base_url, TOKEN), "same")
+    assert ctx.stats.get("already_here") == len(deals)
+    # the page read the ledger once (ledger.held): no insert was tried and rolled back
+    assert db.sql("SELECT last_value FROM crm.deals_id_seq")[0]["last_value"] == sequence
