@@ -80,7 +80,12 @@ def email_run(url: str, base_url: str, tenant: str, burst_limit: int, width: int
         run = runs.start_run(db, PipedriveProvider(base_url=base_url), tenant, kinds=["emails"], options=options, settings=SETTINGS)
         drain_threads(db, run.id, width=width, settings=SETTINGS)
         failed = db.sql("SELECT cursor_key, error FROM migration_tasks WHERE migration_id = %(r)s AND status = 'failed' LIMIT 3", {"r": run.id})
-        out.put((tenant, runs.get_run(db, run.id).status, [f"{r['cursor_key']}: {r['error']}" for r in failed]))
+        from engine_core.providers.pipedrive import provider as provider_mod  # this process's budget, for its slot counts
+
+        slots = [b.stats() for per_db in list(provider_mod._budgets.values()) for b in per_db.values()]
+        spent, expired, leased = (sum(getattr(x, k) for x in slots) for k in ("slots_spent", "slots_expired", "slots_leased"))
+        out.put((tenant, runs.get_run(db, run.id).status, [f"{r['cursor_key']}: {r['error']}" for r in failed]
+                 + ([] if not leased else [f"(slots: {leased} leased, {spent} spent, {expired} expired unspent)"])))
     finally:
         db.close()
 
@@ -107,9 +112,9 @@ def run_phase(url: str, sb: Sandbox, tenants: list[str], phase: Phase, width: in
     phase.bodies = sum(int(v) for v in stats["bodies_fetched"].values())
     phase.rate_limited = int(stats["rate_limited"]["burst"]) + int(stats["rate_limited"]["daily"])
     phase.status = ",".join(sorted({status for _, status, _ in results}))
-    for tenant, _, failed in results:
-        for line in failed:
-            print(f"  {phase.label} {tenant}: task {line} failed", flush=True)
+    for tenant, _, lines in results:
+        for line in lines:
+            print(f"  {phase.label} {tenant}: {line if line.startswith('(') else 'task ' + line + ' failed'}", flush=True)
     return phase
 
 

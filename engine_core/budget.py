@@ -46,8 +46,11 @@ The proof assumes the account's token is spent only through this row. What the s
 corrects it when that is not so (another integration on the same token, a jitter beyond m):
 
 * `x-ratelimit-limit` lower than configured lowers the limit in force at the next lease.
-* `x-ratelimit-remaining: 0` with `x-ratelimit-reset`: this process holds off until the window
-  resets (capped at W).
+* `x-ratelimit-remaining: 0` on an accepted request: the window was full when it arrived, which
+  at L / (W + d) happens only when a jitter beyond m (or another spender) used the margin up. This
+  process holds off until the window resets (`x-ratelimit-reset`, capped at W), and every worker
+  slows down before the source has to refuse anything: `rate_scale` drops to 0.9 of what was in
+  force (one row write per process per window at most).
 * A burst 429 (`Retry-After`): `paused_until` is written once, so no slot of any worker starts
   before the window has emptied, and `rate_scale` drops to 3/4 of what was in force (at least
   `min_rate_scale`): every lease's spacing is g / rate_scale, recovering linearly to g at
@@ -75,6 +78,10 @@ F = ceil((1 - share) * limit), `limit` being `x-daily-ratelimit-token-limit`.
   kept k + lag: a day that reset reports a larger R), and forgets its numbers when a parked day's
   reset time has passed. Before the source has reported a limit nothing is known and nothing is
   held back.
+* A share of 1 (the whole budget) leaves the source to say when the day is spent: no share
+  check, and the park's exact wait comes from the daily 429's `Retry-After`. (A share below 1
+  parks on the `daily_reset` rule instead, so that rule must not be early: an early resume spends
+  up to a chunk per worker of the old day before the reports park it again.)
 * A daily 429 (the budget spent by everyone together) parks every worker with the exact wait
   (`Retry-After`, `daily_reason = 'spent'`). A parked worker raises `RateLimitParked` at once and
   its task parks until the reset instead of burning attempts on a wait measured in hours;
@@ -174,7 +181,7 @@ WITH locked AS (
            GREATEST(k.now, k.tat, COALESCE(k.paused_until, k.now)) AS start,
            %(spacing)s::float8 / k.scale AS slot_spacing,
            (k.reset_at IS NOT NULL AND k.reset_at > k.now) AS parked_before,
-           (k.rem IS NOT NULL AND k.kseq IS NOT NULL AND k.lim IS NOT NULL
+           (%(share)s::float8 < 1.0 AND k.rem IS NOT NULL AND k.kseq IS NOT NULL AND k.lim IS NOT NULL
             AND k.rem - %(max_cost)s * (k.slots_leased + %(chunk)s - k.kseq + %(lag)s)
                 < CEIL((1.0 - %(share)s::float8) * k.lim)) AS share_reached
       FROM known k
@@ -223,11 +230,14 @@ ON CONFLICT (source, account) DO NOTHING
 """
 
 # A burst 429: no slot starts before the window has emptied, whoever leases it (a later pause
-# wins), and the rate in force drops to 3/4 of what it was (recovering from now).
+# wins), and the rate in force drops to `factor` (3/4) of what it was (recovering from now). A full
+# window reported with a 200 ("near"): no pause, the rate drops to 0.9 of what it was.
 PAUSE_SQL = """
 UPDATE source_budgets
-   SET paused_until = GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s)),
-       rate_scale = GREATEST(%(min_scale)s::float8, 0.75 * LEAST(1.0, rate_scale + %(recovery)s * GREATEST(0.0,
+   SET paused_until = CASE WHEN %(pause)s
+                           THEN GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s))
+                           ELSE paused_until END,
+       rate_scale = GREATEST(%(min_scale)s::float8, %(factor)s * LEAST(1.0, rate_scale + %(recovery)s * GREATEST(0.0,
                     EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(last_burst_at, clock_timestamp()))::float8))),
        last_burst_at = clock_timestamp(),
        updated_at = clock_timestamp()
@@ -380,6 +390,7 @@ class Budget:
         self._reported_limit: int | None = None
         self._paused_until = -math.inf  # local: no slot is spent before this
         self._row_paused_until = -math.inf  # what this process last wrote to the row
+        self._row_slowed_until = -math.inf  # no second "near" slow-down from this process before this
         self._parked_until = -math.inf  # local: the daily budget is parked until this
         self._parked_reason: str | None = None
         self._not_before = -math.inf  # a refused lease: the queue was longer than max_ahead
@@ -680,7 +691,8 @@ class Budget:
                 if self._reported_limit is None or limit < self.limit:
                     log.info("%s/%s: the source reports a burst limit of %d", self.source, self.account, limit)
                 self._reported_limit = limit
-            if remaining is not None and remaining <= 0 and reset is not None:
+            full = remaining is not None and remaining <= 0
+            if full and reset is not None:
                 # The window is full (someone else spends this token too): hold off locally.
                 self._paused_until = max(self._paused_until, now + min(reset, self.window_seconds))
             if daily_reset is not None:
@@ -692,8 +704,12 @@ class Budget:
                 if (old is None or seq > old[1] + self.lag()
                         or daily_remaining + self.max_cost * seq < old[0] + self.max_cost * old[1]):
                     self._report = (daily_remaining, seq)
-            if daily_remaining is not None and daily_limit is not None:
+            if daily_remaining is not None and daily_limit is not None and self.daily_share < 1.0:
                 floor_hit = daily_remaining < math.ceil((1.0 - self.daily_share) * daily_limit) + self.max_cost
+        if full:
+            # Our margin was used up (a jitter beyond it, or another spender): every worker slows
+            # down a little before the source has to say 429 (one row write per window at most).
+            (note or self.note_rate_limited)("near", 0.0)
         if daily_remaining is not None and daily_remaining <= 0:
             wait = daily_reset if daily_reset is not None else self.daily_probe_seconds
             (note or self.note_rate_limited)("daily", wait)
@@ -701,14 +717,14 @@ class Budget:
             # Within one request of our share's floor: park now, and every worker at its next lease.
             (note or self.note_rate_limited)("share", self._daily_wait())
 
-    def note_rate_limited(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> None:
+    def note_rate_limited(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> None:
         """A 429, a spent daily budget or our share of it used: tell every worker sharing the
         account, once."""
         pending = self.note_locally(scope, retry_after)
         if pending is not None:
             self.write_note(pending)
 
-    def note_locally(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> PendingNote | None:
+    def note_locally(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> PendingNote | None:
         """The in-process half of `note_rate_limited`: this process pauses (or parks) at once. Returns
         the row write still owed to the other workers, or None when the row already says as much."""
         retry_after = max(0.0, float(retry_after))
@@ -721,12 +737,19 @@ class Budget:
                 self._parked_reason = "spent" if scope == "daily" else "share"
                 params = {"reason": self._parked_reason}
                 statement = PARK_SQL
+            elif scope == "near":
+                if now < self._row_slowed_until:
+                    return None  # this window's slow-down is already on the row
+                self._row_slowed_until = now + self.window_seconds
+                params = {"min_scale": self.min_rate_scale, "recovery": self.rate_recovery, "factor": 0.9, "pause": False}
+                statement = PAUSE_SQL
             else:
                 self._paused_until = max(self._paused_until, now + retry_after)
                 if now + retry_after <= self._row_paused_until + 0.25:
                     return None  # this pause is already on the row
                 self._row_paused_until = now + retry_after
-                params = {"min_scale": self.min_rate_scale, "recovery": self.rate_recovery}
+                self._row_slowed_until = now + self.window_seconds
+                params = {"min_scale": self.min_rate_scale, "recovery": self.rate_recovery, "factor": 0.75, "pause": True}
                 statement = PAUSE_SQL
             self._cond.notify_all()
         return PendingNote(statement, now + retry_after, params)
@@ -822,7 +845,7 @@ class Reservation:
     def observe(self, headers: Mapping[str, str]) -> None:
         self._budget.observe(headers, note=self.note_rate_limited)
 
-    def note_rate_limited(self, scope: Literal["burst", "daily", "share"], retry_after: float) -> None:
+    def note_rate_limited(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> None:
         pending = self._budget.note_locally(scope, retry_after)
         if pending is not None:
             self._on_owner(lambda: self._budget.write_note(pending), wait=False)

@@ -178,7 +178,7 @@ def test_a_lower_reported_limit_slows_the_bucket(db: Database) -> None:
     assert row(db)["burst_limit"] == 20
 
 
-def test_full_window_reported_pauses_this_process(db: Database) -> None:
+def test_full_window_reported_pauses_this_process_and_slows_every_worker(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80)
     budget.acquire()
     budget.observe({"x-ratelimit-limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"})
@@ -186,8 +186,11 @@ def test_full_window_reported_pauses_this_process(db: Database) -> None:
     budget.acquire()
     assert time.monotonic() - started >= 0.9
     stats = budget.stats()
-    assert stats.writes == 1 + stats.leases  # the insert and the leases: the pause was local only
-    assert row(db)["paused_until"] is None
+    # the insert, the leases and one slow-down for every worker (0.9 of the rate): the pause is local
+    assert stats.writes == 1 + stats.leases + 1
+    assert row(db)["paused_until"] is None and row(db)["rate_scale"] == pytest.approx(0.9)
+    budget.observe({"x-ratelimit-limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"})
+    assert budget.stats().writes == stats.writes  # once per window
 
 
 def test_reserved_slots_are_spent_without_the_database(db: Database) -> None:
