@@ -121,6 +121,18 @@ def newer(version: str | None, written: str | None) -> bool:
     return version != written
 
 
+def same_version(a: str | None, b: str | None) -> bool:
+    """Whether two versions are the same: equal texts, or two times of the same instant (a v1
+    `YYYY-MM-DD HH:MM:SS` and a v2 RFC 3339 text, with or without milliseconds). None is only
+    the same as None. For comparing the ledger with a listing's versions (verify, catch-up)."""
+    if a is None or b is None:
+        return a is b
+    if a == b:
+        return True
+    x, y = _moment(a), _moment(b)
+    return x is not None and x == y
+
+
 def overwrite_matched(run: Run) -> bool:
     """The run option `overwrite_matched` (default false): whether a changed source row overwrites
     the product's own row it was matched to. Accepts booleans, 0/1 and "true"/"false"."""

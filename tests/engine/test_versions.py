@@ -289,3 +289,14 @@ def test_a_task_run_again_by_a_retry_counts_the_rows_it_updated_as_updated(db) -
     provider_for("example", run).run_task(ctx)
     assert (ctx.stats.get("updated"), ctx.stats.get("already_here")) == (12, 0)
     assert rollup.rollup(db, second.id).problems == [], "the fresh counts agree with the history"
+
+
+def test_versions_compare_as_instants_across_the_apis_formats() -> None:
+    assert ledger.same_version("2026-03-01T10:00:00Z", "2026-03-01 10:00:00")
+    assert ledger.same_version("2026-03-01T10:00:00.000Z", "2026-03-01T10:00:00Z")
+    assert not ledger.same_version("2026-03-01T10:00:01Z", "2026-03-01 10:00:00")
+    assert ledger.same_version("sha256:ab", "sha256:ab") and not ledger.same_version("sha256:ab", "sha256:cd")
+    assert not ledger.same_version(None, "2026-03-01T10:00:00Z") and ledger.same_version(None, None)
+    assert ledger.newer("2026-03-01 10:00:01", "2026-03-01T10:00:00.000Z")
+    assert not ledger.newer("2026-03-01 10:00:00", "2026-03-01T10:00:00.000Z")
+    assert not ledger.newer(None, "x") and ledger.newer("x", None)
