@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import psycopg
@@ -49,6 +50,25 @@ def _migrate(args: list[str], env: dict[str, str], timeout: float = 60) -> subpr
     return subprocess.run([MIGRATE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _migrate_in_process(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`migrate ARGS` in this process (click's runner) with exactly `env`'s MIGRATE_*, PIPEDRIVE_*,
+    DAGSTER_* and DATABASE_URL (the rest unset, and everything restored after): the same exit
+    code and stderr a shell sees, without a new interpreter importing Dagster for each bad value.
+    An exception escaping the command (a traceback in a shell) is put into stderr as one."""
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli import main
+
+    ours = {k: None for k in os.environ if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"}
+    ours.update({k: v for k, v in env.items() if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"})
+    ours.setdefault("MIGRATE_SOURCE", None)  # `run` sets it for its children: restored after
+    result = CliRunner().invoke(main, args, env=ours, catch_exceptions=True)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "Traceback (most recent call last):\n" + "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["migrate", *args], result.exit_code, result.stdout, stderr)
+
+
 def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> str:
     assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
@@ -66,8 +86,16 @@ NUMBERS = ["MIGRATE_LANE_WIDTH", "MIGRATE_STALE_LOCK_SECONDS", "MIGRATE_HEARTBEA
 @pytest.mark.parametrize("name", NUMBERS)
 def test_a_bad_migrate_number_is_one_line_naming_the_variable(name, tmp_path):
     env = _env(DATABASE_URL=UNREACHABLE, MIGRATE_HOME=str(tmp_path), **{name: "lots"})
-    line = _one_line_error(_migrate(["run", "--tenant", "x", "--source", "example"], env), name, "'lots'")
+    line = _one_line_error(_migrate_in_process(["run", "--tenant", "x", "--source", "example"], env), name, "'lots'")
     assert "secret" not in line
+
+
+def test_a_bad_number_is_one_line_from_the_installed_command_too(tmp_path):
+    # the in-process checks above, once end to end: the `migrate` a shell runs
+    env = _env(DATABASE_URL=UNREACHABLE, MIGRATE_HOME=str(tmp_path), MIGRATE_LANE_WIDTH="lots")
+    _one_line_error(_migrate(["run", "--tenant", "x", "--source", "example"], env), "MIGRATE_LANE_WIDTH", "'lots'")
+    env = _env(DATABASE_URL="postgresql://someone:secret@[::1/db", MIGRATE_HOME=str(tmp_path))
+    assert "secret" not in _one_line_error(_migrate(["status", "acme"], env), "DATABASE_URL", "not a valid connection URL")
 
 
 @pytest.mark.parametrize("url,needle", [
@@ -79,7 +107,7 @@ def test_a_bad_migrate_number_is_one_line_naming_the_variable(name, tmp_path):
 def test_a_bad_database_url_is_one_line_without_the_password(url, needle, tmp_path):
     env = _env(DATABASE_URL=url, MIGRATE_HOME=str(tmp_path))
     for args in (["status", "acme"], ["run", "--tenant", "acme", "--source", "example"]):
-        line = _one_line_error(_migrate(args, env), needle)
+        line = _one_line_error(_migrate_in_process(args, env), needle)
         assert "secret" not in line and ("DATABASE_URL" in line)
 
 
