@@ -61,7 +61,8 @@ def _migrate_in_process(args: list[str], env: dict[str, str]) -> subprocess.Comp
 
     ours = {k: None for k in os.environ if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"}
     ours.update({k: v for k, v in env.items() if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"})
-    ours.setdefault("MIGRATE_SOURCE", None)  # `run` sets it for its children: restored after
+    for set_by_commands in ("MIGRATE_SOURCE", STORAGE_URL_ENV, "DAGSTER_HOME"):  # for their children: restored after
+        ours.setdefault(set_by_commands, None)
     result = CliRunner().invoke(main, args, env=ours, catch_exceptions=True)
     stderr = result.stderr
     if result.exception is not None and not isinstance(result.exception, SystemExit):
