@@ -59,6 +59,7 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,17 +102,78 @@ SINGLE_PATHS: dict[str, str] = {
 TOKEN_COSTS: dict[str, int] = {
     "/api/v2/persons": 10, "/api/v2/organizations": 10, "/api/v2/deals": 10, "/api/v2/deals/archived": 20,
     "/api/v2/activities": 10, "/api/v2/pipelines": 5, "/api/v2/stages": 5,
+    "/api/v2/personFields": 10, "/api/v2/organizationFields": 10, "/api/v2/dealFields": 10, "/api/v2/activityFields": 10,
     "/v1/leads": 20, "/v1/leads/archived": 40, "/v1/notes": 20, "/v1/users": 20,
+    "/v1/leadFields": 20, "/v1/noteFields": 20, "/v1/deals/summary": 40, "/v1/deals/summary/archived": 80,
     "mailMessages": 20, "v2 single": 1, "v1 single": 2,
 }
 
 
 def token_cost(path: str) -> int:
+    """The tokens one GET of `path` costs (a deal's mail listing 20, a record or a mail body by id
+    1 in v2 and 2 in v1)."""
     if path in TOKEN_COSTS:
         return TOKEN_COSTS[path]
     if path.endswith("/mailMessages"):
         return TOKEN_COSTS["mailMessages"]
     return TOKEN_COSTS["v2 single"] if path.startswith("/api/v2/") else TOKEN_COSTS["v1 single"]
+
+
+class CountingClient:
+    """The provider's client as one task uses it: every request it asks for is counted (thread-safe:
+    mail bodies are fetched on other threads), `requests` and `tokens` at the endpoint's cost, so a
+    task's stats say what it spent at the source (the rollup sums them per run: a sync's cost). A
+    request the client retries counts once (the source may have charged the failed attempts too)."""
+
+    def __init__(self, client: PipedriveClient) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.tokens = 0
+
+    def _count(self, path: str) -> None:
+        with self._lock:
+            self.requests += 1
+            self.tokens += token_cost(path)
+
+    def get(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        self._count(path)
+        return self._client.get(path, params, **kw)
+
+    def list_v1(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> Page:
+        self._count(path)
+        return self._client.list_v1(path, params, **kw)
+
+    def list_v2(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> Page:
+        self._count(path)
+        return self._client.list_v2(path, params, **kw)
+
+    def iter_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0, **kw: Any) -> Iterator[Page]:
+        while True:
+            page = self.list_v1(path, params, start=start, **kw)
+            yield page
+            if not page.more or page.next_start is None:
+                return
+            start = page.next_start
+
+    def iter_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None, **kw: Any) -> Iterator[Page]:
+        while True:
+            page = self.list_v2(path, params, cursor=cursor, **kw)
+            yield page
+            if not page.more:
+                return
+            cursor = page.next_cursor
+
+    def mail_messages(self, deal_id: int, *args: Any, **kw: Any) -> Page:
+        self._count("/mailMessages")
+        return self._client.mail_messages(deal_id, *args, **kw)
+
+    def mail_body(self, message_id: int, *args: Any, **kw: Any) -> Any:
+        self._count("/v1/mailbox/mailMessages/{id}")
+        return self._client.mail_body(message_id, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 @dataclass
@@ -405,8 +467,6 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
             _forget_older(tx, ctx.run)
     meter = Meter(client, {}, ctx.cancel)
     step = list_step(meter, kind, cursor, changed_since(ctx.run))
-    ctx.stats.bump("requests", meter.cost.get("requests", 0))
-    ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
     if ctx.run.dry_run:
         ctx.stats.bump("inventory_listed", len(step.rows))
         written: list[dict[str, Any]] = []
@@ -453,8 +513,6 @@ def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> Ta
         data = body.get("data")
         if isinstance(data, dict):
             present.append(data)
-    ctx.stats.bump("requests", meter.cost.get("requests", 0))
-    ctx.stats.bump("tokens", meter.cost.get("tokens", 0))
     ctx.stats.values["delete_candidates"] = len(rows)
     if present:
         write_changed(ctx, client, mapper_of, lk, lk, present)

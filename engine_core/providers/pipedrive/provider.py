@@ -292,8 +292,17 @@ class PipedriveProvider:
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
+        """Run one task; its stats gain `requests` and `tokens`, what it asked of the source
+        (`inventory.CountingClient`), when it finishes (a rollup's sum is the run's cost)."""
+        counting = inventory.CountingClient(self.client(ctx.db))
+        try:
+            return self._run_task(ctx, counting)  # type: ignore[arg-type]
+        finally:
+            ctx.stats.bump("requests", counting.requests)
+            ctx.stats.bump("tokens", counting.tokens)
+
+    def _run_task(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         kind, cursor = ctx.task.kind, ctx.task.cursor
-        client = self.client(ctx.db)
         if kind == "fields":
             definitions = self.fetch_definitions(client, ctx)
             _remember_book(ctx, FieldBook(definitions))
