@@ -14,6 +14,9 @@ Postgres storage) driven through the UI's own GraphQL calls.
   had not been written;
 * `migrate run` launches a tenant on the same instance (the UI's daemon runs it) and exits
   non-zero when the run fails.
+
+The last three run side by side, three tenants at once on one stack (one test, each failure named
+by its scenario): the suite pays for the slowest, mostly the backfill daemon's 30 s ticks.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -29,7 +34,7 @@ from dagster import DagsterRunStatus, RunsFilter
 
 from migration_pipeline import tags
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(420)
 
 PHASE_PATHS = [["example", p] for p in
                ("phase_1_companies", "phase_2_contacts", "phase_3_deals", "phase_4_activities", "phase_5_notes")]
@@ -41,7 +46,7 @@ def _new_run_config(options: dict) -> dict:
     return {"resources": {"new_run": {"config": {"options_json": json.dumps(options)}}}}
 
 
-def _wait_run(stack, run_id: str, timeout: float = 120.0):
+def _wait_run(stack, run_id: str, timeout: float = 180.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run = stack.instance.get_run_by_id(run_id)
@@ -208,7 +213,7 @@ def test_terminating_a_run_stops_the_engine_and_relaunching_finishes_exactly(sta
     _reconcile(stack, "stop-me", counts)
 
 
-def test_failed_tasks_fail_the_run_and_reexecution_from_failure_retries(stack):
+def reexecution_from_failure_retries(stack):
     counts = {"companies": 40, "contacts": 60, "deals": 40, "activities": 20, "notes": 20}
     options = {"page_size": 20, "counts": counts, "fail_pages": {"deals": [20]}}
     stack.ui.add_partition("retry-me")
@@ -230,8 +235,8 @@ def test_failed_tasks_fail_the_run_and_reexecution_from_failure_retries(stack):
 
     # the retry wrote the failed page; what was written before kept its first write
     new_rows = {(r["kind"], r["sid"]) for r in stack.db.sql(
-        "SELECT kind, source_id::int AS sid FROM migration_records WHERE id > %(w)s AND action = 'created'",
-        {"w": written_before})}
+        "SELECT kind, source_id::int AS sid FROM migration_records WHERE id > %(w)s AND action = 'created'"
+        " AND tenant_id = 'retry-me'", {"w": written_before})}
     assert {("deals", i) for i in range(21, 41)} <= new_rows
     assert not {k for k, _ in new_rows} & {"companies", "contacts"}
     # No duplicates. Rows whose parent was on the failed page, if their own phase ran before the
@@ -248,7 +253,7 @@ def test_failed_tasks_fail_the_run_and_reexecution_from_failure_retries(stack):
     assert target["deals"] == 40 and target["companies"] == 40 and target["contacts"] == 60
 
 
-def test_a_backfill_of_the_failed_partition_retries_the_engine_run(stack):
+def a_backfill_of_the_failed_partition_retries_the_engine_run(stack):
     # The asset graph's other way to rerun: select the failed tenant partition and launch a backfill
     # of every phase. The backfill daemon's run joins the failed engine run, which is the engine's
     # retry: the failed page is written, nothing written before is written again.
@@ -280,8 +285,8 @@ def test_a_backfill_of_the_failed_partition_retries_the_engine_run(stack):
     _wait_tenant_quiet(stack, "backfill-me")
 
     new_rows = {(r["kind"], r["sid"]) for r in stack.db.sql(
-        "SELECT kind, source_id::int AS sid FROM migration_records WHERE id > %(w)s AND action = 'created'",
-        {"w": written_before})}
+        "SELECT kind, source_id::int AS sid FROM migration_records WHERE id > %(w)s AND action = 'created'"
+        " AND tenant_id = 'backfill-me'", {"w": written_before})}
     assert {("deals", i) for i in range(1, 21)} <= new_rows, "the failed page was written by the retry"
     assert not {k for k, _ in new_rows} & {"companies", "contacts"}
     still = {(r["kind"], r["source_id"]): r["id"] for r in stack.db.sql(
@@ -293,7 +298,7 @@ def test_a_backfill_of_the_failed_partition_retries_the_engine_run(stack):
     assert {r["kind"]: r["n"] for r in target}["deals"] == 40
 
 
-def test_migrate_run_launches_on_the_instance_the_ui_shows(stack):
+def migrate_run_launches_on_the_instance_the_ui_shows(stack):
     counts = {"companies": 30, "contacts": 30, "deals": 20, "activities": 20, "notes": 20}
     migrate = str(Path(sys.executable).parent / "migrate")
 
@@ -304,8 +309,8 @@ def test_migrate_run_launches_on_the_instance_the_ui_shows(stack):
     # two tenants at once: one that succeeds, one whose notes page fails
     good = cli("from-cli", {"page_size": 20, "counts": counts})
     failing = cli("from-cli-failing", {"page_size": 20, "counts": counts, "fail_pages": {"notes": [0]}})
-    ok_out, ok_err = good.communicate(timeout=150)
-    bad_out, _ = failing.communicate(timeout=150)
+    ok_out, ok_err = good.communicate(timeout=300)  # generous: it shares the lane with the other scenarios
+    bad_out, _ = failing.communicate(timeout=300)
 
     assert good.returncode == 0, ok_out[-2000:] + ok_err[-3000:]
     payload = json.loads(ok_out)
@@ -323,3 +328,26 @@ def test_migrate_run_launches_on_the_instance_the_ui_shows(stack):
     assert payload["dagster_status"] == "FAILURE"
     assert payload["phases"][-1]["status"] == "failed" and "injected failure" in payload["phases"][-1]["message"]
     _wait_tenant_quiet(stack, "from-cli-failing")
+
+
+def test_retries_from_the_run_page_and_a_backfill_and_migrate_run_side_by_side(stack):
+    # Three tenants' scenarios at once on the one stack (each reads only its own tenant's rows): a
+    # failed run re-executed from failure, a failed partition backfilled (its wait is mostly the
+    # backfill daemon's fixed 30 s ticks), and `migrate run` launching two tenants from the shell.
+    # Side by side they cost the slowest one's time, not the sum; each failure names its scenario.
+    scenarios = {f.__name__: f for f in (reexecution_from_failure_retries,
+                                         a_backfill_of_the_failed_partition_retries_the_engine_run,
+                                         migrate_run_launches_on_the_instance_the_ui_shows)}
+    with ThreadPoolExecutor(len(scenarios)) as pool:
+        futures = {name: pool.submit(f, stack) for name, f in scenarios.items()}
+        errors = {}
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=400)
+            except BaseException as e:  # noqa: BLE001 - reported below with the scenario's name
+                errors[name] = e
+    for name, e in errors.items():
+        traceback.print_exception(e)
+    if errors:
+        first = next(iter(errors.values()))
+        raise AssertionError(f"scenario(s) failed: {', '.join(errors)}; see {stack.log}") from first
