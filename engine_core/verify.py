@@ -13,7 +13,7 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   source: a delete or a merge the product has not caught up with.
 * **duplicated**: more than one product row for one source row (rows carrying `source_id`).
 * **stale**: the ledger's `source_version` differs from the version the source lists now (a
-  change not synced). Ledger rows without a version (written before versions were kept) are
+  change not synced; `ledger.same_version`: one instant in the v1 and v2 time formats is one version). Ledger rows without a version (written before versions were kept) are
   counted as `unversioned` and not compared.
 
 Kinds fold into ledger identities (`deals_archived` into `deals`, `leads_archived` into `leads`:
@@ -42,6 +42,7 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
+from engine_core.ledger import same_version
 from engine_core.providers.base import Provider, catchup_kind, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
@@ -268,7 +269,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
                 result.missing.append(sid)
             continue
         if entry is not None and entry["action"] in WRITTEN and entry["version"] is not None and version is not None \
-                and entry["version"] != version:
+                and not same_version(entry["version"], version):
             result.stale.append(sid)
     for sid in set(ledger) | set(product_rows):
         if sid in at_source:

@@ -32,7 +32,7 @@ def _entry(action: str = "created", version: str | None = "v1", deleted: datetim
 
 
 def test_the_rules_of_each_difference():
-    at_source = {"1": "v1", "2": "v2", "3": "v1", "4": "v1", "5": None, "6": "v1"}
+    at_source = {"1": "v1", "2": "v2", "3": "v1", "4": "v1", "5": None, "6": "v1", "10": "2026-11-30T10:00:00Z"}
     ledger = {
         "1": _entry(record_id=11),                        # here, same version: fine
         "2": _entry(record_id=12),                        # the source has v2: stale
@@ -43,16 +43,18 @@ def test_the_rules_of_each_difference():
         "7": _entry(record_id=17),                        # gone at the source, not marked: extra
         "8": _entry(record_id=18, deleted=NOW),           # gone and marked: fine
         "9": _entry("matched", record_id=500),            # a live matched claim gone at the source: extra
+        "10": _entry(version="2026-11-30 10:00:00", record_id=19),  # the same instant in v1's format: not stale
     }
-    product = {"1": [True], "2": [True], "4": [False], "5": [True], "6": [True, True], "7": [True], "8": [False]}
-    result = compare("notes", ["notes"], at_source, ledger, product, {"crm.notes": {11, 12, 15, 16, 17}})
+    product = {"1": [True], "2": [True], "4": [False], "5": [True], "6": [True, True], "7": [True], "8": [False],
+               "10": [True]}
+    result = compare("notes", ["notes"], at_source, ledger, product, {"crm.notes": {11, 12, 15, 16, 17, 19}})
     assert result.missing == ["4"]
     assert result.stale == ["2"]
     assert result.duplicated == ["6"]
     assert result.extra == ["7", "9"]
-    assert (result.source, result.unwritten, result.deleted_marked, result.unversioned) == (6, 1, 2, 1)
+    assert (result.source, result.unwritten, result.deleted_marked, result.unversioned) == (7, 1, 2, 1)
     assert result.unwritten_ids == ["3"] and result.as_dict()["unwritten_ids"] == ["3"]
-    assert result.product == 5  # 1, 2, 5, 6, 7 have a live product row
+    assert result.product == 6  # 1, 2, 5, 6, 7, 10 have a live product row
 
 
 def test_a_matched_row_lives_through_its_record_not_a_source_id():
