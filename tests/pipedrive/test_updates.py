@@ -391,3 +391,23 @@ def test_a_sync_after_live_changes_leaves_one_product_row_per_source_row_at_its_
                 assert entries[sid]["deleted_at_source"] is not None, (kind, sid)
                 marks = db.sql(f"SELECT deleted_at_source FROM crm.{TABLE[kind]} WHERE id = ANY(%(i)s)", {"i": records[sid]})
                 assert [m["deleted_at_source"] is not None for m in marks] == [True], (kind, sid)
+
+
+def test_a_newer_version_whose_parent_is_not_here_is_skipped_not_already_here(db) -> None:
+    with sandbox() as sb:
+        truth = sb.truth()
+        run = migrate(db, sb, TENANT)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        persons = sb.truth_rows("persons")
+        sid, person = next((s, p) for s, p in persons.items() if _entries(db, "persons")[s]["action"] == "created"
+                           and s not in {str(i) for i in truth["dangling"].get("persons", [])})
+        # an organization the source has but the ledger does not (say its page failed)
+        org = next(str(i) for i in truth["ids"]["organizations"] if str(i) != str(person.get("org_id")))
+        db.sql("DELETE FROM migration_records WHERE tenant_id = %(t)s AND kind = 'organizations' AND source_id = %(s)s",
+               {"t": TENANT, "s": org})
+        entry = _entries(db, "persons")[sid]
+        moved = {**person, "org_id": int(org), "update_time": _later(person["update_time"])}
+        ctx = _sight(db, run, "persons", [moved], PipedriveClient(sb.base_url, TOKEN), "orphan")
+    assert (ctx.stats.get("skipped"), ctx.stats.get("update_skipped"), ctx.stats.get("already_here")) == (1, 1, 0)
+    after = _entries(db, "persons")[sid]
+    assert (after["action"], after["source_version"]) == ("created", entry["source_version"]), "keeps what it has"

@@ -206,7 +206,9 @@ def write_mapped(
 
     `exists`: what the source answered about missing parents (`ask_source`); a parent it answered
     404 for is dangling - the row is imported with that link empty and the reference recorded.
-    `on_event` hears `dangling` and `archived_updated` (stats of the task). `held`: the row's ledger
+    `on_event` hears `dangling`, `archived_updated` and `update_skipped` (a written row's newer version
+    whose parents are not here: outcome skipped, the product row keeps its version; a retry's revisit
+    of the task tries it again) (stats of the task). `held`: the row's ledger
     entry as its page read it (`ledger.held`), so a row already here at this version costs no write.
     """
     exists = exists or {}
@@ -228,7 +230,14 @@ def write_mapped(
             pending = True  # a dry run: this run would have created the parent first
         else:
             reason = f"{NOT_LINKED}: " + "; ".join(_describe_missing(ref, exists) for ref in missing)
-            return ledger.skip(tx, run, kind, mapped.source_id, reason)
+            outcome = ledger.skip(tx, run, kind, mapped.source_id, reason)
+            if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
+                # a newer version the product cannot take yet (its parent is not here): the row keeps
+                # the version it has, and the sighting says skipped, not already here
+                if on_event:
+                    on_event("update_skipped")
+                return ledger.SKIPPED
+            return outcome
     for ref in mapped.links:
         resolved[ref] = lookup(found, ref)
     record_type = crm.TABLES[mapped.table].record_type
