@@ -561,7 +561,7 @@ SELECT r.*, m.status AS run_status, m.dry_run AS run_dry_run
 -- The version fence: a sighting of a written row locks its entry before it compares versions, so
 -- of two workers writing the same changed row at once the second waits and then finds the new
 -- version already here (one update, one history row).
-SELECT id, migration_id, action, record_type, record_id, source_version, deleted_at_source
+SELECT id, migration_id, action, record_type, record_id, source_version, deleted_at_source, dangling, reason
   FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND source_id = %(source_id)s
    FOR UPDATE;

@@ -300,3 +300,19 @@ def test_versions_compare_as_instants_across_the_apis_formats() -> None:
     assert ledger.newer("2026-03-01 10:00:01", "2026-03-01T10:00:00.000Z")
     assert not ledger.newer("2026-03-01 10:00:00", "2026-03-01T10:00:00.000Z")
     assert not ledger.newer(None, "x") and ledger.newer("x", None)
+
+
+def test_a_restore_without_a_new_version_keeps_the_rows_dangling_references(db) -> None:
+    run = _run(db)
+    refs = [{"field": "org_id", "parent_kind": "organizations", "parent_id": "42"}]
+    with db.transaction() as tx:
+        assert ledger.write_once(tx, run, KIND, "31", _insert(tx, "31", "Dangling"), version=V1, update=_update(tx, "x"),
+                                 dangling=refs, reason="imported; org_id 42 does not exist at the source (404)") == "imported"
+    with db.transaction() as tx:
+        assert ledger.mark_deleted(tx, run, KIND, ["31"]) == 1
+    with db.transaction() as tx:
+        assert ledger.write_once(tx, run, KIND, "31", _insert(tx, "31", "Dangling"), version=V1, update=_update(tx, "x"),
+                                 dangling=refs, reason="imported; org_id 42 does not exist at the source (404)") == "updated"
+    entry = _entry(db, "31")
+    assert (entry["deleted_at_source"], entry["dangling"], entry["reason"]) == (
+        None, refs, "imported; org_id 42 does not exist at the source (404)")
