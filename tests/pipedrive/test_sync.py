@@ -83,7 +83,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
                 e = ledgers[lk].get(sid)
                 assert e is not None and e["action"] in ("created", "matched"), f"{name} {sid}: {e}"
                 assert e["deleted_at_source"] is None, f"{name} {sid} is marked deleted but the source has it"
-                if row.get("update_time"):
+                if row.get("update_time") and e["action"] == "created":  # a matched row is the product's own: kept
                     assert e["source_version"] == row["update_time"], f"{name} {sid} is stale"
                 if e["action"] == "created":
                     mine = products.get(sid, [])
@@ -141,6 +141,6 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
             rows = sb.truth_rows(name) if name not in ("deals", "leads") else {
                 **sb.truth_rows(name), **sb.truth_rows(f"{name}_archived")}
             e = _ledger(db, KINDS[name][0])[str(c["id"]).lower()]
-            assert e["source_version"] == rows[str(c["id"]).lower()]["update_time"], f"{name} {c['id']} not synced"
+            assert e["action"] == "matched" or e["source_version"] == rows[str(c["id"]).lower()]["update_time"], f"{name} {c['id']} not synced"
         # (on a tiny account every list is one page either way: the saving shows at scale, see bench)
         print(f"sync of {len(updated)} updates without deletions: {changed['requests']} requests, {changed['tokens']} tokens")
