@@ -126,4 +126,6 @@ def test_the_provider_seeds_every_kind_without_io() -> None:
     assert keys["users"] == ["users:0", "users:500", "users:1000", "users:1500"]
     assert keys["organizations"] == ["organizations:discover"]
     assert keys["emails"] == ["emails:discover:deals:p0", "emails:discover:deals_archived:p0"]
-    assert provider.phases() == [list(g) for g in PHASES]
+    # the data phases, then the catch-up (issue 9): the last phase of every run
+    assert provider.phases() == [list(g) for g in PHASES] + [["catchup"]]
+    assert [s.cursor_key for s in provider.seed_cursors(run, "catchup")], "the catch-up seeds its tasks"
