@@ -16,7 +16,7 @@ waits on the source), so the ratio approaches min(lane, 2S) / min(lane, S) until
 cores, which every host here shares, become the limit: on real machines each host brings its own.
 Hence the default latency (twice the sandbox's realistic delays): at x0.5 the steps' own CPU
 (execution plans, resources, the writes) saturated the two shared cores and one host did as well
-as two (0.93 at load 13); at x2, 1.36 at load 13-17.
+as two (0.93 at load 13); at x2, 1.70 (medians of 2 rounds, load 8-15) and 1.36 (1 round, load 13-17).
 
 Needs root (network namespaces) and RabbitMQ, like the cross-host test; prints why and exits 0
 otherwise. Usage: python bench/deploy_hosts.py [--tenants 4] [--scale tiny] [--latency realistic:2]
