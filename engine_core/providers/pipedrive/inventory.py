@@ -68,7 +68,7 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed
-from engine_core.models import Run, Successor, TaskOutcome
+from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
@@ -382,13 +382,18 @@ def _ledger_entries(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict
     return {r["source_id"]: r for r in rows}
 
 
-def needs_write(entry: Mapping[str, Any] | None, version: str) -> bool:
-    """A listed row is written when the ledger lacks it, holds a placeholder, holds an older
-    version (`ledger.newer`) or holds it as deleted at the source."""
+def needs_write(entry: Mapping[str, Any] | None, version: str, run: Run | None = None) -> bool:
+    """A listed row is written when the ledger lacks it, holds a placeholder (a skip or failure
+    whose reason may no longer hold: a parent written since), holds an older version
+    (`ledger.newer`) or holds it as deleted at the source. A matched row (the product's own
+    contact or company) with a newer version is left alone unless the run's `overwrite_matched`:
+    the product keeps its values, so writing it would only be refused again by every catch-up."""
     if entry is None or entry["action"] not in ("created", "matched"):
         return True
     if entry.get("deleted_at_source") is not None:
         return True
+    if entry["action"] == "matched" and run is not None and not ledger.overwrite_matched(run):
+        return False
     return ledger.newer(version, entry["source_version"])
 
 
@@ -434,26 +439,69 @@ def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
     ]
 
 
+# Row outcomes (and `seen`) a catch-up task also counts per listing kind, as "<counter>@<kind>"
+# (`PerKindStats`): the rollup adds them to that kind's figures (engine_core.rollup).
+PER_KIND = frozenset({"seen", "imported", "matched", "already_here", "updated", "skipped", "failed"})
+
+
+class PerKindStats(Stats):
+    """A catch-up task's stats while it writes rows of one listing kind: every row outcome (and
+    `seen`) is counted twice, under its own name and as "<counter>@<kind>" (e.g. `imported@deals`),
+    so the rollup can credit the rows the catch-up wrote to the kind they belong to (issue 9: a
+    source's count is met by the kind's phase plus the catch-up; the ledger's claims of a kind =
+    its phase's + the catch-up's). Both counts land in the same window's checkpoint."""
+
+    def __init__(self, values: dict[str, int], kind: str) -> None:
+        super().__init__(values)
+        self.kind = kind
+
+    def bump(self, key: str, n: int = 1) -> None:
+        super().bump(key, n)
+        if key in PER_KIND:
+            super().bump(f"{key}@{self.kind}", n)
+
+    def copy(self) -> PerKindStats:
+        return PerKindStats(dict(self.values), self.kind)
+
+
+def counted_as(ctx: TaskContext, kind: str, work: Any) -> Any:
+    """Run `work()` with the task's row outcomes also counted under `kind` (`PerKindStats`)."""
+    ctx.stats = PerKindStats(ctx.stats.values, kind)
+    try:
+        return work()
+    finally:
+        ctx.stats = Stats(ctx.stats.values)
+
+
 def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
-                  rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+                  rows: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
     """Record the rows as seen, write those the ledger does not hold at their version; returns
-    the rows written."""
+    the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
+    rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
+    `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup)."""
     listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
     ids = [sid for sid, _ in listed if sid is not None]
     with ctx.db.transaction() as tx:
         _remember(tx, ctx.run, lk, ids)
         entries = _ledger_entries(tx, ctx.run, lk, ids)
-    changed = [r for sid, r in listed if sid is None or needs_write(entries.get(sid), version_of(kind, r))]
+    changed = [r for sid, r in listed if sid is None or needs_write(entries.get(sid), version_of(kind, r), ctx.run)]
     ctx.stats.bump("inventory_listed", len(listed))
     ctx.stats.bump("unchanged", len(listed) - len(changed))
+    if full:
+        ctx.stats.bump(f"listed@{kind}", len(listed))
+        ctx.stats.bump(f"unchanged@{kind}", len(listed) - len(changed))
     if changed:
         ctx.offset = 0  # the page is listed again on a retry and compared again: never skip by offset
-        try:
-            writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
-        except PageFailed:
-            # raised once every window has committed: the few rows picked from this page (often
-            # one malformed row failing again) failed alone, each with its reason in the ledger
-            pass
+
+        def write() -> None:
+            try:
+                writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+            except PageFailed:
+                # raised once every window has committed: the few rows picked from this page (often
+                # one malformed row failing again) failed alone, each with its reason in the ledger
+                pass
+
+        counted_as(ctx, kind, write)
     return changed
 
 
@@ -471,7 +519,7 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         ctx.stats.bump("inventory_listed", len(step.rows))
         written: list[dict[str, Any]] = []
     else:
-        written = write_changed(ctx, client, mapper_of, kind, lk, step.rows)
+        written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=changed_since(ctx.run) is None)
     successors: list[Successor] = []
     if lk == "deals" and written and "emails" in ctx.run.kinds:
         with ctx.db.connection() as conn:

@@ -319,8 +319,9 @@ class PipedriveProvider:
                 return self._v2_discover(ctx, client)
             return self._v2_page(ctx, client)
         if kind == CATCHUP:
-            if cursor.get("deals"):
-                return emails.run_email_task(ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads)
+            if cursor.get("deals"):  # the catch-up's mail: counted as emails too (the rollup credits them)
+                return inventory.counted_as(ctx, "emails", lambda: emails.run_email_task(
+                    ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
             if cursor.get("deletes"):
                 return inventory.run_deletes(ctx, client, self._mapper_of(ctx))
             return inventory.run_page(ctx, client, self._mapper_of(ctx))
