@@ -39,23 +39,29 @@ def _emit(as_json: bool, payload: Any, render: Any) -> None:
         render()
 
 
-def _written_columns(dry_run: bool) -> tuple[str, str, str]:
+def _written_columns(dry_run: bool) -> tuple[str, ...]:
     """A dry run writes nothing: its counts are what a real run would do."""
     if dry_run:
-        return ("would import", "would match", "already here")
-    return ("imported", "matched", "already here")
+        return ("would import", "would match", "already here", "would update")
+    return ("imported", "matched", "already here", "updated")
 
 
 def print_rollup(r: rollups.RunRollup) -> None:
+    """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
+    product row in place: a newer source version), rows marked `deleted at source`, and `by
+    catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
     title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
     phase_note = f"phase {min(r.current_phase + 1, len(r.phases))}/{len(r.phases)}" if r.status in ("running", "stopping") else ""
     table = Table(title=f"{title} {phase_note}".strip())
-    for col in ("phase", "kind", "tasks", "seen", *_written_columns(r.dry_run), "skipped", "failed"):
+    for col in ("phase", "kind", "tasks", "seen", *_written_columns(r.dry_run), "skipped", "failed",
+                "deleted at source", "by catch-up"):
         table.add_column(col, justify="left" if col in ("kind", "tasks") else "right")
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
+        caught = int(k.caught_up.get("seen", 0))
         table.add_row(str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
-                      str(k.already_here), str(k.skipped), str(k.failed))
+                      str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
+                      str(caught) if caught else "-")
     console.print(table)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
@@ -68,6 +74,17 @@ def print_rollup(r: rollups.RunRollup) -> None:
         console.print(rt)
     if r.seconds is not None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
+
+
+OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source")
+
+
+def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
+    """A run's row outcomes summed over its kinds (or one kind): {"seen", "imported", "matched",
+    "already_here", "updated", "skipped", "failed", "deleted_at_source"}; the catch-up's rows are
+    counted once, by the catch-up kind's own tasks."""
+    chosen = [k for k in r.kinds if kind is None or k.kind == kind]
+    return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
 
 
 def _fail(e: Exception | str) -> None:
@@ -142,8 +159,10 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
             _fail(e)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
         reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
+        counts = outcome_counts(rollups.rollup(db, run.id), kind)
 
         def render() -> None:
+            console.print(f"{run.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
             t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
             for col in (stat, "tasks", "avg seconds", "max seconds"):
                 t.add_column(col, justify="right")
@@ -158,7 +177,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
                     rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
                 console.print(rt)
 
-        _emit(as_json, {"durations": rows, "reasons": reasons}, render)
+        _emit(as_json, {"counts": counts, "durations": rows, "reasons": reasons}, render)
 
 
 @main.command()
@@ -267,12 +286,14 @@ def _asset_order(source: str) -> list[str]:
 
 def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
     table = Table(title="per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""))
-    for col in ("phase asset", "status", *_written_columns(dry_run), "skipped", "failed", "tasks", "rows/s"):
+    for col in ("phase asset", "status", *_written_columns(dry_run), "skipped", "failed", "deleted at source",
+                "tasks", "rows/s"):
         table.add_column(col, justify="left" if col in ("phase asset", "status", "tasks") else "right")
     for r in results:
         md = r.metadata
         table.add_row(r.asset, r.status, *(str(md.get(k, "-")) for k in
-                      ("imported", "matched", "already_here", "skipped", "failed", "tasks", "rows_per_second")))
+                      ("imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source",
+                       "tasks", "rows_per_second")))
     console.print(table)
     for r in results:
         if r.status == "failed":
@@ -307,11 +328,13 @@ class _Progress:
         r = rollups.rollup(self.db, int(engine_id))
         phase = min(r.current_phase, len(r.phases) - 1)
         kinds = r.phase_kinds(phase)
-        state = (dagster_run.status.value, r.status, phase, tuple((k.imported, k.already_here, k.failed) for k in kinds))
+        state = (dagster_run.status.value, r.status, phase,
+                 tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
         now = time.monotonic()
         if state != self.last and (self.last is None or state[:3] != self.last[:3] or now - self.printed >= self.EVERY):
             self.last, self.printed = state, now
-            counts = ", ".join(f"{k.kind} {k.imported} imported/{k.already_here} here/{k.failed} failed" for k in kinds)
+            counts = ", ".join(f"{k.kind} {k.imported} imported/{k.updated} updated/{k.already_here} here/"
+                               f"{k.failed} failed" for k in kinds)
             console.print(f"  {dagster_run.status.value.lower()}: {r.name} {r.status}, phase "
                           f"{phase + 1}/{len(r.phases)}: {counts}")
 

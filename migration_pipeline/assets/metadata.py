@@ -10,7 +10,10 @@ from engine_core import rollup as rollups
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 
-COUNTS = ("imported", "matched", "already_here", "skipped", "failed")
+COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
+# per kind beside the row outcomes (issue 9): rows marked deleted at the source by the run (ledger
+# history, not rows seen) and rows of the kind the run's catch-up wrote (`KindRollup.caught_up`)
+EXTRA = ("deleted_at_source", "by_catchup")
 ROWS_CAP = 50  # skipped and failed rows listed in a phase's metadata (the counts above are whole)
 
 ROWS_SCHEMA = TableSchema(
@@ -28,8 +31,11 @@ PER_KIND_SCHEMA = TableSchema(
         TableColumn("imported", "int"),
         TableColumn("matched", "int"),
         TableColumn("already_here", "int"),
+        TableColumn("updated", "int"),
         TableColumn("skipped", "int"),
         TableColumn("failed", "int"),
+        TableColumn("deleted_at_source", "int"),
+        TableColumn("by_catchup", "int"),
         TableColumn("seen", "int"),
         TableColumn("tasks", "string"),
     ]
@@ -112,11 +118,16 @@ def progress_metadata(p: PhaseProgress) -> dict[str, Any]:
     return md
 
 
+def _extra(k: rollups.KindRollup, name: str) -> int:
+    return int(k.deleted_at_source) if name == "deleted_at_source" else int(k.caught_up.get("seen", 0))
+
+
 def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
     """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds."""
     kinds = r.phase_kinds(phase)
     names = [k.kind for k in kinds]
     totals = {c: sum(getattr(k, c) for k in kinds) for c in COUNTS}
+    totals.update({c: sum(_extra(k, c) for k in kinds) for c in EXTRA})
     tasks: dict[str, int] = {}
     for k in kinds:
         for s, n in k.tasks.items():
@@ -144,7 +155,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, 
         "dry_run": MetadataValue.bool(r.dry_run),
         "phase": MetadataValue.text(f"{phase + 1}/{len(r.phases)}: {', '.join(s['names'])}"),
     }
-    for c in COUNTS:
+    for c in (*COUNTS, *EXTRA):
         md[c] = MetadataValue.int(int(s["totals"][c]))
     md["tasks"] = MetadataValue.text(_tasks_text(s["tasks"]))
     md["failed_tasks"] = MetadataValue.int(int(s["tasks"].get("failed", 0)))
@@ -154,12 +165,15 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, 
     for k in s["kinds"]:
         for c in COUNTS:
             md[f"{k.kind}/{c}"] = MetadataValue.int(int(getattr(k, c)))
+        for c in EXTRA:
+            md[f"{k.kind}/{c}"] = MetadataValue.int(_extra(k, c))
     md["per_kind"] = MetadataValue.table(
         records=[
             TableRecord(
                 {
                     "kind": k.kind,
                     **{c: int(getattr(k, c)) for c in COUNTS},
+                    **{c: _extra(k, c) for c in EXTRA},
                     "seen": int(k.seen),
                     "tasks": _tasks_text(k.tasks),
                 }

@@ -15,7 +15,8 @@ from engine_core import rollup, runs
 from engine_core.models import Run
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import Worker
-from migration_pipeline.assets import checks
+from migration_pipeline import cli
+from migration_pipeline.assets import checks, metadata
 from migration_pipeline.assets.phases import phase_specs
 from tests.pipedrive.support import FAST, UNLIMITED, failed_tasks, sandbox, start
 
@@ -41,6 +42,36 @@ def _kinds_add_up(db, plan: list[list[str]]) -> list[str]:
     return out
 
 
+def _shows_updates_and_deletes(db, r: rollup.RunRollup) -> None:
+    """`migrate status` (print_rollup), `migrate report`'s counts and the phase metadata say how many
+    rows were updated in place and marked deleted at the source, beside imported/matched/skipped."""
+    updated = sum(k.updated for k in r.kinds)
+    deleted = sum(k.deleted_at_source for k in r.kinds)
+    assert updated and deleted, "the live account updated and deleted rows while the run walked"
+    width = cli.console.width
+    cli.console.width = 220
+    try:
+        with cli.console.capture() as captured:
+            cli.print_rollup(r)
+    finally:
+        cli.console.width = width
+    text = captured.get()
+    assert "updated" in text and "deleted at source" in text and "by catch-up" in text
+    catchup = next(k for k in r.kinds if k.kind == "catchup")
+    rows = {cells[2]: cells for cells in ([c.strip() for c in line.split("│")] for line in text.splitlines())
+            if len(cells) > 12}
+    assert rows["catchup"][8] == str(catchup.updated) and rows["persons"][11] != "0", text
+    counts = cli.outcome_counts(r)
+    assert counts["updated"] == updated and counts["deleted_at_source"] == deleted
+    phases = [metadata.phase_metadata(db, r, p) for p in range(len(r.phases))]
+    assert sum(md["updated"].value for md in phases) == updated
+    assert sum(md["deleted_at_source"].value for md in phases) == deleted
+    persons = phases[next(i for i, g in enumerate(r.phases) if "persons" in g)]
+    assert persons["persons/deleted_at_source"].value == next(k for k in r.kinds if k.kind == "persons").deleted_at_source
+    assert persons["persons/by_catchup"].value > 0
+    assert {"updated", "deleted_at_source", "by_catchup"} <= set(persons["per_kind"].value.records[0].data)
+
+
 def test_a_run_and_a_sync_on_a_changing_account_add_up_and_a_real_hole_still_shows(db) -> None:
     with sandbox(scale="tiny") as sb:
         run = _drain_while_changing(db, sb, start(db, sb, TENANT).id)
@@ -55,6 +86,7 @@ def test_a_run_and_a_sync_on_a_changing_account_add_up_and_a_real_hole_still_sho
         assert catchup.imported > 0 and catchup.handed_over["seen"] == catchup.seen, catchup
         assert r.complete and r.verdict == "succeeded", r.incomplete
         assert _kinds_add_up(db, run.plan) == []
+        _shows_updates_and_deletes(db, r)
 
         sb.live_step(40)
         provider = PipedriveProvider(base_url=sb.base_url)
