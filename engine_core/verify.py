@@ -15,6 +15,11 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
 * **stale**: the ledger's `source_version` differs from the version the source lists now (a
   change not synced; `ledger.same_version`: one instant in the v1 and v2 time formats is one version). Ledger rows without a version (written before versions were kept) are
   counted as `unversioned` and not compared.
+* **kept** (not a difference): a row the product already had (the ledger's action `matched`: an
+  existing contact or company) whose source version is newer than the one matched. The product's
+  own row is not overwritten unless a run or sync has the option `overwrite_matched` (the ledger
+  then takes the new version), so this is the user's choice, named with what to do about it, and
+  it does not fail the proof.
 
 Kinds fold into ledger identities (`deals_archived` into `deals`, `leads_archived` into `leads`:
 one identity per source record, whichever list serves it). A kind the provider cannot list
@@ -42,7 +47,7 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
-from engine_core.ledger import same_version
+from engine_core.ledger import newer, same_version
 from engine_core.providers.base import Provider, catchup_kind, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
@@ -76,6 +81,8 @@ class KindResult:
     extra: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
+    # matched rows (the product's own) whose source is newer, not overwritten: not a difference
+    kept: list[str] = field(default_factory=list)
     checked: bool = True
     note: str = ""
 
@@ -88,7 +95,7 @@ class KindResult:
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
-            "unwritten_ids": list(self.unwritten_ids),
+            "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept),
             **{d: list(getattr(self, d)) for d in DIFFERENCES},
         }
 
@@ -141,6 +148,10 @@ class VerifyResult:
                 if ids:
                     shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
                     out.append(f"  {d} {len(ids)}: {shown}")
+            if k.kept:
+                shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
+                out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
+                           f"overwrite_matched to take them): {shown}")
         verdict = "PASSED" if self.passed else (f"FAILED: {self.differences} difference(s)" if self.differences
                                                else "FAILED: the source could list no kind")
         out.append(f"verify {self.tenant_id} ({self.source}): {verdict}; {self.cost_line()}")
@@ -270,7 +281,10 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             continue
         if entry is not None and entry["action"] in WRITTEN and entry["version"] is not None and version is not None \
                 and not same_version(entry["version"], version):
-            result.stale.append(sid)
+            if entry["action"] == "matched" and newer(version, entry["version"]):
+                result.kept.append(sid)  # the product's own row, kept by choice (module docstring)
+            else:
+                result.stale.append(sid)
     for sid in set(ledger) | set(product_rows):
         if sid in at_source:
             continue
@@ -279,7 +293,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
         if claimed_live or sid in live:
             result.extra.append(sid)
     result.duplicated = [sid for sid, rows in product_rows.items() if len(rows) > 1]
-    for d in (*DIFFERENCES, "unwritten_ids"):
+    for d in (*DIFFERENCES, "unwritten_ids", "kept"):
         getattr(result, d).sort(key=lambda s: (len(s), s))
     return result
 

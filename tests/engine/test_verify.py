@@ -152,3 +152,18 @@ def test_a_clean_tenant_passes_then_each_difference_is_named(db):
     assert {n for n in named - made if n[0] != "emails"} == set(), named - made
     text = "\n".join(found.lines())
     assert "missing 1: " + gone["source_id"] in text and "FAILED" in text
+
+
+def test_a_matched_row_whose_source_is_newer_is_kept_not_stale():
+    # the product's own contact, not overwritten without overwrite_matched: named, not a difference
+    ledger = {"42": _entry("matched", "2026-11-30T10:00:00Z", record_id=7, record_type="crm.contacts"),
+              "43": _entry("created", "2026-11-30T10:00:00Z", record_id=8, record_type="crm.contacts")}
+    at_source = {"42": "2026-11-30T11:00:00Z", "43": "2026-11-30T11:00:00Z"}
+    result = compare("persons", ["persons"], at_source, ledger, {"43": [True]}, {"crm.contacts": {7, 8}})
+    assert result.kept == ["42"] and result.stale == ["43"] and result.differences == 1
+    assert result.as_dict()["kept"] == ["42"]
+    lines = VerifyResult("acme", "pipedrive", [result]).lines()
+    assert "  kept 1 (matched, source newer, not overwritten: run with overwrite_matched to take them): 42" in lines
+    # a matched row the source serves OLDER than the ledger's is no choice of the user's: stale
+    older = compare("persons", ["persons"], {"42": "2026-11-30T09:00:00Z"}, ledger, {}, {"crm.contacts": {7, 8}})
+    assert older.stale == ["42"] and older.kept == []

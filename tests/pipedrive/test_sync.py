@@ -144,3 +144,53 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
             assert e["action"] == "matched" or e["source_version"] == rows[str(c["id"]).lower()]["update_time"], f"{name} {c['id']} not synced"
         # (on a tiny account every list is one page either way: the saving shows at scale, see bench)
         print(f"sync of {len(updated)} updates without deletions: {changed['requests']} requests, {changed['tokens']} tokens")
+
+
+def test_matched_rows_whose_source_changed_are_kept_named_by_verify_and_not_retried(db) -> None:
+    """The product's own contacts (matched by email) whose source person changed: verify names them
+    'kept' (matched, source newer, not overwritten) and still passes; a sync's catch-up does not try
+    them again (no matched_kept write attempt, every sync would repeat it); a sync with
+    overwrite_matched takes the source's values, after which nothing is kept."""
+    with sandbox(scale="tiny", live_mix="update:1") as sb:
+        emails = {sid: p["emails"][0]["value"].lower() for sid, p in sb.truth_rows("persons").items()
+                  if p.get("emails") and p["emails"][0].get("value")}
+        for email in sorted(set(emails.values())):
+            db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES (%(t)s, 'Our Own Contact', %(e)s)",
+                   {"t": TENANT, "e": email})
+        run = start(db, sb, TENANT)
+        drain_threads(db, run.id, width=2, settings=FAST)
+        assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
+        matched = {sid for sid, e in _ledger(db, "persons").items() if e["action"] == "matched"}
+        assert matched
+        updated = {str(c["id"]) for c in sb.live_step(60) if c["kind"] == "persons"}
+        changed = updated & matched
+        assert changed, "no matched person was updated at the source"
+        provider = PipedriveProvider(base_url=sb.base_url)
+        opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED}
+
+        for written in (len(updated - matched), 0):  # every sync: the kept rows cost no write attempt
+            sync = runs.start_sync(db, provider, TENANT, options=opts, settings=FAST)
+            drain_threads(db, sync.id, width=2, settings=FAST)
+            assert runs.get_run(db, sync.id).status == "succeeded", failed_tasks(db, sync.id)
+            stats = db.sql("SELECT COALESCE(sum((stats->>'matched_kept')::int), 0) AS kept,"
+                           " COALESCE(sum((stats->>'seen@persons')::int), 0) AS seen"
+                           " FROM migration_tasks WHERE migration_id = %(r)s", {"r": sync.id})[0]
+            assert stats == {"kept": 0, "seen": written}, stats
+        names = db.sql("SELECT DISTINCT name FROM crm.contacts WHERE tenant_id = %(t)s AND source IS NULL", {"t": TENANT})
+        assert [r["name"] for r in names] == ["Our Own Contact"]
+        proof = verify(db, provider, TENANT, FAST, kinds=["persons"])
+        persons = proof.kinds[0]
+        assert proof.passed and persons.stale == [] and set(persons.kept) == changed, proof.lines()
+        assert any(line.strip().startswith(f"kept {len(changed)} (matched, source newer, not overwritten: run with "
+                                            "overwrite_matched") for line in proof.lines())
+
+        over = runs.start_sync(db, provider, TENANT, options={**opts, "overwrite_matched": True}, settings=FAST)
+        drain_threads(db, over.id, width=2, settings=FAST)
+        assert runs.get_run(db, over.id).status == "succeeded", failed_tasks(db, over.id)
+        proof = verify(db, provider, TENANT, FAST, kinds=["persons"])
+        assert proof.passed and proof.kinds[0].kept == [] and proof.kinds[0].stale == [], proof.kinds[0].as_dict()
+        rows = sb.truth_rows("persons")
+        for sid in changed:
+            record = _ledger(db, "persons")[sid]["record_id"]
+            name = db.sql("SELECT name FROM crm.contacts WHERE id = %(i)s", {"i": record})[0]["name"]
+            assert name == rows[sid]["name"], f"person {sid}: overwrite_matched takes the source's values"
