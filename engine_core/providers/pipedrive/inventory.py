@@ -49,6 +49,10 @@ least). With the run option `detect_deletes: false` a sync lists only what chang
 `updated_since` = the sync's `since` minus the snapshot margin on the v2 lists, notes and active
 leads (`SINCE_KINDS`); archived leads, users, pipelines and stages take no such filter and are
 listed whole (short lists, except archived leads: the API leaves no choice); no deletes tasks.
+Instead, per ledger kind, the rows the ledger holds as skipped that this listing did not serve are
+asked by id and written as served (`retake_skipped`): a skip is not final - the parent it waited
+for may have been written since, while the row itself did not change. (A full listing serves
+every skipped row the source still has, and `needs_write` takes placeholders over.)
 A full run always walks the whole inventory: rows lost by its own walks (a shifted offset) have
 not changed, so no `updated_since` listing would bring them.
 
@@ -365,9 +369,14 @@ def _after_list(run: Run, kind: str) -> list[Successor]:
     following = kinds[i + 1] if i + 1 < len(kinds) else None
     if following is not None:
         out.append(page_task(following, 0, {}))
-    if detect_deletes(run) and not run.dry_run and (following is None or ledger_kind(following) != ledger_kind(kind)):
+    if not run.dry_run and (following is None or ledger_kind(following) != ledger_kind(kind)):
         lk = ledger_kind(kind)
-        out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
+        if detect_deletes(run):
+            out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
+        else:
+            # a listing of what changed only: the kind's skipped rows that did not change are not
+            # in it, though the parent they waited for may be here now - asked by id instead
+            out.append(Successor(f"{CATCHUP}:{lk}:skipped", {"deletes": lk, "placeholders": True}))
     return out
 
 
@@ -534,9 +543,44 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     return TaskOutcome(tuple(successors))
 
 
+def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """A ledger kind's skipped rows this catch-up's listing did not serve (a sync listing only what
+    changed): each is asked by id (1-2 tokens) and written as served - a skip whose reason no
+    longer holds (its parent written since) ends imported, one that still holds is skipped again
+    with its reason; a row gone at the source (404) keeps its placeholder. Failed rows are not
+    asked: a malformed row stays malformed until it changes, and the listing brings it then."""
+    lk = ctx.task.cursor["deletes"]
+    run = ctx.run
+    rows = ctx.db.sql(
+        "SELECT r.source_id FROM migration_records r"
+        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action = 'skipped'"
+        " AND NOT EXISTS (SELECT 1 FROM migration_inventory i"
+        "   WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)"
+        " ORDER BY r.source_id",
+        {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id},
+    )
+    meter = Meter(client, {}, ctx.cancel)
+    present: list[dict[str, Any]] = []
+    for r in rows:
+        ctx.stop_point()
+        try:
+            body = meter.get(SINGLE_PATHS[lk].format(r["source_id"]))
+        except NotFound:
+            continue
+        if isinstance(body.get("data"), dict):
+            present.append(body["data"])
+    ctx.stats.values["skipped_asked"] = len(rows)
+    if present:
+        write_changed(ctx, client, mapper_of, lk, lk, present)
+    return TaskOutcome()
+
+
 def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
     """A ledger kind's live entries the inventory did not see: 404 at the source -> marked deleted;
-    a row that answers moved between lists meanwhile and is written as served."""
+    a row that answers moved between lists meanwhile and is written as served. (With the cursor's
+    `placeholders`: `retake_skipped` instead.)"""
+    if ctx.task.cursor.get("placeholders"):
+        return retake_skipped(ctx, client, mapper_of)
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
     rows = ctx.db.sql(
