@@ -12,6 +12,15 @@ because a catch-up task writes rows of many ledger kinds). What does not add up 
 `completeness` (per phase), `problems` (run-wide) and `incomplete`, and `verdict` says so beside
 the engine's status.
 
+The catch-up (issue 9: a run on an account that changes while it walks) writes rows of many kinds
+in tasks of its own kind, and counts them per kind too ("<counter>@<kind>" task stats: e.g.
+`imported@deals`). The rollup credits them to their kinds (`KindRollup.caught_up`; the carrier's
+`handed_over`): a phase's ledger claims = its tasks' imported + matched + the catch-up's of its
+kinds, and a kind's source count (taken when its phase began) is met by its phase's rows plus the
+catch-up's, or by the catch-up's whole listing of the kind with every row given an outcome
+(`KindRollup.source_count_met`). Until a run with a snapshot has closed its last phase (the
+catch-up), a source count not yet met is no verdict.
+
 Rows deleted at the source are not rows seen (no listing serves them): `deleted_at_source` and
 `restored` per kind come from the ledger history of the run (`ledger.history_counts`), beside the
 counters, outside the sum.

@@ -10,7 +10,9 @@
 * `kinds_add_up` (issue 8, "completeness is checked, not assumed"): the engine's completeness
   verdict for the phase in the tenant's latest run (`engine_core.rollup.completeness`): rows seen =
   rows accounted for, ledger claims = rows counted as written, rows seen = the source's own count
-  where a discovery task recorded one. Fails (severity ERROR) naming each kind that does not add up.
+  where a discovery task recorded one. The run's catch-up (issue 9) writes rows of many kinds; they
+  count for their kinds' phases (`KindRollup.caught_up`), so a correct run on a changing account
+  passes. Fails (severity ERROR) naming each kind that does not add up.
 
 * `matches_source` (issue 9, "a proof from the source"): the phase's kinds proved against the source
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
