@@ -402,70 +402,6 @@ UPDATE migration_tasks SET enqueued_at = NULL
 SELECT count(*) AS n FROM migration_tasks
  WHERE migration_id = %(run_id)s AND phase = %(phase)s AND status IN ('pending', 'running');
 
--- name: budget_lease --
--- Lease one chunk: the row lock (FOR UPDATE) serialises leases across processes; the start is the
--- bucket's virtual time, so chunk starts stay >= spacing apart; nothing is granted while the daily
--- budget is parked or when the queue would exceed max_ahead. One statement, one round trip.
-WITH locked AS (
-    SELECT source, account, tat, paused_until, daily_reset_at
-      FROM source_budgets
-     WHERE source = %(source)s AND account = %(account)s
-       FOR UPDATE
-), stamped AS (
-    -- clock_timestamp() after the lock is held: a waiter must not start from the time it queued
-    SELECT locked.*, clock_timestamp() AS now FROM locked
-), plan AS (
-    SELECT stamped.*,
-           GREATEST(now, tat, COALESCE(paused_until, now)) AS start,
-           (daily_reset_at IS NOT NULL AND daily_reset_at > now) AS parked
-      FROM stamped
-), granted AS (
-    UPDATE source_budgets b
-       SET tat = p.start + make_interval(secs => %(spacing)s),
-           burst_limit = %(burst_limit)s,
-           daily_remaining = COALESCE(%(daily_remaining)s, b.daily_remaining),
-           daily_limit = COALESCE(%(daily_limit)s, b.daily_limit),
-           leases = b.leases + 1,
-           slots_leased = b.slots_leased + %(chunk)s,
-           updated_at = p.now
-      FROM plan p
-     WHERE b.source = p.source AND b.account = p.account
-       AND NOT p.parked
-       AND p.start <= p.now + make_interval(secs => %(max_ahead)s)
-    RETURNING b.tat
-)
-SELECT EXTRACT(EPOCH FROM p.start - p.now)::float8 AS delay,
-       p.parked,
-       EXTRACT(EPOCH FROM p.daily_reset_at - p.now)::float8 AS daily_wait,
-       EXISTS (SELECT 1 FROM granted) AS granted
-  FROM plan p;
-
--- name: budget_create --
--- One row per source account (not per tenant): tenants importing one account share its allowance.
-INSERT INTO source_budgets (source, account, burst_limit, window_seconds)
-VALUES (%(source)s, %(account)s, %(burst_limit)s, %(window_seconds)s)
-ON CONFLICT (source, account) DO NOTHING;
-
--- name: budget_pause --
--- A burst 429: no chunk starts before the window has emptied, whoever leases it (a later pause wins).
-UPDATE source_budgets
-   SET paused_until = GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s)),
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s;
-
--- name: budget_park --
--- The daily budget is spent: every worker sharing the account parks until the reset. A stale reset
--- from an earlier day is replaced; a later one recorded by another worker is kept.
-UPDATE source_budgets
-   SET daily_reset_at = CASE
-           WHEN daily_reset_at IS NULL OR daily_reset_at <= clock_timestamp()
-           THEN clock_timestamp() + make_interval(secs => %(wait)s)
-           ELSE GREATEST(daily_reset_at, clock_timestamp() + make_interval(secs => %(wait)s))
-       END,
-       daily_remaining = 0,
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s;
-
 -- name: claimed_by_run --
 SELECT source_id, migration_id FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
@@ -648,3 +584,22 @@ SELECT DISTINCT ON (tenant_id) tenant_id, status FROM migrations
 SELECT COALESCE(sum((stats->>'requests')::bigint), 0) AS requests,
        COALESCE(sum((stats->>'tokens')::bigint), 0) AS tokens
   FROM migration_tasks WHERE migration_id = %(run_id)s;
+
+-- name: catchup_unseen_skipped --
+-- A ledger kind's skipped rows the catch-up's listing did not serve (a sync listing only changes).
+SELECT r.source_id FROM migration_records r
+ WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action = 'skipped'
+   AND NOT EXISTS (SELECT 1 FROM migration_inventory i
+                    WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)
+ ORDER BY r.source_id;
+
+-- name: catchup_unseen_live --
+-- A ledger kind's entries not marked deleted that the catch-up's inventory did not see: written
+-- rows, and skipped or failed ones too (a row the source deleted is marked whatever its outcome).
+SELECT r.source_id FROM migration_records r
+ WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s
+   AND r.action IN ('created', 'matched', 'skipped', 'failed')
+   AND r.deleted_at_source IS NULL
+   AND NOT EXISTS (SELECT 1 FROM migration_inventory i
+                    WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)
+ ORDER BY r.source_id;

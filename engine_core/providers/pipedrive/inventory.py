@@ -70,7 +70,7 @@ from typing import Any
 
 from engine_core import ledger
 from engine_core.context import TaskContext
-from engine_core.db import Conn
+from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.providers.pipedrive import mapping, writers
@@ -547,50 +547,43 @@ def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) ->
     """A ledger kind's skipped rows this catch-up's listing did not serve (a sync listing only what
     changed): each is asked by id (1-2 tokens) and written as served - a skip whose reason no
     longer holds (its parent written since) ends imported, one that still holds is skipped again
-    with its reason; a row gone at the source (404) keeps its placeholder. Failed rows are not
-    asked: a malformed row stays malformed until it changes, and the listing brings it then."""
+    with its reason; a row gone at the source (404) keeps its placeholder and is marked deleted at
+    the source. Failed rows are not asked: a malformed row stays malformed until it changes, and
+    the listing brings it then."""
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
-    rows = ctx.db.sql(
-        "SELECT r.source_id FROM migration_records r"
-        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action = 'skipped'"
-        " AND NOT EXISTS (SELECT 1 FROM migration_inventory i"
-        "   WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)"
-        " ORDER BY r.source_id",
-        {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id},
-    )
+    rows = ctx.db.sql(query("catchup_unseen_skipped"), {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id})
     meter = Meter(client, {}, ctx.cancel)
+    gone: list[str] = []
     present: list[dict[str, Any]] = []
     for r in rows:
         ctx.stop_point()
         try:
             body = meter.get(SINGLE_PATHS[lk].format(r["source_id"]))
         except NotFound:
+            gone.append(r["source_id"])
             continue
         if isinstance(body.get("data"), dict):
             present.append(body["data"])
     ctx.stats.values["skipped_asked"] = len(rows)
     if present:
         write_changed(ctx, client, mapper_of, lk, lk, present)
+    if gone:
+        with ctx.db.transaction() as tx:
+            ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, run, lk, gone)
     return TaskOutcome()
 
 
 def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
-    """A ledger kind's live entries the inventory did not see: 404 at the source -> marked deleted;
+    """A ledger kind's entries (written, skipped or failed; not yet marked) the inventory did not
+    see: 404 at the source -> marked deleted;
     a row that answers moved between lists meanwhile and is written as served. (With the cursor's
     `placeholders`: `retake_skipped` instead.)"""
     if ctx.task.cursor.get("placeholders"):
         return retake_skipped(ctx, client, mapper_of)
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
-    rows = ctx.db.sql(
-        "SELECT r.source_id FROM migration_records r"
-        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action IN ('created', 'matched')"
-        " AND r.deleted_at_source IS NULL AND NOT EXISTS (SELECT 1 FROM migration_inventory i"
-        "   WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)"
-        " ORDER BY r.source_id",
-        {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id},
-    )
+    rows = ctx.db.sql(query("catchup_unseen_live"), {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id})
     meter = Meter(client, {}, ctx.cancel)
     gone: list[str] = []
     present: list[dict[str, Any]] = []
