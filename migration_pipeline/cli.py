@@ -25,7 +25,9 @@ from engine_core.config import Settings
 from engine_core.errors import EngineError
 from engine_core.providers.base import provider_for
 
-console = Console(width=None if sys.stdout.isatty() else 130)
+# Not a terminal (a pipe, a log, CI): wide enough that the status table (now with updated, deleted at
+# source and by catch-up beside the written columns) keeps its headers unwrapped ("would import").
+console = Console(width=None if sys.stdout.isatty() else 220)
 
 
 def _db() -> dbmod.Database:
