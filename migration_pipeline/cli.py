@@ -662,7 +662,8 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
         _fail(f"a Dagster UI/daemon already serves this instance{where} ({live.why}; DAGSTER_HOME "
               f"{env['DAGSTER_HOME']}); not starting a second daemon")
     address = f"http://127.0.0.1:{port}"
-    lock.record(by="migrate ui", pid=os.getpid(), address=address, daemon_id=None)
+    lock.record(by="migrate ui", pid=os.getpid(), address=address, daemon_id=None,
+                source=launch.source_identity(env))
 
     def _interrupt(signo: int, frame: Any) -> None:
         raise KeyboardInterrupt

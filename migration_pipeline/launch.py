@@ -126,6 +126,33 @@ def lock_held(path: Path) -> bool:
     return False
 
 
+def source_identity(env: dict[str, str]) -> str:
+    """Which source account a daemon started with `env` has its runs read: the host of
+    PIPEDRIVE_BASE_URL and a 12-hex one-way fingerprint of PIPEDRIVE_API_TOKEN, e.g.
+    "127.0.0.1:8765#3f2a9c01d4e7" - the provider's account key, safe to write to the lock file (the
+    token cannot be recovered from it). A run executes in the daemon's processes, with the daemon's
+    environment, not the launching shell's: the launch compares the two (`check_same_source`)."""
+    from urllib.parse import urlsplit
+
+    base = env.get("PIPEDRIVE_BASE_URL", "")
+    host = urlsplit(base).netloc or base or "default"
+    token = env.get("PIPEDRIVE_API_TOKEN", "")
+    return f"{host}#{hashlib.sha256(token.encode()).hexdigest()[:12] if token else 'no-token'}"
+
+
+def check_same_source(lock: Path, env: dict[str, str]) -> None:
+    """Raise LaunchError (one line) when the daemon holding `lock` was started with another source
+    account than `env`'s: its runs would read that other account (a fresh user's run "succeeded"
+    with another tenant's data this way). A daemon that recorded no source is not judged."""
+    info = _read_info(lock)
+    theirs, ours = info.get("source"), source_identity(env)
+    if theirs and theirs != ours:
+        raise LaunchError(
+            f"the daemon serving this instance ({info.get('by', 'migrate')}, pid {info.get('pid', '?')}) reads "
+            f"source {theirs}, but this shell's PIPEDRIVE_BASE_URL/PIPEDRIVE_API_TOKEN reach {ours}: its runs "
+            f"would read the other account; stop it or launch with its settings")
+
+
 @dataclass
 class Liveness:
     """Whether a daemon dequeues this instance's runs, and the one-line reason."""
@@ -241,9 +268,11 @@ class DaemonKeeper:
             return self.last
         live = daemon_liveness(self.instance, self.lock.path)
         if live.alive:
+            check_same_source(self.lock.path, self.env)
             self.last = live
             return live
         if not self.lock.acquire():  # someone took it since: their daemon is starting
+            check_same_source(self.lock.path, self.env)
             self.last = daemon_liveness(self.instance, self.lock.path)
             return self.last
         live = daemon_liveness(self.instance, self.lock.path, holding=True)  # re-check under the lock
@@ -253,7 +282,8 @@ class DaemonKeeper:
             return live
         self.echo(f"{live.why}; starting one for the duration of this command (log: {self.log_path})")
         self.started_at = time.time()
-        self.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None)
+        self.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None,
+                         source=source_identity(self.env))
         self.proc = stack.daemon(self.env, log_path=self.log_path, pass_fds=(self.lock.fd,))
         self.lock.record(pid=self.proc.pid)
         self.last = Liveness(True, f"a daemon started by this command (pid {self.proc.pid})", pid=self.proc.pid)
