@@ -22,7 +22,7 @@ def test_bad_database_url_names_the_variable() -> None:
 
 def test_defaults() -> None:
     s = Settings.from_env({})
-    assert (s.lane_width, s.max_inflight, s.stale_lock_seconds) == (4, 8, 1800)
+    assert (s.lane_width, s.max_inflight, s.stale_lock_seconds) == (4, 8, 120.0)
 
 
 @pytest.mark.parametrize("name,value", [("MIGRATE_RETRY_BACKOFF_SECONDS", "nan"), ("MIGRATE_HEARTBEAT_SECONDS", "inf"),
