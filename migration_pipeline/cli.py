@@ -447,7 +447,9 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
         _fail(f"--options must be a JSON object: {e}")
     if not isinstance(options, dict):
         _fail(f"--options must be a JSON object, got {options_json!r}")
-    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds is not None else None
+    if wanted == []:  # `--kinds ""` must not mean every kind
+        _fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
     config = new_run_config(wanted, dry_run, options)
     sys.exit(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout))
 

@@ -147,6 +147,13 @@ def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, 
     _nothing_launched(db_url)
 
 
+@pytest.mark.parametrize("kinds", ["", ",,", " , "])
+def test_kinds_naming_no_kind_is_an_error_not_every_kind(db_url, run_env, kinds):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    _one_line_error(_migrate(["run", "--tenant", "acme", "--kinds", kinds], env), "--kinds names no kind")
+    _nothing_launched(db_url)
+
+
 @pytest.mark.parametrize("missing", ["PIPEDRIVE_BASE_URL", "PIPEDRIVE_API_TOKEN"])
 def test_missing_pipedrive_variables_are_checked_before_launching(db_url, run_env, missing):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
