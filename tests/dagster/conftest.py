@@ -61,6 +61,10 @@ def stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFa
         DATABASE_URL=url,
         MIGRATE_SOURCE="example",
         MIGRATE_LANE_WIDTH="4",
+        # One lane thread per launch: these tests prove the lane's limit and fairness with drainer
+        # runs (sensor-requested processes) and a run page's retries; a launch's own threads (the
+        # default) are proven in-process by test_lane_threads.py and test_overhead_lanes.py.
+        MIGRATE_LAUNCH_THREADS="1",
         MIGRATE_HEARTBEAT_SECONDS="0",
         MIGRATE_LANE_INTERVAL_SECONDS="2",
         MIGRATE_REAPER_INTERVAL_SECONDS="5",

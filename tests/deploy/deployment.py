@@ -73,13 +73,25 @@ def host_env(base: dict[str, str], **extra: str) -> dict[str, str]:
     return env
 
 
-def wait_for_ui(url: str, timeout: float, procs: list) -> None:
+def check_alive(procs: dict[str, Any], logs: dict[str, Path] | None, when: str) -> None:
+    """Raise when one of `procs` (by log name) has exited: its name, exit code, command line and
+    the last lines of its log (`logs[name]`) in the message, so the failure says why."""
+    for name, p in procs.items():
+        if p.poll() is not None:
+            log = (logs or {}).get(name)
+            output = tail(log, 60) if log is not None else "(no log)"
+            argv = " ".join(str(a) for a in p.args) if isinstance(p.args, (list, tuple)) else str(p.args)
+            raise RuntimeError(f"a deployment process ({name}) exited with {p.returncode} {when}\n"
+                               f"command: {argv}\n--- last lines of {log}:\n{output}")
+
+
+def wait_for_ui(url: str, timeout: float, procs: dict[str, Any], logs: dict[str, Path] | None = None) -> None:
+    """Until the webserver at `url` serves every code location as LOADED; one of `procs` exiting
+    first fails the wait (`check_alive`)."""
     query = "{ workspaceOrError { ... on Workspace { locationEntries { name loadStatus } } } }"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"a deployment process exited with {p.returncode} before the UI served")
+        check_alive(procs, logs, "before the UI served")
         try:
             r = httpx.post(url, json={"query": query}, timeout=5)
             entries = r.json()["data"]["workspaceOrError"]["locationEntries"]
@@ -132,25 +144,40 @@ def deployment(workers: int = 2, *, lane_width: int = 4, worker_slots: int = 2, 
                 PIPEDRIVE_API_TOKEN=TOKEN,
                 **(settings or {}),
             )
+            # Dagster's storage is created here, once, before any Dagster process starts: the code
+            # server, the celery workers, the daemon and the webserver each create it when it is
+            # missing, and at once on an empty database one of them can lose dagster-postgres's
+            # unguarded race (`type "instance_info" already exists`: DuplicateObject is not among the
+            # errors it retries) and exit 1 - in CI a worker ("exited with 1 before the UI served"),
+            # in a suite here the code server ("nothing listens on code:4000" after 120 s); 2 in 11
+            # four-process starts on an empty storage. An operator runs `dagster instance migrate`
+            # before starting the hosts for the same reason.
+            os.environ[STORAGE_URL_ENV] = storage_url
+            from dagster import DagsterInstance
+
+            DagsterInstance.from_config(str(home)).dispose()
             top.wait_tcp("data", 5672, timeout=60)
-            procs = [
-                top.spawn("code", [str(BIN / "dagster"), "api", "grpc", "-m", "migration_pipeline.definitions",
-                                   "-h", top.address("code"), "-p", str(CODE_PORT)], env, "code-grpc.log"),
-            ]
+            procs = {
+                "code-grpc.log": top.spawn("code", [str(BIN / "dagster"), "api", "grpc", "-m", "migration_pipeline.definitions",
+                                                    "-h", top.address("code"), "-p", str(CODE_PORT)], env, "code-grpc.log"),
+            }
             worker_names = names[3:]
             for w in worker_names:
-                procs.append(top.spawn(w, [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app",
-                                           "-y", str(DEPLOY / "celery.yaml"), "-n", w, "-l", "INFO", "--",
-                                           f"--concurrency={worker_slots}"], env, f"{w}-celery.log"))
-            top.wait_tcp("code", CODE_PORT, timeout=120)
+                procs[f"{w}-celery.log"] = top.spawn(
+                    w, [str(BIN / "dagster-celery"), "worker", "start", "-A", "dagster_celery.app",
+                        "-y", str(DEPLOY / "celery.yaml"), "-n", w, "-l", "INFO", "--",
+                        f"--concurrency={worker_slots}"], env, f"{w}-celery.log")
+            top.wait_tcp("code", CODE_PORT, timeout=120,
+                         alive=lambda: check_alive(procs, top.logs, "before the code server listened"))
             workspace = ["-w", str(DEPLOY / "workspace.yaml")]
-            procs.append(top.spawn("control", [str(BIN / "dagster-daemon"), "run", *workspace], env, "control-daemon.log"))
-            procs.append(top.spawn("control", [str(BIN / "dagster-webserver"), "-h", top.address("control"),
-                                               "-p", str(UI_PORT), *workspace], env, "control-webserver.log"))
+            procs["control-daemon.log"] = top.spawn("control", [str(BIN / "dagster-daemon"), "run", *workspace], env,
+                                                    "control-daemon.log")
+            procs["control-webserver.log"] = top.spawn("control", [str(BIN / "dagster-webserver"), "-h", top.address("control"),
+                                                                   "-p", str(UI_PORT), *workspace], env, "control-webserver.log")
             url = f"http://{top.address('control')}:{UI_PORT}/graphql"
             dep = Deployment(top, engine_url, storage_url, broker, home, env, UI(url), sandbox_url, worker_names)
             try:
-                wait_for_ui(url, 180, procs)
+                wait_for_ui(url, 180, procs, top.logs)
             except BaseException:
                 print(dep.logs())
                 raise

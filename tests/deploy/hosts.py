@@ -233,11 +233,15 @@ class Topology:
         self.spawn(host, ["rabbitmq-server"], env, "rabbitmq.log")
         return f"pyamqp://guest:guest@{self.address(host)}:5672//"
 
-    def wait_tcp(self, host: str, port: int, timeout: float = 60.0) -> None:
+    def wait_tcp(self, host: str, port: int, timeout: float = 60.0, alive=None) -> None:
+        """Until `host:port` accepts a connection. `alive`, when given, is called between tries and
+        raises when a process the wait depends on has exited (else a dead server costs `timeout`)."""
         import socket
 
         deadline = time.monotonic() + timeout
         while True:
+            if alive is not None:
+                alive()
             try:
                 socket.create_connection((self.address(host), port), timeout=1).close()
                 return

@@ -43,6 +43,7 @@ from tests.engine.support import FAST, make_executions_table, task_rows
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("companies", "contacts", "deals", "activities", "notes")
 CHILD_SETTINGS = Settings(lane_width=2, stale_lock_seconds=60, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
+PAGE = 300
 REAPER_SETTINGS = Settings(lane_width=2, stale_lock_seconds=0.2, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 
 # -- a provider that can hold a task where a source wait would be ---------------------------------
@@ -168,12 +169,15 @@ def test_terminated_backends_kill_a_lane_and_its_sibling_releases_instead_of_can
 
 def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_windows(db, db_url, tmp_path) -> None:
     p = provider_for("example")
-    opts = {"page_size": 50, "counts": {k: 100 for k in KINDS}, "row_delay": 0.01}
+    # Pages of 300 rows are three set-based windows of 100 (context.SET_WINDOW), 0.2 s each: the kill
+    # lands between a page's first commit and its last (a 50-row page was one window, and the task
+    # finished in the instant after it committed: CI's suite once never saw it running mid-page).
+    opts = {"page_size": PAGE, "counts": {k: 2 * PAGE for k in KINDS}, "row_delay": 0.002}
     run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
     child, _ = _spawn(db_url, run.id, tmp_path, {}, pool=4)
     try:
         _wait_for("a committed window of a running task", lambda: db.sql(
-            "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 25",
+            "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 100",
             {"r": run.id}))
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
@@ -191,12 +195,12 @@ def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_
     example.WRITE_CALLS.clear()
     drain_threads(db, run.id, width=2, settings=FAST)
     assert runs.get_run(db, run.id).status == "succeeded"
-    _reconciles(db, run.id, 100)
+    _reconciles(db, run.id, 2 * PAGE)
     for t in killed:  # what a killed task committed is not written again by the task that resumes it
         start = int(t["cursor"]["start"])
         committed = {(t["kind"], str(i)) for i in range(start + 1, start + t["processed_offset"] + 1)}
         assert not committed & set(example.WRITE_CALLS), f"task {t['id']} rewrote committed rows"
-        rest = {(t["kind"], str(i)) for i in range(start + t["processed_offset"] + 1, start + 51)}
+        rest = {(t["kind"], str(i)) for i in range(start + t["processed_offset"] + 1, start + PAGE + 1)}
         assert rest <= set(example.WRITE_CALLS)
 
 
