@@ -76,7 +76,9 @@ F = ceil((1 - share) * limit), `limit` being `x-daily-ratelimit-token-limit`.
   in a day never exceeds share * limit; with others spending, we stop as soon as R says so.
 * The row keeps the tightest report (R + max_cost * k smallest) or a newer one (k beyond the
   kept k + lag: a day that reset reports a larger R), and forgets its numbers when a parked day's
-  reset time has passed. Before the source has reported a limit nothing is known and nothing is
+  reset time has passed. A report carried by a slot leased before that reset is the old day's and
+  is not taken (a worker parked with a report of the old day delivers it with its first lease of
+  the new one: taken, it parked the account for the whole new day). Before the source has reported a limit nothing is known and nothing is
   held back.
 * A share of 1 (the whole budget) leaves the source to say when the day is spent: no share
   check, and the park's exact wait comes from the daily 429's `Retry-After`. (A share below 1
@@ -161,16 +163,20 @@ WITH locked AS (
     SELECT s.*, (s.daily_reset_at IS NOT NULL AND s.daily_reset_at <= s.now) AS new_day FROM stamped s
 ), report AS (
     SELECT d.*,
-           (%(rem)s::bigint IS NOT NULL AND %(seq)s::bigint IS NOT NULL AND (
-                d.new_day OR d.daily_remaining IS NULL OR d.daily_seq IS NULL
-             OR %(seq)s::bigint > d.daily_seq + %(lag)s
-             OR %(rem)s::bigint + %(max_cost)s * %(seq)s::bigint < d.daily_remaining + %(max_cost)s * d.daily_seq
-           )) AS take
+           -- a report from a slot leased before the day's reset is the old day's (no slot is
+           -- granted while parked, so the slots leased when the new day is seen are all older);
+           -- the floor is kept in daily_seq until the new day's first report
+           (%(rem)s::bigint IS NOT NULL AND %(seq)s::bigint IS NOT NULL AND CASE
+                WHEN d.new_day THEN %(seq)s::bigint >= d.slots_leased
+                WHEN d.daily_remaining IS NULL THEN d.daily_seq IS NULL OR %(seq)s::bigint >= d.daily_seq
+                ELSE %(seq)s::bigint > d.daily_seq + %(lag)s
+                  OR %(rem)s::bigint + %(max_cost)s * %(seq)s::bigint < d.daily_remaining + %(max_cost)s * d.daily_seq
+           END) AS take
       FROM day d
 ), known AS (
     SELECT r.*,
            CASE WHEN r.take THEN %(rem)s::bigint WHEN r.new_day THEN NULL ELSE r.daily_remaining END AS rem,
-           CASE WHEN r.take THEN %(seq)s::bigint WHEN r.new_day THEN NULL ELSE r.daily_seq END AS kseq,
+           CASE WHEN r.take THEN %(seq)s::bigint WHEN r.new_day THEN r.slots_leased ELSE r.daily_seq END AS kseq,
            COALESCE(%(daily_limit)s::bigint, r.daily_limit) AS lim,
            CASE WHEN r.new_day THEN NULL ELSE r.daily_reset_at END AS reset_at,
            LEAST(1.0, r.rate_scale + %(recovery)s * GREATEST(0.0,

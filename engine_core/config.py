@@ -65,7 +65,7 @@ class Settings:
         env = dict(os.environ if env is None else env)
         return cls(
             lane_width=_int(env, "MIGRATE_LANE_WIDTH", 4, minimum=1),
-            stale_lock_seconds=_float(env, "MIGRATE_STALE_LOCK_SECONDS", 120.0, minimum=0.0),
+            stale_lock_seconds=_float(env, "MIGRATE_STALE_LOCK_SECONDS", 120.0, minimum=1.0),  # 0 reaps live tasks
             heartbeat_seconds=_float(env, "MIGRATE_HEARTBEAT_SECONDS", 5.0, minimum=0.0),
             pressure_threshold=_int(env, "MIGRATE_PRESSURE_THRESHOLD", 0, minimum=0),
             max_attempts=_int(env, "MIGRATE_MAX_ATTEMPTS", 8, minimum=1),
@@ -80,6 +80,9 @@ FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
     "MIGRATE_REAPER_INTERVAL_SECONDS": (int, 300, 1),
     "MIGRATE_LANE_INTERVAL_SECONDS": (int, 15, 1),
     "MIGRATE_QUEUE_TIMEOUT_SECONDS": (float, 1800.0, 0.0),
+    # lane threads of a launch's phase op (migration_pipeline.assets.phases.launch_threads): a bad
+    # value used to fail the launched run, its reason only in the daemon's log (a fresh user's find)
+    "MIGRATE_LAUNCH_THREADS": (int, 0, 1),  # 0 (unset): the lane width, capped by the fair share
 }
 
 

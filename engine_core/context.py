@@ -14,10 +14,20 @@ from engine_core import ledger
 from engine_core.config import WINDOW, Settings
 from engine_core.db import Conn, Database
 from engine_core.errors import DatabaseUnavailable, LockLost, PageFailed, TaskStopped, TransientError
-from engine_core.models import Run, Stats, Task
+from engine_core.models import Run, Stats, Successor, Task
 from engine_core.runlog import RunLog, failure_reason
 
+SET_WINDOW = 100  # rows per set-based window (`TaskContext.set_window`)
+
 Writer = Callable[[Conn, Any], str]
+# A window's set-based writer (issue 11, optimistic windows): given the window's rows to write as
+# (position in the window, row), it writes the ones it can in set-based statements and returns
+# their outcomes by position; the rows it leaves out go through the per-row savepoints.
+Batch = Callable[[Conn, "list[tuple[int, Any]]"], "dict[int, str]"]
+
+
+class _BatchRefused(Exception):
+    """A window's set-based part was refused by the database: its transaction is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,10 @@ class TaskContext:
     stats: Stats = field(default_factory=Stats)
     offset: int = 0
     window: int = WINDOW
+    # rows per window when the window is written set-based (optimistic windows, issue 11): no
+    # savepoints, so the subxid cache does not bound it; a refused one is written again per row
+    # in windows of `window` rows
+    set_window: int = field(default_factory=lambda: SET_WINDOW)
     # Set by the lock keeper (or `touch`) when the task's lock was found taken: the task is someone
     # else's now, so it stops at its next stop point and its next checkpoint raises LockLost.
     lock_lost: threading.Event = field(default_factory=threading.Event)
@@ -88,17 +102,28 @@ class TaskContext:
             raise LockLost()
         self.offset = offset
 
-    def move_cursor(self, cursor: dict[str, Any], offset: int = 0) -> None:
-        """Replace the task's own cursor (it walked on) and restart its offset with it."""
-        with self.db.transaction() as tx:
-            n = tx.execute(
-                "update_task_cursor",
-                {"task_id": self.task.id, "worker": self.worker, "cursor": Jsonb(cursor),
-                 "offset": offset, "stats": Jsonb(self.stats.values)},
-            )
-            if n != 1:
+    def move_cursor(self, cursor: dict[str, Any], offset: int = 0, successors: Sequence[Successor] = ()) -> None:
+        """Replace the task's own cursor (it walked on) and restart its offset with it.
+
+        `successors`: tasks the work done so far hands on (find-or-create, as at finish), created
+        in the same transaction as the move, so a task that walks on and then dies has created
+        them once; new ones are put on the lane at once (`planner.top_up`)."""
+        from engine_core.planner import insert_tasks, top_up  # planner imports providers, which import this
+
+        created = 0
+        params = {"task_id": self.task.id, "worker": self.worker, "cursor": Jsonb(cursor),
+                  "offset": offset, "stats": Jsonb(self.stats.values)}
+        if not successors:  # one statement: no transaction to open and commit around it
+            if self.db.execute("update_task_cursor", params) != 1:
                 raise LockLost()
+        else:
+            with self.db.transaction() as tx:
+                created = insert_tasks(tx, self.run, self.task.phase, self.task.kind, successors)
+                if tx.execute("update_task_cursor", params) != 1:
+                    raise LockLost()
         self.offset = offset
+        if created:
+            top_up(self.db, self.run.id, self.settings)
 
     def touch(self) -> None:
         """Keep the lock fresh during long source waits (the reaper releases stale locks). The
@@ -117,11 +142,22 @@ class TaskContext:
         resume_from: int | None = None,
         offset_after: Callable[[int], int] | None = None,
         fail_if_all_failed: bool = True,
+        batch: Batch | None = None,
     ) -> PageResult:
         """Write a page in windows: one transaction per window, one savepoint per row, the
         checkpoint inside the window's transaction. A row that raises is rolled back alone and
         counted; a deadlock or serialization failure loses the window and releases the task.
-        A page whose every row failed raises PageFailed unless the caller judges that itself."""
+        A page whose every row failed raises PageFailed unless the caller judges that itself.
+
+        With `batch` (optimistic windows, issue 11; not in a dry run), windows hold `set_window`
+        rows (no savepoints bound them), and each first offers its rows to write (not those
+        committed before, nor a revisit's own) to `batch` in the window's transaction; the rows it
+        answers for are counted with its outcomes, the rest are written per row after it. When
+        the batch raises (a row the database refuses), or leaves more than `window` rows to write
+        per row (their savepoints would overflow Postgres's 64 cached subxids), the window's
+        transaction is rolled back and its rows go in windows of `window` rows, each set-based
+        first and per row when refused, so a malformed row still fails alone with its reason; a
+        deadlock, a lost lock or a lost connection loses the window as before."""
         kind = kind or self.task.kind
         start = self.offset if resume_from is None else resume_from
         attempted = failed = 0
@@ -136,30 +172,29 @@ class TaskContext:
                 for sid in ledger.updated_by_run(conn, self.run, kind, ids):
                     mine.setdefault(sid, ledger.UPDATED)
         outcomes: dict[str, int] = {}
-        for w in range(0, len(rows), self.window):
-            window = rows[w : w + self.window]
-            if w + len(window) <= start:
+        set_based = batch is not None and not self.run.dry_run
+        size = max(self.window, self.set_window) if set_based else self.window
+        for w in range(0, len(rows), size):
+            if w + len(rows[w : w + size]) <= start:
                 continue  # committed before a crash or a release
-            before = self.stats.copy()
-            counts: dict[str, int] = {}
-            try:
-                with self.db.transaction() as tx:
-                    for j, row in enumerate(window):
-                        if w + j < start:
-                            continue
-                        done = mine.get(row_id(row) or "")
-                        if done is not None:
-                            outcome = {"created": ledger.IMPORTED, "matched": ledger.MATCHED}.get(done, done)
-                        else:
-                            outcome = self._write_row(tx, kind, row, writer)
-                        self.stats.bump("seen")
-                        self.stats.bump(outcome)
-                        counts[outcome] = counts.get(outcome, 0) + 1
-                    end = w + len(window)
-                    self.checkpoint(tx, offset_after(end) if offset_after else end)
-            except BaseException:
-                self.stats = before  # the window is gone; so are its counts
-                raise
+            counts: dict[str, int] | None = None
+            if set_based and size > self.window:
+                # one set-based window of `set_window` rows; refused, or leaving more than `window`
+                # rows per row (their savepoints would overflow the subxid cache), it rolls back
+                # and its rows go in windows of `window` rows as below
+                counts = self._write_window(rows, w, size, start, kind, writer, mine, batch, offset_after, per_row_max=self.window)
+            if counts is None:
+                counts = {}
+                for v in range(w, min(w + size, len(rows)), self.window):
+                    if v + len(rows[v : v + self.window]) <= start:
+                        continue
+                    part = None
+                    if set_based:
+                        part = self._write_window(rows, v, self.window, start, kind, writer, mine, batch, offset_after)
+                    if part is None:  # no batch, or the window's set-based part refused: per row
+                        part = self._write_window(rows, v, self.window, start, kind, writer, mine, None, offset_after)
+                    for k, n in (part or {}).items():
+                        counts[k] = counts.get(k, 0) + n
             for k, v in counts.items():
                 outcomes[k] = outcomes.get(k, 0) + v
             attempted += sum(counts.values())
@@ -169,6 +204,62 @@ class TaskContext:
         if fail_if_all_failed and attempted and failed == attempted:
             raise PageFailed(f"every row of the page failed ({failed} rows); first reasons are in the run log")
         return PageResult(attempted, failed, outcomes)
+
+    def _write_window(self, rows: Sequence[Any], w: int, size: int, start: int, kind: str, writer: Writer,
+                      mine: dict[str, str], batch: Batch | None, offset_after: Callable[[int], int] | None = None,
+                      per_row_max: int | None = None) -> dict[str, int] | None:
+        """One window, rows[w : w + size], in one transaction with its checkpoint: its outcome
+        counts. With `batch`, its rows to write go to the set-based part first; None when the
+        database refused that part, or when more than `per_row_max` rows are left to write per
+        row after it (the transaction rolled back, the stats restored: the caller writes the rows
+        again in smaller windows). Rows before `start` were committed before."""
+        window = rows[w : w + size]
+        before = self.stats.copy()
+        counts: dict[str, int] = {}
+        try:
+            with self.db.transaction() as tx:
+                batched: dict[int, str] = {}
+                if batch is not None:
+                    todo = [(j, row) for j, row in enumerate(window)
+                            if w + j >= start and mine.get(row_id(row) or "") is None]
+                    batched = self._write_batch(tx, todo, batch) if todo else {}
+                    if per_row_max is not None and len(todo) - len(batched) > per_row_max:
+                        raise _BatchRefused()
+                for j, row in enumerate(window):
+                    if w + j < start:
+                        continue
+                    done = mine.get(row_id(row) or "")
+                    if done is not None:
+                        outcome = {"created": ledger.IMPORTED, "matched": ledger.MATCHED}.get(done, done)
+                    elif j in batched:
+                        outcome = batched[j]
+                    else:
+                        outcome = self._write_row(tx, kind, row, writer)
+                    self.stats.bump("seen")
+                    self.stats.bump(outcome)
+                    counts[outcome] = counts.get(outcome, 0) + 1
+                end = w + len(window)
+                self.checkpoint(tx, offset_after(end) if offset_after else end)
+        except _BatchRefused:
+            self.stats = before  # the window's transaction rolled back: again, per row
+            return None
+        except BaseException:
+            self.stats = before  # the window is gone; so are its counts
+            raise
+        return counts
+
+    def _write_batch(self, tx: Conn, todo: list[tuple[int, Any]], batch: Batch) -> dict[int, str]:
+        """A window's set-based part in the window's transaction (no savepoint): its outcomes by
+        position; when the database refuses it, _BatchRefused (the caller rolls the window back
+        and writes it per row)."""
+        try:
+            return batch(tx, todo)
+        except (TransientError, LockLost):
+            raise  # the whole window is gone: the task retries with its cursor
+        except psycopg.OperationalError as e:
+            raise DatabaseUnavailable(str(e).splitlines()[0] if str(e) else "connection lost") from e
+        except Exception as e:
+            raise _BatchRefused() from e
 
     def _write_row(self, tx: Conn, kind: str, row: Any, writer: Writer) -> str:
         try:

@@ -36,7 +36,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from engine_core.db import Conn, Database
+from engine_core.db import Conn, Database, query
 from engine_core.models import Run
 
 IMPORTED = "imported"
@@ -175,8 +175,8 @@ def write_once(
     # already pays for the version comparison, after its claim lost.
     with tx.raw.transaction() as sp:
         written = write()
-        claimed = tx.fetch_one(
-            "claim_record",
+        claimed = _claim_one(
+            tx,
             {
                 **key,
                 "run_id": run.id,
@@ -197,6 +197,110 @@ def write_once(
     if entry is None or entry["action"] not in WRITTEN_ACTIONS:
         return ALREADY_HERE  # not reachable through the claim's fence; nothing was written
     return _sighting(tx, run, entry, version, update, dangling=dangling, reason=reason, on_event=on_event)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row's claim in a window's set-based claim (`claim_window`): what `write_once` would
+    pass `claim_record` for it. A `written.record_id` of None is the id of the row's new product
+    row, inserted by the claim itself (`NewRows`)."""
+
+    source_id: str
+    written: Written
+    version: str | None = None
+    reason: str | None = None
+    dangling: Sequence[Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class NewRows:
+    """Product rows a window's claim inserts, each only when its row's claim wins (`claim_window`).
+
+    `table`: (schema, name), a table whose `id` draws from its sequence; `names`: the columns
+    written, `source_id` among them; `rows`: each row's values over `names`, as JSON values (a
+    jsonb column's value as it is, anything JSON has no type for - times, decimals - written with
+    `str`), one row per source id. Postgres reads them through the table's own row type
+    (`json_populate_recordset`), so each value is checked as an insert of it would be."""
+
+    table: tuple[str, str]
+    names: tuple[str, ...]
+    rows: Sequence[Mapping[str, Any]]
+
+
+def _claim_statement(name: str, returning: str) -> str:
+    # one conflict clause for every claim (claim_takes_over): the ledger's contract in one place
+    return f"{query(name)}\n{query('claim_takes_over')}\nRETURNING {returning}"
+
+
+_CLAIM_ONE = _claim_statement("claim_record", "id")
+_NO_NEW_ROWS = "new AS (SELECT NULL::bigint AS new_id, NULL::text AS source_id WHERE false)"
+_WINDOW: dict[tuple[tuple[str, str], tuple[str, ...]] | None, str] = {}
+
+
+def _claim_one(tx: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
+    rows = tx.sql(_CLAIM_ONE, params)
+    return rows[0] if rows else None
+
+
+def _window_statement(tx: Conn, new_rows: NewRows | None) -> str:
+    """The window's claim, with its new product rows inserted for the claims that win: the rows'
+    ids drawn in one materialized CTE (the claim and the insert read the same ids), the claim
+    (`claim_records` + `claim_takes_over`), then the insert joined to what the claim returned."""
+    key = None if new_rows is None else (new_rows.table, new_rows.names)
+    text = _WINDOW.get(key)
+    if text is not None:
+        return text
+    claim = _claim_statement("claim_records", "source_id")
+    if new_rows is None:
+        text = f"WITH {_NO_NEW_ROWS}, claimed AS (\n{claim}\n) SELECT source_id FROM claimed"
+    else:
+        table = sql.Identifier(*new_rows.table)
+        new = sql.SQL(
+            "new AS MATERIALIZED (SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) AS new_id, r.*"
+            " FROM json_populate_recordset(NULL::{t}, %(rows)s::json) AS r)").format(t=table)
+        insert = sql.SQL("inserted AS (INSERT INTO {t} (id, {cols}) SELECT n.new_id, {vals} FROM new n"
+                         " JOIN claimed c ON c.source_id = n.source_id)").format(
+            t=table, cols=sql.SQL(", ").join(sql.Identifier(c) for c in new_rows.names),
+            vals=sql.SQL(", ").join(sql.Identifier("n", c) for c in new_rows.names))
+        text = (f"WITH {new.as_string(tx.raw)}, claimed AS (\n{claim}\n), {insert.as_string(tx.raw)}"
+                " SELECT source_id FROM claimed")
+    _WINDOW[key] = text
+    return text
+
+
+def claim_window(tx: Conn, run: Run, kind: str, claims: Sequence[Claim], new_rows: NewRows | None = None) -> set[str]:
+    """Claim a window's rows in one statement (`claim_records`: `claim_record`'s contract for
+    each) and insert `new_rows` (`NewRows`) for the claims that win, in the same statement: a
+    claim that loses leaves no product row behind. Returns the source ids claimed; one left out
+    is written already (by another list, run or worker): the caller takes that row through
+    `write_once`'s sighting. Raises ValueError for a source id given twice (one statement cannot
+    claim a row twice), or new rows that are not exactly the claims without a record id; the
+    database's errors (a value a column refuses) as they come: nothing of the statement is written."""
+    if not claims:
+        return set()
+    ordered = sorted(claims, key=lambda c: c.source_id)
+    sids = [c.source_id for c in ordered]
+    if len(set(sids)) != len(sids):
+        raise ValueError(f"a window's claim holds a {kind} source id twice")
+    params: dict[str, Any] = {
+        "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+        "source_ids": sids,
+        "record_types": [c.written.record_type for c in ordered],
+        "record_ids": [c.written.record_id for c in ordered],
+        "actions": ["matched" if c.written.matched else "created" for c in ordered],
+        "reasons": [c.reason[:500] if c.reason else None for c in ordered],
+        "danglings": [json.dumps(list(c.dangling)) if c.dangling else None for c in ordered],
+        "versions": [c.version for c in ordered],
+    }
+    if new_rows is not None:
+        new_ids = [str(r["source_id"]) for r in new_rows.rows]
+        if len(set(new_ids)) != len(new_ids) or set(new_ids) != {c.source_id for c in ordered if c.written.record_id is None}:
+            raise ValueError(f"a window's new {kind} rows must each have one claim of their own")
+        params["table"] = ".".join(new_rows.table)
+        params["rows"] = json.dumps([{n: r[n] for n in new_rows.names} for r in new_rows.rows],
+                                    ensure_ascii=False, default=str)
+    rows = tx.sql(_window_statement(tx, new_rows), params)
+    return {r["source_id"] for r in rows}
 
 
 def _sighting(
@@ -366,6 +470,21 @@ def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: s
 
 def skip(tx: Conn, run: Run, kind: str, source_id: object, reason: str) -> str:
     return note_placeholder(tx, run, kind, source_id, reason, action="skipped")
+
+
+def skip_window(tx: Conn, run: Run, kind: str, reasons: Mapping[str, str]) -> dict[str, str]:
+    """`skip` for many rows in one statement (`note_placeholders`, issue 11): source id -> reason
+    in, source id -> SKIPPED (the placeholder is noted) or ALREADY_HERE (a written entry holds the
+    row) out, as `skip` answers row by row. The database's errors propagate: nothing is written."""
+    if not reasons:
+        return {}
+    sids = sorted(reasons)
+    rows = tx.fetch_all("note_placeholders", {
+        "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind, "action": "skipped",
+        "source_ids": sids, "reasons": [reasons[sid][:500] for sid in sids],
+    })
+    noted = {r["source_id"] for r in rows}
+    return {sid: SKIPPED if sid in noted else ALREADY_HERE for sid in sids}
 
 
 def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tuple[str, str], int]:

@@ -5,6 +5,9 @@ zero times is the only failure, and the reaper repairs it.
 """
 from __future__ import annotations
 
+import threading
+import time
+
 from psycopg.types.json import Jsonb
 
 from engine_core import statistics
@@ -13,6 +16,45 @@ from engine_core.db import Conn, Database
 from engine_core.models import Run, Successor
 from engine_core.providers.base import Provider
 from engine_core.runlog import RunLog
+
+
+class WorkSignal:
+    """Tells this process's idle drainers that tasks were enqueued (issue 11): a lane that found
+    nothing to claim waits here instead of sleeping its whole poll interval, so a discovery's
+    walkers, a page's successor or a new phase's tasks are claimed at once by idle lanes (they
+    waited up to 0.2 s each: ~0.15 s per discovery and per phase boundary on the entity path).
+    Work enqueued by another process is still found by the poll. Generations, not a flag: a
+    waiter passes the generation it saw before it looked for work, so no enqueue is missed."""
+
+    SLICE = 0.05  # how often a waiter looks at its cancel Event (it cannot wait on both)
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._generation = 0
+
+    def generation(self) -> int:
+        with self._cond:
+            return self._generation
+
+    def notify(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float, cancel: threading.Event | None = None) -> bool:
+        """Wait up to `timeout` seconds for work enqueued after generation `seen`; True when some
+        was (False: timed out or `cancel` set)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._generation == seen:
+                left = deadline - time.monotonic()
+                if left <= 0 or (cancel is not None and cancel.is_set()):
+                    return False
+                self._cond.wait(min(left, self.SLICE))
+            return True
+
+
+WORK = WorkSignal()
 
 
 def insert_tasks(tx: Conn, run: Run, phase: int, kind: str, successors: list[Successor] | tuple[Successor, ...]) -> int:
@@ -34,38 +76,53 @@ def insert_tasks(tx: Conn, run: Run, phase: int, kind: str, successors: list[Suc
 
 
 def seed_phase(tx: Conn, run: Run, phase: int, provider: Provider) -> int:
+    """Create the phase's tasks, and the next phase's early ones (issue 11): a seed whose cursor
+    says `early` only reads the source and hands on tasks of its own phase (a discovery), so it
+    may run while this phase's tail runs (`claim_next`); the next phase's own seeding finds it
+    made (find-or-create). Returns how many tasks were new."""
     created = 0
     for kind in run.plan[phase]:
         created += insert_tasks(tx, run, phase, kind, provider.seed_cursors(run, kind))
+    if phase + 1 < len(run.plan):
+        for kind in run.plan[phase + 1]:
+            early = [s for s in provider.seed_cursors(run, kind) if s.cursor.get("early") is True]
+            if early:
+                created += insert_tasks(tx, run, phase + 1, kind, early)
     return created
+
+
+def top_up_in(tx: Conn, run_id: int, settings: Settings) -> list[int]:
+    """`top_up` inside the caller's open transaction (a finishing task's, issue 11: the finish and
+    the refill commit together, one transaction fewer per task). The caller notifies `WORK` once it
+    has committed, when ids came back. The run's lane lock is held until the caller commits."""
+    tx.execute("lock_run_lane", {"run_id": run_id})
+    rows = tx.fetch_all("enqueue_pending", {"run_id": run_id, "max_inflight": settings.max_inflight})
+    return [r["id"] for r in rows]
 
 
 def top_up(db: Database | Conn, run_id: int, settings: Settings) -> list[int]:
     """Refill the run's lane to MAX_INFLIGHT enqueued-or-running tasks (to the deficit, never one-for-one)."""
-
-    def _go(tx: Conn) -> list[int]:
-        tx.execute("lock_run_lane", {"run_id": run_id})
-        rows = tx.fetch_all("enqueue_pending", {"run_id": run_id, "max_inflight": settings.max_inflight})
-        return [r["id"] for r in rows]
-
-    if isinstance(db, Conn):
-        with db.transaction() as tx:
-            return _go(tx)
     with db.transaction() as tx:
-        return _go(tx)
+        ids = top_up_in(tx, run_id, settings)
+    if ids:
+        WORK.notify()  # committed: this process's idle lanes may claim them now
+    return ids
 
 
-def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, settings: Settings) -> bool:
+def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, settings: Settings,
+                  *, background_statistics: bool = False) -> bool:
     """Try to close `phase`. Exactly one caller wins; returns whether this one did.
 
     The winner seeds the next phase, or finalises the run after the last one, or - when the phase
     closed with failed tasks - fails the run at that phase (issue 10: no drainer works on past a
     failed phase; `runs.retry` re-arms the failed tasks and rewinds to it) and writes one grouped
-    run-log entry per failed kind. The barrier holds while any task of the phase is pending,
+    run-log entry per failed kind. After the barrier commits, the winner analyzes what the phase
+    grew (`statistics.after_advance`; on the process's statistics thread with
+    `background_statistics`). The barrier holds while any task of the phase is pending,
     running or cancelled (issue 8). A phase whose tasks all exist already (a rewound retry) or
     that seeds nothing closes at once.
     """
-    won_any = failed_here = False
+    won_any = failed_here = finalized = False
     while True:
         with db.transaction() as tx:
             row = tx.fetch_one("advance_phase", {"run_id": run_id, "phase": phase})
@@ -81,11 +138,17 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
                 seed_phase(tx, run, run.current_phase, provider)
             else:
                 tx.fetch_one("finalize_run", {"run_id": run_id})
+                finalized = True
                 break
         phase = run.current_phase
     if won_any and not failed_here:
         top_up(db, run_id, settings)
-    statistics.after_advance(db, closed=won_any)  # after the barrier commits (issue 11); never raises
+    if won_any:
+        WORK.notify()  # the run moved on (or ended): this process's idle lanes look again now
+    # after the barrier commits (issue 11); never raises. A lane's worker analyzes in the background
+    # while a next phase runs; the run's end (finalised or failed) waits for it as it always did
+    statistics.after_advance(db, closed=won_any,
+                             background=background_statistics and not (finalized or failed_here))
     return won_any
 
 

@@ -25,6 +25,33 @@ def release_stale(db: Database, threshold_seconds: float) -> list[int]:
     return [r["id"] for r in db.fetch_all("stale_running_tasks", {"threshold": float(threshold_seconds)})]
 
 
+# Sweep 1 for one run (the same rule and effect as the named query `stale_running_tasks`): used
+# where waiting for the reaper's next tick would leave work idle - a lane slot waiting on a task a
+# killed worker held, a stop waiting on it to reach a stop point (`runs.stop`).
+RELEASE_STALE_OF_RUN = """
+UPDATE migration_tasks t
+   SET status = CASE WHEN m.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+       locked_at = NULL, locked_by = NULL,
+       error = 'released: worker lock older than ' || %(threshold)s::text || 's', updated_at = now()
+  FROM migrations m
+ WHERE m.id = t.migration_id AND t.migration_id = %(run_id)s AND t.status = 'running'
+   AND t.locked_at < now() - make_interval(secs => %(threshold)s)
+RETURNING t.id
+"""
+
+
+def release_stale_of_run(db: Database, run_id: int, threshold_seconds: float) -> list[int]:
+    """Sweep 1 for one run: its running tasks whose lock is older than `threshold_seconds`
+    (MIGRATE_STALE_LOCK_SECONDS) lost their worker - a live worker's lock keeper renews the lock
+    every third of it - and go back to pending with their cursor (cancelled when the run is being
+    stopped, so the stop settles). Returns the released task ids."""
+    rows = db.sql(RELEASE_STALE_OF_RUN, {"run_id": run_id, "threshold": float(threshold_seconds)})
+    if rows:
+        log.warning("run #%s: released %d task(s) whose worker's lock was older than %.0fs (a dead worker)",
+                    run_id, len(rows), threshold_seconds)
+    return [r["id"] for r in rows]
+
+
 def rearm_orphaned_cancelled(db: Database) -> list[int]:
     """Sweep 1b: a task is cancelled only by a stop of its run (issue 8). A cancelled task in a
     running run nobody stopped (left by older code that cancelled a sibling lane's task) goes back

@@ -36,6 +36,7 @@ from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.ledger import history_counts
 from engine_core.models import Run
+from engine_core.runlog import reason_shape
 
 # A row's outcomes, each seen row has exactly one (their sum is `accounted`).
 COUNTERS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
@@ -300,12 +301,19 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
     return out
 
 
+SAMPLES = 5  # example source ids kept per group of reasons
+
+
 def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]] | None = None,
                     *, dry_run: bool = False) -> list[dict[str, Any]]:
-    """Why rows or tasks did not land, grouped, biggest first: [{kind, reason, count, samples,
-    action}] where `action` is "skipped"/"failed" (rows, counted from the ledger: the truth),
-    "task failed" (tasks failed now, with their error), or the run log's level for notes that are
-    not row outcomes (warnings such as bodies imported without their source's answer).
+    """Why rows or tasks did not land, grouped by the reason's shape, biggest first:
+    [{kind, action, reason, count, samples, example}] where `reason` is the shape (ids and numbers
+    as `{id}` / `{n}`, `runlog.reason_shape`: "not linked to any record: organizations {n} is not
+    here"), `count` the rows (or tasks) of every reason of that shape, `samples` up to SAMPLES
+    source ids of them, `example` one reason as it was written; `action` is "skipped"/"failed"
+    (rows, counted from the ledger: the truth), "task failed" (tasks failed now, with their error),
+    or the run log's level for notes that are not row outcomes (warnings such as bodies imported
+    without their source's answer). Issue 10: a group's label was one row's reason, ids and all.
 
     Current state only: a row imported after a retry leaves the ledger's skipped/failed set and a
     task that succeeded after a retry is no longer failed, so their reasons go (issue 10: stale
@@ -315,26 +323,27 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
         row = db.fetch_one("get_run", {"run_id": run_id})
         log_entries = row["log"] if row else []
         dry_run = bool(row and row["dry_run"])
-    out: list[dict[str, Any]] = []
-    for r in db.fetch_all("ledger_reasons", {"run_id": run_id}):
-        out.append({"kind": r["kind"], "reason": r["reason"] or "unknown", "count": int(r["n"]),
-                    "samples": [str(s) for s in (r["samples"] or [])], "action": r["action"]})
-    for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
-        out.append({"kind": r["kind"], "reason": r["reason"], "count": int(r["n"]),
-                    "samples": [], "action": "task failed"})
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def add(kind: str, action: str, reason: str, count: int, samples: list[Any]) -> None:
+        shape = reason_shape(reason)
+        g = groups.setdefault((action, kind, shape), {"kind": kind, "reason": shape, "count": 0, "samples": [],
+                                                      "action": action, "example": reason})
+        g["count"] += count
+        for sample in samples:
+            if len(g["samples"]) < SAMPLES and str(sample) not in g["samples"]:
+                g["samples"].append(str(sample))
+
+    for r in db.fetch_all("ledger_reasons", {"run_id": run_id}):
+        add(r["kind"], r["action"], r["reason"] or "unknown", int(r["n"]), list(r["samples"] or []))
+    for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
+        add(r["kind"], "task failed", r["reason"], int(r["n"]), [])
     for e in log_entries or []:
         level = e.get("level", "error")
         if level == "error" and not dry_run:
             continue  # rows: the ledger above; tasks: their current status above
-        key = (level, e.get("kind", ""), e.get("reason", ""))
-        g = groups.setdefault(key, {"kind": key[1], "reason": key[2], "count": 0, "samples": [], "action": level})
-        g["count"] += int(e.get("count", 1))
-        for s in e.get("samples", []):
-            if len(g["samples"]) < 5 and s not in g["samples"]:
-                g["samples"].append(s)
-    out.extend(groups.values())
-    return sorted(out, key=lambda g: -g["count"])
+        add(e.get("kind", ""), level, e.get("reason", ""), int(e.get("count", 1)), list(e.get("samples", [])))
+    return sorted(groups.values(), key=lambda g: (-g["count"], g["kind"], g["action"], g["reason"]))
 
 
 def duration_by_payload(db: Database, run_id: int, *, kind: str | None = None, stat: str = "imported",

@@ -14,7 +14,16 @@ from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn
 
-_NUMBERS = re.compile(r"\d{3,}")
+# A reason's shape (`reason_shape`): what varies from row to row - ids, numbers - as placeholders.
+_UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
+_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{12,}\b")  # hashes, mail ids
+# durations as progress.format_seconds writes them ("3m02s", "1h05m", "42s"): one placeholder, not
+# "{n}m02s" (a fresh user's find in `migrate status`)
+_DURATION = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:h\d\dm|m\d\ds)(?![A-Za-z_0-9])")
+_NUMBER = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:\.\d+)?")
+_LONG_DIGITS = re.compile(r"(?<=[A-Za-z_])\d{3,}")  # 3+ digits inside a word ("abc1234"), as the ledger's SQL folds them
+# numbers that are not ids: an HTTP status ("HTTP 500", "status 404", "(404)") tells groups apart
+_STATUS_BEFORE = ("HTTP ", "status ", "(")
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -25,8 +34,26 @@ def failure_reason(exc: BaseException) -> str:
     return reason[:300]
 
 
+def reason_shape(reason: str) -> str:
+    """A reason with what varies from row to row replaced by placeholders, the label of a group of
+    reasons (issue 10: a group of 200 rows was labelled with one row's ids, "person 42 references
+    org 7 which is missing"): UUIDs and long hex ids become `{id}`, numbers `{n}` ("not linked to
+    any record: organizations {n} is not here"), durations ("3m02s") `{n}` too, except HTTP statuses ("HTTP 500", "status 404",
+    "(404)"), which tell causes apart. Placeholders are braces, not angle brackets: the label is
+    shown in markdown."""
+    text = _DURATION.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", reason)))
+
+    def number(m: re.Match[str]) -> str:
+        before, after = text[:m.start()], text[m.end():]
+        status = len(m.group()) == 3 and (before.endswith(_STATUS_BEFORE[:2]) or (before.endswith("(") and after.startswith(")")))
+        return m.group() if status else "{n}"
+
+    return _LONG_DIGITS.sub("{n}", _NUMBER.sub(number, text))
+
+
 def group_key(reason: str) -> str:
-    return _NUMBERS.sub("N", reason)
+    """What the run log groups a task's reasons by: their shape (`reason_shape`)."""
+    return reason_shape(reason)
 
 
 class RunLog:

@@ -45,6 +45,18 @@ class RunStillStopping(EngineError):
     """A stopping run did not settle in time: a task has not reached a stop point yet."""
 
 
+class AlreadyMigrated(EngineError):
+    """The tenant's latest run succeeded and covers what a launch asks for: a launch that is not a
+    sync and does not ask for a new run explicitly starts nothing (issue 10: "Materialize all" on a
+    migrated tenant started a whole new full run, ~83% of a migration's source tokens, writing
+    nothing). `run` is the succeeded run."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        super().__init__(f"{run.name} already succeeded{' (a dry run)' if run.dry_run else ''}; a new full run would "
+                         "list the whole account again and write nothing new")
+
+
 def get_run(db: Database, run_id: int) -> Run:
     row = db.fetch_one("get_run", {"run_id": run_id})
     if row is None:
@@ -62,6 +74,13 @@ def latest_run(db: Database, tenant_id: str, source: str | None = None) -> Run:
     if row is None:
         raise RunNotFound(f"tenant {tenant_id!r} has no migration run")
     return Run.from_row(row)
+
+
+def latest_runs(db: Database, source: str | None = None) -> list[tuple[Run, dict[str, int]]]:
+    """Every tenant's latest run (of `source`, or per source), by tenant then source, each with its
+    tasks' counts by status ({"succeeded": 40, "running": 2}); [] when no run exists."""
+    return [(Run.from_row(row), {k: int(v) for k, v in sorted(row["task_counts"].items())})
+            for row in db.fetch_all("latest_runs", {"source": source})]
 
 
 def _refuse(db: Database, tenant_id: str, source: str) -> AdmissionRefused:
@@ -192,13 +211,58 @@ def start_or_join(db: Database, provider: Provider, tenant_id: str, **kwargs: An
     raise _refuse(db, tenant_id, provider.source)
 
 
-def stop(db: Database, run_id: int) -> Run:
-    """Set the stop flag (checked before every claim) and cancel what has not started."""
+def stop(db: Database, run_id: int, settings: Settings | None = None) -> Run:
+    """Set the stop flag (checked before every claim) and cancel what has not started; the stop
+    settles (`stopped`) once nothing of the run is running.
+
+    A running task whose worker died (kill -9, a lost host) never reaches a stop point: its lock,
+    renewed every third of MIGRATE_STALE_LOCK_SECONDS by a live worker's lock keeper, goes stale,
+    and the stop cancels it here (`reaper.release_stale_of_run`) instead of waiting for the
+    reaper's tick - or for ever, with no daemon. So a run is `stopping` at most
+    MIGRATE_STALE_LOCK_SECONDS after its last live worker is gone, once `stop` is called again
+    (`migrate stop --force` does so until it settles)."""
+    from engine_core.reaper import release_stale_of_run
+
+    settings = settings or Settings.from_env()
     with db.transaction() as tx:
         tx.fetch_one("request_stop", {"run_id": run_id})
         tx.execute("cancel_pending_tasks", {"run_id": run_id})
+    if get_run(db, run_id).status == "stopping":
+        release_stale_of_run(db, run_id, settings.stale_lock_seconds)
     db.fetch_one("settle_stop", {"run_id": run_id})
     return get_run(db, run_id)
+
+
+def held_tasks(db: Database, run_id: int) -> list[dict[str, Any]]:
+    """The run's running tasks with their worker (`locked_by`) and the age of their lock in
+    seconds (`lock_age`): what a stopping run waits for."""
+    return db.sql(
+        "SELECT id, kind, locked_by, EXTRACT(EPOCH FROM now() - locked_at)::float AS lock_age"
+        " FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' ORDER BY id",
+        {"r": run_id},
+    )
+
+
+def stop_until_settled(db: Database, run_id: int, settings: Settings | None = None,
+                       on_wait: Any = None, poll: float = 1.0) -> Run:
+    """`stop`, then again until the run settles: a live worker's task reaches its stop point, a
+    dead worker's lock goes stale (MIGRATE_STALE_LOCK_SECONDS after its last renewal) and is
+    cancelled. Bounded: gives up (returns the run, still `stopping`) after twice the stale-lock
+    threshold plus 30 s - only a worker that is alive and renewing its lock yet never reaches a
+    stop point can outlast it. `on_wait(held_tasks)` is called once a second while waiting."""
+    import time
+
+    settings = settings or Settings.from_env()
+    deadline = time.monotonic() + 2 * settings.stale_lock_seconds + 30
+    said = 0.0
+    run = stop(db, run_id, settings)
+    while run.status == "stopping" and time.monotonic() < deadline:
+        if on_wait is not None and time.monotonic() - said >= 1.0:
+            on_wait(held_tasks(db, run_id))
+            said = time.monotonic()
+        time.sleep(poll)
+        run = stop(db, run_id, settings)
+    return run
 
 
 def pause(db: Database, run_id: int, reason: str) -> Run:
@@ -279,6 +343,20 @@ class Attached:
     message: str = ""
 
 
+def covered_by(latest: Run, provider: Provider, start_kwargs: dict[str, Any] | None) -> bool:
+    """Whether a succeeded run `latest` already did what a new full run with `start_kwargs` would:
+    its kinds include every kind the new run would plan (`run_plan`), and it was not a dry run
+    unless the new one is one too. A sync (`mode="sync"`) is never covered: bringing what changed
+    since the last succeeded run is what it is for."""
+    kw = start_kwargs or {}
+    if (kw.get("mode") or "full") == "sync":
+        return False
+    wanted = {k for group in run_plan(provider, kw.get("kinds")) for k in group}
+    if not wanted <= set(latest.kinds):
+        return False
+    return not latest.dry_run or bool(kw.get("dry_run"))
+
+
 def attach(
     db: Database,
     provider: Provider,
@@ -287,6 +365,7 @@ def attach(
     tagged_run_id: int | None = None,
     may_start: bool = True,
     start_kwargs: dict[str, Any] | None = None,
+    new_run: bool = False,
 ) -> Attached:
     """Which engine run a launch for `tenant_id` works on (the policy both Dagster faces call):
 
@@ -294,7 +373,9 @@ def attach(
        tenant's and this source's;
     2. else the tenant's live run (join);
     3. else the latest run when it failed or was stopped (a rerun: `prepare` retries or resumes it);
-    4. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates).
+    4. else, when the latest run succeeded and covers what `start_kwargs` asks for (`covered_by`),
+       AlreadyMigrated - unless `new_run` asks for a new run explicitly or the launch is a sync;
+    5. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates).
 
     A drainer passes `may_start=False` and gets None-free answers only for runs that exist: it raises
     RunNotFound when there is nothing to join."""
@@ -317,6 +398,8 @@ def attach(
         return Attached(latest, "rerun", f"rerunning {latest.name} ({latest.status})")
     if not may_start:
         raise RunNotFound(f"tenant {tenant_id!r} has no live {source} run to join")
+    if latest is not None and latest.status == "succeeded" and not new_run and covered_by(latest, provider, start_kwargs):
+        raise AlreadyMigrated(latest)
     run, started = start_or_join(db, provider, tenant_id, **(start_kwargs or {}))
     plan = " -> ".join("[" + ", ".join(g) + "]" for g in run.plan)
     return Attached(run, "started" if started else "joined", f"{'started' if started else 'joined'} {run.name}: {plan}")
@@ -380,12 +463,13 @@ def rerun(
     may_start: bool = True,
     start_kwargs: dict[str, Any] | None = None,
     settings: Settings | None = None,
+    new_run: bool = False,
 ) -> list[Attached]:
     """`attach` then, when `prepare_run`, `prepare`: the steps taken, the last one's run is the
     one to drain. A launch prepares once (its first phase op); later ops of the same launch only
     attach to the tagged run."""
     steps = [attach(db, provider, tenant_id, tagged_run_id=tagged_run_id, may_start=may_start,
-                    start_kwargs=start_kwargs)]
+                    start_kwargs=start_kwargs, new_run=new_run)]
     if prepare_run:
         steps.append(prepare(db, steps[-1].run.id, provider, settings))
     return steps

@@ -22,7 +22,8 @@ from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import LockLost, PageFailed, RateLimitParked, SourceMismatch, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Task, TaskOutcome
-from engine_core.planner import advance_phase, insert_tasks, top_up
+from engine_core import statistics
+from engine_core.planner import WORK, advance_phase, insert_tasks, top_up, top_up_in
 from engine_core.providers.base import Provider, identity_of, provider_for
 from engine_core.runlog import RunLog, failure_reason
 
@@ -61,6 +62,7 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         self.cancel = cancel or threading.Event()
         self._last_heartbeat = 0.0
+        self._refilled: set[int] = set()  # tasks whose finish refilled the lane (`_finish_tx`)
         self._provider_cache: dict[int, Provider] = {}
 
     # -- the seed's TaskJob.perform ------------------------------------------------------------
@@ -138,7 +140,9 @@ class Worker:
             result = self._run_and_settle(ctx, task, provider)
         finally:
             keeper.stop()
-        self._after(run, task, provider)
+        topped_up = task.id in self._refilled
+        self._refilled.discard(task.id)
+        self._after(run, task, provider, topped_up=topped_up)
         return result
 
     def _run_and_settle(self, ctx: TaskContext, task: Task, provider: Provider) -> str:
@@ -207,6 +211,10 @@ class Worker:
             return "lost"
 
     def _finish_tx(self, ctx: TaskContext, status: str, error: str | None, outcome: TaskOutcome | None) -> str:
+        """The successors, the task's status, its log entries and the lane's refill (`top_up_in`:
+        the finished task's slot and its successors go on the lane in the same commit, issue 11)
+        in one transaction."""
+        enqueued: list[int] = []
         with self.db.transaction() as tx:
             if outcome is not None and outcome.successors:
                 insert_tasks(tx, ctx.run, ctx.task.phase, ctx.task.kind, outcome.successors)
@@ -220,18 +228,32 @@ class Worker:
             if error:
                 ctx.log.note("error", ctx.task.kind, error, subject=f"task {ctx.task.id}")
             ctx.log.flush(tx)
+            enqueued = top_up_in(tx, ctx.run.id, self.settings)
+        self._refilled.add(ctx.task.id)
+        if enqueued:
+            WORK.notify()  # committed: this process's idle lanes may claim them now
         return status
 
-    def _after(self, run: Run, task: Task, provider: Provider) -> None:
-        """What a finishing task always does: heartbeat, refill the lane, try the barrier, settle a stop."""
-        self.heartbeat(run.id, force=True)
-        current = self.db.fetch_one("get_run", {"run_id": run.id})
+    def _after(self, run: Run, task: Task, provider: Provider, *, topped_up: bool = False) -> None:
+        """What a settled task always does: heartbeat, settle a stop, refill the lane, try the barrier.
+
+        One statement (`after_task`) beats the heartbeat, reads the stop flag and counts the
+        phase's open tasks; the barrier is tried only when none is open (the last finisher, which
+        reads after its own commit, always sees 0). `topped_up`: the task's finish refilled the
+        lane in its own transaction already."""
+        self._last_heartbeat = time.monotonic()
+        current = self.db.fetch_one("after_task", {"run_id": run.id, "phase": task.phase,
+                                                   "interval": self.settings.heartbeat_seconds})
         if current and current["cancel_requested"]:
             self.db.execute("cancel_pending_tasks", {"run_id": run.id})
             self.db.fetch_one("settle_stop", {"run_id": run.id})
             return
-        top_up(self.db, run.id, self.settings)
-        advance_phase(self.db, run.id, task.phase, provider, self.settings)
+        if not topped_up:
+            top_up(self.db, run.id, self.settings)
+        if current is None or current["phase_open"] == 0:
+            advance_phase(self.db, run.id, task.phase, provider, self.settings, background_statistics=True)
+        else:
+            statistics.after_advance(self.db, closed=False)  # the growth check advance_phase makes
 
     def heartbeat(self, run_id: int, force: bool = False) -> None:
         now = time.monotonic()
@@ -266,11 +288,12 @@ class Worker:
                 result.deferred += 1
                 self.cancel.wait(min(5.0, poll_seconds * (2 ** min(result.deferred, 5))))
                 continue
+            seen = WORK.generation()  # before looking: an enqueue after this wakes the wait below
             claimed = self.claim_next(run_id, max_phase=until_phase_closed)
             if claimed is not None:
                 result.count(self.run_claimed(*claimed))
                 continue
-            row = self.db.fetch_one("get_run", {"run_id": run_id})
+            row = self.db.fetch_one("drain_look", {"run_id": run_id})  # the run and its counts
             if row is None:
                 result.reason = "missing"
                 break
@@ -281,7 +304,7 @@ class Worker:
             if until_phase_closed is not None and run.current_phase > until_phase_closed:
                 result.reason = "phase_closed"
                 break
-            counts = self.db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+            counts = row
             if not counts.get("pending") and not counts.get("running"):
                 # nothing left: close whatever phase is open (a crashed winner, an empty phase)
                 if not advance_phase(self.db, run_id, run.current_phase, self.provider(run), self.settings):
@@ -291,7 +314,7 @@ class Worker:
             if counts.get("pending") and not counts.get("enqueued"):
                 top_up(self.db, run_id, self.settings)
             self.heartbeat(run_id)
-            self.cancel.wait(poll_seconds)
+            WORK.wait(seen, poll_seconds, self.cancel)  # woken by this process's enqueues
         else:
             result.reason = "cancelled"
         return result

@@ -137,8 +137,13 @@ def provider_for(source: str, run: Run | None = None) -> Provider:
     try:
         factory = _REGISTRY[source]
     except KeyError:
-        raise ConfigError(f"unknown source {source!r}; known: {sorted(_REGISTRY)}") from None
+        raise ConfigError(f"unknown source {source!r}; known: {sorted(set(_REGISTRY) | set(BUILTIN))}") from None
     return factory(run)
+
+
+# The providers this project ships, loaded on first use (`_load_builtin`): named in the error for
+# an unknown source even before any was loaded (a fresh user saw "known: []").
+BUILTIN = ("example", "pipedrive")
 
 
 def _load_builtin(source: str) -> None:

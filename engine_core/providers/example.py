@@ -6,23 +6,29 @@ through the ledger, skips, malformed rows, failing and transient pages. Options 
   page_size       rows per page           default 500 (the source's maximum)
   malformed       {kind: [ids]}           rows that fail alone
   dangling        {kind: [ids]}           rows whose parent does not exist (skipped)
+  malformed rows fail alone with "ValueError: <kind> row has a non-text name"
   fail_pages      {kind: [starts]}        pages whose task fails
   transient_pages {kind: {start: times}}  pages that raise a transient error the first N attempts
   row_delay       seconds per row write   (to give tests a mid-page moment)
   version         source version of every row (issue 9): a run with another version sees every
                   row changed (its name carries the version) and updates it in place
+
+Its rows go through the engine's write path (engine_core/write.py) like the Pipedrive provider's:
+mapped into the engine's row shape (table `example_items`, the parent as a reference by source id),
+resolved, claimed and written by the engine.
 """
 from __future__ import annotations
 
 import collections
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from engine_core import ledger
+from engine_core import rows, write
 from engine_core.config import PAGE_SIZE, STRIPES
 from engine_core.context import TaskContext
-from engine_core.db import Conn
 from engine_core.errors import TransientError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.base import register
@@ -30,7 +36,8 @@ from engine_core.providers.base import register
 PHASES = [["companies"], ["contacts"], ["deals"], ["activities"], ["notes"]]
 PARENT = {"contacts": "companies", "deals": "contacts", "activities": "deals", "notes": "deals"}
 
-# Every writer call, rolled back or not: lets tests prove a resumed page does not rewrite rows.
+# Every row mapped for writing, rolled back or not: lets tests prove a resumed page does not rewrite
+# rows (rows a window committed before are not mapped again).
 WRITE_CALLS: collections.Counter[tuple[str, str]] = collections.Counter()
 _calls_lock = threading.Lock()
 
@@ -53,6 +60,37 @@ def generate(kind: str, options: dict[str, Any]) -> list[dict[str, Any]]:
             row["name"] = {"unexpected": "object"}  # wrong type: the writer refuses it
         rows.append(row)
     return rows
+
+
+@dataclass(frozen=True)
+class _Parent(rows.Ref):
+    """The parent of an example row, under its ledger kind; a skip says only "not linked"."""
+
+    def describe(self) -> str:
+        return ""
+
+
+def mapper(tenant_id: str, kind: str, options: dict[str, Any]) -> Callable[[dict[str, Any]], rows.Mapped]:
+    """An example row -> the engine's row shape: an `example_items` row whose `parent_id` is the
+    parent's reference. Counts every call in WRITE_CALLS and sleeps `row_delay`; raises ValueError
+    for a row whose name is not text (a malformed row)."""
+    parent = PARENT.get(kind)
+    delay = float(options.get("row_delay", 0))
+    version = options.get("version")
+
+    def map_row(row: dict[str, Any]) -> rows.Mapped:
+        with _calls_lock:
+            WRITE_CALLS[(kind, str(row.get("id")))] += 1
+        if delay:
+            time.sleep(delay)
+        if not isinstance(row.get("name"), str):
+            raise ValueError(f"{kind} row has a non-text name")
+        sid = str(row["id"])
+        parents = [_Parent("parent_id", parent, str(row.get("parent_id")))] if parent else []
+        values = {"tenant_id": tenant_id, "kind": kind, "source_id": sid, "payload": row}
+        return rows.Mapped("example_items", sid, values, parents=parents, version=str(version) if version else None)
+
+    return map_row
 
 
 class ExampleProvider:
@@ -87,44 +125,7 @@ class ExampleProvider:
             raise TransientError(f"injected transient error on {kind} page at {start}")
         everything = generate(kind, self.options)
         page = everything[start : start + size]
-        parent = PARENT.get(kind)
-        refs = ledger.resolve(ctx.db, ctx.run, [(parent, r.get("parent_id")) for r in page]) if parent else {}  # type: ignore[arg-type]
-        delay = float(self.options.get("row_delay", 0))
-
-        def write(tx: Conn, row: dict[str, Any]) -> str:
-            with _calls_lock:
-                WRITE_CALLS[(kind, str(row.get("id")))] += 1
-            if delay:
-                time.sleep(delay)
-            if not isinstance(row.get("name"), str):
-                raise ValueError(f"{kind} row has a non-text name")
-            parent_id = None
-            if parent:
-                parent_id = refs.get((parent, str(row.get("parent_id"))))
-                if parent_id is None:
-                    return ledger.skip(tx, ctx.run, kind, row["id"], "not linked to any record")
-
-            def insert() -> ledger.Written:
-                got = tx.sql(
-                    "INSERT INTO example_items (tenant_id, kind, source_id, parent_id, payload)"
-                    " VALUES (%(t)s, %(k)s, %(s)s, %(p)s, %(d)s) RETURNING id",
-                    {"t": ctx.run.tenant_id, "k": kind, "s": str(row["id"]), "p": parent_id, "d": row},
-                )
-                return ledger.Written("example_items", got[0]["id"])
-
-            def update(record_id: int) -> dict[str, Any] | None:
-                got = tx.sql(
-                    "UPDATE example_items n SET parent_id = %(p)s, payload = %(d)s FROM example_items o"
-                    " WHERE n.id = %(id)s AND o.id = n.id RETURNING o.parent_id, o.payload",
-                    {"id": record_id, "p": parent_id, "d": row},
-                )
-                return {"parent_id": got[0]["parent_id"], "payload": got[0]["payload"]} if got else None
-
-            version = self.options.get("version")
-            return ledger.write_once(tx, ctx.run, kind, row["id"], insert,
-                                     version=str(version) if version else None, update=update)
-
-        ctx.write_rows(page, write)
+        write.write_page(ctx, page, mapper(ctx.run.tenant_id, kind, self.options), malformed=ValueError)
         if len(page) == size and start + size < len(everything):
             nxt = start + STRIPES * size
             return TaskOutcome((Successor(f"{kind}:{nxt}", {"start": nxt}),))

@@ -10,6 +10,18 @@ SELECT * FROM migrations
  WHERE tenant_id = %(tenant_id)s AND (%(source)s::text IS NULL OR source = %(source)s)
  ORDER BY id DESC LIMIT 1;
 
+-- name: latest_runs --
+-- Every tenant's latest run per source (`runs.latest_runs`, `migrate status` without a tenant),
+-- with its tasks' counts by status as {status: n}.
+SELECT m.*,
+       (SELECT COALESCE(jsonb_object_agg(c.status, c.n), '{}'::jsonb)
+          FROM (SELECT status, count(*) AS n FROM migration_tasks t
+                 WHERE t.migration_id = m.id GROUP BY status) c) AS task_counts
+  FROM (SELECT DISTINCT ON (tenant_id, source) * FROM migrations
+         WHERE %(source)s::text IS NULL OR source = %(source)s
+         ORDER BY tenant_id, source, id DESC) m
+ ORDER BY m.tenant_id, m.source;
+
 -- name: get_run --
 SELECT * FROM migrations WHERE id = %(run_id)s;
 
@@ -51,8 +63,10 @@ UPDATE migration_tasks SET enqueued_at = now(), updated_at = now()
  WHERE id IN (
     SELECT t.id FROM migration_tasks t JOIN migrations m ON m.id = t.migration_id
      WHERE t.migration_id = %(run_id)s AND t.status = 'pending' AND t.enqueued_at IS NULL
-       AND t.phase = m.current_phase AND m.status = 'running'
-     ORDER BY t.id
+       AND (t.phase = m.current_phase
+            OR (t.phase = m.current_phase + 1 AND t.cursor @> '{"early": true}'::jsonb))
+       AND m.status = 'running'
+     ORDER BY t.phase, t.id
      LIMIT GREATEST(0, %(max_inflight)s - (SELECT n FROM inflight))
  )
 RETURNING id;
@@ -62,6 +76,17 @@ SELECT count(*) FILTER (WHERE status = 'running') AS running,
        count(*) FILTER (WHERE status = 'pending' AND enqueued_at IS NOT NULL) AS enqueued,
        count(*) FILTER (WHERE status = 'pending') AS pending
   FROM migration_tasks WHERE migration_id = %(run_id)s;
+
+-- name: drain_look --
+-- What a lane that found nothing to claim looks at, in one round trip (issue 11: it was two, and
+-- idle lanes look after every wake-up): the run as it is now and its tasks' `inflight_count`.
+SELECT m.*, c.running, c.enqueued, c.pending
+  FROM migrations m,
+       LATERAL (SELECT count(*) FILTER (WHERE status = 'running') AS running,
+                       count(*) FILTER (WHERE status = 'pending' AND enqueued_at IS NOT NULL) AS enqueued,
+                       count(*) FILTER (WHERE status = 'pending') AS pending
+                  FROM migration_tasks WHERE migration_id = m.id) c
+ WHERE m.id = %(run_id)s;
 
 -- name: claim_task --
 -- The claim fence: of workers racing for one task, only the one that sees it pending proceeds.
@@ -73,7 +98,9 @@ RETURNING *;
 
 -- name: claim_next --
 -- Oldest enqueued task of the run's current phase; `status = 'pending'` is the fence, SKIP LOCKED
--- only spares racing workers a wait. Gated on the barrier and the stop flag.
+-- only spares racing workers a wait. Gated on the barrier and the stop flag. An early task of the
+-- next phase (cursor `early`: it only reads the source and hands on tasks of its own phase, e.g. a
+-- discovery) may run while the current phase's tail runs (issue 11), after the current phase's.
 UPDATE migration_tasks t
    SET status = 'running', attempts = t.attempts + 1, locked_at = now(), locked_by = %(worker)s,
        started_at = COALESCE(t.started_at, now()), updated_at = now()
@@ -81,11 +108,12 @@ UPDATE migration_tasks t
         SELECT c.id FROM migration_tasks c JOIN migrations m ON m.id = c.migration_id
          WHERE (%(run_id)s::bigint IS NULL OR c.migration_id = %(run_id)s)
            AND c.status = 'pending' AND c.enqueued_at IS NOT NULL
-           AND c.phase = m.current_phase
+           AND (c.phase = m.current_phase
+                OR (c.phase = m.current_phase + 1 AND c.cursor @> '{"early": true}'::jsonb))
            AND (%(max_phase)s::int IS NULL OR c.phase <= %(max_phase)s)
            AND m.status = 'running' AND NOT m.cancel_requested
            AND (c.not_before IS NULL OR c.not_before <= now())
-         ORDER BY c.enqueued_at, c.id
+         ORDER BY c.phase, c.enqueued_at, c.id
          LIMIT 1
            FOR UPDATE OF c SKIP LOCKED)
    AND t.status = 'pending'
@@ -139,6 +167,23 @@ RETURNING id;
 -- Throttled: the run row is hot, so it is rewritten at most once per interval.
 UPDATE migrations SET heartbeat_at = now()
  WHERE id = %(run_id)s AND heartbeat_at < now() - make_interval(secs => %(interval)s);
+
+-- name: after_task --
+-- A settled task's one look at its run (issue 11: one round trip where three were): the heartbeat
+-- (throttled as `heartbeat_run`), the run as it is now (its stop flag), and how many tasks of the
+-- task's phase are still open - pending, running or cancelled, `advance_phase`'s own count. Read
+-- after the task's settle committed, so the last finisher of a phase sees 0 and tries the barrier.
+WITH beat AS (
+    UPDATE migrations SET heartbeat_at = now()
+     WHERE id = %(run_id)s AND heartbeat_at < now() - make_interval(secs => %(interval)s)
+    RETURNING id
+)
+SELECT m.*,
+       (SELECT count(*) FROM migration_tasks t
+         WHERE t.migration_id = m.id AND t.phase = %(phase)s
+           AND t.status NOT IN ('succeeded', 'failed')) AS phase_open,
+       (SELECT count(*) FROM beat) AS beat
+  FROM migrations m WHERE m.id = %(run_id)s;
 
 -- name: advance_phase --
 -- The barrier. Two fences: `current_phase = phase` (a late task of an earlier phase advances
@@ -234,20 +279,44 @@ UPDATE migrations
 -- The ledger's contract: created/matched rows are exclusive (no row returned: roll back the
 -- write, it is already here); skipped/failed rows are placeholders a real write takes over.
 -- `dangling` (migration 0008): references to parents that do not exist at the source, or NULL.
--- `source_version` (migration 0010): the version written; a placeholder taken over is here again,
--- so its deleted_at_source clears.
+-- `source_version` (migration 0010): the version written. Ends with `claim_takes_over` (ledger.py
+-- appends it and RETURNING id).
 INSERT INTO migration_records
        (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling,
         source_version)
 VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(record_type)s,
         %(record_id)s, %(action)s, %(reason)s, %(dangling)s, %(source_version)s)
+
+-- name: claim_records --
+-- `claim_record` for a window's rows in one statement (issue 11, optimistic windows): the same
+-- contract row by row - created/matched rows are exclusive (a source id left out of the answer is
+-- already here), skipped/failed placeholders are taken over. The caller passes each source id
+-- once, sorted (two writers of one page wait on each other in the same order). `danglings` are
+-- JSON texts or NULL. A NULL record id is the id of the row's new product row, read from the CTE
+-- `new(new_id, source_id)` the caller puts before it (ledger.claim_window: the product rows are
+-- inserted by the same statement, for the claims that win). Ends with `claim_takes_over`.
+INSERT INTO migration_records
+       (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling,
+        source_version)
+SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, u.record_type,
+       COALESCE(u.record_id, n.new_id), u.action, u.reason, u.dangling::jsonb, u.source_version
+  FROM unnest(%(source_ids)s::text[], %(record_types)s::text[], %(record_ids)s::bigint[], %(actions)s::text[],
+              %(reasons)s::text[], %(danglings)s::text[], %(versions)s::text[])
+       AS u(source_id, record_type, record_id, action, reason, dangling, source_version)
+  LEFT JOIN new n ON n.source_id = u.source_id
+ ORDER BY u.source_id
+
+-- name: claim_takes_over --
+-- The conflict clause of every claim (`claim_record`, `claim_records`, a window's claimed insert):
+-- a written (created/matched) entry is exclusive - the claim returns nothing for it - and a
+-- skipped/failed placeholder is taken over; a placeholder taken over is here again, so its
+-- deleted_at_source clears.
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, record_type = EXCLUDED.record_type,
        record_id = EXCLUDED.record_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
        dangling = EXCLUDED.dangling, source_version = EXCLUDED.source_version,
        deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
-RETURNING id;
 
 -- name: note_placeholder --
 -- A skip or a failure claims nothing: it only fills an empty slot or refreshes another placeholder.
@@ -259,6 +328,21 @@ ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
        deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
+
+-- name: note_placeholders --
+-- `note_placeholder` for a window's skipped rows in one statement (issue 11): each fills an empty
+-- slot or refreshes another placeholder; a written (created/matched) entry is left as it is and
+-- its source id is not returned (the row is already here). Source ids once each, sorted.
+INSERT INTO migration_records
+       (migration_id, tenant_id, source, kind, source_id, action, reason)
+SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, %(action)s, u.reason
+  FROM unnest(%(source_ids)s::text[], %(reasons)s::text[]) AS u(source_id, reason)
+ ORDER BY u.source_id
+ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
+   SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
+       deleted_at_source = NULL, created_at = now()
+ WHERE migration_records.action IN ('skipped', 'failed')
+RETURNING source_id;
 
 -- name: resolve_references --
 -- One query per page: source ids -> local ids, only through rows actually written.

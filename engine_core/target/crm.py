@@ -14,26 +14,36 @@ share a name, which is imported as its own record).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from engine_core.db import Conn
-from engine_core.ledger import Written
+from engine_core.db import Conn, translate_errors
+from engine_core.ledger import NewRows, Written
 
 
 @dataclass(frozen=True)
 class Table:
+    """A target table: its name, the columns a mapped row may fill, which of them are jsonb, and
+    its schema (`crm`, or `public` for the example provider's own table)."""
+
     name: str
     columns: frozenset[str]
     jsonb: frozenset[str]
+    schema: str = "crm"
 
     @property
     def record_type(self) -> str:
-        return f"crm.{self.name}"
+        """The ledger's `record_type` (`crm.contacts`; a table outside `crm` is its bare name)."""
+        return f"crm.{self.name}" if self.schema == "crm" else self.name
+
+    @property
+    def identifier(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
 
 
 def _table(name: str, columns: str, jsonb: str = "") -> Table:
@@ -85,6 +95,9 @@ TABLES: dict[str, Table] = {
             " body_truncated body_original_length body_unavailable",  # migration 0009: fit_email_body
             "sender recipients",
         ),
+        # the example provider's target (engine_core/providers/example.py), outside the CRM
+        Table("example_items", frozenset("tenant_id kind source_id parent_id payload".split()), frozenset({"payload"}),
+              schema="public"),
     )
 }
 
@@ -109,8 +122,8 @@ def _insert_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
     key = (table, names)
     text = _STATEMENTS.get(key)
     if text is None:
-        text = _STATEMENTS[key] = sql.SQL("INSERT INTO crm.{} ({}) VALUES ({}) RETURNING id").format(
-            sql.Identifier(table),
+        text = _STATEMENTS[key] = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING id").format(
+            TABLES[table].identifier,
             sql.SQL(", ").join(sql.Identifier(n) for n in names),
             sql.SQL(", ").join(sql.Placeholder(n) for n in names),
         ).as_string(tx.raw)
@@ -163,10 +176,10 @@ def _update_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
     text = _UPDATES.get(key)
     if text is None:
         text = _UPDATES[key] = sql.SQL(
-            "UPDATE crm.{t} AS n SET {sets} FROM crm.{t} AS o WHERE n.id = %(__id)s AND o.id = n.id"
+            "UPDATE {t} AS n SET {sets} FROM {t} AS o WHERE n.id = %(__id)s AND o.id = n.id"
             " RETURNING to_jsonb(o) AS old, to_jsonb(n) AS new"
         ).format(
-            t=sql.Identifier(table),
+            t=TABLES[table].identifier,
             sets=sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(n), sql.Placeholder(n)) for n in names),
         ).as_string(tx.raw)
     return text
@@ -351,6 +364,165 @@ def write_company(tx: Conn, values: Mapping[str, Any]) -> Written:
     if existing is not None:
         return Written(TABLES["companies"].record_type, existing, matched=True)
     return write(tx, "companies", values)
+
+
+# --- a window at once (issue 11, optimistic windows) ------------------------------------------
+#
+# The set-based forms of the writers above, for a window's plain rows: the same matches (the
+# same predicates and order, one statement per table and window), one multi-row INSERT per table
+# and column set, and the removal of rows whose ledger claim lost.
+
+# The tables whose rows may already be in the product (`write_contact`/`_company`/`_user`).
+MATCHED_TABLES = ("contacts", "companies", "users")
+
+
+def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any], Iterable[str]]]) -> dict[int, int]:
+    """`match_contact` / `match_company` / `match_user` for many rows in one statement.
+
+    `rows`: (key, the row's column values, the contact's match emails - ignored for companies and
+    users, which match on their `name`/`domain` and `email` values). Returns key -> the existing
+    record's id for the rows that match, by the same rule as the one-row function (oldest first;
+    a company by name or domain, its domain's match first). Raises KeyError for a table that
+    does not match (`MATCHED_TABLES`)."""
+    if table not in MATCHED_TABLES:
+        raise KeyError(f"crm.{table} rows are not matched")
+    keys: list[int] = []
+    tenants: list[str] = []
+    sources: list[str] = []
+    if table == "companies":
+        names: list[str] = []
+        domains: list[str | None] = []
+        for key, values, _ in rows:
+            name, domain = values.get("name"), values.get("domain")
+            if not name and not domain:
+                continue
+            keys.append(key)
+            tenants.append(values["tenant_id"])
+            sources.append(values.get("source") or "")
+            names.append(name or "")
+            domains.append(domain)
+        if not keys:
+            return {}
+        found = tx.sql(
+            "SELECT w.k, m.id FROM unnest(%(keys)s::int[], %(tenants)s::text[], %(sources)s::text[],"
+            "                             %(names)s::text[], %(domains)s::text[]) AS w(k, t, s, name, domain)"
+            " CROSS JOIN LATERAL (SELECT c.id FROM crm.companies c"
+            "   WHERE c.tenant_id = w.t AND c.source IS DISTINCT FROM w.s"
+            "     AND (c.name_key = lower(regexp_replace(btrim(w.name), '\\s+', ' ', 'g'))"
+            "          OR (w.domain IS NOT NULL AND c.domain = w.domain))"
+            "   ORDER BY (c.domain IS NOT DISTINCT FROM w.domain) DESC, c.id LIMIT 1) m",
+            {"keys": keys, "tenants": tenants, "sources": sources, "names": names, "domains": domains},
+        )
+        return {int(r["k"]): int(r["id"]) for r in found}
+    emails: list[str] = []
+    for key, values, match_emails in rows:
+        wanted = [values.get("email")] if table == "users" else list(match_emails)
+        for e in sorted({e for e in (normal_email(x) for x in wanted) if e}):
+            keys.append(key)
+            tenants.append(values["tenant_id"])
+            sources.append(values.get("source") or "")
+            emails.append(e)
+    if not keys:
+        return {}
+    found = tx.sql(
+        sql.SQL(
+            "SELECT w.k, min(c.id) AS id FROM unnest(%(keys)s::int[], %(tenants)s::text[], %(sources)s::text[],"
+            "                                        %(emails)s::text[]) AS w(k, t, s, e)"
+            " JOIN {} c ON c.tenant_id = w.t AND lower(c.email) = w.e AND c.source IS DISTINCT FROM w.s"
+            " GROUP BY w.k"
+        ).format(TABLES[table].identifier).as_string(tx.raw),
+        {"keys": keys, "tenants": tenants, "sources": sources, "emails": emails},
+    )
+    return {int(r["k"]): int(r["id"]) for r in found}
+
+
+def insert_rows(tx: Conn, table: str, rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Insert rows of one column set into crm.<table> (or the example's table) in one statement;
+    returns source_id -> the new row's id. Every row carries the same columns, `tenant_id` and a
+    `source_id` of its own. Raises KeyError for a column the table does not have, ValueError for
+    rows of different columns or a source_id given twice."""
+    if not rows:
+        return {}
+    spec = TABLES[table]
+    names = _checked_names(table, rows)
+    statement = _insert_many_statement(tx, table, names, len(rows))
+    params = [Jsonb(r[n]) if n in spec.jsonb and r[n] is not None else r[n] for r in rows for n in names]
+    with translate_errors():
+        got = tx.raw.execute(statement, params).fetchall()
+    return {str(r["source_id"]): int(r["id"]) for r in got}
+
+
+def new_rows(table: str, rows: Sequence[Mapping[str, Any]]) -> NewRows:
+    """Rows of one column set for crm.<table> (or the example's table), to be inserted by a window's
+    ledger claim for the claims that win (`ledger.claim_window`). Same rules and errors as
+    `insert_rows`."""
+    spec = TABLES[table]
+    return NewRows((spec.schema, spec.name), _checked_names(table, rows), list(rows))
+
+
+def copy_rows(tx: Conn, table: str, rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """`insert_rows` by COPY: the rows' ids are drawn from the table's sequence first (COPY
+    returns nothing), then the rows are streamed in one COPY. Same arguments, answer and errors."""
+    if not rows:
+        return {}
+    spec = TABLES[table]
+    names = _checked_names(table, rows)
+    ids = _draw_ids(tx, table, len(rows))
+    statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
+        spec.identifier, sql.SQL(", ").join(sql.Identifier(c) for c in ("id", *names)))
+    with translate_errors():
+        with tx.raw.cursor() as cur, cur.copy(statement) as copy:
+            for rid, r in zip(ids, rows):
+                copy.write_row([rid, *(json.dumps(r[n]) if n in spec.jsonb and r[n] is not None else r[n] for n in names)])
+    return {str(r["source_id"]): rid for rid, r in zip(ids, rows)}
+
+
+def _draw_ids(tx: Conn, table: str, n: int) -> list[int]:
+    spec = TABLES[table]
+    statement = sql.SQL("SELECT nextval(pg_get_serial_sequence(%(t)s, 'id')) AS id FROM generate_series(1, %(n)s)")
+    with translate_errors():
+        got = tx.raw.execute(statement, {"t": f"{spec.schema}.{spec.name}", "n": n}).fetchall()
+    return [int(r["id"]) for r in got]
+
+
+def _checked_names(table: str, rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    spec = TABLES[table]
+    names = tuple(rows[0])
+    unknown = sorted(set(names) - spec.columns)
+    if unknown:
+        raise KeyError(f"crm.{table} has no column {', '.join(unknown)}")
+    if "tenant_id" not in names or "source_id" not in names:
+        raise KeyError(f"crm.{table} rows written at once need their tenant_id and source_id")
+    if any(tuple(r) != names for r in rows):
+        raise ValueError(f"crm.{table} rows written at once must have the same columns")
+    if len({r["source_id"] for r in rows}) != len(rows):
+        raise ValueError(f"crm.{table} rows written at once hold a source_id twice")
+    return names
+
+
+_MANY: dict[tuple[str, tuple[str, ...], int], str] = {}
+
+
+def _insert_many_statement(tx: Conn, table: str, names: tuple[str, ...], n: int) -> str:
+    key = (table, names, n)
+    text = _MANY.get(key)
+    if text is None:
+        one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(names)))
+        text = _MANY[key] = sql.SQL("INSERT INTO {} ({}) VALUES {} RETURNING id, source_id").format(
+            TABLES[table].identifier, sql.SQL(", ").join(sql.Identifier(c) for c in names),
+            sql.SQL(", ").join([one] * n),
+        ).as_string(tx.raw)
+    return text
+
+
+def delete_rows(tx: Conn, table: str, record_ids: Sequence[int]) -> int:
+    """Remove rows this transaction inserted whose ledger claim lost (the row is someone else's
+    already); returns how many went."""
+    if not record_ids:
+        return 0
+    statement = sql.SQL("DELETE FROM {} WHERE id = ANY(%(ids)s::bigint[])").format(TABLES[table].identifier)
+    with translate_errors():
+        return tx.raw.execute(statement, {"ids": list(record_ids)}).rowcount
 
 
 # --- field definitions -----------------------------------------------------------------------

@@ -219,7 +219,9 @@ def test_unspent_slots_expire(db: Database) -> None:
     time.sleep(0.6)  # the chunk's last slot is 7 spacings (0.2 s) after its first, plus its ttl
     budget.acquire()
     stats = budget.stats()
-    assert stats.leases == 2 and stats.slots_expired == 7
+    # The first chunk's 7 unspent slots expired. On a loaded machine the second chunk's first slot
+    # can outlive its 0.2 s ttl before its thread runs again, and then it expires too (CI saw 8).
+    assert stats.leases >= 2 and stats.slots_spent == 2 and stats.slots_expired >= 7
 
 
 def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
@@ -430,3 +432,27 @@ def test_leases_stop_at_the_daily_share_counting_every_slot_since_the_report(db:
     time.sleep(0.6)
     other.acquire()
     assert row(db)["daily_remaining"] is None and row(db)["daily_reset_at"] is None
+
+
+def test_a_report_of_the_old_day_does_not_park_the_new_one(db: Database) -> None:
+    # A worker parked on its share still holds a report of the old day (a response that came back
+    # after the park); it is delivered with the worker's first lease of the new day. Taken as the
+    # new day's first report, it said the share was used and parked the account for the whole new
+    # day (a sandbox day of 4 s spent 35 of its 600 tokens, test_budget_sandbox).
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2, latency_margin=0.0,
+                    daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
+    budget.acquire()
+    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "800"})
+    with pytest.raises(RateLimitParked):
+        for _ in range(200):
+            budget.acquire()
+    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "505"})
+    time.sleep(0.6)  # the day resets
+    for _ in range(20):
+        budget.acquire()  # the old day's report is not taken: no park
+    assert row(db)["daily_reset_at"] is None
+    # a report of the new day is taken
+    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "990"})
+    for _ in range(10):
+        budget.acquire()  # past the chunk: the next lease delivers the report
+    assert row(db)["daily_remaining"] == 990

@@ -15,7 +15,7 @@ from engine_core.providers.base import provider_for
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
 
-ROWS = 200
+ROWS = 600  # six set-based windows of 100 (context.SET_WINDOW): the kill lands inside the page
 
 
 def _work(url: str, task_id: int) -> None:

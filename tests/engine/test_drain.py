@@ -106,3 +106,30 @@ def test_an_identity_unknown_at_start_is_bound_by_the_first_worker_that_learns_i
     assert runs.get_run(db, run.id).source_identity == "company 1"
     with pytest.raises(SourceMismatch):
         Worker(db, settings=FAST, providers=_seen_as("company 2")).drain(run.id)
+
+
+def test_a_lane_with_nothing_to_claim_looks_at_its_run_in_one_round_trip(db, monkeypatch) -> None:
+    """Issue 11: a lane that found nothing to claim reads the run and its task counts in one
+    statement (`drain_look`), not two: idle lanes look after every wake-up. The run's one task is
+    held by another worker, so this lane only waits, until its cancel Event is set."""
+    import threading
+
+    run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"],
+                         options={"counts": {"companies": 5}, "page_size": 10}, settings=FAST)
+    for _ in range(4):  # every stripe held by another worker
+        db.fetch_one("claim_next", {"run_id": run.id, "worker": "elsewhere", "max_phase": None})
+    asked: list[str] = []
+    real = db.fetch_one
+
+    def fetch_one(name, params=None):  # the real statement, its name recorded
+        asked.append(name)
+        return real(name, params)
+
+    monkeypatch.setattr(db, "fetch_one", fetch_one)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    result = Worker(db, settings=FAST, cancel=stop).drain(run.id, poll_seconds=0.05)
+    assert result.reason == "cancelled"
+    looks = asked.count("drain_look")
+    assert looks >= 2, asked
+    assert asked.count("get_run") <= 1 and "inflight_count" not in asked, asked  # one get_run: the drain's first look

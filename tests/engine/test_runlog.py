@@ -53,3 +53,13 @@ def test_a_task_with_more_groups_than_the_cap_flushes_early(db) -> None:
     for i in range(3):
         log.note("error", "k", f"reason {chr(97 + i)}")
     assert log.should_flush_early()
+
+
+def test_a_duration_is_one_placeholder_in_a_reasons_shape() -> None:
+    # a fresh user saw "paused: the source failed every request for {n}m02s" in `migrate status`
+    from engine_core.runlog import reason_shape
+
+    assert reason_shape("the source failed every request for 3m02s (last: HTTP 500)") == \
+        "the source failed every request for {n} (last: HTTP 500)"
+    assert reason_shape("waited 1h05m for the daily budget") == "waited {n} for the daily budget"
+    assert reason_shape("retry 1/5 in 42s") == "retry {n}/{n} in {n}s"

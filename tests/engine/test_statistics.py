@@ -117,3 +117,46 @@ def test_the_barrier_winner_analyzes_what_the_phase_grew(db, db_url) -> None:
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE migration_id = %(r)s AND phase = 0", {"r": run.id})
     assert planner.advance_phase(db, run.id, 0, p, FAST)
     assert _analyze_count(db, GROWN) == before + 1
+
+
+def test_a_lanes_barrier_winner_claims_on_while_the_boundarys_analyze_runs_beside_it(db, db_url, monkeypatch) -> None:
+    """Issue 11: the worker that closes a phase hands the boundary's ANALYZE to the process's
+    statistics thread and goes on at once (its lane was busy ~0.1 s a boundary while the next
+    phase's walkers waited for a lane); the ANALYZE still happens. Real threads, real Postgres."""
+    import threading
+
+    from engine_core.worker import Worker
+    from tests.engine.support import make_executions_table
+
+    _no_autovacuum(db)
+    make_executions_table(db)
+    p = provider_for("counter")
+    run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 1}, settings=FAST)
+    _insert(db_url, GROWN, 200)
+    _wait_changed(db, GROWN, 200)
+    before = _analyze_count(db, GROWN)
+    release, started = threading.Event(), threading.Event()
+    real = statistics.Statistics.at_boundary
+
+    def held(self):  # the real boundary analyze, held until the test has looked
+        started.set()
+        release.wait(30)
+        return real(self)
+
+    monkeypatch.setattr(statistics.Statistics, "at_boundary", held)
+    task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s AND phase = 0", {"r": run.id})[0]["id"]
+    done: list[str] = []
+    lane = threading.Thread(target=lambda: done.append(Worker(db, settings=FAST).execute(task)), daemon=True)
+    lane.start()
+    lane.join(10)
+    try:
+        assert done == ["succeeded"], "the lane waited for the boundary's ANALYZE"
+        assert started.wait(10), "the boundary's ANALYZE was never started"
+        assert runs.get_run(db, run.id).current_phase == 1
+        assert _analyze_count(db, GROWN) == before, "not yet: it is held"
+    finally:
+        release.set()
+    deadline = time.monotonic() + 15
+    while _analyze_count(db, GROWN) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _analyze_count(db, GROWN) == before + 1

@@ -9,7 +9,7 @@ import threading
 from engine_core import db as dbmod
 from engine_core import planner, runs
 from engine_core.providers.base import provider_for
-from tests.engine.support import FAST
+from tests.engine.support import FAST, make_executions_table
 
 
 def _inflight(db, run_id: int) -> dict:
@@ -61,3 +61,65 @@ def test_concurrent_top_ups_never_exceed_the_bound(db_url) -> None:
         t.join()
     assert _inflight(database, run.id)["enqueued"] == FAST.max_inflight
     database.close()
+
+
+class _DiedAfterFinish(Exception):
+    """The worker died right after its task's finish committed."""
+
+
+def test_a_finished_tasks_successor_is_on_the_lane_even_if_its_worker_dies_after_the_finish(db, monkeypatch) -> None:
+    """Issue 11: the finish and the lane's refill commit together (`Worker._finish_tx`), so a
+    worker that dies between its finish and anything after leaves its successor enqueued, not
+    pending off the lane until a poll or the reaper finds it."""
+    from engine_core.worker import Worker
+
+    run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"],
+                         options={"counts": {"companies": 100}, "page_size": 10}, settings=FAST)
+
+    def died(self, *args, **kwargs):
+        raise _DiedAfterFinish()
+
+    monkeypatch.setattr(Worker, "_after", died)
+    first = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s AND cursor_key = 'companies:0'",
+                   {"r": run.id})[0]["id"]
+    try:
+        Worker(db, settings=FAST).execute(first)
+    except _DiedAfterFinish:
+        pass
+    successor = db.sql("SELECT status, enqueued_at FROM migration_tasks WHERE migration_id = %(r)s"
+                       " AND cursor_key = 'companies:40'", {"r": run.id})
+    assert successor and successor[0]["status"] == "pending"
+    assert successor[0]["enqueued_at"] is not None, "the successor was left off the lane"
+
+
+def test_a_task_that_does_not_close_its_phase_looks_at_its_run_once_after_it_settles(db, monkeypatch) -> None:
+    """Issue 11: after its finish a task needs one round trip (`after_task`: heartbeat, stop flag,
+    the phase's open tasks) - not a heartbeat, a read of the run, a top-up and a barrier attempt -
+    when other tasks of its phase are still open."""
+    from engine_core import statistics
+    from engine_core.worker import Worker
+
+    run = runs.start_run(db, provider_for("counter"), "acme", kinds=["k0"], options={"tasks": 3}, settings=FAST)
+    make_executions_table(db)
+    statistics.for_db(db).maybe_refresh()  # the growth check has just looked: it does not again
+    checkouts: list[str] = []
+    real_after = Worker._after
+
+    def after(self, *args, **kwargs):  # the real `_after`, its pool checkouts counted
+        real = db.connection
+
+        def counted():
+            checkouts.append("connection")
+            return real()
+
+        monkeypatch.setattr(db, "connection", counted)
+        try:
+            return real_after(self, *args, **kwargs)
+        finally:
+            monkeypatch.setattr(db, "connection", real)
+
+    monkeypatch.setattr(Worker, "_after", after)
+    task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 1", {"r": run.id})[0]["id"]
+    assert Worker(db, settings=FAST).execute(task) == "succeeded"
+    assert checkouts == ["connection"], f"{len(checkouts)} round trips after a task that does not close its phase"
+    assert _inflight(db, run.id)["pending"] == 2

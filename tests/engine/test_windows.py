@@ -119,3 +119,32 @@ def test_windows_are_25_rows(db, rows) -> None:
     w.execute(task["id"])
     offsets = [r["o"] for r in db.sql("SELECT o FROM offsets")]
     assert offsets == [min(rows, k) for k in range(25, rows + 25, 25)]
+
+
+def test_a_task_moves_its_cursor_in_one_statement_and_with_its_successors_in_one_transaction(db, monkeypatch) -> None:
+    """Issue 11: `TaskContext.move_cursor` without successors is one statement (no transaction
+    opened and committed around it: a catch-up page paid three round trips for it); with
+    successors they and the move commit together, and a move whose lock is lost raises LockLost."""
+    from engine_core.errors import LockLost
+    from tests.engine.test_optimistic_window import _context, _run
+
+    run = _run(db, "moves")
+    ctx = _context(db, run, "persons")
+    opened: list[int] = []
+    real = db.transaction
+
+    def transaction():  # the real transaction, counted
+        opened.append(1)
+        return real()
+
+    monkeypatch.setattr(db, "transaction", transaction)
+    ctx.move_cursor({"page": 1})
+    assert opened == [], "a move alone opened a transaction"
+    ctx.move_cursor({"page": 2}, successors=[Successor("persons:mail", {"m": 1})])
+    assert opened == [1, 1], "the move with its successor, then the lane's refill (`planner.top_up`)"
+    rows = {r["cursor_key"]: r["cursor"] for r in db.sql("SELECT cursor_key, cursor FROM migration_tasks"
+                                                         " WHERE migration_id = %(r)s", {"r": run.id})}
+    assert rows == {"persons:a": {"page": 2}, "persons:mail": {"m": 1}}
+    db.sql("UPDATE migration_tasks SET locked_by = 'someone else' WHERE cursor_key = 'persons:a'")
+    with pytest.raises(LockLost):
+        ctx.move_cursor({"page": 3})

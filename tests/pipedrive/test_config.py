@@ -37,6 +37,21 @@ def test_the_token_never_comes_from_run_options() -> None:
     assert SECRET not in repr(PipedriveProvider(token=SECRET, base_url="https://api.example"))
 
 
+def test_a_bad_value_is_named_where_it_came_from_and_shown_without_credentials() -> None:
+    # a fresh user's PIPEDRIVE_BURST_LIMIT=0 said "burst_limit must be at least 2", and a base URL
+    # without a scheme did not show the value
+    env = {ENV_BASE_URL: "https://api.example", ENV_TOKEN: "y"}
+    with pytest.raises(ConfigError, match="^PIPEDRIVE_BURST_LIMIT must be at least 2, got 0$"):
+        SourceConfig.load({}, {**env, "PIPEDRIVE_BURST_LIMIT": "0"})
+    with pytest.raises(ConfigError, match="^burst_limit must be at least 2, got 1$"):
+        SourceConfig.load({"burst_limit": 1}, env)
+    with pytest.raises(ConfigError, match="must be an http\\(s\\) URL, got 'not-a-url'$"):
+        SourceConfig.load({}, {**env, ENV_BASE_URL: "not-a-url"})
+    with pytest.raises(ConfigError) as e:
+        SourceConfig.load({}, {**env, ENV_BASE_URL: f"user:{SECRET}@api.example"})
+    assert SECRET not in str(e.value) and "api.example" in str(e.value)
+
+
 def _database_text_with(db, needle: str) -> list[str]:
     tables = db.sql(
         "SELECT table_schema || '.' || table_name AS t FROM information_schema.tables"

@@ -26,9 +26,12 @@ import email.utils
 import json
 import logging
 import random
+import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
@@ -215,6 +218,123 @@ class _Failure:
 # --- the client ---------------------------------------------------------------------------------
 
 
+
+class Prefetch:
+    """Listing pages asked ahead (issue 11): a task that knows the request its successor will make
+    (the walk's next page) asks it on a background thread while it writes its own page, and the
+    successor's identical request takes the answer instead of going to the source.
+
+    Only a cache: a successor's checkpoint, cursor and ledger are its own, and a page nobody took
+    (the successor ran in another process, the run stopped) is dropped after `ttl` seconds or
+    when `keep` newer ones are held. One store per run and database in a process (the provider's
+    clients of one run share it, whichever lane thread runs the successor), so a page never
+    crosses runs. An answer is taken once: a retried task asks the source again. A failed
+    prefetch is forgotten and the successor asks the source itself, with the client's retries.
+    The background request goes through the same budget as any other (and is counted in the
+    successor's stats when taken)."""
+
+    def __init__(self, *, keep: int = 16, ttl: float = 20.0, threads: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+        self.keep = keep
+        self.ttl = ttl
+        self.clock = clock
+        self.asked = self.taken = 0
+        self._lock = threading.Lock()
+        self._pages: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Future]] = OrderedDict()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prefetch")
+
+    @staticmethod
+    def key(path: str, query: Mapping[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return path, tuple(sorted((str(k), str(v)) for k, v in query.items()))
+
+    def ask(self, client: PipedriveClient, path: str, query: Mapping[str, Any]) -> None:
+        """Start `client`'s GET of `path` with `query` now, unless it is asked already."""
+        key = self.key(path, query)
+        with self._lock:
+            self._expire()
+            if key in self._pages:
+                return
+            future: Future = Future()
+            self._pages[key] = (self.clock(), future)
+            self.asked += 1
+        try:
+            self._pool.submit(self._fetch, client, path, dict(query), future)
+        except RuntimeError:  # the interpreter is shutting down: nothing asked ahead
+            with self._lock:
+                self._pages.pop(key, None)
+
+    @staticmethod
+    def _fetch(client: PipedriveClient, path: str, query: dict[str, Any], future: Future) -> None:
+        try:
+            future.set_result(client._call(path, query, cancel=None, ahead=True))
+        except BaseException as e:  # noqa: BLE001 - kept for the taker, who asks again
+            future.set_exception(e)
+
+    def take(self, path: str, query: Mapping[str, Any], cancel: threading.Event | None) -> dict[str, Any] | None:
+        """The answer asked ahead for this exact request (waiting for it while in flight), once;
+        None when none was asked, it expired, it failed, or `cancel` was set while waiting."""
+        key = self.key(path, query)
+        with self._lock:
+            self._expire()
+            entry = self._pages.pop(key, None)
+        if entry is None:
+            return None
+        future = entry[1]
+        while True:
+            try:
+                body = future.result(timeout=0.2)
+            except TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    return None
+                continue
+            except BaseException:  # noqa: BLE001 - the taker asks the source itself
+                return None
+            with self._lock:
+                self.taken += 1
+            return body
+
+    def _expire(self) -> None:
+        now = self.clock()
+        while self._pages:
+            key, (at, _) = next(iter(self._pages.items()))
+            if now - at <= self.ttl and len(self._pages) <= self.keep:
+                break
+            self._pages.popitem(last=False)
+
+
+_prefetch_stores: OrderedDict[tuple[str, int], Prefetch] = OrderedDict()
+_prefetch_lock = threading.Lock()
+PREFETCH_RUNS_KEPT = 8
+
+
+def prefetch_store(scope: tuple[str, int]) -> Prefetch:
+    """The process's store of pages asked ahead for one run (`scope`: database URL, run id)."""
+    with _prefetch_lock:
+        store = _prefetch_stores.get(scope)
+        if store is None:
+            store = _prefetch_stores[scope] = Prefetch()
+            while len(_prefetch_stores) > PREFETCH_RUNS_KEPT:
+                _, old = _prefetch_stores.popitem(last=False)
+                old._pool.shutdown(wait=False)
+        _prefetch_stores.move_to_end(scope)
+        return store
+
+
+_TLS: ssl.SSLContext | None = None
+_TLS_LOCK = threading.Lock()
+
+
+def tls_context() -> ssl.SSLContext:
+    """The process's TLS context for the source, built once the way httpx builds its default
+    (`httpx.create_ssl_context()`: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR). Building one
+    reads the CA bundle - about 15 ms of CPU - and every client made one: a client per lane per run,
+    plus one per identity and snapshot request (issue 11). A context is safe to share across threads."""
+    global _TLS
+    with _TLS_LOCK:
+        if _TLS is None:
+            _TLS = httpx.create_ssl_context()
+        return _TLS
+
+
 class PipedriveClient:
     """A thread-safe Pipedrive API client: token in a header, typed errors, paced by a Budget."""
 
@@ -232,6 +352,7 @@ class PipedriveClient:
         cancel: threading.Event | None = None,
         max_burst_wait: float = MAX_BURST_WAIT,
         wall_clock: Callable[[], float] = time.time,
+        prefetch: Prefetch | None = None,
     ) -> None:
         if not token or any(c.isspace() for c in token):
             raise ValueError("a Pipedrive API token is required (non-empty, no whitespace)")
@@ -244,6 +365,7 @@ class PipedriveClient:
         self._rng = rng
         self._cancel = cancel
         self._wall = wall_clock
+        self._prefetch = prefetch
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"x-api-token": token, "accept": "application/json"},
@@ -252,6 +374,7 @@ class PipedriveClient:
             # 4 lane threads x 4 fetch threads = 16 requests in flight; room for retries on top.
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=32),
             follow_redirects=False,
+            verify=tls_context(),
         )
 
     def __repr__(self) -> str:
@@ -290,11 +413,7 @@ class PipedriveClient:
         reservation: SlotHolder | None = None,
     ) -> Page:
         """One page of a v2 listing (cursor pagination: `additional_data.next_cursor`)."""
-        _require_prefix(path, "/api/v2/")
-        query = dict(params or {})
-        query["limit"] = _check_limit(limit)
-        if cursor:
-            query["cursor"] = cursor
+        query = _v2_query(path, params, cursor, limit)
         body = self._call(path, query, cancel=cancel, reservation=reservation)
         rows = _rows(body, path)
         extra = body.get("additional_data")
@@ -316,12 +435,7 @@ class PipedriveClient:
         reservation: SlotHolder | None = None,
     ) -> Page:
         """One page of a v1 listing (offset pagination: `additional_data.pagination`)."""
-        _require_prefix(path, "/v1/")
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        query = dict(params or {})
-        query["start"] = start
-        query["limit"] = _check_limit(limit)
+        query = _v1_query(path, params, start, limit)
         body = self._call(path, query, cancel=cancel, reservation=reservation)
         rows = _rows(body, path)
         extra = body.get("additional_data")
@@ -337,6 +451,19 @@ class PipedriveClient:
         if not isinstance(next_start, int) or next_start <= start:
             raise BadResponse("next_start does not advance", method="GET", path=path, status=200)
         return Page(rows=rows, next_start=next_start, more=True)
+
+    def prefetch_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None,
+                    limit: int = MAX_PAGE) -> None:
+        """Ask now, on a background thread, the page `list_v2` with these arguments will ask for
+        (`Prefetch`); nothing without a store. Raises ValueError on arguments `list_v2` refuses."""
+        if self._prefetch is not None:
+            self._prefetch.ask(self, path, _v2_query(path, params, cursor, limit))
+
+    def prefetch_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0,
+                    limit: int = MAX_PAGE) -> None:
+        """`prefetch_v2` for the page `list_v1` with these arguments will ask for."""
+        if self._prefetch is not None:
+            self._prefetch.ask(self, path, _v1_query(path, params, start, limit))
 
     def iter_v2(
         self,
@@ -431,6 +558,7 @@ class PipedriveClient:
         *,
         cancel: threading.Event | None,
         reservation: SlotHolder | None = None,
+        ahead: bool = False,
     ) -> dict[str, Any]:
         if not path.startswith("/") or "?" in path:
             raise ValueError("path must start with '/' and carry no query string (pass params)")
@@ -438,6 +566,10 @@ class PipedriveClient:
         if any(k.lower() == "api_token" for k in query):
             raise ValueError("the API token goes in the x-api-token header, never in the URL")
         cancel = cancel or self._cancel
+        if self._prefetch is not None and not ahead and reservation is None:
+            body = self._prefetch.take(path, query, cancel)
+            if body is not None:
+                return body
         attempt = 0
         while True:
             self._check_cancel(cancel, path)
@@ -449,7 +581,10 @@ class PipedriveClient:
             if not isinstance(outcome, _Failure):
                 return outcome
             error = outcome.error
-            if not should_retry(error, attempt, self.max_retries):
+            # A page asked ahead is tried once: its taker asks again with the retries, and a
+            # background thread never sleeps out backoffs after its run has ended (its pool's
+            # threads are joined at the interpreter's exit).
+            if ahead or not should_retry(error, attempt, self.max_retries):
                 raise error from outcome.cause
             if isinstance(error, RateLimited):
                 wait = min(max(error.retry_after, 0.0), self.max_burst_wait)
@@ -656,3 +791,22 @@ def _short(error: PipedriveError) -> str:
     if error.status is not None:
         return f"HTTP {error.status}"
     return error.detail or type(error).__name__
+
+
+def _v2_query(path: str, params: Mapping[str, Any] | None, cursor: str | None, limit: int) -> dict[str, Any]:
+    _require_prefix(path, "/api/v2/")
+    query = dict(params or {})
+    query["limit"] = _check_limit(limit)
+    if cursor:
+        query["cursor"] = cursor
+    return query
+
+
+def _v1_query(path: str, params: Mapping[str, Any] | None, start: int, limit: int) -> dict[str, Any]:
+    _require_prefix(path, "/v1/")
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
+    query = dict(params or {})
+    query["start"] = start
+    query["limit"] = _check_limit(limit)
+    return query

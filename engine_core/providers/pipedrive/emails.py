@@ -75,7 +75,7 @@ from engine_core.providers.pipedrive.mapping import (
     with_body,
 )
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
-from engine_core.providers.pipedrive.writers import ledger_refs, write_mapped
+from engine_core.providers.pipedrive.writers import ledger_refs, mail_batch, write_mapped
 from engine_core.target import crm
 
 KIND = "emails"
@@ -224,6 +224,9 @@ class EmailTask:
         self.ready_other: deque[MailRow] = deque()
         self.found: dict[tuple[str, str], int] = {}
         self.dry: set[tuple[str, str]] | None = set() if ctx.run.dry_run else None  # a dry run's would-be parents
+        # messages the ledger holds written that go to a window again (a newer version): per row,
+        # where their sighting updates them in place; the others may go set-based (optimistic windows)
+        self.written: set[str] = set()
         self.tally = Tally()
         self._touched = time.monotonic()
 
@@ -396,6 +399,8 @@ class EmailTask:
                     outcome = ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
                     self.deferred.setdefault(r.deal, Counter())[outcome] += 1
                     continue
+            if state is not None and state["action"] in ("created", "matched"):
+                self.written.add(r["id"])
             self.outstanding[r.deal] += 1
             deal_sid = str(self.deals[r.deal])
             deal_here = any(self.found.get((k, deal_sid)) is not None for k in DEAL_KINDS)
@@ -427,8 +432,10 @@ class EmailTask:
         try:
             # a window whose every message failed (often a window of one) is not a broken task:
             # each message failed alone; the task-level judgement is the tally's
+            # plain messages in set-based statements (issue 11, optimistic windows), the rest per row
+            batch = None if ctx.run.dry_run else mail_batch(ctx, KIND, self.found, self.written)
             result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after,
-                                    fail_if_all_failed=False)
+                                    fail_if_all_failed=False, batch=batch)
         except BaseException:
             ctx.stats = counted
             for r in rows:

@@ -54,7 +54,19 @@ asked by id and written as served (`retake_skipped`): a skip is not final - the 
 for may have been written since, while the row itself did not change. (A full listing serves
 every skipped row the source still has, and `needs_write` takes placeholders over.)
 A full run always walks the whole inventory: rows lost by its own walks (a shifted offset) have
-not changed, so no `updated_since` listing would bring them.
+not changed, so no `updated_since` listing would bring them, and a deletion (or a merge's merged
+id) is in no `updated_since` listing. Nothing cheaper proves that nothing was deleted: the v2
+lists carry no totals, the v1 pagination none either, `ids=` asks 100 ids for a page's 10 tokens
+(5x a walk's cost per row), only deals have a count (`/v1/deals/summary` + `/archived`: 120 tokens,
+more than walking both deal lists below ~5,000 deals; about 0.15% of the seed customer's tokens
+saved above), and `/v1/recents` (one month, no leads, deletions undocumented) is no proof.
+Measured with sandbox counters on an unchanged account: the whole walk costs 11 requests / 170
+tokens on `tiny`, exactly what an `updated_since` listing of the same lists costs (every list is
+one page either way), and 18 / 250 on `small` against 11 / 170 (0.7% of the run's 11,311 tokens);
+at the seed customer's size about 800 requests / 10,000 tokens (~1.3%; estimated from its list
+sizes) would be saved. A catch-up listing only what changed since the snapshot loses the note a
+deletion shifted out of the notes' walk, the deletion and the merge (three of the six tests of
+tests/pipedrive/test_live_listing.py fail against it), so the whole walk stays.
 
 What the catch-up does not find: mail deleted at the source (mail is only ever added, by listing a
 deal's messages) and field definitions (refreshed by every run's `fields` task). Rows changed
@@ -82,6 +94,7 @@ from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS, rf
 CATCHUP = "catchup"
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
 DEALS_PER_TASK = 10
+PAGES_PER_TASK = 10  # pages of one list a catch-up task walks before it hands on to a successor (`run_page`)
 
 # The order the catch-up walks the kinds in: parents before the rows that link to them.
 ORDER: tuple[str, ...] = ("users", "pipelines", "stages", "organizations", "persons", "deals", "deals_archived",
@@ -228,14 +241,20 @@ class Step:
     after: dict[str, Any] | None
 
 
-def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any]) -> Step:
-    """One overlapping page of a v1 walk (module docstring). `at`: {"start": offset after the
-    rows served so far, "tail": the last OVERLAP ids served}."""
-    start, tail = int(at.get("start", 0)), list(at.get("tail") or [])
+def v1_asked(at: Mapping[str, Any]) -> tuple[int, int]:
+    """(the offset a v1 walk's page asks for, the overlap it keeps) for `at` (`v1_step`)."""
+    start, tail = int(at.get("start", 0)), at.get("tail") or []
     # never more than half the rows the last page served: a server capping its pages still
     # moves the walk on by at least the other half
     overlap = min(OVERLAP, max(1, int(at.get("served", OVERLAP * 2)) // 2))
-    asked = max(0, start - overlap) if tail else start
+    return (max(0, start - overlap) if tail else start), overlap
+
+
+def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any]) -> Step:
+    """One overlapping page of a v1 walk (module docstring). `at`: {"start": offset after the
+    rows served so far, "tail": the last OVERLAP ids served}."""
+    tail = list(at.get("tail") or [])
+    asked, overlap = v1_asked(at)
     page = meter.list_v1(path, params, asked)
     ids = [row_id(r) for r in page.rows]
     new = list(page.rows)
@@ -271,6 +290,18 @@ def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None 
     if kind in V2_PATHS:
         return v2_step(meter, V2_PATHS[kind], params, at)
     return v1_step(meter, V1_PATHS[kind], params, at)
+
+
+def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None = None) -> None:
+    """Ask now, in the background, for the page `list_step(.., kind, at, since)` will ask for
+    (issue 11, `client.Prefetch`: the catch-up's next task takes it while this one writes)."""
+    params = dict(PARAMS.get(kind) or {})
+    if since and kind in SINCE_KINDS:
+        params["updated_since"] = since
+    if kind in V2_PATHS:
+        client.prefetch_v2(V2_PATHS[kind], params, cursor=at.get("cursor"), limit=PAGE)
+    else:
+        client.prefetch_v1(V1_PATHS[kind], params, start=v1_asked(at)[0], limit=PAGE)
 
 
 def walk(meter: Meter, kind: str) -> Iterator[dict[str, Any]]:
@@ -380,17 +411,6 @@ def _after_list(run: Run, kind: str) -> list[Successor]:
     return out
 
 
-def _ledger_entries(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    if not ids:
-        return {}
-    rows = conn.sql(
-        "SELECT source_id, action, source_version, deleted_at_source FROM migration_records"
-        " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])",
-        {"t": run.tenant_id, "s": run.source, "k": kind, "ids": list(ids)},
-    )
-    return {r["source_id"]: r for r in rows}
-
-
 def needs_write(entry: Mapping[str, Any] | None, version: str, run: Run | None = None) -> bool:
     """A listed row is written when the ledger lacks it, holds a placeholder (a skip or failure
     whose reason may no longer hold: a parent written since), holds an older version
@@ -406,13 +426,20 @@ def needs_write(entry: Mapping[str, Any] | None, version: str, run: Run | None =
     return ledger.newer(version, entry["source_version"])
 
 
-def _remember(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> None:
-    if ids:
-        conn.sql(
-            "INSERT INTO migration_inventory (migration_id, kind, source_id)"
-            " SELECT %(r)s, %(k)s, unnest(%(ids)s::text[]) ON CONFLICT DO NOTHING",
-            {"r": run.id, "k": kind, "ids": list(ids)},
-        )
+def _remember_and_compare(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Record the ids as seen by this run's inventory (`migration_inventory`) and return their
+    ledger entries by source id, in one statement: one round trip a page (issue 11: it was four -
+    begin, insert, select, commit); both happen or neither."""
+    if not ids:
+        return {}
+    rows = conn.sql(
+        "WITH seen AS (INSERT INTO migration_inventory (migration_id, kind, source_id)"
+        " SELECT %(r)s, %(k)s, unnest(%(ids)s::text[]) ON CONFLICT DO NOTHING)"
+        " SELECT source_id, action, source_version, deleted_at_source FROM migration_records"
+        " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])",
+        {"r": run.id, "t": run.tenant_id, "s": run.source, "k": kind, "ids": list(ids)},
+    )
+    return {r["source_id"]: r for r in rows}
 
 
 def _forget_older(conn: Conn, run: Run) -> None:
@@ -490,9 +517,8 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
     `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup)."""
     listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
     ids = [sid for sid, _ in listed if sid is not None]
-    with ctx.db.transaction() as tx:
-        _remember(tx, ctx.run, lk, ids)
-        entries = _ledger_entries(tx, ctx.run, lk, ids)
+    with ctx.db.connection() as conn:
+        entries = _remember_and_compare(conn, ctx.run, lk, ids)
     changed = [r for sid, r in listed if sid is None or needs_write(entries.get(sid), version_of(kind, r), ctx.run)]
     ctx.stats.bump("inventory_listed", len(listed))
     ctx.stats.bump("unchanged", len(listed) - len(changed))
@@ -515,32 +541,95 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
 
 
 def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
-    """One page of the catch-up's inventory walk (module docstring)."""
-    cursor = ctx.task.cursor
-    kind, page = cursor["list"], int(cursor.get("page", 0))
+    """Pages of the catch-up's inventory walk (module docstring): up to `PAGES_PER_TASK` pages in
+    one task, walking on from a list's last page to the next list's first (issue 11: the catch-up
+    was a chain of one task a page, each paying a claim, a finish, a top-up and the barrier's
+    check). After each page but the task's last, the task moves its own cursor to the next page
+    (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
+    kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
+    one it finished, and the page it was on is listed and compared again (never skipped by offset)."""
+    cursor = dict(ctx.task.cursor)
+    kind = cursor["list"]
     lk = ledger_kind(kind)
-    if page == 0 and kind == catchup_kinds(ctx.run)[0]:
+    since = changed_since(ctx.run)
+    kinds = catchup_kinds(ctx.run)
+    if int(cursor.get("page", 0)) == 0 and kind == kinds[0]:
         with ctx.db.transaction() as tx:
             _forget_older(tx, ctx.run)
     meter = Meter(client, {}, ctx.cancel)
-    step = list_step(meter, kind, cursor, changed_since(ctx.run))
-    if ctx.run.dry_run:
-        ctx.stats.bump("inventory_listed", len(step.rows))
-        written: list[dict[str, Any]] = []
-    else:
-        written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=changed_since(ctx.run) is None)
-    successors: list[Successor] = []
-    if lk == "deals" and written and "emails" in ctx.run.kinds:
-        with ctx.db.connection() as conn:
-            deals = _mail_wanted(conn, ctx.run, written)
-        if deals:
-            ctx.stats.bump("mail_deals", len(deals))
-            successors.extend(mail_tasks(kind, page, deals))
-    if step.after is not None:
-        successors.append(page_task(kind, page + 1, step.after))
-    else:
-        successors.extend(_after_list(ctx.run, kind))
-    return TaskOutcome(tuple(successors))
+    walked = 0
+    while True:
+        page = int(cursor.get("page", 0))
+        step = list_step(meter, kind, cursor, since)
+        walked += 1
+        if step.after is not None:
+            ask_ahead(client, kind, step.after, since)
+        else:
+            following = kinds[kinds.index(kind) + 1] if kind in kinds and kinds.index(kind) + 1 < len(kinds) else None
+            if following is not None:
+                ask_ahead(client, following, {}, since)
+        if ctx.run.dry_run:
+            ctx.stats.bump("inventory_listed", len(step.rows))
+            written: list[dict[str, Any]] = []
+        else:
+            written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None)
+        successors: list[Successor] = []
+        if lk == "deals" and written and "emails" in ctx.run.kinds:
+            with ctx.db.connection() as conn:
+                deals = _mail_wanted(conn, ctx.run, written)
+            if deals:
+                ctx.stats.bump("mail_deals", len(deals))
+                successors.extend(mail_tasks(kind, page, deals))
+        if step.after is None:
+            after = _after_list(ctx.run, kind)
+            first = next((s for s in after if s.cursor.get("list") is not None), None)
+            if first is None or walked >= PAGES_PER_TASK:
+                return TaskOutcome(tuple(successors + after))
+            # the next list in this same task; the deletes task of a ledger kind done goes on the lane
+            successors += [s for s in after if s is not first]
+            following_page = first
+        else:
+            following_page = page_task(kind, page + 1, step.after)
+            if walked >= PAGES_PER_TASK:
+                return TaskOutcome(tuple(successors + [following_page]))
+        ctx.move_cursor(following_page.cursor, successors=successors)
+        cursor = dict(following_page.cursor)
+        kind = cursor["list"]
+        lk = ledger_kind(kind)
+        ctx.stop_point()  # after the move: a stop resumes at the next page, this page's successors made
+
+
+def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Ask the source for each of a ledger kind's `ids` by id (`SINGLE_PATHS`, 1-2 tokens each),
+    one at a time with a stop point between: returns `(gone, present)` - the ids answered 404 (a
+    deletion, or a merge: the merged id answers 404) in the order asked, and the rows that answered
+    (`data`, a dict) as served. A body without a dict `data` is neither (nothing to write, no proof
+    of deletion). Other errors (auth, budget, a 5xx the client gave up on) raise as the client
+    raises them: the task is retried and asks again."""
+    meter = Meter(client, {}, ctx.cancel)
+    gone: list[str] = []
+    present: list[dict[str, Any]] = []
+    for sid in ids:
+        ctx.stop_point()
+        try:
+            body = meter.get(SINGLE_PATHS[lk].format(sid))
+        except NotFound:
+            gone.append(sid)
+            continue
+        data = body.get("data")
+        if isinstance(data, dict):
+            present.append(data)
+    return gone, present
+
+
+def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
+            gone: Sequence[str], present: Sequence[dict[str, Any]]) -> None:
+    """Write the rows that answered as served; mark the ones gone deleted at the source."""
+    if present:
+        write_changed(ctx, client, mapper_of, lk, lk, present)
+    if gone:
+        with ctx.db.transaction() as tx:
+            ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, ctx.run, lk, list(gone))
 
 
 def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
@@ -553,24 +642,9 @@ def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) ->
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
     rows = ctx.db.sql(query("catchup_unseen_skipped"), {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id})
-    meter = Meter(client, {}, ctx.cancel)
-    gone: list[str] = []
-    present: list[dict[str, Any]] = []
-    for r in rows:
-        ctx.stop_point()
-        try:
-            body = meter.get(SINGLE_PATHS[lk].format(r["source_id"]))
-        except NotFound:
-            gone.append(r["source_id"])
-            continue
-        if isinstance(body.get("data"), dict):
-            present.append(body["data"])
+    gone, present = ask_by_id(ctx, client, lk, [r["source_id"] for r in rows])
     ctx.stats.values["skipped_asked"] = len(rows)
-    if present:
-        write_changed(ctx, client, mapper_of, lk, lk, present)
-    if gone:
-        with ctx.db.transaction() as tx:
-            ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, run, lk, gone)
+    _settle(ctx, client, mapper_of, lk, gone, present)
     return TaskOutcome()
 
 
@@ -584,24 +658,7 @@ def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> Ta
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
     rows = ctx.db.sql(query("catchup_unseen_live"), {"t": run.tenant_id, "s": run.source, "k": lk, "r": run.id})
-    meter = Meter(client, {}, ctx.cancel)
-    gone: list[str] = []
-    present: list[dict[str, Any]] = []
-    for r in rows:
-        ctx.stop_point()
-        sid = r["source_id"]
-        try:
-            body = meter.get(SINGLE_PATHS[lk].format(sid))
-        except NotFound:
-            gone.append(sid)
-            continue
-        data = body.get("data")
-        if isinstance(data, dict):
-            present.append(data)
+    gone, present = ask_by_id(ctx, client, lk, [r["source_id"] for r in rows])
     ctx.stats.values["delete_candidates"] = len(rows)
-    if present:
-        write_changed(ctx, client, mapper_of, lk, lk, present)
-    if gone:
-        with ctx.db.transaction() as tx:
-            ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, run, lk, gone)
+    _settle(ctx, client, mapper_of, lk, gone, present)
     return TaskOutcome()

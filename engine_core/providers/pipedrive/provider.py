@@ -68,7 +68,7 @@ from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.base import register
 from engine_core.providers.pipedrive import emails, inventory, mapping, stripes, writers
-from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
@@ -114,13 +114,15 @@ class SourceConfig:
         if not url:
             raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"{ENV_BASE_URL} must be an http(s) URL")
+            shown = url.rsplit("@", 1)[-1][:80]  # what follows any credentials in it
+            raise ConfigError(f"{ENV_BASE_URL} must be an http(s) URL, got {shown!r}")
         secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
         if not secret:
             raise ConfigError(f"{ENV_TOKEN} is not set (the Pipedrive API token)")
         if any(c.isspace() for c in secret):
             raise ConfigError(f"{ENV_TOKEN} must not contain whitespace")
-        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), "burst_limit", minimum=2)
+        burst_from = "burst_limit" if "burst_limit" in options else ENV_BURST_LIMIT  # named where it came from
+        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2)
         threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1)
         return cls(url.rstrip("/"), secret, burst, threads)
 
@@ -156,6 +158,20 @@ def _recall_book(ctx: TaskContext) -> FieldBook | None:
         return _books.get((ctx.db.url, ctx.run.id))
 
 
+_loaders: dict[tuple[str, int], threading.Lock] = {}
+
+
+def _book_loader(ctx: TaskContext) -> threading.Lock:
+    """The lock one lane holds while it reads the run's field definitions (`PipedriveProvider.book`)."""
+    with _books_lock:
+        lock = _loaders.get((ctx.db.url, ctx.run.id))
+        if lock is None:
+            if len(_loaders) > BOOKS_KEPT:
+                _loaders.clear()  # unheld ones only matter while a run's first pages load
+            lock = _loaders[(ctx.db.url, ctx.run.id)] = threading.Lock()
+        return lock
+
+
 # One budget per (database, account) in a process: every lane thread leases from the same chunks.
 _budgets: weakref.WeakKeyDictionary[Database, dict[str, Budget]] = weakref.WeakKeyDictionary()
 _budgets_lock = threading.Lock()
@@ -168,6 +184,19 @@ def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
         if budget is None or budget.burst_limit != burst_limit:
             budget = per_db[account] = Budget(db, SOURCE, account, burst_limit=burst_limit)
         return budget
+
+
+# The company a run's (base URL, token) reaches, as `/v1/users/me` said (`identity`), per run: the
+# run's lanes in this process ask once. A few runs are kept.
+IDENTITIES_KEPT = 32
+_identities: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+_identities_lock = threading.Lock()
+_asking_identity: dict[tuple[str, str, int], threading.Lock] = {}
+
+
+def _ask_identity(cfg: SourceConfig) -> str:
+    me = PipedriveClient(cfg.base_url, cfg.token).me()  # one unpaced request
+    return f"pipedrive company {me['company_id']}"
 
 
 def snapshot_bound(run: Run) -> str | None:
@@ -189,6 +218,7 @@ class PipedriveProvider:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._options = dict(run.options) if run else {}
+        self._run_id = run.id if run else None
         self._env = env
         self._base_url = base_url
         self._token = token
@@ -212,7 +242,9 @@ class PipedriveProvider:
         with self._lock:
             if self._client is None or self._client_db is not db:
                 cfg = self.config()
-                self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db))
+                # a run's pages asked ahead are shared by its lanes in this process (`client.Prefetch`)
+                ahead = prefetch_store((db.url, self._run_id)) if self._run_id is not None else None
+                self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db), prefetch=ahead)
                 self._client_db = db
             return self._client
 
@@ -232,12 +264,29 @@ class PipedriveProvider:
         return self.config().account
 
     def identity(self) -> str:
-        """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider): what a
-        run's data belongs to. Two tokens of one company are one source; another company is not."""
+        """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider, and
+        once per run, base URL and token in a process: a run's lanes start together and each asked,
+        issue 11): what a run's data belongs to. Two tokens of one company are one source; another
+        company is not."""
         if self._identity is None:
             cfg = self.config()
-            me = PipedriveClient(cfg.base_url, cfg.token).me()  # one unpaced request per worker and run
-            self._identity = f"pipedrive company {me['company_id']}"
+            if self._run_id is None:
+                self._identity = _ask_identity(cfg)
+                return self._identity
+            key = (cfg.base_url, cfg.account, self._run_id)
+            with _identities_lock:
+                asking = _asking_identity.setdefault(key, threading.Lock())
+            with asking:  # one lane asks; the others wait for its answer
+                with _identities_lock:
+                    known = _identities.get(key)
+                if known is None:
+                    known = _ask_identity(cfg)
+                    with _identities_lock:
+                        _identities[key] = known
+                        while len(_identities) > IDENTITIES_KEPT:
+                            _identities.popitem(last=False)
+                        _asking_identity.pop(key, None)
+                self._identity = known
         return self._identity
 
     def source_time(self) -> datetime | None:
@@ -246,7 +295,8 @@ class PipedriveProvider:
         import httpx
 
         cfg = self.config()
-        with httpx.Client(base_url=cfg.base_url, headers={"x-api-token": cfg.token}, timeout=30.0) as http:
+        with httpx.Client(base_url=cfg.base_url, headers={"x-api-token": cfg.token}, timeout=30.0,
+                          verify=tls_context()) as http:
             response = http.get("/v1/users/me")
         raw = response.headers.get("date")
         if not raw:
@@ -284,7 +334,10 @@ class PipedriveProvider:
             upper = snapshot_bound(run)
             if kind not in stripes.UNSTRIPED and upper:
                 seeds = [Successor(s.cursor_key, {**s.cursor, "until": upper}) for s in seeds]
-            return seeds
+            # a discovery only reads the source and seeds its own phase's walkers: it runs early,
+            # while the phase before it ends (issue 11, `planner.seed_phase`)
+            return [Successor(s.cursor_key, {**s.cursor, "early": True}) if s.cursor.get("discover") is True else s
+                    for s in seeds]
         if kind == "emails":
             return stripes.email_seeds()
         if kind == CATCHUP:
@@ -347,6 +400,7 @@ class PipedriveProvider:
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v1_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
+        ask_ahead(client, ctx.task.kind, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
         return TaskOutcome(listed.successors)
 
@@ -366,6 +420,10 @@ class PipedriveProvider:
         lower, upper = cursor.get("since"), cursor.get("until")
         found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
         seeds = discovery_seeds(kind, found, lower, upper)
+        # the walkers' first pages are asked now (issue 11, `client.Prefetch`): a discovery run early
+        # (`planner.seed_phase`) runs in the previous phase's tail, so its walkers start within
+        # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
+        ask_ahead(client, kind, tuple(seeds))
         ctx.stats.values["probe_requests"] = found.requests
         ctx.stats.values["stripes"] = len(seeds)
         if found.nulls:
@@ -374,6 +432,7 @@ class PipedriveProvider:
 
     def _v2_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v2_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
+        ask_ahead(client, ctx.task.kind, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
         if listed.passed:
             # counted after the page is written, so a page retried after a crash counts once
@@ -401,15 +460,20 @@ class PipedriveProvider:
     def book(self, ctx: TaskContext) -> FieldBook:
         """The run's field definitions, read once per run: kept in this process by the fields task,
         else from the CRM (another process stored them), else - a run without the fields kind and
-        none stored yet - from the source."""
+        none stored yet - from the source. One lane of the process reads them; the others wait for
+        its book (issue 11: a phase's four walkers each asked the source for all six lists)."""
         book = _recall_book(ctx)
         if book is not None:
             return book
-        with ctx.db.connection() as conn:
-            book = writers.book_from_db(conn, ctx.run)
-        if not len(book):
-            book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
-        _remember_book(ctx, book)
+        with _book_loader(ctx):
+            book = _recall_book(ctx)
+            if book is not None:
+                return book
+            with ctx.db.connection() as conn:
+                book = writers.book_from_db(conn, ctx.run)
+            if not len(book):
+                book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
+            _remember_book(ctx, book)
         return book
 
 
@@ -507,6 +571,17 @@ class Listed:
     rows: tuple[dict[str, Any], ...]
     passed: int
     successors: tuple[Successor, ...]
+
+
+def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None:
+    """Ask for the successor walker's page now, while this task writes its own (issue 11,
+    `client.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
+    for s in successors:
+        if kind in stripes.V1_PATHS:
+            start, _ = stripes.v1_span(s.cursor)
+            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor))
+        elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
+            client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"), limit=stripes.PAGE)
 
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:

@@ -1,5 +1,7 @@
-"""Writing a page of source rows: map every row, resolve the page's references in one ledger
-query, then hand the rows to the engine's windows (25 rows a transaction, a savepoint a row).
+"""Writing a page of Pipedrive rows through the engine's write path (`engine_core/write.py`, issue
+11): the provider maps its rows (`mapping`) and says how to ask the source about missing parents
+(`ask_source`, the probe); the engine resolves the page's references in one ledger query and
+writes it in windows (set-based statements for plain rows, a savepoint a row for the rest).
 
 A row whose parents are not all in the ledger is skipped as "not linked to any record": a
 placeholder that a later run importing the parent takes over. Owners, the people on a mail,
@@ -42,24 +44,28 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine_core import ledger
-from engine_core.context import PageResult, TaskContext
+from engine_core import ledger, write
+from engine_core.context import Batch, PageResult, TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import NotFound
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, Ref, apply_links, ledger_kind
+from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, apply_links, ledger_kind
 from engine_core.target import crm
-
-NOT_LINKED = "not linked to any record"
-DANGLING = "does not exist at the source (404)"
-NOT_WRITTEN = "exists at the source but is not written"
-
-Mapper = Callable[[Any], Mapped]
-Event = Callable[[str], None]
-Pair = tuple[str, str]  # (ledger kind, source id)
+from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
+    DANGLING,
+    NOT_LINKED,
+    NOT_WRITTEN,
+    Event,
+    Mapper,
+    Pair,
+    ledger_refs,
+    lookup,
+    missing_parents,
+)
 
 # How to ask the source whether a parent exists: one record by id, per parent ledger kind.
 # Users (owners) are soft references and never asked about.
@@ -79,19 +85,6 @@ class Getter(Protocol):
     def get(self, path: str, params: Mapping[str, Any] | None = None, *, cancel: Any = None) -> dict[str, Any]: ...
 
 
-class Prepared(dict):
-    """A row ready for its window: a dict (the engine reads its `id`) carrying the mapping or the
-    reason it cannot be mapped."""
-
-    @classmethod
-    def of(cls, row: Any, mapper: Mapper) -> Prepared:
-        try:
-            mapped = mapper(row)
-        except MalformedRow as e:
-            return cls(id=_raw_id(row), mapped=None, error=e)
-        return cls(id=mapped.source_id, mapped=mapped, error=None)
-
-
 def _raw_id(row: Any) -> str | None:
     # A malformed row is recorded under its id only when the id itself is sound.
     value = row.get("id") if isinstance(row, dict) else None
@@ -102,22 +95,13 @@ def _raw_id(row: Any) -> str | None:
     return None
 
 
-def ledger_refs(mapped: Iterable[Mapped | None]) -> list[tuple[str, str]]:
-    pairs: list[tuple[str, str]] = []
-    for m in mapped:
-        if m is None:
-            continue
-        for ref in m.refs():
-            pairs.extend((kind, ref.source_id) for kind in ref.kinds)
-    return pairs
+class Prepared(write.Prepared):
+    """A Pipedrive row ready for its window (`write.Prepared`): a malformed row is recorded under
+    its id only when the id itself is sound."""
 
-
-def lookup(found: dict[tuple[str, str], int], ref: Ref) -> int | None:
-    for kind in ref.kinds:
-        record_id = found.get((kind, ref.source_id))
-        if record_id is not None:
-            return record_id
-    return None
+    @classmethod
+    def of(cls, row: Any, mapper: Mapper, **_: Any) -> Prepared:  # type: ignore[override]
+        return super().of(row, mapper, malformed=MalformedRow, raw_id=_raw_id)  # type: ignore[return-value]
 
 
 # --- parents deleted at the source -------------------------------------------------------------
@@ -132,6 +116,29 @@ class SourceAnswers:
     def __init__(self) -> None:
         self._by_run: OrderedDict[tuple[str, int], dict[Pair, bool]] = OrderedDict()
         self._lock = threading.Lock()
+        # parents being asked now, by one lane thread each: the others wait for its answer
+        self._asking: dict[tuple[tuple[str, int], Pair], threading.Event] = {}
+
+    def take(self, key: tuple[str, int], pair: Pair) -> threading.Event | None:
+        """None: the caller asks the source about `pair` and then `put`s the answer or `drop`s the
+        question; else the Event another thread sets when it has (wait, then `get`)."""
+        with self._lock:
+            if pair in self._by_run.get(key, {}):
+                done = threading.Event()
+                done.set()
+                return done
+            asking = self._asking.get((key, pair))
+            if asking is not None:
+                return asking
+            self._asking[(key, pair)] = threading.Event()
+            return None
+
+    def drop(self, key: tuple[str, int], pair: Pair) -> None:
+        """The caller's question failed: a waiting thread asks again itself."""
+        with self._lock:
+            asking = self._asking.pop((key, pair), None)
+        if asking is not None:
+            asking.set()
 
     def get(self, key: tuple[str, int], pairs: Iterable[Pair]) -> dict[Pair, bool]:
         with self._lock:
@@ -144,21 +151,12 @@ class SourceAnswers:
             self._by_run.move_to_end(key)
             while len(self._by_run) > self.RUNS_KEPT:
                 self._by_run.popitem(last=False)
+            asking = self._asking.pop((key, pair), None)
+        if asking is not None:
+            asking.set()
 
 
 ANSWERS = SourceAnswers()
-
-
-def missing_parents(mapped: Iterable[Mapped | None], found: dict[Pair, int], dry: Collection[Pair] | None) -> set[Pair]:
-    """Parents of these rows that are not written (nor, in a dry run, would-be written)."""
-    out: set[Pair] = set()
-    for m in mapped:
-        if m is None:
-            continue
-        for ref in m.parents:
-            if lookup(found, ref) is None and not (dry and any((k, ref.source_id) in dry for k in ref.kinds)):
-                out.add((ref.parent_kind, ref.source_id))
-    return out
 
 
 def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[Pair]:
@@ -168,152 +166,106 @@ def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[
     return sorted(p for p in pairs if p not in known and p[0] in imported and p[0] in PARENT_PATHS)
 
 
+PROBE_THREADS = 4  # parents asked at once by one page (each a GET through the budgeted client)
+
+
 def ask_source(client: Getter, pairs: Iterable[Pair], key: tuple[str, int], cancel: Any = None,
-               answers: SourceAnswers = ANSWERS) -> dict[Pair, bool]:
+               answers: SourceAnswers = ANSWERS, threads: int | None = None) -> dict[Pair, bool]:
     """Whether each parent exists at the source: one GET per pair not answered before in this run.
     404 -> False, a record -> True; any other failure (rate limit, server error after the client's
     retries) propagates and the page is retried like any failed fetch. Never call this holding a
-    database connection or transaction."""
+    database connection or transaction.
+
+    Up to `threads` (default `PROBE_THREADS`) parents are asked at once (issue 11: a page of notes pointing at 25 deleted
+    parents waited for 25 round trips one after another); the requests are the same ones, paced by
+    the same budget, each parent still asked once per run (`SourceAnswers`). When one question
+    fails, the questions not yet sent are not sent and the first failure propagates."""
     pairs = list(pairs)
     out = answers.get(key, pairs)
-    for pair in pairs:
-        if pair in out:
-            continue
+    todo = [p for p in dict.fromkeys(pairs) if p not in out]
+    threads = PROBE_THREADS if threads is None else threads
+    if len(todo) <= 1 or threads <= 1:
+        for pair in todo:
+            out[pair] = _ask_one(client, pair, key, cancel, answers)
+        return out
+    with ThreadPoolExecutor(max_workers=min(threads, len(todo)), thread_name_prefix="probe") as pool:
+        futures = {pool.submit(_ask_one, client, pair, key, cancel, answers): pair for pair in todo}
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in pending:
+            f.cancel()
+    failed = [f for f in futures if not f.cancelled() and f.exception() is not None]
+    if failed:
+        raise failed[0].exception()  # type: ignore[misc]
+    for f, pair in futures.items():
+        out[pair] = f.result()
+    return out
+
+
+def _ask_one(client: Getter, pair: Pair, key: tuple[str, int], cancel: Any, answers: SourceAnswers) -> bool:
+    """One parent's answer: asked of the source by this thread, or awaited from the lane thread
+    asking it now (two pages on one deleted organization ask once: test_references' count)."""
+    while True:
+        waiting = answers.take(key, pair)
+        if waiting is not None:
+            waiting.wait()
+            known = answers.get(key, [pair])
+            if pair in known:
+                return known[pair]
+            continue  # the asker failed: take it again
         kind, sid = pair
         try:
             client.get(PARENT_PATHS[kind].format(sid), cancel=cancel)
         except NotFound:
             exists = False
+        except BaseException:
+            answers.drop(key, pair)
+            raise
         else:
             exists = True
         answers.put(key, pair, exists)
-        out[pair] = exists
-    return out
+        return exists
 
 
-def _describe_missing(ref: Ref, exists: Mapping[Pair, bool]) -> str:
-    if exists.get((ref.parent_kind, ref.source_id)) is True:
-        return ref.describe().replace("is not here", NOT_WRITTEN)
-    return ref.describe()
+def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
+    """The engine's probe for a Pipedrive page: parents unknown to the ledger, of kinds this run
+    imports and the source answers by id, asked once per run through the budgeted `client`."""
+    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (ctx.db.url, ctx.run.id), ctx.cancel)
 
 
 def write_mapped(
-    tx: Conn, run: Run, kind: str, mapped: Mapped, found: dict[tuple[str, str], int],
-    dry: set[tuple[str, str]] | None = None, *, exists: Mapping[Pair, bool] | None = None,
+    tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
+    dry: set[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
     on_event: Event | None = None, held: ledger.Held | None = None,
 ) -> str:
-    """Link, then write once through the ledger: imported, matched, already_here or skipped.
+    """One Pipedrive row, per row (`write.write_mapped` with Pipedrive's `apply_links`: mail
+    parties); the email phase writes its messages through this."""
+    return write.write_mapped(tx, run, kind, mapped, found, dry, exists=exists, on_event=on_event, held=held,
+                              link=apply_links)
 
-    `exists`: what the source answered about missing parents (`ask_source`); a parent it answered
-    404 for is dangling - the row is imported with that link empty and the reference recorded.
-    `on_event` hears `dangling`, `archived_updated` and `update_skipped` (a written row's newer version
-    whose parents are not here: outcome skipped, the product row keeps its version; a retry's revisit
-    of the task tries it again) (stats of the task). `held`: the row's ledger
-    entry as its page read it (`ledger.held`), so a row already here at this version costs no write.
-    """
-    exists = exists or {}
-    resolved: dict[Ref, int | None] = {}
-    missing: list[Ref] = []
-    dangling: list[Ref] = []
-    for ref in mapped.parents:
-        resolved[ref] = lookup(found, ref)
-        if resolved[ref] is None:
-            if exists.get((ref.parent_kind, ref.source_id)) is False:
-                dangling.append(ref)
-            else:
-                missing.append(ref)
-    pending = False
-    if missing:
-        # a dry run: a parent this run would itself have written counts as linked
-        would_exist = dry is not None and all(any((k, ref.source_id) in dry for k in ref.kinds) for ref in missing)
-        if run.dry_run and would_exist:
-            pending = True  # a dry run: this run would have created the parent first
-        else:
-            reason = f"{NOT_LINKED}: " + "; ".join(_describe_missing(ref, exists) for ref in missing)
-            outcome = ledger.skip(tx, run, kind, mapped.source_id, reason)
-            if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
-                # a newer version the product cannot take yet (its parent is not here): the row keeps
-                # the version it has, and the sighting says skipped, not already here
-                if on_event:
-                    on_event("update_skipped")
-                return ledger.SKIPPED
-            return outcome
-    for ref in mapped.links:
-        resolved[ref] = lookup(found, ref)
-    record_type = crm.TABLES[mapped.table].record_type
-    if pending:
-        return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(record_type, None))
-    values = apply_links(mapped, resolved)
-    refs = [ref.dangling() for ref in dangling]
-    reason = None
-    if refs:
-        values["dangling_refs"] = refs
-        reason = "imported; " + "; ".join(f"{r['field']} {r['parent_id']} {DANGLING}" for r in refs)
-    if mapped.table == "contacts":
-        write = lambda: crm.write_contact(tx, values, mapped.match_emails)  # noqa: E731
-    elif mapped.table == "companies":
-        write = lambda: crm.write_company(tx, values)  # noqa: E731
-    elif mapped.table == "users":
-        write = lambda: crm.write_user(tx, values)  # noqa: E731
-    else:
-        write = lambda: crm.write(tx, mapped.table, values)  # noqa: E731
-    archived_before: list[bool] = []
 
-    def update(record_id: int) -> dict[str, Any] | None:
-        # a newer version at the source: the same product row, every mapped column brought up to it
-        # (its dangling references too: a parent the new version points at may exist now)
-        changed = {**values, "dangling_refs": refs or None} if "dangling_refs" in crm.TABLES[mapped.table].columns else values
-        before = crm.update(tx, mapped.table, record_id, changed)
-        if before and "archived" in before:
-            archived_before.append(True)
-        return before
-
-    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason,
-                                version=mapped.version, update=update, on_event=on_event, held=held)
-    if outcome == ledger.ALREADY_HERE:
-        if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
-            # another list wrote this record at a version that cannot be ordered against this one:
-            # its archived flag may have moved since
-            record_id = ledger.record_of(tx, run, kind, mapped.source_id)
-            if record_id is not None and crm.refresh_archived(tx, mapped.table, record_id, mapped.values):
-                if on_event:
-                    on_event("archived_updated")
-    elif outcome == ledger.UPDATED:
-        if archived_before and on_event:
-            on_event("archived_updated")  # the update moved the archived flag (archived or restored)
-    elif refs and on_event:
-        on_event("dangling")
-    return outcome
+def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
+    """The email phase's optimistic windows (`write.window_batch` with Pipedrive's `apply_links`):
+    a window's messages mapped, their deal written and no written ledger entry for them are
+    claimed and inserted in set-based statements; `written`: the ids the ledger holds written (a
+    newer version: updated in place, per row). The rows are the phase's `MailRow`s (`.mapped`,
+    `.error`). Not for a dry run."""
+    page = write.PageRefs(found=found, held=dict.fromkeys(written))
+    return write.window_batch(ctx, kind, page, apply_links, parts=lambda row: (row.mapped, row.error))
 
 
 def write_page(
     ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, client: Getter | None = None,
+    optimistic: bool = True,
 ) -> PageResult:
-    """Map a page, resolve its references in one query, write it in the engine's windows.
+    """Map a page, resolve its references in one query, write it in the engine's windows
+    (`write.write_page`).
 
     `kind`: the ledger kind (default: the task kind's, `mapping.ledger_kind`). With a `client`, the
-    page's parents that the ledger does not know are asked of the source first (`ask_source`)."""
-    kind = kind or ledger_kind(ctx.task.kind)
-    prepared = [Prepared.of(row, mapper) for row in rows]
-    refs = ledger_refs(p["mapped"] for p in prepared)
-    ask: list[Pair] = []
-    with ctx.db.connection() as conn:
-        found = ledger.resolve(conn, ctx.run, refs)
-        dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
-        held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
-        missing = missing_parents((p["mapped"] for p in prepared), found, dry)
-        if missing and client is not None:
-            ask = askable(ctx.run, missing, ledger.known(conn, ctx.run, missing))
-    # the connection is back in the pool: the source is asked holding nothing of the database
-    exists = ask_source(client, ask, (ctx.db.url, ctx.run.id), ctx.cancel) if ask and client is not None else {}
-
-    def writer(tx: Conn, row: Prepared) -> str:
-        if row["error"] is not None:
-            raise row["error"]
-        return write_mapped(tx, ctx.run, kind, row["mapped"], found, dry, exists=exists, on_event=ctx.stats.bump,
-                            held=held.get(row["id"]))
-
-    return ctx.write_rows(prepared, writer, kind=kind)
+    page's parents that the ledger does not know are asked of the source first (`ask_source`).
+    `optimistic=False`: every row per row (the baseline)."""
+    return write.write_page(ctx, rows, mapper, kind=kind or ledger_kind(ctx.task.kind),
+                            probe=probe_of(ctx, client) if client is not None else None, link=apply_links,
+                            malformed=MalformedRow, raw_id=_raw_id, optimistic=optimistic)
 
 
 def write_listed_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, client: Getter) -> PageResult:

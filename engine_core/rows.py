@@ -1,0 +1,97 @@
+"""The engine's row shape: what a provider's mapper hands the write path (engine_core/write.py).
+
+A provider fetches its source rows and maps each into a `Mapped`: the target table, the column
+values it knows, the references to other source records by source id - parents (`Mapped.parents`:
+every one must be written first, or the row is skipped as a placeholder a later write takes over)
+and soft links (`Mapped.links`: filled when found, left empty when not) - the source version the
+ledger records (issue 9), and the match keys of tables whose rows may already be in the product
+(`match_emails` for contacts; companies and users match on their own `name`/`domain`/`email`
+values, `engine_core/target/crm.py`). The engine resolves the references through the ledger (one
+query per page), claims, writes and checkpoints; the row flows one way.
+
+A mapper that cannot map a row raises `MalformedRow` (or a subclass) with a reason naming the
+field: the row then fails alone, with that reason, in its window.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_core.errors import EngineError
+
+
+class MalformedRow(EngineError):
+    """The source row is malformed."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A reference to another source record: the column it fills and where the ledger keeps it.
+
+    `ref` names the record's ledger kind (`"companies"`); a provider whose references have words
+    of their own (Pipedrive's `"org"` -> `organizations`) subclasses this and overrides `kinds`
+    and `describe`. `column` is a column of the target table, or `<jsonb column>.<key>` for a
+    reference inside a JSON object of the row (a custom field: its entry gets `record_id`).
+    `source_field` is the source row's field holding the id (`org_id`), for words only."""
+
+    column: str
+    ref: str
+    source_id: str
+    source_field: str = field(default="", compare=False)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The ledger kinds the referenced record may be written under, first the current one."""
+        return (self.ref,)
+
+    @property
+    def parent_kind(self) -> str:
+        """The ledger kind of the record this points at (the first of `kinds`)."""
+        return self.kinds[0]
+
+    def describe(self) -> str:
+        """Why a row is not linked, in words (`"companies 42 is not here"`); "" says nothing more
+        than the skip's reason itself."""
+        return f"{self.ref} {self.source_id} is not here"
+
+    def dangling(self) -> dict[str, str]:
+        """What the product row and the ledger keep of a reference whose parent does not exist at
+        the source: `{"field": "org_id", "parent_kind": "organizations", "parent_id": "42"}`."""
+        return {"field": self.source_field or self.column, "parent_kind": self.parent_kind, "parent_id": self.source_id}
+
+
+@dataclass
+class Mapped:
+    """One source row in the engine's shape (see the module's docstring)."""
+
+    table: str
+    source_id: str
+    values: dict[str, Any]
+    parents: list[Ref] = field(default_factory=list)  # all must resolve, or the row is skipped
+    links: list[Ref] = field(default_factory=list)  # filled when found, empty when not
+    match_emails: list[str] = field(default_factory=list)
+    # the source version the ledger records (issue 9), e.g. the row's update time as served
+    version: str | None = None
+
+    def refs(self) -> list[Ref]:
+        return self.parents + self.links
+
+
+def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:
+    """The row's column values with resolved references filled in: a plain column gets the local
+    record id (None when not found), `<column>.<key>` sets `record_id` on the key's entry of the
+    JSON object in `<column>` (an entry absent from it is left absent). The row's own values are
+    not changed."""
+    values = dict(mapped.values)
+    for ref in mapped.refs():
+        record_id = found.get(ref)
+        if "." in ref.column:
+            column, key = ref.column.split(".", 1)
+            inner = dict(values.get(column) or {})
+            if key in inner:
+                inner[key] = {**inner[key], "record_id": record_id}
+                values[column] = inner
+        else:
+            values[ref.column] = record_id
+    return values

@@ -1,0 +1,459 @@
+"""The engine's write path (issue 11, "the engine owns the write"): a provider maps its source
+rows into the engine's row shape (`engine_core.rows.Mapped`); the engine resolves the page's
+references through the ledger in one query, optionally asks the provider whether missing parents
+exist at the source, then writes the page in windows with the checkpoint.
+
+    map -> resolve (one ledger query per page) -> probe (the provider's, holding no connection)
+        -> windows (`TaskContext.write_rows`): set-based statements for plain rows, per row else
+
+References. A row whose parents are not all in the ledger is skipped as "not linked to any
+record": a placeholder that a later write takes over. Soft links are filled when found, empty
+when not. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
+through its budgeted client) is given the missing parents the ledger knows nothing about, before
+the windows open and holding no database connection, and answers which exist: a parent it says
+does not exist (404) leaves the row imported with that link empty, the reference kept on the
+product row (`dangling_refs`) and the ledger entry (`dangling`) with a reason; one that exists
+but is not written keeps the row a placeholder, saying so.
+
+Optimistic windows (issue 11). Each window's plain rows - mapped, every parent written (or gone
+at the source), no written ledger entry for them when the page was read, their id once in the
+window, not a dry run, not a revisit's own rows - are written with set-based statements in a
+savepoint of the window's transaction: one match query per matched table (`crm.match_rows`, the
+one-row matches' rule), then one statement per table and column set that claims the rows in the
+ledger and inserts the product rows of the claims that won (`ledger.claim_window` with
+`ledger.NewRows`, `claim_record`'s contract: `ROWS`). A claim that lost (another list, run or
+worker holds the row) inserts nothing, and that row goes through the per-row path in the same
+transaction (its sighting: already here, or an update in place). Every other row goes through
+the per-row savepoints (`write_mapped` -> `ledger.write_once`). When the set-based part raises,
+its savepoint is rolled back and the window is written per row, so a malformed row still fails
+alone with its reason. `optimistic=False` keeps the per-row path alone (the baseline the bench
+and the tests compare with): the ledger and product rows are the same either way.
+
+Changes (issue 9). A written row seen again with a newer version is written over its product row
+in place (`crm.update`), outcome `updated`, the previous values in the ledger's history; a matched
+row (the product's own contact, company or user) is not overwritten unless the run option
+`overwrite_matched` is true. A dry run writes nothing (the per-row savepoints roll back); a parent
+this same run would have written earlier counts as linked (`ledger.dry_written`).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_core import ledger
+from engine_core.context import PageResult, TaskContext, row_id
+from engine_core.db import Conn
+from engine_core.models import Run
+from engine_core.rows import MalformedRow, Mapped, Ref, apply_links
+from engine_core.target import crm
+
+NOT_LINKED = "not linked to any record"
+DANGLING = "does not exist at the source (404)"
+NOT_WRITTEN = "exists at the source but is not written"
+
+Mapper = Callable[[Any], Mapped]
+Event = Callable[[str], None]
+Pair = tuple[str, str]  # (ledger kind, source id)
+# The provider's question to its source: of these missing parents the ledger knows nothing about,
+# which exist ({pair: True}), which do not ({pair: False}); pairs it leaves out stay placeholders.
+Probe = Callable[[list[Pair]], Mapping[Pair, bool]]
+# Fills a row's resolved references into its values (`rows.apply_links`, or a provider's own).
+Linker = Callable[[Mapped, Mapping[Ref, "int | None"]], dict[str, Any]]
+
+# How an optimistic window writes its product rows: "claimed" - inserted by the window's ledger
+# claim itself, one statement per table and column set (`ledger.claim_window` with
+# `ledger.NewRows`: ids, claim and insert together; a claim that loses inserts nothing); "copy" -
+# COPY with ids drawn from the sequence first, then the claim, then a delete of the rows whose
+# claim lost; "insert" - the same with one multi-row INSERT. bench/write_path.py measures the three.
+ROWS = "claimed"
+
+
+class Prepared(dict):
+    """A row ready for its window: a dict (the engine reads its `id`) carrying the mapping or the
+    reason it cannot be mapped."""
+
+    @classmethod
+    def of(cls, row: Any, mapper: Mapper, *, malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
+           raw_id: Callable[[Any], str | None] = row_id) -> Prepared:
+        """Map `row`; an exception of the `malformed` kinds makes a row that fails alone in its
+        window with that reason, recorded under `raw_id(row)` (None: not recorded)."""
+        try:
+            mapped = mapper(row)
+        except malformed as e:
+            return cls(id=raw_id(row), mapped=None, error=e)
+        return cls(id=mapped.source_id, mapped=mapped, error=None)
+
+
+def ledger_refs(mapped: Iterable[Mapped | None]) -> list[Pair]:
+    """Every (ledger kind, source id) the rows' references may be found under."""
+    pairs: list[Pair] = []
+    for m in mapped:
+        if m is None:
+            continue
+        for ref in m.refs():
+            pairs.extend((kind, ref.source_id) for kind in ref.kinds)
+    return pairs
+
+
+def lookup(found: Mapping[Pair, int], ref: Ref) -> int | None:
+    """The local record id a reference resolves to, else None."""
+    for kind in ref.kinds:
+        record_id = found.get((kind, ref.source_id))
+        if record_id is not None:
+            return record_id
+    return None
+
+
+def missing_parents(mapped: Iterable[Mapped | None], found: Mapping[Pair, int], dry: Collection[Pair] | None) -> set[Pair]:
+    """Parents of these rows that are not written (nor, in a dry run, would-be written)."""
+    out: set[Pair] = set()
+    for m in mapped:
+        if m is None:
+            continue
+        for ref in m.parents:
+            if lookup(found, ref) is None and not (dry and any((k, ref.source_id) in dry for k in ref.kinds)):
+                out.add((ref.parent_kind, ref.source_id))
+    return out
+
+
+def _describe_missing(ref: Ref, exists: Mapping[Pair, bool]) -> str:
+    if exists.get((ref.parent_kind, ref.source_id)) is True:
+        return ref.describe().replace("is not here", NOT_WRITTEN)
+    return ref.describe()
+
+
+def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool]) -> str:
+    """The reason a row whose parents are not written is skipped (a placeholder)."""
+    words = [d for d in (_describe_missing(ref, exists) for ref in missing) if d]
+    return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
+
+
+def _write_for(tx: Conn, mapped: Mapped, values: dict[str, Any]) -> Callable[[], ledger.Written]:
+    if mapped.table == "contacts":
+        return lambda: crm.write_contact(tx, values, mapped.match_emails)
+    if mapped.table == "companies":
+        return lambda: crm.write_company(tx, values)
+    if mapped.table == "users":
+        return lambda: crm.write_user(tx, values)
+    return lambda: crm.write(tx, mapped.table, values)
+
+
+def _dangling_reason(refs: list[dict[str, str]]) -> str | None:
+    if not refs:
+        return None
+    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} {DANGLING}" for r in refs)
+
+
+def write_mapped(
+    tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
+    dry: Collection[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
+    on_event: Event | None = None, held: ledger.Held | None = None, link: Linker = apply_links,
+) -> str:
+    """One row, per row: link, then write once through the ledger: imported, matched,
+    already_here, updated or skipped.
+
+    `found`: the page's resolved references (`ledger.resolve`); `dry`: a dry run's would-be
+    writes (`ledger.dry_written`). `exists`: what the source answered about missing parents (the
+    provider's probe); a parent it answered 404 for is dangling - the row is imported with that
+    link empty and the reference recorded. `on_event` hears `dangling`, `archived_updated` and
+    `update_skipped` (a written row's newer version whose parents are not here: outcome skipped,
+    the product row keeps its version; a retry's revisit of the task tries it again) (stats of
+    the task). `held`: the row's ledger entry as its page read it (`ledger.held`), so a row
+    already here at this version costs no write. `link`: fills resolved references into values.
+    """
+    exists = exists or {}
+    resolved: dict[Ref, int | None] = {}
+    missing: list[Ref] = []
+    dangling: list[Ref] = []
+    for ref in mapped.parents:
+        resolved[ref] = lookup(found, ref)
+        if resolved[ref] is None:
+            if exists.get((ref.parent_kind, ref.source_id)) is False:
+                dangling.append(ref)
+            else:
+                missing.append(ref)
+    pending = False
+    if missing:
+        # a dry run: a parent this run would itself have written counts as linked
+        would_exist = dry is not None and all(any((k, ref.source_id) in dry for k in ref.kinds) for ref in missing)
+        if run.dry_run and would_exist:
+            pending = True  # a dry run: this run would have created the parent first
+        else:
+            outcome = ledger.skip(tx, run, kind, mapped.source_id, _not_linked(missing, exists))
+            if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
+                # a newer version the product cannot take yet (its parent is not here): the row keeps
+                # the version it has, and the sighting says skipped, not already here
+                if on_event:
+                    on_event("update_skipped")
+                return ledger.SKIPPED
+            return outcome
+    for ref in mapped.links:
+        resolved[ref] = lookup(found, ref)
+    spec = crm.TABLES[mapped.table]
+    if pending:
+        return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(spec.record_type, None))
+    values = link(mapped, resolved)
+    refs = [ref.dangling() for ref in dangling]
+    if refs:
+        values["dangling_refs"] = refs
+    reason = _dangling_reason(refs)
+    write = _write_for(tx, mapped, values)
+    archived_before: list[bool] = []
+
+    def update(record_id: int) -> dict[str, Any] | None:
+        # a newer version at the source: the same product row, every mapped column brought up to it
+        # (its dangling references too: a parent the new version points at may exist now)
+        changed = {**values, "dangling_refs": refs or None} if "dangling_refs" in spec.columns else values
+        before = crm.update(tx, mapped.table, record_id, changed)
+        if before and "archived" in before:
+            archived_before.append(True)
+        return before
+
+    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason,
+                                version=mapped.version, update=update, on_event=on_event, held=held)
+    if outcome == ledger.ALREADY_HERE:
+        if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
+            # another list wrote this record at a version that cannot be ordered against this one:
+            # its archived flag may have moved since
+            record_id = ledger.record_of(tx, run, kind, mapped.source_id)
+            if record_id is not None and crm.refresh_archived(tx, mapped.table, record_id, mapped.values):
+                if on_event:
+                    on_event("archived_updated")
+    elif outcome == ledger.UPDATED:
+        if archived_before and on_event:
+            on_event("archived_updated")  # the update moved the archived flag (archived or restored)
+    elif refs and on_event:
+        on_event("dangling")
+    return outcome
+
+
+# --- a page ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PageRefs:
+    """What a page's rows need from the ledger and the source, read once before its windows."""
+
+    found: dict[Pair, int] = field(default_factory=dict)  # written references -> local ids
+    dry: set[Pair] | None = None  # a dry run's would-be writes
+    held: dict[str, ledger.Held | None] = field(default_factory=dict)  # the page's rows written already
+    exists: dict[Pair, bool] = field(default_factory=dict)  # the probe's answers
+
+
+def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
+    """Resolve a page's references, its rows' ledger entries and (a dry run) its would-be writes
+    in one connection; then, with that connection back in the pool, ask `probe` about missing
+    parents the ledger knows nothing about."""
+    mapped = [p["mapped"] for p in prepared]
+    refs = ledger_refs(mapped)
+    unknown: list[Pair] = []
+    with ctx.db.connection() as conn:
+        found = ledger.resolve(conn, ctx.run, refs)
+        dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
+        held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
+        missing = missing_parents(mapped, found, dry)
+        if missing and probe is not None:
+            known = ledger.known(conn, ctx.run, missing)
+            unknown = sorted(p for p in missing if p not in known)
+    # the connection is back in the pool: the source is asked holding nothing of the database
+    exists = dict(probe(unknown)) if unknown and probe is not None else {}
+    return PageRefs(found, dry, held, exists)
+
+
+def write_page(
+    ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, probe: Probe | None = None,
+    link: Linker = apply_links, malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
+    raw_id: Callable[[Any], str | None] = row_id, optimistic: bool = True,
+) -> PageResult:
+    """Map a page, resolve its references in one query, write it in the engine's windows.
+
+    `kind`: the ledger kind (default: the task's kind). `probe`: the provider's question about
+    missing parents (see the module's docstring). `link`, `malformed`, `raw_id`: how the
+    provider's rows fill their references, which mapper errors mean a malformed row and the id
+    a malformed row is recorded under. `optimistic`: plain rows in set-based statements per window
+    (False: every row through the per-row savepoints, today's path kept as the baseline). Rows a
+    window committed before (the task's offset) are not mapped again."""
+    kind = kind or ctx.task.kind
+    start = ctx.offset
+    prepared = [Prepared.of(row, mapper, malformed=malformed, raw_id=raw_id) if i >= start
+                else Prepared(id=None, mapped=None, error=None) for i, row in enumerate(rows)]
+    page = resolve_page(ctx, kind, prepared[start:], probe)
+
+    def writer(tx: Conn, row: Prepared) -> str:
+        if row["error"] is not None:
+            raise row["error"]
+        return write_mapped(tx, ctx.run, kind, row["mapped"], page.found, page.dry, exists=page.exists,
+                            on_event=ctx.stats.bump, held=page.held.get(row["id"]), link=link)
+
+    batch = window_batch(ctx, kind, page, link) if optimistic and not ctx.run.dry_run else None
+    return ctx.write_rows(prepared, writer, kind=kind, batch=batch)
+
+
+# --- optimistic windows ----------------------------------------------------------------------
+
+
+@dataclass
+class _Plain:
+    pos: int
+    mapped: Mapped
+    values: dict[str, Any]
+    refs: list[dict[str, str]]
+    written: ledger.Written | None = None
+
+
+# A window row's mapping and the reason it cannot be mapped (`Prepared`'s keys by default).
+Parts = Callable[[Any], "tuple[Mapped | None, BaseException | None]"]
+
+
+def _prepared_parts(row: Any) -> tuple[Mapped | None, BaseException | None]:
+    return row["mapped"], row["error"]
+
+
+def _plain(row: Any, page: PageRefs, link: Linker, parts: Parts = _prepared_parts) -> _Plain | None:
+    """The row as the set-based part writes it, or None when it goes per row."""
+    m, error = parts(row)
+    if m is None or error is not None or m.source_id in page.held or m.table not in crm.TABLES:
+        return None
+    resolved: dict[Ref, int | None] = {}
+    dangling: list[Ref] = []
+    for ref in m.parents:
+        resolved[ref] = lookup(page.found, ref)
+        if resolved[ref] is None:
+            if page.exists.get((ref.parent_kind, ref.source_id)) is not False:
+                return None  # a placeholder (or a dry run's pending row): per row
+            dangling.append(ref)
+    for ref in m.links:
+        resolved[ref] = lookup(page.found, ref)
+    values = link(m, resolved)
+    if values.get("source_id") != m.source_id:
+        return None  # the set-based insert finds its rows by source id
+    refs = [ref.dangling() for ref in dangling]
+    if refs:
+        values["dangling_refs"] = refs
+    return _Plain(0, m, values, refs)
+
+
+def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> str | None:
+    """The reason the set-based part skips the row (a parent neither written nor gone at the
+    source: `write_mapped`'s placeholder), or None when it does not. A row the page found written
+    (`page.held`: its newer version may be an `update_skipped`) goes per row."""
+    m, error = parts(row)
+    if m is None or error is not None or m.source_id in page.held:
+        return None
+    missing = [ref for ref in m.parents
+               if lookup(page.found, ref) is None and page.exists.get((ref.parent_kind, ref.source_id)) is not False]
+    return _not_linked(missing, page.exists) if missing else None
+
+
+def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dict[str, Any]]]:
+    """The rows' values over one column set where that writes the same row: a row without a
+    reference lacks its link column (and one without dangling parents `dangling_refs`), which
+    without a value is NULL (no default) - the same as an explicit None. Other differences keep
+    a row's own columns (one INSERT per column set)."""
+    union: dict[str, None] = {}
+    fillable = {"dangling_refs"}
+    for p in rows:
+        union.update(dict.fromkeys(p.values))
+        fillable.update(ref.column for ref in p.mapped.refs() if "." not in ref.column)
+    fillable &= spec.columns
+    out = []
+    for p in rows:
+        missing = union.keys() - p.values.keys()
+        if missing <= fillable:  # (in the union's order: one statement for every such row)
+            out.append((p, {c: p.values.get(c) for c in union}))
+        else:
+            out.append((p, p.values))
+    return out
+
+
+def window_batch(ctx: TaskContext, kind: str, page: PageRefs, link: Linker = apply_links,
+                 parts: Parts = _prepared_parts) -> Callable[[Conn, list[tuple[int, Any]]], dict[int, str]]:
+    """The optimistic windows' set-based part (`TaskContext.write_rows`'s `batch`) for rows whose
+    references `page` resolved: the module's docstring says which rows it writes and how. `parts`
+    reads a row's `Mapped` and mapping error (default: a `Prepared` row's); a row `page.held`
+    names (written already: its sighting may update it) goes per row. Not for a dry run."""
+    run = ctx.run
+
+    def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:
+        counts = Counter(row["id"] for _, row in todo)
+        plain: list[_Plain] = []
+        skips: dict[str, tuple[int, str]] = {}  # source id -> (position, reason)
+        for pos, row in todo:
+            if row["id"] is None or counts[row["id"]] > 1:
+                continue  # a duplicate id in the window: per row, in order
+            p = _plain(row, page, link, parts)
+            if p is not None:
+                p.pos = pos
+                plain.append(p)
+                continue
+            reason = _skipped(row, page, parts)
+            if reason is not None:
+                skips[parts(row)[0].source_id] = (pos, reason)  # type: ignore[union-attr]
+        out: dict[int, str] = {}
+        if skips:
+            # the window's placeholders in one statement (issue 11: a savepoint and a statement a row)
+            noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason) in skips.items()})
+            for sid, (pos, _) in skips.items():
+                out[pos] = noted[sid]
+        if not plain:
+            return out
+        by_table: dict[str, list[_Plain]] = {}
+        groups: list[ledger.NewRows] = []
+        for p in plain:
+            by_table.setdefault(p.mapped.table, []).append(p)
+        for table, group in by_table.items():
+            spec = crm.TABLES[table]
+            to_insert = group
+            if table in crm.MATCHED_TABLES:
+                matched = crm.match_rows(tx, table, [(p.pos, p.values, p.mapped.match_emails) for p in group])
+                for p in group:
+                    if p.pos in matched:
+                        p.written = ledger.Written(spec.record_type, matched[p.pos], matched=True)
+                to_insert = [p for p in group if p.written is None]
+            columns: dict[tuple[str, ...], list[tuple[_Plain, dict[str, Any]]]] = {}
+            for p, values in _same_columns(spec, to_insert):
+                columns.setdefault(tuple(values), []).append((p, values))
+            for pairs in columns.values():
+                same = [p for p, _ in pairs]
+                if ROWS == "claimed":
+                    groups.append(crm.new_rows(table, [v for _, v in pairs]))
+                    for p in same:
+                        p.written = ledger.Written(spec.record_type, None)  # its id: the claim's
+                    continue
+                ids = (crm.copy_rows if ROWS == "copy" else crm.insert_rows)(tx, table, [v for _, v in pairs])
+                for p in same:
+                    p.written = ledger.Written(spec.record_type, ids[p.mapped.source_id])
+        claims = {p.mapped.source_id: ledger.Claim(p.mapped.source_id, p.written, p.mapped.version,
+                                                   _dangling_reason(p.refs), p.refs or None)
+                  for p in plain if p.written is not None}
+        if groups:
+            # one statement per table and column set: its new rows' claims, the first also the matches'
+            won: set[str] = set()
+            rest = {sid for sid, c in claims.items() if c.written.record_id is not None}
+            for new in groups:
+                mine = [claims[str(r["source_id"])] for r in new.rows] + [claims[sid] for sid in sorted(rest)]
+                rest = set()
+                won |= ledger.claim_window(tx, run, kind, mine, new)
+        else:
+            won = ledger.claim_window(tx, run, kind, list(claims.values()))
+        lost: dict[str, list[int]] = {}
+        for p in plain:
+            if (p.mapped.source_id not in won and p.written is not None and not p.written.matched
+                    and p.written.record_id is not None):
+                lost.setdefault(p.mapped.table, []).append(p.written.record_id)
+        for table, ids in lost.items():
+            # someone else holds these rows: our writes go, and each row is seen again per row
+            crm.delete_rows(tx, table, ids)
+        events: list[str] = []
+        for p in plain:
+            if p.mapped.source_id in won:
+                out[p.pos] = ledger.MATCHED if p.written and p.written.matched else ledger.IMPORTED
+                if p.refs:
+                    events.append("dangling")
+        for e in events:
+            ctx.stats.bump(e)
+        return out
+
+    return batch
