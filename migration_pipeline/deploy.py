@@ -1,8 +1,9 @@
 """Where the steps of a migration run execute: in the run's own process (one machine), or on the
 worker hosts of a multi-host deployment through Dagster's celery executor (`dagster-celery`).
 
-`MIGRATE_EXECUTOR` chooses: `in_process` (the default; `migrate ui`, `migrate run`, the tests) or
-`celery`. With `celery`, the executor's config is the `execution: config:` block of
+`MIGRATE_EXECUTOR` chooses: `in_process` (the default; `migrate ui`, `migrate run`, the tests:
+Dagster's in-process executor with the engine run stopped on a terminate anywhere in the run,
+`lane.stopping_in_process_executor`) or `celery`. With `celery`, the executor's config is the `execution: config:` block of
 `MIGRATE_CELERY_CONFIG` (default `deploy/celery.yaml` in the clone), the same file every worker host
 starts with (`dagster-celery worker start -A dagster_celery.app -y deploy/celery.yaml`), so the run's
 orchestrator and the workers can never disagree about the broker or the acknowledgement policy.
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from dagster import ExecutorDefinition, in_process_executor
+from dagster import ExecutorDefinition
 
 from engine_core.errors import ConfigError
 
@@ -58,7 +59,11 @@ def executor_def(env: dict[str, str] | None = None) -> ExecutorDefinition:
     if name not in EXECUTORS:
         raise ConfigError(f"{EXECUTOR_ENV}={name!r}: expected one of {', '.join(EXECUTORS)}")
     if name == "in_process":
-        return in_process_executor
+        # Dagster's in-process executor that also stops the engine run when a terminate lands
+        # between steps or outside a phase op's drain (lane.stopping_in_process_executor; issue 10)
+        from migration_pipeline.lane import stopping_in_process_executor
+
+        return stopping_in_process_executor()
     try:
         import dagster_celery  # noqa: F401
     except ImportError:

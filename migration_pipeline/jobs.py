@@ -198,7 +198,7 @@ def drain_tenant_run(
         "executed": executed,
         "outcomes": dict(result.executed),
         "reason": result.reason,
-        "engine_run_status": after.status,
+        "engine_run_status_after_turn": after.status,
     })
 
 

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Iterator
 
-from engine_core import runs
+from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.models import Run
+from engine_core.planner import top_up
 from engine_core.providers.base import Provider
 from engine_core.worker import DrainResult, Worker
 
@@ -38,6 +39,24 @@ def hold_interrupts() -> Iterator[None]:
         yield
 
 
+# How often (as a fraction of MIGRATE_STALE_LOCK_SECONDS) a draining slot releases its run's stale tasks.
+RELEASE_EVERY = 6
+
+
+def claimable(db: Database, run_id: int, settings: Settings) -> bool:
+    """Whether the run has a task a worker could claim now: an enqueued pending task, or a pending
+    one the lane's top-up enqueues (`planner.top_up`). False when every open task is held by
+    another worker (running) - a slot that waits on them holds the lane for nothing."""
+    counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+    if counts.get("enqueued"):
+        return True
+    if counts.get("pending"):
+        top_up(db, run_id, settings)
+        counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+        return bool(counts.get("enqueued"))
+    return not counts.get("running")  # nothing open at all: let the worker close the phase
+
+
 def drain_in_slot(
     db: Database,
     run_id: int,
@@ -52,6 +71,7 @@ def drain_in_slot(
     logger: logging.Logger | None = None,
     on_tick: Callable[[], None] | None = None,
     tick_seconds: float = 5.0,
+    on_poll: Callable[[], None] | None = None,
 ) -> DrainResult:
     """Drain `run_id` on one worker thread until its phase closes (or the turn ends at a task boundary).
 
@@ -60,9 +80,20 @@ def drain_in_slot(
 
     `on_tick` is called on the calling (main) thread every `tick_seconds` while the worker drains:
     the phase op's progress reports (Dagster's log and events belong to that thread). An exception
-    from it is logged and does not stop the drain.
+    from it is logged and does not stop the drain. `on_poll` is called there too, every 0.25 s (the
+    launch's lane threads: their slots tag follows a thread that gave its slot back); the same.
 
     On termination (any BaseException that is not an Exception) the engine run is stopped.
+
+    Work that cannot proceed does not hold the slot (issue 10: after kill -9 of run workers,
+    Dagster's retry runs and drainers sat idle on all the lane's slots while other tenants queued):
+    * a turn-based slot (`turn_seconds`: a drainer) ends its turn ("nothing_to_claim") when the run
+      has no task it could claim now - the rest are held by other workers - instead of waiting
+      on them; the lane poller requests drainers again once tasks are enqueued;
+    * while the slot drains, every RELEASE_EVERY-th of MIGRATE_STALE_LOCK_SECONDS it applies the
+      reaper's stale-lock rule to its own run (`reaper.release_stale_of_run`), so a task a killed
+      worker held is pending again MIGRATE_STALE_LOCK_SECONDS after its last lock renewal, not
+      after the reaper's next tick (every 300 s, and never without a daemon).
     """
     logger = logger or log
     cancel = threading.Event()
@@ -85,6 +116,9 @@ def drain_in_slot(
                 if give_way is not None and give_way():
                     total.reason = "gave_way"
                     break
+                if turn_seconds is not None and not claimable(db, run_id, settings):
+                    total.reason = "nothing_to_claim"
+                    break
                 r = worker.drain(run_id, until_phase_closed=until_phase_closed, max_tasks=1)
                 for outcome, n in r.executed.items():
                     total.executed[outcome] = total.executed.get(outcome, 0) + n
@@ -105,7 +139,20 @@ def drain_in_slot(
     thread.start()
     try:
         next_tick = time.monotonic() + tick_seconds
+        release_every = max(0.5, settings.stale_lock_seconds / RELEASE_EVERY)
+        next_release = time.monotonic() + release_every
         while not done.wait(0.25):
+            if on_poll is not None:
+                try:
+                    on_poll()
+                except Exception:  # the lane's bookkeeping must not stop the migration
+                    logger.exception("lane poll failed")
+            if time.monotonic() >= next_release:
+                next_release = time.monotonic() + release_every
+                try:
+                    reaper.release_stale_of_run(db, run_id, settings.stale_lock_seconds)
+                except Exception:  # the reaper's sweep does the same later
+                    logger.exception("could not release stale tasks of engine run %s", run_id)
             if on_tick is not None and time.monotonic() >= next_tick:
                 next_tick = time.monotonic() + tick_seconds
                 try:
@@ -135,3 +182,69 @@ def drain_in_slot(
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
+
+
+# -- a terminate stops the engine run, wherever it lands -----------------------------------------
+
+def stop_on_interrupt(instance, dagster_run_id: str, log=None) -> int | None:
+    """The engine run a terminated Dagster run drives gets its stop flag (`deploy.stop_engine_run`),
+    unless another launch (not a drainer) of the tenant is in flight on it: the engine id, or None.
+    Errors are logged, never raised: the termination goes on."""
+    from dagster import RunsFilter
+
+    from migration_pipeline import tags
+    from migration_pipeline.deploy import stop_engine_run
+
+    try:
+        run = instance.get_run_by_id(dagster_run_id)
+        engine = run.tags.get(tags.ENGINE_RUN, "") if run is not None else ""
+        if not engine.isdigit():
+            return None
+        from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
+
+        others = [r for r in instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: engine},
+                                                                  statuses=list(IN_PROGRESS_RUN_STATUSES)))
+                  if r.run_id != dagster_run_id and r.tags.get(tags.ROLE) != tags.DRAINER]
+        if others:
+            return None
+        return stop_engine_run(instance, dagster_run_id, log)
+    except Exception:  # noqa: BLE001 - the termination matters more
+        (log or logging.getLogger(__name__)).exception("could not stop the engine run of %s", dagster_run_id)
+        return None
+
+
+def stopping_in_process_executor():
+    """Dagster's in-process executor, with one addition: a termination stops the engine run.
+
+    A terminate raises DagsterExecutionInterruptedError in the run's main thread wherever it is
+    (DAGSTER_NOTES.md trap 6). The phase op stops the engine run when it lands in the op's body
+    (`drain_in_slot`, the op's early-termination handler), but it also lands between steps, in a
+    step's set-up (resources) before the op body, and in the op after its drain (materialising):
+    the Dagster run ended CANCELED while the engine run went on, drainers finished it, and a
+    relaunch then started a new engine run (#2) instead of resuming #1 (issue 10, the browser
+    flow). Here the executor itself - around every step of the run - catches the interruption and
+    sets the stop flag of the engine run the Dagster run is tagged with (`stop_on_interrupt`),
+    then re-raises: Dagster ends the run CANCELED, the engine run stops at its next checkpoint and
+    relaunching the partition resumes it. The same config as `in_process`."""
+    from dagster import executor
+    from dagster._core.definitions.executor_definition import IN_PROC_CONFIG, _core_in_process_executor_creation
+    from dagster._core.executor.in_process import InProcessExecutor
+
+    class StoppingInProcessExecutor(InProcessExecutor):
+        def execute(self, plan_context, execution_plan):
+            try:
+                yield from super().execute(plan_context, execution_plan)
+            except Exception:
+                raise
+            except BaseException:
+                with hold_interrupts():
+                    stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+                raise
+
+    @executor(name="in_process", config_schema=IN_PROC_CONFIG)
+    def in_process_stopping(init_context):
+        base = _core_in_process_executor_creation(init_context.executor_config)
+        return StoppingInProcessExecutor(retries=base.retries, step_dependency_config=base.step_dependency_config,
+                                         marker_to_close=base.marker_to_close)
+
+    return in_process_stopping

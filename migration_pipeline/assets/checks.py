@@ -17,10 +17,12 @@
 * `matches_source` (issue 9, "a proof from the source"): the phase's kinds proved against the source
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
-  requests and tokens it spent. It spends source tokens, so it is not blocking and not in the
-  tenant or sync job: run it on its own from the UI through the `verify_tenant` job's launchpad on
-  a tenant partition (every phase; its evaluations land on these checks). Built only for a provider
-  that can list its ids (`Provider.source_ids`).
+  requests and tokens it spent. It spends source tokens, so it is opt-in: not blocking, not in the
+  tenant or sync job, and skipped (no result, no request) by any run that materialises assets -
+  "Materialize all" on the asset graph puts every check of the selected assets in its run
+  (`proof_requested`). Run it on its own from the check's page, or through the `verify_tenant`
+  job's launchpad on a tenant partition (every phase; its evaluations land on these checks). Built
+  only for a provider that can list its ids (`Provider.source_ids`).
 
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
@@ -32,7 +34,8 @@ import warnings
 from typing import Any
 
 from dagster import PreviewWarning
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition, MetadataValue, asset_check
+from dagster import (AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition,
+                     AssetCheckSpec, MetadataValue, multi_asset_check)
 from psycopg import sql
 
 from engine_core import rollup as rollups
@@ -126,10 +129,13 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
         ours = sql.SQL(" AND x.source = %(s)s") if _has_column(db, record_type, "source") else sql.SQL("")
         if _has_column(db, record_type, "kind"):  # a table shared by kinds of several phases
             ours = ours + sql.SQL(" AND x.kind = ANY(%(k)s)")
+        # a set difference, not NOT EXISTS: its plan does not depend on the tables' statistics (a
+        # check right after a phase wrote into fresh tables planned NOT EXISTS as a nested loop over
+        # the ledger, ~0.5 s a phase on a small account with autovacuum off; issue 11)
         q = sql.SQL(
-            "SELECT count(*) AS n FROM {table} x WHERE x.tenant_id = %(t)s{ours} AND NOT EXISTS ("
-            " SELECT 1 FROM migration_records r WHERE r.tenant_id = %(t)s AND r.record_type = %(rt)s"
-            " AND r.record_id = x.id AND r.action IN ('created', 'matched'))"
+            "SELECT count(*) AS n FROM (SELECT x.id FROM {table} x WHERE x.tenant_id = %(t)s{ours}"
+            " EXCEPT SELECT r.record_id FROM migration_records r WHERE r.tenant_id = %(t)s"
+            " AND r.record_type = %(rt)s AND r.action IN ('created', 'matched')) d"
         ).format(table=table, ours=ours)
         params = {"t": tenant, "rt": record_type, "s": source, "k": kinds}
         with db.connection() as c:
@@ -210,29 +216,44 @@ def completeness_check(db: Database, tenant: str, source: str, spec: PhaseSpec) 
     return bool(c["complete"]), md
 
 
+LEDGER_MATCHES_TARGET = "ledger_matches_target"
+NO_DUPLICATE_CLAIMS = "no_duplicate_claims"
+KINDS_ADD_UP = "kinds_add_up"
+
+
 def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
+    """The phase's three ledger checks as one subsettable op: one step per phase instead of three
+    (issue 11: in a `migrate run` of a small account the per-check steps - each its own start,
+    events and database connection - took longer than some phases). Each check is still its own
+    AssetCheckSpec: the UI lists, selects and shows them one by one; a selection of some of them
+    evaluates only those."""
     kinds = list(spec.kinds)
+    specs = [
+        AssetCheckSpec(LEDGER_MATCHES_TARGET, asset=spec.key, partitions_def=tenants,
+                       description=f"Ledger ids = target rows, per kind ({', '.join(kinds)})."),
+        AssetCheckSpec(NO_DUPLICATE_CLAIMS, asset=spec.key, partitions_def=tenants,
+                       description="No target row claimed twice or written without its claim; no source id written twice."),
+        AssetCheckSpec(KINDS_ADD_UP, asset=spec.key, partitions_def=tenants,
+                       description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
+                                   "where it gives one (the engine's completeness check at phase close)."),
+    ]
 
-    @asset_check(asset=spec.key, name="ledger_matches_target", partitions_def=tenants,
-                 description=f"Ledger ids = target rows, per kind ({', '.join(kinds)}).")
-    def ledger_matches_target(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
-        passed, md = ledger_check(database.database(), context.partition_key, spec.source, kinds)
-        return AssetCheckResult(passed=passed, metadata=md)
+    @multi_asset_check(name=f"{spec.key.to_python_identifier()}_ledger_checks", specs=specs, can_subset=True)
+    def ledger_checks(context: AssetCheckExecutionContext, database: MigrationDatabase):
+        db, tenant = database.database(), context.partition_key
+        selected = {k.name for k in context.selected_asset_check_keys}
+        if LEDGER_MATCHES_TARGET in selected:
+            passed, md = ledger_check(db, tenant, spec.source, kinds)
+            yield AssetCheckResult(asset_key=spec.key, check_name=LEDGER_MATCHES_TARGET, passed=passed, metadata=md)
+        if NO_DUPLICATE_CLAIMS in selected:
+            passed, md = duplicates_check(db, tenant, spec.source, kinds)
+            yield AssetCheckResult(asset_key=spec.key, check_name=NO_DUPLICATE_CLAIMS, passed=passed, metadata=md)
+        if KINDS_ADD_UP in selected:
+            passed, md = completeness_check(db, tenant, spec.source, spec)
+            yield AssetCheckResult(asset_key=spec.key, check_name=KINDS_ADD_UP, passed=passed, metadata=md,
+                                   severity=AssetCheckSeverity.ERROR)
 
-    @asset_check(asset=spec.key, name="no_duplicate_claims", partitions_def=tenants,
-                 description="No target row claimed twice or written without its claim; no source id written twice.")
-    def no_duplicate_claims(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
-        passed, md = duplicates_check(database.database(), context.partition_key, spec.source, kinds)
-        return AssetCheckResult(passed=passed, metadata=md)
-
-    @asset_check(asset=spec.key, name="kinds_add_up", partitions_def=tenants,
-                 description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
-                             "where it gives one (the engine's completeness check at phase close).")
-    def kinds_add_up(context: AssetCheckExecutionContext, database: MigrationDatabase) -> AssetCheckResult:
-        passed, md = completeness_check(database.database(), context.partition_key, spec.source, spec)
-        return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
-
-    return [ledger_matches_target, no_duplicate_claims, kinds_add_up]
+    return [ledger_checks]
 
 
 def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, settings: Any = None) -> tuple[bool, dict[str, Any]]:
@@ -270,19 +291,49 @@ def can_list_ids(source: str) -> bool:
         return False
 
 
+def proof_requested(run: Any, key: AssetCheckKey) -> bool:
+    """Whether a Dagster run asked for the proof `key` on its own: it materialises no asset (its
+    asset selection is given and empty) and its check selection, when it has one, names the check -
+    the check's own page, or a launch of the checks alone.
+
+    "Materialize all" on the asset graph (and a backfill) puts every check of the selected assets in
+    the run, `matches_source` included; a launch of `__ASSET_JOB` with no selection runs every asset
+    and check. The proof spends source tokens, so those runs skip it (issue 10: a plain
+    materialize-all must not call the source). The `verify_tenant` job is the other way in (jobs.py)."""
+    assets = getattr(run, "asset_selection", None)
+    checks = getattr(run, "asset_check_selection", None)
+    return assets is not None and not assets and (checks is None or key in checks)
+
+
 def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
+    key = AssetCheckKey(spec.key, MATCHES_SOURCE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PreviewWarning)
 
-        @asset_check(asset=spec.key, name=MATCHES_SOURCE, partitions_def=tenants, blocking=False,
-                     description=(f"The source's ids of {', '.join(spec.kinds)} (cheapest listing) = the ledger = "
-                                  "the product's rows: names every missing, extra, duplicated and stale row, and "
-                                  "the requests and tokens it spent. Spends source tokens: run it on its own."))
+        # A subsettable multi-asset check so that its result is optional: in a run that did not ask
+        # for it alone, the op yields nothing and Dagster records the check as skipped (no result,
+        # no tokens spent) instead of a pass or a failure it never evaluated.
+        @multi_asset_check(
+            name=f"{spec.key.to_python_identifier()}_{MATCHES_SOURCE}",
+            specs=[AssetCheckSpec(MATCHES_SOURCE, asset=spec.key, blocking=False, partitions_def=tenants,
+                                  description=(f"The source's ids of {', '.join(spec.kinds)} (cheapest listing) = "
+                                               "the ledger = the product's rows: names every missing, extra, "
+                                               "duplicated and stale row, and the requests and tokens it spent. "
+                                               "Spends source tokens, so it runs only when asked for on its own "
+                                               "(this check's page, or the verify_tenant job): a materialize-all "
+                                               "skips it."))],
+            can_subset=True,
+        )
         def matches_source(context: AssetCheckExecutionContext, database: MigrationDatabase, source: SourceResource,
-                           lane: LaneSettings) -> AssetCheckResult:
+                           lane: LaneSettings):
+            if not proof_requested(context.run, key):
+                context.log.info(f"{MATCHES_SOURCE} of {spec.key.to_user_string()} skipped: it spends source tokens "
+                                 "and runs only on its own (this check's page, or the verify_tenant job)")
+                return
             passed, md = source_check(database.database(), source.provider(), context.partition_key, spec,
                                       lane.engine_settings())
-            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
+            yield AssetCheckResult(asset_key=spec.key, check_name=MATCHES_SOURCE, passed=passed, metadata=md,
+                                   severity=AssetCheckSeverity.ERROR)
 
     return matches_source
 

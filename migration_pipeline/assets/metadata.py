@@ -72,14 +72,24 @@ def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
 
 
 def reasons_table(reasons: list[dict[str, Any]]) -> str:
-    """Grouped reasons (`rollup.grouped_reasons`) as a markdown table, biggest first, 30 at most."""
+    """Grouped reasons (`rollup.grouped_reasons`) as a markdown table, biggest first, 30 at most: the
+    reason's shape (ids and numbers as `{id}` / `{n}`), the rows or tasks of that shape, one reason
+    as written ("e.g.", when it differs from the shape) and a few example source ids."""
     if not reasons:
         return "No rows skipped or failed, no task failed."
-    lines = ["| kind | what | count | reason | samples |", "|---|---|---:|---|---|"]
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| kind | what | count | reason | e.g. | example ids |", "|---|---|---:|---|---|---|"]
     for g in reasons[:30]:
-        reason = str(g["reason"]).replace("|", "\\|").replace("\n", " ")
+        example = g.get("example") or ""
+        example = "" if example == g["reason"] else example
         samples = ", ".join(str(s) for s in g.get("samples", []))
-        lines.append(f"| {g['kind']} | {g.get('action', '')} | {g['count']} | {reason} | {samples} |")
+        lines.append(f"| {g['kind']} | {g.get('action', '')} | {g['count']} | {cell(g['reason'])} | {cell(example)[:200]} "
+                     f"| {samples} |")
+    if len(reasons) > 30:
+        lines.append(f"| | | | {len(reasons) - 30} more group(s) | | |")
     return "\n".join(lines)
 
 
@@ -146,12 +156,28 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, A
     }
 
 
+def phase_status(tasks: dict[str, int]) -> str:
+    """A closed phase's state from its tasks' statuses: "closed" (every task succeeded), or
+    "closed with N failed task(s)" (the engine run failed at this phase)."""
+    failed = int(tasks.get("failed", 0))
+    return f"closed with {failed} failed task(s)" if failed else "closed"
+
+
 def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
+    """A closed phase's materialisation metadata: `phase_status` ("closed" / "closed with N failed
+    task(s)"), the engine run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the
+    run's status when this phase closed, "running" for every phase but the last), counts in total
+    and per kind, tasks, rows/s, duration by payload, grouped reasons, a capped table of skipped
+    and failed rows, completeness."""
     s = phase_summary(db, r, phase)
     md: dict[str, Any] = {
         "engine_run": MetadataValue.text(r.name),
         "engine_run_id": MetadataValue.int(r.run_id),
-        "engine_run_status": MetadataValue.text(r.status),
+        # what this materialisation says: the phase closed (issue 10: a key `engine_run_status` said
+        # "running" on every phase but the last, read as the phase's state); the engine run's own
+        # status when the phase closed is beside it, named as such
+        "phase_status": MetadataValue.text(phase_status(s["tasks"])),
+        "engine_run_status_at_close": MetadataValue.text(r.status),
         "dry_run": MetadataValue.bool(r.dry_run),
         "phase": MetadataValue.text(f"{phase + 1}/{len(r.phases)}: {', '.join(s['names'])}"),
     }

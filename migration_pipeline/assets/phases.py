@@ -16,11 +16,20 @@ A phase asset's op, for its tenant partition:
    failed rows, completeness), or fails with the grouped reasons if the phase closed with failed
    tasks (the engine run failed there too). An engine run stopped from elsewhere (`migrate stop`)
    ends the Dagster run CANCELED, as a terminate from the UI does.
+
+A launch on a tenant whose latest run succeeded starts nothing unless it is a sync or asks for a new
+run (run tag `migration/new_run=true`; `runs.AlreadyMigrated`). A terminate ends the step with a
+one-line Failure saying how to resume, the run CANCELED. A phase out of the run's plan (a run
+limited to some kinds) is not materialised, except where a planned phase follows it in the same
+Dagster run (`not_in_plan`).
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
+import os
 import re
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -40,8 +49,10 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused, NothingToSync
-from engine_core.runs import RunStillStopping
+from engine_core.config import Settings, number
+from engine_core.errors import AdmissionRefused, ConfigError, NothingToSync
+from engine_core.worker import Worker
+from engine_core.runs import AlreadyMigrated, RunStillStopping
 from engine_core.models import Run
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
@@ -52,8 +63,10 @@ from migration_pipeline.lane import drain_in_slot, hold_interrupts
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
 
+NEW_RUN_TAG = tags.NEW_RUN  # without it a tenant whose latest run succeeded gets no new full run (`runs.AlreadyMigrated`)
 ATTACHED_BY = "migration/attached_by"  # the Dagster run that prepared the engine run (once per run)
 PROGRESS_SECONDS = 5.0  # how often a running phase reports its progress (log line + asset observation)
+LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # lane threads of a launch's phase op (see LaunchLanes)
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,19 @@ def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str) -> No
         context.instance.add_run_tags(context.run_id, {tags.ENGINE_RUN: str(run.id), tags.SOURCE: source})
 
 
+def asks_for_new_run(run_tags: dict[str, str]) -> bool:
+    """Whether the launch asks for a new engine run explicitly: run tag `migration/new_run` set to
+    true/yes/1 (case-insensitive). Anything else (absent, "false") does not."""
+    return run_tags.get(NEW_RUN_TAG, "").strip().lower() in ("true", "yes", "1")
+
+
+def already_migrated_message(e: AlreadyMigrated, tenant: str) -> str:
+    """The one-line refusal of a launch on a tenant whose latest run succeeded, with what to do."""
+    return (f"not starting a new run: {e}. To bring what changed since, launch the sync_tenant job on "
+            f"partition {tenant!r} (or `migrate sync {tenant}`); to migrate again from scratch, launch with "
+            f"the run tag {NEW_RUN_TAG}=true (or resources.new_run.config.start_new: true)")
+
+
 def attach_run(context: AssetExecutionContext, db: Database, source: SourceResource, new_run: NewRunOptions) -> Run:
     run_tags = _run_tags(context)
     tagged = run_tags.get(tags.ENGINE_RUN, "")
@@ -113,7 +139,12 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
     try:
         got = runs.attach(db, source.provider(), context.partition_key,
                           tagged_run_id=int(tagged) if tagged.isdigit() else None,
-                          start_kwargs=start_kwargs)
+                          start_kwargs=start_kwargs, new_run=asks_for_new_run(run_tags) or new_run.start_new)
+    except AlreadyMigrated as e:
+        # CANCELED, not FAILURE: Dagster counts every partition a FAILURE run planned and did not
+        # materialise as failed (storage/partition_status_cache.py), which would turn the tenant's
+        # phases red over a refusal, and run retries would relaunch a FAILURE run
+        cancel_this_run(context, already_migrated_message(e, context.partition_key))
     except (AdmissionRefused, NothingToSync) as e:
         raise Failure(str(e), allow_retries=False) from None
     if got.message:
@@ -140,20 +171,43 @@ def prepare_run(context: AssetExecutionContext, db: Database, source: SourceReso
 def cancel_this_run(context: Any, message: str) -> NoReturn:
     """End this Dagster run CANCELED, as a terminate from the UI does: the engine run was stopped
     from elsewhere (`migrate stop`, another launch's terminate), so Dagster tells the same story
-    (issue 10: a stop made the run FAILURE from the CLI, CANCELED from the UI). Dagster's own
-    terminate marks the run CANCELING and interrupts the step; so does this."""
+    (issue 10: a stop made the run FAILURE from the CLI, CANCELED from the UI). The run is marked
+    CANCELING (what Dagster's own terminate does) and the step ends with a one-line `Failure`: a
+    run with a failed step that is CANCELING ends CANCELED (dagster/_core/execution/api.py,
+    `job_execution_iterator`), and the step's event says why without an interrupt's stack trace."""
     context.log.warning(message)
     context.instance.report_run_canceling(context.run, message=message)
-    raise DagsterExecutionInterruptedError(message)
+    raise Failure(description=message, allow_retries=False)
+
+
+def terminate_requested(context: Any) -> bool:
+    """Whether this Dagster run was asked to terminate (CANCELING or CANCELED): an interrupt then is
+    the user's request, not a crash. False when it cannot be read."""
+    from dagster import DagsterRunStatus
+
+    try:
+        current = context.instance.get_run_by_id(context.run_id)
+    except Exception:  # noqa: BLE001 - unknown: treat the interrupt as Dagster does
+        return False
+    return current is not None and current.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
+
+
+def stopped_by_terminate(run: Run | None) -> str:
+    """The one line a terminated phase step ends with (issue 10: a terminate looked like a crash)."""
+    if run is None:
+        return "stopped by a terminate request before an engine run was attached; relaunching starts or joins the tenant's run"
+    return f"stopped by a terminate request; relaunch resumes engine run {run.id}"
 
 
 # -- the phase op --------------------------------------------------------------------------------
 
 
-def stop_after_early_termination(context: AssetExecutionContext, db: Database, source: str, run: Run | None) -> None:
-    """Set the stop flag of the engine run this op attached to; if the termination came between
-    starting one and tagging the Dagster run with it, of the tenant's live run that no Dagster run
-    has attached to (the one this op just started)."""
+def stop_after_termination(context: AssetExecutionContext, db: Database, source: str, run: Run | None) -> Run | None:
+    """Set the stop flag of the engine run this op attached to, wherever in the op a termination
+    landed (attach, prepare, the drain - `drain_in_slot` has set it already - or materialising after
+    the drain); if it came between starting one and tagging the Dagster run with it, of the tenant's
+    live run that no Dagster run has attached to (the one this op just started). The engine run, or
+    None. Never raises: the termination itself matters more."""
     with hold_interrupts():
         try:
             if run is None:
@@ -165,12 +219,14 @@ def stop_after_early_termination(context: AssetExecutionContext, db: Database, s
                     if live is not None and not context.instance.get_runs_count(
                             RunsFilter(tags={tags.ENGINE_RUN: str(live.id)})):
                         run = live
-            if run is not None and not run.terminal:
-                stopped = runs.stop(db, run.id)
-                context.log.warning(f"terminated before draining: stop requested for {stopped.name}")
+            if run is not None:
+                run = runs.get_run(db, run.id)
+                if not run.terminal and not run.cancel_requested:
+                    run = runs.stop(db, run.id)
+                    context.log.warning(f"terminated: stop requested for {run.name}")
         except Exception:  # the termination itself matters more
-            context.log.exception("could not set the engine run's stop flag after an early termination")
-
+            context.log.exception("could not set the engine run's stop flag after a termination")
+    return run
 
 
 class PhaseReporter:
@@ -223,6 +279,247 @@ class PhaseReporter:
         return f"{w.reason}, until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.reason and w.until else None
 
 
+# -- the phase op's lane threads -------------------------------------------------------------------
+
+
+def launch_threads(settings: Settings, env: dict[str, str] | None = None) -> int:
+    """MIGRATE_LAUNCH_THREADS: how many lane threads a launch's phase op may drain with, from 1 to the
+    lane width (the default, unset: the width; larger values are capped to it). The op takes at most
+    its tenant's fair share of the lane's slots (`LaunchLanes`); 1 leaves the rest of the share to
+    drainer runs. Raises ConfigError (one line naming the variable) for anything else."""
+    value = int(number(LAUNCH_THREADS_ENV, env))  # ConfigError naming the variable (engine_core.config)
+    return settings.lane_width if value == 0 else min(value, settings.lane_width)  # 0: unset
+
+
+LANE_REFRESH_SECONDS = 1.0  # how often a launch with more than one thread re-reads its allowance
+LANE_WAIT_SECONDS = 0.5  # how often a launch waiting for a lane slot looks again
+
+
+class LaunchLanes:
+    """The lane slots of a launch's phase op: its own thread (`drain_in_slot`) and up to
+    MIGRATE_LAUNCH_THREADS - 1 more in the op's process (issue 11: a small account spent most of
+    `migrate run` in one thread while drainer runs, each a process of its own, started).
+
+    The lane counts slots (threads), not runs (`fair_lane`): before its own thread drains, the op
+    takes `LanePicture.slots_for` slots - at most the tenant's fair share, never one another run
+    holds - and records them on its Dagster run (`fair_lane.LANE_SLOTS_TAG`, with the most it may
+    grow to in `LANE_THREADS_TAG`), so the sensors request drainers only for slots no launch thread
+    holds or will take. Taking is serialised by an advisory lock of the engine database
+    (`fair_lane.LANE_LOCK`), so two launches never both take the same free slot. When none is free
+    the op records 0 and waits (the tenant is then "waiting": other tenants' extra threads and
+    drainers above their share give way at their next task boundary). While it drains, the op
+    re-reads its allowance every LANE_REFRESH_SECONDS (`poll`, on the op's main thread: Dagster's
+    instance is not shared with the threads): it starts threads up to it, and threads beyond it give
+    their slot back at a task boundary; the tag is raised before a thread starts and lowered only
+    once a thread has stopped, so it never says fewer threads than drain. The op's own thread never
+    gives way. A termination stops the engine run (`drain_in_slot`), which every thread checks
+    before a claim."""
+
+    def __init__(self, context: AssetExecutionContext, db: Database, run_id: int, phase: int,
+                 settings: Settings, providers: Any, threads: int) -> None:
+        from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG
+
+        self.context, self.db, self.run_id, self.phase = context, db, run_id, phase
+        self.settings, self.providers, self.threads = settings, providers, threads
+        self.cancel = threading.Event()
+        self.allowance = 1  # slots this op may hold now, its own thread included
+        self.extra: dict[int, threading.Event] = {}  # extra thread index -> done
+        self.finished = False  # a thread found the phase closed (or the run not running): no more starts
+        self.errors: list[BaseException] = []
+        self.executed = 0
+        self.pool: Database | None = None
+        self.next_refresh = 0.0
+        current = _run_tags(context)  # a previous phase op of this Dagster run may have tagged it
+        # the first record writes both (the sensors hold drainers back until a launch said its threads)
+        self.recorded = (current.get(LANE_SLOTS_TAG), current.get(LANE_THREADS_TAG))
+        self.stamped = 0.0  # when this op last wrote its lane_seen stamp (epoch seconds)
+        self.stamp_every = max(1.0, settings.stale_lock_seconds / 4)
+
+    # -- the slots tag and the lane lock
+
+    def live(self) -> int:
+        """Threads draining now, the op's own included."""
+        return 1 + sum(1 for done in self.extra.values() if not done.is_set())
+
+    def record(self, slots: int) -> None:
+        """Write the run's slots tag when it changed, and its live stamp every `stamp_every` seconds
+        (one write to the run storage; a stale stamp counts as a dead launch's 1 slot)."""
+        from migration_pipeline.fair_lane import LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG
+
+        wanted = (str(slots), str(self.threads))
+        now = time.time()
+        if wanted != self.recorded or now - self.stamped >= self.stamp_every:
+            # the stamp says the slots are live (fair_lane.held_by_launch): a dead launch's go back
+            self.context.instance.add_run_tags(self.context.run_id, {
+                LANE_SLOTS_TAG: wanted[0], LANE_THREADS_TAG: wanted[1], LANE_SEEN_TAG: f"{now:.0f}"})
+            self.recorded, self.stamped = wanted, now
+
+    def _slots_now(self) -> int:
+        """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`)."""
+        from migration_pipeline.fair_lane import lane_picture
+
+        picture = lane_picture(self.context.instance, self.db, self.settings)
+        return picture.slots_for(self.context.partition_key, self.context.run_id, self.threads)
+
+    def _locked(self, take: Any) -> int:
+        """`take()` (which reads the picture and records the tag) under the lane's advisory lock."""
+        from migration_pipeline.fair_lane import LANE_LOCK
+
+        with self.db.connection() as conn:
+            conn.sql("SELECT pg_advisory_lock(%s, %s)", LANE_LOCK)
+            try:
+                return take()
+            finally:
+                conn.sql("SELECT pg_advisory_unlock(%s, %s)", LANE_LOCK)
+
+    # -- taking, growing, giving back
+
+    def acquire(self) -> None:
+        """Before the op's own thread drains: take this run's slots, waiting (tag 0) while the lane
+        has none free for it; then start the extra threads. Stops waiting when the phase closed or
+        the engine run is no longer running (the drain that follows finds out why)."""
+
+        def take() -> int:
+            n = self._slots_now()
+            self.record(n)
+            return n
+
+        announced = False
+        while True:
+            try:
+                n = self._locked(take)
+            except Exception:  # noqa: BLE001 - no picture: drain in the run's own slot, as a run always could
+                self.context.log.exception("could not read the lane's picture; draining this phase in one thread")
+                n = 1
+            if n >= 1:
+                self.allowance = n
+                break
+            run = runs.get_run(self.db, self.run_id)
+            if run.status != "running" or run.cancel_requested or run.current_phase > self.phase:
+                self.allowance = 1
+                break
+            if not announced:
+                self.context.log.info(f"waiting for a lane slot: the lane's {self.settings.lane_width} slots are "
+                                      "held by other runs or beyond this tenant's fair share")
+                announced = True
+            time.sleep(LANE_WAIT_SECONDS)
+        self.record(max(self.allowance, self.live()))
+        self._grow()
+        if self.allowance > 1:
+            self.context.log.info(f"draining phase {self.phase + 1} with {self.allowance} lane threads "
+                                  f"({LAUNCH_THREADS_ENV}={self.threads})")
+
+    def poll(self) -> None:
+        """On the op's main thread, every 0.25 s: the tag follows threads that gave their slot back;
+        every LANE_REFRESH_SECONDS the allowance is read again and threads start up to it."""
+        if self.threads > 1 and not self.finished and time.monotonic() >= self.next_refresh:
+            self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS
+            self.refresh()
+        else:
+            self.record(max(self.allowance, self.live()))
+
+    def refresh(self) -> int:
+        """Read the allowance again (the op's own slot is never given back); record it; start threads
+        up to it. Returns the allowance."""
+
+        def take() -> int:
+            n = max(1, self._slots_now())
+            self.record(max(n, self.live()))
+            return n
+
+        try:
+            self.allowance = self._locked(take)
+        except Exception:  # noqa: BLE001 - no picture, no extra threads; the phase goes on in one
+            self.context.log.exception("could not read the lane's picture; draining this phase in one thread")
+            self.allowance = 1
+        self._grow()
+        return self.allowance
+
+    def _grow(self) -> None:
+        if self.cancel.is_set() or self.finished:
+            return
+        for i in range(1, self.allowance):
+            done = self.extra.get(i)
+            if done is not None and not done.is_set():
+                continue
+            if self.pool is None:
+                # a pool of their own, sized as the engine's own lanes are (drain_threads' callers: 3
+                # per thread): the op's resource pool (6) is shared with the op's thread, its lock
+                # keepers and its progress reports, and extra threads waiting on it were slower than none
+                self.pool = Database(self.db.url, max_size=3 * max(1, self.threads - 1) + 2, name="launch-lanes")
+            done = threading.Event()
+            self.extra[i] = done
+            threading.Thread(target=self._lane, args=(i, done), name=f"launch-lane-{self.run_id}-{i}",
+                             daemon=True).start()
+
+    def _lane(self, i: int, done: threading.Event) -> None:
+        try:
+            worker = Worker(self.pool, settings=self.settings, providers=self.providers, cancel=self.cancel)
+            while not self.cancel.is_set() and i < self.allowance:  # beyond the allowance: give the slot back
+                if runs.get_run(self.pool, self.run_id).current_phase > self.phase:
+                    self.finished = True
+                    break
+                r = worker.drain(self.run_id, until_phase_closed=self.phase, max_tasks=1)
+                self.executed += sum(r.executed.values())
+                if r.reason != "max_tasks":
+                    self.finished = True
+                    break
+        except BaseException as e:  # surfaced by stop()
+            self.errors.append(e)
+            self.finished = True
+        finally:
+            done.set()
+
+    def stop(self, grace: float, raise_errors: bool = True) -> None:
+        """No new claims; wait up to `grace` seconds for the threads (a running task ends at its next
+        stop point); record the threads still draining (1 once they stopped: the run's own slot);
+        raise the first error a thread met (unless `raise_errors` is false)."""
+        self.cancel.set()
+        if not all([done.wait(grace) for done in self.extra.values()]):
+            self.context.log.warning(f"a lane thread did not reach a stop point in {grace:.0f} s; the reaper releases "
+                                     "its task once its lock is stale")
+        elif self.pool is not None:
+            self.pool.close()
+        try:
+            self.record(self.live())
+        except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
+            self.context.log.exception("could not record the lane threads this run holds")
+        if self.errors and raise_errors:
+            raise self.errors[0]
+
+
+def planned_after(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> list[PhaseSpec]:
+    """The phases after `spec` that are in the engine run's plan and have a step in this Dagster
+    run (its asset selection; None or empty: every phase of the job)."""
+    selection = context.run.asset_selection or None  # materialize() leaves it empty: every asset
+    return [later for later in phase_specs(spec.source)[spec.index + 1:]
+            if later.run_phase(run) is not None and (selection is None or later.key in selection)]
+
+
+def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> MaterializeResult | None:
+    """A phase the engine run does not plan (a run limited to some kinds) claims no success
+    (issue 10: every phase went green). It is not materialised - the partition keeps its last real
+    materialisation, or stays missing - unless a later phase of this Dagster run is planned: Dagster
+    skips every step downstream of an output that was not yielded (`ActiveExecution._should_skip_step`;
+    `AssetSpec.skippable`: "causing downstream dependencies to skip"), so there the phase yields a
+    materialisation that says `phase_status: not in this run's plan` and carries no counts."""
+    what = f"phase {spec.index + 1} ({', '.join(spec.kinds)}) is not in {run.name}'s plan ({', '.join(run.kinds)})"
+    later = planned_after(context, spec, run)
+    if not later:
+        context.log.info(f"{what}: not materialised")
+        return None
+    context.log.info(f"{what}: materialised as not planned, for {later[0].key.to_user_string()} after it to run")
+    return MaterializeResult(metadata={
+        "phase_status": MetadataValue.text("not in this run's plan"),
+        "engine_run": MetadataValue.text(run.name),
+        "engine_run_id": MetadataValue.int(run.id),
+        "note": MetadataValue.text(
+            f"{', '.join(spec.kinds)} not in this run's plan: nothing migrated. Materialised only because "
+            f"{later[0].key.to_user_string()} after it is planned (Dagster skips every step after a phase "
+            "that is not materialised)"),
+    })
+
+
 def materialize_phase(
     context: AssetExecutionContext,
     spec: PhaseSpec,
@@ -230,43 +527,68 @@ def materialize_phase(
     source: SourceResource,
     lane: LaneSettings,
     new_run: NewRunOptions,
-) -> MaterializeResult:
+) -> MaterializeResult | None:
+    """The phase op's body (see the module docstring). A terminate landing anywhere in it stops the
+    engine run (`stop_after_termination`); when the Dagster run was asked to terminate, the step
+    ends with a one-line Failure ("stopped by a terminate request; relaunch resumes engine run N")
+    instead of DagsterExecutionInterruptedError's stack trace, and the run still ends CANCELED
+    (a CANCELING run whose steps failed ends CANCELED). Any other interrupt is re-raised."""
     db = database.database()
     attached: list[Run] = []
     try:
-        run = attach_run(context, db, source, new_run)
-        attached.append(run)
-        phase = spec.run_phase(run)
-        if phase is None:
-            return MaterializeResult(metadata={
-                "engine_run": MetadataValue.text(run.name),
-                "engine_run_id": MetadataValue.int(run.id),
-                "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan"),
-            })
-        run = prepare_run(context, db, source, run, lane)
+        return _materialize_phase(context, spec, db, source, lane, new_run, attached)
     except Exception:
         raise
-    except BaseException:
-        # Terminated before draining began (drain_in_slot handles it from then on): the engine run
-        # must stop too, or the sensors' drainers would carry on a migration the user stopped.
-        stop_after_early_termination(context, db, source.source, attached[0] if attached else None)
+    except BaseException as e:
+        run = stop_after_termination(context, db, source.source, attached[-1] if attached else None)
+        if isinstance(e, (DagsterExecutionInterruptedError, KeyboardInterrupt)):
+            with hold_interrupts():
+                requested = terminate_requested(context)
+            if requested:
+                raise Failure(description=stopped_by_terminate(run), allow_retries=False) from None
         raise
+
+
+def _materialize_phase(
+    context: AssetExecutionContext,
+    spec: PhaseSpec,
+    db: Database,
+    source: SourceResource,
+    lane: LaneSettings,
+    new_run: NewRunOptions,
+    attached: list[Run],
+) -> MaterializeResult | None:
+    run = attach_run(context, db, source, new_run)
+    attached.append(run)
+    phase = spec.run_phase(run)
+    if phase is None:
+        return not_in_plan(context, spec, run)
+    run = prepare_run(context, db, source, run, lane)
+    attached.append(run)
     if run.status == "running" and run.current_phase < phase:
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
-    result = drain_in_slot(
-        db,
-        run.id,
-        settings=settings,
-        providers=source.providers(),
-        until_phase_closed=phase,
-        stop_grace_seconds=lane.stop_grace_seconds,
-        logger=context.log,
-        on_tick=reporter.tick,
-        tick_seconds=PROGRESS_SECONDS,
-    )
+    extra = LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings))
+    try:
+        extra.acquire()
+        result = drain_in_slot(
+            db,
+            run.id,
+            settings=settings,
+            providers=source.providers(),
+            until_phase_closed=phase,
+            stop_grace_seconds=lane.stop_grace_seconds,
+            logger=context.log,
+            on_tick=reporter.tick,
+            tick_seconds=PROGRESS_SECONDS,
+            on_poll=extra.poll,
+        )
+    except BaseException:
+        extra.stop(lane.stop_grace_seconds, raise_errors=False)  # the termination or error goes first
+        raise
+    extra.stop(lane.stop_grace_seconds)
     run = runs.get_run(db, run.id)
     if run.status == "failed" and run.current_phase < phase:
         raise Failure(f"{run.name} failed at phase {run.current_phase + 1} before phase {phase + 1} "
@@ -308,6 +630,7 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
                      "this phase with fenced claims until it closes."),
         kinds={"postgres"},
         metadata={"phase": spec.index + 1, "kinds": ", ".join(spec.kinds), "source": spec.source},
+        output_required=False,  # a phase out of the run's plan is not materialised (`not_in_plan`)
     )
     def _phase(
         context: AssetExecutionContext,
@@ -315,8 +638,10 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         source: SourceResource,
         lane: LaneSettings,
         new_run: NewRunOptions,
-    ) -> MaterializeResult:
-        return materialize_phase(context, spec, database, source, lane, new_run)
+    ):
+        result = materialize_phase(context, spec, database, source, lane, new_run)
+        if result is not None:
+            yield result
 
     return _phase
 

@@ -116,11 +116,17 @@ class LaneSettings(ConfigurableResource):
 
 
 class NewRunOptions(ConfigurableResource):
-    """What a newly started run is limited to; ignored when the tenant's run already exists."""
+    """What a newly started run is limited to; ignored when the tenant's run already exists.
+
+    `start_new`: start a new engine run even when the tenant's latest run succeeded (a migration
+    from scratch; the same as the run tag `migration/new_run=true`). Without it such a launch is
+    refused (`engine_core.runs.AlreadyMigrated`) and points to the sync job.
+    """
 
     kinds: list[str] = []
     dry_run: bool = False
     options_json: str = "{}"
+    start_new: bool = False
 
     def options(self) -> dict[str, Any]:
         value = json.loads(self.options_json or "{}")

@@ -9,9 +9,10 @@
   instead of waiting for the reaper.
 
 Neither decides anything the tasks do not already say: drainers are requested only for enqueued
-work, only up to the tenant's fair share of the lane (`fair_lane`: two tenants that both want the
-whole lane get half each) minus its runs already queued or in progress, and only for engine runs a
-Dagster run has attached to (a run started by the engine's own CLI or a benchmark is drained by its
+work, only up to the tenant's fair share of the lane's slots (`fair_lane`: two tenants that both
+want the whole lane get half each) minus the slots its runs hold or have queued and those its
+launches take with threads of their own (MIGRATE_LAUNCH_THREADS; a lone `migrate run` holds its
+whole share and gets no drainer), and only for engine runs a Dagster run has attached to (a run started by the engine's own CLI or a benchmark is drained by its
 own workers, with its own source settings). The sweeps themselves cover every run.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
@@ -33,6 +34,7 @@ from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
+from engine_core.fairness import run_demands
 from engine_core.models import Run
 from engine_core.providers.base import Provider, identity_of, provider_for
 from migration_pipeline import tags
@@ -58,10 +60,13 @@ def drainer_requests(
     below_width: dict[int, int],
     settings: Settings,
     source: str,
+    why: list[str] | None = None,
 ) -> list[RunRequest]:
     """Drainer runs for runs below width, each tenant up to its fair share of the lane
     (`migration_pipeline.fair_lane`). A run started outside Dagster (the engine's own CLI) may
-    have no tenant partition yet: it is added here, before the requests that need it are returned."""
+    have no tenant partition yet: it is added here, before the requests that need it are returned.
+    `why`, when given, receives one line per run below width that got no drainer, saying why."""
+    why = [] if why is None else why
     requests: list[RunRequest] = []
     new_tenants: list[str] = []
     known = set(context.instance.get_dynamic_partitions(TENANTS))
@@ -76,17 +81,27 @@ def drainer_requests(
     for run_id, enqueued in sorted(below_width.items()):
         run = runs.get_run(db, run_id)
         if run.source != source or run.status != "running" or run.cancel_requested:
+            why.append(f"{run.name}: " + ("another source's run" if run.source != source else
+                                          "stopping" if run.cancel_requested else run.status))
             continue
         if not is_managed(run.id):
             # Started outside Dagster (the engine's own drain, a benchmark): its source settings
             # (base URL option, token in that process's environment) are not ours to run it with.
             context.log.info(f"{run.name} was not launched through Dagster; its own workers drain it")
+            why.append(f"{run.name}: not launched through Dagster, its own workers drain it")
             continue
         if not same_source(context, run):
+            why.append(f"{run.name}: read with other source settings, its own launch drains it")
             continue
         counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
         missing = picture.missing(run.tenant_id)
         if missing <= 0:
+            slots = picture.tenants.get(run.tenant_id)
+            held = slots.in_flight if slots else 0
+            why.append(f"{run.name}: tenant {run.tenant_id!r} has its fair share of the lane "
+                       f"({held} slot(s) of {picture.share(run.tenant_id)} held or queued"
+                       + (", the rest taken by its launch's own threads" if held < picture.share(run.tenant_id) else "")
+                       + ")")
             continue
         if run.tenant_id not in known:
             new_tenants.append(run.tenant_id)
@@ -148,6 +163,27 @@ def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | Ski
     return SensorResult(run_requests=requests) if requests else SkipReason(quiet_reason)
 
 
+def lane_state(db: Database, settings: Settings, below_width: dict[int, int], why: list[str]) -> str:
+    """Why a tick requested no drainer, as it is (issue 10: "every lane full" was said when nothing
+    ran at all): "idle: no engine run in progress"; "every lane full (N run(s) at width W)";
+    "no run below the lane's width has a task to claim (...)" when runs below width have all their
+    open tasks held or waiting on a phase barrier; or, for runs below width with tasks to claim,
+    why each got no drainer (`drainer_requests`' `why`)."""
+    demands = run_demands(db, settings)
+    width = settings.lane_width
+    if not demands:
+        return "idle: no engine run in progress"
+    if below_width:
+        return "no drainer needed: " + ("; ".join(why) if why else f"{len(below_width)} run(s) below width {width}")
+    full = [d for d in demands if d.running >= width]
+    if len(full) == len(demands):
+        return f"every lane full ({len(full)} run(s) at width {width})"
+    idle = [d for d in demands if d.running < width]
+    listed = ", ".join(f"run #{d.run_id} {d.running} of {width} running" for d in idle[:5])
+    return (f"no run below the lane's width has a task to claim ({listed}; nothing enqueued)"
+            + (f"; {len(full)} run(s) at width {width}" if full else ""))
+
+
 def _providers(run: Run) -> Provider:
     # The sweeps only seed phases (no I/O, no credentials): the sensors need no source resource,
     # so they keep ticking in a UI started without the source's settings.
@@ -169,11 +205,12 @@ def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
         if not report.quiet:
             context.log.info(f"reaper: released tasks {report.released}, advanced runs {report.advanced}, "
                              f"finalized runs {report.finalized}")
-        requests = drainer_requests(context, db, report.below_width, settings, source)
-        return _result(requests,
-                       "nothing to repair" if report.quiet else
-                       f"released {len(report.released)}, advanced {len(report.advanced)}, "
-                       f"finalized {len(report.finalized)}; every lane full")
+        why: list[str] = []
+        requests = drainer_requests(context, db, report.below_width, settings, source, why)
+        repairs = ("nothing to repair" if report.quiet else
+                   f"released {len(report.released)}, advanced {len(report.advanced)}, "
+                   f"finalized {len(report.finalized)}")
+        return _result(requests, f"{repairs}; {lane_state(db, settings, report.below_width, why)}")
 
     @sensor(
         name="lane_poller",
@@ -186,7 +223,8 @@ def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
         db = database.database()
         settings = lane.engine_settings()
         below = reaper.refill(db, settings)
-        requests = drainer_requests(context, db, below, settings, source)
-        return _result(requests, "every lane full")
+        why: list[str] = []
+        requests = drainer_requests(context, db, below, settings, source, why)
+        return _result(requests, lane_state(db, settings, below, why))
 
     return [reaper_sensor, lane_sensor]

@@ -31,3 +31,48 @@ def materialize_tenant(instance: DagsterInstance, tenant: str, res: dict[str, An
     checks = build_phase_checks(source)
     return materialize([*assets, *checks], partition_key=tenant, instance=instance, resources=res,
                        selection=selection, raise_on_error=raise_on_error)
+
+
+def migrate_env(db_url: str, home: str, base_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a `migrate` subprocess on a test database and a sandbox account: this
+    process's environment without its MIGRATE_*, PIPEDRIVE_*, DAGSTER_* and DATABASE_URL, then the
+    engine and Dagster's storage on `db_url`, MIGRATE_HOME `home`, the sandbox at `base_url`
+    (token "tok"), no drainer or reaper ticks, and `extra`."""
+    import os
+
+    from migration_pipeline.instance import STORAGE_URL_ENV
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
+    env.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=home, MIGRATE_SOURCE="pipedrive",
+               PIPEDRIVE_BASE_URL=base_url, PIPEDRIVE_API_TOKEN="tok",
+               MIGRATE_LANE_INTERVAL_SECONDS="3600", MIGRATE_REAPER_INTERVAL_SECONDS="3600",
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")}, **extra)
+    return env
+
+
+def example_env(db_url: str, tmp_path: Any) -> dict[str, str]:
+    """The environment of `migrate` and Dagster processes on a test database with the `example`
+    source: this process's environment without its MIGRATE_*, DAGSTER_* and DATABASE_URL, then the
+    engine and Dagster's storage on `db_url`, MIGRATE_HOME under `tmp_path`, no drainer or reaper
+    ticks, and DAGSTER_HOME `tmp_path / "dagster"` with the project's instance file."""
+    import os
+
+    from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MIGRATE_", "DAGSTER_")) and k != "DATABASE_URL"}
+    env.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="example",
+               MIGRATE_LANE_INTERVAL_SECONDS="3600", MIGRATE_REAPER_INTERVAL_SECONDS="3600",
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    return dagster_env(tmp_path / "dagster", env)
+
+
+def example_instance(db_url: str, tmp_path: Any, monkeypatch: Any) -> tuple[DagsterInstance, dict[str, str]]:
+    """A Dagster instance on `example_env`'s environment, with this process's DAGSTER_HOME,
+    MIGRATE_DAGSTER_STORAGE_URL and MIGRATE_SOURCE unset for the test (the caller disposes it)."""
+    from migration_pipeline.instance import STORAGE_URL_ENV, open_instance
+
+    for key in ("DAGSTER_HOME", STORAGE_URL_ENV, "MIGRATE_SOURCE"):
+        monkeypatch.delenv(key, raising=False)
+    env = example_env(db_url, tmp_path)
+    return open_instance(env), env

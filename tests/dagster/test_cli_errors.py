@@ -80,8 +80,11 @@ def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> str:
     return lines[0]
 
 
-NUMBERS = ["MIGRATE_LANE_WIDTH", "MIGRATE_STALE_LOCK_SECONDS", "MIGRATE_HEARTBEAT_SECONDS",
-           "MIGRATE_PRESSURE_THRESHOLD", "MIGRATE_MAX_ATTEMPTS", "MIGRATE_RETRY_BACKOFF_SECONDS", *FACE_NUMBERS]
+# MIGRATE_LAUNCH_THREADS named on its own: a fresh user's `abc` launched a run that failed with its
+# reason only in the daemon's log
+NUMBERS = sorted({"MIGRATE_LANE_WIDTH", "MIGRATE_STALE_LOCK_SECONDS", "MIGRATE_HEARTBEAT_SECONDS",
+                  "MIGRATE_PRESSURE_THRESHOLD", "MIGRATE_MAX_ATTEMPTS", "MIGRATE_RETRY_BACKOFF_SECONDS",
+                  "MIGRATE_LAUNCH_THREADS", *FACE_NUMBERS})
 
 
 @pytest.mark.parametrize("name", NUMBERS)
@@ -151,6 +154,20 @@ def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, 
 def test_kinds_naming_no_kind_is_an_error_not_every_kind(db_url, run_env, kinds):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
     _one_line_error(_migrate(["run", "--tenant", "acme", "--kinds", kinds], env), "--kinds names no kind")
+    _nothing_launched(db_url)
+
+
+@pytest.mark.parametrize("how", ["MIGRATE_SOURCE", "--source"])
+def test_an_unknown_source_is_one_line_naming_where_it_came_from(db_url, run_env, how):
+    # a fresh user's MIGRATE_SOURCE=bogus launched a run on the fallback example definitions that
+    # failed in Dagster ("Can not build subset plan from unknown steps") and left its partition
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    args = ["run", "--tenant", "acme", "--dry-run"]
+    if how == "--source":
+        args += ["--source", "bogus"]
+    else:
+        env["MIGRATE_SOURCE"] = "bogus"
+    _one_line_error(_migrate(args, env), f"{how}='bogus'", "unknown source", "'example', 'pipedrive'")
     _nothing_launched(db_url)
 
 
@@ -229,3 +246,125 @@ def test_a_dry_run_says_would_import(db_url, run_env):
     with console.capture() as captured:
         print_phase_results([PhaseResult("example/phase_1_companies", "materialized", {"imported": 30})], dry_run=True)
     assert "would import" in captured.get() and "imported" not in captured.get().replace("would import", "")
+
+
+@pytest.mark.parametrize("tenant", ["", "acme corp", "acme/eu", "a,b", "a...b", "-acme", "t" * 64, "tab\there"])
+def test_a_bad_tenant_name_is_one_line_naming_it_before_anything_is_launched(db_url, run_env, tenant):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    line = _one_line_error(_migrate_in_process(["run", "--tenant", tenant], env), "--tenant", "not a valid tenant name")
+    assert repr(tenant)[:40].strip("'") in line
+    _nothing_launched(db_url)
+    _one_line_error(_migrate_in_process(["sync", "--", tenant], env), "not a valid tenant name")
+
+
+def test_good_tenant_names_pass():
+    for tenant in ("acme", "globex-eu", "t_1", "demo-live-4242", "A.b", "t" * 63):
+        assert launch.check_tenant(tenant) == tenant
+
+
+def test_an_unreachable_source_is_one_line_naming_the_variable_before_anything_is_launched(db_url, run_env):
+    with socket.socket() as s:  # a port nothing listens on (bound, never listening: refused)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        env = dict(run_env, PIPEDRIVE_BASE_URL=f"http://someone:pw@127.0.0.1:{port}", PIPEDRIVE_API_TOKEN="tok")
+        line = _one_line_error(_migrate(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL",
+                               f"cannot connect to 127.0.0.1:{port}")
+    assert "pw" not in line.replace("PIPEDRIVE_BASE_URL", "")
+    _nothing_launched(db_url)
+
+
+def test_a_second_ui_on_a_busy_port_names_the_first_ui(db_url, run_env):
+    instance, full = _instance(run_env)
+    saved = os.environ.get(STORAGE_URL_ENV)
+    lock = launch.DaemonLock(launch.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
+    assert lock.acquire()
+    try:
+        with socket.socket() as s:  # the first UI listens on its port and holds the instance's lock
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            lock.record(by="migrate ui", pid=4321, address=f"http://127.0.0.1:{port}", daemon_id=None)
+            out = _migrate(["ui", "--port", str(port)], run_env, timeout=45)
+        _one_line_error(out, f"port {port} is busy", f"http://127.0.0.1:{port}", "pid 4321", "migrate ui")
+    finally:
+        lock.release()
+        instance.dispose()
+        if saved is None:
+            os.environ.pop(STORAGE_URL_ENV, None)
+        else:
+            os.environ[STORAGE_URL_ENV] = saved
+
+
+@pytest.mark.parametrize("action", ["resume", "retry"])
+def test_resume_without_a_daemon_says_what_to_do_and_changes_nothing(db_url, run_env, action):
+    with dbmod.Database(db_url, max_size=4) as db:
+        run = runs.start_run(db, provider_for("example"), "paused", options={"page_size": 20})
+        runs.stop(db, run.id)
+        assert runs.get_run(db, run.id).status == "stopped"
+        out = _migrate([action, "paused"], dict(run_env, MIGRATE_SOURCE="example"))
+        line = _one_line_error(out, "nothing would work on it", "--drain")
+        assert "no daemon" in line or "not launched through Dagster" in line, line
+        assert runs.get_run(db, run.id).status == "stopped", "the run was reopened with nobody to work on it"
+
+
+@pytest.fixture
+def sandbox_url():
+    """A tiny sandbox account whose token is "tok"."""
+    from pipedrive_sandbox.config import SandboxConfig
+    from pipedrive_sandbox.server import start_subprocess
+
+    proc, base_url = start_subprocess(SandboxConfig.from_options(scale="tiny", seed=1, token="tok"))
+    try:
+        yield base_url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_wrong_token_is_one_line_naming_the_variable_after_one_request_and_nothing_is_launched(
+        db_url, run_env, sandbox_url):
+    import httpx
+
+    env = dict(run_env, PIPEDRIVE_BASE_URL=sandbox_url, PIPEDRIVE_API_TOKEN="wrong-token-4f9a")
+    line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme"], env), "PIPEDRIVE_API_TOKEN", "refused")
+    assert "wrong-token-4f9a" not in line
+    _nothing_launched(db_url)
+    stats = httpx.get(sandbox_url + "/_sandbox/stats", timeout=10).json()
+    assert stats["unauthorized"] == 1 and stats["requests_total"] <= 1, stats  # one request, no retry
+
+
+def test_kinds_name_kinds_a_user_can_pick_not_the_catch_up_phase(db_url, run_env):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "contacts"], env),
+                           "--kinds", "'contacts'", "persons")
+    assert "catchup" not in line
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "persons,catchup"], env),
+                    "--kinds", "'catchup' is the catch-up phase", "not a kind to pick")
+    _nothing_launched(db_url)
+
+
+def test_explain_names_an_unknown_tenant_or_kind_and_what_there_is(db_url, run_env):
+    with dbmod.Database(db_url, max_size=4) as db:
+        runs.start_run(db, provider_for("example"), "known", options={"page_size": 20})
+    env = dict(run_env, MIGRATE_SOURCE="example")
+    _one_line_error(_migrate_in_process(["explain", "nobody", "contacts", "7"], env),
+                    "no tenant 'nobody'", "(tenants: known)")
+    line = _one_line_error(_migrate_in_process(["explain", "known", "persons", "7"], env),
+                           "unknown kind 'persons'", "kinds: ", "contacts")
+    assert "not in the ledger" not in line
+    out = _migrate_in_process(["explain", "known", "contacts", "7"], env)  # a kind it has: the ledger answers
+    assert out.returncode == 1 and "not in the ledger" in out.stdout, (out.returncode, out.stdout, out.stderr)
+
+
+def test_a_migrated_tenant_is_refused_before_launching_and_pointed_to_sync_and_new_run(db_url, run_env):
+    with dbmod.Database(db_url, max_size=6) as db:
+        run = runs.start_run(db, provider_for("example"), "done",
+                             options={"page_size": 20, "counts": {"companies": 10, "contacts": 10, "deals": 5,
+                                                                  "activities": 5, "notes": 5}})
+        drain_threads(db, run.id, width=2)
+        assert runs.get_run(db, run.id).status == "succeeded"
+    env = dict(run_env, MIGRATE_SOURCE="example")
+    _one_line_error(_migrate_in_process(["run", "--tenant", "done", "--source", "example"], env),
+                    "'done' is already migrated", "migrate sync done", "--new-run")
+    with psycopg.connect(db_url) as c:  # refused before Dagster's storage was opened
+        assert c.execute("SELECT to_regclass('runs')").fetchone()[0] is None

@@ -80,7 +80,9 @@ def test_the_lane_limit_counts_every_partitioned_run():
     limits = config["concurrency"]["runs"]["tag_concurrency_limits"]
     assert {"key": tags.PARTITION, "limit": 4} in limits
     assert "run_coordinator" not in config  # the default QueuedRunCoordinator applies `concurrency:`
-    assert config["storage"]["postgres"]["postgres_url"] == {"env": "MIGRATE_DAGSTER_STORAGE_URL"}
+    for key in ("run_storage", "event_log_storage", "schedule_storage"):
+        assert config[key]["module"] == "migration_pipeline.storage"
+        assert config[key]["config"]["postgres_url"] == {"env": "MIGRATE_DAGSTER_STORAGE_URL"}
     assert config["run_monitoring"]["enabled"] and config["run_retries"]["enabled"]
     assert config["telemetry"] == {"enabled": False}
     assert instance_config(lane_width=6)["concurrency"]["runs"]["tag_concurrency_limits"][0]["limit"] == 6

@@ -31,6 +31,7 @@ import psycopg
 from migration_pipeline import launch, stack, tags
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_storage_url, storage_database_name, to_url, url_params
 from tests.conftest import _with_dbname
+from tests.dagster.support import migrate_env
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 
@@ -115,13 +116,8 @@ def sandbox_env(db_url, tmp_path):
     from pipedrive_sandbox.server import start_subprocess
 
     proc, base_url = start_subprocess(SandboxConfig.from_options(scale="tiny", seed=1, token="tok"))
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
-    env.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="pipedrive",
-               PIPEDRIVE_BASE_URL=base_url, PIPEDRIVE_API_TOKEN="tok", MIGRATE_QUEUE_TIMEOUT_SECONDS="120",
-               # no drainer runs: each run drains its own tiny phase, the proof needs no more processes
-               MIGRATE_LANE_INTERVAL_SECONDS="3600", MIGRATE_REAPER_INTERVAL_SECONDS="3600",
-               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    # no drainer runs: each run drains its own tiny phase, the proof needs no more processes
+    env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_QUEUE_TIMEOUT_SECONDS="120")
     try:
         yield env
     finally:
@@ -157,3 +153,20 @@ def test_runs_back_to_back_and_three_at_once_all_finish(sandbox_env):
     mine = [p for p in leftover.stdout.split()
             if sandbox_env["MIGRATE_HOME"] in Path(f"/proc/{p}/environ").read_bytes().decode(errors="ignore")]
     assert not mine, "a daemon outlived the commands that started it"
+
+
+def test_a_daemon_stopped_before_its_id_was_recorded_is_known_to_have_exited(tmp_path):
+    # A `migrate run` signalled during its launch stops the daemon it started before `ensure()` saw
+    # that daemon's first heartbeat; the next command trusted the fresh heartbeat and waited ~90 s,
+    # queued, on no daemon (a fresh user's find). A real process stands in for the daemon's; the
+    # heartbeat is the one its daemon would have written.
+    with instance_for_test() as instance:
+        keeper = launch.DaemonKeeper(instance, {}, tmp_path, tmp_path / "daemon.log", echo=lambda _m: None)
+        assert keeper.lock.acquire()
+        keeper.started_at = time.time()
+        keeper.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None)
+        keeper.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        _beat(instance, age=0, daemon_id="ours-unrecorded")
+        keeper.close(0)
+        live = launch.daemon_liveness(instance, keeper.lock.path)
+        assert not live.alive and "has exited" in live.why, live.why

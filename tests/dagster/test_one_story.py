@@ -132,6 +132,7 @@ def test_a_source_failing_every_request_pauses_the_run_with_that_reason(instance
     from migration_pipeline.assets import phases
 
     monkeypatch.setenv("MIGRATE_SOURCE_DOWN_SECONDS", "1")
+    monkeypatch.setenv("MIGRATE_LAUNCH_THREADS", "1")  # one lane thread: the phase lasts long enough
     monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
     metrics = progress.SourceMetrics()
     monkeypatch.setattr(progress, "source_metrics", metrics)

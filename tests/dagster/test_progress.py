@@ -27,6 +27,7 @@ def test_a_running_phase_reports_progress_as_log_lines_and_asset_observations(in
     from migration_pipeline.assets import phases
 
     monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
+    monkeypatch.setenv("MIGRATE_LAUNCH_THREADS", "1")  # one lane thread: the phase lasts long enough
     slow = {**SMALL, "row_delay": 0.02, "dangling": {"deals": [1, 2, 3]}}
     result = materialize_tenant(instance, "watched", resources(engine_url, options=slow), raise_on_error=True)
 

@@ -16,12 +16,13 @@ from engine_core.config import Settings
 from engine_core.providers.base import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
-from migration_pipeline.fair_lane import lane_picture
+from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
 from migration_pipeline.jobs import DRAINER_JOB
 from tests.dagster.support import SMALL, resources
 
 
 DEFS = build_definitions("example")
+ONE_THREAD = {LANE_SLOTS_TAG: "1", LANE_THREADS_TAG: "1"}  # a launch's phase op draining in one thread
 
 
 def _sensors():
@@ -45,9 +46,10 @@ def _launch_like_the_daemon(instance, data) -> None:
 
 
 def _launched_through_dagster(instance, run, status=DagsterRunStatus.FAILURE) -> None:
-    """A Dagster run of the tenant that attached to the engine run (as a phase asset tags it)."""
+    """A Dagster run of the tenant that attached to the engine run (as a phase asset tags it), its
+    phase op draining in one lane thread (MIGRATE_LAUNCH_THREADS=1: drainers widen the lane)."""
     create_run_for_test(instance, job_name="migrate_tenant", status=status,
-                        tags={tags.PARTITION: run.tenant_id, tags.ENGINE_RUN: str(run.id)})
+                        tags={tags.PARTITION: run.tenant_id, tags.ENGINE_RUN: str(run.id), **ONE_THREAD})
 
 
 def test_one_tick_releases_advances_and_requests_drainers_and_the_next_asks_for_nothing(instance, engine_url, db):
@@ -121,7 +123,32 @@ def test_the_reaper_skips_when_there_is_nothing_to_do(instance, engine_url):
     reaper, _ = _sensors()
     data = _tick(reaper, instance, resources(engine_url))
     assert data.run_requests == []
-    assert data.skip_message == "nothing to repair"
+    assert data.skip_message == "nothing to repair; idle: no engine run in progress"
+
+
+def test_the_lane_poller_says_why_it_requests_nothing(instance, engine_url, db):
+    """Issue 10: the poller said "every lane full" when nothing ran at all. Idle, a full lane, a
+    run its own workers drain and a tenant at its fair share each say so."""
+    _, lane = _sensors()
+    res = resources(engine_url, lane_width=2)
+    assert _tick(lane, instance, res).skip_message == "idle: no engine run in progress"
+
+    outsider, _ = runs.start_or_join(db, provider_for("example"), "outsider", options=SMALL)
+    message = _tick(lane, instance, res).skip_message
+    assert message.startswith("no drainer needed: ") and "not launched through Dagster" in message, message
+
+    tasks = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 2", {"r": outsider.id})
+    for i, t in enumerate(tasks):
+        assert db.fetch_one("claim_task", {"task_id": t["id"], "worker": f"busy:{i}"})
+    assert _tick(lane, instance, res).skip_message == "every lane full (1 run(s) at width 2)"
+
+    runs.stop(db, outsider.id)
+    run, _ = runs.start_or_join(db, provider_for("example"), "acme", options=SMALL)
+    instance.add_dynamic_partitions("tenants", ["acme"])
+    _launched_through_dagster(instance, run, status=DagsterRunStatus.STARTED)
+    _launched_through_dagster(instance, run, status=DagsterRunStatus.STARTED)
+    message = _tick(lane, instance, res).skip_message
+    assert "tenant 'acme' has its fair share of the lane (2 slot(s) of 2 held or queued)" in message, message
 
 
 BIG = {"page_size": 20, "counts": {"companies": 400, "contacts": 400, "deals": 40, "activities": 20, "notes": 20}}
@@ -139,6 +166,8 @@ def _run(instance, tenant, status, engine_run=None, drainer=False):
         run_tags[tags.ENGINE_RUN] = str(engine_run.id)
     if drainer:
         run_tags.update({tags.ROLE: tags.DRAINER, tags.PRIORITY: tags.DRAINER_PRIORITY})
+    else:
+        run_tags.update(ONE_THREAD)
     job_name = DRAINER_JOB if drainer else "migrate_tenant"
     return create_run_for_test(instance, job_name=job_name, status=status, tags=run_tags,
                                remote_job_origin=_origin(job_name)).run_id

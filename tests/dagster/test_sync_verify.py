@@ -222,3 +222,34 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
                      " WHERE r.tenant_id = %(t)s AND r.source_id = %(s)s AND h.action = 'updated' AND h.migration_id = %(m)s",
                      {"t": TENANT, "s": str(changed["id"]).lower(), "m": sync.id})[0]["n"]
     assert updated == 1, changed  # the sync brought the change made at the source, in place
+
+
+@pytest.mark.timeout(900)
+def test_demo_live_prints_each_runs_own_cost_not_the_sandboxs_counters(db_url, tmp_path):
+    """`migrate demo --live` (issue 10, a fresh user's find): the cost it prints for the full run
+    and the sync is what each engine run's own tasks counted (`run_cost`), not the sandbox's
+    whole counters (which also hold the launch's identity and clock requests, and the verify's)."""
+    import re
+
+    import psycopg
+
+    from migration_pipeline.instance import STORAGE_URL_ENV
+
+    env = _env(db_url, MIGRATE_HOME=str(tmp_path / "home"),
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    out = subprocess.run([MIGRATE, "demo", "--live", "--scale", "tiny", "--live-rate", "2"], env=env,
+                         capture_output=True, text=True, timeout=840)
+    text = " ".join(out.stdout.split())
+    found = re.search(r"full run #(\d+) \(while changing\): (\d+) requests, (\d+) tokens; "
+                      r"sync #(\d+): (\d+) requests, (\d+) tokens", text)
+    assert found, (out.returncode, out.stdout[-3000:], out.stderr[-2000:])
+    full_id, full_req, full_tok, sync_id, sync_req, sync_tok = map(int, found.groups())
+    with psycopg.connect(db_url) as c:
+        def cost(run_id: int) -> tuple[int, int]:
+            return tuple(int(v) for v in c.execute(
+                "SELECT COALESCE(sum((stats->>'requests')::bigint), 0), COALESCE(sum((stats->>'tokens')::bigint), 0)"
+                " FROM migration_tasks WHERE migration_id = %s", (run_id,)).fetchone())
+        assert cost(full_id) == (full_req, full_tok) and full_req > 0
+        assert cost(sync_id) == (sync_req, sync_tok) and sync_req > 0
+        modes = dict(c.execute("SELECT id, mode FROM migrations WHERE id IN (%s, %s)", (full_id, sync_id)).fetchall())
+    assert modes == {full_id: "full", sync_id: "sync"}

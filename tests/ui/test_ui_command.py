@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from migration_pipeline import stack
+from migration_pipeline import launch, stack
 from migration_pipeline.assets.phases import phase_specs
 from tests.dagster.graphql import UI
 
@@ -34,3 +34,9 @@ def test_migrate_ui_with_a_sandbox_serves_the_pipedrive_assets_and_a_second_ui_r
     assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
     assert f"already serves this instance at {ui_stack.url}" in second.stderr, second.stderr
     assert "Traceback" not in second.stderr
+    # a `migrate run` with the sandbox's own settings is let in; another account is not (the lock
+    # said "default#no-token" - the shell's settings before the sandbox's - and refused every run)
+    (lock,) = (Path(ui_stack.env["MIGRATE_HOME"]) / "dagster").glob("daemon-*.lock")
+    launch.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "sandbox-token"})
+    with pytest.raises(launch.LaunchError):
+        launch.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "other"})

