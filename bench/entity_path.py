@@ -3,7 +3,7 @@ from a sandbox (no latency, no rate limit) into Postgres - the engine driven dir
 threads in this process) against dlt's `rest_api` source loading the same endpoints into the same
 server (merge on id), from one run, interleaved, medians.
 
-    python bench/entity_path.py [--scale small] [--reps 3] [--width 4]
+    python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy]
 
 dlt is the optional `bench` extra (`pip install -e '.[bench]'`: dlt with its postgres extra);
 without it the engine side runs alone and the ratio is skipped, saying so.
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, print_ratios, ratio, sandbox, server_facts  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
-from engine_core import runs  # noqa: E402
+from engine_core import runs, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
@@ -104,7 +104,10 @@ def dbmod_psycopg2_url(url: str) -> str:
 
     p = conninfo.conninfo_to_dict(url)
     auth = p.get("user", "postgres") + ":" + (p.get("password") or "trust")
-    return f"postgresql://{auth}@{p.get('host', '127.0.0.1')}:{p.get('port', 5432)}/{p['dbname']}"
+    host = p.get("host", "127.0.0.1")
+    if host.startswith("/"):  # a unix socket (the embedded server): dlt reads it from the query
+        return f"postgresql://{auth}@localhost:{p.get('port', 5432)}/{p['dbname']}?host={host}"
+    return f"postgresql://{auth}@{host}:{p.get('port', 5432)}/{p['dbname']}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=4, help="the engine's lane threads")
+    parser.add_argument("--also-rows", default="", metavar="WAY[,WAY]",
+                        help="also run the engine with these other write.ROWS ways (copy, insert), interleaved")
     args = parser.parse_args(argv)
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
     os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
@@ -130,10 +135,15 @@ def main(argv: list[str] | None = None) -> int:
 
         def one(variant: str, r: int) -> float:
             url = dbs.new()
-            if variant == "engine":
-                seconds, status = engine_once(url, sb, args.width)
+            if variant.startswith("engine"):
+                default = write.ROWS
+                write.ROWS = variant.split()[1] if " " in variant else default
+                try:
+                    seconds, status = engine_once(url, sb, args.width)
+                finally:
+                    write.ROWS = default
                 if status != "succeeded":
-                    problems.append(f"engine run {status}")
+                    problems.append(f"{variant} run {status}")
             else:
                 seconds, counts = dlt_once(url, sb)
                 if counts != expected:
@@ -142,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             print("rows/s:", flush=True)
-            out = interleave(["engine"] if missing else ["engine", "dlt rest_api"], args.reps, one)
+            others = [f"engine {w.strip()}" for w in args.also_rows.split(",") if w.strip()]
+            out = interleave(["engine", *others] + ([] if missing else ["dlt rest_api"]), args.reps, one)
         finally:
             dbs.close()
     for p in problems:
@@ -154,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         d = median(out["dlt rest_api"])
         lines += [("dlt rest_api rows/s", d, "merge on id"), ("engine / dlt rows/s", ratio(e, d), "target >= 1.0 (1.5 headed)")]
+    for variant in out:
+        if variant.startswith("engine "):
+            lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
+                          f"the default write.ROWS ({write.ROWS}) vs {variant.split()[1]}"))
     print_ratios(f"entity path, {args.scale} sandbox, {rows} rows, medians of {args.reps}", lines)
     return 1 if problems else 0
 

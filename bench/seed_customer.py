@@ -15,6 +15,10 @@ simulated day of S seconds. The engine migrates every kind (or `--kinds`) with `
 threads in this process. The floors are computed from what the sandbox counted for this very run
 (requests and tokens answered, 429s included), so they are the least this run's requests could
 have taken at the source's rates; wall / binding floor is the ratio to read (target <= 1.2).
+
+The catch-up (the plan's last phase: one sequential walk of every list, `inventory.py`) is also
+reported on its own, from its tasks' stats and times: its share of the run's requests, tokens and
+wall time, and its wall against its own burst floor (one page at a time, it cannot use the window).
 """
 from __future__ import annotations
 
@@ -68,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             status = runs.get_run(db, run.id).status
             stats = sb.stats()
             rows = int(db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s", {"r": run.id})[0]["n"])
+            catchup = db.sql(
+                "SELECT COALESCE(sum((stats->>'requests')::bigint), 0) AS requests,"
+                " COALESCE(sum((stats->>'tokens')::bigint), 0) AS tokens,"
+                " COALESCE(extract(epoch FROM max(finished_at) - min(started_at)), 0) AS seconds"
+                " FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'catchup'", {"r": run.id})[0]
         finally:
             db.close()
             dbs.close()
@@ -85,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         ("wall / token floor", ratio(wall, token_floor) if token_floor else float("nan"), f"{tokens} tokens"),
         ("rows per second", rows / wall if wall else float("nan"), f"{rows} ledger rows"),
         ("429s", float(limited), "burst + daily"),
+        ("catch-up share of requests", ratio(float(catchup["requests"]), requests), f"{catchup['requests']} requests"),
+        ("catch-up share of tokens", ratio(float(catchup["tokens"]), tokens), f"{catchup['tokens']} tokens"),
+        ("catch-up share of wall", ratio(float(catchup["seconds"]), wall), f"{float(catchup['seconds']):.1f} s"),
+        ("catch-up wall / its burst floor", ratio(float(catchup["seconds"]), int(catchup["requests"]) / (B / WINDOW_SECONDS)),
+         "sequential walks: one request in flight"),
     ])
     return 0 if status == "succeeded" else 1
 
