@@ -2,6 +2,8 @@
 
 `run` and `demo` go through Dagster on the instance the UI uses; `status`, `report`, `explain`,
 `stop`, `retry` and `resume` act on the engine directly (the Dagster face sees the same rows).
+`run` (and `sync`, `demo`) executes its Dagster run in its own process when no daemon serves the
+instance, else the daemon runs it (migration_pipeline/launch.py says which and why).
 """
 from __future__ import annotations
 
@@ -559,7 +561,8 @@ def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant:
         click.echo(line, err=True)
 
     name = signal_name(signalled.signo)
-    say(f"{name}: stopping what this command started")
+    if not getattr(signalled, "announced", False):  # an in-process run's watcher said it when it stopped the run
+        say(f"{name}: stopping what this command started")
     if run_id and instance.get_run_by_id(run_id) is None:
         run_id = None  # interrupted before submit_tenant_run created it
     status = launch.stop_launched_run(instance, run_id, say) if run_id else None
@@ -609,13 +612,41 @@ def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_ru
               f"migrates it again from scratch")
 
 
+def _execute_here(instance: Any, run_id: str, progress: "_Progress", home: Path, timeout: float | None) -> Any:
+    """The Dagster run placed in this process (`launch.place_tenant_run(start_here=True)`),
+    executed here (`launch.InProcessRun`), the progress shown meanwhile from its watcher thread on
+    the command's own stdout, Dagster's run output in DAGSTER_HOME/in-process-runs.log
+    (`launch.output_aside`); the finished run. A stop signal stops the run (CANCELED, the engine
+    run stopped) and is raised afterwards as launch.Interrupted (announced already); --timeout
+    stops it the same way and raises TimeoutError."""
+    from migration_pipeline import launch
+
+    with launch.output_aside(home / launch.IN_PROCESS_LOG) as (out, err):
+        previous = console.file
+        console.file = out
+        try:
+            here = launch.InProcessRun(instance, run_id, on_tick=progress, err=err, timeout=timeout)
+            dagster_run = here.execute()
+            progress.close()  # the bars end on the terminal, before it is handed back
+        finally:
+            console.file = previous
+    if here.signalled is not None:
+        raise launch.Interrupted(here.signalled, announced=True)
+    if here.timed_out:
+        raise TimeoutError(f"Dagster run {run_id} was still running after {timeout:.0f} s (--timeout): it was stopped "
+                           f"({dagster_run.status.value if dagster_run else 'gone'}); launching the tenant again resumes it")
+    return dagster_run
+
+
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
                            env_overrides: dict[str, str] | None = None, timeout: float | None = None,
                            job: str | None = None, outcome: dict[str, Any] | None = None,
                            new_run: bool = False) -> int:
-    """Check, add the partition, submit the tenant job (or `job`: the sync job), keep a daemon
-    alive, wait (saying why while queued), print the per-phase results; the exit code. A launch
-    that fails leaves nothing behind. `outcome`, when given, receives "engine_run_id" and "cost"
+    """Check, add the partition, create the tenant job's run (or `job`'s: the sync job), execute it
+    in this process when no daemon serves the instance and the lane has room (MIGRATE_RUN_IN_PROCESS
+    =0: never), else queue it and keep a daemon alive (the UI's, or one for the duration) and wait
+    (saying why while queued); print the per-phase results; the exit code. A launch that fails
+    leaves nothing behind. `outcome`, when given, receives "engine_run_id" and "cost"
     ({"requests", "tokens"}: what the engine run's own tasks counted, `run_cost`). `new_run`: the
     tenant job starts a new engine run even when the tenant's latest run succeeded (run tag
     `migration/new_run=true`); without it such a tenant is refused before launching
@@ -628,6 +659,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     os.environ.update(env_overrides or {})
     os.environ["MIGRATE_SOURCE"] = source
     settings = check_environment()
+    here_allowed = launch.run_in_process()
     new_cfg = run_config["resources"]["new_run"]["config"]
     launch.check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
     if (job or launch.TENANT_JOB) == launch.TENANT_JOB and not new_run:
@@ -639,24 +671,37 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     progress = _Progress(as_json, instance)
     say = (lambda m: None) if as_json else (lambda m: console.print(f"  {m}"))
     run_id = str(uuid.uuid4())
+    job = job or launch.TENANT_JOB
     try:
         with launch.signals_interrupt(), \
                 launch.daemon_for_duration(instance, env, home, home / "daemon.log", echo=say, linger=queue_timeout) as keeper:
             try:
-                keeper.ensure()  # a daemon starting while the run is built here
+                # No daemon serves the instance: the run executes in this process (no daemon, code
+                # server or run worker to start: issue 11), lane permitting. A live one (the UI's)
+                # runs it as before; else one is started while the run is built here.
+                live = launch.daemon_liveness(instance, keeper.lock.path)
+                start_here = here_allowed and not live.alive
+                if not start_here:
+                    keeper.ensure()
                 added = launch.add_tenant(instance, tenant)
                 try:
-                    launch.submit_tenant_run(instance, tenant, run_config, job=job or launch.TENANT_JOB, run_id=run_id,
-                                             run_tags={tags.NEW_RUN: "true"} if new_run else None)
+                    placed = launch.place_tenant_run(instance, tenant, run_config, job=job, run_id=run_id,
+                                                     run_tags={tags.NEW_RUN: "true"} if new_run else None,
+                                                     start_here=start_here)
                 except BaseException:
                     launch.undo_failed_launch(instance, tenant, run_id, added)
                     raise
                 if not as_json:
-                    console.print(f"launched Dagster run {run_id} ({job or launch.TENANT_JOB}) for tenant {tenant!r} ({source}); "
+                    where = ("; executing it in this process (no daemon serves the instance)" if placed.here else
+                             f"; queued: {placed.why}" if placed.why else "")
+                    console.print(f"launched Dagster run {run_id} ({job}) for tenant {tenant!r} ({source}){where}; "
                                   f"Dagster home {home}")
-                dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
-                                                  lane_width=settings.lane_width, queue_timeout=queue_timeout,
-                                                  on_queued=say)
+                if placed.here:
+                    dagster_run = _execute_here(instance, run_id, progress, home, timeout)
+                else:
+                    dagster_run = launch.wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
+                                                      lane_width=settings.lane_width, queue_timeout=queue_timeout,
+                                                      on_queued=say)
                 launch.wait_tenant_quiet(instance, tenant, timeout=30)
                 # our daemon (if we started one) shuts down while the results are read
                 keeper.stop_soon(queue_timeout)
@@ -669,7 +714,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             except launch.Interrupted as signalled:
                 with launch.signals_held():
                     progress.close()
-                    # the run exists once submit_tenant_run has created it, maybe before it was queued
+                    # the run exists once place_tenant_run has created it, maybe before it was queued
                     stop_what_we_started(instance, keeper, run_id, tenant, signalled)
                 sys.exit(signalled.exit_code)
         if outcome is not None:

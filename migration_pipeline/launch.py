@@ -1,10 +1,26 @@
 """Launching a tenant through Dagster from the command line, on the instance the UI uses.
 
 `migrate run` checks its inputs (settings, `--kinds` against the provider's plan, the source's
-variables) before anything is launched, adds the tenant's partition, submits the tenant job through
-the instance's run coordinator (built in this process, `submit_tenant_run`: the run is queued and counts in the lane like
-any other), makes sure a daemon is dequeuing (the UI's, or one started for the duration), and waits
-for the run, saying why while it is queued and giving up after MIGRATE_QUEUE_TIMEOUT_SECONDS.
+variables) before anything is launched, adds the tenant's partition and creates the tenant job's
+run in this process (`place_tenant_run`: the same tags, partition, config and code location origin
+as a launch from the UI, so the UI shows it, its events and materialisations like any other). Then
+one of two paths:
+
+* No daemon alive for the instance (`daemon_liveness`; the command would otherwise start one for
+  its duration) and MIGRATE_RUN_IN_PROCESS not 0: when the lane has room (`start_if_room`: the run
+  queue's limits in dagster.yaml, counted under a lock shared by every `migrate run`; the race it
+  leaves is in its docstring), the run goes STARTING and executes in the command's own process
+  (`InProcessRun`, as Dagster's run worker executes it): no daemon, code server or run worker
+  process, each of which imported Dagster anew (issue 11: ~8 s of every small `migrate run`).
+  Stopping it from anywhere ends it CANCELED with the engine run stopped and resumable: a signal
+  to the command, `migrate stop` (the phase op), the UI's Terminate (a watcher thread sees it
+  CANCELING and interrupts the execution as a run worker is interrupted).
+* A daemon alive (the UI's), the lane full, or MIGRATE_RUN_IN_PROCESS=0: the run is submitted to
+  the instance's run coordinator (queued, it counts in the lane like any other), a daemon dequeues
+  it (the UI's, or one started for the duration), and the command waits for the run, saying why
+  while it is queued and giving up after MIGRATE_QUEUE_TIMEOUT_SECONDS. A daemon is never started
+  while one serves the instance (a second daemon beside a `dagster dev` UI stole and then
+  interrupted the UI's runs).
 
 Liveness of the daemon. Dagster's own `DaemonStatus.healthy` tolerates a heartbeat up to 30 min
 old (DEFAULT_DAEMON_HEARTBEAT_TOLERANCE_SECONDS), so a daemon that stopped a minute ago still
@@ -551,8 +567,9 @@ class Interrupted(KeyboardInterrupt):
     """SIGINT, SIGTERM or SIGHUP reached a command while it waited on work it launched. A
     KeyboardInterrupt, so every `finally` and BaseException handler on the way runs as for Ctrl-C."""
 
-    def __init__(self, signo: int) -> None:
+    def __init__(self, signo: int, announced: bool = False) -> None:
         self.signo = int(signo)
+        self.announced = announced  # "SIGTERM: stopping what this command started" was said already
         super().__init__(signal.Signals(signo).name)
 
     @property
@@ -710,17 +727,42 @@ def _dagster_lines(error: BaseException) -> list[str]:
 
 def submit_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, job: str = TENANT_JOB,
                       run_id: str | None = None, run_tags: dict[str, str] | None = None) -> str:
-    """Submit `job` for the tenant's partition to the instance's run coordinator; the run id.
+    """Submit `job` for the tenant's partition to the instance's run coordinator (queued); the run
+    id. `place_tenant_run` without `start_here`: see there."""
+    return place_tenant_run(instance, tenant, run_config, job=job, run_id=run_id, run_tags=run_tags).run_id
+
+
+@dataclass
+class Placement:
+    """Where `place_tenant_run` put a run: `here` (STARTING, to be executed in this process by
+    `InProcessRun`) or queued for a daemon; `why` says why it was not started here (one line)."""
+
+    run_id: str
+    here: bool
+    why: str = ""
+
+
+def place_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, job: str = TENANT_JOB,
+                     run_id: str | None = None, run_tags: dict[str, str] | None = None,
+                     start_here: bool = False) -> Placement:
+    """Create `job`'s run for the tenant's partition, then start it here or queue it.
 
     In this process, what `dagster job launch` did in a subprocess of its own (a second Dagster
     import and a code server: ~10 s of every `migrate run`, issue 11): the definitions are loaded
     in-process (InProcessWorkspaceLoadTarget), the run is created with the job's tags merged with
-    `dagster/partition=tenant` (and `run_tags`, e.g. tags.NEW_RUN), the run config, its execution plan, and the remote origin
-    `dagster job launch -m` records (`code_location_origin()`, a managed gRPC origin: the
-    daemon's run launcher finds that location in its own workspace), then submitted: the
-    QueuedRunCoordinator queues it and the daemon dequeues it as any other run. Raises
-    LaunchError with Dagster's error lines (an unknown job, a run config the job refuses, a code
-    location that does not load); nothing is created then."""
+    `dagster/partition=tenant` (and `run_tags`, e.g. tags.NEW_RUN), the run config, its execution
+    plan, and the remote origin `dagster job launch -m` records (`code_location_origin()`, a
+    managed gRPC origin: the daemon's run launcher finds that location in its own workspace).
+
+    `start_here` (no daemon serves the instance, `migrate run` decided to execute the run itself):
+    under the instance's lane lock (`lane_lock`), when the run queue's limits leave it room
+    (`lane_room`: the same count the daemon's dequeuer makes), the run goes STARTING as
+    `DagsterInstance.launch_run` marks a run it hands to a launcher (RUN_STARTING event), and
+    Placement.here is True. Otherwise - or without `start_here` - it is submitted: the
+    QueuedRunCoordinator queues it and a daemon dequeues it as any other run.
+
+    Raises LaunchError with Dagster's error lines (an unknown job, a run config the job refuses, a
+    code location that does not load); nothing is created then."""
     from dagster import __version__
     from dagster._core.definitions.selector import JobSubsetSelector
     from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
@@ -759,12 +801,15 @@ def submit_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, 
                 remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(origin, repo.name), job),
                 job_code_origin=remote_job.get_python_origin(),
                 asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph)
+            why = start_if_room(instance, run) if start_here else ""
+            if start_here and not why:
+                return Placement(run_id, True)
             instance.submit_run(run.run_id, workspace)
+            return Placement(run_id, False, why)
     except LaunchError:
         raise
     except Exception as e:  # noqa: BLE001 - Dagster's refusal, as one message
         raise LaunchError("Dagster could not launch the run:\n" + "\n".join(_dagster_lines(e))) from None
-    return run_id
 
 
 def add_tenant(instance: DagsterInstance, tenant: str) -> bool:
@@ -825,6 +870,363 @@ def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = POLL_S
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"Dagster run {run_id} still {run.status.value if run else 'missing'} after {timeout:.0f} s (--timeout)")
         time.sleep(poll)
+
+
+# -- executing the run in this process (no daemon alive) ------------------------------------------
+
+IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+# How often the watcher of an in-process run reads it (progress, a terminate) and waits for a signal.
+WATCH_SECONDS = POLL_SECONDS
+# A terminate asked of an in-process run is delivered to the main thread again after this long while
+# the run has not ended: a delivery that lands inside a nested `capture_interrupts` (the phase op's
+# own stop, lane.hold_interrupts) is dropped by Dagster when that block exits.
+REDELIVER_SECONDS = 2.0
+# Where Dagster's own output of in-process runs goes (its console logger writes every event to
+# stderr; in a run worker that went to the daemon's log), under DAGSTER_HOME.
+IN_PROCESS_LOG = "in-process-runs.log"
+
+
+def run_in_process(env: dict[str, str] | None = None) -> bool:
+    """MIGRATE_RUN_IN_PROCESS: whether `migrate run` may execute its Dagster run in its own process
+    when no daemon serves the instance (default 1; 0 keeps the old path: a daemon started for the
+    duration of the command, a code server and a run worker). Raises ConfigError naming the
+    variable (one line) for any other value than 1/0, true/false, yes/no, on/off."""
+    from engine_core.errors import ConfigError
+
+    raw = dict(os.environ if env is None else env).get(IN_PROCESS_ENV, "")
+    value = raw.strip().lower()
+    if value in ("",) + _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{IN_PROCESS_ENV} must be 1 or 0 (execute `migrate run`'s Dagster run in its own "
+                      f"process when no daemon serves the instance, or not), got {raw!r}")
+
+
+def _storage_engine(instance: DagsterInstance) -> Any:
+    """The SQLAlchemy engine of the instance's Postgres run storage (migration_pipeline.storage),
+    or None (another storage: the tests' SQLite instances)."""
+    storage = instance.run_storage
+    for candidate in (storage, getattr(storage, "_storage", None)):
+        engine = getattr(candidate, "_engine", None)
+        if engine is not None and getattr(engine.dialect, "name", "") == "postgresql":
+            return engine
+    return None
+
+
+# The lane lock's key: a Postgres advisory lock in Dagster's storage database (one per instance,
+# since each engine database has its own storage database: migration_pipeline.instance).
+LANE_LOCK_KEY = int.from_bytes(hashlib.sha256(b"migrate run: in-process lane").digest()[:8], "big", signed=True)
+
+
+@contextmanager
+def lane_lock(instance: DagsterInstance) -> Iterator[None]:
+    """While inside, no other `migrate run` on this instance counts the lane and starts a run here
+    (`place_tenant_run(start_here=True)`): a session advisory lock on a connection of the run
+    storage, released on exit (or by Postgres, if this process dies). Nothing on a storage that is
+    not Postgres."""
+    engine = _storage_engine(instance)
+    if engine is None:
+        yield
+        return
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT pg_advisory_lock(%s)", (LANE_LOCK_KEY,))
+        try:
+            yield
+        finally:
+            conn.exec_driver_sql("SELECT pg_advisory_unlock(%s)", (LANE_LOCK_KEY,))
+
+
+def lane_room(instance: DagsterInstance, run: Any) -> str:
+    """"" when the instance's run queue would dequeue `run` now, else why not (one line): the count
+    Dagster's QueuedRunCoordinatorDaemon makes - the runs in progress (STARTING, STARTED,
+    CANCELING) against `max_concurrent_runs` and the `tag_concurrency_limits` (dagster.yaml: at
+    most the lane width of runs carrying `dagster/partition`), through Dagster's own
+    TagConcurrencyLimitsCounter."""
+    from dagster._core.storage.dagster_run import ACTIVE_RUN_STATUSES
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    config = instance.get_concurrency_config().run_queue_config
+    if config is None:
+        return ""
+    active = [r.dagster_run for r in instance.get_run_records(RunsFilter(statuses=list(ACTIVE_RUN_STATUSES)))
+              if r.dagster_run.run_id != run.run_id]
+    if config.max_concurrent_runs != -1 and len(active) >= config.max_concurrent_runs:
+        return f"{len(active)} runs in progress (the instance's max_concurrent_runs is {config.max_concurrent_runs})"
+    if TagConcurrencyLimitsCounter(list(config.tag_concurrency_limits or []), active).is_blocked(run):
+        lane = sum(1 for r in active if tags.PARTITION in r.tags)
+        return f"the lane is full ({lane} runs in progress carry {tags.PARTITION})"
+    return ""
+
+
+def start_if_room(instance: DagsterInstance, run: Any) -> str:
+    """Under the lane lock: when the lane has room for `run` (`lane_room`), mark it STARTING
+    (`mark_starting`) and return ""; else return why not, the run left as it was.
+
+    The race that remains. Between two `migrate run`s of this project the lock makes the count and
+    the start one step: they start at most as many runs as the lane has room for. A daemon's
+    dequeuer takes no such lock: a daemon that came alive after the command judged that none is
+    (`migrate ui` started in the same second) may launch a queued run while the command starts
+    its own, putting the lane one run over its Dagster limit, per such coincidence, for the length
+    of those runs. It is bounded: only runs already queued (launched while no daemon was alive)
+    can be dequeued in that window, the next dequeue counts the command's STARTING run, and the
+    engine's own lane - the slots a phase op takes under its Postgres advisory lock
+    (`migration/lane_slots`, MIGRATE_LANE_WIDTH threads in all) - is never over: an extra run
+    waits for a slot rather than adding threads."""
+    with lane_lock(instance):
+        why = lane_room(instance, run)
+        if not why:
+            mark_starting(instance, run)
+        return why
+
+
+def mark_starting(instance: DagsterInstance, run: Any) -> None:
+    """The run goes STARTING as `DagsterInstance.launch_run` marks a run before its launcher starts
+    it (a RUN_STARTING event): from then on it counts in the lane (`lane_room`, the daemon's
+    dequeuer) like a run a daemon launched."""
+    from dagster._core.events import DagsterEvent, DagsterEventType
+
+    instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.RUN_STARTING.value,
+                                               job_name=run.job_name), run_id=run.run_id)
+
+
+@contextmanager
+def output_aside(log_path: Path) -> Iterator[tuple[Any, Any]]:
+    """While inside, file descriptors 1 and 2 write to `log_path` (appended); yields text files on
+    the command's own stdout and stderr for what the user is to see.
+
+    An in-process run brings Dagster's run-worker output into the command: its console logger
+    writes every event to stderr, and its compute-log capture (LocalComputeLogManager) points
+    descriptors 1 and 2 at the run's log files for the whole run and mirrors them back with `tail
+    -F` to wherever 1 and 2 pointed before - here `log_path`, as a run worker's went to the
+    daemon's log. The command's progress and messages go to the yielded files instead."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    saved = (os.dup(1), os.dup(2))
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    out = os.fdopen(saved[0], "w", buffering=1, encoding=getattr(sys.stdout, "encoding", None) or "utf-8",
+                    errors="replace", closefd=False)
+    err = os.fdopen(saved[1], "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8",
+                    errors="replace", closefd=False)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield out, err
+    finally:
+        for stream in (sys.stdout, sys.stderr, out, err):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (out, err):
+            f.close()
+        for d in (*saved, fd):
+            os.close(d)
+
+
+class InProcessRun:
+    """Execute a STARTING Dagster run (`place_tenant_run(start_here=True)`) in this process, as
+    Dagster's run worker (`dagster api execute_run`) does: `core_execute_run(recon_job, run,
+    instance)` on the main thread, between its "Started process for run" and "Process for run
+    exited" engine events. Steps run on the main thread: Dagster's interrupts are delivered there
+    (DAGSTER_NOTES.md trap 6) and the phase op's stop handling relies on them.
+
+    A watcher thread, every WATCH_SECONDS while the run executes:
+    * calls `on_tick(run)` (the command's progress: the rich bar or the plain lines);
+    * delivers an interrupt to the main thread when the run is CANCELING or CANCELED (the UI's
+      Terminate: with no gRPC client for the run, DefaultRunLauncher.terminate only marks it
+      CANCELING) - what a run worker's interrupt is, SIGINT to the process - again every
+      REDELIVER_SECONDS until the run ends;
+    * acts on a stop signal (SIGINT, SIGTERM, SIGHUP) the command received: announces it on `err`
+      ("SIGTERM: stopping what this command started"), tags the run `dagster/max_retries=0`, sets
+      the engine run's stop flag, marks the run CANCELING, then delivers the interrupt. The signal
+      is recorded in `signalled`.
+    * after `timeout` seconds, stops the run the same way (`timed_out`).
+
+    The signals. Dagster's execution swaps the SIGINT/SIGTERM handlers (capture_interrupts,
+    raise_interrupts_as); a signal reaching Dagster's handler first would interrupt the step before
+    the run is CANCELING, and the run would end FAILURE ("interrupted unexpectedly"). While the run
+    executes here, every handler Dagster installs is wrapped (dagster._utils.interrupts's
+    `_replace_interrupt_signal`, 1.13.27): a stop signal is only recorded, the watcher (within
+    WATCH_SECONDS) marks the run CANCELING first and then delivers the interrupt
+    (`_thread.interrupt_main`), which the wrapper passes to Dagster's handler. So the run ends CANCELED and the engine run stopped, resumable, as from a
+    run worker."""
+
+    def __init__(self, instance: DagsterInstance, run_id: str, *, on_tick: Callable[[Any], None] | None = None,
+                 err: Any = None, timeout: float | None = None, poll: float = WATCH_SECONDS) -> None:
+        self.instance = instance
+        self.run_id = run_id
+        self.on_tick = on_tick
+        self.err = err
+        self.timeout = timeout
+        self.poll = poll
+        self.signalled: int | None = None
+        self.timed_out = False
+        self.executing = False
+        self._stopping = False
+        self._deliveries = 0
+        self._wake = None  # threading.Event, made in execute()
+        self._done = None
+        self._delivered_at: float | None = None
+
+    # -- the main thread --------------------------------------------------------------------------
+
+    def execute(self) -> Any:
+        """Execute the run; returns it once finished (DagsterRun). A run left unfinished by the
+        execution (stopped before its first step, or a framework error) is ended here: CANCELED
+        when it was asked to stop, else FAILURE."""
+        import threading
+
+        from dagster._core.events import EngineEventData
+        from dagster._grpc.impl import core_execute_run
+        from dagster._utils.hosted_user_process import recon_job_from_origin
+
+        instance, run_id = self.instance, self.run_id
+        run = instance.get_run_by_id(run_id)
+        if run is None:
+            raise LaunchError(f"Dagster run {run_id} vanished before it could be executed")
+        self._wake, self._done = threading.Event(), threading.Event()
+        pid = os.getpid()
+        instance.report_engine_event(f"Started process for run (pid: {pid}): `migrate run` executes it in its own "
+                                     f"process (no daemon served the instance)", run, EngineEventData.in_process(pid))
+        with self._signals_to_watcher():
+            watcher = threading.Thread(target=self._watch, name=f"watch-run-{run_id[:8]}", daemon=True)
+            watcher.start()
+            try:
+                if self.signalled is None:
+                    recon_job = recon_job_from_origin(run.job_code_origin)
+                    self.executing = True
+                    try:
+                        for _event in core_execute_run(recon_job, run, instance, inject_env_vars=True):
+                            pass
+                    except BaseException:  # noqa: BLE001 - core_execute_run wrote it to the event log first
+                        pass
+                    finally:
+                        self.executing = False
+            finally:
+                self._done.set()
+                self._wake.set()
+                watcher.join()
+        instance.report_engine_event(f"Process for run exited (pid: {pid}).", run)
+        return self._settle()
+
+    def _settle(self) -> Any:
+        run = self.instance.get_run_by_id(self.run_id)
+        if run is not None and run.status not in FINISHED:
+            if run.status == DagsterRunStatus.CANCELING or self.signalled is not None or self.timed_out:
+                mark_canceled(self.instance, self.run_id, "stopped by the command that executed it in its own process "
+                                                          "before its steps ran")
+            else:
+                self.instance.report_run_failed(run, message="`migrate run` executed the run in its own process and it "
+                                                             "ended without finishing; see the run's events")
+            run = self.instance.get_run_by_id(self.run_id)
+        return run
+
+    @contextmanager
+    def _signals_to_watcher(self) -> Iterator[None]:
+        """The stop signals' handlers, and every SIGINT/SIGTERM handler Dagster installs meanwhile,
+        wrapped by `_guard` (see the class docstring); everything restored on exit."""
+        from dagster._utils import interrupts
+
+        replace = interrupts._replace_interrupt_signal
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+        def guarded_replace(handler: Any) -> None:
+            replace(self._guard(handler))
+
+        interrupts._replace_interrupt_signal = guarded_replace
+        try:
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._guard(None))
+            yield
+        finally:
+            interrupts._replace_interrupt_signal = replace
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _guard(self, handler: Any) -> Any:
+        """A signal handler in front of `handler` (Dagster's, or none): an interrupt the watcher
+        delivers goes through to `handler`; a stop signal from outside is recorded for the watcher,
+        nothing else happens on the main thread."""
+        if getattr(handler, "_migrate_guard", False):
+            return handler
+
+        def guard(signo: int, frame: Any) -> None:
+            if self._deliveries > 0:
+                self._deliveries -= 1
+                if callable(handler):
+                    handler(signo, frame)
+                return
+            if self.signalled is None:  # the watcher sees it within WATCH_SECONDS (no lock taken here:
+                self.signalled = int(signo)  # the main thread may hold any lock the signal interrupted)
+
+        guard._migrate_guard = True  # type: ignore[attr-defined]
+        return guard
+
+    # -- the watcher thread -----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        started = time.monotonic()
+        while not self._done.is_set():
+            self._wake.wait(self.poll)
+            self._wake.clear()
+            if self._done.is_set():
+                return
+            try:
+                if self.timeout is not None and not self.timed_out and time.monotonic() - started > self.timeout:
+                    self.timed_out = True
+                if (self.signalled is not None or self.timed_out) and not self._stopping:
+                    self._stopping = True
+                    self._stop_run()
+                run = self.instance.get_run_by_id(self.run_id)
+                if run is None:
+                    continue
+                if self.on_tick is not None:
+                    try:
+                        self.on_tick(run)
+                    except Exception:  # noqa: BLE001 - progress is best effort
+                        pass
+                if run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED) or self._stopping:
+                    self._deliver()
+            except Exception:  # noqa: BLE001 - the storage hiccuped: asked again next poll
+                continue
+
+    def _stop_run(self) -> None:
+        """A stop this command was asked for (a signal, --timeout): as `stop_launched_run` does for
+        a run on a daemon - no Dagster retry, the engine run's stop flag, the run CANCELING."""
+        from dagster._core.storage.tags import MAX_RETRIES_TAG
+
+        from migration_pipeline.deploy import stop_engine_run
+
+        if self.signalled is not None and self.err is not None:
+            print(f"{signal.Signals(self.signalled).name}: stopping what this command started", file=self.err, flush=True)
+        self.instance.add_run_tags(self.run_id, {MAX_RETRIES_TAG: "0"})
+        stop_engine_run(self.instance, self.run_id)
+        run = self.instance.get_run_by_id(self.run_id)
+        if run is not None and run.status not in FINISHED and run.status != DagsterRunStatus.CANCELING:
+            why = ("`migrate run` got " + signal.Signals(self.signalled).name if self.signalled is not None
+                   else f"`migrate run` gave up waiting after {self.timeout:.0f} s (--timeout)")
+            self.instance.report_run_canceling(run, message=f"{why}; stopping the run it executes")
+
+    def _deliver(self) -> None:
+        """The run worker's interrupt, on the main thread (`_guard` lets it through to Dagster's
+        handler): once, then again every REDELIVER_SECONDS while the run executes."""
+        import _thread
+
+        now = time.monotonic()
+        if not self.executing or (self._delivered_at is not None and now - self._delivered_at < REDELIVER_SECONDS):
+            return
+        self._delivered_at = now
+        self._deliveries += 1
+        _thread.interrupt_main(signal.SIGINT)
 
 
 def wait_tenant_quiet(instance: DagsterInstance, tenant: str, timeout: float = 60.0,

@@ -7,9 +7,10 @@
 * Dagster's storage is per engine database: two engine databases on one server get two storage
   databases (`<engine database>_dagster`), so they never share a run queue or a heartbeat;
   MIGRATE_DAGSTER_STORAGE_URL overrides the derivation;
-* against a sandbox account: `migrate run` twice back to back on one instance both finish (the
-  first one's daemon stopped; the second starts its own), then three at once for three tenants
-  all finish, on one daemon.
+* against a sandbox account: `migrate run` twice back to back on one instance both finish, then
+  three at once for three tenants all finish - each executing its run in its own process (no
+  daemon alive: the default), and again on the daemon path (MIGRATE_RUN_IN_PROCESS=0: the first
+  one's daemon stopped, the second starts its own; the three share one daemon), leaving no daemon.
 """
 from __future__ import annotations
 
@@ -141,14 +142,17 @@ def _finished(proc: subprocess.Popen, tenant: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_runs_back_to_back_and_three_at_once_all_finish(sandbox_env):
-    for tenant in ("first", "second"):  # the second starts within seconds of the first's daemon stopping
+@pytest.mark.parametrize("in_process", ["1", "0"], ids=["in-process", "daemon"])
+def test_runs_back_to_back_and_three_at_once_all_finish(sandbox_env, in_process):
+    sandbox_env = dict(sandbox_env, **{launch.IN_PROCESS_ENV: in_process})
+    for tenant in ("first", "second"):  # the second starts within seconds of the first's end (its daemon stopping)
         _finished(_run(sandbox_env, tenant), tenant)
     together = {t: _run(sandbox_env, t) for t in ("t-a", "t-b", "t-c")}
     for tenant, proc in together.items():
         _finished(proc, tenant)
     log = Path(sandbox_env["MIGRATE_HOME"]) / "dagster" / "daemon.log"
-    assert "Another QUEUED_RUN_COORDINATOR daemon is still sending heartbeats" not in log.read_text()
+    assert log.exists() == (in_process == "0"), "a daemon was started only on the daemon path"
+    assert "Another QUEUED_RUN_COORDINATOR daemon is still sending heartbeats" not in (log.read_text() if log.exists() else "")
     leftover = subprocess.run(["pgrep", "-f", f"dagster-daemon run.*{stack.DEFS_MODULE}"], capture_output=True, text=True)
     mine = [p for p in leftover.stdout.split()
             if sandbox_env["MIGRATE_HOME"] in Path(f"/proc/{p}/environ").read_bytes().decode(errors="ignore")]
