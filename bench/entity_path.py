@@ -3,7 +3,7 @@ from a sandbox (no latency, no rate limit) into Postgres - the engine driven dir
 threads in this process) against dlt's `rest_api` source loading the same endpoints into the same
 server (merge on id), from one run, interleaved, medians.
 
-    python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy]
+    python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy] [--also-probes byid]
 
 dlt is the optional `bench` extra (`pip install -e '.[bench]'`: dlt with its postgres extra);
 without it the engine side runs alone and the ratio is skipped, saying so.
@@ -31,6 +31,7 @@ from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, p
 from engine_core import db as dbmod  # noqa: E402
 from engine_core import runs, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
+from engine_core.providers.pipedrive import writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=4, help="the engine's lane threads")
     parser.add_argument("--also-rows", default="", metavar="WAY[,WAY]",
                         help="also run the engine with these other write.ROWS ways (copy, insert), interleaved")
+    parser.add_argument("--also-probes", default="", choices=["", "byid"],
+                        help="byid: also run the engine asking every missing parent by id (no `ids=` lists), interleaved")
     args = parser.parse_args(argv)
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
     os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
@@ -136,12 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         def one(variant: str, r: int) -> float:
             url = dbs.new()
             if variant.startswith("engine"):
-                default = write.ROWS
-                write.ROWS = variant.split()[1] if " " in variant else default
+                default, batch_min = write.ROWS, writers.BATCH_MIN
+                other = variant.split()[1] if " " in variant else None
+                if other == "byid-probes":
+                    writers.BATCH_MIN = 10**9  # every parent asked by id, as before issue 11's batching
+                elif other is not None:
+                    write.ROWS = other
                 try:
                     seconds, status = engine_once(url, sb, args.width)
                 finally:
-                    write.ROWS = default
+                    write.ROWS, writers.BATCH_MIN = default, batch_min
                 if status != "succeeded":
                     problems.append(f"{variant} run {status}")
             else:
@@ -153,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print("rows/s:", flush=True)
             others = [f"engine {w.strip()}" for w in args.also_rows.split(",") if w.strip()]
+            others += ["engine byid-probes"] if args.also_probes == "byid" else []
             out = interleave(["engine", *others] + ([] if missing else ["dlt rest_api"]), args.reps, one)
         finally:
             dbs.close()
@@ -166,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         d = median(out["dlt rest_api"])
         lines += [("dlt rest_api rows/s", d, "merge on id"), ("engine / dlt rows/s", ratio(e, d), "target >= 1.0 (1.5 headed)")]
     for variant in out:
-        if variant.startswith("engine "):
+        if variant == "engine byid-probes":
+            lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
+                          "missing parents in `ids=` lists vs each by id"))
+        elif variant.startswith("engine "):
             lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
                           f"the default write.ROWS ({write.ROWS}) vs {variant.split()[1]}"))
     print_ratios(f"entity path, {args.scale} sandbox, {rows} rows, medians of {args.reps}", lines)

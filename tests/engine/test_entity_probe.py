@@ -1,6 +1,8 @@
 """Issue 11, the entity path: a page's missing parents are asked of the source a few at a time
 (`writers.ask_source`, `PROBE_THREADS`), not one after another - each still once per run, and a
-question that fails propagates with the parent left to be asked again."""
+question that fails propagates with the parent left to be asked again. Stages: a parent kind asked by
+id (organizations, persons and deals are asked many at a time through their lists' `ids`:
+tests/pipedrive/test_probe_batch.py)."""
 from __future__ import annotations
 
 import threading
@@ -11,7 +13,7 @@ from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.writers import SourceAnswers, ask_source
 
 KEY = ("db", 1)
-PAIRS = [("organizations", str(i)) for i in range(1, 9)]
+PAIRS = [("stages", str(i)) for i in range(1, 9)]
 
 
 class Source:
@@ -53,7 +55,7 @@ def test_a_failed_question_propagates_and_its_parent_is_asked_again_later() -> N
     answers = SourceAnswers()
     with pytest.raises(RuntimeError, match="server error"):
         ask_source(Source(together=4, fail="3"), PAIRS[:4], KEY, answers=answers)
-    assert ("organizations", "3") not in answers.get(KEY, PAIRS[:4])
+    assert ("stages", "3") not in answers.get(KEY, PAIRS[:4])
     again = Source(together=1)
     out = ask_source(again, PAIRS[:4], KEY, answers=answers)
     assert out == {p: int(p[1]) % 2 == 0 for p in PAIRS[:4]}

@@ -8,15 +8,18 @@ permanently deleted; the sandbox's purged ids answer 404. Pinned here:
   and `explain` says "imported; org_id 42 does not exist at the source (404)";
 * the dependents of such rows (a deal on a person whose organization was deleted, the activities,
   notes and emails of a deal whose person was deleted) are imported and linked;
-* the source is asked once per distinct missing parent, and only about parents the ledger does not
-  know, of kinds the run imports;
+* the source is asked once per distinct missing parent (organizations, persons and deals in their
+  lists' `ids=`, the rest by id), and only about parents the ledger does not know, of kinds the
+  run imports;
 * a parent that exists at the source but failed stays a placeholder: its children are skipped
   "not linked", never imported with an empty link;
 * a run that does not import the parent kind leaves its rows placeholders and asks nothing.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -32,6 +35,20 @@ COLUMN = {"org_id": "company_id", "organization_id": "company_id", "person_id": 
           "lead_id": "lead_id"}
 TABLE = {"persons": "contacts", "deals": "deals", "leads": "leads", "activities": "activities", "notes": "notes"}
 SINGLE = ("/api/v2/organizations/{id}", "/api/v2/persons/{id}", "/api/v2/deals/{id}", "/v1/leads/{id}")
+# the lists a missing parent is asked of first, many at a time (`writers.BATCH_PATHS`)
+BATCHED = {"/api/v2/organizations": "organizations", "/api/v2/persons": "persons", "/api/v2/deals": "deals"}
+
+
+def _asked_in_lists(listings: dict[str, int]) -> Counter:
+    """(kind, id) -> how many times the id was in an `ids=` question of the kind's first list."""
+    out: Counter = Counter()
+    for key, n in listings.items():
+        path, _, query = key.partition("?")
+        ids = parse_qs(query).get("ids")
+        if path in BATCHED and ids:
+            for sid in ids[0].split(","):
+                out[(BATCHED[path], sid)] += n
+    return out
 
 
 def _dangling_entries(db, kind: str) -> dict[str, dict[str, Any]]:
@@ -52,7 +69,8 @@ def test_rows_on_deleted_parents_are_imported_with_the_link_empty_and_the_id_kep
     with sandbox(seed=seed) as sb:
         truth = sb.truth()
         run = migrate(db, sb, TENANT)
-        requests = sb.stats()["requests"]
+        stats = sb.stats()
+        requests = stats["requests"]
     assert run.status == "succeeded", failed_tasks(db, run.id)
     expected = {k: {str(i).lower() for i in ids} for k, ids in truth["dangling"].items()}
     assert ledger.dangling_counts(db, run.id) == {k: len(v) for k, v in expected.items() if v}
@@ -77,8 +95,11 @@ def test_rows_on_deleted_parents_are_imported_with_the_link_empty_and_the_id_kep
     lost = db.sql("SELECT kind, source_id, reason FROM migration_records WHERE tenant_id = %(t)s AND action <> 'created'",
                   {"t": TENANT})
     assert lost == []
-    # one request per distinct deleted parent, and none about parents the ledger knows
-    assert sum(requests.get(path, 0) for path in SINGLE) == len(asked)
+    # each distinct deleted parent asked once (by id, or in one `ids=` question of its kind's list),
+    # and none about parents the ledger knows
+    in_lists = _asked_in_lists(stats["listings"])
+    assert set(in_lists) <= asked and set(in_lists.values()) <= {1}, in_lists
+    assert sum(requests.get(path, 0) for path in SINGLE) + sum(in_lists.values()) == len(asked)
     # the dependents of rows with a deleted parent are imported and linked to them
     dependents = 0
     for kind, child_kind, column in (("persons", "deals", "contact_id"), ("persons", "leads", "contact_id"),
@@ -123,12 +144,13 @@ def test_a_parent_kind_the_run_does_not_import_stays_a_placeholder_and_is_not_as
     with sandbox(seed=7) as sb:
         truth = sb.truth()
         run = migrate(db, sb, TENANT, kinds=["persons"])
-        requests = sb.stats()["requests"]
+        stats = sb.stats()
+        requests = stats["requests"]
     assert run.status == "succeeded", failed_tasks(db, run.id)
     persons = _ledger(db, "persons")
     with_org = {str(p["id"]) for p in _source_persons(truth, sb_seed=7) if p.get("org_id") is not None}
     assert with_org and actions(persons, "skipped") == with_org
-    assert sum(requests.get(path, 0) for path in SINGLE) == 0
+    assert sum(requests.get(path, 0) for path in SINGLE) == 0 and not _asked_in_lists(stats["listings"])
     assert ledger.dangling_counts(db, run.id) == {}
 
 

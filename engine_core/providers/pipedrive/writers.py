@@ -12,9 +12,10 @@ Parents deleted at the source (issue 8, item 5). Pipedrive keeps a child's `org_
 organization was permanently deleted, and such a parent is never listed. The proof that a parent
 does not exist is the source itself: for each missing parent the ledger knows nothing about
 (no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
-source once - `GET /api/v2/organizations/{id}` and the like, through the provider's budgeted
-client, before the page's windows open and holding no database connection - and remembers the
-answer for the run (`SourceAnswers`). 404: the row is imported with that link empty, and the
+source once - organizations, persons and deals many at a time through their v2 lists' `ids`
+(absent: does not exist; `ask_source`), leads, pipelines and stages by `GET` by id, through the
+provider's budgeted client, before the page's windows open and holding no database connection -
+and remembers the answer for the run (`SourceAnswers`). 404 (or absent from the lists): the row is imported with that link empty, and the
 dangling reference is kept on the product row (`dangling_refs`) and on its ledger entry
 (`dangling`, counted per kind by `ledger.dangling_counts`), with a reason `migrate explain` shows
 ("imported; org_id 42 does not exist at the source (404)"). 200: the parent exists but is not
@@ -52,7 +53,7 @@ from engine_core import ledger, write
 from engine_core.context import Batch, PageResult, TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, apply_links, ledger_kind
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -166,64 +167,187 @@ def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[
     return sorted(p for p in pairs if p not in known and p[0] in imported and p[0] in PARENT_PATHS)
 
 
-PROBE_THREADS = 4  # parents asked at once by one page (each a GET through the budgeted client)
+PROBE_THREADS = 4  # questions one page sends at once (each a request through the budgeted client)
+
+# Parents asked many at a time (issue 11): the v2 lists that take `ids` - "comma separated string
+# array of up to 100 entity ids to fetch ... If any of the requested entities do not exist or are not
+# visible, they are not included in the response" (shared/pipedrive-openapi, v2 `GET /persons`,
+# `/organizations`, `/deals`, `/deals/archived`). A deal may be archived, and archived deals are
+# in no normal list (since 2025-07-15) while `GET /api/v2/deals/{id}` answers them: the ids the
+# active list leaves out are asked of the archived list before they count as gone. Leads (v1 only),
+# pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`).
+BATCH_PATHS: dict[str, tuple[str, ...]] = {
+    "organizations": ("/api/v2/organizations",),
+    "persons": ("/api/v2/persons",),
+    "deals": ("/api/v2/deals", "/api/v2/deals/archived"),
+}
+IDS_MAX = 100  # the spec's cap on `ids` (the sandbox answers 400 beyond it, as a request the API refuses)
+# A kind's parents asked by one `ids=` list rather than by id from this many on. Tokens: a list
+# request costs 10 (`/deals/archived` 20), a record by id 1, so a batch of n < 10 spends more
+# tokens than n GETs (and fewer requests: 1-2 instead of n).
+BATCH_MIN = 2
+
+
+def _batchable(pair: Pair) -> bool:
+    # only canonical positive integer ids go into `ids=` (any other id is asked by id, as before:
+    # the source's answer to it stays its own, never a whole batch refused)
+    kind, sid = pair
+    return kind in BATCH_PATHS and sid.isdigit() and sid == str(int(sid)) and int(sid) > 0
+
+
+def questions(pairs: Iterable[Pair], batch_min: int | None = None) -> list[list[Pair]]:
+    """The requests that answer `pairs` (distinct, none answered yet): per kind of `BATCH_PATHS`
+    with at least `batch_min` (default `BATCH_MIN`) ids, one question per `IDS_MAX` ids (one list
+    request each; two for deals whose active list leaves some out); every other pair one question
+    of its own (`GET` by id)."""
+    batch_min = BATCH_MIN if batch_min is None else batch_min
+    by_kind: dict[str, list[Pair]] = {}
+    out: list[list[Pair]] = []
+    for pair in pairs:
+        if _batchable(pair):
+            by_kind.setdefault(pair[0], []).append(pair)
+        else:
+            out.append([pair])
+    for group in by_kind.values():
+        if len(group) < max(batch_min, 2):
+            out.extend([p] for p in group)
+            continue
+        group.sort(key=lambda p: int(p[1]))
+        out.extend(group[i : i + IDS_MAX] for i in range(0, len(group), IDS_MAX))
+    return out
 
 
 def ask_source(client: Getter, pairs: Iterable[Pair], key: tuple[str, int], cancel: Any = None,
                answers: SourceAnswers = ANSWERS, threads: int | None = None) -> dict[Pair, bool]:
-    """Whether each parent exists at the source: one GET per pair not answered before in this run.
-    404 -> False, a record -> True; any other failure (rate limit, server error after the client's
-    retries) propagates and the page is retried like any failed fetch. Never call this holding a
-    database connection or transaction.
+    """Whether each parent exists at the source, each asked once in this run (`SourceAnswers`):
+    a kind's parents together through its v2 list's `ids` (`BATCH_PATHS`, `questions`; an id the
+    list leaves out does not exist, one it serves does), the others by id (404 -> False, a record
+    -> True). Any other failure (rate limit, server error after the client's retries) propagates
+    and the page is retried like any failed fetch; the parents of a failed question are left to be
+    asked again. Never call this holding a database connection or transaction.
 
-    Up to `threads` (default `PROBE_THREADS`) parents are asked at once (issue 11: a page of notes pointing at 25 deleted
-    parents waited for 25 round trips one after another); the requests are the same ones, paced by
-    the same budget, each parent still asked once per run (`SourceAnswers`). When one question
-    fails, the questions not yet sent are not sent and the first failure propagates."""
+    Up to `threads` (default `PROBE_THREADS`) questions are sent at once (issue 11: a page of notes
+    pointing at 25 deleted parents waited for 25 round trips one after another), paced by the
+    same budget. When one question fails, the questions not yet sent are not sent and the first
+    failure propagates."""
     pairs = list(pairs)
     out = answers.get(key, pairs)
-    todo = [p for p in dict.fromkeys(pairs) if p not in out]
+    todo = questions(p for p in dict.fromkeys(pairs) if p not in out)
     threads = PROBE_THREADS if threads is None else threads
     if len(todo) <= 1 or threads <= 1:
-        for pair in todo:
-            out[pair] = _ask_one(client, pair, key, cancel, answers)
+        for question in todo:
+            out.update(_ask(client, question, key, cancel, answers))
         return out
     with ThreadPoolExecutor(max_workers=min(threads, len(todo)), thread_name_prefix="probe") as pool:
-        futures = {pool.submit(_ask_one, client, pair, key, cancel, answers): pair for pair in todo}
+        futures = [pool.submit(_ask, client, question, key, cancel, answers) for question in todo]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
         for f in pending:
             f.cancel()
     failed = [f for f in futures if not f.cancelled() and f.exception() is not None]
     if failed:
         raise failed[0].exception()  # type: ignore[misc]
-    for f, pair in futures.items():
-        out[pair] = f.result()
+    for f in futures:
+        out.update(f.result())
     return out
 
 
-def _ask_one(client: Getter, pair: Pair, key: tuple[str, int], cancel: Any, answers: SourceAnswers) -> bool:
-    """One parent's answer: asked of the source by this thread, or awaited from the lane thread
-    asking it now (two pages on one deleted organization ask once: test_references' count)."""
-    while True:
-        waiting = answers.take(key, pair)
-        if waiting is not None:
+def _ask(client: Getter, question: list[Pair], key: tuple[str, int], cancel: Any,
+         answers: SourceAnswers) -> dict[Pair, bool]:
+    """A question's answers: the parents no other lane thread is asking are asked of the source by
+    this thread (one request, or a list's `ids`), the others awaited from the thread asking them
+    (two pages on one deleted organization ask once: test_references' count); a parent whose
+    asker failed is taken again."""
+    out: dict[Pair, bool] = {}
+    pending = list(question)
+    while pending:
+        mine: list[Pair] = []
+        theirs: list[tuple[Pair, threading.Event]] = []
+        for pair in pending:
+            waiting = answers.take(key, pair)
+            if waiting is None:
+                mine.append(pair)
+            else:
+                theirs.append((pair, waiting))
+        if mine:
+            try:
+                found = _request(client, mine, cancel)
+            except BaseException:
+                for pair in mine:
+                    answers.drop(key, pair)
+                raise
+            for pair in mine:
+                answers.put(key, pair, found[pair])
+            out.update(found)
+        pending = []
+        for pair, waiting in theirs:
             waiting.wait()
             known = answers.get(key, [pair])
             if pair in known:
-                return known[pair]
-            continue  # the asker failed: take it again
-        kind, sid = pair
-        try:
-            client.get(PARENT_PATHS[kind].format(sid), cancel=cancel)
-        except NotFound:
-            exists = False
-        except BaseException:
-            answers.drop(key, pair)
-            raise
-        else:
-            exists = True
-        answers.put(key, pair, exists)
-        return exists
+                out[pair] = known[pair]
+            else:
+                pending.append(pair)  # the asker failed: take it again
+    return out
+
+
+def _request(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]:
+    """Ask the source about `pairs` (one kind when more than one): by id for one, else through the
+    kind's lists' `ids` (`BATCH_PATHS`) - an id a list serves exists, one no list serves does not.
+    A list row whose id cannot be read (a malformed row: no id, a non-numeric one) may be any of
+    the ids left: those are then asked by id, so the answers are the ones `GET` by id gives."""
+    if len(pairs) == 1:
+        return {pairs[0]: _exists(client, pairs[0], cancel)}
+    kind = pairs[0][0]
+    left = {sid for _, sid in pairs}
+    unreadable = False
+    for path in BATCH_PATHS[kind]:
+        served, unsure = _served(client, path, left, cancel)
+        left -= served
+        unreadable = unreadable or unsure
+        if not left:
+            break
+    out = {pair: pair[1] not in left for pair in pairs}
+    if unreadable:
+        for pair in pairs:
+            if pair[1] in left:
+                out[pair] = _exists(client, pair, cancel)
+    return out
+
+
+def _exists(client: Getter, pair: Pair, cancel: Any) -> bool:
+    """`GET` the parent by id (`PARENT_PATHS`): a record -> True, 404 -> False."""
+    kind, sid = pair
+    try:
+        client.get(PARENT_PATHS[kind].format(sid), cancel=cancel)
+    except NotFound:
+        return False
+    return True
+
+
+def _served(client: Getter, path: str, ids: set[str], cancel: Any) -> tuple[set[str], bool]:
+    """Which of `ids` (at most `IDS_MAX`) the v2 list at `path` serves, asked through `ids`, and
+    whether it served a row whose id cannot be read; a next cursor (a server paging below the ids'
+    count) is followed."""
+    params: dict[str, Any] = {"ids": ",".join(sorted(ids, key=int)), "limit": IDS_MAX}
+    served: set[str] = set()
+    unreadable = False
+    while True:
+        body = client.get(path, params, cancel=cancel)
+        rows = body.get("data")
+        if rows is None:
+            rows = []
+        if not isinstance(rows, list):
+            raise BadResponse("data is not a list", method="GET", path=path, status=200)
+        for row in rows:
+            sid = _raw_id(row)
+            if sid is None or not sid.isdigit():
+                unreadable = True
+            else:
+                served.add(str(int(sid)))
+        extra = body.get("additional_data")
+        cursor = extra.get("next_cursor") if isinstance(extra, dict) else None
+        if not cursor or cursor == params.get("cursor"):
+            return served & ids, unreadable
+        params = {**params, "cursor": cursor}
 
 
 def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
