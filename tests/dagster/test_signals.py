@@ -39,7 +39,10 @@ def slow_source_env(db_url, tmp_path):
 
     proc, base_url = start_subprocess(SandboxConfig.from_options(scale="small", seed=1, token="tok",
                                                                  latency="realistic"))
-    env = migrate_env(db_url, str(tmp_path / "home"), base_url)
+    # The daemon path (MIGRATE_RUN_IN_PROCESS=0): with no daemon alive `migrate run` now executes in
+    # its own process; these tests prove what a command that started a daemon does on a signal (the
+    # in-process path's signals: test_launch_in_process.py).
+    env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_RUN_IN_PROCESS="0")
     try:
         yield env
     finally:
