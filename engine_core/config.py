@@ -96,6 +96,32 @@ def number(name: str, env: dict[str, str] | None = None) -> float:
     return _float(env, name, float(default), minimum=float(minimum))
 
 
+# The Dagster face's on/off switches, checked by `check_environment` with the numbers: name ->
+# (default, what it switches on).
+FACE_SWITCHES: dict[str, tuple[bool, str]] = {
+    # migration_pipeline.launch.run_in_process (issue 11)
+    "MIGRATE_RUN_IN_PROCESS": (True, "execute `migrate run`'s Dagster run in its own process when no daemon "
+                                     "serves the instance"),
+}
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def switch(name: str, env: dict[str, str] | None = None) -> bool:
+    """One of FACE_SWITCHES from the environment (its default when unset or empty): 1/true/yes/on
+    or 0/false/no/off, any case. Raises ConfigError naming the variable (one line) otherwise."""
+    env = dict(os.environ if env is None else env)
+    default, what = FACE_SWITCHES[name]
+    raw = env.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 ({what}, or not), got {raw!r}")
+
+
 DAILY_TOKEN_SHARE = "MIGRATE_DAILY_TOKEN_SHARE"
 DEFAULT_DAILY_TOKEN_SHARE = 0.8  # the rest of the day's tokens stays with the customer's other integrations
 
@@ -115,12 +141,14 @@ def daily_token_share(env: dict[str, str] | None = None) -> float:
 
 
 def check_environment(env: dict[str, str] | None = None) -> Settings:
-    """Every MIGRATE_* number (Settings, FACE_NUMBERS, MIGRATE_DAILY_TOKEN_SHARE) checked; returns
+    """Every MIGRATE_* number (Settings, FACE_NUMBERS, MIGRATE_DAILY_TOKEN_SHARE) and switch (FACE_SWITCHES) checked; returns
     the engine's Settings. Raises ConfigError naming the first bad variable and its value."""
     env = dict(os.environ if env is None else env)
     settings = Settings.from_env(env)
     for name in FACE_NUMBERS:
         number(name, env)
+    for name in FACE_SWITCHES:
+        switch(name, env)
     daily_token_share(env)
     return settings
 

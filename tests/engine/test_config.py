@@ -41,3 +41,18 @@ def test_an_unparseable_database_url_names_the_variable_without_the_password(url
     with pytest.raises(ConfigError, match="DATABASE_URL") as caught:
         database_url({"DATABASE_URL": url})
     assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value,expected", [("", True), ("1", True), ("On", True), ("0", False), ("false", False)])
+def test_switches_read_one_and_zero(value: str, expected: bool) -> None:
+    from engine_core.config import switch
+
+    assert switch("MIGRATE_RUN_IN_PROCESS", {"MIGRATE_RUN_IN_PROCESS": value}) is expected
+
+
+def test_a_bad_switch_fails_at_start_up_naming_the_variable() -> None:
+    """Every command's start-up check (check_environment) refuses it, not only `migrate run`."""
+    from engine_core.config import check_environment
+
+    with pytest.raises(ConfigError, match=r"^MIGRATE_RUN_IN_PROCESS must be 1 or 0 .*got 'maybe'$"):
+        check_environment({"MIGRATE_RUN_IN_PROCESS": "maybe"})
