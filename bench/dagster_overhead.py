@@ -2,31 +2,35 @@
 tenant job through Dagster and waiting for it) against the engine driven directly (runs.start_run
 + drain_threads in this process), from one run, interleaved, medians.
 
-    python bench/dagster_overhead.py [--scale small] [--reps 3] [--kinds ...] [--launch-threads 1]
+    python bench/dagster_overhead.py [--scale small] [--reps 3] [--kinds ...] [--no-daemon-path] [--launch-threads N]
 
 Both variants migrate a new tenant of the same sandbox account (no latency, no rate limit; the run
 option burst_limit lifts the engine's own budget too) into a fresh database of their own with the
 engine's schema, with the same Settings (the MIGRATE_* defaults). `migrate run` runs as a user runs
-it: a subprocess of the venv's `migrate` with no UI alive, so it starts its daemon for the duration
-of the command and stops it at the end; one MIGRATE_HOME (DAGSTER_HOME inside) and one Dagster
-storage database serve every round (a warm-up run, not timed, creates Dagster's tables first: a
-user pays that once). Its wall time is split with the Dagster run's own timestamps:
+it: a subprocess of the venv's `migrate` with no UI alive, so it executes the Dagster run in its own
+process (issue 11; migration_pipeline/launch.py); one MIGRATE_HOME (DAGSTER_HOME inside) and one
+Dagster storage database serve every round (a warm-up run, not timed, creates Dagster's tables
+first: a user pays that once). Its wall time is split with the Dagster run's own timestamps:
 
-* launch:  the command's start to the run's creation (CLI start, checks, the run built and
-           submitted in the command's own process: no `dagster job launch` since issue 11)
-* queue:   creation to RUN_STARTING (the daemon's start - begun just before the launch - and its
-           dequeue)
-* worker:  RUN_STARTING to the first STEP_START (the run worker's process and code loading)
+* launch:  the command's start to the run's creation (CLI start and imports, checks, the run built
+           in the command's own process)
+* queue:   creation to RUN_STARTING (in-process: the lane counted under its lock; daemon path: the
+           daemon's start - begun just before the launch - and its dequeue)
+* worker:  RUN_STARTING to the first STEP_START (in-process: the job reconstructed and the run's
+           context set up in the command; daemon path: the run worker's process and code loading)
 * steps:   first STEP_START to the run's end (the phase ops: the engine's work, plus Dagster's
            events and the checks)
-* tail:    the run's end to the command's exit (its 0.25 s polling, the tenant's drainer runs
-           finishing, the results, stopping the daemon: killed once it has logged that its threads
-           stopped, its interpreter's teardown not waited for, nor the command's own: `os._exit`)
+* tail:    the run's end to the command's exit (the results; on the daemon path also its 0.25 s
+           polling and stopping the daemon: killed once it has logged that its threads stopped,
+           its interpreter's teardown not waited for, nor the command's own: `os._exit`)
 
 `migrate run` runs with the default MIGRATE_LAUNCH_THREADS (the lane width: the phase ops drain
-with up to their fair share of the lane in their own process, `LaunchLanes`). A third variant runs
-it with MIGRATE_LAUNCH_THREADS=N (default 1: one thread per launch plus drainer runs, the lane as
-it was before it counted threads).
+with up to their fair share of the lane in their own process, `LaunchLanes`). A third variant,
+"migrate run, daemon path" (unless --no-daemon-path), runs it with MIGRATE_RUN_IN_PROCESS=0: the
+path taken before issue 11's in-process runs (a daemon started for the duration of the command, its
+code server, a run worker), and still taken when a daemon is alive or the lane is full.
+`--launch-threads N` adds one with MIGRATE_LAUNCH_THREADS=N (1: one thread per launch plus drainer
+runs, the lane as it was before it counted threads).
 
 Target (issue 11): `migrate run` <= 1.5x the engine driven directly on a small account.
 """
@@ -56,7 +60,9 @@ MIGRATE = str(Path(sys.executable).parent / "migrate")
 OPTIONS = {"burst_limit": 1_000_000}
 PARTS = ("launch", "queue", "worker", "steps", "tail")
 THREADED = "migrate run, other launch threads"
+DAEMON_PATH = "migrate run, daemon path"
 LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # migration_pipeline.assets.phases.LAUNCH_THREADS_ENV
+IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # migration_pipeline.launch.IN_PROCESS_ENV
 
 
 def engine_once(url: str, sb: Sandbox, kinds: list[str] | None) -> tuple[float, str]:
@@ -133,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--kinds", default=None, help="comma list of kinds (default: the whole plan)")
-    parser.add_argument("--launch-threads", type=int, default=1,
-                        help=f"a third variant: migrate run with {LAUNCH_THREADS_ENV}=N (0: no such variant)")
+    parser.add_argument("--no-daemon-path", dest="daemon_path", action="store_false",
+                        help=f"leave out the variant with {IN_PROCESS_ENV}=0 (a daemon for the duration, a run worker)")
+    parser.add_argument("--launch-threads", type=int, default=0,
+                        help=f"a further variant: migrate run with {LAUNCH_THREADS_ENV}=N (0: no such variant)")
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     from migration_pipeline.instance import to_url
@@ -147,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         c.execute(f'CREATE DATABASE "{storage_db}"')
     storage_url = to_url(with_dbname(dbs.server, storage_db), scheme="postgresql+psycopg2")
     problems: list[str] = []
-    variants = ["engine direct", "migrate run"] + ([THREADED] if args.launch_threads > 0 else [])
+    variants = (["engine direct", "migrate run"] + ([DAEMON_PATH] if args.daemon_path else [])
+                + ([THREADED] if args.launch_threads > 0 else []))
     parts: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in variants[1:]}
     home = Path(tempfile.mkdtemp(prefix="bench-dagster-home-"))
     try:
@@ -171,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                     if status != "succeeded":
                         problems.append(f"engine run {status}")
                     return seconds
-                threads = {LAUNCH_THREADS_ENV: str(args.launch_threads)} if variant == THREADED else {}
-                env = cli_env(url, storage_url, home, sb, **threads)
+                extra = ({LAUNCH_THREADS_ENV: str(args.launch_threads)} if variant == THREADED else
+                         {IN_PROCESS_ENV: "0"} if variant == DAEMON_PATH else {})
+                env = cli_env(url, storage_url, home, sb, **extra)
                 seconds, payload = migrate_run_once(env, kinds)
                 if payload.get("dagster_status") != "SUCCESS" or (payload.get("engine") or {}).get("status") != "succeeded":
                     problems.append(f"migrate run: {payload.get('dagster_status')} "
@@ -198,9 +208,14 @@ def main(argv: list[str] | None = None) -> int:
         print("PROBLEM:", p)
     e, m = median(out["engine direct"]), median(out["migrate run"])
     lines = [("engine direct seconds", e, f"runs.start_run + drain_threads, width {Settings.from_env({}).lane_width}"),
-             ("migrate run seconds", m, "the CLI through Dagster, its own daemon")]
+             ("migrate run seconds", m, "the CLI through Dagster, the run executed in its own process")]
     lines += [(f"  of which {p} seconds", median(parts["migrate run"][p]), "median") for p in PARTS]
     lines.append(("migrate run / engine direct", ratio(m, e), "target <= 1.5 (default: the lane width of launch threads)"))
+    if DAEMON_PATH in out:
+        d = median(out[DAEMON_PATH])
+        lines += [(f"{DAEMON_PATH} seconds", d, f"{IN_PROCESS_ENV}=0: its own daemon, a run worker")]
+        lines += [(f"  of which {p} seconds", median(parts[DAEMON_PATH][p]), "median") for p in PARTS]
+        lines.append((f"{DAEMON_PATH} / engine direct", ratio(d, e), "the path before issue 11's in-process runs"))
     if THREADED in out:
         t = median(out[THREADED])
         lines += [(f"{THREADED} seconds", t, f"{LAUNCH_THREADS_ENV}={args.launch_threads}")]
