@@ -23,8 +23,9 @@ served at least once.
 walks cover the snapshot; what moved while they walked - a row updated from one `update_time`
 span into another the walker had passed, a note pushed across an offset boundary by a deletion,
 a deal archived between the active and the archived lists, deletions, merges - is found here by
-one sequential inventory walk per kind, parents first (users, pipelines, stages, organizations,
-persons, deals + archived deals, leads + archived leads, activities, notes). A page's rows are
+one inventory walk per kind, parents first (users, pipelines, stages, organizations, persons,
+deals + archived deals, leads + archived leads, one after another in one chain of tasks; then
+activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). A page's rows are
 compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
 at an older version or holds as deleted are written through the engine's write path (created,
 or updated in place with the ledger's history: `ledger.write_once`); the rest cost nothing more.
@@ -99,6 +100,11 @@ PAGES_PER_TASK = 10  # pages of one list a catch-up task walks before it hands o
 # The order the catch-up walks the kinds in: parents before the rows that link to them.
 ORDER: tuple[str, ...] = ("users", "pipelines", "stages", "organizations", "persons", "deals", "deals_archived",
                           "leads", "leads_archived", "activities", "notes")
+# The walk's last level: lists no other list links to (activities and notes point at deals, leads,
+# persons and organizations; nothing points at them), so once the lists before them are walked,
+# each is walked at once in a task of its own, on its own lane (issue 11: the catch-up was one
+# sequential chain of every list while the other lanes waited).
+LAST_LEVEL: frozenset[str] = frozenset({"activities", "notes"})
 # Extra listing parameters: deals carry their mail count (for the mail catch-up and `emails`).
 PARAMS: dict[str, dict[str, str]] = {
     "deals": {"include_fields": "email_messages_count"},
@@ -384,7 +390,11 @@ def catchup_seeds(run: Run) -> list[Successor]:
     nothing, not even dry (its walks wrote nothing to compare the source with; their report is
     the run's); it seeds no mail and no deletes tasks."""
     kinds = catchup_kinds(run)
-    return [page_task(kinds[0], 0, {})] if kinds else []
+    if not kinds:
+        return []
+    if kinds[0] in LAST_LEVEL:
+        return [page_task(k, 0, {}) for k in kinds if k in LAST_LEVEL]
+    return [page_task(kinds[0], 0, {})]
 
 
 def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
@@ -392,14 +402,17 @@ def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
 
 
 def _after_list(run: Run, kind: str) -> list[Successor]:
-    """What follows a list's last page: the next list's first page, and - when this was the last
-    list of its ledger kind - that kind's deletes task."""
+    """What follows a list's last page: the next list's first page (before the last level, every
+    list of the last level: `LAST_LEVEL`; a list of the last level is followed by no list), and -
+    when this was the last list of its ledger kind - that kind's deletes task."""
     kinds = catchup_kinds(run)
     i = kinds.index(kind) if kind in kinds else len(kinds)
     out: list[Successor] = []
     following = kinds[i + 1] if i + 1 < len(kinds) else None
-    if following is not None:
+    if following is not None and kind not in LAST_LEVEL:
         out.append(page_task(following, 0, {}))
+        if following in LAST_LEVEL:
+            out.extend(page_task(k, 0, {}) for k in kinds[i + 2 :] if k in LAST_LEVEL)
     if not run.dry_run and (following is None or ledger_kind(following) != ledger_kind(kind)):
         lk = ledger_kind(kind)
         if detect_deletes(run):
@@ -565,9 +578,9 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         if step.after is not None:
             ask_ahead(client, kind, step.after, since)
         else:
-            following = kinds[kinds.index(kind) + 1] if kind in kinds and kinds.index(kind) + 1 < len(kinds) else None
-            if following is not None:
-                ask_ahead(client, following, {}, since)
+            for nxt in _after_list(ctx.run, kind):
+                if nxt.cursor.get("list") is not None:  # the lists walked next (here, or in tasks of their own)
+                    ask_ahead(client, nxt.cursor["list"], {}, since)
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
             written: list[dict[str, Any]] = []
