@@ -874,8 +874,7 @@ def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = POLL_S
 
 # -- executing the run in this process (no daemon alive) ------------------------------------------
 
-IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # engine_core.config.FACE_SWITCHES
 # How often the watcher of an in-process run reads it (progress, a terminate) and waits for a signal.
 WATCH_SECONDS = POLL_SECONDS
 # A terminate asked of an in-process run is delivered to the main thread again after this long while
@@ -891,17 +890,11 @@ def run_in_process(env: dict[str, str] | None = None) -> bool:
     """MIGRATE_RUN_IN_PROCESS: whether `migrate run` may execute its Dagster run in its own process
     when no daemon serves the instance (default 1; 0 keeps the old path: a daemon started for the
     duration of the command, a code server and a run worker). Raises ConfigError naming the
-    variable (one line) for any other value than 1/0, true/false, yes/no, on/off."""
-    from engine_core.errors import ConfigError
+    variable (one line) for any other value than 1/0, true/false, yes/no, on/off
+    (`engine_core.config.switch`, also checked by `check_environment`)."""
+    from engine_core.config import switch
 
-    raw = dict(os.environ if env is None else env).get(IN_PROCESS_ENV, "")
-    value = raw.strip().lower()
-    if value in ("",) + _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigError(f"{IN_PROCESS_ENV} must be 1 or 0 (execute `migrate run`'s Dagster run in its own "
-                      f"process when no daemon serves the instance, or not), got {raw!r}")
+    return switch(IN_PROCESS_ENV, env)
 
 
 def _storage_engine(instance: DagsterInstance) -> Any:
