@@ -459,6 +459,11 @@ class PipedriveClient:
         if self._prefetch is not None:
             self._prefetch.ask(self, path, _v2_query(path, params, cursor, limit))
 
+    def prefetch(self, path: str, params: Mapping[str, Any] | None = None) -> None:
+        """`prefetch_v2` for the request `get(path, params)` will make."""
+        if self._prefetch is not None:
+            self._prefetch.ask(self, path, dict(params or {}))
+
     def prefetch_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0,
                     limit: int = MAX_PAGE) -> None:
         """`prefetch_v2` for the page `list_v1` with these arguments will ask for."""

@@ -411,14 +411,16 @@ class PipedriveProvider:
         kind = ctx.task.kind
         summary = SUMMARY_PATHS.get(kind)
         if summary is not None:
+            client.prefetch(summary)  # asked at once with the probes (`discover`): one round trip, not three
+        cursor = ctx.task.cursor
+        lower, upper = cursor.get("since"), cursor.get("until")
+        found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
+        if summary is not None:
             total = source_total(client, summary, ctx.cancel)
             if total is None:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
             else:
                 ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
-        cursor = ctx.task.cursor
-        lower, upper = cursor.get("since"), cursor.get("until")
-        found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
         seeds = discovery_seeds(kind, found, lower, upper)
         # the walkers' first pages are asked now (issue 11, `client.Prefetch`): a discovery run early
         # (`planner.seed_phase`) runs in the previous phase's tail, so its walkers start within
@@ -546,6 +548,10 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Map
     the server), so they come before any timed row in one of the two probes (`stripes` docstring).
     A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot."""
     probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
+    # the descending probe's first page is asked at once with the ascending one (issue 11: a
+    # discovery on the phase's critical path waited for one round trip after the other); for a list
+    # found empty that page is one request more (`client.Prefetch`: without a store, nothing asked)
+    client.prefetch_v2(path, {"sort_by": "update_time", "sort_direction": "desc", **probe_bounds}, limit=PROBE_LIMIT)
     oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel, probe_bounds)
     if not seen_a:
         return Discovery(None, None, rows=False, nulls=False, requests=req_a)
