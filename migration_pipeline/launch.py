@@ -35,6 +35,7 @@ counts, and a run queued then waits for nobody. Here a daemon is alive when
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -1096,6 +1097,9 @@ class InProcessRun:
             try:
                 if self.signalled is None:
                     recon_job = recon_job_from_origin(run.job_code_origin)
+                    # the definitions and the run's workspace, built by the launch, live as long as
+                    # the command: not scanned by every full collection while the run executes
+                    gc.freeze()
                     self.executing = True
                     try:
                         for _event in core_execute_run(recon_job, run, instance, inject_env_vars=True):
