@@ -1079,8 +1079,11 @@ class InProcessRun:
         when it was asked to stop, else FAILURE."""
         import threading
 
+        import sys
+
         from dagster._core.events import EngineEventData
         from dagster._grpc.impl import core_execute_run
+        from dagster._utils.error import serializable_error_info_from_exc_info
         from dagster._utils.hosted_user_process import recon_job_from_origin
 
         instance, run_id = self.instance, self.run_id
@@ -1096,14 +1099,21 @@ class InProcessRun:
             watcher.start()
             try:
                 if self.signalled is None:
-                    recon_job = recon_job_from_origin(run.job_code_origin)
+                    try:
+                        recon_job = recon_job_from_origin(run.job_code_origin)
+                    except Exception:  # noqa: BLE001 - said in the run's events; `_settle` fails the run
+                        recon_job = None
+                        instance.report_engine_event("Could not load the job to execute it in this process.", run,
+                                                     EngineEventData.engine_error(serializable_error_info_from_exc_info(
+                                                         sys.exc_info())))
                     # the definitions and the run's workspace, built by the launch, live as long as
                     # the command: not scanned by every full collection while the run executes
                     gc.freeze()
-                    self.executing = True
+                    self.executing = recon_job is not None
                     try:
-                        for _event in core_execute_run(recon_job, run, instance, inject_env_vars=True):
-                            pass
+                        if recon_job is not None:
+                            for _event in core_execute_run(recon_job, run, instance, inject_env_vars=True):
+                                pass
                     except BaseException:  # noqa: BLE001 - core_execute_run wrote it to the event log first
                         pass
                     finally:
