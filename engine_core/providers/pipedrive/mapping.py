@@ -340,7 +340,15 @@ def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any
         if isinstance(value, Mapping):
             value = value.get("value", value.get("id"))
         out["value"] = value
-    _no_nul(out, f"custom field {f.name!r}")
+    # the keys are the literals above; texts and numbers are checked here, nested values walked
+    # (issue 11: walking the whole dict for every custom value was a third of a person's mapping)
+    for v in out.values():
+        t = type(v)
+        if t is str:
+            if "\x00" in v:
+                raise MalformedRow(f"custom field {f.name!r} contains NUL bytes")
+        elif not (t is int or t is float or t is bool or v is None):
+            _no_nul(v, f"custom field {f.name!r}")
     return out
 
 
