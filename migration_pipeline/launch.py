@@ -955,7 +955,8 @@ def lane_room(instance: DagsterInstance, run: Any) -> str:
 
 
 def start_if_room(instance: DagsterInstance, run: Any) -> str:
-    """Under the lane lock: when the lane has room for `run` (`lane_room`), mark it STARTING
+    """Under the lane lock: runs whose in-process executor died are failed first
+    (`launcher.fail_runs_of_dead_processes`); then, when the lane has room for `run` (`lane_room`), mark it STARTING
     (`mark_starting`) and return ""; else return why not, the run left as it was.
 
     The race that remains. Between two `migrate run`s of this project the lock makes the count and
@@ -968,7 +969,10 @@ def start_if_room(instance: DagsterInstance, run: Any) -> str:
     engine's own lane - the slots a phase op takes under its Postgres advisory lock
     (`migration/lane_slots`, MIGRATE_LANE_WIDTH threads in all) - is never over: an extra run
     waits for a slot rather than adding threads."""
+    from migration_pipeline.launcher import fail_runs_of_dead_processes
+
     with lane_lock(instance):
+        fail_runs_of_dead_processes(instance)  # a killed `migrate run`'s run holds no slot
         why = lane_room(instance, run)
         if not why:
             mark_starting(instance, run)
@@ -978,9 +982,14 @@ def start_if_room(instance: DagsterInstance, run: Any) -> str:
 def mark_starting(instance: DagsterInstance, run: Any) -> None:
     """The run goes STARTING as `DagsterInstance.launch_run` marks a run before its launcher starts
     it (a RUN_STARTING event): from then on it counts in the lane (`lane_room`, the daemon's
-    dequeuer) like a run a daemon launched."""
+    dequeuer) like a run a daemon launched. It carries this process's identity
+    (launcher.IN_PROCESS_TAG), so that a run left by a killed command is failed, not counted for
+    ever (`launcher.fail_runs_of_dead_processes`, the daemon's run monitoring)."""
     from dagster._core.events import DagsterEvent, DagsterEventType
 
+    from migration_pipeline.launcher import IN_PROCESS_TAG, process_identity
+
+    instance.add_run_tags(run.run_id, {IN_PROCESS_TAG: process_identity()})
     instance.report_dagster_event(DagsterEvent(event_type_value=DagsterEventType.RUN_STARTING.value,
                                                job_name=run.job_name), run_id=run.run_id)
 

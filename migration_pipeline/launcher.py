@@ -13,14 +13,32 @@ records an engine event saying who stops it and answers True - the request is de
 the CANCELING status the executing process polls. A run launched through a
 code server (the daemon's, the UI's) is terminated exactly as before.
 
+A process that executes a run in-process can die without a word (SIGKILL, OOM, a host going
+down); its run would stay STARTED and count in the lane for ever (Dagster's run monitoring cannot
+see a worker the default launcher did not start). The run carries its executor's identity
+(IN_PROCESS_TAG), and a run whose executor is known to be gone is failed: by the daemon's run
+monitoring (`check_run_worker_health`, every `run_monitoring.poll_interval_seconds` while a daemon
+runs) and by every `migrate run` before it counts the lane (`fail_runs_of_dead_processes`). Only
+the host that ran the process can tell (another host's runs are left as they are).
+
 dagster.yaml names it in `run_launcher:`; every Dagster process of the project imports this module
 from the installed project, as it does `migration_pipeline.storage`.
 """
 from __future__ import annotations
 
-from dagster import DagsterRunStatus
+import socket
+from pathlib import Path
+
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 from dagster._core.launcher import DefaultRunLauncher
+from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
 from dagster._core.storage.tags import GRPC_INFO_TAG
+
+# The process executing a run in-process, as "<host>:<pid>:<start>" (`process_identity`): set by
+# `migrate run` when it marks the run STARTING (launch.mark_starting). <start> is the process's
+# start time in clock ticks since boot (/proc/<pid>/stat, field 22), so a pid reused after the
+# process died is not taken for it.
+IN_PROCESS_TAG = "migration/in_process"
 
 # Where a run without a gRPC client learns of its termination (launch.InProcessRun's watcher).
 DELIVERED = ("termination requested: the process executing this run in-process (`migrate run`) sees it "
@@ -30,6 +48,61 @@ DELIVERED = ("termination requested: the process executing this run in-process (
 # A run executed in its own process is STARTED (core_execute_run reports it first) until it ends; a run
 # not yet STARTED (queued, or STARTING under a launcher that is adding its gRPC tag) keeps Dagster's answer.
 IN_PROCESS_STATES = (DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING)
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None when
+    there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": field 3 onwards
+    return fields[19] if len(fields) > 19 else None
+
+
+def process_identity(pid: int | None = None) -> str:
+    """"<host>:<pid>:<start>" of `pid` (default: this process), the value of IN_PROCESS_TAG."""
+    import os
+
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid) or '?'}"
+
+
+def executor_gone(identity: str) -> str | None:
+    """Why the process named by `identity` (IN_PROCESS_TAG) is known to be gone (one line), or
+    None: it is alive, it ran on another host (no way to tell from here), or the value is not one
+    this module wrote."""
+    try:
+        host, pid_text, start = identity.rsplit(":", 2)
+        pid = int(pid_text)
+    except ValueError:
+        return None
+    if host != socket.gethostname():
+        return None
+    now = _start_ticks(pid)
+    if now is not None and (now == start or start == "?"):  # alive ("?": its start was not readable)
+        return None
+    return (f"the process that executed this run in-process (`migrate run`, pid {pid} on {host}) is gone "
+            f"(killed, or its host restarted); relaunching the partition resumes its engine run from checkpoints")
+
+
+def fail_runs_of_dead_processes(instance: DagsterInstance) -> list[str]:
+    """End every run in progress whose in-process executor is known to be gone (`executor_gone`):
+    FAILURE with the reason (CANCELED when it was already CANCELING). Returns their run ids.
+    `migrate run` calls it under the lane lock before it counts the lane."""
+    ended = []
+    active = instance.get_runs(RunsFilter(statuses=list(IN_PROCESS_STATES) + [DagsterRunStatus.STARTING]))
+    for run in active:
+        why = executor_gone(run.tags[IN_PROCESS_TAG]) if IN_PROCESS_TAG in run.tags else None
+        if why is None:
+            continue
+        if run.status == DagsterRunStatus.CANCELING:
+            instance.report_run_canceled(run, message=why)
+        else:
+            instance.report_run_failed(run, message=why)
+        ended.append(run.run_id)
+    return ended
 
 
 class MigrationRunLauncher(DefaultRunLauncher):
@@ -47,3 +120,16 @@ class MigrationRunLauncher(DefaultRunLauncher):
         self._instance.report_run_canceling(run)
         self._instance.report_engine_event(message=DELIVERED, dagster_run=run, cls=self.__class__)
         return True
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
+        """For Dagster's run monitoring: FAILED (with the reason) for a run whose in-process
+        executor is known to be gone; RUNNING otherwise - a run a code server's worker executes is
+        not checked, as with DefaultRunLauncher (run monitoring's timeouts still apply)."""
+        why = executor_gone(run.tags[IN_PROCESS_TAG]) if IN_PROCESS_TAG in run.tags else None
+        if why is not None:
+            return CheckRunHealthResult(WorkerStatus.FAILED, why)
+        return CheckRunHealthResult(WorkerStatus.RUNNING)

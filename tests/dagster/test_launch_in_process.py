@@ -323,3 +323,32 @@ def test_a_bad_in_process_switch_is_one_line_naming_it_and_nothing_is_launched(d
     _nothing_launched(db_url)
     assert launch.run_in_process({}) and launch.run_in_process({launch.IN_PROCESS_ENV: "1"})
     assert not launch.run_in_process({launch.IN_PROCESS_ENV: "0"})
+
+
+def test_a_killed_commands_run_is_failed_and_frees_its_lane_slot_for_the_next_command(slow_env, db_url):
+    """SIGKILL of `migrate run` mid-run: its in-process run would stay STARTED and hold the lane
+    (width 1 here) for ever - no run launcher watches it. The next `migrate run` fails it with the
+    reason (its executor is gone: launcher.fail_runs_of_dead_processes) and starts in its place."""
+    env = {**slow_env, "MIGRATE_LANE_WIDTH": "1"}
+    first = subprocess.Popen([MIGRATE, "run", "--tenant", "killed", "--timeout", "400"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    instance = _instance(env)
+    try:
+        run = _until("a started run attached to an engine run", _started_and_attached(instance, "killed"), proc=first)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED  # nobody noticed yet
+        second = subprocess.run([MIGRATE, "run", "--tenant", "next", "--kinds", "users", "--json", "--timeout", "240"],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 0, (second.stdout[-2000:], second.stderr[-3000:])
+        result = json.loads(second.stdout)
+        assert _executed_by(instance, result["dagster_run_id"]) != first.pid
+        assert not instance.get_daemon_heartbeats(), "the lane looked full: the command waited for a daemon"
+        dead = instance.get_run_by_id(run.run_id)
+        assert dead.status == DagsterRunStatus.FAILURE, dead.status
+        assert any(f"pid {first.pid}" in (e.message or "") and "is gone" in (e.message or "")
+                   for e in instance.all_logs(run.run_id)), "the run's log does not say why it failed"
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        instance.dispose()

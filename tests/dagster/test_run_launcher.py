@@ -47,3 +47,61 @@ def test_a_run_launched_through_a_code_server_is_not_answered_for(db_url, tmp_pa
         assert not any(e.message.endswith(DELIVERED) for e in instance.all_logs(run.run_id))
     finally:
         instance.dispose()
+
+
+# -- a run whose in-process executor died ------------------------------------------------------------
+
+
+def _dead_identity() -> str:
+    """The identity of a process that existed and is gone (a child that exited)."""
+    import subprocess
+
+    from migration_pipeline.launcher import process_identity
+
+    child = subprocess.Popen(["sleep", "30"])
+    identity = process_identity(child.pid)
+    child.kill()
+    child.wait()
+    return identity
+
+
+def test_executor_gone_tells_a_dead_or_reused_pid_from_a_live_one_and_leaves_other_hosts_alone():
+    import os
+    import socket
+
+    from migration_pipeline.launcher import executor_gone, process_identity
+
+    assert executor_gone(process_identity()) is None  # this very process
+    dead = _dead_identity()
+    pid = dead.split(":")[-2]
+    assert f"pid {pid}" in (executor_gone(dead) or "")
+    host, mine, start = process_identity().rsplit(":", 2)
+    assert executor_gone(f"{host}:{mine}:{int(start) + 1}")  # the pid now names another process
+    assert executor_gone(f"{socket.gethostname()}-elsewhere:{os.getpid() + 99999}:1") is None  # cannot tell
+    assert executor_gone("not an identity") is None
+
+
+def test_runs_of_dead_executors_end_and_nothing_else_does(db_url, tmp_path, monkeypatch):
+    from dagster._core.launcher.base import WorkerStatus
+
+    from migration_pipeline.launcher import IN_PROCESS_TAG, fail_runs_of_dead_processes, process_identity
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        dead = _dead_identity()
+        orphan = _run(instance, DagsterRunStatus.STARTED, {IN_PROCESS_TAG: dead})
+        stopping = _run(instance, DagsterRunStatus.CANCELING, {IN_PROCESS_TAG: dead})
+        alive = _run(instance, DagsterRunStatus.STARTED, {IN_PROCESS_TAG: process_identity()})
+        worker = _run(instance, DagsterRunStatus.STARTED)  # a code server's run worker executes it
+        health = instance.run_launcher.check_run_worker_health
+        assert instance.run_launcher.supports_check_run_worker_health
+        assert health(orphan).status == WorkerStatus.FAILED and "is gone" in health(orphan).msg
+        assert health(alive).status == WorkerStatus.RUNNING and health(worker).status == WorkerStatus.RUNNING
+
+        assert sorted(fail_runs_of_dead_processes(instance)) == sorted([orphan.run_id, stopping.run_id])
+        status = {r.run_id: instance.get_run_by_id(r.run_id).status for r in (orphan, stopping, alive, worker)}
+        assert status == {orphan.run_id: DagsterRunStatus.FAILURE, stopping.run_id: DagsterRunStatus.CANCELED,
+                          alive.run_id: DagsterRunStatus.STARTED, worker.run_id: DagsterRunStatus.STARTED}
+        assert any("is gone" in (e.message or "") for e in instance.all_logs(orphan.run_id))
+    finally:
+        instance.dispose()
