@@ -26,11 +26,17 @@
 
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
+A phase's three ledger checks read one snapshot (`snapshot`: a REPEATABLE READ, READ ONLY
+transaction): under `migrate run` the engine goes on with the next phases while a phase's checks
+run (`assets.phases.LaunchLanes` hands its threads over), and the catch-up writes rows of earlier
+phases' kinds; counts read by separate statements could then disagree with each other.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import PreviewWarning
@@ -40,7 +46,7 @@ from psycopg import sql
 
 from engine_core import rollup as rollups
 from engine_core import runs
-from engine_core.db import Database
+from engine_core.db import Conn, Database
 from engine_core.errors import RunNotFound
 from engine_core.providers.base import catchup_kind, provider_for
 from migration_pipeline.assets.phases import PhaseSpec, phase_specs
@@ -48,6 +54,47 @@ from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
 
 MATCHES_SOURCE = "matches_source"
+
+
+class Snapshot:
+    """One transaction that reads one snapshot of the database, with the reading half of
+    `Database`'s interface (`connection`, `transaction`, `fetch_one`, `fetch_all`, `sql`,
+    `execute`), so the checks and the engine's read functions (`runs.latest_run`,
+    `rollup.rollup`) take it in the Database's place. Made by `snapshot`."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        yield self.conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        with self.conn.transaction():  # a savepoint inside the snapshot's transaction
+            yield self.conn
+
+    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        return self.conn.execute(name, params)
+
+    def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        return self.conn.fetch_one(name, params)
+
+    def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        return self.conn.fetch_all(name, params)
+
+    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
+        return self.conn.sql(statement, params)
+
+
+@contextmanager
+def snapshot(db: Database) -> Iterator[Snapshot]:
+    """A REPEATABLE READ, READ ONLY transaction on one pooled connection: every statement in it
+    sees the same committed state (Postgres: the snapshot of its first query), whatever commits
+    meanwhile. Writing in it raises."""
+    with db.transaction() as tx:
+        tx.sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield Snapshot(tx)
 
 
 def _table(db: Database, record_type: str | None) -> sql.Composable | None:
@@ -59,14 +106,16 @@ def _table(db: Database, record_type: str | None) -> sql.Composable | None:
     return sql.Identifier(*record_type.split(".", 1))
 
 
-def _has_column(db: Database, record_type: str, column: str) -> bool:
-    schema, _, name = record_type.rpartition(".")
+def _columns(db: Database, record_type: str) -> set[str]:
+    """The column names of the table `record_type` names (resolved as `_table` does; none when
+    there is no such table): one catalog read per table (information_schema.columns, asked per
+    column, was a third of a small phase's checks)."""
     rows = db.sql(
-        "SELECT 1 FROM information_schema.columns WHERE table_name = %(n)s AND column_name = %(c)s"
-        " AND (%(s)s = '' OR table_schema = %(s)s)",
-        {"n": name, "c": column, "s": schema},
+        "SELECT attname::text AS name FROM pg_attribute WHERE attrelid = to_regclass(%(t)s)"
+        " AND attnum > 0 AND NOT attisdropped",
+        {"t": record_type},
     )
-    return bool(rows)
+    return {r["name"] for r in rows}
 
 
 def ledger_vs_target(db: Database, tenant: str, source: str, kind: str) -> dict[str, Any]:
@@ -123,11 +172,12 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
     for t in types:
         record_type = t["record_type"]
         table = _table(db, record_type)
-        if table is None or not _has_column(db, record_type, "tenant_id"):
+        columns = _columns(db, record_type) if table is not None else set()
+        if "tenant_id" not in columns:
             continue
         # rows the product had before the migration carry no source: they are not ours to count
-        ours = sql.SQL(" AND x.source = %(s)s") if _has_column(db, record_type, "source") else sql.SQL("")
-        if _has_column(db, record_type, "kind"):  # a table shared by kinds of several phases
+        ours = sql.SQL(" AND x.source = %(s)s") if "source" in columns else sql.SQL("")
+        if "kind" in columns:  # a table shared by kinds of several phases
             ours = ours + sql.SQL(" AND x.kind = ANY(%(k)s)")
         # a set difference, not NOT EXISTS: its plan does not depend on the tables' statistics (a
         # check right after a phase wrote into fresh tables planned NOT EXISTS as a nested loop over
@@ -142,8 +192,8 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
             n = int(c.raw.execute(q, params).fetchone()["n"])
             if n:
                 unclaimed[record_type] = n
-            if _has_column(db, record_type, "source_id"):
-                per = sql.SQL(", x.kind") if _has_column(db, record_type, "kind") else sql.SQL("")
+            if "source_id" in columns:
+                per = sql.SQL(", x.kind") if "kind" in columns else sql.SQL("")
                 q2 = sql.SQL(
                     "SELECT count(*) AS n FROM (SELECT 1 FROM {table} x WHERE x.tenant_id = %(t)s{ours}"
                     " AND x.source_id IS NOT NULL GROUP BY x.source_id{per} HAVING count(*) > 1) d"
@@ -240,20 +290,33 @@ def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
 
     @multi_asset_check(name=f"{spec.key.to_python_identifier()}_ledger_checks", specs=specs, can_subset=True)
     def ledger_checks(context: AssetCheckExecutionContext, database: MigrationDatabase):
-        db, tenant = database.database(), context.partition_key
         selected = {k.name for k in context.selected_asset_check_keys}
-        if LEDGER_MATCHES_TARGET in selected:
-            passed, md = ledger_check(db, tenant, spec.source, kinds)
-            yield AssetCheckResult(asset_key=spec.key, check_name=LEDGER_MATCHES_TARGET, passed=passed, metadata=md)
-        if NO_DUPLICATE_CLAIMS in selected:
-            passed, md = duplicates_check(db, tenant, spec.source, kinds)
-            yield AssetCheckResult(asset_key=spec.key, check_name=NO_DUPLICATE_CLAIMS, passed=passed, metadata=md)
-        if KINDS_ADD_UP in selected:
-            passed, md = completeness_check(db, tenant, spec.source, spec)
-            yield AssetCheckResult(asset_key=spec.key, check_name=KINDS_ADD_UP, passed=passed, metadata=md,
-                                   severity=AssetCheckSeverity.ERROR)
+        # yielded once the snapshot is closed: no connection held while Dagster records them
+        yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, selected)
 
     return [ledger_checks]
+
+
+def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected: set[str]) -> list[AssetCheckResult]:
+    """The selected ones of the phase's three ledger checks (names: LEDGER_MATCHES_TARGET,
+    NO_DUPLICATE_CLAIMS, KINDS_ADD_UP), all read from one snapshot (`snapshot`): the engine may be
+    writing meanwhile (the next phases, the catch-up's rows of this phase's kinds)."""
+    kinds = list(spec.kinds)
+    results = []
+    with snapshot(db) as snap:
+        if LEDGER_MATCHES_TARGET in selected:
+            passed, md = ledger_check(snap, tenant, spec.source, kinds)
+            results.append(AssetCheckResult(asset_key=spec.key, check_name=LEDGER_MATCHES_TARGET, passed=passed,
+                                            metadata=md))
+        if NO_DUPLICATE_CLAIMS in selected:
+            passed, md = duplicates_check(snap, tenant, spec.source, kinds)
+            results.append(AssetCheckResult(asset_key=spec.key, check_name=NO_DUPLICATE_CLAIMS, passed=passed,
+                                            metadata=md))
+        if KINDS_ADD_UP in selected:
+            passed, md = completeness_check(snap, tenant, spec.source, spec)
+            results.append(AssetCheckResult(asset_key=spec.key, check_name=KINDS_ADD_UP, passed=passed, metadata=md,
+                                            severity=AssetCheckSeverity.ERROR))
+    return results
 
 
 def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, settings: Any = None) -> tuple[bool, dict[str, Any]]:
