@@ -84,7 +84,34 @@ class _Pooled:
 
 
 class PooledPostgresRunStorage(_Pooled, PostgresRunStorage):
-    """PostgresRunStorage with a kept connection (see the module docstring)."""
+    """PostgresRunStorage with a kept connection (see the module docstring), whose schema checks
+    remember a column once they have seen it.
+
+    Dagster's SqlRunStorage asks `has_run_stats_index_cols` on every run read (`get_run_records`,
+    under `get_run_by_id` and `get_runs`) and `has_backfill_id_column` on every run written: each a
+    SQLAlchemy column reflection (a catalog query plus its Python). A small `migrate run`, whose
+    watcher reads its run every 0.25 s, spent ~0.44 s of CPU in them (py-spy, issue 11). A column
+    `dagster instance migrate` added does not go away, so a True answer is kept for the storage's
+    life; a False one is asked again (a migration may add it meanwhile), as before.
+    dagster-postgres keeps its index checks the same way (`_index_migration_cache`)."""
+
+    def _kept(self, name: str, ask: Any) -> bool:
+        kept = self.__dict__.setdefault("_columns_seen", set())
+        if name in kept:
+            return True
+        if ask():
+            kept.add(name)
+            return True
+        return False
+
+    def has_run_stats_index_cols(self) -> bool:
+        return self._kept("run_stats_index_cols", super().has_run_stats_index_cols)
+
+    def has_backfill_id_column(self) -> bool:
+        return self._kept("backfill_id_column", super().has_backfill_id_column)
+
+    def has_bulk_actions_selector_cols(self) -> bool:
+        return self._kept("bulk_actions_selector_cols", super().has_bulk_actions_selector_cols)
 
 
 class PooledPostgresEventLogStorage(_Pooled, PostgresEventLogStorage):
