@@ -158,27 +158,6 @@ class LanePicture:
         return max(0, min(threads, self.share(tenant) - others_mine, self.width - others_all))
 
 
-    def alone(self, tenant: str) -> bool:
-        """Whether no other tenant is in the picture: none has a run in progress or queued, or an
-        engine run a Dagster run drives that wants a slot."""
-        return all(t == tenant for t in self.tenants)
-
-    def launch_slots(self, tenant: str, dagster_run_id: str, threads: int) -> int:
-        """Slots a launch's phase op may hold now (`assets.phases.LaunchLanes`), at most `threads`:
-        `slots_for`, except that a tenant alone in the lane (`alone`) may hold every slot no other
-        run holds. Its demand (tasks enqueued or running) dips at the end of every phase and every
-        discovery; threads that gave their slots back there were not there when the next tasks came
-        (issue 11: a phase op's threads waiting at the barrier for the next phase had gone). No
-        other tenant waits for them: one that arrives is in the next picture (a launch re-reads it
-        every second), and then the shares apply again - the threads above the share give their
-        slots back at a task boundary, as any tenant's above its share do."""
-        if not self.alone(tenant):
-            return self.slots_for(tenant, dagster_run_id, threads)
-        slots = self.tenants.get(tenant) or TenantSlots(tenant)
-        others_all = self.busy - slots.held.get(dagster_run_id, 0)
-        return max(0, min(threads, self.width - others_all))
-
-
 def lane_picture(instance: DagsterInstance, db: Database, settings: Settings,
                  managed: Callable[[int], bool] | None = None) -> LanePicture:
     """Every tenant with a run in the lane or waiting for it, the slots each run holds, its demand,

@@ -184,57 +184,6 @@ def drain_in_slot(
     return box["result"]  # type: ignore[return-value]
 
 
-# -- lane threads handed from one phase op to the next -----------------------------------------
-# A launch's phase op drains with threads of its own (`assets.phases.LaunchLanes`). Under the
-# project's in-process executor the steps of a Dagster run follow one another in one process, so
-# the op of phase N hands its extra threads to the op of the run's next phase instead of stopping
-# them: they go on to the next phase's tasks the moment the engine's barrier seeds them, while
-# Dagster records phase N's materialisation and runs its checks step (issue 11: ~0.3 s per phase
-# boundary with no engine work, a third of `migrate run`'s cost over the engine on a small account).
-# The executor stops whatever is still handed over when the run's steps end, however they end.
-
-_ahead_lock = threading.Lock()
-_executing: set[str] = set()  # Dagster runs this process executes with `stopping_in_process_executor`
-_handed: dict[str, object] = {}  # Dagster run id -> lane threads waiting for the run's next phase op
-
-
-def may_hand_over(dagster_run_id: str) -> bool:
-    """Whether this process executes the Dagster run's steps one after another with the project's
-    in-process executor (which stops handed-over threads at the run's end): only then may a phase
-    op leave its threads running for the next. False under `materialize()`, `execute_in_process`
-    and other executors (a step per process: nobody here would take them over)."""
-    with _ahead_lock:
-        return dagster_run_id in _executing
-
-
-def hand_over(dagster_run_id: str, lanes: object) -> bool:
-    """Leave `lanes` (anything with `stop(grace, raise_errors=False)`) running for the run's next
-    phase op (`take_over`). False, nothing kept, when the run's executor is not in this process."""
-    with _ahead_lock:
-        if dagster_run_id not in _executing:
-            return False
-        _handed[dagster_run_id] = lanes
-        return True
-
-
-def take_over(dagster_run_id: str) -> object | None:
-    """The lane threads an earlier phase op of this Dagster run handed over, or None."""
-    with _ahead_lock:
-        return _handed.pop(dagster_run_id, None)
-
-
-def release_handed(dagster_run_id: str, logger: logging.Logger | None = None) -> None:
-    """Stop the threads still handed over (no op took them: the run's steps ended, failed or were
-    terminated). Never raises."""
-    lanes = take_over(dagster_run_id)
-    if lanes is None:
-        return
-    try:
-        lanes.stop(None, raise_errors=False)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - the run's end matters more
-        (logger or log).exception("could not stop the lane threads of Dagster run %s", dagster_run_id)
-
-
 # -- a terminate stops the engine run, wherever it lands -----------------------------------------
 
 def stop_on_interrupt(instance, dagster_run_id: str, log=None) -> int | None:
@@ -276,31 +225,21 @@ def stopping_in_process_executor():
     flow). Here the executor itself - around every step of the run - catches the interruption and
     sets the stop flag of the engine run the Dagster run is tagged with (`stop_on_interrupt`),
     then re-raises: Dagster ends the run CANCELED, the engine run stops at its next checkpoint and
-    relaunching the partition resumes it. Its phase ops may hand their lane threads from one
-    step to the next (`hand_over`); whatever is still handed over when the steps end is stopped
-    (`release_handed`). The same config as `in_process`."""
+    relaunching the partition resumes it. The same config as `in_process`."""
     from dagster import executor
     from dagster._core.definitions.executor_definition import IN_PROC_CONFIG, _core_in_process_executor_creation
     from dagster._core.executor.in_process import InProcessExecutor
 
     class StoppingInProcessExecutor(InProcessExecutor):
         def execute(self, plan_context, execution_plan):
-            run_id = plan_context.dagster_run.run_id
-            with _ahead_lock:
-                _executing.add(run_id)  # its phase ops may hand their lane threads on (`hand_over`)
             try:
                 yield from super().execute(plan_context, execution_plan)
             except Exception:
                 raise
             except BaseException:
                 with hold_interrupts():
-                    stop_on_interrupt(plan_context.instance, run_id, plan_context.log)
+                    stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
                 raise
-            finally:
-                with hold_interrupts():
-                    with _ahead_lock:
-                        _executing.discard(run_id)
-                    release_handed(run_id, plan_context.log)
 
     @executor(name="in_process", config_schema=IN_PROC_CONFIG)
     def in_process_stopping(init_context):

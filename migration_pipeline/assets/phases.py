@@ -9,9 +9,7 @@ A phase asset's op, for its tenant partition:
 3. checks the barrier: `deps=` between phase assets is lineage, not a lock, so if the engine's
    barrier is still on an earlier phase the op helps drain that one first;
 4. drains with fenced claims until its phase closes (see `lane.drain_in_slot`: terminating the
-   Dagster run stops the engine run; `LaunchLanes`: its extra lane threads, handed from one phase
-   op to the next under the project's in-process executor, go on into the run's later phases while
-   Dagster records this one), reporting progress every PROGRESS_SECONDS as a log line and
+   Dagster run stops the engine run), reporting progress every PROGRESS_SECONDS as a log line and
    an asset observation; a source failing every request for MIGRATE_SOURCE_DOWN_SECONDS pauses
    the run with that reason;
 5. materialises with the phase's rollup (counts, grouped reasons, a capped table of skipped and
@@ -53,7 +51,6 @@ from engine_core import runs
 from engine_core.db import Database
 from engine_core.config import Settings, number
 from engine_core.errors import AdmissionRefused, ConfigError, NothingToSync
-from engine_core.planner import WORK
 from engine_core.worker import Worker
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from engine_core.models import Run
@@ -296,8 +293,6 @@ def launch_threads(settings: Settings, env: dict[str, str] | None = None) -> int
 
 LANE_REFRESH_SECONDS = 1.0  # how often a launch with more than one thread re-reads its allowance
 LANE_WAIT_SECONDS = 0.5  # how often a launch waiting for a lane slot looks again
-LANE_HANDOFF_SECONDS = 10.0  # how long threads handed to the next phase op drain before one takes them
-IDLE_WAIT_SECONDS = 0.2  # an extra thread that found its phase with nothing open waits this long for more
 
 
 class LaunchLanes:
@@ -318,41 +313,18 @@ class LaunchLanes:
     their slot back at a task boundary; the tag is raised before a thread starts and lowered only
     once a thread has stopped, so it never says fewer threads than drain. The op's own thread never
     gives way. A termination stops the engine run (`drain_in_slot`), which every thread checks
-    before a claim.
-
-    Handing over (issue 11: each phase boundary of a small `migrate run` had ~0.3 s without engine
-    work - the op's close, its materialisation, the checks step, the next op's start). The extra
-    threads claim tasks up to `horizon`: the op's own phase, or - when the project's in-process
-    executor runs this Dagster run's steps here (`lane.may_hand_over`) and later phases of the
-    engine run's plan have steps in this run - the last of those (`hand_over_horizon`). The op's
-    own thread stops at its phase's close as always; the extra threads go on to the next phase's
-    tasks as soon as the engine's barrier seeds them (it wakes this process's idle workers; a thread
-    that lost the barrier to another waits for that, IDLE_WAIT_SECONDS at most per look), and the
-    op, once it materialised, hands them over (`lane.hand_over`) instead of stopping them. The next
-    phase op takes them (`take_over`: same Dagster run, same engine run) with their slots, tag and
-    pool (one pool for the whole Dagster run); its phase may have closed already, and then it only
-    materialises. A launch alone in the lane keeps its slots through its demand's dips
-    (`LanePicture.launch_slots`). Threads not taken over within LANE_HANDOFF_SECONDS give their slot
-    back at a task boundary (nobody re-reads the lane meanwhile); the executor stops whatever is
-    still handed over when the run's steps end (`lane.release_handed`), and an op that fails or is
-    terminated stops its threads as before."""
+    before a claim."""
 
     def __init__(self, context: AssetExecutionContext, db: Database, run_id: int, phase: int,
-                 settings: Settings, providers: Any, threads: int, horizon: int | None = None,
-                 grace: float = 20.0) -> None:
+                 settings: Settings, providers: Any, threads: int) -> None:
         from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG
 
         self.context, self.db, self.run_id, self.phase = context, db, run_id, phase
         self.settings, self.providers, self.threads = settings, providers, threads
-        self.horizon = phase if horizon is None else max(phase, horizon)  # the extra threads claim up to it
-        self.grace = grace  # seconds a stop waits for the threads (stop_grace_seconds)
-        self.lock = threading.Lock()  # a thread's "nothing left up to the horizon" vs a new horizon
-        self.handed_at: float | None = None  # monotonic time it was handed to the next op (None: an op has it)
         self.cancel = threading.Event()
         self.allowance = 1  # slots this op may hold now, its own thread included
         self.extra: dict[int, threading.Event] = {}  # extra thread index -> done
-        self.finished = False  # a thread found nothing left up to the horizon: no more starts
-        self.stopped = False
+        self.finished = False  # a thread found the phase closed (or the run not running): no more starts
         self.errors: list[BaseException] = []
         self.executed = 0
         self.pool: Database | None = None
@@ -362,43 +334,6 @@ class LaunchLanes:
         self.recorded = (current.get(LANE_SLOTS_TAG), current.get(LANE_THREADS_TAG))
         self.stamped = 0.0  # when this op last wrote its lane_seen stamp (epoch seconds)
         self.stamp_every = max(1.0, settings.stale_lock_seconds / 4)
-
-    @classmethod
-    def take_over(cls, context: AssetExecutionContext, db: Database, run_id: int, phase: int,
-                  horizon: int | None) -> "LaunchLanes | None":
-        """The lanes an earlier phase op of this Dagster run handed over (`lane.hand_over`), now this
-        op's: its phase and horizon; None when there are none. Lanes of another engine run (the
-        tenant's run changed meanwhile) are stopped, not taken."""
-        from migration_pipeline.lane import take_over
-
-        lanes = take_over(context.run_id)
-        if lanes is None:
-            return None
-        assert isinstance(lanes, cls)
-        if lanes.run_id != run_id or lanes.cancel.is_set():
-            lanes.stop(None, raise_errors=False)
-            return None
-        with lanes.lock:
-            lanes.context, lanes.db, lanes.phase = context, db, phase
-            lanes.horizon = phase if horizon is None else max(phase, horizon)
-            lanes.handed_at = None
-            lanes.finished = False  # a thread that found nothing left before the new horizon starts again
-        lanes.next_refresh = 0.0
-        return lanes
-
-    def hand_over(self) -> bool:
-        """After the op materialised: leave the extra threads draining towards the horizon for the
-        run's next phase op (`take_over`). False (the caller stops them) when there is nothing to
-        hand: no later phase in the horizon, no thread, a thread error, or no executor to stop them."""
-        from migration_pipeline.lane import hand_over
-
-        if self.horizon <= self.phase or self.stopped or self.errors or self.cancel.is_set() or self.live() <= 1:
-            return False
-        self.handed_at = time.monotonic()
-        if not hand_over(self.context.run_id, self):
-            self.handed_at = None
-            return False
-        return True
 
     # -- the slots tag and the lane lock
 
@@ -420,11 +355,11 @@ class LaunchLanes:
             self.recorded, self.stamped = wanted, now
 
     def _slots_now(self) -> int:
-        """Under the lane lock: the slots this run may hold now (`LanePicture.launch_slots`)."""
+        """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`)."""
         from migration_pipeline.fair_lane import lane_picture
 
         picture = lane_picture(self.context.instance, self.db, self.settings)
-        return picture.launch_slots(self.context.partition_key, self.context.run_id, self.threads)
+        return picture.slots_for(self.context.partition_key, self.context.run_id, self.threads)
 
     def _locked(self, take: Any) -> int:
         """`take()` (which reads the picture and records the tag) under the lane's advisory lock."""
@@ -446,8 +381,7 @@ class LaunchLanes:
 
         def take() -> int:
             n = self._slots_now()
-            # never fewer than drain: threads taken over from the op before go on until they stop
-            self.record(max(n, self.live()) if n >= 1 else self.live() - 1)
+            self.record(n)
             return n
 
         announced = False
@@ -460,7 +394,6 @@ class LaunchLanes:
             if n >= 1:
                 self.allowance = n
                 break
-            self.allowance = 0  # threads taken over give their slots back at a task boundary
             run = runs.get_run(self.db, self.run_id)
             if run.status != "running" or run.cancel_requested or run.current_phase > self.phase:
                 self.allowance = 1
@@ -503,7 +436,7 @@ class LaunchLanes:
         return self.allowance
 
     def _grow(self) -> None:
-        if self.cancel.is_set() or self.finished or self.stopped:
+        if self.cancel.is_set() or self.finished:
             return
         for i in range(1, self.allowance):
             done = self.extra.get(i)
@@ -523,26 +456,13 @@ class LaunchLanes:
         try:
             worker = Worker(self.pool, settings=self.settings, providers=self.providers, cancel=self.cancel)
             while not self.cancel.is_set() and i < self.allowance:  # beyond the allowance: give the slot back
-                handed = self.handed_at
-                if handed is not None and time.monotonic() - handed > LANE_HANDOFF_SECONDS:
-                    break  # no op took them over: give the slot back (the next op starts threads again)
-                horizon = self.horizon
-                seen = WORK.generation()
-                run = runs.get_run(self.pool, self.run_id)
-                if run.current_phase <= horizon:
-                    r = worker.drain(self.run_id, until_phase_closed=horizon, max_tasks=1)
-                    self.executed += sum(r.executed.values())
-                    if r.reason == "max_tasks":
-                        continue
-                    if r.reason == "idle":
-                        # nothing open and another worker won the barrier (or it holds): look again
-                        # once the next phase's tasks are seeded, not gone before they come
-                        WORK.wait(seen, IDLE_WAIT_SECONDS, self.cancel)
-                        continue
-                with self.lock:
-                    if self.horizon != horizon:
-                        continue  # taken over meanwhile: the next op's phase is open to it now
-                    self.finished = True  # nothing left up to the horizon (or the run is not running)
+                if runs.get_run(self.pool, self.run_id).current_phase > self.phase:
+                    self.finished = True
+                    break
+                r = worker.drain(self.run_id, until_phase_closed=self.phase, max_tasks=1)
+                self.executed += sum(r.executed.values())
+                if r.reason != "max_tasks":
+                    self.finished = True
                     break
         except BaseException as e:  # surfaced by stop()
             self.errors.append(e)
@@ -550,24 +470,20 @@ class LaunchLanes:
         finally:
             done.set()
 
-    def stop(self, grace: float | None = None, raise_errors: bool = True) -> None:
-        """No new claims; wait up to `grace` seconds (None: the op's stop grace) for the threads (a
-        running task ends at its next stop point); record the threads still draining (1 once they
-        stopped: the run's own slot); raise the first error a thread met (unless `raise_errors` is
-        false). Once: a second call only raises the errors again."""
-        if not self.stopped:
-            self.stopped = True
-            grace = self.grace if grace is None else grace
-            self.cancel.set()
-            if not all([done.wait(grace) for done in self.extra.values()]):
-                self.context.log.warning(f"a lane thread did not reach a stop point in {grace:.0f} s; the reaper "
-                                         "releases its task once its lock is stale")
-            elif self.pool is not None:
-                self.pool.close()
-            try:
-                self.record(self.live())
-            except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
-                self.context.log.exception("could not record the lane threads this run holds")
+    def stop(self, grace: float, raise_errors: bool = True) -> None:
+        """No new claims; wait up to `grace` seconds for the threads (a running task ends at its next
+        stop point); record the threads still draining (1 once they stopped: the run's own slot);
+        raise the first error a thread met (unless `raise_errors` is false)."""
+        self.cancel.set()
+        if not all([done.wait(grace) for done in self.extra.values()]):
+            self.context.log.warning(f"a lane thread did not reach a stop point in {grace:.0f} s; the reaper releases "
+                                     "its task once its lock is stale")
+        elif self.pool is not None:
+            self.pool.close()
+        try:
+            self.record(self.live())
+        except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
+            self.context.log.exception("could not record the lane threads this run holds")
         if self.errors and raise_errors:
             raise self.errors[0]
 
@@ -654,10 +570,7 @@ def _materialize_phase(
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
-    horizon = hand_over_horizon(context, spec, run, phase)
-    extra = (LaunchLanes.take_over(context, db, run.id, phase, horizon)
-             or LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings),
-                            horizon=horizon, grace=lane.stop_grace_seconds))
+    extra = LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings))
     try:
         extra.acquire()
         result = drain_in_slot(
@@ -672,34 +585,10 @@ def _materialize_phase(
             tick_seconds=PROGRESS_SECONDS,
             on_poll=extra.poll,
         )
-        if extra.horizon <= phase or extra.errors:
-            extra.stop(lane.stop_grace_seconds)  # nothing to hand over (or a thread's error to raise)
-        materialized = _close_phase(context, spec, db, run, phase, reporter, result)
-        if not extra.hand_over():
-            extra.stop(lane.stop_grace_seconds)
-        return materialized
     except BaseException:
         extra.stop(lane.stop_grace_seconds, raise_errors=False)  # the termination or error goes first
         raise
-
-
-def hand_over_horizon(context: AssetExecutionContext, spec: PhaseSpec, run: Run, phase: int) -> int | None:
-    """The engine phase the op's extra threads may claim up to (`LaunchLanes`): the phase of the
-    last step of this Dagster run that is in the engine run's plan, when the project's in-process
-    executor runs the steps here (`lane.may_hand_over`); else None (the op's own phase only).
-    Not only the next one: a small account's phase closed before its op had started (its threads
-    had drained it meanwhile), and the threads stopped there until that op took them over."""
-    from migration_pipeline.lane import may_hand_over
-
-    if not may_hand_over(context.run_id):
-        return None
-    later = planned_after(context, spec, run)
-    return later[-1].run_phase(run) if later else None
-
-
-def _close_phase(context: AssetExecutionContext, spec: PhaseSpec, db: Database, run: Run, phase: int,
-                 reporter: PhaseReporter, result: Any) -> MaterializeResult:
-    """After the drain: the phase's materialisation, or the Failure / cancellation that says why not."""
+    extra.stop(lane.stop_grace_seconds)
     run = runs.get_run(db, run.id)
     if run.status == "failed" and run.current_phase < phase:
         raise Failure(f"{run.name} failed at phase {run.current_phase + 1} before phase {phase + 1} "
