@@ -216,8 +216,9 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     """One request with the source's credential: for Pipedrive `GET /v1/users/me` through the
     provider's own client (engine_core.providers.pipedrive.client), with no retry (2 of the
     account's daily tokens, nothing else). Raises ConfigError (one line naming SOURCE_TOKEN_ENV's
-    variable and the base URL, never the token) when the source refuses it (401/403). Any other
-    failure (a 5xx, a 429, a timeout) is left to the run's own retry policy. Sources without a
+    variable and the base URL, never the token) when the source refuses it (401/403), and naming
+    the base URL's variable when the server there is no Pipedrive API (404, or a 200 whose body is
+    not a Pipedrive user). Any other failure (a 5xx, a 429, a timeout) is left to the run's own retry policy. Sources without a
     token variable are not checked."""
     from urllib.parse import urlsplit
 
@@ -227,7 +228,8 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     if name is None:
         return
     from engine_core.providers.pipedrive.client import PipedriveClient
-    from engine_core.providers.pipedrive.errors import AuthError, PipedriveError
+    from engine_core.providers.pipedrive.errors import AuthError, BadResponse, NotFound, PipedriveError
+    from engine_core.providers.pipedrive.provider import ENV_BASE_URL as base_env
 
     cfg = provider.config()
     parts = urlsplit(cfg.base_url)
@@ -238,7 +240,14 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     except AuthError as e:
         raise ConfigError(f"{name} was refused by {shown} (HTTP {e.status or '401'} on GET /v1/users/me): "
                           f"set it to the account's API token") from None
-    except (PipedriveError, ValueError):
+    except (NotFound, BadResponse, ValueError) as e:
+        # A server that answers but is no Pipedrive API (a fresh user's find: a host that answers 404
+        # to everything let the launch through; its tasks then failed on 404s): every Pipedrive
+        # account has GET /v1/users/me, and it answers JSON.
+        what = "HTTP 404" if isinstance(e, NotFound) else "no Pipedrive user (a body that is not its JSON)"
+        raise ConfigError(f"{base_env} {shown} is not a Pipedrive API: GET /v1/users/me answered {what} "
+                          f"(the base URL is the company's, e.g. https://<company>.pipedrive.com)") from None
+    except PipedriveError:
         return  # not a verdict on the token: the run's retry policy meets it
 
 

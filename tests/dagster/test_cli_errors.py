@@ -368,3 +368,38 @@ def test_a_migrated_tenant_is_refused_before_launching_and_pointed_to_sync_and_n
                     "'done' is already migrated", "migrate sync done", "--new-run")
     with psycopg.connect(db_url) as c:  # refused before Dagster's storage was opened
         assert c.execute("SELECT to_regclass('runs')").fetchone()[0] is None
+
+
+@pytest.mark.parametrize("answer", [(404, b'{"error": "no such page"}'), (200, b"<html>welcome</html>")],
+                         ids=["404", "html"])
+def test_a_server_that_is_no_pipedrive_api_is_one_line_naming_the_base_url_before_anything_is_launched(
+        db_url, run_env, answer):
+    """A fresh user's find: a host that answers every path with 404 passed the checks; the run was
+    launched and its tasks failed on 404s (exit 1, a partition and runs left behind)."""
+    import http.server
+    import threading
+
+    status, body = answer
+
+    class Everything(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(status)
+            self.send_header("content-type", "text/html" if body.startswith(b"<") else "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Everything)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        env = dict(run_env, PIPEDRIVE_BASE_URL=url, PIPEDRIVE_API_TOKEN="tok-5e1f")
+        line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL", url,
+                               "is not a Pipedrive API")
+        assert "tok-5e1f" not in line
+    finally:
+        server.shutdown()
+    _nothing_launched(db_url)
