@@ -352,3 +352,29 @@ def test_a_killed_commands_run_is_failed_and_frees_its_lane_slot_for_the_next_co
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
         instance.dispose()
+
+
+def test_a_tenant_whose_command_was_killed_relaunches_to_success(slow_env, db_url):
+    """A fresh user's find: after kill -9 of `migrate run --tenant T`, every relaunch of T sat in a
+    later phase "waiting for a lane slot" (the dead command's Dagster run, still STARTED, held the
+    slots it had tagged) until its --timeout. The relaunch fails the dead run and finishes."""
+    env = {**slow_env, "MIGRATE_STALE_LOCK_SECONDS": "5"}  # the dead command's task locks go stale soon
+    first = subprocess.Popen([MIGRATE, "run", "--tenant", "again", "--kinds", "persons", "--timeout", "400"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    instance = _instance(env)
+    try:
+        run = _until("a started run attached to an engine run", _started_and_attached(instance, "again"), proc=first)
+        time.sleep(2)  # into the phase's tasks
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+        second = subprocess.run([MIGRATE, "run", "--tenant", "again", "--kinds", "persons", "--json", "--timeout", "120"],
+                                env=env, capture_output=True, text=True, timeout=360)
+        assert second.returncode == 0, (second.stdout[-2000:], second.stderr[-3000:])
+        result = json.loads(second.stdout)
+        assert result["engine"]["status"] == "succeeded", second.stdout[-2000:]
+        assert result["engine"]["run_id"] == int(run.tags["migration/run_id"]), "the relaunch resumes the same engine run"
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.FAILURE
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        instance.dispose()
