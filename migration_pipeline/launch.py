@@ -850,7 +850,8 @@ def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = POLL_S
     While it is queued: `keeper.ensure()` on every poll (a daemon is started when none is alive),
     `on_queued(why)` whenever the reason changes (and every 30 s), and after `queue_timeout`
     seconds in the queue the run is cancelled and LaunchError says why it waited. `timeout`
-    bounds the whole wait (TimeoutError; the run is left as it is)."""
+    bounds the whole wait: then the run is stopped (`stop_launched_run`: cancelled from the queue,
+    or its engine run stopped and the run terminated, resumable) and TimeoutError says so."""
     deadline = None if timeout is None else time.monotonic() + timeout
     queued_since: float | None = None
     said, said_at = "", 0.0
@@ -878,7 +879,12 @@ def wait_for_run(instance: DagsterInstance, run_id: str, *, poll: float = POLL_S
         else:
             queued_since = None
         if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"Dagster run {run_id} still {run.status.value if run else 'missing'} after {timeout:.0f} s (--timeout)")
+            # As the in-process path does: what the command launched does not go on unattended (a
+            # fresh user's find: a run left QUEUED after --timeout was dequeued later and ran alone).
+            was = run.status.value if run else "missing"
+            final = stop_launched_run(instance, run_id, echo=lambda m: None)
+            raise TimeoutError(f"Dagster run {run_id} still {was} after {timeout:.0f} s (--timeout): it was stopped "
+                               f"({final.value if final else 'gone'}); launching the tenant again resumes it")
         time.sleep(poll)
 
 

@@ -378,3 +378,15 @@ def test_a_tenant_whose_command_was_killed_relaunches_to_success(slow_env, db_ur
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
         instance.dispose()
+
+
+def test_a_timeout_while_queued_cancels_the_run_instead_of_leaving_it_to_run_unattended(example_instance_env):
+    """A fresh user's find: `migrate run --timeout 15` exited 2 while its run was QUEUED on a daemon,
+    and the daemon dequeued and ran it later, alone."""
+    instance, _ = example_instance_env
+    launch.add_tenant(instance, "waits")
+    placed = launch.place_tenant_run(instance, "waits", launch.new_run_config(options=SMALL))  # no daemon: queued
+    assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.QUEUED
+    with pytest.raises(TimeoutError, match=r"still QUEUED after 0 s \(--timeout\): it was stopped \(CANCELED\)"):
+        launch.wait_for_run(instance, placed.run_id, timeout=0.3, poll=0.1)
+    assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.CANCELED
