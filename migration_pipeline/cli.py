@@ -201,6 +201,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) -> None:
     """Task duration grouped by the task's own payload (group by payload before blaming anything)."""
     with _db() as db:
+        if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table (a fresh user's find)
+            check_explain(db, tenant, kind)
         try:
             run = runs.latest_run(db, tenant)
         except EngineError as e:
@@ -257,7 +259,7 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
 
 
 def check_explain(db: dbmod.Database, tenant: str, kind: str) -> None:
-    """Before `explain` reads the ledger: a tenant no run has migrated, or a kind none of the
+    """Before `explain` (and `report --kind`) reads the ledger: a tenant no run has migrated, or a kind none of the
     tenant's sources has (their providers' kinds without the catch-up phase), is one line naming
     it and what there is (exit 2), not "not in the ledger" (a fresh user's `explain acme contacts 7`)."""
     from migration_pipeline.launch import pickable_kinds

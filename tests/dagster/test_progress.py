@@ -168,6 +168,8 @@ def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, e
     report = json.loads(out.output)
     assert {r["payload"] for r in report["durations"]} <= {"0", "4-7", "8-15"}
     assert [(g["kind"], g["action"], g["count"]) for g in report["reasons"]] == [("deals", "skipped", 3)]
+    bogus = CliRunner().invoke(main, ["report", "reported", "--kind", "bogus"])  # a fresh user's find: an empty table, rc 0
+    assert bogus.exit_code == 2 and "unknown kind 'bogus' (kinds: " in bogus.output and "deals" in bogus.output, bogus.output
 
 
 def test_a_budget_wait_is_said_in_the_phase_progress_events(instance, engine_url, db, monkeypatch):
