@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import DagsterInstance, materialize
@@ -76,3 +78,30 @@ def example_instance(db_url: str, tmp_path: Any, monkeypatch: Any) -> tuple[Dags
         monkeypatch.delenv(key, raising=False)
     env = example_env(db_url, tmp_path)
     return open_instance(env), env
+
+
+@contextmanager
+def sandbox_account(**options: Any) -> Iterator[str]:
+    """A sandbox server of its own (seed 1, token "tok", `options` as `SandboxConfig.from_options`
+    takes them: scale, latency, ...) for the block; yields its base URL."""
+    from pipedrive_sandbox.config import SandboxConfig
+    from pipedrive_sandbox.server import start_subprocess
+
+    proc, base_url = start_subprocess(SandboxConfig.from_options(seed=1, token="tok", **options))
+    try:
+        yield base_url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def instance_of(env: dict[str, str]) -> DagsterInstance:
+    """The Dagster instance a `migrate` subprocess with `env` uses (this process's
+    MIGRATE_DAGSTER_STORAGE_URL set to it; the caller disposes it)."""
+    import os
+
+    from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env
+
+    full = dagster_env(env=env)
+    os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
+    return DagsterInstance.from_config(full["DAGSTER_HOME"])

@@ -34,8 +34,8 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch, stack, tags
-from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
-from tests.dagster.support import SMALL, example_env, migrate_env
+from migration_pipeline.instance import STORAGE_URL_ENV, open_instance
+from tests.dagster.support import SMALL, example_env, instance_of, migrate_env, sandbox_account
 
 pytestmark = pytest.mark.timeout(420)
 MIGRATE = str(Path(sys.executable).parent / "migrate")
@@ -44,38 +44,20 @@ MIGRATE = str(Path(sys.executable).parent / "migrate")
 DAEMON_PATH_PROCESSES = ("dagster-daemon", "dagster api", "dagster code-server", "dagster-webserver")
 
 
-def _sandbox(**options):
-    from pipedrive_sandbox.config import SandboxConfig
-    from pipedrive_sandbox.server import start_subprocess
-
-    return start_subprocess(SandboxConfig.from_options(seed=1, token="tok", **options))
-
-
 @pytest.fixture
 def tiny_env(db_url, tmp_path):
-    proc, base_url = _sandbox(scale="tiny")
-    try:
+    with sandbox_account(scale="tiny") as base_url:
         yield migrate_env(db_url, str(tmp_path / "home"), base_url)
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture
 def slow_env(db_url, tmp_path):
     """A sandbox account slow enough (realistic latency) that a run is still working when stopped."""
-    proc, base_url = _sandbox(scale="small", latency="realistic")
-    try:
+    with sandbox_account(scale="small", latency="realistic") as base_url:
         yield migrate_env(db_url, str(tmp_path / "home"), base_url)
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
-def _instance(env: dict[str, str]) -> DagsterInstance:
-    full = dagster_env(env=env)
-    os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
-    return DagsterInstance.from_config(full["DAGSTER_HOME"])
+_instance = instance_of
 
 
 def _descendants(pid: int) -> dict[int, str]:

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
+from dagster import DagsterRun, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch
-from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env
 from migration_pipeline.partitions import TENANTS
-from tests.dagster.support import migrate_env
+from tests.dagster.support import instance_of, migrate_env, sandbox_account
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 pytestmark = pytest.mark.timeout(600)
@@ -34,26 +33,14 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture
 def slow_source_env(db_url, tmp_path):
     """A sandbox account slow enough (realistic latency) that a run is still working when signalled."""
-    from pipedrive_sandbox.config import SandboxConfig
-    from pipedrive_sandbox.server import start_subprocess
-
-    proc, base_url = start_subprocess(SandboxConfig.from_options(scale="small", seed=1, token="tok",
-                                                                 latency="realistic"))
     # The daemon path (MIGRATE_RUN_IN_PROCESS=0): with no daemon alive `migrate run` now executes in
     # its own process; these tests prove what a command that started a daemon does on a signal (the
     # in-process path's signals: test_launch_in_process.py).
-    env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_RUN_IN_PROCESS="0")
-    try:
-        yield env
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with sandbox_account(scale="small", latency="realistic") as base_url:
+        yield migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_RUN_IN_PROCESS="0")
 
 
-def _instance(env: dict[str, str]) -> DagsterInstance:
-    full = dagster_env(env=env)
-    os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
-    return DagsterInstance.from_config(full["DAGSTER_HOME"])
+_instance = instance_of
 
 
 def _start(env: dict[str, str], tenant: str) -> subprocess.Popen:
