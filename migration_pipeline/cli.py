@@ -39,7 +39,11 @@ from engine_core.providers.base import provider_for
 
 # Not a terminal (a pipe, a log, CI): wide enough that the status table (now with updated, deleted at
 # source and by catch-up beside the written columns) keeps its headers unwrapped ("would import").
-console = Console(width=None if sys.stdout.isatty() else 220)
+# Lines of text are never wrapped there (soft wrap): a progress line naming a phase of four kinds
+# with their counts is ~300 characters, and a line broken in two is two lines to a grep or a log
+# reader. Tables are still laid out in the 220 columns.
+_TERMINAL = sys.stdout.isatty()
+console = Console(width=None if _TERMINAL else 220, soft_wrap=not _TERMINAL)
 
 
 def _db() -> dbmod.Database:

@@ -77,3 +77,31 @@ def test_progress_lines_say_the_phase_and_its_state(db_url):
     closed = [ln for ln in lines if ln.startswith(f"phase 1/{len(run.plan)} ({first_group}) closed: ")]
     assert len(closed) == 1 and "companies 30 imported" in closed[0], lines
     assert len(lines) == len(run.plan) + 1, lines
+
+
+def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal():
+    """A fresh user's find: piped to a file, a phase of four kinds broke its progress line at 220
+    columns, so one line became two to `grep` and to a log reader."""
+    from migration_pipeline.cli import _Progress, console
+
+    assert not console.is_terminal  # pytest captures stdout: the command's console for a pipe
+    kinds = ["deals", "deals_archived", "leads", "leads_archived"]
+
+    class Kind:
+        def __init__(self, kind: str) -> None:
+            self.kind, self.imported, self.updated, self.already_here, self.failed = kind, 123456, 7890, 12345, 6
+
+    class Rollup:  # the two things `_Progress._line` reads of an engine rollup
+        phases = [kinds]
+        name = "run 42 (pipedrive, tenant acme-holdings-international)"
+
+        @staticmethod
+        def phase_kinds(phase: int) -> list[Kind]:
+            return [Kind(k) for k in kinds]
+
+    with console.capture() as captured:
+        _Progress._line(Rollup(), 0, "running")
+    text = captured.get()
+    assert len(text.rstrip("\n")) > 250, text
+    assert text.count("\n") == 1, text
+    assert text.startswith("  phase 1/1 (deals, deals_archived, leads, leads_archived) running: run 42 "), text
