@@ -9,9 +9,10 @@ polls (issue 11, measured with cProfile: `psycopg2._connect`, 605 calls, 2.9 s o
 
 These subclasses are the same storages on a small pool: `pool_size=1` (one connection kept open per
 process and URL, shared by the three storages: `_shared_engine`), overflow connections for
-concurrent threads (the daemon's, the webserver's) closed when they are returned, as before;
-`pool_pre_ping` so a connection the server dropped (a restart, `pg_terminate_backend`) is replaced
-rather than failing a call. `dispose()` (DagsterInstance.dispose) closes the kept connection, so a
+concurrent threads (the daemon's, the webserver's) closed when they are returned, as before; a
+connection the server dropped (a restart, `pg_terminate_backend`) is replaced at checkout rather
+than failing a call (`_replace_dropped`: a look at its socket, and a round trip only for one idle
+longer than PING_IDLE_SECONDS). `dispose()` (DagsterInstance.dispose) closes the kept connection, so a
 disposed instance holds nothing open (a test's DROP DATABASE is not blocked). The webserver's own
 `optimize_for_webserver` replaces the engine with its pool, as it does for dagster-postgres.
 
@@ -22,16 +23,70 @@ from the installed project.
 """
 from __future__ import annotations
 
+import select
+import time
 import weakref
 from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.exc import DisconnectionError
 
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.schedule_storage import PostgresScheduleStorage
 from dagster_postgres.utils import create_pg_engine, get_token_provider_from_config, pg_url_from_config
 
-# SQLAlchemy's QueuePool settings of every storage engine here (the webserver's are its own).
-POOL: dict[str, Any] = {"pool_size": 1, "max_overflow": 20, "pool_pre_ping": True, "pool_recycle": 3600}
+# SQLAlchemy's QueuePool settings of every storage engine here (the webserver's are its own). No
+# `pool_pre_ping`: its round trip on every checkout was ~10% of a phase step's Dagster machinery
+# under py-spy (issue 11); `_replace_dropped` does its job without one (see there).
+POOL: dict[str, Any] = {"pool_size": 1, "max_overflow": 20, "pool_recycle": 3600}
+PING_IDLE_SECONDS = 5.0  # a connection back in the pool longer than this is pinged at checkout
+_RETURNED = "migrate_returned_at"  # connection record info: when it was last returned (monotonic)
+
+
+def _socket_says_dropped(dbapi_connection: Any) -> bool:
+    """Whether an idle connection's socket has something to read or hung up. An idle Postgres
+    connection is sent nothing unasked (this project never LISTENs on the storage's connections):
+    a server that terminated the backend (`pg_terminate_backend`, a shutdown, a restart) sends its
+    FATAL message and closes the socket, which is then readable. Unknown (no socket): True, so the
+    caller pings."""
+    if getattr(dbapi_connection, "closed", 0):
+        return True
+    try:
+        fd = dbapi_connection.fileno()
+    except Exception:  # noqa: BLE001 - a driver without a socket to look at: ping it
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
+
+
+def _replace_dropped(engine: Any) -> None:
+    """Pessimistic disconnect handling (SQLAlchemy's "custom pre-ping" recipe: a checkout event
+    raising DisconnectionError makes the pool replace the connection and check out again), cheaper
+    than `pool_pre_ping`: a connection is pinged (a `SELECT 1` round trip) only when its socket
+    says the server hung up or sent something, or when it sat in the pool longer than
+    PING_IDLE_SECONDS; otherwise it is handed out as is. A connection that fails the ping is
+    replaced, not handed out."""
+    dialect = engine.dialect  # not the engine: no cycle keeping a dropped storage's engine alive
+
+    @event.listens_for(engine, "checkin")
+    def returned(dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        returned_at = record.info.get(_RETURNED)
+        if returned_at is None:  # new: just connected
+            return
+        if time.monotonic() - returned_at <= PING_IDLE_SECONDS and not _socket_says_dropped(dbapi_connection):
+            return
+        try:
+            alive = dialect.do_ping(dbapi_connection)
+        except Exception as e:  # noqa: BLE001 - any failure: a new connection instead
+            raise DisconnectionError(f"storage connection dropped: {e}") from e
+        if not alive:
+            raise DisconnectionError("storage connection dropped")
 
 # One engine per process and URL while any storage uses it (weak: a storage that is garbage
 # collected takes its engine, and the connection it kept, with it once no other storage holds it).
@@ -47,6 +102,7 @@ def _shared_engine(url: str, token_provider: Any, options: str | None) -> Any:
         if options:
             kwargs["connect_args"] = {"options": options}
         engine = create_pg_engine(url, token_provider, **kwargs)
+        _replace_dropped(engine)
         if token_provider is None:
             _ENGINES[key] = engine
     return engine

@@ -23,3 +23,56 @@ def test_run_reads_reflect_the_runs_table_once_not_per_read(db_url, tmp_path, mo
         assert len(reflections) <= 1, f"{len(reflections)} column reflections for 20 run reads"
     finally:
         instance.dispose()
+
+
+def _kept_backend(instance) -> int:
+    """The server process of the storage's kept connection (pool_size 1: the one a call checks out)."""
+    with instance.run_storage._engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+
+
+def test_a_kept_connection_the_server_dropped_is_replaced_not_failed(db_url, tmp_path, monkeypatch):
+    """`pg_terminate_backend` of the storage's kept connection (what a server restart does to it):
+    the next storage call, a moment later, gets a new connection instead of failing."""
+    import psycopg
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        run = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED)
+        for _ in range(2):
+            pid = _kept_backend(instance)
+            with psycopg.connect(db_url, autocommit=True) as admin:
+                # waits (up to 5 s) until the backend is gone: its socket is closed by then
+                assert admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,)).fetchone()[0]
+            assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
+            assert _kept_backend(instance) != pid
+    finally:
+        instance.dispose()
+
+
+def test_a_connection_used_a_moment_ago_is_not_pinged_at_checkout(db_url, tmp_path, monkeypatch):
+    """No `SELECT 1` round trip per checkout (`pool_pre_ping` made one for every storage call: ~10%
+    of a phase step's Dagster machinery, issue 11): a connection back in the pool for less than
+    PING_IDLE_SECONDS whose socket is quiet is handed out as is; one idle longer is pinged."""
+    from dagster import DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from migration_pipeline import storage
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        run = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED)
+        dialect = instance.run_storage._engine.dialect
+        pings = []
+        do_ping = dialect.do_ping
+        monkeypatch.setattr(dialect, "do_ping", lambda conn: pings.append(1) or do_ping(conn))
+        for _ in range(20):
+            assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
+        assert pings == [], f"{len(pings)} pings for 20 run reads"
+        monkeypatch.setattr(storage, "PING_IDLE_SECONDS", 0.0)
+        assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED
+        assert pings, "a connection idle longer than PING_IDLE_SECONDS was not pinged"
+    finally:
+        instance.dispose()
