@@ -44,8 +44,8 @@ YOUNG_COLLECTION_THRESHOLD = 10_000
 def collector_for_draining() -> None:
     """Raise the cyclic collector's young threshold of this process to YOUNG_COLLECTION_THRESHOLD
     (never lower it, nor turn automatic collection back on: 0 stays 0; the older generations'
-    thresholds are kept). Called by
-    every `Worker`: a process that drains tasks spends its time allocating short-lived objects.
+    thresholds are kept); idempotent. Called by every `Worker`: a process that drains tasks spends
+    its time allocating short-lived objects.
     Cycles are still collected, at most 10,000 container allocations later."""
     young, middle, old = gc.get_threshold()
     if 0 < young < YOUNG_COLLECTION_THRESHOLD:
