@@ -105,6 +105,11 @@ def drain_in_slot(
 
     def lane() -> None:
         try:
+            if turn_seconds is None and give_way is None:
+                # nothing to look at between tasks: one drain until the phase closes (the Worker's
+                # claims go no further than `until_phase_closed`), not two run reads per task
+                box["result"] = worker.drain(run_id, until_phase_closed=until_phase_closed)
+                return
             # One task per drain call: before each, the slot checks whether its phase has closed (the
             # Worker alone claims whatever phase the barrier is on), after each whether its turn is over.
             deadline = None if turn_seconds is None else time.monotonic() + turn_seconds

@@ -27,9 +27,9 @@
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
 A phase's three ledger checks read one snapshot (`snapshot`: a REPEATABLE READ, READ ONLY
-transaction): under `migrate run` the engine goes on with the next phases while a phase's checks
-run (`assets.phases.LaunchLanes` hands its threads over), and the catch-up writes rows of earlier
-phases' kinds; counts read by separate statements could then disagree with each other.
+transaction): drainer runs of the tenant (and other launches on the same engine run) go on with
+the next phases while a phase's checks run, and the catch-up writes rows of earlier phases' kinds;
+counts read by separate statements could then disagree with each other.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.

@@ -30,6 +30,7 @@ import os
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -58,7 +59,7 @@ from engine_core.providers.base import provider_for
 from migration_pipeline import tags
 from engine_core.budget import waiting_state
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
-from migration_pipeline.assets.metadata import phase_metadata, phase_summary, progress_metadata, reasons_table
+from migration_pipeline.assets.metadata import phase_metadata, progress_metadata
 from migration_pipeline.lane import drain_in_slot, hold_interrupts
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
@@ -112,9 +113,31 @@ def _run_tags(context: AssetExecutionContext) -> dict[str, str]:
     return dict(current.tags if current else context.run.tags)
 
 
-def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str) -> None:
-    if _run_tags(context).get(tags.ENGINE_RUN) != str(run.id):
-        context.instance.add_run_tags(context.run_id, {tags.ENGINE_RUN: str(run.id), tags.SOURCE: source})
+class RunTags:
+    """This Dagster run's tags as one phase op knows them: read once when the op starts (earlier
+    steps may have tagged the run), then kept in step with the op's own writes (`add`). The keys
+    the op reads (the engine run, attached_by, the lane tags, the launch's options) are written
+    only by the run's own phase ops, one at a time, so the copy stays true for the op's life; a
+    run read per look cost five reads of the run (each a query and the run's deserialisation) per
+    phase op (issue 11)."""
+
+    def __init__(self, context: AssetExecutionContext) -> None:
+        self.context = context
+        self.tags = _run_tags(context)
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.tags.get(key, default)
+
+    def add(self, new: dict[str, str]) -> None:
+        """Write `new` on the run (Dagster's `add_run_tags`) and into this copy."""
+        self.context.instance.add_run_tags(self.context.run_id, new)
+        self.tags.update(new)
+
+
+def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str, run_tags: RunTags | None = None) -> None:
+    run_tags = run_tags or RunTags(context)
+    if run_tags.get(tags.ENGINE_RUN) != str(run.id):
+        run_tags.add({tags.ENGINE_RUN: str(run.id), tags.SOURCE: source})
 
 
 def asks_for_new_run(run_tags: dict[str, str]) -> bool:
@@ -130,8 +153,11 @@ def already_migrated_message(e: AlreadyMigrated, tenant: str) -> str:
             f"the run tag {NEW_RUN_TAG}=true (or resources.new_run.config.start_new: true)")
 
 
-def attach_run(context: AssetExecutionContext, db: Database, source: SourceResource, new_run: NewRunOptions) -> Run:
-    run_tags = _run_tags(context)
+def attach_run(context: AssetExecutionContext, db: Database, source: SourceResource, new_run: NewRunOptions,
+               run_tags: RunTags | None = None) -> Run:
+    """The engine run this op works on (see the module docstring, 1.), its id tagged on the Dagster
+    run. `run_tags`: the op's copy of the run's tags (default: read now)."""
+    run_tags = run_tags or RunTags(context)
     tagged = run_tags.get(tags.ENGINE_RUN, "")
     start_kwargs = new_run.start_kwargs()
     if run_tags.get(tags.MODE) == tags.SYNC:
@@ -139,7 +165,7 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
     try:
         got = runs.attach(db, source.provider(), context.partition_key,
                           tagged_run_id=int(tagged) if tagged.isdigit() else None,
-                          start_kwargs=start_kwargs, new_run=asks_for_new_run(run_tags) or new_run.start_new)
+                          start_kwargs=start_kwargs, new_run=asks_for_new_run(run_tags.tags) or new_run.start_new)
     except AlreadyMigrated as e:
         # CANCELED, not FAILURE: Dagster counts every partition a FAILURE run planned and did not
         # materialise as failed (storage/partition_status_cache.py), which would turn the tenant's
@@ -149,13 +175,15 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
         raise Failure(str(e), allow_retries=False) from None
     if got.message:
         context.log.info(got.message)
-    _tag_engine_run(context, got.run, source.source)
+    _tag_engine_run(context, got.run, source.source, run_tags)
     return got.run
 
 
-def prepare_run(context: AssetExecutionContext, db: Database, source: SourceResource, run: Run, lane: LaneSettings) -> Run:
+def prepare_run(context: AssetExecutionContext, db: Database, source: SourceResource, run: Run, lane: LaneSettings,
+                run_tags: RunTags | None = None) -> Run:
     """Once per Dagster run: the engine's `runs.prepare` (resume a stopped run, retry failed tasks)."""
-    if _run_tags(context).get(ATTACHED_BY) == context.run_id:
+    run_tags = run_tags or RunTags(context)
+    if run_tags.get(ATTACHED_BY) == context.run_id:
         return runs.get_run(db, run.id)
     try:
         got = runs.prepare(db, run.id, source.provider(run), lane.engine_settings())
@@ -163,8 +191,8 @@ def prepare_run(context: AssetExecutionContext, db: Database, source: SourceReso
         raise Failure(str(e), allow_retries=False) from None
     if got.message:
         (context.log.warning if got.action == "restarted" else context.log.info)(got.message)
-    _tag_engine_run(context, got.run, source.source)
-    context.instance.add_run_tags(context.run_id, {ATTACHED_BY: context.run_id})
+    _tag_engine_run(context, got.run, source.source, run_tags)
+    run_tags.add({ATTACHED_BY: context.run_id})
     return got.run
 
 
@@ -294,6 +322,24 @@ def launch_threads(settings: Settings, env: dict[str, str] | None = None) -> int
 LANE_REFRESH_SECONDS = 1.0  # how often a launch with more than one thread re-reads its allowance
 LANE_WAIT_SECONDS = 0.5  # how often a launch waiting for a lane slot looks again
 
+# The op's resource pool (MigrationDatabase, one per Dagster run) grown for the extra threads once
+# per run: pool -> its size before. Weak: the resource closes and drops its pool at the run's end.
+_GROWN: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+def lanes_pool(db: Database, threads: int) -> Database:
+    """The pool the extra lane threads of a phase op drain with: the op's own (the run's
+    MigrationDatabase pool), grown once per run by what the extra threads use, sized as the
+    engine's own lanes are (drain_threads' callers: 3 per thread, and 2 more). Unshared, the op's
+    pool (6) was slower than none (the op's thread, its lock keepers and its progress reports wait
+    on it); a pool of their own per phase op opened and closed connections every phase (issue 11).
+    The run's connections stay open between phases and close with the resource."""
+    pool = db.pool
+    if pool not in _GROWN:
+        _GROWN[pool] = pool.max_size
+        pool.resize(pool.min_size, pool.max_size + 3 * max(1, threads - 1) + 2)
+    return db
+
 
 class LaunchLanes:
     """The lane slots of a launch's phase op: its own thread (`drain_in_slot`) and up to
@@ -313,14 +359,26 @@ class LaunchLanes:
     their slot back at a task boundary; the tag is raised before a thread starts and lowered only
     once a thread has stopped, so it never says fewer threads than drain. The op's own thread never
     gives way. A termination stops the engine run (`drain_in_slot`), which every thread checks
-    before a claim."""
+    before a claim.
+
+    Alone in the lane (no other Dagster run in progress or queued: `alone`, one count of the run
+    storage) nothing can change the op's allowance but itself, so the bookkeeping is skipped
+    (issue 11: the lane picture read every second and the tags written at every phase's start and
+    end were a tenth of a small `migrate run`'s steps): a run whose tag already says all its
+    threads takes them without the picture; while it holds them all it does not re-read the
+    picture; and at the phase's end it keeps its tag rather than lowering it to its one slot (the
+    next phase op takes the same). A run arriving meanwhile is seen at the next look: the op then
+    reads the picture under the lock as before, and a launch that had to wait for a slot waits at
+    most until this run's next phase op starts (its share taken, the rest given) or the run ends."""
 
     def __init__(self, context: AssetExecutionContext, db: Database, run_id: int, phase: int,
-                 settings: Settings, providers: Any, threads: int) -> None:
-        from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG
+                 settings: Settings, providers: Any, threads: int, run_tags: RunTags | None = None) -> None:
+        from migration_pipeline.fair_lane import LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG
 
         self.context, self.db, self.run_id, self.phase = context, db, run_id, phase
         self.settings, self.providers, self.threads = settings, providers, threads
+        # a previous phase op of this Dagster run may have tagged it
+        self.run_tags = run_tags or RunTags(context)
         self.cancel = threading.Event()
         self.allowance = 1  # slots this op may hold now, its own thread included
         self.extra: dict[int, threading.Event] = {}  # extra thread index -> done
@@ -329,10 +387,12 @@ class LaunchLanes:
         self.executed = 0
         self.pool: Database | None = None
         self.next_refresh = 0.0
-        current = _run_tags(context)  # a previous phase op of this Dagster run may have tagged it
         # the first record writes both (the sensors hold drainers back until a launch said its threads)
-        self.recorded = (current.get(LANE_SLOTS_TAG), current.get(LANE_THREADS_TAG))
-        self.stamped = 0.0  # when this op last wrote its lane_seen stamp (epoch seconds)
+        self.recorded = (self.run_tags.tags.get(LANE_SLOTS_TAG), self.run_tags.tags.get(LANE_THREADS_TAG))
+        try:  # when the run last wrote its lane_seen stamp (epoch seconds): a previous phase op's counts
+            self.stamped = float(self.run_tags.get(LANE_SEEN_TAG, "0")) if self.recorded[1] else 0.0
+        except ValueError:
+            self.stamped = 0.0
         self.stamp_every = max(1.0, settings.stale_lock_seconds / 4)
 
     # -- the slots tag and the lane lock
@@ -350,9 +410,22 @@ class LaunchLanes:
         now = time.time()
         if wanted != self.recorded or now - self.stamped >= self.stamp_every:
             # the stamp says the slots are live (fair_lane.held_by_launch): a dead launch's go back
-            self.context.instance.add_run_tags(self.context.run_id, {
-                LANE_SLOTS_TAG: wanted[0], LANE_THREADS_TAG: wanted[1], LANE_SEEN_TAG: f"{now:.0f}"})
+            self.run_tags.add({LANE_SLOTS_TAG: wanted[0], LANE_THREADS_TAG: wanted[1], LANE_SEEN_TAG: f"{now:.0f}"})
             self.recorded, self.stamped = wanted, now
+
+    def alone(self) -> bool:
+        """Whether this is the only Dagster run in progress or queued (any job, any tenant): then
+        no other run holds, takes or waits for a slot. False when it cannot be read."""
+        from migration_pipeline.fair_lane import IN_PROGRESS, QUEUED
+
+        try:
+            return self.context.instance.get_runs_count(RunsFilter(statuses=IN_PROGRESS + QUEUED)) <= 1
+        except Exception:  # noqa: BLE001 - unknown: read the picture
+            return False
+
+    def holds_all(self) -> bool:
+        """Whether the run's tag already says it holds all its threads (a previous phase op's)."""
+        return self.recorded == (str(self.threads), str(self.threads))
 
     def _slots_now(self) -> int:
         """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`)."""
@@ -377,46 +450,56 @@ class LaunchLanes:
     def acquire(self) -> None:
         """Before the op's own thread drains: take this run's slots, waiting (tag 0) while the lane
         has none free for it; then start the extra threads. Stops waiting when the phase closed or
-        the engine run is no longer running (the drain that follows finds out why)."""
+        the engine run is no longer running (the drain that follows finds out why). A run alone in
+        the lane whose tag says all its threads takes them as they are (see the class docstring)."""
 
         def take() -> int:
             n = self._slots_now()
             self.record(n)
             return n
 
+        if self.holds_all() and self.alone():
+            self.allowance = self.threads  # held already, and nobody else to give way to
+        else:
+            self.allowance = self._take(take)
+        self.record(max(self.allowance, self.live()))
+        self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS  # just read
+        self._grow()
+        if self.allowance > 1:
+            self.context.log.info(f"draining phase {self.phase + 1} with {self.allowance} lane threads "
+                                  f"({LAUNCH_THREADS_ENV}={self.threads})")
+
+    def _take(self, take: Any) -> int:
+        """`take` under the lane lock until it gives a slot or more (waiting, tag 0, while it gives
+        none); 1 when the picture cannot be read, the phase closed or the engine run stops."""
         announced = False
         while True:
             try:
                 n = self._locked(take)
             except Exception:  # noqa: BLE001 - no picture: drain in the run's own slot, as a run always could
                 self.context.log.exception("could not read the lane's picture; draining this phase in one thread")
-                n = 1
+                return 1
             if n >= 1:
-                self.allowance = n
-                break
+                return n
             run = runs.get_run(self.db, self.run_id)
             if run.status != "running" or run.cancel_requested or run.current_phase > self.phase:
-                self.allowance = 1
-                break
+                return 1
             if not announced:
                 self.context.log.info(f"waiting for a lane slot: the lane's {self.settings.lane_width} slots are "
                                       "held by other runs or beyond this tenant's fair share")
                 announced = True
             time.sleep(LANE_WAIT_SECONDS)
-        self.record(max(self.allowance, self.live()))
-        self._grow()
-        if self.allowance > 1:
-            self.context.log.info(f"draining phase {self.phase + 1} with {self.allowance} lane threads "
-                                  f"({LAUNCH_THREADS_ENV}={self.threads})")
 
     def poll(self) -> None:
         """On the op's main thread, every 0.25 s: the tag follows threads that gave their slot back;
-        every LANE_REFRESH_SECONDS the allowance is read again and threads start up to it."""
+        every LANE_REFRESH_SECONDS the allowance is read again and threads start up to it (unless
+        the op holds all its threads and is alone in the lane: nothing to read then)."""
         if self.threads > 1 and not self.finished and time.monotonic() >= self.next_refresh:
             self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS
-            self.refresh()
-        else:
-            self.record(max(self.allowance, self.live()))
+            if not (self.allowance >= self.threads and self.alone()):
+                self.refresh()
+                return
+        self.record(max(self.allowance, self.live()))
 
     def refresh(self) -> int:
         """Read the allowance again (the op's own slot is never given back); record it; start threads
@@ -443,10 +526,7 @@ class LaunchLanes:
             if done is not None and not done.is_set():
                 continue
             if self.pool is None:
-                # a pool of their own, sized as the engine's own lanes are (drain_threads' callers: 3
-                # per thread): the op's resource pool (6) is shared with the op's thread, its lock
-                # keepers and its progress reports, and extra threads waiting on it were slower than none
-                self.pool = Database(self.db.url, max_size=3 * max(1, self.threads - 1) + 2, name="launch-lanes")
+                self.pool = lanes_pool(self.db, self.threads)
             done = threading.Event()
             self.extra[i] = done
             threading.Thread(target=self._lane, args=(i, done), name=f"launch-lane-{self.run_id}-{i}",
@@ -456,9 +536,8 @@ class LaunchLanes:
         try:
             worker = Worker(self.pool, settings=self.settings, providers=self.providers, cancel=self.cancel)
             while not self.cancel.is_set() and i < self.allowance:  # beyond the allowance: give the slot back
-                if runs.get_run(self.pool, self.run_id).current_phase > self.phase:
-                    self.finished = True
-                    break
+                # one task per drain: the allowance is looked at between tasks; a drain that ends
+                # otherwise found the phase closed (or the run no longer running)
                 r = worker.drain(self.run_id, until_phase_closed=self.phase, max_tasks=1)
                 self.executed += sum(r.executed.values())
                 if r.reason != "max_tasks":
@@ -472,18 +551,21 @@ class LaunchLanes:
 
     def stop(self, grace: float, raise_errors: bool = True) -> None:
         """No new claims; wait up to `grace` seconds for the threads (a running task ends at its next
-        stop point); record the threads still draining (1 once they stopped: the run's own slot);
-        raise the first error a thread met (unless `raise_errors` is false)."""
+        stop point); record the threads still draining (1 once they stopped: the run's own slot) -
+        unless the phase ended normally (`raise_errors`) with every thread stopped and the run alone
+        in the lane, where the tag is kept for the next phase op (see the class docstring); raise
+        the first error a thread met (unless `raise_errors` is false)."""
         self.cancel.set()
-        if not all([done.wait(grace) for done in self.extra.values()]):
+        stopped = all([done.wait(grace) for done in self.extra.values()])
+        if not stopped:
             self.context.log.warning(f"a lane thread did not reach a stop point in {grace:.0f} s; the reaper releases "
                                      "its task once its lock is stale")
-        elif self.pool is not None:
-            self.pool.close()
-        try:
-            self.record(self.live())
-        except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
-            self.context.log.exception("could not record the lane threads this run holds")
+        keep = raise_errors and stopped and not self.errors and self.holds_all() and self.alone()
+        if not keep:
+            try:
+                self.record(self.live())
+            except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
+                self.context.log.exception("could not record the lane threads this run holds")
         if self.errors and raise_errors:
             raise self.errors[0]
 
@@ -558,19 +640,20 @@ def _materialize_phase(
     new_run: NewRunOptions,
     attached: list[Run],
 ) -> MaterializeResult | None:
-    run = attach_run(context, db, source, new_run)
+    run_tags = RunTags(context)  # read once: the op's own writes keep it true
+    run = attach_run(context, db, source, new_run, run_tags)
     attached.append(run)
     phase = spec.run_phase(run)
     if phase is None:
         return not_in_plan(context, spec, run)
-    run = prepare_run(context, db, source, run, lane)
+    run = prepare_run(context, db, source, run, lane, run_tags)
     attached.append(run)
     if run.status == "running" and run.current_phase < phase:
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
-    extra = LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings))
+    extra = LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings), run_tags)
     try:
         extra.acquire()
         result = drain_in_slot(
@@ -605,14 +688,13 @@ def _materialize_phase(
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
     metadata = phase_metadata(db, r, phase)
-    summary = phase_summary(db, r, phase)
-    failed_tasks = int(summary["tasks"].get("failed", 0))
+    failed_tasks = int(metadata["failed_tasks"].value)  # the phase's summary, as phase_metadata read it
     if failed_tasks:
         raise Failure(
             description=(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed with "
                          f"{failed_tasks} failed task(s); the engine run failed at this phase. Fix the cause, "
                          f"then rerun the partition (re-execute from failure, or backfill failed partitions) "
-                         f"to retry.\n\n" + reasons_table(summary["reasons"])),
+                         f"to retry.\n\n" + metadata["reasons"].value),
             metadata=metadata,
             allow_retries=False,
         )
