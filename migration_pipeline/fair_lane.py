@@ -6,8 +6,10 @@ the threads it drains with (`assets.phases.LaunchLanes`: set under the lane lock
 threads, lowered once a thread has given its slot back, so the tag never says fewer threads than
 run), 0 while it waits for a free slot; a drainer holds 1; a launch that has not recorded its
 threads yet (`migration/lane_threads`: its first phase op is attaching) holds none - it drains
-nothing until it takes its slots under the lane lock; a launch between its steps holds 1. dagster.yaml still caps the migration runs in progress
-at the width (every tenant run carries `dagster/partition`): the outer bound, in runs.
+nothing until it takes its slots under the lane lock; a launch between its steps holds what its
+last phase op left on its tag: 1, or all its threads when that op was alone in the lane (its next
+op takes the same). dagster.yaml still caps the migration runs in progress at the width (every
+tenant run carries `dagster/partition`): the outer bound, in runs.
 
 Which tenant gets a slot that frees up is decided here, from the engine's demands
 (`engine_core.fairness`, shares in slots): the sensors request drainer runs only for the slots of a

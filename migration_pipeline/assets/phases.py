@@ -428,11 +428,19 @@ class LaunchLanes:
         return self.recorded == (str(self.threads), str(self.threads))
 
     def _slots_now(self) -> int:
-        """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`)."""
-        from migration_pipeline.fair_lane import lane_picture
+        """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`); alone in
+        the lane (no other tenant's run, no other run of its own, none queued) all its threads, up to
+        the width, whatever its demand now: there is nobody to share the lane with, and the threads
+        that find nothing to claim wait for the work the others enqueue, as the engine's own lane
+        does (`drain_threads`). Taken once, they need no re-reading while the run stays alone."""
+        from migration_pipeline import fair_lane
 
-        picture = lane_picture(self.context.instance, self.db, self.settings)
-        return picture.slots_for(self.context.partition_key, self.context.run_id, self.threads)
+        tenant, me = self.context.partition_key, self.context.run_id
+        picture = fair_lane.lane_picture(self.context.instance, self.db, self.settings)
+        mine = picture.tenants.get(tenant)
+        if set(picture.tenants) <= {tenant} and (mine is None or (mine.in_progress in ([], [me]) and not mine.queued)):
+            return min(self.threads, picture.width)
+        return picture.slots_for(tenant, me, self.threads)
 
     def _locked(self, take: Any) -> int:
         """`take()` (which reads the picture and records the tag) under the lane's advisory lock."""

@@ -86,3 +86,34 @@ def test_a_launch_drains_its_phases_with_several_threads_and_reconciles(instance
     else:
         assert peak >= 2, peak
         assert missing and set(missing) == {0}, missing  # its own threads hold its share: no drainer
+
+
+def test_a_launch_alone_in_the_lane_takes_its_slots_once_not_at_every_phase(instance, engine_url, db, monkeypatch):
+    """Alone in the lane, a launch reads the lane picture and writes its lane tags once for the
+    whole Dagster run (issue 11: a picture read per phase op and every second of its drain, and two
+    tag writes per phase op - raised at the start, lowered at the end - were a tenth of a small
+    `migrate run`'s steps): its first phase op takes all its threads; the next ones find its tag
+    saying so and nobody else in the lane, and keep it."""
+    from migration_pipeline import fair_lane
+
+    monkeypatch.delenv(LAUNCH_THREADS_ENV, raising=False)
+    pictures: list[int] = []
+    picture = fair_lane.lane_picture
+    monkeypatch.setattr(fair_lane, "lane_picture", lambda *a, **k: pictures.append(1) or picture(*a, **k))
+    writes: list[str] = []
+    add = instance.add_run_tags
+
+    def add_run_tags(run_id, new_tags):  # type: ignore[no-untyped-def]
+        if fair_lane.LANE_SLOTS_TAG in new_tags:
+            writes.append(new_tags[fair_lane.LANE_SLOTS_TAG])
+        return add(run_id, new_tags)
+
+    monkeypatch.setattr(instance, "add_run_tags", add_run_tags)
+    # stale locks after 10 minutes: the live stamp is due every 150 s, not within this run
+    res = resources(engine_url, options=OPTIONS, stale_lock_seconds=600)
+    result = materialize_tenant(instance, "solo", res)
+    assert result.success
+    phases = len([e for e in result.get_asset_materialization_events()])
+    assert phases >= 4
+    assert len(pictures) == 1, f"{len(pictures)} lane pictures read for {phases} phases"
+    assert writes == [str(res["lane"].engine_settings().lane_width)], f"lane tags written {writes} for {phases} phases"
