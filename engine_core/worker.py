@@ -37,8 +37,9 @@ ProviderResolver = Callable[[Run], Provider]
 # worker allocates tens of thousands per page (rows, their JSON, mapped values), nearly all freed by
 # reference counting; at 700 a small entity run made ~290 collections (1 in 10 a middle one, a
 # few full ones scanning the whole process), at 10,000 ~14, and the process's CPU fell ~8% (2.67 ->
-# 2.46 CPU-s, interleaved A/B of 6 runs; issue 11).
-YOUNG_COLLECTION_THRESHOLD = 10_000
+# 2.46 CPU-s, interleaved A/B of 6 runs; issue 11). With orjson and 500-row windows: 2.6-2.9 CPU-s
+# at 700, 2.37 at 10,000, 2.25 at 50,000 (gc.callbacks, two runs each).
+YOUNG_COLLECTION_THRESHOLD = 50_000
 
 
 def collector_for_draining() -> None:
@@ -46,7 +47,7 @@ def collector_for_draining() -> None:
     (never lower it, nor turn automatic collection back on: 0 stays 0; the older generations'
     thresholds are kept); idempotent. Called by every `Worker`: a process that drains tasks spends
     its time allocating short-lived objects.
-    Cycles are still collected, at most 10,000 container allocations later."""
+    Cycles are still collected, at most 50,000 container allocations later."""
     young, middle, old = gc.get_threshold()
     if 0 < young < YOUNG_COLLECTION_THRESHOLD:
         gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, middle, old)
