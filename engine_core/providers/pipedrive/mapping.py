@@ -298,13 +298,19 @@ class FieldBook:
             options = tuple((o.get("id"), str(o.get("label"))) for o in (d.get("options") or []) if isinstance(o, Mapping))
             f = FieldDef(d["entity"], d["field_key"], d["name"], d["field_type"], options, bool(d.get("is_custom", True)))
             self._by.setdefault(f.entity, {})[f.key] = f
+        # each entity's custom fields, once (issue 11: built again for every row, it was 3-4% of the
+        # entity path's mapping); a lead's are the deal's when the book has none of its own
+        self._custom = {e: {k: f for k, f in defs.items() if f.is_custom} for e, defs in self._by.items()}
+        if "lead" not in self._custom:
+            self._custom["lead"] = self._custom.get("deal", {})
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by.values())
 
     def custom(self, entity: str) -> dict[str, FieldDef]:
-        defs = self._by.get(entity) or (self._by.get("deal", {}) if entity == "lead" else {})
-        return {k: f for k, f in defs.items() if f.is_custom}
+        """The entity's custom fields by key (a lead's: the deal's when it has none); the book's own
+        dict, not to be changed."""
+        return self._custom.get(entity, {})
 
     def get(self, entity: str, key: str) -> FieldDef | None:
         return self.custom(entity).get(key)
@@ -717,6 +723,8 @@ def with_body(mapped: Mapped, message: Any) -> Mapped:
 def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:
     """Column values with resolved references filled in: mail parties (`sender.0`, `to.1`, ...:
     the party's `contact_id`) here, columns and custom fields by the engine (`rows.apply_links`)."""
+    if not any(_party(r) for r in mapped.parents) and not any(_party(r) for r in mapped.links):
+        return rows.apply_links(mapped, found)  # no mail parties (every row but an email's)
     values = rows.apply_links(Mapped(mapped.table, mapped.source_id, mapped.values,
                                      [r for r in mapped.parents if not _party(r)],
                                      [r for r in mapped.links if not _party(r)]), found)
@@ -738,4 +746,7 @@ def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, An
 
 def _party(ref: Ref) -> bool:
     """A mail party's reference (`sender.0`, `to.1`, `cc.0`, `bcc.2`)."""
-    return ref.column.split(".", 1)[0] in ("sender", "to", "cc", "bcc") and "." in ref.column
+    return ref.column.startswith(_PARTY_PREFIXES)
+
+
+_PARTY_PREFIXES = ("sender.", "to.", "cc.", "bcc.")
