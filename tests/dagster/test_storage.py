@@ -76,3 +76,33 @@ def test_a_connection_used_a_moment_ago_is_not_pinged_at_checkout(db_url, tmp_pa
         assert pings, "a connection idle longer than PING_IDLE_SECONDS was not pinged"
     finally:
         instance.dispose()
+
+
+def test_asset_events_and_reads_ask_the_event_log_schema_once_not_per_event(db_url, tmp_path, monkeypatch):
+    """Dagster's event log storage asks whether asset_event_tags exists on every asset event it
+    stores (a catalog query) and reflects asset_keys' columns on every asset record read; kept once
+    true (`_KeptSchema`), 20 materialisations and reads ask each table and column at most once."""
+    from dagster import AssetKey, AssetMaterialization
+    from dagster._core.storage.event_log import sql_event_log
+
+    from migration_pipeline.storage import PooledPostgresEventLogStorage
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        storage = instance.event_log_storage
+        assert isinstance(storage, PooledPostgresEventLogStorage)  # dagster.yaml names it
+        tables, reflections = [], []
+        dialect = storage._engine.dialect
+        has_table = dialect.has_table
+        monkeypatch.setattr(dialect, "has_table", lambda conn, name, *a, **k: tables.append(name) or has_table(conn, name, *a, **k))
+        inspect = sql_event_log.db.inspect
+        monkeypatch.setattr(sql_event_log.db, "inspect", lambda *a, **k: reflections.append(1) or inspect(*a, **k))
+        key = AssetKey(["schema_probe"])
+        for i in range(20):
+            instance.report_runless_asset_event(AssetMaterialization(key, tags={"n": str(i)}))
+            assert instance.get_asset_records([key])[0].asset_entry.last_materialization is not None
+        assert len(tables) == len(set(tables)), f"has_table asked {len(tables)} times: {sorted(set(tables))}"
+        # one per column asked (cached_status_data, last_materialization_timestamp), not one per read
+        assert len(reflections) <= 2, f"{len(reflections)} asset_keys reflections for 20 reads"
+    finally:
+        instance.dispose()
