@@ -17,7 +17,13 @@ from engine_core.errors import DatabaseUnavailable, LockLost, PageFailed, TaskSt
 from engine_core.models import Run, Stats, Successor, Task
 from engine_core.runlog import RunLog, failure_reason
 
-SET_WINDOW = 100  # rows per set-based window (`TaskContext.set_window`)
+# Rows per set-based window (`TaskContext.set_window`; read when a context is made, so a test or a
+# process may set it). 500, a Pipedrive page, since issue 11's CPU work: against 100, the entity
+# path's Postgres backends spent 11-13% less CPU (bench/entity_path.py --also-before window, CPU
+# medians, interleaved; 18% in an earlier session), the engine's process about the same: a fifth
+# of the claims, checkpoints and commits. A window whose rows leave more than `window` per row is
+# still written again in windows of `window` rows (see `write_rows`).
+SET_WINDOW = 500
 
 Writer = Callable[[Conn, Any], str]
 # A window's set-based writer (issue 11, optimistic windows): given the window's rows to write as

@@ -29,7 +29,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from engine_core import reaper, runs
+from engine_core import context, reaper, runs
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("companies", "contacts", "deals", "activities", "notes")
 CHILD_SETTINGS = Settings(lane_width=2, stale_lock_seconds=60, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 PAGE = 300
+CHILD_SET_WINDOW = 100  # the child drainer's set-based windows: a page of PAGE rows is three (context.SET_WINDOW is 500)
 REAPER_SETTINGS = Settings(lane_width=2, stale_lock_seconds=0.2, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 
 # -- a provider that can hold a task where a source wait would be ---------------------------------
@@ -81,6 +82,7 @@ def _child_main(argv: list[str]) -> int:
     from engine_core.runlog import failure_reason
 
     url, run_id, markers, hold, pool = argv
+    context.SET_WINDOW = CHILD_SET_WINDOW
     MARKERS.append(Path(markers))
     HOLD.update(json.loads(hold))
     db = Database(url, min_size=int(pool), max_size=int(pool), name="child")
@@ -169,7 +171,7 @@ def test_terminated_backends_kill_a_lane_and_its_sibling_releases_instead_of_can
 
 def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_windows(db, db_url, tmp_path) -> None:
     p = provider_for("example")
-    # Pages of 300 rows are three set-based windows of 100 (context.SET_WINDOW), 0.2 s each: the kill
+    # Pages of 300 rows are three set-based windows of 100 (CHILD_SET_WINDOW), 0.2 s each: the kill
     # lands between a page's first commit and its last (a 50-row page was one window, and the task
     # finished in the instant after it committed: CI's suite once never saw it running mid-page).
     opts = {"page_size": PAGE, "counts": {k: 2 * PAGE for k in KINDS}, "row_delay": 0.002}
