@@ -4,6 +4,7 @@ threads in this process) against dlt's `rest_api` source loading the same endpoi
 server (merge on id), from one run, interleaved, medians.
 
     python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy] [--also-probes byid]
+                                [--also-before json,window]
 
 dlt is the optional `bench` extra (`pip install -e '.[bench]'`: dlt with its postgres extra);
 without it the engine side runs alone and the ratio is skipped, saying so.
@@ -14,13 +15,24 @@ are the sandbox's truth for the six kinds (the same numerator for both). dlt's e
 with its cursor paginator (`additional_data.next_cursor`), v1 lists (leads, notes) with its offset
 paginator (`start`/`limit`, `more_items_in_collection`), pages of 500, `x-api-token` header. dlt
 keeps no ledger, no checkpoints and no references: it is the floor a data engineer would reach for.
+
+`--also-before` runs the engine a second way in the same rounds with issue 11's earlier CPU
+choices put back: `json` - the standard library's json for the responses (`client._decode_json`)
+and the windows' new rows (`ledger.rows_json`) instead of orjson; `window` - set-based windows of
+100 rows (`context.SET_WINDOW`) instead of 500; `all` - both.
+
+Beside rows/s (the wall, which other sessions' load on the machine moves), the engine's CPU is
+given as this process's CPU seconds and its Postgres backends' (/proc, a server on this machine):
+steadier measures of the engine's own work when the load is high.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, print_ratios, ratio, sandbox, server_facts  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
-from engine_core import runs, write  # noqa: E402
+from engine_core import context, ledger, runs, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
-from engine_core.providers.pipedrive import writers  # noqa: E402
+from engine_core.providers.pipedrive import client, writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 
@@ -40,6 +52,49 @@ V2 = {"organizations": "api/v2/organizations", "persons": "api/v2/persons", "dea
       "activities": "api/v2/activities"}
 V1 = {"leads": "v1/leads", "notes": "v1/notes"}
 SETTINGS = Settings(lane_width=4, heartbeat_seconds=1.0, retry_backoff_seconds=0.5)
+BEFORE_WINDOW = 100  # context.SET_WINDOW before issue 11's 500
+BEFORE = {"json": ("json",), "window": ("window",), "all": ("json", "window")}
+
+
+def _stdlib_decode_json(content: bytes) -> tuple[Any, int]:
+    # client._decode_json before orjson: the standard library's reading of every body
+    try:
+        text = content.decode("utf-8")
+        invalid = 0
+    except UnicodeDecodeError:
+        text = content.decode("utf-8", errors="replace")
+        invalid = text.count("\ufffd") - content.count("\ufffd".encode())
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return json.loads(text), invalid
+
+
+def _stdlib_rows_json(rows: Any) -> str:
+    # ledger.rows_json before orjson: ASCII JSON from the standard library
+    return json.dumps(rows, ensure_ascii=True, default=str)
+
+
+def put_back(parts: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
+    """Put issue 11's earlier choices back in this process (`parts`: json, window); returns what
+    to restore (`restore`)."""
+    saved: dict[tuple[Any, str], Any] = {}
+
+    def swap(module: Any, name: str, value: Any) -> None:
+        saved[(module, name)] = getattr(module, name)
+        setattr(module, name, value)
+
+    if "json" in parts:
+        swap(client, "_decode_json", _stdlib_decode_json)
+        if hasattr(ledger, "rows_json"):
+            swap(ledger, "rows_json", _stdlib_rows_json)
+    if "window" in parts:
+        swap(context, "SET_WINDOW", BEFORE_WINDOW)
+    return saved
+
+
+def restore(saved: dict[tuple[Any, str], Any]) -> None:
+    for (module, name), value in saved.items():
+        setattr(module, name, value)
 
 
 def dlt_available() -> str | None:
@@ -53,7 +108,9 @@ def dlt_available() -> str | None:
     return None
 
 
-def engine_once(url: str, sb: Sandbox, width: int) -> tuple[float, str]:
+def engine_once(url: str, sb: Sandbox, width: int, pg_cpu: list[float] | None = None) -> tuple[float, str]:
+    """One engine run into `url`: (seconds, the run's status); `pg_cpu` gets the CPU seconds its
+    pool's Postgres backends spent (`backends_cpu`), when the server is on this machine."""
     db = dbmod.Database(url, max_size=width * 3 + 6)
     try:
         tenant = f"bench-{uuid.uuid4().hex[:8]}"
@@ -61,9 +118,27 @@ def engine_once(url: str, sb: Sandbox, width: int) -> tuple[float, str]:
         t = Timer()
         run = runs.start_run(db, PipedriveProvider(base_url=sb.base_url), tenant, kinds=KINDS, options=options, settings=SETTINGS)
         drain_threads(db, run.id, width=width, settings=SETTINGS)
-        return t.seconds, runs.get_run(db, run.id).status
+        seconds = t.seconds
+        spent = backends_cpu(db)
+        if pg_cpu is not None and spent is not None:
+            pg_cpu.append(spent)
+        return seconds, runs.get_run(db, run.id).status
     finally:
         db.close()
+
+
+def backends_cpu(db: dbmod.Database) -> float | None:
+    """CPU seconds (user + system, /proc) of the backends connected to this database - the run's
+    own, each measurement having a fresh database - or None when the server is not on this machine."""
+    pids = [int(r["pid"]) for r in db.sql("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")]
+    total = 0
+    try:
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def dlt_once(url: str, sb: Sandbox) -> tuple[float, dict[str, int]]:
@@ -120,7 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the engine with these other write.ROWS ways (copy, insert), interleaved")
     parser.add_argument("--also-probes", default="", choices=["", "byid"],
                         help="byid: also run the engine asking every missing parent by id (no `ids=` lists), interleaved")
+    parser.add_argument("--also-before", default="", metavar="PART[,PART]",
+                        help="also run the engine with issue 11's earlier CPU choices put back, interleaved, one"
+                             " variant per PART: json (stdlib json), window (set windows of 100), all (both)")
     args = parser.parse_args(argv)
+    befores = [b.strip() for b in args.also_before.split(",") if b.strip()]
+    for b in befores:
+        if b not in BEFORE:
+            parser.error(f"--also-before: {b!r} is none of {', '.join(BEFORE)}")
     os.environ.setdefault("RUNTIME__DLTHUB_TELEMETRY", "false")
     os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
     missing = dlt_available()
@@ -136,19 +218,30 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             print(f"dlt: SKIPPED - {missing}", flush=True)
 
+        cpu: dict[str, list[float]] = {}
+        pg: dict[str, list[float]] = {}
+
         def one(variant: str, r: int) -> float:
             url = dbs.new()
             if variant.startswith("engine"):
+                started = time.process_time()
                 default, batch_min = write.ROWS, writers.BATCH_MIN
                 other = variant.split()[1] if " " in variant else None
+                saved: dict[tuple[Any, str], Any] = {}
                 if other == "byid-probes":
                     writers.BATCH_MIN = 10**9  # every parent asked by id, as before issue 11's batching
+                elif other is not None and other.startswith("before-"):
+                    saved = put_back(BEFORE[other.removeprefix("before-")])
                 elif other is not None:
                     write.ROWS = other
                 try:
-                    seconds, status = engine_once(url, sb, args.width)
+                    seconds, status = engine_once(url, sb, args.width, pg.setdefault(variant, []))
                 finally:
                     write.ROWS, writers.BATCH_MIN = default, batch_min
+                    restore(saved)
+                # this process's CPU (the engine's threads; the sandbox has its own): steadier than
+                # the wall on a machine others share
+                cpu.setdefault(variant, []).append(time.process_time() - started)
                 if status != "succeeded":
                     problems.append(f"{variant} run {status}")
             else:
@@ -161,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             print("rows/s:", flush=True)
             others = [f"engine {w.strip()}" for w in args.also_rows.split(",") if w.strip()]
             others += ["engine byid-probes"] if args.also_probes == "byid" else []
+            others += [f"engine before-{b}" for b in befores]
             out = interleave(["engine", *others] + ([] if missing else ["dlt rest_api"]), args.reps, one)
         finally:
             dbs.close()
@@ -173,10 +267,26 @@ def main(argv: list[str] | None = None) -> int:
     else:
         d = median(out["dlt rest_api"])
         lines += [("dlt rest_api rows/s", d, "merge on id"), ("engine / dlt rows/s", ratio(e, d), "target >= 1.0 (1.5 headed)")]
+        lines += [(f"{v} / dlt rows/s", ratio(median(out[v]), d), "issue 11's earlier choices")
+                  for v in out if v.startswith("engine before-")]
+    c = median(cpu.get("engine", []))
+    lines.append(("engine CPU ms per 1000 rows", 1e6 * c / rows, "this process: the engine's threads"))
+    for variant in out:
+        if variant.startswith("engine ") and variant in cpu:
+            lines.append((f"{variant} CPU / engine CPU", ratio(median(cpu[variant]), c), "the same process's CPU, medians"))
+    if pg.get("engine"):
+        p = median(pg["engine"])
+        lines.append(("Postgres CPU ms per 1000 rows", 1e6 * p / rows, "the engine's backends (/proc)"))
+        for variant in out:
+            if variant.startswith("engine ") and pg.get(variant):
+                lines.append((f"{variant} Postgres CPU / engine's", ratio(median(pg[variant]), p), "the same backends' CPU, medians"))
     for variant in out:
         if variant == "engine byid-probes":
             lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
                           "missing parents in `ids=` lists vs each by id"))
+        elif variant.startswith("engine before-"):
+            lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
+                          f"today's vs issue 11's earlier {variant.split('-', 1)[1]} (see --also-before)"))
         elif variant.startswith("engine "):
             lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
                           f"the default write.ROWS ({write.ROWS}) vs {variant.split()[1]}"))
