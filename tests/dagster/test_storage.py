@@ -106,3 +106,16 @@ def test_asset_events_and_reads_ask_the_event_log_schema_once_not_per_event(db_u
         assert len(reflections) <= 2, f"{len(reflections)} asset_keys reflections for 20 reads"
     finally:
         instance.dispose()
+
+
+def test_dagster_storage_commits_asynchronously_the_engine_does_not(db_url, tmp_path, monkeypatch, db):
+    """The storages' connections run with synchronous_commit off (each event's commit waited for its
+    WAL flush: half an event's cost on a busy machine, issue 11); the engine's keep the server's."""
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        for storage in (instance.run_storage, instance.event_log_storage, instance.schedule_storage):
+            with storage._engine.connect() as conn:
+                assert conn.exec_driver_sql("SHOW synchronous_commit").scalar() == "off"
+        assert db.sql("SHOW synchronous_commit")[0]["synchronous_commit"] == "on"
+    finally:
+        instance.dispose()
