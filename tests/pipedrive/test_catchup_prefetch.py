@@ -94,7 +94,9 @@ def _listing_requests(sb: Any) -> int:
 
 def test_the_catchup_with_its_pages_read_ahead_ends_as_the_walk_in_line(db, monkeypatch) -> None:
     """Two tenants walk the same account up to the catch-up; the account changes (creates,
-    updates, deletes, archive flips, merges); one catch-up reads ahead, the other fetches in line."""
+    updates, deletes, archive flips, merges); one catch-up reads ahead, the other fetches in line.
+    Tasks of 4 pages: the walk crosses lists and hands on to successor tasks."""
+    monkeypatch.setattr(inventory, "PAGES_PER_TASK", 4)
     with sandbox(page_cap=15, live_mix="create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5") as sb:
         runs_ = {"ahead": start(db, sb, "ahead", kinds=ALL), "inline": start(db, sb, "inline", kinds=ALL)}
         for run in runs_.values():
@@ -119,6 +121,7 @@ def test_the_catchup_with_its_pages_read_ahead_ends_as_the_walk_in_line(db, monk
     assert {sid for k, sid in _inventory(db, ahead.id) if k == "persons"} == {str(i) for i in truth["persons"]}
     tasks = _catchup_tasks(db, ahead.id)
     assert tasks == _catchup_tasks(db, inline.id)
+    assert len([k for k in tasks if ":p" in k and ":mail:" not in k]) >= 4, sorted(tasks)
     # the catch-up had real work: rows changed before it were written, deletions marked
     assert sum(s.get("updated", 0) + s.get("imported", 0) for _, s in tasks.values()) > 0, tasks
     assert sum(s.get("deleted_at_source", 0) for _, s in tasks.values()) > 0, tasks
