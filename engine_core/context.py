@@ -24,11 +24,17 @@ from engine_core.runlog import RunLog, failure_reason
 # of the claims, checkpoints and commits. A window whose rows leave more than `window` per row is
 # still written again in windows of `window` rows (see `write_rows`).
 SET_WINDOW = 500
+# A refused set-based window of more rows goes again in windows of this many (each refused in turn
+# in windows of `window`): a page of which a tenth leaves per row - rows written before, a catch-up's
+# updates - is then written as it was with windows of 100, not in twenty windows of 25.
+SET_WINDOW_FALLBACK = 100
 
 Writer = Callable[[Conn, Any], str]
 # A window's set-based writer (issue 11, optimistic windows): given the window's rows to write as
 # (position in the window, row), it writes the ones it can in set-based statements and returns
-# their outcomes by position; the rows it leaves out go through the per-row savepoints.
+# their outcomes by position; the rows it leaves out go through the per-row savepoints. It may
+# carry `leaves(rows) -> int`: how many of such rows it would leave per row for certain, asked
+# before a large window's statements (more than `window`: the window is split without them).
 Batch = Callable[[Conn, "list[tuple[int, Any]]"], "dict[int, str]"]
 
 
@@ -160,10 +166,11 @@ class TaskContext:
         committed before, nor a revisit's own) to `batch` in the window's transaction; the rows it
         answers for are counted with its outcomes, the rest are written per row after it. When
         the batch raises (a row the database refuses), or leaves more than `window` rows to write
-        per row (their savepoints would overflow Postgres's 64 cached subxids), the window's
-        transaction is rolled back and its rows go in windows of `window` rows, each set-based
-        first and per row when refused, so a malformed row still fails alone with its reason; a
-        deadlock, a lost lock or a lost connection loses the window as before."""
+        per row (their savepoints would overflow Postgres's 64 cached subxids; a batch's
+        `leaves` says so before its statements), the window's transaction is rolled back and its
+        rows go in windows of SET_WINDOW_FALLBACK rows, refused in turn in windows of `window`
+        rows, each set-based first and per row when refused, so a malformed row still fails alone
+        with its reason; a deadlock, a lost lock or a lost connection loses the window as before."""
         kind = kind or self.task.kind
         start = self.offset if resume_from is None else resume_from
         attempted = failed = 0
@@ -183,24 +190,7 @@ class TaskContext:
         for w in range(0, len(rows), size):
             if w + len(rows[w : w + size]) <= start:
                 continue  # committed before a crash or a release
-            counts: dict[str, int] | None = None
-            if set_based and size > self.window:
-                # one set-based window of `set_window` rows; refused, or leaving more than `window`
-                # rows per row (their savepoints would overflow the subxid cache), it rolls back
-                # and its rows go in windows of `window` rows as below
-                counts = self._write_window(rows, w, size, start, kind, writer, mine, batch, offset_after, per_row_max=self.window)
-            if counts is None:
-                counts = {}
-                for v in range(w, min(w + size, len(rows)), self.window):
-                    if v + len(rows[v : v + self.window]) <= start:
-                        continue
-                    part = None
-                    if set_based:
-                        part = self._write_window(rows, v, self.window, start, kind, writer, mine, batch, offset_after)
-                    if part is None:  # no batch, or the window's set-based part refused: per row
-                        part = self._write_window(rows, v, self.window, start, kind, writer, mine, None, offset_after)
-                    for k, n in (part or {}).items():
-                        counts[k] = counts.get(k, 0) + n
+            counts = self._write_span(rows, w, size, start, kind, writer, mine, batch if set_based else None, offset_after)
             for k, v in counts.items():
                 outcomes[k] = outcomes.get(k, 0) + v
             attempted += sum(counts.values())
@@ -210,6 +200,32 @@ class TaskContext:
         if fail_if_all_failed and attempted and failed == attempted:
             raise PageFailed(f"every row of the page failed ({failed} rows); first reasons are in the run log")
         return PageResult(attempted, failed, outcomes)
+
+    def _write_span(self, rows: Sequence[Any], w: int, size: int, start: int, kind: str, writer: Writer,
+                    mine: dict[str, str], batch: Batch | None, offset_after: Callable[[int], int] | None) -> dict[str, int]:
+        """rows[w : w + size] in windows, their outcome counts. Larger than `window` (set-based):
+        one window, which refused - by the database, or leaving more than `window` rows per row
+        (their savepoints would overflow the subxid cache) - rolls back and goes again in windows
+        of SET_WINDOW_FALLBACK rows, then of `window`. A window of `window` rows: set-based first
+        with a batch, per row without one or when refused. Rows before `start` were committed."""
+        if batch is not None and size > self.window:
+            counts = self._write_window(rows, w, size, start, kind, writer, mine, batch, offset_after, per_row_max=self.window)
+            if counts is not None:
+                return counts
+            smaller = SET_WINDOW_FALLBACK if size > SET_WINDOW_FALLBACK > self.window else self.window
+            counts = {}
+            for v in range(w, min(w + size, len(rows)), smaller):
+                if v + len(rows[v : v + smaller]) <= start:
+                    continue
+                for k, n in self._write_span(rows, v, smaller, start, kind, writer, mine, batch, offset_after).items():
+                    counts[k] = counts.get(k, 0) + n
+            return counts
+        part = None
+        if batch is not None:
+            part = self._write_window(rows, w, size, start, kind, writer, mine, batch, offset_after)
+        if part is None:  # no batch, or the window's set-based part refused: per row
+            part = self._write_window(rows, w, size, start, kind, writer, mine, None, offset_after)
+        return part
 
     def _write_window(self, rows: Sequence[Any], w: int, size: int, start: int, kind: str, writer: Writer,
                       mine: dict[str, str], batch: Batch | None, offset_after: Callable[[int], int] | None = None,
@@ -228,6 +244,9 @@ class TaskContext:
                 if batch is not None:
                     todo = [(j, row) for j, row in enumerate(window)
                             if w + j >= start and mine.get(row_id(row) or "") is None]
+                    leaves = getattr(batch, "leaves", None)
+                    if per_row_max is not None and leaves is not None and leaves(todo) > per_row_max:
+                        raise _BatchRefused()  # too many per row for certain: split before any statement
                     batched = self._write_batch(tx, todo, batch) if todo else {}
                     if per_row_max is not None and len(todo) - len(batched) > per_row_max:
                         raise _BatchRefused()

@@ -178,9 +178,9 @@ def test_a_window_with_non_ascii_and_nul_writes_what_it_wrote_before(db, claims,
     a, b = _snapshot(db, "now"), _snapshot(db, "then")
     assert a == b and [{r["source_id"]: r["v"]["name"] for r in a[1]}[str(i)] for i in range(1, 6)] == TEXTS
     # the non-ASCII page went in one set-based window; the one with NUL was refused set-based (in its
-    # window, then in its window of 25) and written per row
-    assert [e is not None for _, e in claims] == [False, True, True] * 2
-    assert [type(e).__name__ for _, e in claims if e] == ["UntranslatableCharacter"] * 4
+    # window, then in its windows of 100 and of 25: context.SET_WINDOW_FALLBACK) and written per row
+    assert [e is not None for _, e in claims] == [False, True, True, True] * 2
+    assert [type(e).__name__ for _, e in claims if e] == ["UntranslatableCharacter"] * 6
 
 
 def test_a_nan_the_client_read_goes_per_row_as_before(db, claims, monkeypatch) -> None:
@@ -200,4 +200,4 @@ def test_a_nan_the_client_read_goes_per_row_as_before(db, claims, monkeypatch) -
     assert now == then and now.outcomes == {"imported": 3}
     a, b = _snapshot(db, "now"), _snapshot(db, "then")
     assert a == b and [r["value"] for r in a[2]] == ["NaN", "-Infinity", "1.5"]
-    assert [e is not None for _, e in claims] == [True, True, True, True], "refused set-based (NaN), then per row"
+    assert [e is not None for _, e in claims] == [True] * 6, "refused set-based (NaN: 500, 100, 25 rows), then per row"
