@@ -4,7 +4,7 @@ threads in this process) against dlt's `rest_api` source loading the same endpoi
 server (merge on id), from one run, interleaved, medians.
 
     python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy] [--also-probes byid]
-                                [--also-before json,window]
+                                [--also-before json,window,gc]
 
 dlt is the optional `bench` extra (`pip install -e '.[bench]'`: dlt with its postgres extra);
 without it the engine side runs alone and the ratio is skipped, saying so.
@@ -19,7 +19,10 @@ keeps no ledger, no checkpoints and no references: it is the floor a data engine
 `--also-before` runs the engine a second way in the same rounds with issue 11's earlier CPU
 choices put back: `json` - the standard library's json for the responses (`client._decode_json`)
 and the windows' new rows (`ledger.rows_json`) instead of orjson; `window` - set-based windows of
-100 rows (`context.SET_WINDOW`) instead of 500; `all` - both.
+100 rows (`context.SET_WINDOW`) instead of 500; `gc` - Python's default young collection threshold
+(700) instead of the engine's (`worker.YOUNG_COLLECTION_THRESHOLD`); `all` - the three. Every
+variant, dlt included, starts with the collector thresholds this process started with (the
+engine's workers raise theirs as they do everywhere; dlt keeps Python's, as a user's would).
 
 Beside rows/s (the wall, which other sessions' load on the machine moves), the engine's CPU is
 given as this process's CPU seconds and its Postgres backends' (/proc, a server on this machine):
@@ -28,6 +31,7 @@ steadier measures of the engine's own work when the load is high.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -41,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, print_ratios, ratio, sandbox, server_facts  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
-from engine_core import context, ledger, runs, write  # noqa: E402
+from engine_core import context, ledger, runs, worker, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive import client, writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
@@ -53,7 +57,11 @@ V2 = {"organizations": "api/v2/organizations", "persons": "api/v2/persons", "dea
 V1 = {"leads": "v1/leads", "notes": "v1/notes"}
 SETTINGS = Settings(lane_width=4, heartbeat_seconds=1.0, retry_backoff_seconds=0.5)
 BEFORE_WINDOW = 100  # context.SET_WINDOW before issue 11's 500
-BEFORE = {"json": ("json",), "window": ("window",), "all": ("json", "window")}
+BEFORE = {"json": ("json",), "window": ("window",), "gc": ("gc",), "all": ("json", "window", "gc")}
+# Python's collector thresholds as this process started: every variant starts from them (a Worker
+# raises the young one for the engine, `worker.collector_for_draining`; dlt runs with the defaults,
+# as a user's pipeline would; the setting is process-wide and would otherwise carry over to it)
+PYTHON_GC_THRESHOLDS = gc.get_threshold()
 
 
 def _stdlib_decode_json(content: bytes) -> tuple[Any, int]:
@@ -89,6 +97,8 @@ def put_back(parts: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
             swap(ledger, "rows_json", _stdlib_rows_json)
     if "window" in parts:
         swap(context, "SET_WINDOW", BEFORE_WINDOW)
+    if "gc" in parts:  # the young threshold left at Python's default
+        swap(worker, "YOUNG_COLLECTION_THRESHOLD", PYTHON_GC_THRESHOLDS[0])
     return saved
 
 
@@ -197,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="byid: also run the engine asking every missing parent by id (no `ids=` lists), interleaved")
     parser.add_argument("--also-before", default="", metavar="PART[,PART]",
                         help="also run the engine with issue 11's earlier CPU choices put back, interleaved, one"
-                             " variant per PART: json (stdlib json), window (set windows of 100), all (both)")
+                             " variant per PART: json (stdlib json), window (set windows of 100), gc (Python's"
+                             " young collection threshold), all (the three)")
     args = parser.parse_args(argv)
     befores = [b.strip() for b in args.also_before.split(",") if b.strip()]
     for b in befores:
@@ -223,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def one(variant: str, r: int) -> float:
             url = dbs.new()
+            gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             if variant.startswith("engine"):
                 started = time.process_time()
                 default, batch_min = write.ROWS, writers.BATCH_MIN
