@@ -11,7 +11,7 @@ record": a placeholder that a later write takes over. Soft links are filled when
 when not. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
 through its budgeted client) is given the missing parents the ledger knows nothing about, before
 the windows open and holding no database connection, and answers which exist: a parent it says
-does not exist (404) leaves the row imported with that link empty, the reference kept on the
+does not exist (404 by id, or absent from an `ids=` list) leaves the row imported with that link empty, the reference kept on the
 product row (`dangling_refs`) and the ledger entry (`dangling`) with a reason; one that exists
 but is not written keeps the row a placeholder, saying so.
 
@@ -50,7 +50,10 @@ from engine_core.rows import MalformedRow, Mapped, Ref, apply_links
 from engine_core.target import crm
 
 NOT_LINKED = "not linked to any record"
-DANGLING = "does not exist at the source (404)"
+# Said of a parent the source does not have: it answered 404 to GET by id, or left the id out of
+# its v2 list asked with `ids=` (where absence is the answer). No status in the text: most are
+# proven by a list, which answers 200 (a fresh user read "(404)" for a parent the source had answered 410).
+DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
 
 Mapper = Callable[[Any], Mapped]

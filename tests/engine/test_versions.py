@@ -307,12 +307,12 @@ def test_a_restore_without_a_new_version_keeps_the_rows_dangling_references(db) 
     refs = [{"field": "org_id", "parent_kind": "organizations", "parent_id": "42"}]
     with db.transaction() as tx:
         assert ledger.write_once(tx, run, KIND, "31", _insert(tx, "31", "Dangling"), version=V1, update=_update(tx, "x"),
-                                 dangling=refs, reason="imported; org_id 42 does not exist at the source (404)") == "imported"
+                                 dangling=refs, reason="imported; org_id 42 does not exist at the source") == "imported"
     with db.transaction() as tx:
         assert ledger.mark_deleted(tx, run, KIND, ["31"]) == 1
     with db.transaction() as tx:
         assert ledger.write_once(tx, run, KIND, "31", _insert(tx, "31", "Dangling"), version=V1, update=_update(tx, "x"),
-                                 dangling=refs, reason="imported; org_id 42 does not exist at the source (404)") == "updated"
+                                 dangling=refs, reason="imported; org_id 42 does not exist at the source") == "updated"
     entry = _entry(db, "31")
     assert (entry["deleted_at_source"], entry["dangling"], entry["reason"]) == (
-        None, refs, "imported; org_id 42 does not exist at the source (404)")
+        None, refs, "imported; org_id 42 does not exist at the source")
