@@ -275,6 +275,10 @@ def test_a_429_on_a_page_read_ahead_is_retried_by_the_reader_as_in_line(db, monk
     assert db.sql("SELECT status FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["status"] == "succeeded", \
         failed_tasks(db, run.id)
     assert stats["rate_limited"]["burst"] > 0, stats["rate_limited"]
+    # waited out as in line (the client's Retry-After wait, in the reader): no task gave up on a page
+    attempts = db.sql("SELECT cursor_key, attempts, error FROM migration_tasks WHERE migration_id = %(r)s"
+                      " AND kind = 'catchup'", {"r": run.id})
+    assert all(t["attempts"] == 1 for t in attempts), attempts
     assert threads and all(t.startswith("catchup-read") for t in threads), threads
     tasks = _catchup_tasks(db, run.id)
     answered = sum(c.get("200", 0) for path, c in stats["status_codes"].items() if "{" not in path)
