@@ -24,6 +24,16 @@ first: a user pays that once). Its wall time is split with the Dagster run's own
            polling and stopping the daemon: killed once it has logged that its threads stopped,
            its interpreter's teardown not waited for, nor the command's own: `os._exit`)
 
+The steps are split further, summed over the phases, with the engine's own task times (its
+migration_tasks rows) against the steps' events (`step_split`):
+
+* head:    a phase op's STEP_START to its phase's first task start (attach, the lane, threads)
+* engine:  the phase's first task start to its last task finish (the engine's work, in the op)
+* close:   the last task finish to the op's STEP_SUCCESS (the phase seen closed, the threads
+           stopped, the rollup and metadata, the materialisation's events)
+* checks:  the phase's `_ledger_checks` step, STEP_START to STEP_SUCCESS
+* between: from one phase's checks step to the next phase op's STEP_START
+
 `migrate run` runs with the default MIGRATE_LAUNCH_THREADS (the lane width: the phase ops drain
 with up to their fair share of the lane in their own process, `LaunchLanes`). A third variant,
 "migrate run, daemon path" (unless --no-daemon-path), runs it with MIGRATE_RUN_IN_PROCESS=0: the
@@ -59,6 +69,7 @@ from engine_core.worker import drain_threads  # noqa: E402
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 OPTIONS = {"burst_limit": 1_000_000}
 PARTS = ("launch", "queue", "worker", "steps", "tail")
+STEP_PARTS = ("head", "engine", "close", "checks", "between")
 THREADED = "migrate run, other launch threads"
 DAEMON_PATH = "migrate run, daemon path"
 LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # migration_pipeline.assets.phases.LAUNCH_THREADS_ENV
@@ -134,6 +145,48 @@ def breakdown(env: dict[str, str], payload: dict[str, Any]) -> dict[str, float]:
         instance.dispose()
 
 
+def step_split(env: dict[str, str], payload: dict[str, Any], engine_url: str) -> dict[str, float]:
+    """The steps of a `migrate run` split per phase (see the module docstring), summed over the
+    phases: the phase ops' and checks steps' events against the engine's task times (seconds)."""
+    import psycopg
+    from dagster import DagsterInstance
+
+    os.environ["DAGSTER_HOME"] = str(Path(env["MIGRATE_HOME"]) / "dagster")
+    os.environ["MIGRATE_DAGSTER_STORAGE_URL"] = env["MIGRATE_DAGSTER_STORAGE_URL"]
+    instance = DagsterInstance.from_config(os.environ["DAGSTER_HOME"])
+    try:
+        steps: dict[str, dict[str, float]] = {}
+        for r in instance.all_logs(payload["dagster_run_id"]):
+            if r.dagster_event_type is not None and r.step_key:
+                steps.setdefault(r.step_key, {}).setdefault(r.dagster_event_type.value, r.timestamp)
+    finally:
+        instance.dispose()
+    with psycopg.connect(engine_url) as c:
+        spans = {phase: (float(first), float(last)) for phase, first, last in c.execute(
+            "SELECT phase, extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at))"
+            " FROM migration_tasks GROUP BY phase").fetchall() if first is not None and last is not None}
+    ops = sorted((k for k in steps if not k.endswith("_ledger_checks") and "STEP_START" in steps[k]),
+                 key=lambda k: steps[k]["STEP_START"])
+    if len(ops) != len(spans):  # a run limited to some kinds: its steps are not its plan's phases
+        return {}
+    out = {p: 0.0 for p in STEP_PARTS}
+    previous_end = None
+    for phase, key in enumerate(ops):
+        op, checks = steps[key], steps.get(f"{key}_ledger_checks", {})
+        if phase not in spans or "STEP_SUCCESS" not in op:
+            return {}
+        first, last = spans[phase]
+        out["head"] += first - op["STEP_START"]
+        out["engine"] += last - first
+        out["close"] += op["STEP_SUCCESS"] - last
+        if "STEP_SUCCESS" in checks:
+            out["checks"] += checks["STEP_SUCCESS"] - checks["STEP_START"]
+        if previous_end is not None:
+            out["between"] += op["STEP_START"] - previous_end
+        previous_end = checks.get("STEP_SUCCESS", op["STEP_SUCCESS"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scale", default="small")
@@ -157,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     variants = (["engine direct", "migrate run"] + ([DAEMON_PATH] if args.daemon_path else [])
                 + ([THREADED] if args.launch_threads > 0 else []))
-    parts: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in variants[1:]}
+    parts: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS + STEP_PARTS} for v in variants[1:]}
     home = Path(tempfile.mkdtemp(prefix="bench-dagster-home-"))
     try:
         with sandbox(args.scale, latency="none", burst_limit=1_000_000) as sb:
@@ -189,10 +242,12 @@ def main(argv: list[str] | None = None) -> int:
                                     f"{(payload.get('engine') or {}).get('status')} {payload.get('message') or payload.get('stderr', '')}")
                     return seconds
                 split = breakdown(env, payload)
-                for p in PARTS:
+                split.update(step_split(env, payload, url))
+                for p in PARTS + STEP_PARTS:
                     if p in split:
                         parts[variant][p].append(split[p])
-                print("    " + ", ".join(f"{p} {split.get(p, float('nan')):.1f}" for p in PARTS), flush=True)
+                print("    " + ", ".join(f"{p} {split.get(p, float('nan')):.1f}" for p in PARTS)
+                      + "; steps: " + ", ".join(f"{p} {split.get(p, float('nan')):.2f}" for p in STEP_PARTS), flush=True)
                 return seconds
 
             print("seconds:", flush=True)
@@ -210,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [("engine direct seconds", e, f"runs.start_run + drain_threads, width {Settings.from_env({}).lane_width}"),
              ("migrate run seconds", m, "the CLI through Dagster, the run executed in its own process")]
     lines += [(f"  of which {p} seconds", median(parts["migrate run"][p]), "median") for p in PARTS]
+    lines += [(f"    steps: {p} seconds", median(parts["migrate run"][p]), "median, summed over the phases")
+              for p in STEP_PARTS]
     lines.append(("migrate run / engine direct", ratio(m, e), "target <= 1.5 (default: the lane width of launch threads)"))
     if DAEMON_PATH in out:
         d = median(out[DAEMON_PATH])
