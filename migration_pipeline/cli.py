@@ -119,12 +119,18 @@ class _Commands(click.Group):
     value (the engine's ConfigError / DatabaseUnavailable, a refused launch), never a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from migration_pipeline.launch import LaunchError
-
         try:
             return super().invoke(ctx)
-        except (EngineError, LaunchError) as e:
+        except EngineError as e:
             _fail(e)
+        except Exception as e:
+            # A LaunchError can only come from the launch module, so it is imported by then. Not
+            # imported here: it imports Dagster (~2 s), which `status`, `report`, `explain` and the
+            # other engine commands do not need, and `run` imports it with the collector paused.
+            launch = sys.modules.get("migration_pipeline.launch")
+            if launch is not None and isinstance(e, launch.LaunchError):
+                _fail(e)
+            raise
 
 
 @click.group(cls=_Commands)
@@ -656,7 +662,8 @@ def collector_paused() -> Iterator[None]:
     such a block: none of the ~200,000 objects they make is garbage, and the collections the
     collector ran over them while they grew cost ~1 CPU-s of each launch (issue 11: importing those
     four took 3.8 CPU-s with it, 2.8 without, `time`, 4 pairs; a whole `migrate run --kinds users`
-    spent 1.39 s in 541 collections before, 0.46-0.54 s in 369 after, gc.callbacks). Afterwards
+    spent 1.39 s in 541 collections before, 0.07-0.13 s in 132 with every import of the launch
+    module in such a block and the engine's young threshold raised, gc.callbacks). Afterwards
     the full collections of the run, 25-140 ms each when they scanned it all, skip it too. Nested
     blocks leave the collector as the outer one set it."""
     was_on = gc.isenabled()
@@ -836,7 +843,8 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     resumes it, exactly as materialising the partition in the UI does. A tenant whose latest run
     succeeded (and covered these kinds) is not migrated again: refused in one line, pointing to
     `migrate sync` and `--new-run`. Exits non-zero on failure."""
-    from migration_pipeline.launch import check_tenant, new_run_config
+    with collector_paused():  # the launch module imports Dagster (see collector_paused)
+        from migration_pipeline.launch import check_tenant, new_run_config
 
     check_tenant(tenant)
     try:
@@ -913,8 +921,9 @@ def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bo
     """Bring TENANT's changes since its last succeeded run or sync: launches the tenant's partition
     of the sync job through Dagster (as `migrate run` launches the migration) and waits. Same
     phases, claims, windows, budget and stop/retry/resume; only what changed is listed."""
-    from migration_pipeline.jobs import SYNC_JOB
-    from migration_pipeline.launch import check_tenant
+    with collector_paused():  # these import Dagster (see collector_paused)
+        from migration_pipeline.jobs import SYNC_JOB
+        from migration_pipeline.launch import check_tenant
 
     check_tenant(tenant)
     src = _source(source)
@@ -1033,7 +1042,8 @@ def live_cost_line(full: dict[str, Any], synced: dict[str, Any]) -> str:
 
 
 def _new_config(options: dict) -> dict:
-    from migration_pipeline.launch import new_run_config
+    with collector_paused():  # the launch module imports Dagster (see collector_paused)
+        from migration_pipeline.launch import new_run_config
 
     return new_run_config(options=options)
 
