@@ -18,7 +18,7 @@ provider has no catch-up phase: its source holds still, so its runs are their sn
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -92,7 +92,13 @@ def _refuse(db: Database, tenant_id: str, source: str) -> AdmissionRefused:
 
 def snapshot_margin(run: Run) -> timedelta:
     """The run's margin before a snapshot (option `snapshot_margin_seconds`, default 300 s)."""
-    raw = run.options.get("snapshot_margin_seconds", SNAPSHOT_MARGIN_SECONDS)
+    return margin_option(run.options)
+
+
+def margin_option(options: Mapping[str, Any]) -> timedelta:
+    """The option `snapshot_margin_seconds` of `options` (default 300 s). Raises ConfigError (one
+    line naming it) for anything but a number of seconds >= 0."""
+    raw = options.get("snapshot_margin_seconds", SNAPSHOT_MARGIN_SECONDS)
     try:
         seconds = float(raw)
     except (TypeError, ValueError):
@@ -127,10 +133,14 @@ def start_run(
     """Admit a new run, record its snapshot moment, seed its first phase and put it on the lane.
 
     `mode`: "full" or "sync" (use `start_sync`, which finds `since`). Raises AdmissionRefused
-    (another live run of the tenant and source), ConfigError (unknown kind or mode)."""
+    (another live run of the tenant and source), ConfigError (unknown kind or mode, or an option
+    the provider's `check_options` refuses)."""
     settings = settings or Settings.from_env()
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    check_options = getattr(provider, "check_options", None)
+    if callable(check_options):  # before the run exists: a bad value stored with it failed every task
+        check_options(options or {})
     if mode == "sync" and since is None:
         raise ConfigError("a sync needs since (the last succeeded run's snapshot): use runs.start_sync")
     plan = run_plan(provider, kinds)

@@ -186,8 +186,8 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     """What would fail a launch, checked first: `kinds` against the provider's plan, the source's
     variables (set, and accepted by the provider's own configuration), then whether the source's
     base URL accepts a connection (`check_source_reachable`) and its token is accepted
-    (`check_source_token`: one request). Raises ConfigError with a one-line message naming the
-    option or the variable."""
+    (`check_source_token`: one request); the run `options` by the provider's `check_options`.
+    Raises ConfigError with a one-line message naming the option or the variable."""
     from engine_core.errors import ConfigError
     from engine_core.plan import plan_for
     from engine_core.providers.base import provider_for
@@ -202,6 +202,9 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     config = getattr(provider, "config", None)
     if callable(config):
         config()  # the provider's own checks (URL scheme, token shape, numbers), nothing sent
+    check_options = getattr(provider, "check_options", None)
+    if callable(check_options):  # the run options: names and values (runs.start_run checks them too)
+        check_options(options or {})
     check_source_reachable(source, env)
     check_source_token(source, provider)
 

@@ -44,6 +44,11 @@ class Provider(Protocol):
     # Optional (issue 9): `source_time() -> datetime | None`, the source's clock now (aware, UTC),
     # for the run's snapshot moment; None or absent: the database's clock stands in.
 
+    # Optional: `check_options(options: Mapping[str, Any]) -> None`, raising ConfigError (one line
+    # naming the option) for a run option the provider does not take or a value it would refuse
+    # later. `runs.start_run` calls it before the run exists and `migrate run` before launching: a
+    # bad value stored with a run failed every task of it, and every relaunch joined that run.
+
     def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
         """Every id the source lists NOW for `kind` (a kind of `phases()`), with the row's version
         where the listing carries one (the same string the ledger stores as `source_version`:

@@ -150,6 +150,23 @@ def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, 
     _nothing_launched(db_url)
 
 
+# A fresh user's `--options '{"burst_limit":"abc"}'` was stored with a new engine run whose every task
+# then failed, and every relaunch (even --new-run, even after `migrate stop`) joined that run: the
+# tenant was stuck. A typo in an option's name was ignored silently.
+@pytest.mark.parametrize("options, needles", [
+    ('{"burst_limit": "abc"}', ("burst_limit must be an integer", "'abc'")),
+    ('{"nope": 1}', ("unknown option 'nope'", "burst_limit", "detect_deletes")),
+    ('{"base_url": "ftp://x"}', ("the option base_url must be an http(s) URL",)),
+    ('{"detect_deletes": "maybe"}', ("detect_deletes must be true or false",)),
+    ('{"api_token": "secret-in-options"}', ("never from run options",)),
+])
+def test_run_options_are_checked_before_anything_is_launched(db_url, run_env, options, needles):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    line = _one_line_error(_migrate(["run", "--tenant", "theta", "--options", options], env), *needles)
+    assert "secret-in-options" not in line
+    _nothing_launched(db_url)
+
+
 @pytest.mark.parametrize("kinds", ["", ",,", " , "])
 def test_kinds_naming_no_kind_is_an_error_not_every_kind(db_url, run_env, kinds):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")

@@ -115,7 +115,8 @@ class SourceConfig:
             raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
         if not url.startswith(("http://", "https://")):
             shown = url.rsplit("@", 1)[-1][:80]  # what follows any credentials in it
-            raise ConfigError(f"{ENV_BASE_URL} must be an http(s) URL, got {shown!r}")
+            named = "the option base_url" if not base_url and options.get("base_url") else ENV_BASE_URL
+            raise ConfigError(f"{named} must be an http(s) URL, got {shown!r}")
         secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
         if not secret:
             raise ConfigError(f"{ENV_TOKEN} is not set (the Pipedrive API token)")
@@ -125,6 +126,43 @@ class SourceConfig:
         burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2)
         threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1)
         return cls(url.rstrip("/"), secret, burst, threads)
+
+
+# The run options a Pipedrive run takes (`migrate run --options`, the launchpad's `options_json`),
+# each with what it means; anything else is refused before the run exists (`check_options`): a typo
+# had been ignored silently, and a bad value stored with the run failed every one of its tasks.
+OPTIONS: dict[str, str] = {
+    "base_url": f"the API's base URL (default {ENV_BASE_URL})",
+    "burst_limit": f"requests per 2 s burst window, >= 2 (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
+    "fetch_threads": "mail fetches at once per lane thread, >= 1",
+    "detect_deletes": "a sync lists every id to find deletions (true/false; default true)",
+    "overwrite_matched": "a changed source row overwrites the product row it was matched to (true/false; default false)",
+    "snapshot_margin_seconds": "seconds before the run's snapshot a sync lists from (>= 0; default 300)",
+}
+BOOLEAN_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
+
+
+def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None,
+                  token: str | None = None) -> None:
+    """Refuse, with ConfigError (one line naming the option), a run option a Pipedrive run does
+    not take (`OPTIONS`; a token among them is named as such) or a value the run would refuse
+    later (`SourceConfig.load`, the booleans, `runs.margin_option`). Sends nothing."""
+    from engine_core.runs import margin_option
+
+    if not isinstance(options, Mapping):
+        raise ConfigError(f"run options must be a JSON object, got {type(options).__name__}")
+    unknown = sorted(k for k in options if k not in OPTIONS and str(k).lower() not in SECRET_OPTIONS)
+    if unknown:
+        raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for a "
+                          f"pipedrive run; it takes: {', '.join(OPTIONS)}")
+    SourceConfig.load(options, env, base_url=base_url, token=token)
+    for name in ("detect_deletes", "overwrite_matched"):
+        value = options.get(name)
+        ok = (value is None or isinstance(value, bool) or value in (0, 1)
+              or (isinstance(value, str) and value.strip().lower() in BOOLEAN_WORDS))
+        if not ok:
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+    margin_option(options)
 
 
 def _positive(value: Any, name: str, *, minimum: int) -> int:
@@ -232,6 +270,11 @@ class PipedriveProvider:
         return "PipedriveProvider()"
 
     # -- configuration --------------------------------------------------------------------
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """`check_options` (module level) with this provider's environment, base URL and token."""
+        env = os.environ if self._env is None else self._env
+        check_options(options, env, base_url=self._base_url, token=self._token)
+
     def config(self) -> SourceConfig:
         if self._config is None:
             env = os.environ if self._env is None else self._env
