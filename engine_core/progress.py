@@ -303,6 +303,11 @@ class ProgressBoard:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
             TimeRemainingColumn(), TextColumn("{task.fields[figures]}"), console=console, transient=False,
+            # sys.stdout and sys.stderr stay what they are: rich's default swaps in proxies that print
+            # above the bars, and `migrate run` executing its Dagster run in-process then showed
+            # Dagster's console log lines (a logging handler made during the run holds the proxy) on
+            # the terminal instead of in-process-runs.log, where descriptors 1 and 2 point (a fresh user's find)
+            redirect_stdout=False, redirect_stderr=False,
         )
         self._bars: dict[int, Any] = {}
         self._meters: dict[int, PhaseMeter] = {}

@@ -185,3 +185,21 @@ def test_a_budget_wait_is_said_in_the_phase_progress_events(instance, engine_url
     lines = [r.user_message for r in instance.all_logs(result.run_id) if r.user_message.startswith("progress: phase")]
     assert lines and all("waiting on the daily token budget: the source says it is spent, until " in ln
                          for ln in lines), lines[:3]
+
+
+def test_the_bars_leave_stdout_and_stderr_where_they_point():
+    """On a terminal, rich's progress swaps sys.stdout/sys.stderr for proxies that print above the
+    bars; `migrate run` executing its Dagster run in-process then showed Dagster's console log
+    lines (its handler, made during the run, held the proxy) on the terminal, not in
+    in-process-runs.log where descriptors 1 and 2 point (a fresh user's find: 89 lines in 20 s)."""
+    import logging
+    import sys
+
+    from rich.console import Console
+
+    shown = io.StringIO()
+    before = (sys.stdout, sys.stderr)
+    with ProgressBoard(1, [["companies"]], console=Console(file=shown, force_terminal=True, width=120)):
+        assert (sys.stdout, sys.stderr) == before
+        handler = logging.StreamHandler()  # as Dagster's console logger makes its handler: sys.stderr now
+        assert handler.stream is before[1]
