@@ -5,8 +5,10 @@ would have done had its worker lived.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 import logging
+import os
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_core.config import Settings
@@ -49,6 +51,63 @@ def release_stale_of_run(db: Database, run_id: int, threshold_seconds: float) ->
     if rows:
         log.warning("run #%s: released %d task(s) whose worker's lock was older than %.0fs (a dead worker)",
                     run_id, len(rows), threshold_seconds)
+    return [r["id"] for r in rows]
+
+
+# Tasks of one run held by workers of processes that are gone from this host: released now rather
+# than after MIGRATE_STALE_LOCK_SECONDS (the relaunch of a tenant whose `migrate run` was kill -9'd
+# sat silent for ~110 s waiting for its locks to go stale: a fresh user's find). Fenced on the
+# worker id read, so a task claimed again meanwhile is left alone.
+RUNNING_HERE = """
+SELECT id, locked_by FROM migration_tasks
+ WHERE migration_id = %(run_id)s AND status = 'running' AND locked_by LIKE %(prefix)s
+"""
+RELEASE_OF_WORKERS = """
+UPDATE migration_tasks t
+   SET status = CASE WHEN m.cancel_requested THEN 'cancelled' ELSE 'pending' END,
+       locked_at = NULL, locked_by = NULL,
+       error = 'released: its worker''s process (' || t.locked_by || ') is gone', updated_at = now()
+  FROM migrations m
+ WHERE m.id = t.migration_id AND t.migration_id = %(run_id)s AND t.status = 'running'
+   AND t.id = ANY(%(ids)s) AND t.locked_by = ANY(%(workers)s)
+RETURNING t.id
+"""
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with `pid` exists on this host (signal 0; a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def release_dead_here(db: Database, run_id: int) -> list[int]:
+    """Release the run's running tasks whose worker (`worker.default_worker_id`: "<host>:<pid>:<n>")
+    ran on this host in a process that no longer exists - killed (SIGKILL, OOM) without reaching a
+    stop point. Same effect as the stale-lock release (pending with its cursor; cancelled when the
+    run is being stopped), without waiting for the lock to age. A worker id of another form or of
+    another host is left to the stale-lock rule; so is a pid now held by another process. Returns
+    the released task ids."""
+    prefix = socket.gethostname() + ":"
+    held = db.sql(RUNNING_HERE, {"run_id": run_id, "prefix": prefix.replace("%", r"\%").replace("_", r"\_") + "%"})
+    dead: dict[int, str] = {}
+    for row in held:
+        try:
+            pid = int(row["locked_by"][len(prefix):].split(":", 1)[0])
+        except ValueError:
+            continue
+        if pid > 0 and not process_alive(pid):
+            dead[row["id"]] = row["locked_by"]
+    if not dead:
+        return []
+    rows = db.sql(RELEASE_OF_WORKERS, {"run_id": run_id, "ids": list(dead), "workers": sorted(set(dead.values()))})
+    if rows:
+        log.warning("run #%s: released %d task(s) whose worker's process is gone (%s)", run_id, len(rows),
+                    ", ".join(sorted(set(dead.values()))))
     return [r["id"] for r in rows]
 
 

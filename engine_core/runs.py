@@ -438,8 +438,13 @@ def prepare(db: Database, run_id: int, provider: Provider, settings: Settings | 
     * a run with failed tasks (failed at a phase, or still running) is retried: failed tasks
       re-armed, barrier rewound to the earliest (`retry`);
     * anything else is "ready" as it is.
+    First, tasks held by workers whose process is gone from this host (a `migrate run` killed with
+    SIGKILL) are released at once (`reaper.release_dead_here`), not after the stale-lock threshold.
     AdmissionRefused propagates (another live run of the tenant)."""
+    from engine_core.reaper import release_dead_here
+
     settings = settings or Settings.from_env()
+    release_dead_here(db, run_id)
     run = get_run(db, run_id)
     if run.status == "stopping":
         run = settle_stopping(db, run.id)

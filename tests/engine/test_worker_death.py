@@ -206,6 +206,55 @@ def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_
         assert rest <= set(example.WRITE_CALLS)
 
 
+def test_a_relaunch_releases_a_sigkilled_drainers_tasks_at_once(db, db_url, tmp_path) -> None:
+    """A fresh user's find: the relaunch of a tenant whose `migrate run` was kill -9'd sat silent for
+    ~110 s while the dead process's task locks aged to MIGRATE_STALE_LOCK_SECONDS. `runs.prepare`
+    (every launch) now releases the tasks of workers whose process is gone from this host at once
+    (the child's threshold is 60 s here; nothing waits for it)."""
+    p = provider_for("example")
+    opts = {"page_size": PAGE, "counts": {k: 2 * PAGE for k in KINDS}, "row_delay": 0.002}
+    run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
+    child, _ = _spawn(db_url, run.id, tmp_path, {}, pool=4)
+    try:
+        _wait_for("a committed window of a running task", lambda: db.sql(
+            "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 100",
+            {"r": run.id}))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    killed = task_rows(db, run.id, status="running")
+    assert killed and all(t["locked_by"].split(":")[1] == str(child.pid) for t in killed)
+
+    runs.prepare(db, run.id, p, Settings(lane_width=2, stale_lock_seconds=3600))
+    after = {t["id"]: t for t in task_rows(db, run.id)}
+    for t in killed:
+        assert after[t["id"]]["status"] == "pending" and after[t["id"]]["locked_by"] is None, after[t["id"]]
+        assert "process" in after[t["id"]]["error"] and "is gone" in after[t["id"]]["error"], after[t["id"]]["error"]
+    db.sql("UPDATE migrations SET options = options - 'row_delay' WHERE id = %(r)s", {"r": run.id})
+    drain_threads(db, run.id, width=2, settings=FAST)
+    assert runs.get_run(db, run.id).status == "succeeded"
+    _reconciles(db, run.id, 2 * PAGE)
+
+
+def test_tasks_of_a_live_process_or_of_another_host_are_not_released_early(db) -> None:
+    import socket
+
+    p = provider_for("example")
+    run = runs.start_run(db, p, "acme", options={"page_size": 10, "counts": {k: 10 for k in KINDS}}, settings=FAST)
+    tasks = task_rows(db, run.id)
+    assert len(tasks) >= 2
+    here_alive = f"{socket.gethostname()}:{os.getpid()}:abc123"  # this very process
+    elsewhere = "another-host-entirely:1:abc123"
+    for t, who in zip(tasks[:2], (here_alive, elsewhere)):
+        db.sql("UPDATE migration_tasks SET status = 'running', locked_by = %(w)s, locked_at = now() WHERE id = %(id)s",
+               {"w": who, "id": t["id"]})
+    assert reaper.release_dead_here(db, run.id) == []
+    assert {t["id"]: t["status"] for t in task_rows(db, run.id)}[tasks[0]["id"]] == "running"
+
+
 # -- in process: what stopping means ------------------------------------------------------------------
 
 
