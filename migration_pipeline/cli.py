@@ -208,7 +208,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 @click.argument("tenant")
 @click.option("--kind", default=None)
 @click.option("--stat", default="imported", show_default=True, help="the payload stat to group by")
-@click.option("--top", default=3, show_default=True)
+@click.option("--top", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--json", "as_json", is_flag=True)
 def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) -> None:
     """Task duration grouped by the task's own payload (group by payload before blaming anything)."""
@@ -925,7 +925,7 @@ def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bo
         from migration_pipeline.jobs import SYNC_JOB
         from migration_pipeline.launch import check_tenant
 
-    check_tenant(tenant)
+    check_tenant(tenant, "TENANT")
     src = _source(source)
     with _db() as db:
         check_sync(db, tenant, src)
@@ -1049,9 +1049,9 @@ def _new_config(options: dict) -> dict:
 
 
 @main.command()
-@click.option("--port", default=3000, show_default=True)
+@click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--sandbox", "with_sandbox", is_flag=True, help="also serve a sandbox Pipedrive account")
-@click.option("--sandbox-port", default=8765, show_default=True)
+@click.option("--sandbox-port", default=8765, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--scale", default="small", show_default=True)
 @click.option("--seed", default="1", show_default=True)
 @click.option("--token", default="sandbox-token", show_default=True)
@@ -1138,7 +1138,7 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 
 
 @main.command()
-@click.option("--port", default=8765, show_default=True)
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--scale", default="small", show_default=True)
 @click.option("--seed", default="1", show_default=True)
 @click.option("--token", default="sandbox-token", show_default=True)

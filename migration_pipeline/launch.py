@@ -49,6 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
@@ -104,14 +105,25 @@ TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 TENANT_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit, at most 63 characters"
 
 
-def check_tenant(tenant: str) -> str:
-    """The tenant name, or ConfigError (one line, naming the value) when it is not TENANT_PATTERN:
+def without_credentials(url: str) -> str:
+    """`url` as it may be shown: any user and password taken out of its authority, the host and
+    port kept ("http://u:p@127.0.0.1:8811/x" -> "http://127.0.0.1:8811/x"; the port had been lost)."""
+    parts = urlsplit(url)
+    if not (parts.username or parts.password):
+        return url
+    host_port = parts.netloc.rsplit("@", 1)[-1]
+    return parts._replace(netloc=host_port).geturl()
+
+
+def check_tenant(tenant: str, given_as: str = "--tenant") -> str:
+    """The tenant name, or ConfigError (one line, naming the value and `given_as`, how the command
+    took it: "--tenant", or "TENANT" for a positional argument) when it is not TENANT_PATTERN:
     empty, spaces, slashes, commas, control characters, longer than 63 characters."""
     from engine_core.errors import ConfigError
 
     if not TENANT_PATTERN.fullmatch(tenant or "") or ".." in tenant:
         shown = tenant if len(tenant) <= 80 else tenant[:77] + "..."
-        raise ConfigError(f"--tenant {shown!r} is not a valid tenant name ({len(tenant)} characters): "
+        raise ConfigError(f"{given_as} {shown!r} is not a valid tenant name ({len(tenant)} characters): "
                           f"use {TENANT_RULE}")
     return tenant
 
@@ -128,8 +140,6 @@ def check_source_reachable(source: str, env: dict[str, str] | None = None,
     `timeout` seconds. Raises ConfigError (one line, naming the variable, its URL without any
     user:password part, and the connect error). Sources without a URL variable are not checked."""
     import socket
-    from urllib.parse import urlsplit
-
     from engine_core.errors import ConfigError
 
     name = SOURCE_URL_ENV.get(source)
@@ -137,7 +147,7 @@ def check_source_reachable(source: str, env: dict[str, str] | None = None,
     if not name or not url:
         return
     parts = urlsplit(url)
-    shown = parts._replace(netloc=parts.hostname or "").geturl() if parts.username or parts.password else url
+    shown = without_credentials(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
@@ -223,8 +233,6 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     the base URL's variable when the server there is no Pipedrive API (404, or a 200 whose body is
     not a Pipedrive user). Any other failure (a 5xx, a 429, a timeout) is left to the run's own retry policy. Sources without a
     token variable are not checked."""
-    from urllib.parse import urlsplit
-
     from engine_core.errors import ConfigError
 
     name = SOURCE_TOKEN_ENV.get(source)
@@ -235,8 +243,7 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     from engine_core.providers.pipedrive.provider import ENV_BASE_URL as base_env
 
     cfg = provider.config()
-    parts = urlsplit(cfg.base_url)
-    shown = parts._replace(netloc=parts.hostname or "").geturl() if parts.username or parts.password else cfg.base_url
+    shown = without_credentials(cfg.base_url)
     try:
         with PipedriveClient(cfg.base_url, cfg.token, timeout=timeout, max_retries=0) as client:
             client.me()
@@ -294,8 +301,6 @@ def source_identity(env: dict[str, str]) -> str:
     "127.0.0.1:8765#3f2a9c01d4e7" - the provider's account key, safe to write to the lock file (the
     token cannot be recovered from it). A run executes in the daemon's processes, with the daemon's
     environment, not the launching shell's: the launch compares the two (`check_same_source`)."""
-    from urllib.parse import urlsplit
-
     base = env.get("PIPEDRIVE_BASE_URL", "")
     host = urlsplit(base).netloc or base or "default"
     token = env.get("PIPEDRIVE_API_TOKEN", "")

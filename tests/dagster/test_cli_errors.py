@@ -271,7 +271,9 @@ def test_a_bad_tenant_name_is_one_line_naming_it_before_anything_is_launched(db_
     line = _one_line_error(_migrate_in_process(["run", "--tenant", tenant], env), "--tenant", "not a valid tenant name")
     assert repr(tenant)[:40].strip("'") in line
     _nothing_launched(db_url)
-    _one_line_error(_migrate_in_process(["sync", "--", tenant], env), "not a valid tenant name")
+    # sync takes the tenant as an argument: the line names it as such, not as --tenant (a fresh user's find)
+    sync_line = _one_line_error(_migrate_in_process(["sync", "--", tenant], env), "not a valid tenant name")
+    assert sync_line.startswith("error: TENANT "), sync_line
 
 
 def test_good_tenant_names_pass():
@@ -287,6 +289,8 @@ def test_an_unreachable_source_is_one_line_naming_the_variable_before_anything_i
         line = _one_line_error(_migrate(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL",
                                f"cannot connect to 127.0.0.1:{port}")
     assert "pw" not in line.replace("PIPEDRIVE_BASE_URL", "")
+    # the URL is shown without its credentials but with its port (a fresh user saw "http://127.0.0.1:")
+    assert f"http://127.0.0.1:{port}" in line, line
     _nothing_launched(db_url)
 
 
@@ -420,3 +424,12 @@ def test_a_server_that_is_no_pipedrive_api_is_one_line_naming_the_base_url_befor
     finally:
         server.shutdown()
     _nothing_launched(db_url)
+
+
+@pytest.mark.parametrize("args", [["sandbox", "--port", "99999"], ["ui", "--port", "0"],
+                                  ["ui", "--sandbox-port", "70000"], ["report", "acme", "--top", "-1"]])
+def test_an_out_of_range_number_is_refused_by_the_command_line_not_a_traceback(run_env, args):
+    # a fresh user's `migrate sandbox --port 99999` ended in OverflowError's traceback from bind()
+    out = _migrate(args, run_env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout, (out.stdout[-1000:], out.stderr[-2000:])
+    assert "is not in the range" in out.stderr, out.stderr[-2000:]
