@@ -64,19 +64,6 @@ BEFORE = {"json": ("json",), "window": ("window",), "gc": ("gc",), "all": ("json
 PYTHON_GC_THRESHOLDS = gc.get_threshold()
 
 
-def _stdlib_decode_json(content: bytes) -> tuple[Any, int]:
-    # client._decode_json before orjson: the standard library's reading of every body
-    try:
-        text = content.decode("utf-8")
-        invalid = 0
-    except UnicodeDecodeError:
-        text = content.decode("utf-8", errors="replace")
-        invalid = text.count("\ufffd") - content.count("\ufffd".encode())
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    return json.loads(text), invalid
-
-
 def _stdlib_rows_json(rows: Any) -> str:
     # ledger.rows_json before orjson: ASCII JSON from the standard library
     return json.dumps(rows, ensure_ascii=True, default=str)
@@ -92,7 +79,7 @@ def put_back(parts: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
         setattr(module, name, value)
 
     if "json" in parts:
-        swap(client, "_decode_json", _stdlib_decode_json)
+        swap(client, "_decode_json", client.stdlib_decode_json)  # every body read as before orjson
         if hasattr(ledger, "rows_json"):
             swap(ledger, "rows_json", _stdlib_rows_json)
     if "window" in parts:

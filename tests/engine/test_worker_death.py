@@ -169,7 +169,9 @@ def test_terminated_backends_kill_a_lane_and_its_sibling_releases_instead_of_can
     _reconciles(db, run.id, 20)
 
 
-def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_windows(db, db_url, tmp_path) -> None:
+def _drainer_killed_mid_page(db, db_url, tmp_path) -> tuple[Any, Any, int, list[dict]]:
+    """A run whose drainer process was SIGKILLed while a task was running between two of its
+    page's commits: (provider, run, the child's pid, the tasks left running)."""
     p = provider_for("example")
     # Pages of 300 rows are three set-based windows of 100 (CHILD_SET_WINDOW), 0.2 s each: the kill
     # lands between a page's first commit and its last (a 50-row page was one window, and the task
@@ -187,7 +189,11 @@ def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_
         if child.poll() is None:
             child.kill()
             child.wait()
-    killed = task_rows(db, run.id, status="running")
+    return p, run, child.pid, task_rows(db, run.id, status="running")
+
+
+def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_windows(db, db_url, tmp_path) -> None:
+    p, run, _, killed = _drainer_killed_mid_page(db, db_url, tmp_path)
     assert killed and any(t["processed_offset"] > 0 for t in killed)
 
     db.sql("UPDATE migrations SET options = options - 'row_delay' WHERE id = %(r)s", {"r": run.id})
@@ -211,22 +217,8 @@ def test_a_relaunch_releases_a_sigkilled_drainers_tasks_at_once(db, db_url, tmp_
     ~110 s while the dead process's task locks aged to MIGRATE_STALE_LOCK_SECONDS. `runs.prepare`
     (every launch) now releases the tasks of workers whose process is gone from this host at once
     (the child's threshold is 60 s here; nothing waits for it)."""
-    p = provider_for("example")
-    opts = {"page_size": PAGE, "counts": {k: 2 * PAGE for k in KINDS}, "row_delay": 0.002}
-    run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
-    child, _ = _spawn(db_url, run.id, tmp_path, {}, pool=4)
-    try:
-        _wait_for("a committed window of a running task", lambda: db.sql(
-            "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 100",
-            {"r": run.id}))
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    killed = task_rows(db, run.id, status="running")
-    assert killed and all(t["locked_by"].split(":")[1] == str(child.pid) for t in killed)
+    p, run, pid, killed = _drainer_killed_mid_page(db, db_url, tmp_path)
+    assert killed and all(t["locked_by"].split(":")[1] == str(pid) for t in killed)
 
     runs.prepare(db, run.id, p, Settings(lane_width=2, stale_lock_seconds=3600))
     after = {t["id"]: t for t in task_rows(db, run.id)}

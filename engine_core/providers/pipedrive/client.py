@@ -813,6 +813,12 @@ def _decode_json(content: bytes) -> tuple[Any, int]:
             return orjson.loads(content), 0
         except orjson.JSONDecodeError:
             pass  # the standard library's reading below decides, with its own error
+    return stdlib_decode_json(content)
+
+
+def stdlib_decode_json(content: bytes) -> tuple[Any, int]:
+    """`_decode_json` by the standard library alone (what it did before orjson, and does for any
+    body orjson refuses): the same (value, invalid UTF-8 sequences replaced) and ValueError."""
     try:
         text = content.decode("utf-8")
         invalid = 0
