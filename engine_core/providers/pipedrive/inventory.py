@@ -25,11 +25,7 @@ span into another the walker had passed, a note pushed across an offset boundary
 a deal archived between the active and the archived lists, deletions, merges - is found here by
 one inventory walk per kind, parents first (users, pipelines, stages, organizations, persons,
 deals + archived deals, leads + archived leads, one after another in one chain of tasks; then
-activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). The order is
-the writes' (a changed child finds its changed parent written), not the reads': a task's pages are
-fetched ahead by a reader thread of its own (`ReadAhead`: the same walk, through the same counting
-client and budget, no database connection, at most READ_AHEAD pages ahead) while the task compares
-and writes the page before - a page fetched earlier is the walk being faster. A page's rows are
+activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). A page's rows are
 compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
 at an older version or holds as deleted are written through the engine's write path (created,
 or updated in place with the ledger's history: `ledger.write_once`); the rest cost nothing more.
@@ -80,11 +76,7 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
-import json
-import queue
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,10 +96,10 @@ CATCHUP = "catchup"
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
 DEALS_PER_TASK = 10
 # Pages a catch-up task walks (across its lists) before it hands on to a successor (`run_page`): a
-# hand-over is a finish, a claim and a new reader whose first page is fetched in line (~50 ms on the
-# small account's chain, whose 11 pages took two tasks at 10); stops are still seen after every page.
+# hand-over is a finish, a claim and a new task whose first page is fetched in line (~50 ms on the
+# small account's chain, whose 11 pages took two tasks at 10: A/B of full small runs, catch-up phase
+# median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
 PAGES_PER_TASK = 25
-READ_AHEAD = 2  # pages a catch-up task's reader holds fetched beyond the one the task compares (`ReadAhead`)
 
 # The order the catch-up walks the kinds in: parents before the rows that link to them.
 ORDER: tuple[str, ...] = ("users", "pipelines", "stages", "organizations", "persons", "deals", "deals_archived",
@@ -565,189 +557,6 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
     return changed
 
 
-def _following(run: Run, kind: str, page: int, step: Step) -> Successor | None:
-    """The page the walk goes on to after `step` (page `page` of `kind`): the list's next page,
-    or after its last page the next list's first when this task walks it (`_after_list`: the lists
-    of the last level each have a task of their own); None when this task's walk ends there."""
-    if step.after is not None:
-        return page_task(kind, page + 1, step.after)
-    return next((s for s in _after_list(run, kind) if s.cursor.get("list") is not None), None)
-
-
-class _Halt(threading.Event):
-    """The reader's stop: set by its owner (`ReadAhead.close`), and read as set as soon as the
-    task's own `cancel` is, so the reader's requests, budget waits and backoffs end as the task's
-    own would (the client and the budget only call `is_set` and `wait`)."""
-
-    def __init__(self, task_cancel: threading.Event | None) -> None:
-        super().__init__()
-        self._task_cancel = task_cancel
-
-    def is_set(self) -> bool:
-        return super().is_set() or (self._task_cancel is not None and self._task_cancel.is_set())
-
-    def wait(self, timeout: float | None = None) -> bool:
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            left = 0.05 if end is None else min(0.05, end - time.monotonic())
-            if left <= 0:
-                return False
-            super().wait(left)
-        return True
-
-
-# Pages a stopped task's reader had fetched and the task never took, for the task that resumes the
-# walk in this process (`ReadAhead`): by (database URL, run id, `since`, the page's cursor), each
-# taken once, dropped after PARKED_SECONDS or when PARKED_KEPT newer ones are held.
-PARKED_SECONDS = 20.0
-PARKED_KEPT = 8  # a stopped task parks at most READ_AHEAD pages
-_parked: OrderedDict[tuple[Any, ...], tuple[float, Step]] = OrderedDict()
-_parked_lock = threading.Lock()
-
-
-def _expire_parked(now: float) -> None:
-    for old in [k for k, (at, _) in _parked.items() if now - at > PARKED_SECONDS]:
-        del _parked[old]
-
-
-def _park_key(scope: tuple[Any, ...], cursor: Mapping[str, Any], since: str | None) -> tuple[Any, ...]:
-    return (*scope, since, json.dumps(cursor, sort_keys=True, default=str))
-
-
-def _park(key: tuple[Any, ...], step: Step) -> None:
-    with _parked_lock:
-        _expire_parked(time.monotonic())
-        _parked[key] = (time.monotonic(), step)
-        _parked.move_to_end(key)
-        while len(_parked) > PARKED_KEPT:
-            _parked.popitem(last=False)
-
-
-def _unpark(key: tuple[Any, ...]) -> Step | None:
-    with _parked_lock:
-        _expire_parked(time.monotonic())
-        entry = _parked.pop(key, None)
-    return None if entry is None else entry[1]
-
-
-@dataclass(frozen=True)
-class _Fetched:
-    cursor: dict[str, Any]  # the page the reader listed (`page_task(..).cursor`)
-    step: Step | None
-    error: BaseException | None = None
-
-
-class ReadAhead:
-    """A catch-up task's reader (issue 11): one thread walking the task's pages ahead of it, so
-    the next page is fetched while the task compares and writes this one.
-
-    Only the reading moves: the reader walks exactly the pages the task walks - the same
-    `list_step` from the task's cursor (the v1 overlap and step-back included), the same next page
-    (`_following`), at most `pages` of them - through the task's counting client (so through the
-    same budget, and every request it makes is counted in the task's stats), and holds at most
-    `READ_AHEAD` pages the task has not taken. A page fetched earlier is the walk being faster:
-    rows changed after it are the next sync's, as they are when the walk passes them in line. The
-    task's cursor, its ledger work and its checkpoints stay on the task's thread, in the walk's
-    order; the reader holds no database connection.
-
-    `step(meter, cursor, since)` is `list_step` for the task's page at `cursor`: the reader's page
-    when it is the one the reader fetched for that very cursor - or what went wrong fetching it
-    (raised as the fetch in line would have raised it, after the same retries and backoffs) - else
-    (a cursor the reader did not walk to, the reader stopped) the page listed in line. `close()`
-    (the task's `finally`) stops the reader and waits for its thread: a request in flight ends
-    first - nothing is fetched after, no thread outlives the task. The pages the reader fetched that
-    the task never took (it stopped) are parked for the task resuming the walk in this process
-    within PARKED_SECONDS (`scope`: the run's database URL and id), which takes them instead of
-    listing them again; else that task lists them again (each request was counted once, by the task
-    that made it). A page the task took is never parked: a task retried after failing on a page
-    lists that page again."""
-
-    def __init__(self, client: Any, run: Run, cursor: Mapping[str, Any], since: str | None, pages: int,
-                 cancel: threading.Event | None = None, *, scope: tuple[Any, ...] = (), depth: int = READ_AHEAD,
-                 name: str = "catchup-read") -> None:
-        self._scope = (*scope, run.id)
-        self._since = since
-        self._halt = _Halt(cancel)
-        self._ready: queue.Queue[_Fetched] = queue.Queue()
-        self._room_left = threading.Semaphore(max(1, depth))  # pages the reader may hold untaken
-        self._off = False  # a page was asked for a cursor the reader did not walk: it is not used again
-        self.taken = self.in_line = 0  # pages the task took from the reader / listed itself
-        self._thread = threading.Thread(target=self._walk, args=(client, run, dict(cursor), since, pages),
-                                        name=name, daemon=True)
-        self._thread.start()
-
-    def _walk(self, client: Any, run: Run, cursor: dict[str, Any], since: str | None, pages: int) -> None:
-        meter = Meter(client, {}, self._halt)
-        for _ in range(pages):
-            if not self._room():
-                return
-            kind = cursor["list"]
-            try:
-                step = _unpark(_park_key(self._scope, cursor, since))
-                if step is None:
-                    step = list_step(meter, kind, cursor, since)
-            except BaseException as e:  # noqa: BLE001 - handed to the task, raised where it takes the page
-                self._hand(_Fetched(cursor, None, e))
-                return
-            if not self._hand(_Fetched(cursor, step)):
-                return
-            nxt = _following(run, kind, int(cursor.get("page", 0)), step)
-            if nxt is None:
-                return
-            cursor = dict(nxt.cursor)
-
-    def _room(self) -> bool:
-        """Wait until the task has taken enough pages for one more to be fetched (False: stopped)."""
-        while not self._halt.is_set():
-            if self._room_left.acquire(timeout=0.05):
-                return True
-        return False
-
-    def _hand(self, fetched: _Fetched) -> bool:
-        """Hand a page (or what went wrong) to the task: the reader alone puts, so there is room."""
-        self._ready.put_nowait(fetched)
-        return not self._halt.is_set()
-
-    def step(self, meter: Meter, cursor: Mapping[str, Any], since: str | None) -> Step:
-        """The page at `cursor` (`list_step`), from the reader when it fetched that page."""
-        while not self._off:
-            try:
-                fetched = self._ready.get(timeout=0.05)
-            except queue.Empty:
-                if self._thread.is_alive():
-                    continue
-                try:
-                    fetched = self._ready.get_nowait()  # handed on just before the thread ended
-                except queue.Empty:
-                    break
-            self._room_left.release()
-            if fetched.cursor != dict(cursor):
-                # never a page for another cursor: this one and the rest are listed in line
-                self._off = True
-                self._halt.set()
-                break
-            self.taken += 1
-            if fetched.error is not None:
-                raise fetched.error
-            assert fetched.step is not None
-            return fetched.step
-        self.in_line += 1
-        return list_step(meter, cursor["list"], cursor, since)
-
-    def close(self) -> None:
-        """Stop the reader and wait for its thread (a request in flight ends first); park the
-        pages it fetched that the task did not take."""
-        self._halt.set()
-        self._thread.join()
-        while not self._off:
-            try:
-                fetched = self._ready.get_nowait()
-            except queue.Empty:
-                break
-            if fetched.step is not None:
-                _park(_park_key(self._scope, fetched.cursor, self._since), fetched.step)
-
-
 def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
     """Pages of the catch-up's inventory walk (module docstring): up to `PAGES_PER_TASK` pages in
     one task, walking on from a list's last page to the next list's first (issue 11: the catch-up
@@ -755,24 +564,11 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     check). After each page but the task's last, the task moves its own cursor to the next page
     (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
     kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
-    one it finished, and the page it was on is listed and compared again (never skipped by offset).
-    The task's pages are fetched ahead by its reader (`ReadAhead`) while it compares and writes;
-    the page its successor task starts with, and the first pages of the lists walked by tasks of
-    their own, are asked ahead for them (`client.Prefetch`)."""
+    one it finished, and the page it was on is listed and compared again (never skipped by offset)."""
     cursor = dict(ctx.task.cursor)
-    since = changed_since(ctx.run)
-    reader = ReadAhead(client, ctx.run, cursor, since, PAGES_PER_TASK, ctx.cancel, scope=(ctx.db.url,),
-                       name=f"catchup-read:{ctx.task.id}")
-    try:
-        return _walk_pages(ctx, client, mapper_of, cursor, since, reader)
-    finally:
-        reader.close()
-
-
-def _walk_pages(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, cursor: dict[str, Any],
-                since: str | None, reader: ReadAhead) -> TaskOutcome:
     kind = cursor["list"]
     lk = ledger_kind(kind)
+    since = changed_since(ctx.run)
     kinds = catchup_kinds(ctx.run)
     if int(cursor.get("page", 0)) == 0 and kind == kinds[0]:
         with ctx.db.transaction() as tx:
@@ -781,14 +577,13 @@ def _walk_pages(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, curso
     walked = 0
     while True:
         page = int(cursor.get("page", 0))
-        step = reader.step(meter, cursor, since)
+        step = list_step(meter, kind, cursor, since)
         walked += 1
         if step.after is not None:
-            if walked >= PAGES_PER_TASK:  # this task's last page: its successor starts at the next
-                ask_ahead(client, kind, step.after, since)
+            ask_ahead(client, kind, step.after, since)
         else:
-            for i, nxt in enumerate(s for s in _after_list(ctx.run, kind) if s.cursor.get("list") is not None):
-                if i > 0 or walked >= PAGES_PER_TASK:  # lists walked by tasks of their own
+            for nxt in _after_list(ctx.run, kind):
+                if nxt.cursor.get("list") is not None:  # the lists walked next (here, or in tasks of their own)
                     ask_ahead(client, nxt.cursor["list"], {}, since)
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
