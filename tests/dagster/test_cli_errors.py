@@ -433,3 +433,16 @@ def test_an_out_of_range_number_is_refused_by_the_command_line_not_a_traceback(r
     out = _migrate(args, run_env)
     assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout, (out.stdout[-1000:], out.stderr[-2000:])
     assert "is not in the range" in out.stderr, out.stderr[-2000:]
+
+
+# Python's json reads NaN and Infinity (and 1e400 as inf): a fresh user's `--options` with them ended
+# in a traceback (rc 1); the run's checks refuse them in one line, nothing launched
+@pytest.mark.parametrize("options, needles", [
+    ('{"snapshot_margin_seconds": NaN}', ("snapshot_margin_seconds must be a number of seconds", "nan")),
+    ('{"snapshot_margin_seconds": Infinity}', ("snapshot_margin_seconds must be a number of seconds", "inf")),
+    ('{"burst_limit": 1e400}', ("burst_limit must be an integer", "inf")),
+])
+def test_a_non_finite_option_is_one_line_before_anything_is_launched(db_url, run_env, options, needles):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    _one_line_error(_migrate_in_process(["run", "--tenant", "theta", "--options", options], env), *needles)
+    _nothing_launched(db_url)

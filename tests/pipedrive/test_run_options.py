@@ -32,3 +32,30 @@ def test_every_option_the_provider_takes_passes_with_a_good_value():
             "overwrite_matched": True, "snapshot_margin_seconds": 0}
     assert set(good) == set(OPTIONS)
     PipedriveProvider(base_url="http://127.0.0.1:9", token="tok").check_options(good)
+
+
+# A fresh user's NaN, Infinity (Python's json reads both) and 1e400 (read as inf) ended in a
+# traceback (timedelta, int()); `burst_limit: true` was read as 1 and `fetch_threads: 1.5` cut to 1.
+@pytest.mark.parametrize("options, message", [
+    ({"snapshot_margin_seconds": float("nan")}, "snapshot_margin_seconds must be a number of seconds, got nan"),
+    ({"snapshot_margin_seconds": float("inf")}, "snapshot_margin_seconds must be a number of seconds, got inf"),
+    ({"snapshot_margin_seconds": -float("inf")}, "snapshot_margin_seconds must be a number of seconds"),
+    ({"snapshot_margin_seconds": 1e15}, "snapshot_margin_seconds must be at most 31536000"),
+    ({"burst_limit": float("inf")}, "burst_limit must be an integer, got inf"),
+    ({"burst_limit": float("nan")}, "burst_limit must be an integer, got nan"),
+    ({"burst_limit": True}, "burst_limit must be an integer, got True"),
+    ({"fetch_threads": 1.5}, "fetch_threads must be an integer, got 1.5"),
+    ({"fetch_threads": False}, "fetch_threads must be an integer, got False"),
+    ({"fetch_threads": 65}, "fetch_threads must be at most 64, got 65"),
+])
+def test_a_number_that_is_not_a_sound_value_is_one_line(options, message):
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        PipedriveProvider(base_url="http://127.0.0.1:9", token="tok").check_options(options)
+
+
+def test_integral_floats_and_digit_strings_are_integers():
+    from engine_core.providers.pipedrive.provider import SourceConfig
+
+    cfg = SourceConfig.load({"burst_limit": 40.0, "fetch_threads": "4"}, {}, base_url="http://127.0.0.1:9", token="tok")
+    assert (cfg.burst_limit, cfg.fetch_threads) == (40, 4)
+    assert "64" in OPTIONS["fetch_threads"]

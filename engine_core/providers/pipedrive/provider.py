@@ -43,12 +43,13 @@ company (another account key) carries on.
 
 Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
 default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
-fetches in flight per email task, default 4), `snapshot_margin_seconds` (default 300),
+fetches in flight per email task, default 4, at most 64), `snapshot_margin_seconds` (default 300),
 `detect_deletes` (a sync's, default true: false lists only rows updated since, no deletions).
 """
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import threading
 import weakref
@@ -78,6 +79,9 @@ ENV_BASE_URL = "PIPEDRIVE_BASE_URL"
 ENV_TOKEN = "PIPEDRIVE_API_TOKEN"
 ENV_BURST_LIMIT = "PIPEDRIVE_BURST_LIMIT"
 DEFAULT_BURST_LIMIT = 80
+# Mail fetches at once per email task (`fetch_threads`): each is a thread, and the burst window
+# (120 per 2 s at most on Pipedrive's plans) cannot feed more; a typo's 4000 would start 4000 threads.
+MAX_FETCH_THREADS = 64
 SECRET_OPTIONS = ("token", "api_token", "pipedrive_api_token", "apitoken")
 
 # Field definitions: v2 lists (cursor) for the entities that have them, v1 (offset) for the rest.
@@ -123,8 +127,11 @@ class SourceConfig:
         if any(c.isspace() for c in secret):
             raise ConfigError(f"{ENV_TOKEN} must not contain whitespace")
         burst_from = "burst_limit" if "burst_limit" in options else ENV_BURST_LIMIT  # named where it came from
+        # no upper bound: the plans' largest is 120 per 2 s (480 with OAuth; shared/pipedrive-openapi),
+        # but a sandbox serves any (the tests' 100,000), and the source's headers lower it anyway
         burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2)
-        threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1)
+        threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1,
+                            maximum=MAX_FETCH_THREADS)
         return cls(url.rstrip("/"), secret, burst, threads)
 
 
@@ -134,7 +141,7 @@ class SourceConfig:
 OPTIONS: dict[str, str] = {
     "base_url": f"the API's base URL (default {ENV_BASE_URL})",
     "burst_limit": f"requests per 2 s burst window, >= 2 (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
-    "fetch_threads": "mail fetches at once per lane thread, >= 1",
+    "fetch_threads": f"mail fetches at once per lane thread, 1 to {MAX_FETCH_THREADS}",
     "detect_deletes": "a sync lists every id to find deletions (true/false; default true)",
     "overwrite_matched": "a changed source row overwrites the product row it was matched to (true/false; default false)",
     "snapshot_margin_seconds": "seconds before the run's snapshot a sync lists from (>= 0; default 300)",
@@ -165,13 +172,21 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
     margin_option(options)
 
 
-def _positive(value: Any, name: str, *, minimum: int) -> int:
+def _positive(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    """`value` as an integer from `minimum` to `maximum`: an int, an integral float (4.0) or a
+    string of digits ("4", from the environment). Raises ConfigError (one line naming `name`) for
+    anything else: a boolean (true had been read as 1), a fraction (1.5 had been cut to 1), NaN or
+    Infinity (json reads both; 1e400 is read as inf: int() of them had been a traceback)."""
+    if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:
         number = int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be an integer, got {value!r}") from None
     if number < minimum:
         raise ConfigError(f"{name} must be at least {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ConfigError(f"{name} must be at most {maximum}, got {number}")
     return number
 
 
