@@ -59,3 +59,26 @@ def test_integral_floats_and_digit_strings_are_integers():
     cfg = SourceConfig.load({"burst_limit": 40.0, "fetch_threads": "4"}, {}, base_url="http://127.0.0.1:9", token="tok")
     assert (cfg.burst_limit, cfg.fetch_threads) == (40, 4)
     assert "64" in OPTIONS["fetch_threads"]
+
+
+def test_the_runs_base_url_wins_over_the_resources_and_the_environment():
+    # the Dagster resource passes PIPEDRIVE_BASE_URL as base_url= (EnvVar), which had won over the
+    # option: a run's base_url was ignored wherever the variable was set
+    from engine_core.models import Run
+    from engine_core.providers.pipedrive.provider import ENV_BASE_URL, SourceConfig
+
+    env = {ENV_BASE_URL: "http://env.example"}
+    assert SourceConfig.load({"base_url": "http://option.example/"}, env, base_url="http://resource.example",
+                             token="tok").base_url == "http://option.example"
+    assert SourceConfig.load({}, env, base_url="http://resource.example", token="tok").base_url == "http://resource.example"
+    assert SourceConfig.load({}, env, token="tok").base_url == "http://env.example"
+    run = Run(1, "t", "pipedrive", "", "running", 0, (), {"base_url": "http://option.example"}, False, False)
+    provider = PipedriveProvider(run, base_url="http://resource.example", token="tok", env=env)
+    assert provider.config().base_url == "http://option.example"
+    # a bad value is named where it came from
+    with pytest.raises(ConfigError, match="^the option base_url must be an http"):
+        SourceConfig.load({"base_url": "ftp://x"}, env, base_url="http://resource.example", token="tok")
+    with pytest.raises(ConfigError, match=f"^{ENV_BASE_URL} must be an http"):
+        SourceConfig.load({}, env, base_url="resource.example", token="tok")
+    with pytest.raises(ConfigError, match="^the option base_url must be an http"):
+        SourceConfig.load({"base_url": 5}, env, token="tok")

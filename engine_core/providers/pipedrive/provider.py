@@ -111,15 +111,24 @@ class SourceConfig:
 
     @classmethod
     def load(cls, options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None, token: str | None = None) -> SourceConfig:
+        """The source's configuration from a run's `options`, the environment `env` and what the
+        caller passes (`base_url`, `token`: the Dagster resource's EnvVar values). The base URL is the
+        option `base_url`, else `base_url`, else PIPEDRIVE_BASE_URL; the token is `token`, else
+        PIPEDRIVE_API_TOKEN, never an option. Raises ConfigError (one line naming where the bad
+        value came from: the option or the variable) for a missing or malformed value."""
         for key in options:
             if key.lower() in SECRET_OPTIONS:
                 raise ConfigError(f"the API token comes from {ENV_TOKEN}, never from run options (found option {key!r})")
-        url = (base_url or options.get("base_url") or env.get(ENV_BASE_URL) or "").strip()
+        # the run's option first (module docstring): the Dagster resource passes PIPEDRIVE_BASE_URL as
+        # `base_url`, which had won over the option, so a run's base_url was ignored where it was set
+        if options.get("base_url") and not isinstance(options["base_url"], str):
+            raise ConfigError(f"the option base_url must be an http(s) URL, got {options['base_url']!r}")
+        url = (options.get("base_url") or base_url or env.get(ENV_BASE_URL) or "").strip()
         if not url:
             raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
         if not url.startswith(("http://", "https://")):
             shown = url.rsplit("@", 1)[-1][:80]  # what follows any credentials in it
-            named = "the option base_url" if not base_url and options.get("base_url") else ENV_BASE_URL
+            named = "the option base_url" if options.get("base_url") else ENV_BASE_URL
             raise ConfigError(f"{named} must be an http(s) URL, got {shown!r}")
         secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
         if not secret:
