@@ -627,6 +627,32 @@ def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_ru
               f"migrates it again from scratch")
 
 
+def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
+    """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
+    that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
+    resumed), as `runs.attach` decides - and it was given --options, --kinds or --dry-run: those are
+    ignored, the run keeps what it started with (a fresh user's options went unused without a
+    word). None when the launch starts a new run or was given none of them."""
+    options = json.loads(new_cfg.get("options_json") or "{}")
+    given = [flag for flag, value in (("--options", options), ("--kinds", new_cfg.get("kinds")),
+                                      ("--dry-run", new_cfg.get("dry_run"))) if value]
+    if not given:
+        return None
+    run = runs.live_run(db, tenant, source)
+    how = "joins"
+    if run is None:
+        try:
+            run = runs.latest_run(db, tenant, source)
+        except EngineError:
+            return None
+        if run.status not in ("failed", "stopped"):
+            return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
+        how = "resumes" if run.status == "stopped" else "retries"
+    kept = json.dumps(run.options, separators=(", ", ": "), default=str)
+    return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps the kinds "
+            f"and options it started with ({kept}); a run with others can start once it has succeeded (--new-run)")
+
+
 def _execute_here(instance: Any, run_id: str, progress: "_Progress", home: Path, timeout: float | None) -> Any:
     """The Dagster run placed in this process (`launch.place_tenant_run(start_here=True)`),
     executed here (`launch.InProcessRun`), the progress shown meanwhile from its watcher thread on
@@ -703,6 +729,11 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         launch.check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
         if (job or launch.TENANT_JOB) == launch.TENANT_JOB and not new_run:
             check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
+        if (job or launch.TENANT_JOB) == launch.TENANT_JOB:
+            with _db() as db:
+                note = ignored_on_relaunch(db, tenant, source, new_cfg)
+            if note:
+                click.echo(note, err=True)
         queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
         env = dagster_env()
         instance = get_instance()
