@@ -602,6 +602,8 @@ def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant:
             f"{' (our daemon stopped)' if ours else ''}; `migrate run --tenant {tenant}` resumes it")
     elif ours:
         say("nothing was launched; the daemon this command started is stopped")
+    else:
+        say("nothing was launched")
 
 
 def signal_name(signo: int) -> str:
@@ -680,6 +682,22 @@ def _execute_here(instance: Any, run_id: str, progress: "_Progress", home: Path,
 
 
 @contextlib.contextmanager
+def before_launch() -> Iterator[None]:
+    """Around what `migrate run` / `sync` do before their launch line (imports, checks, the source's
+    token request, opening the instance): a Ctrl-C there is one line on stderr saying nothing was
+    launched, exit code 130 (128 + SIGINT) as a Ctrl-C later in the command ends, not click's
+    "Aborted!" with 1 (a fresh user's find). From the launch on, `launch.signals_interrupt` and
+    `stop_what_we_started` take over: they stop what was started and say what."""
+    import signal
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("\nSIGINT before the launch: nothing was launched", err=True)
+        sys.exit(128 + signal.SIGINT)
+
+
+@contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block, and on again after it with everything
     made so far frozen (`gc.freeze`: out of its reach for the process's life).
@@ -715,7 +733,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     tenant job starts a new engine run even when the tenant's latest run succeeded (run tag
     `migration/new_run=true`); without it such a tenant is refused before launching
     (`check_not_migrated`)."""
-    with collector_paused():  # on again, with what was built frozen, before the run starts
+    with before_launch(), collector_paused():  # on again, with what was built frozen, before the run starts
         from engine_core.config import check_environment, number
         from migration_pipeline import launch, tags
         from migration_pipeline.instance import dagster_env, get_instance
@@ -874,21 +892,23 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     resumes it, exactly as materialising the partition in the UI does. A tenant whose latest run
     succeeded (and covered these kinds) is not migrated again: refused in one line, pointing to
     `migrate sync` and `--new-run`. Exits non-zero on failure."""
-    with collector_paused():  # the launch module imports Dagster (see collector_paused)
-        from migration_pipeline.launch import check_tenant, new_run_config
+    with before_launch():
+        with collector_paused():  # the launch module imports Dagster (see collector_paused)
+            from migration_pipeline.launch import check_tenant, new_run_config
 
-    check_tenant(tenant)
-    try:
-        options = json.loads(options_json) if options_json else {}
-    except ValueError as e:
-        _fail(f"--options must be a JSON object: {e}")
-    if not isinstance(options, dict):
-        _fail(f"--options must be a JSON object, got {options_json!r}")
-    wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds is not None else None
-    if wanted == []:  # `--kinds ""` must not mean every kind
-        _fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
-    config = new_run_config(wanted, dry_run, options)
-    exit_launched(launch_through_dagster(tenant, _source(source), config, as_json, timeout=timeout, new_run=new_run))
+        check_tenant(tenant)
+        try:
+            options = json.loads(options_json) if options_json else {}
+        except ValueError as e:
+            _fail(f"--options must be a JSON object: {e}")
+        if not isinstance(options, dict):
+            _fail(f"--options must be a JSON object, got {options_json!r}")
+        wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds is not None else None
+        if wanted == []:  # `--kinds ""` must not mean every kind
+            _fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
+        config = new_run_config(wanted, dry_run, options)
+        src = _source(source)
+    exit_launched(launch_through_dagster(tenant, src, config, as_json, timeout=timeout, new_run=new_run))
 
 
 def print_verify(result: Any) -> None:
@@ -952,14 +972,15 @@ def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bo
     """Bring TENANT's changes since its last succeeded run or sync: launches the tenant's partition
     of the sync job through Dagster (as `migrate run` launches the migration) and waits. Same
     phases, claims, windows, budget and stop/retry/resume; only what changed is listed."""
-    with collector_paused():  # these import Dagster (see collector_paused)
-        from migration_pipeline.jobs import SYNC_JOB
-        from migration_pipeline.launch import check_tenant
+    with before_launch():
+        with collector_paused():  # these import Dagster (see collector_paused)
+            from migration_pipeline.jobs import SYNC_JOB
+            from migration_pipeline.launch import check_tenant
 
-    check_tenant(tenant, "TENANT")
-    src = _source(source)
-    with _db() as db:
-        check_sync(db, tenant, src)
+        check_tenant(tenant, "TENANT")
+        src = _source(source)
+        with _db() as db:
+            check_sync(db, tenant, src)
     exit_launched(launch_through_dagster(tenant, src, _new_config({}), as_json, timeout=timeout, job=SYNC_JOB))
 
 

@@ -2,14 +2,28 @@
 
 * a relaunch that joins, retries or resumes an existing run says, in one line on stderr, that the
   --options (--kinds, --dry-run) it was given are ignored: the run keeps what it started with;
+* a Ctrl-C before `migrate run`'s launch line (here: while the source's token is asked about) is one
+  line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
 """
 from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers.base import provider_for
 from migration_pipeline.cli import ignored_on_relaunch
+from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 from migration_pipeline.launch import new_run_config
+from tests.dagster.test_cli_errors import _env, _nothing_launched
+
+MIGRATE = str(Path(sys.executable).parent / "migrate")
 
 EXAMPLE = {"page_size": 20, "counts": {"companies": 10, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
 
@@ -30,3 +44,50 @@ def test_options_given_to_a_relaunch_of_an_existing_run_are_said_to_be_ignored(d
         runs.stop(db, run.id)
         line = ignored_on_relaunch(db, "t1", "example", _cfg(kinds=["notes"], dry_run=True))
         assert "--kinds and --dry-run ignored: this launch resumes the stopped run #" in line
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_before_the_launch_line_says_nothing_was_launched(db_url, tmp_path):
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, reads the request, never answers
+    silent.settimeout(60)
+    env = _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="pipedrive",
+               PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{silent.getsockname()[1]}", PIPEDRIVE_API_TOKEN="tok",
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    proc = subprocess.Popen([MIGRATE, "run", "--tenant", "acme"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    held = []
+    try:
+        while True:  # the reachability check connects and closes; the token check sends GET /v1/users/me
+            conn, _ = silent.accept()
+            held.append(conn)
+            conn.settimeout(10)
+            if conn.recv(1024).startswith(b"GET /v1/users/me"):
+                break
+        proc.send_signal(signal.SIGINT)  # the user's Ctrl-C while the launch's checks wait
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for conn in held:
+            conn.close()
+        silent.close()
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, err[-2000:])
+    assert [ln for ln in err.splitlines() if ln.strip()] == ["SIGINT before the launch: nothing was launched"], err
+    assert "launched Dagster run" not in out
+    _nothing_launched(db_url)
+
+
+def test_a_stop_signal_before_the_dagster_run_exists_says_nothing_was_launched(capsys):
+    # inside the launch's signal handling, before place_tenant_run made the run, with no daemon of ours:
+    # the line after "stopping what this command started" had been nothing at all
+    from migration_pipeline import launch
+    from migration_pipeline.cli import stop_what_we_started
+
+    class NoDaemonOfOurs:
+        proc = None
+
+        def close(self, limit: float) -> None:
+            pass
+
+    stop_what_we_started(None, NoDaemonOfOurs(), None, "acme", launch.Interrupted(signal.SIGINT))
+    assert capsys.readouterr().err.splitlines() == ["SIGINT: stopping what this command started", "nothing was launched"]
