@@ -219,6 +219,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
             run = runs.latest_run(db, tenant)
         except EngineError as e:
             _fail(e)
+        check_stat(db, run, kind, stat)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
         reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
         counts = outcome_counts(rollups.rollup(db, run.id), kind)
@@ -240,6 +241,28 @@ def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) ->
                 console.print(rt)
 
         _emit(as_json, {"counts": counts, "durations": rows, "reasons": reasons}, render)
+
+
+def report_stats(db: dbmod.Database, run_id: int, kind: str | None = None) -> list[str]:
+    """The stats `migrate report --stat` can group run `run_id`'s succeeded tasks (of `kind`) by:
+    the keys of their `stats` whose every value is a whole number, sorted ("imported", "requests",
+    "seen", ...; the catch-up's "imported@deals" too)."""
+    return [r["key"] for r in db.sql(
+        "SELECT s.key FROM migration_tasks t, jsonb_each(t.stats) s"
+        " WHERE t.migration_id = %(r)s AND (%(k)s::text IS NULL OR t.kind = %(k)s) AND t.status = 'succeeded'"
+        " GROUP BY s.key HAVING bool_and(jsonb_typeof(s.value) = 'number' AND s.value::text ~ '^-?[0-9]+$')"
+        " ORDER BY 1", {"r": run_id, "k": kind})]
+
+
+def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:
+    """Before `migrate report` groups by `stat`: a stat none of the run's succeeded tasks (of `kind`)
+    counts is one line naming the stats they do count (exit 2) - a fresh user's `--stat bogus` put
+    every task under 0. The default, "imported", always passes (a kind that imports nothing is all 0)."""
+    stats = report_stats(db, run.id, kind)
+    if stat not in stats and stat != "imported":
+        of = f" {kind}" if kind else ""
+        _fail(f"unknown --stat {stat!r}: {run.name}'s succeeded{of} tasks count "
+              f"{', '.join(stats) if stats else 'nothing yet'}")
 
 
 @main.command()

@@ -4,6 +4,7 @@
   --options (--kinds, --dry-run) it was given are ignored: the run keeps what it started with;
 * a Ctrl-C before `migrate run`'s launch line (here: while the source's token is asked about) is one
   line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
+* `migrate report --stat` names the stats the run's tasks count when given another;
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from engine_core.providers.base import provider_for
 from migration_pipeline.cli import ignored_on_relaunch
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 from migration_pipeline.launch import new_run_config
-from tests.dagster.test_cli_errors import _env, _nothing_launched
+from tests.dagster.test_cli_errors import _env, _migrate_in_process, _nothing_launched, _one_line_error
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 
@@ -91,3 +92,29 @@ def test_a_stop_signal_before_the_dagster_run_exists_says_nothing_was_launched(c
 
     stop_what_we_started(None, NoDaemonOfOurs(), None, "acme", launch.Interrupted(signal.SIGINT))
     assert capsys.readouterr().err.splitlines() == ["SIGINT: stopping what this command started", "nothing was launched"]
+
+
+@pytest.fixture
+def migrated(db_url, tmp_path):
+    """Tenant "done" migrated by the example source (a few hundred rows, in this process); the env
+    `migrate` needs for it."""
+    from engine_core.worker import drain_threads
+
+    with dbmod.Database(db_url, max_size=6) as db:
+        run = runs.start_run(db, provider_for("example"), "done", options=EXAMPLE)
+        drain_threads(db, run.id, width=2)
+        assert runs.get_run(db, run.id).status == "succeeded"
+    return _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="example",
+                **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+
+
+def test_report_refuses_a_stat_no_task_counts_and_names_those_they_do(migrated):
+    # a fresh user's `--stat bogus` grouped every task under 0
+    line = _one_line_error(_migrate_in_process(["report", "done", "--stat", "bogus"], migrated),
+                           "unknown --stat 'bogus'", "imported", "seen")
+    assert "run #" in line
+    _one_line_error(_migrate_in_process(["report", "done", "--kind", "notes", "--stat", "bogus"], migrated),
+                    "succeeded notes tasks count")
+    for good in (["--stat", "seen"], []):
+        out = _migrate_in_process(["report", "done", *good], migrated)
+        assert out.returncode == 0, out.stderr
