@@ -393,6 +393,11 @@ def check_someone_works(db: dbmod.Database, run: Any, action: str) -> None:
 def _reopen(action: str, tenant: str, source: str | None, as_json: bool, drain: bool) -> None:
     with _db() as db:
         run = _tenant_run(db, tenant, source)
+        if run.status == "succeeded":  # before the daemon check: a fresh user was told about daemons
+            _emit(as_json, {"run_id": run.id, "status": run.status, "nothing_to": action},
+                  lambda: console.print(f"{run.name} succeeded: nothing to {action} (`migrate sync {run.tenant_id}` "
+                                        f"brings what changed at the source since)"))
+            return
         if not drain:
             check_someone_works(db, run, action)
         provider = provider_for(run.source, run)

@@ -5,6 +5,7 @@
 * a Ctrl-C before `migrate run`'s launch line (here: while the source's token is asked about) is one
   line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
 * `migrate report --stat` names the stats the run's tasks count when given another;
+* `migrate resume` / `retry` of a succeeded run says there is nothing to do (exit 0), not "no daemon";
 """
 from __future__ import annotations
 
@@ -118,3 +119,14 @@ def test_report_refuses_a_stat_no_task_counts_and_names_those_they_do(migrated):
     for good in (["--stat", "seen"], []):
         out = _migrate_in_process(["report", "done", *good], migrated)
         assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("action", ["resume", "retry"])
+def test_resume_or_retry_of_a_succeeded_run_says_there_is_nothing_to_do(migrated, action):
+    # it had said that no daemon would work on the run (exit 2), as if there were something to resume
+    out = _migrate_in_process([action, "done"], migrated)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    assert lines == [f"run #1 (example for tenant 'done') succeeded: nothing to {action} (`migrate sync done` brings "
+                     "what changed at the source since)"], out.stdout
+    assert "daemon" not in out.stdout + out.stderr
