@@ -276,8 +276,14 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
         check_explain(db, tenant, kind)
         story = rollups.explain(db, tenant, kind, source_id)
         if story is None:
+            listing = source_listing(db, tenant, kind, source_id)
+            said = "" if listing is None else (
+                f"; run #{listing['run_id']}'s catch-up listed it at the source" if listing["has"] else
+                f"; nor did the source list it (run #{listing['run_id']}'s catch-up listed {listing['listed']} "
+                f"{kind} ids, not this one)")
             _emit(as_json, None, lambda: console.print(
-                f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"))
+                f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
+                f"{said}"))
             sys.exit(1)
 
         def render() -> None:
@@ -291,6 +297,23 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             console.print(line)
 
         _emit(as_json, story, render)
+
+
+def source_listing(db: dbmod.Database, tenant: str, kind: str, source_id: str) -> dict[str, Any] | None:
+    """What the tenant's kept listing of the source says of `source_id` for `explain`: the inventory
+    (`migration_inventory`) of the latest succeeded run whose catch-up listed every id of ledger kind
+    `kind` - a full run, or a sync that detects deletes; a run's inventory is kept until the tenant's
+    next catch-up starts. {"run_id", "listed" (ids of the kind it listed), "has" (source_id among
+    them)}, or None when no such listing is kept (a source without a catch-up, a sync listing only
+    changes, a run still listing): then nothing is said of the source. Sends nothing."""
+    rows = db.sql(
+        "SELECT m.id AS run_id, count(*) AS listed, bool_or(i.source_id = %(id)s) AS has"
+        "  FROM migration_inventory i JOIN migrations m ON m.id = i.migration_id"
+        " WHERE m.tenant_id = %(t)s AND i.kind = %(k)s AND m.status = 'succeeded' AND NOT m.dry_run"
+        "   AND (m.mode = 'full' OR lower(COALESCE(m.options->>'detect_deletes', 'true')) NOT IN ('0', 'false', 'no', 'off'))"
+        " GROUP BY m.id ORDER BY m.id DESC LIMIT 1",
+        {"t": tenant, "k": kind, "id": str(source_id)})
+    return rows[0] if rows else None
 
 
 def check_explain(db: dbmod.Database, tenant: str, kind: str) -> None:

@@ -6,6 +6,7 @@
   line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
 * `migrate report --stat` names the stats the run's tasks count when given another;
 * `migrate resume` / `retry` of a succeeded run says there is nothing to do (exit 0), not "no daemon";
+* `migrate explain` of an id neither the ledger nor the run's kept source listing holds says both;
 """
 from __future__ import annotations
 
@@ -130,3 +131,18 @@ def test_resume_or_retry_of_a_succeeded_run_says_there_is_nothing_to_do(migrated
     assert lines == [f"run #1 (example for tenant 'done') succeeded: nothing to {action} (`migrate sync done` brings "
                      "what changed at the source since)"], out.stdout
     assert "daemon" not in out.stdout + out.stderr
+
+
+def test_explain_of_an_id_the_source_did_not_list_says_so(migrated, db_url):
+    # it said only "not in the ledger"; what the run's catch-up listed (its inventory) can say more
+    # (the example source has no catch-up: its inventory is written here as a catch-up writes it)
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("INSERT INTO migration_inventory (migration_id, kind, source_id)"
+               " SELECT 1, 'contacts', unnest(ARRAY['1', '2', '99998']) RETURNING 1")
+    out = _migrate_in_process(["explain", "done", "contacts", "99999"], migrated)
+    assert out.returncode == 1 and "not in the ledger" in out.stdout, (out.stdout, out.stderr)
+    assert "nor did the source list it (run #1's catch-up listed 3 contacts ids, not this one)" in out.stdout, out.stdout
+    out = _migrate_in_process(["explain", "done", "contacts", "99998"], migrated)
+    assert out.returncode == 1 and "not in the ledger" in out.stdout and "catch-up listed it at the source" in out.stdout
+    out = _migrate_in_process(["explain", "done", "notes", "99999"], migrated)  # no listing kept: nothing said of the source
+    assert out.returncode == 1 and "list" not in out.stdout, out.stdout
