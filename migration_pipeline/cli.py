@@ -66,23 +66,65 @@ def _written_columns(dry_run: bool) -> tuple[str, ...]:
     return ("imported", "matched", "already here", "updated")
 
 
+FOLD_WIDTH = 16  # a text column's width on a narrow console: longer words fold onto the next line
+
+
+def fitted_table(title: str, columns: list[tuple[str, str]], rows: list[tuple[str, ...]], *,
+                 fold: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> Table:
+    """A rich Table of `columns` ((header, "left" | "right")) and `rows` that `console`'s width
+    shows without cutting a cell short: on an 80-column terminal rich had cut every cell to "123…"
+    and "pip…" (a fresh user's find). The text columns in `fold` wrap, folding a word too long for
+    them; the others (numbers) are never wrapped or cut. When the table is wider than the console,
+    the numbers' headers go one word a line and the `fold` columns at most FOLD_WIDTH wide, then
+    the columns in `drop` are left out, least important first, until the rest fits (the caption
+    names them)."""
+    from rich.cells import cell_len
+
+    def least(i: int, header: str, narrow: bool) -> int:  # the column's content width, nothing cut
+        cells = [cell for row in rows for cell in row[i].split()] if header in fold else [row[i] for row in rows]
+        heads = header.split() if narrow or header in fold else [header]
+        width = max(cell_len(w) for w in (*heads, *cells))
+        return min(width, FOLD_WIDTH) if narrow and header in fold else width
+
+    shown = [c for c, _ in columns]
+    for narrow, leave in ((False, None), (True, None), *((True, d) for d in drop)):
+        if leave in shown:
+            shown.remove(leave)
+        # each column: its content, a space either side and one border; one border more at the edge
+        if 1 + sum(least(i, h, narrow) + 3 for i, (h, _) in enumerate(columns) if h in shown) <= console.width:
+            break
+    left_out = [h for h, _ in columns if h not in shown]
+    table = Table(title=title, caption=f"left out at {console.width} columns: {', '.join(left_out)} (`--json` has "
+                                       "them)" if left_out else None)
+    for header, justify in columns:
+        if header in fold:
+            table.add_column(header, justify=justify, overflow="fold", max_width=FOLD_WIDTH if narrow else None)
+        elif header in shown:
+            table.add_column("\n".join(header.split()) if narrow else header, justify=justify, no_wrap=True)
+    for row in rows:
+        table.add_row(*(cell for (header, _), cell in zip(columns, row) if header in shown))
+    return table
+
+
 def print_rollup(r: rollups.RunRollup) -> None:
     """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
     product row in place: a newer source version), rows marked `deleted at source`, and `by
     catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
     title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
     phase_note = f"phase {min(r.current_phase + 1, len(r.phases))}/{len(r.phases)}" if r.status in ("running", "stopping") else ""
-    table = Table(title=f"{title} {phase_note}".strip())
-    for col in ("phase", "kind", "tasks", "seen", *_written_columns(r.dry_run), "skipped", "failed",
-                "deleted at source", "by catch-up"):
-        table.add_column(col, justify="left" if col in ("kind", "tasks") else "right")
+    written = _written_columns(r.dry_run)
+    columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
+               ("phase", "kind", "tasks", "seen", *written, "skipped", "failed", "deleted at source", "by catch-up")]
+    rows = []
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
         caught = int(k.caught_up.get("seen", 0))
-        table.add_row(str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
-                      str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
-                      str(caught) if caught else "-")
-    console.print(table)
+        rows.append((str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
+                     str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
+                     str(caught) if caught else "-"))
+    # narrow: the phase (the kinds are in plan order), then what is most often 0
+    console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("kind", "tasks"),
+                               drop=("phase", "by catch-up", written[1], "deleted at source", "seen", written[3])))
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
     if r.reasons:
@@ -492,16 +534,17 @@ def _asset_order(source: str) -> list[str]:
 
 
 def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
-    table = Table(title="per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""))
-    for col in ("phase asset", "status", *_written_columns(dry_run), "skipped", "failed", "deleted at source",
-                "tasks", "rows/s"):
-        table.add_column(col, justify="left" if col in ("phase asset", "status", "tasks") else "right")
-    for r in results:
-        md = r.metadata
-        table.add_row(r.asset, r.status, *(str(md.get(k, "-")) for k in
-                      ("imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source",
-                       "tasks", "rows_per_second")))
-    console.print(table)
+    """Per phase asset its Dagster status and materialisation figures; on a narrow console the
+    figures the engine run's table below repeats go first (`fitted_table`)."""
+    written = _written_columns(dry_run)
+    columns = [(col, "left" if col in ("phase asset", "status", "tasks") else "right") for col in
+               ("phase asset", "status", *written, "skipped", "failed", "deleted at source", "tasks", "rows/s")]
+    rows = [(r.asset, r.status, *(str(r.metadata.get(k, "-")) for k in
+             ("imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source",
+              "tasks", "rows_per_second"))) for r in results]
+    console.print(fitted_table("per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""),
+                               columns, rows, fold=("phase asset", "status"),
+                               drop=("rows/s", written[1], "deleted at source", written[3], written[2], "skipped")))
     for r in results:
         if r.status == "failed":
             console.print(f"[red]{r.asset} failed:[/red] {r.message}")

@@ -146,3 +146,39 @@ def test_explain_of_an_id_the_source_did_not_list_says_so(migrated, db_url):
     assert out.returncode == 1 and "not in the ledger" in out.stdout and "catch-up listed it at the source" in out.stdout
     out = _migrate_in_process(["explain", "done", "notes", "99999"], migrated)  # no listing kept: nothing said of the source
     assert out.returncode == 1 and "list" not in out.stdout, out.stdout
+
+
+def _results_at(width: int, monkeypatch) -> str:
+    """`migrate run`'s results tables (per phase, then the engine run's per kind) of a Pipedrive
+    run, as a console `width` columns wide shows them."""
+    from rich.console import Console
+
+    from engine_core.rollup import KindRollup, RunRollup
+    from migration_pipeline import cli
+    from migration_pipeline.assets.phases import phase_specs
+    from migration_pipeline.launch import PhaseResult
+
+    out = Console(width=width, record=True, force_terminal=False)
+    monkeypatch.setattr(cli, "console", out)
+    figures = {"imported": 123456, "matched": 7, "already_here": 3, "updated": 1, "skipped": 2, "failed": 0,
+               "deleted_at_source": 4, "tasks": 104, "rows_per_second": 1234.5}
+    cli.print_phase_results([PhaseResult(spec.key.to_user_string(), "materialized", figures)
+                             for spec in phase_specs("pipedrive")])
+    provider = provider_for("pipedrive")
+    kinds = [KindRollup(k, p, {"succeeded": 104, "failed": 2}, 123456, 123000, 7, 3, 1, 2, 0, deleted_at_source=5,
+                        caught_up={"seen": 9}) for p, group in enumerate(provider.phases()) for k in group]
+    cli.print_rollup(RunRollup(1, "run #1 (pipedrive for tenant 'acme')", "acme", "pipedrive", "succeeded", False, 8,
+                               [list(g) for g in provider.phases()], {"succeeded": 300}, kinds, [], None, None, 12.5))
+    return out.export_text()
+
+
+def test_the_results_tables_cut_no_cell_short_on_an_80_column_terminal(monkeypatch):
+    # rich had cut every cell to fit: "123…" for 123456, "pip…" for the phase asset
+    text = _results_at(80, monkeypatch)
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    kinds = sum(len(group) for group in provider_for("pipedrive").phases())
+    assert text.count("123456") == 8 and text.count("123000") == kinds, text  # whole numbers, in every row
+    assert "left out at 80 columns:" in text  # what a narrow terminal does not show is named
+    wide = _results_at(220, monkeypatch)
+    assert "…" not in wide and "left out" not in wide and "deleted at source" in wide and "by catch-up" in wide
