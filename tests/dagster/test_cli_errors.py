@@ -145,7 +145,7 @@ def _nothing_launched(db_url: str) -> None:
 
 def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, run_env):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
-    _one_line_error(_migrate(["run", "--tenant", "acme", "--kinds", "persons,contacts"], env),
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "persons,contacts"], env),
                     "--kinds", "'contacts'", "persons")
     _nothing_launched(db_url)
 
@@ -162,7 +162,7 @@ def test_kinds_are_checked_against_the_plan_before_anything_is_launched(db_url, 
 ])
 def test_run_options_are_checked_before_anything_is_launched(db_url, run_env, options, needles):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
-    line = _one_line_error(_migrate(["run", "--tenant", "theta", "--options", options], env), *needles)
+    line = _one_line_error(_migrate_in_process(["run", "--tenant", "theta", "--options", options], env), *needles)
     assert "secret-in-options" not in line
     _nothing_launched(db_url)
 
@@ -170,7 +170,7 @@ def test_run_options_are_checked_before_anything_is_launched(db_url, run_env, op
 @pytest.mark.parametrize("kinds", ["", ",,", " , "])
 def test_kinds_naming_no_kind_is_an_error_not_every_kind(db_url, run_env, kinds):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
-    _one_line_error(_migrate(["run", "--tenant", "acme", "--kinds", kinds], env), "--kinds names no kind")
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", kinds], env), "--kinds names no kind")
     _nothing_launched(db_url)
 
 
@@ -184,7 +184,7 @@ def test_an_unknown_source_is_one_line_naming_where_it_came_from(db_url, run_env
         args += ["--source", "bogus"]
     else:
         env["MIGRATE_SOURCE"] = "bogus"
-    _one_line_error(_migrate(args, env), f"{how}='bogus'", "unknown source", "'example', 'pipedrive'")
+    _one_line_error(_migrate_in_process(args, env), f"{how}='bogus'", "unknown source", "'example', 'pipedrive'")
     _nothing_launched(db_url)
 
 
@@ -192,7 +192,7 @@ def test_an_unknown_source_is_one_line_naming_where_it_came_from(db_url, run_env
 def test_missing_pipedrive_variables_are_checked_before_launching(db_url, run_env, missing):
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
     env.pop(missing)
-    _one_line_error(_migrate(["run", "--tenant", "acme"], env), missing)
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme"], env), missing)
     _nothing_launched(db_url)
 
 
@@ -253,7 +253,7 @@ def test_a_dry_run_says_would_import(db_url, run_env):
                              options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
                                                                   "activities": 10, "notes": 10}})
         drain_threads(db, run.id, width=2)
-    out = _migrate(["status", "dry"], run_env)
+    out = _migrate_in_process(["status", "dry"], run_env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "would import" in out.stdout and "would match" in out.stdout
     assert "imported" not in out.stdout.replace("would import", "")
@@ -286,7 +286,7 @@ def test_an_unreachable_source_is_one_line_naming_the_variable_before_anything_i
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         env = dict(run_env, PIPEDRIVE_BASE_URL=f"http://someone:pw@127.0.0.1:{port}", PIPEDRIVE_API_TOKEN="tok")
-        line = _one_line_error(_migrate(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL",
+        line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL",
                                f"cannot connect to 127.0.0.1:{port}")
     assert "pw" not in line.replace("PIPEDRIVE_BASE_URL", "")
     # the URL is shown without its credentials but with its port (a fresh user saw "http://127.0.0.1:")
@@ -322,7 +322,7 @@ def test_resume_without_a_daemon_says_what_to_do_and_changes_nothing(db_url, run
         run = runs.start_run(db, provider_for("example"), "paused", options={"page_size": 20})
         runs.stop(db, run.id)
         assert runs.get_run(db, run.id).status == "stopped"
-        out = _migrate([action, "paused"], dict(run_env, MIGRATE_SOURCE="example"))
+        out = _migrate_in_process([action, "paused"], dict(run_env, MIGRATE_SOURCE="example"))
         line = _one_line_error(out, "nothing would work on it", "--drain")
         assert "no daemon" in line or "not launched through Dagster" in line, line
         assert runs.get_run(db, run.id).status == "stopped", "the run was reopened with nobody to work on it"
@@ -430,7 +430,7 @@ def test_a_server_that_is_no_pipedrive_api_is_one_line_naming_the_base_url_befor
                                   ["ui", "--sandbox-port", "70000"], ["report", "acme", "--top", "-1"]])
 def test_an_out_of_range_number_is_refused_by_the_command_line_not_a_traceback(run_env, args):
     # a fresh user's `migrate sandbox --port 99999` ended in OverflowError's traceback from bind()
-    out = _migrate(args, run_env)
+    out = _migrate_in_process(args, run_env)
     assert out.returncode == 2 and "Traceback" not in out.stderr + out.stdout, (out.stdout[-1000:], out.stderr[-2000:])
     assert "is not in the range" in out.stderr, out.stderr[-2000:]
 
