@@ -26,6 +26,9 @@ from pipedrive_sandbox.config import SandboxConfig  # noqa: E402
 
 TOKEN = "budget-test-token"
 BURST = 20
+# The fewest tokens a whole simulated day of the share test must spend: three 5-token requests. A
+# day the workers stayed parked through (the share never handed out again after the reset) spends 0.
+FLOOR = 15
 
 
 @pytest.fixture
@@ -82,8 +85,11 @@ def test_two_processes_never_spend_more_than_their_share_of_a_day(db_url: str, s
     # A short simulated day (4 s) of 1,200 tokens, a share of 0.5: the sandbox's own count of the
     # day's tokens never passes 600 (polled every 20 ms; the workers are parked at each day's end,
     # so the last poll of a day sees its final count), no request meets a daily 429 (the engine
-    # stops short of the budget), and the next day the workers go on (every whole day spends most
-    # of its share: the burst rate alone would spend ~750 a day). Every request costs 5 tokens
+    # stops short of the budget), and the next day the workers go on (every whole day spends some
+    # of its share: a share left unused once the workers parked fails here). How much of it a day
+    # spends is throughput, not the share's safety: the burst rate alone would spend ~750 a day, but
+    # a loaded 2-core machine was seen spending 45 of the 600 (spawned workers starved of CPU), so
+    # the floor is a few requests' worth, not half the share. Every request costs 5 tokens
     # (/api/v2/pipelines), so max_cost = 5: what is held back is 5 x the slots in flight.
     day, budget, share = 4.0, 1200, 0.5
     sandbox.configure(burst_limit=80, daily_budget=budget, day_seconds=day)  # a fresh simulated day
@@ -113,7 +119,7 @@ def test_two_processes_never_spend_more_than_their_share_of_a_day(db_url: str, s
     assert stats["rate_limited"]["burst"] == 0
     assert all(v <= share * budget for v in used.values()), used
     whole_days = [used[d] for d in sorted(used)[1:-1]]  # the first day has the processes' start-up
-    assert whole_days and all(v >= 0.5 * share * budget for v in whole_days), used  # day after day
+    assert whole_days and all(v >= FLOOR for v in whole_days), used  # day after day, the share is spent again
     assert all(r["counts"].get("parked", 0) > 0 for r in reports)  # both processes waited on the day
 
 
