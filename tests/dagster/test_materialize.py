@@ -10,9 +10,17 @@ do not add up (a lost ledger row), never silently."""
 from __future__ import annotations
 
 import collections
+from dataclasses import dataclass
+from typing import Any
 
+import pytest
+from dagster import DagsterInstance, instance_for_test
+
+from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers import example
+from migration_pipeline.instance import to_url
+from tests.conftest import _with_dbname
 from tests.dagster.support import SMALL, materialize_tenant, resources
 
 KINDS = ["companies", "contacts", "deals", "activities", "notes"]
@@ -29,14 +37,41 @@ def _ledger_counts(db, tenant: str) -> dict[str, int]:
     return {r["kind"]: r["n"] for r in rows}
 
 
-def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(instance, engine_url, db):
-    result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+@dataclass
+class Migrated:
+    """Tenant "acme" materialised once (every phase, SMALL) on a database and instance of the module's own."""
+
+    instance: DagsterInstance
+    engine_url: str
+    db: dbmod.Database
+    result: Any  # the first materialisation's ExecuteInProcessResult
+    run: runs.Run  # the engine run it succeeded (runs.latest_run after it)
+
+
+@pytest.fixture(scope="module")
+def acme(server_url, clones):
+    """One full materialisation shared by the tests that read it (each took ~11 s at load 5): the
+    reconciliation, the asset checks on a tampered copy (which puts the rows back after), and a
+    second run finding everything already here - last in the file: the checks read the tenant's
+    latest run, which that second run replaces."""
+    name = clones.take()
+    url = _with_dbname(server_url, name)
+    try:
+        with instance_for_test() as instance, dbmod.Database(url, max_size=20) as db:
+            engine_url = to_url(url)
+            result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
+            yield Migrated(instance, engine_url, db, result, runs.latest_run(db, "acme", "example"))
+    finally:
+        clones.give_back(name)
+
+
+def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(acme):
+    instance, db, result, run = acme.instance, acme.db, acme.result, acme.run
     assert result.success
 
     expected = SMALL["counts"]
     assert _target_counts(db, "acme") == expected
     assert _ledger_counts(db, "acme") == expected
-    run = runs.latest_run(db, "acme", "example")
     assert run.status == "succeeded"
 
     by_asset = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
@@ -57,22 +92,6 @@ def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(instance,
 
     # the Dagster run remembers the engine run it worked on
     assert instance.get_run_by_id(result.run_id).tags["migration/run_id"] == str(run.id)
-
-
-def test_materialising_again_as_a_new_run_finds_everything_already_here(instance, engine_url, db):
-    # a new run after a succeeded one must be asked for (issue 10: tests/dagster/test_ui_leftovers.py)
-    from dagster import materialize
-
-    from migration_pipeline.assets.checks import build_phase_checks
-    from migration_pipeline.assets.phases import NEW_RUN_TAG, build_phase_assets
-
-    materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
-    again = materialize([*build_phase_assets("example"), *build_phase_checks("example")], partition_key="acme",
-                        instance=instance, resources=resources(engine_url, options=SMALL), tags={NEW_RUN_TAG: "true"})
-    md = {e.asset_key.path[-1]: e.materialization.metadata for e in again.get_asset_materialization_events()}
-    assert md["phase_2_contacts"]["already_here"].value == SMALL["counts"]["contacts"]
-    assert md["phase_2_contacts"]["imported"].value == 0
-    assert _target_counts(db, "acme") == SMALL["counts"]
 
 
 def test_failed_tasks_fail_the_phase_and_a_rerun_retries_without_writing_twice(instance, engine_url, db):
@@ -118,24 +137,48 @@ def test_a_run_limited_to_some_kinds_leaves_the_phases_after_its_plan_unmaterial
     assert _target_counts(db, "beta") == {"companies": 45, "contacts": 70}
 
 
-def test_the_asset_checks_fail_on_a_write_outside_the_ledger_and_a_lost_target_row(instance, engine_url, db):
+def test_the_asset_checks_fail_on_a_write_outside_the_ledger_and_a_lost_target_row(acme):
     from migration_pipeline.assets.checks import duplicates_check, ledger_check
 
-    result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
-    assert all(e.passed for e in result.get_asset_check_evaluations())
-    # a contact written again without its claim, and a company whose target row disappeared
-    db.sql("INSERT INTO example_items (tenant_id, kind, source_id, payload)"
-           " SELECT tenant_id, kind, source_id, payload FROM example_items"
-           " WHERE tenant_id = 'acme' AND kind = 'contacts' AND source_id = '7'")
-    db.sql("DELETE FROM example_items WHERE tenant_id = 'acme' AND kind = 'companies' AND source_id = '3'")
+    db = acme.db
+    assert all(e.passed for e in acme.result.get_asset_check_evaluations())
+    assert ledger_check(db, "acme", "example", ["companies"])[0] and duplicates_check(db, "acme", "example", ["contacts"])[0]
+    # a contact written again without its claim, and a company whose target row disappeared (both
+    # undone after)
+    (dup,) = db.sql("INSERT INTO example_items (tenant_id, kind, source_id, payload)"
+                    " SELECT tenant_id, kind, source_id, payload FROM example_items"
+                    " WHERE tenant_id = 'acme' AND kind = 'contacts' AND source_id = '7' RETURNING id")
+    (lost,) = db.sql("DELETE FROM example_items WHERE tenant_id = 'acme' AND kind = 'companies' AND source_id = '3'"
+                     " RETURNING id, tenant_id, kind, source_id, parent_id, payload::text AS payload")
+    try:
+        passed, md = ledger_check(db, "acme", "example", ["companies"])
+        assert not passed and md["companies/target_rows"].value == 44 and md["companies/ledger_created"].value == 45
+        assert ledger_check(db, "acme", "example", ["contacts"])[0]
+        passed, md = duplicates_check(db, "acme", "example", ["contacts"])
+        assert not passed
+        assert md["unclaimed_target_rows"].value == 1 and md["source_ids_written_twice"].value == 1
+        assert duplicates_check(db, "acme", "example", ["deals"])[0]
+    finally:  # the module's tenant as it was
+        db.sql("DELETE FROM example_items WHERE id = %(id)s", {"id": dup["id"]})
+        db.sql("INSERT INTO example_items (id, tenant_id, kind, source_id, parent_id, payload)"
+               " VALUES (%(id)s, %(tenant_id)s, %(kind)s, %(source_id)s, %(parent_id)s, %(payload)s::jsonb)", lost)
 
-    passed, md = ledger_check(db, "acme", "example", ["companies"])
-    assert not passed and md["companies/target_rows"].value == 44 and md["companies/ledger_created"].value == 45
-    assert ledger_check(db, "acme", "example", ["contacts"])[0]
-    passed, md = duplicates_check(db, "acme", "example", ["contacts"])
-    assert not passed
-    assert md["unclaimed_target_rows"].value == 1 and md["source_ids_written_twice"].value == 1
-    assert duplicates_check(db, "acme", "example", ["deals"])[0]
+
+def test_materialising_again_as_a_new_run_finds_everything_already_here(acme):
+    # a new run after a succeeded one must be asked for (issue 10: tests/dagster/test_ui_leftovers.py)
+    from dagster import materialize
+
+    from migration_pipeline.assets.checks import build_phase_checks
+    from migration_pipeline.assets.phases import NEW_RUN_TAG, build_phase_assets
+
+    assert acme.result.success and runs.latest_run(acme.db, "acme", "example").status == "succeeded"
+    again = materialize([*build_phase_assets("example"), *build_phase_checks("example")], partition_key="acme",
+                        instance=acme.instance, resources=resources(acme.engine_url, options=SMALL),
+                        tags={NEW_RUN_TAG: "true"})
+    md = {e.asset_key.path[-1]: e.materialization.metadata for e in again.get_asset_materialization_events()}
+    assert md["phase_2_contacts"]["already_here"].value == SMALL["counts"]["contacts"]
+    assert md["phase_2_contacts"]["imported"].value == 0
+    assert _target_counts(acme.db, "acme") == SMALL["counts"]
 
 
 def _terminated(*args, **kwargs):  # type: ignore[no-untyped-def]
