@@ -29,10 +29,11 @@ migration_tasks rows) against the steps' events (`step_split`):
 
 * head:    a phase op's STEP_START to its phase's first task start (attach, the lane, threads)
 * engine:  the phase's first task start to its last task finish (the engine's work, in the op)
-* close:   the last task finish to the op's STEP_SUCCESS (the phase seen closed, the threads
-           stopped, the rollup and metadata, the materialisation's events)
-* checks:  the phase's `_ledger_checks` step, STEP_START to STEP_SUCCESS
-* between: from one phase's checks step to the next phase op's STEP_START
+* close:   the last task finish to the op's ASSET_MATERIALIZATION (the phase seen closed, the
+           threads stopped, the rollup and metadata, the materialisation's events)
+* checks:  the materialisation to the op's STEP_SUCCESS: its three ledger checks, evaluated in the
+           phase's own op since issue 11 (a step of their own before)
+* between: from one phase op's STEP_SUCCESS to the next one's STEP_START
 
 `migrate run` runs with the default MIGRATE_LAUNCH_THREADS (the lane width: the phase ops drain
 with up to their fair share of the lane in their own process, `LaunchLanes`). A third variant,
@@ -147,7 +148,7 @@ def breakdown(env: dict[str, str], payload: dict[str, Any]) -> dict[str, float]:
 
 def step_split(env: dict[str, str], payload: dict[str, Any], engine_url: str) -> dict[str, float]:
     """The steps of a `migrate run` split per phase (see the module docstring), summed over the
-    phases: the phase ops' and checks steps' events against the engine's task times (seconds)."""
+    phases: the phase ops' events against the engine's task times (seconds)."""
     import psycopg
     from dagster import DagsterInstance
 
@@ -165,25 +166,24 @@ def step_split(env: dict[str, str], payload: dict[str, Any], engine_url: str) ->
         spans = {phase: (float(first), float(last)) for phase, first, last in c.execute(
             "SELECT phase, extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at))"
             " FROM migration_tasks GROUP BY phase").fetchall() if first is not None and last is not None}
-    ops = sorted((k for k in steps if not k.endswith("_ledger_checks") and "STEP_START" in steps[k]),
-                 key=lambda k: steps[k]["STEP_START"])
+    ops = sorted((k for k in steps if "STEP_START" in steps[k]), key=lambda k: steps[k]["STEP_START"])
     if len(ops) != len(spans):  # a run limited to some kinds: its steps are not its plan's phases
         return {}
     out = {p: 0.0 for p in STEP_PARTS}
     previous_end = None
     for phase, key in enumerate(ops):
-        op, checks = steps[key], steps.get(f"{key}_ledger_checks", {})
+        op = steps[key]
         if phase not in spans or "STEP_SUCCESS" not in op:
             return {}
         first, last = spans[phase]
+        materialized = op.get("ASSET_MATERIALIZATION", op["STEP_SUCCESS"])
         out["head"] += first - op["STEP_START"]
         out["engine"] += last - first
-        out["close"] += op["STEP_SUCCESS"] - last
-        if "STEP_SUCCESS" in checks:
-            out["checks"] += checks["STEP_SUCCESS"] - checks["STEP_START"]
+        out["close"] += materialized - last
+        out["checks"] += op["STEP_SUCCESS"] - materialized
         if previous_end is not None:
             out["between"] += op["STEP_START"] - previous_end
-        previous_end = checks.get("STEP_SUCCESS", op["STEP_SUCCESS"])
+        previous_end = op["STEP_SUCCESS"]
     return out
 
 

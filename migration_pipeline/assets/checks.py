@@ -24,6 +24,9 @@
   job's launchpad on a tenant partition (every phase; its evaluations land on these checks). Built
   only for a provider that can list its ids (`Provider.source_ids`).
 
+The three ledger checks are evaluated by the phase asset's own op right after it materialises
+(`ledger_check_specs`, phases._phase_asset), and alone when a run selects only them.
+
 Read-only. The ledger names each claim's target table in `record_type` (the engine's contract for
 every writer); the checks resolve it with `to_regclass` and never interpolate unchecked names.
 A phase's three ledger checks read one snapshot (`snapshot`: a REPEATABLE READ, READ ONLY
@@ -204,13 +207,6 @@ def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -
     return {"duplicates": [dict(d) for d in dup], "unclaimed": unclaimed, "written_twice": twice}
 
 
-def _checks_for(spec: PhaseSpec) -> list[AssetChecksDefinition]:
-    with warnings.catch_warnings():
-        # partitioned asset checks are a preview feature in 1.13; a per-tenant check needs them
-        warnings.simplefilter("ignore", PreviewWarning)
-        return _build_checks(spec)
-
-
 def ledger_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
     per_kind = [ledger_vs_target(db, tenant, source, k) for k in kinds]
     passed = all(p["created"] == p["target_rows"] and not p["missing"] and not p["shared"]
@@ -271,30 +267,24 @@ NO_DUPLICATE_CLAIMS = "no_duplicate_claims"
 KINDS_ADD_UP = "kinds_add_up"
 
 
-def _build_checks(spec: PhaseSpec) -> list[AssetChecksDefinition]:
-    """The phase's three ledger checks as one subsettable op: one step per phase instead of three
-    (issue 11: in a `migrate run` of a small account the per-check steps - each its own start,
-    events and database connection - took longer than some phases). Each check is still its own
-    AssetCheckSpec: the UI lists, selects and shows them one by one; a selection of some of them
-    evaluates only those."""
+def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
+    """The phase's three ledger checks, each its own AssetCheckSpec on the phase's tenant partitions
+    (the UI lists, selects and shows them one by one). They are evaluated by the phase asset's own op
+    right after it materialises (phases._phase_asset; issue 11: one step per phase, not two), and on
+    their own when a run selects only them."""
     kinds = list(spec.kinds)
-    specs = [
-        AssetCheckSpec(LEDGER_MATCHES_TARGET, asset=spec.key, partitions_def=tenants,
-                       description=f"Ledger ids = target rows, per kind ({', '.join(kinds)})."),
-        AssetCheckSpec(NO_DUPLICATE_CLAIMS, asset=spec.key, partitions_def=tenants,
-                       description="No target row claimed twice or written without its claim; no source id written twice."),
-        AssetCheckSpec(KINDS_ADD_UP, asset=spec.key, partitions_def=tenants,
-                       description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
-                                   "where it gives one (the engine's completeness check at phase close)."),
-    ]
-
-    @multi_asset_check(name=f"{spec.key.to_python_identifier()}_ledger_checks", specs=specs, can_subset=True)
-    def ledger_checks(context: AssetCheckExecutionContext, database: MigrationDatabase):
-        selected = {k.name for k in context.selected_asset_check_keys}
-        # yielded once the snapshot is closed: no connection held while Dagster records them
-        yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, selected)
-
-    return [ledger_checks]
+    with warnings.catch_warnings():
+        # partitioned asset checks are a preview feature in 1.13; a per-tenant check needs them
+        warnings.simplefilter("ignore", PreviewWarning)
+        return [
+            AssetCheckSpec(LEDGER_MATCHES_TARGET, asset=spec.key, partitions_def=tenants,
+                           description=f"Ledger ids = target rows, per kind ({', '.join(kinds)})."),
+            AssetCheckSpec(NO_DUPLICATE_CLAIMS, asset=spec.key, partitions_def=tenants,
+                           description="No target row claimed twice or written without its claim; no source id written twice."),
+            AssetCheckSpec(KINDS_ADD_UP, asset=spec.key, partitions_def=tenants,
+                           description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
+                                       "where it gives one (the engine's completeness check at phase close)."),
+        ]
 
 
 def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected: set[str]) -> list[AssetCheckResult]:
@@ -416,7 +406,6 @@ def proof_specs(source: str, phases: list[list[str]] | None = None) -> list[Phas
 
 
 def build_phase_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:
-    checks: list[AssetChecksDefinition] = []
-    for spec in phase_specs(source, phases):
-        checks.extend(_checks_for(spec))
-    return checks
+    """None: the ledger checks are part of the phase assets since issue 11 (`ledger_check_specs`).
+    Kept for callers that pass `[*build_phase_assets(...), *build_phase_checks(...)]`."""
+    return []

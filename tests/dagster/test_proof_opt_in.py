@@ -82,3 +82,14 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
         assert evaluation.partition == TENANT and "verify acme" in evaluation.metadata["verdict"].value  # evaluated
         assert evaluation.metadata["tokens"].value > 0
         assert sb.stats()["requests_total"] > before  # the proof alone asked the source
+
+        # a ledger check run on its own (its page's "Execute"): the phase asset's op evaluates that
+        # check and nothing else - no drain, no materialisation, no request to the source
+        before = sb.stats()["requests_total"]
+        ledger = AssetCheckKey(phase, "no_duplicate_claims")
+        checked = implicit.get_subset(asset_selection=set(), asset_check_selection={ledger}).execute_in_process(
+            partition_key=TENANT, instance=instance, raise_on_error=False)
+        assert checked.success and set(_evaluations(checked)) == {"no_duplicate_claims"}
+        assert _evaluations(checked)["no_duplicate_claims"].passed
+        assert not checked.get_asset_materialization_events()
+        assert sb.stats()["requests_total"] == before
