@@ -22,6 +22,8 @@ from migration_pipeline.jobs import EXPLAIN_JOB
 from tests.dagster.support import SMALL, materialize_tenant, resources
 from tests.engine.support import FAST
 
+FIRST_THREE = ["example/phase_1_companies", "example/phase_2_contacts", "example/phase_3_deals"]
+
 
 def test_a_running_phase_reports_progress_as_log_lines_and_asset_observations(instance, engine_url, db, monkeypatch):
     from migration_pipeline.assets import phases
@@ -29,7 +31,9 @@ def test_a_running_phase_reports_progress_as_log_lines_and_asset_observations(in
     monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
     monkeypatch.setenv("MIGRATE_LAUNCH_THREADS", "1")  # one lane thread: the phase lasts long enough
     slow = {**SMALL, "row_delay": 0.02, "dangling": {"deals": [1, 2, 3]}}
-    result = materialize_tenant(instance, "watched", resources(engine_url, options=slow), raise_on_error=True)
+    # the phases asserted on (each phase more was ~2 s at load 5)
+    result = materialize_tenant(instance, "watched", resources(engine_url, options=slow), raise_on_error=True,
+                                selection=FIRST_THREE)
 
     observed = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     by_phase: dict[str, list] = {}
@@ -105,7 +109,8 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
 
 def test_explain_row_tells_a_rows_story_from_the_launchpad(instance, engine_url, db):
     options = {**SMALL, "dangling": {"deals": [3]}}
-    materialize_tenant(instance, "explained", resources(engine_url, options=options), raise_on_error=True)
+    materialize_tenant(instance, "explained", resources(engine_url, options=options), raise_on_error=True,
+                       selection=FIRST_THREE)  # the companies and deals explained
     job = build_definitions("example").resolve_job_def(EXPLAIN_JOB)
     res = {"database": resources(engine_url)["database"]}
 
@@ -180,8 +185,11 @@ def test_a_budget_wait_is_said_in_the_phase_progress_events(instance, engine_url
     monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
     db.sql("INSERT INTO source_budgets (source, account, burst_limit, daily_reset_at, daily_reason)"
            " VALUES ('example', 'example-account', 80, now() + interval '1 hour', 'spent')")
+    monkeypatch.setenv("MIGRATE_LAUNCH_THREADS", "1")  # one lane thread: the phase reports while it runs
     slow = {**SMALL, "row_delay": 0.02}
-    result = materialize_tenant(instance, "parked", resources(engine_url, options=slow), raise_on_error=True)
+    # the first phase says it as well as all five did (every phase took ~10 s at load 5)
+    result = materialize_tenant(instance, "parked", resources(engine_url, options=slow), raise_on_error=True,
+                                selection=["example/phase_1_companies"])
     lines = [r.user_message for r in instance.all_logs(result.run_id) if r.user_message.startswith("progress: phase")]
     assert lines and all("waiting on the daily token budget: the source says it is spent, until " in ln
                          for ln in lines), lines[:3]
