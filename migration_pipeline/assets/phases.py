@@ -31,6 +31,7 @@ import re
 import threading
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -744,14 +745,22 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         new_run: NewRunOptions,
     ):
         checks = {k.name for k in context.selected_asset_check_keys}
-        if spec.key in context.selected_asset_keys:
-            result = materialize_phase(context, spec, database, source, lane, new_run)
-            if result is None:
-                return  # not materialised: nothing for the checks to check (a skipped checks step before)
-            yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
-        if checks:
-            # after the materialisation: its evaluations name it as the one they checked
+        if spec.key not in context.selected_asset_keys:
             yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
+            return
+        result = materialize_phase(context, spec, database, source, lane, new_run)
+        if result is None:
+            return  # not materialised: nothing for the checks to check (a skipped checks step before)
+        if not checks:
+            yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
+            return
+        # The checks' queries (their own snapshot of the closed phase, read-only) run on a thread
+        # while Dagster records the materialisation; their results are yielded after it, so their
+        # evaluations name it as the one they checked.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checks-{spec.index + 1}") as aside:
+            evaluated = aside.submit(evaluate_ledger_checks, database.database(), context.partition_key, spec, checks)
+            yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
+            yield from evaluated.result()
 
     return _phase
 
