@@ -15,7 +15,7 @@ import json
 import pytest
 from dagster import AssetCheckKey, Definitions
 
-from migration_pipeline.assets.checks import MATCHES_SOURCE, build_phase_checks, build_source_checks, proof_requested
+from migration_pipeline.assets.checks import MATCHES_SOURCE, build_source_checks, proof_requested
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.instance import to_url
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, PipedriveSource
@@ -50,7 +50,7 @@ def test_proof_requested_only_for_a_run_of_the_check_alone():
 def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instance, db_url, db):
     def implicit_job(res):  # the project's assets and checks with this test's resources
         defs = Definitions(assets=build_phase_assets("pipedrive"), resources=res,
-                           asset_checks=[*build_phase_checks("pipedrive"), *build_source_checks("pipedrive")])
+                           asset_checks=build_source_checks("pipedrive"))
         return defs.get_repository_def().get_implicit_global_asset_job_def()
 
     from migration_pipeline.definitions import build_definitions
