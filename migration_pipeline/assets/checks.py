@@ -403,9 +403,3 @@ def proof_specs(source: str, phases: list[list[str]] | None = None) -> list[Phas
         return []
     skip = catchup_kind(provider_for(source))  # the catch-up phase has no kind of its own to prove
     return [spec for spec in phase_specs(source, phases) if set(spec.kinds) - {skip}]
-
-
-def build_phase_checks(source: str, phases: list[list[str]] | None = None) -> list[AssetChecksDefinition]:
-    """None: the ledger checks are part of the phase assets since issue 11 (`ledger_check_specs`).
-    Kept for callers that pass `[*build_phase_assets(...), *build_phase_checks(...)]`."""
-    return []

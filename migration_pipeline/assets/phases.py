@@ -26,7 +26,6 @@ Dagster run (`not_in_plan`).
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
-import os
 import re
 import threading
 import time
@@ -53,7 +52,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.config import Settings, number
-from engine_core.errors import AdmissionRefused, ConfigError, NothingToSync
+from engine_core.errors import AdmissionRefused, NothingToSync
 from engine_core.worker import Worker
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from engine_core.models import Run
