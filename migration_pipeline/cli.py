@@ -726,14 +726,18 @@ def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_ru
 def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
     """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
-    resumed), as `runs.attach` decides - and it was given --options, --kinds or --dry-run: those are
-    ignored, the run keeps what it started with (a fresh user's options went unused without a
-    word). None when the launch starts a new run or was given none of them."""
+    resumed), as `runs.attach` decides - and it was given --options or --kinds: those are ignored,
+    the run keeps what it started with (a fresh user's options went unused without a
+    word). None when the launch starts a new run or was given none of them.
+
+    The dry-run flag is not merely ignored (a fresh user's --dry-run resumed their stopped real run
+    #27 and imported 970 rows): a --dry-run launch that would work on a run that is not a dry run is
+    refused in one line (`_fail`: exit 2, SystemExit, nothing launched), naming the run and saying
+    to finish or resume it first without --dry-run. The other way round is safe, so it is a note,
+    given with or without other flags: a launch without --dry-run that works on a dry run says it
+    writes nothing and that a run that writes can start once the dry one has succeeded."""
     options = json.loads(new_cfg.get("options_json") or "{}")
-    given = [flag for flag, value in (("--options", options), ("--kinds", new_cfg.get("kinds")),
-                                      ("--dry-run", new_cfg.get("dry_run"))) if value]
-    if not given:
-        return None
+    wants_dry = bool(new_cfg.get("dry_run"))
     run = runs.live_run(db, tenant, source)
     how = "joins"
     if run is None:
@@ -744,9 +748,24 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
         if run.status not in ("failed", "stopped"):
             return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
         how = "resumes" if run.status == "stopped" else "retries"
+    if wants_dry and not run.dry_run:
+        verb = {"joins": "join", "resumes": "resume", "retries": "retry"}[how]
+        first = ("let it finish first" if how == "joins" else
+                 f"finish or {verb} it first with `migrate run --tenant {tenant}` (without --dry-run)")
+        _fail(f"--dry-run refused: this launch would {verb} the {run.status} {run.name}, which is not a dry run "
+              f"and writes; {first}; nothing was launched")
+    # --dry-run is not among them: refused above on a run that writes, what was asked for on a dry one
+    given = [flag for flag, value in (("--options", options), ("--kinds", new_cfg.get("kinds"))) if value]
     kept = json.dumps(run.options, separators=(", ", ": "), default=str)
-    return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps the kinds "
-            f"and options it started with ({kept}); a run with others can start once it has succeeded (--new-run)")
+    keeps = f"the kinds and options it started with ({kept})"
+    if run.dry_run and not wants_dry:
+        line = (f"note: this launch {how} the {run.status} {run.name}, a dry run: it writes nothing; once it has "
+                f"succeeded, `migrate run --tenant {tenant}` starts a run that writes")
+        return line + (f"; {' and '.join(given)} ignored: it keeps {keeps}" if given else "")
+    if not given:
+        return None
+    return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
+            f"a run with others can start once it has succeeded (--new-run)")
 
 
 def _execute_here(instance: Any, run_id: str, progress: "_Progress", home: Path, timeout: float | None) -> Any:

@@ -1,7 +1,9 @@
 """A fresh user's finds at the command line, each pinned at the level it lives (no launch):
 
 * a relaunch that joins, retries or resumes an existing run says, in one line on stderr, that the
-  --options (--kinds, --dry-run) it was given are ignored: the run keeps what it started with;
+  --options (--kinds) it was given are ignored: the run keeps what it started with; a --dry-run
+  launch that would work on a run that writes is refused (exit 2), and one without --dry-run that
+  works on a dry run says it writes nothing;
 * a Ctrl-C before `migrate run`'s launch line (here: while the source's token is asked about) is one
   line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
 * `migrate report --stat` names the stats the run's tasks count when given another;
@@ -45,8 +47,49 @@ def test_options_given_to_a_relaunch_of_an_existing_run_are_said_to_be_ignored(d
         assert '"page_size": 20' in line  # the options it keeps
         assert ignored_on_relaunch(db, "t1", "example", _cfg()) is None  # nothing given, nothing to say
         runs.stop(db, run.id)
-        line = ignored_on_relaunch(db, "t1", "example", _cfg(kinds=["notes"], dry_run=True))
-        assert "--kinds and --dry-run ignored: this launch resumes the stopped run #" in line
+        line = ignored_on_relaunch(db, "t1", "example", _cfg(kinds=["notes"], options={"page_size": 5}))
+        assert "--options and --kinds ignored: this launch resumes the stopped run #" in line
+
+
+def _refused(capsys, db, tenant: str, cfg: dict) -> str:
+    with pytest.raises(SystemExit) as exited:
+        ignored_on_relaunch(db, tenant, "example", cfg)
+    assert exited.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --dry-run refused: "), lines
+    return lines[0]
+
+
+def test_a_dry_run_launch_never_resumes_retries_or_joins_a_run_that_writes(db_url, capsys):
+    # a fresh user's `migrate run --tenant T --dry-run` said "--dry-run ignored: this launch resumes
+    # the stopped run #27" and imported 970 rows: refused now, before anything is launched
+    with dbmod.Database(db_url, max_size=4) as db:
+        assert ignored_on_relaunch(db, "t2", "example", _cfg(dry_run=True)) is None  # a new dry run starts
+        run = runs.start_run(db, provider_for("example"), "t2", options=EXAMPLE)
+        line = _refused(capsys, db, "t2", _cfg(dry_run=True))
+        assert f"would join the running run #{run.id} " in line and "let it finish first" in line
+        runs.stop(db, run.id)
+        line = _refused(capsys, db, "t2", _cfg(dry_run=True, kinds=["notes"]))
+        assert f"would resume the stopped run #{run.id} " in line and "not a dry run" in line
+        assert "finish or resume it first with `migrate run --tenant t2` (without --dry-run)" in line
+        db.sql("UPDATE migrations SET status = 'failed' WHERE id = %(r)s", {"r": run.id})
+        line = _refused(capsys, db, "t2", _cfg(dry_run=True))
+        assert f"would retry the failed run #{run.id} " in line and "finish or retry it first" in line
+
+
+def test_a_launch_that_writes_on_a_dry_run_says_it_writes_nothing(db_url):
+    with dbmod.Database(db_url, max_size=4) as db:
+        dry = runs.start_run(db, provider_for("example"), "t3", options=EXAMPLE, dry_run=True)
+        assert ignored_on_relaunch(db, "t3", "example", _cfg(dry_run=True)) is None  # what it asked for
+        line = ignored_on_relaunch(db, "t3", "example", _cfg())  # no flag given: still said
+        assert line is not None and "\n" not in line
+        assert line.startswith(f"note: this launch joins the running run #{dry.id} ") and "a dry run: it writes nothing" in line
+        runs.stop(db, dry.id)
+        line = ignored_on_relaunch(db, "t3", "example", _cfg(kinds=["notes"]))
+        assert line.startswith(f"note: this launch resumes the stopped run #{dry.id} ")
+        assert "a dry run: it writes nothing" in line and "; --kinds ignored: it keeps the kinds" in line
+        assert ignored_on_relaunch(db, "t3", "example", _cfg(dry_run=True, kinds=["notes"])).startswith(
+            "note: --kinds ignored: this launch resumes the stopped")  # --dry-run is not ignored on a dry run
 
 
 @pytest.mark.timeout(120)
