@@ -61,24 +61,39 @@ def test_integral_floats_and_digit_strings_are_integers():
     assert "64" in OPTIONS["fetch_threads"]
 
 
-def test_the_runs_base_url_wins_over_the_resources_and_the_environment():
-    # the Dagster resource passes PIPEDRIVE_BASE_URL as base_url= (EnvVar), which had won over the
-    # option: a run's base_url was ignored wherever the variable was set
+def test_a_base_url_option_serves_only_where_the_deployment_has_none_and_is_refused_when_it_disagrees():
+    # A fresh user's --options base_url was ignored where PIPEDRIVE_BASE_URL was set (the Dagster
+    # resource passes it as base_url=); made to win instead, it started runs whose identity was read
+    # from the variable's company while the workers reached the option's, and stopped each of them
+    # (SourceMismatch) for good. The workers reach the deployment's source; a disagreeing option is
+    # refused before the run exists.
     from engine_core.models import Run
     from engine_core.providers.pipedrive.provider import ENV_BASE_URL, SourceConfig
 
     env = {ENV_BASE_URL: "http://env.example"}
-    assert SourceConfig.load({"base_url": "http://option.example/"}, env, base_url="http://resource.example",
-                             token="tok").base_url == "http://option.example"
+    assert SourceConfig.load({"base_url": "http://option.example"}, {}, token="tok").base_url == "http://option.example"
+    assert SourceConfig.load({"base_url": "http://option.example"}, env, token="tok").base_url == "http://env.example"
     assert SourceConfig.load({}, env, base_url="http://resource.example", token="tok").base_url == "http://resource.example"
-    assert SourceConfig.load({}, env, token="tok").base_url == "http://env.example"
     run = Run(1, "t", "pipedrive", "", "running", 0, (), {"base_url": "http://option.example"}, False, False)
-    provider = PipedriveProvider(run, base_url="http://resource.example", token="tok", env=env)
-    assert provider.config().base_url == "http://option.example"
-    # a bad value is named where it came from
+    assert PipedriveProvider(run, token="tok", env={}).config().base_url == "http://option.example"
+
+    refused = "the option base_url .http://option.example/api. disagrees with PIPEDRIVE_BASE_URL .http://env.example."
+    with pytest.raises(ConfigError, match=refused):
+        PipedriveProvider(token="tok", env=env).check_options({"base_url": "http://user:secret@option.example/api"})
+    with pytest.raises(ConfigError, match="disagrees with PIPEDRIVE_BASE_URL .http://resource.example."):
+        PipedriveProvider(base_url="http://resource.example", token="tok", env={}).check_options(
+            {"base_url": "http://option.example"})
+    PipedriveProvider(token="tok", env=env).check_options({"base_url": "http://env.example/"})  # the same one
+    PipedriveProvider(token="tok", env={}).check_options({"base_url": "http://option.example"})  # nothing configured
+    # a bad value is named where it came from, its credentials and query not shown
     with pytest.raises(ConfigError, match="^the option base_url must be an http"):
-        SourceConfig.load({"base_url": "ftp://x"}, env, base_url="http://resource.example", token="tok")
-    with pytest.raises(ConfigError, match=f"^{ENV_BASE_URL} must be an http"):
-        SourceConfig.load({}, env, base_url="resource.example", token="tok")
-    with pytest.raises(ConfigError, match="^the option base_url must be an http"):
-        SourceConfig.load({"base_url": 5}, env, token="tok")
+        SourceConfig.load({"base_url": "ftp://x"}, {}, token="tok")
+    with pytest.raises(ConfigError, match="^the option base_url must be a base URL without a query") as info:
+        PipedriveProvider(token="tok", env={}).check_options({"base_url": "http://127.0.0.1:9?api_token=leak123"})
+    assert "leak123" not in str(info.value)
+
+
+def test_a_burst_limit_beyond_any_the_budget_row_holds_is_one_line():
+    # 1e20 was stored with the run and failed every task (integer out of range in the budget's row)
+    with pytest.raises(ConfigError, match="^burst_limit must be at most 1000000, got 100000000000000000000"):
+        PipedriveProvider(base_url="http://127.0.0.1:9", token="tok").check_options({"burst_limit": 1e20})

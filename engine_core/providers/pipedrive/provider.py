@@ -31,8 +31,9 @@ Tasks and cursors (details in `stripes.py`):
   (`inventory.py`). A sync (mode 'sync') seeds only the field definitions and its catch-up.
   `source_ids` is the same listing, for verify.
 
-Configuration comes from the environment: `PIPEDRIVE_BASE_URL` (a run's `base_url` option takes
-precedence, for tests and demos against the sandbox) and `PIPEDRIVE_API_TOKEN`. A missing variable
+Configuration comes from the environment: `PIPEDRIVE_BASE_URL` (a run's `base_url` option serves
+where it is not set - tests and benches against the sandbox - and is refused where it disagrees with
+it: the workers reach the deployment's source) and `PIPEDRIVE_API_TOKEN`. A missing variable
 fails at start-up (`account()`, which starting a run calls) with the variable's name. The token is
 held in memory only: it is not in run options, the database, logs, exceptions or `repr()`. The
 account key the rate-limit budget is shared on is the host and a short one-way fingerprint of the
@@ -43,7 +44,7 @@ company (another account key) carries on.
 
 Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
 default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
-fetches in flight per email task, default 4, at most 64), `snapshot_margin_seconds` (default 300),
+fetches in flight per email task, default 4, at most 64), `snapshot_margin_seconds` (default 300, at most a year),
 `detect_deletes` (a sync's, default true: false lists only rows updated since, no deletions).
 """
 from __future__ import annotations
@@ -82,6 +83,10 @@ DEFAULT_BURST_LIMIT = 80
 # Mail fetches at once per email task (`fetch_threads`): each is a thread, and the burst window
 # (120 per 2 s at most on Pipedrive's plans) cannot feed more; a typo's 4000 would start 4000 threads.
 MAX_FETCH_THREADS = 64
+# The plans' largest burst limit is 120 per 2 s (480 with OAuth; shared/pipedrive-openapi) and the
+# source's headers lower a larger one anyway; a sandbox serves any (tests and benches run at 100,000
+# and 1,000,000). Beyond this the budget's row (an integer column) refused 1e20 in every task.
+MAX_BURST_LIMIT = 1_000_000
 SECRET_OPTIONS = ("token", "api_token", "pipedrive_api_token", "apitoken")
 
 # Field definitions: v2 lists (cursor) for the entities that have them, v1 (offset) for the rest.
@@ -112,33 +117,35 @@ class SourceConfig:
     @classmethod
     def load(cls, options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None, token: str | None = None) -> SourceConfig:
         """The source's configuration from a run's `options`, the environment `env` and what the
-        caller passes (`base_url`, `token`: the Dagster resource's EnvVar values). The base URL is the
-        option `base_url`, else `base_url`, else PIPEDRIVE_BASE_URL; the token is `token`, else
-        PIPEDRIVE_API_TOKEN, never an option. Raises ConfigError (one line naming where the bad
-        value came from: the option or the variable) for a missing or malformed value."""
+        caller passes (`base_url`, `token`: the deployment's, e.g. the Dagster resource's EnvVar
+        values). The base URL is `base_url`, else PIPEDRIVE_BASE_URL, else the run's option
+        `base_url`: a worker reaches the source its deployment is configured with, and a
+        run's option that disagrees with it is refused before the run exists (`check_options`; it
+        had started runs whose workers reached another company and stopped every one of them:
+        SourceMismatch). The token is `token`, else PIPEDRIVE_API_TOKEN, never an option. Raises
+        ConfigError (one line naming where the bad value came from: the option or the variable)
+        for a missing or malformed value."""
         for key in options:
             if key.lower() in SECRET_OPTIONS:
                 raise ConfigError(f"the API token comes from {ENV_TOKEN}, never from run options (found option {key!r})")
-        # the run's option first (module docstring): the Dagster resource passes PIPEDRIVE_BASE_URL as
-        # `base_url`, which had won over the option, so a run's base_url was ignored where it was set
-        if options.get("base_url") and not isinstance(options["base_url"], str):
-            raise ConfigError(f"the option base_url must be an http(s) URL, got {options['base_url']!r}")
-        url = (options.get("base_url") or base_url or env.get(ENV_BASE_URL) or "").strip()
+        option = options.get("base_url")
+        if option is not None and not isinstance(option, str):
+            raise ConfigError(f"the option base_url must be an http(s) URL, got {option!r}")
+        # the deployment's URL first (the caller's, else the variable), the run's option where it has none
+        url, named = next(((u.strip(), n) for u, n in ((base_url, ENV_BASE_URL), (env.get(ENV_BASE_URL), ENV_BASE_URL),
+                                                        (option, "the option base_url")) if u and u.strip()),
+                          ("", ENV_BASE_URL))
         if not url:
             raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
-        if not url.startswith(("http://", "https://")):
-            shown = url.rsplit("@", 1)[-1][:80]  # what follows any credentials in it
-            named = "the option base_url" if options.get("base_url") else ENV_BASE_URL
-            raise ConfigError(f"{named} must be an http(s) URL, got {shown!r}")
+        check_base_url(url, named)
         secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
         if not secret:
             raise ConfigError(f"{ENV_TOKEN} is not set (the Pipedrive API token)")
         if any(c.isspace() for c in secret):
             raise ConfigError(f"{ENV_TOKEN} must not contain whitespace")
         burst_from = "burst_limit" if "burst_limit" in options else ENV_BURST_LIMIT  # named where it came from
-        # no upper bound: the plans' largest is 120 per 2 s (480 with OAuth; shared/pipedrive-openapi),
-        # but a sandbox serves any (the tests' 100,000), and the source's headers lower it anyway
-        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2)
+        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2,
+                          maximum=MAX_BURST_LIMIT)
         threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1,
                             maximum=MAX_FETCH_THREADS)
         return cls(url.rstrip("/"), secret, burst, threads)
@@ -148,8 +155,8 @@ class SourceConfig:
 # each with what it means; anything else is refused before the run exists (`check_options`): a typo
 # had been ignored silently, and a bad value stored with the run failed every one of its tasks.
 OPTIONS: dict[str, str] = {
-    "base_url": f"the API's base URL (default {ENV_BASE_URL})",
-    "burst_limit": f"requests per 2 s burst window, >= 2 (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
+    "base_url": f"the API's base URL where no {ENV_BASE_URL} is configured (refused when it disagrees with it)",
+    "burst_limit": f"requests per 2 s burst window, 2 to {MAX_BURST_LIMIT:,} (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
     "fetch_threads": f"mail fetches at once per lane thread, 1 to {MAX_FETCH_THREADS}",
     "detect_deletes": "a sync lists every id to find deletions (true/false; default true)",
     "overwrite_matched": "a changed source row overwrites the product row it was matched to (true/false; default false)",
@@ -171,7 +178,13 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
     if unknown:
         raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} for a "
                           f"pipedrive run; it takes: {', '.join(OPTIONS)}")
-    SourceConfig.load(options, env, base_url=base_url, token=token)
+    cfg = SourceConfig.load(options, env, base_url=base_url, token=token)
+    if options.get("base_url"):
+        check_base_url(options["base_url"].strip(), "the option base_url")
+        if cfg.base_url != options["base_url"].strip().rstrip("/"):
+            raise ConfigError(f"the option base_url ({without_userinfo(options['base_url'])}) disagrees with "
+                              f"{ENV_BASE_URL} ({without_userinfo(cfg.base_url)}), which this deployment's workers "
+                              f"reach: set {ENV_BASE_URL} instead (the option is for where it is not set)")
     for name in ("detect_deletes", "overwrite_matched"):
         value = options.get(name)
         ok = (value is None or isinstance(value, bool) or value in (0, 1)
@@ -179,6 +192,27 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
         if not ok:
             raise ConfigError(f"{name} must be true or false, got {value!r}")
     margin_option(options)
+
+
+def without_userinfo(url: str) -> str:
+    """`url` with no credentials, query or fragment (for a message): scheme, host, port and path."""
+    parts = urlsplit(url.strip())
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}"[:120]
+    return url.strip().rsplit("@", 1)[-1][:80]  # what follows any credentials in it
+
+
+def check_base_url(url: str, named: str) -> None:
+    """Refuse, with ConfigError naming `named` (the option or the variable), a base URL that is not
+    http(s) or that carries a query or a fragment (a fresh user's `...?api_token=...` answered 404 to
+    every task: the client appends paths to the base URL). Neither the query nor credentials are
+    shown."""
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{named} must be an http(s) URL, got {without_userinfo(url)!r}")
+    parts = urlsplit(url)
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ConfigError(f"{named} must be a base URL without a query or fragment, got {without_userinfo(url)!r}"
+                          " followed by one")
 
 
 def _positive(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
