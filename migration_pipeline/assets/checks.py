@@ -44,7 +44,7 @@ from typing import Any
 
 from dagster import PreviewWarning
 from dagster import (AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition,
-                     AssetCheckSpec, MetadataValue, multi_asset_check)
+                     AssetCheckSpec, Failure, MetadataValue, multi_asset_check)
 from psycopg import sql
 
 from engine_core import rollup as rollups
@@ -336,6 +336,16 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
     return result.passed, md
 
 
+def require_tenant(context: Any) -> None:
+    """Fail the step in one line when its run has no tenant partition: every phase asset and check
+    is per tenant, and Dagster's checks tab launches "Execute" with none (a fresh user's run failed with
+    DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
+    if not context.has_partition_key:
+        raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
+                                  "this with a tenant partition (the asset's Materialize, or the launchpad's "
+                                  "partition), or `migrate verify TENANT`", allow_retries=False)
+
+
 def can_list_ids(source: str) -> bool:
     """Whether the source's provider lists its ids (`Provider.source_ids`): the proof needs it."""
     try:
@@ -379,6 +389,7 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
         )
         def matches_source(context: AssetCheckExecutionContext, database: MigrationDatabase, source: SourceResource,
                            lane: LaneSettings):
+            require_tenant(context)
             if not proof_requested(context.run, key):
                 context.log.info(f"{MATCHES_SOURCE} of {spec.key.to_user_string()} skipped: it spends source tokens "
                                  "and runs only on its own (this check's page, or the verify_tenant job)")

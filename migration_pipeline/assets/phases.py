@@ -717,7 +717,7 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
     lookups - was ~0.1 s a phase of a small account's `migrate run`). The op is subsettable: a run
     that selects only some of the checks (a check's page, "Execute" on the checks tab) evaluates
     those and drains nothing; a run of the asset without its checks evaluates none."""
-    from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs  # it imports this module
+    from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_tenant  # it imports this module
 
     @multi_asset(
         name=spec.key.to_python_identifier(),
@@ -743,6 +743,7 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         lane: LaneSettings,
         new_run: NewRunOptions,
     ):
+        require_tenant(context)
         checks = {k.name for k in context.selected_asset_check_keys}
         if spec.key not in context.selected_asset_keys:
             yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)

@@ -93,3 +93,11 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
         assert _evaluations(checked)["no_duplicate_claims"].passed
         assert not checked.get_asset_materialization_events()
         assert sb.stats()["requests_total"] == before
+
+        # the checks tab's "Execute" sends no partition: one line saying so, not Dagster's invariant error
+        for key in (ledger, proof):
+            bare = implicit.get_subset(asset_selection=set(), asset_check_selection={key}).execute_in_process(
+                instance=instance, raise_on_error=False)
+            failure = next(e for e in bare.all_events if e.event_type_value == "STEP_FAILURE")
+            assert failure.step_failure_data.user_failure_data.description.startswith("no tenant partition"), key
+        assert sb.stats()["requests_total"] == before
