@@ -355,9 +355,10 @@ def can_list_ids(source: str) -> bool:
 
 
 def proof_requested(run: Any, key: AssetCheckKey) -> bool:
-    """Whether a Dagster run asked for the proof `key` on its own: it materialises no asset (its
-    asset selection is given and empty) and its check selection, when it has one, names the check -
-    the check's own page, or a launch of the checks alone.
+    """Whether a Dagster run asked for the proof `key` on its own: it materialises no asset and
+    either its check selection names the check (a launch of checks alone: Dagster stores its asset
+    selection as None, a fresh user found - the proof had been skipped there) or its asset selection
+    is given and empty with no check selection (a job of checks).
 
     "Materialize all" on the asset graph (and a backfill) puts every check of the selected assets in
     the run, `matches_source` included; a launch of `__ASSET_JOB` with no selection runs every asset
@@ -365,7 +366,9 @@ def proof_requested(run: Any, key: AssetCheckKey) -> bool:
     materialize-all must not call the source). The `verify_tenant` job is the other way in (jobs.py)."""
     assets = getattr(run, "asset_selection", None)
     checks = getattr(run, "asset_check_selection", None)
-    return assets is not None and not assets and (checks is None or key in checks)
+    if assets:  # it materialises assets
+        return False
+    return assets is not None if checks is None else key in checks
 
 
 def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
@@ -383,7 +386,7 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
                                                "the ledger = the product's rows: names every missing, extra, "
                                                "duplicated and stale row, and the requests and tokens it spent. "
                                                "Spends source tokens, so it runs only when asked for on its own "
-                                               "(this check's page, or the verify_tenant job): a materialize-all "
+                                               "(the verify_tenant job, or a launch of this check alone on a tenant partition): a materialize-all "
                                                "skips it."))],
             can_subset=True,
         )
@@ -392,7 +395,7 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
             require_tenant(context)
             if not proof_requested(context.run, key):
                 context.log.info(f"{MATCHES_SOURCE} of {spec.key.to_user_string()} skipped: it spends source tokens "
-                                 "and runs only on its own (this check's page, or the verify_tenant job)")
+                                 "and runs only on its own (the verify_tenant job, or a launch of this check alone on a tenant partition)")
                 return
             passed, md = source_check(database.database(), source.provider(), context.partition_key, spec,
                                       lane.engine_settings())

@@ -43,7 +43,8 @@ def test_proof_requested_only_for_a_run_of_the_check_alone():
     assert proof_requested(run(asset_selection=frozenset(), asset_check_selection=None), key)  # a job of checks
     assert not proof_requested(run(asset_selection=frozenset({key.asset_key}), asset_check_selection=frozenset({key})), key)
     assert not proof_requested(run(asset_selection=None, asset_check_selection=None), key)  # the whole job
-    assert not proof_requested(run(asset_selection=None, asset_check_selection=frozenset({key})), key)
+    # a launch of the check alone (with its tenant partition): Dagster stores no asset selection
+    assert proof_requested(run(asset_selection=None, asset_check_selection=frozenset({key})), key)
     assert not proof_requested(run(asset_selection=frozenset(), asset_check_selection=frozenset({other})), key)
 
 
