@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -154,6 +155,35 @@ def _fail(e: Exception | str) -> None:
     message = " ".join(str(e).split()) or type(e).__name__
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+class AboveZero(click.ParamType):
+    """A float option that must be finite and above 0 (`--timeout` seconds, `--live` changes per
+    second): anything else - 0, -1, nan, inf, 1e400 (read as inf), "abc" - is one line naming the
+    option and the value (`_fail`: exit 2), at parse time, before anything is launched. click's
+    FloatRange(min=0, min_open=True) refuses 0 and negatives but lets nan and inf through, and its
+    refusal is click's usage block; `migrate run --timeout 0` (or -1) launched the run and at once
+    cancelled it, leaving the tenant stopped, and `--timeout nan` never timed out. `what` names the
+    unit in the message: "a number of seconds", "a rate ... changes per second"."""
+
+    name = "float"
+
+    def __init__(self, what: str = "a number of seconds above 0") -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        opt = param.opts[0] if param is not None and param.opts else "the value"
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            _fail(f"{opt} must be {self.what}, got {value!r}")
+        return number
+
+
+SECONDS = AboveZero()
+RATE = AboveZero("a rate above 0 changes per second")
 
 
 class _Commands(click.Group):
@@ -994,7 +1024,7 @@ def exit_launched(code: int) -> None:
                                             "(the catch-up phase always runs last; it is not a kind to pick)")
 @click.option("--dry-run", is_flag=True)
 @click.option("--options", "options_json", default=None, help="provider options as JSON (a new run only)")
-@click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds")
+@click.option("--timeout", default=None, type=SECONDS, help="give up waiting after this many seconds")
 @click.option("--new-run", is_flag=True, help="migrate a tenant whose latest run succeeded again, from scratch")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, options_json: str | None,
@@ -1079,7 +1109,7 @@ def check_sync(db: dbmod.Database, tenant: str, source: str) -> None:
 @main.command("sync")
 @click.argument("tenant")
 @click.option("--source", default=None, help="default: MIGRATE_SOURCE, else pipedrive")
-@click.option("--timeout", default=None, type=float, help="give up waiting after this many seconds")
+@click.option("--timeout", default=None, type=SECONDS, help="give up waiting after this many seconds")
 @click.option("--json", "as_json", is_flag=True)
 def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bool) -> None:
     """Bring TENANT's changes since its last succeeded run or sync: launches the tenant's partition
@@ -1112,7 +1142,7 @@ def _pipedrive_ready() -> bool:
 @click.option("--in-process", is_flag=True, help="drain here without Dagster (the engine alone)")
 @click.option("--live", is_flag=True, help="a live sandbox account: migrate while it changes, stop the "
                                            "changes, sync, verify from the source")
-@click.option("--live-rate", default=2.0, show_default=True, type=float, help="changes per second (with --live)")
+@click.option("--live-rate", default=2.0, show_default=True, type=RATE, help="changes per second (with --live)")
 def demo(scale: str, in_process: bool, live: bool, live_rate: float) -> None:
     """One tenant migrated end to end through Dagster on the embedded database: a sandbox Pipedrive
     account when the provider is available, else the in-memory example source. With --live the
@@ -1309,7 +1339,7 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 @click.option("--token", default="sandbox-token", show_default=True)
 @click.option("--latency", default="none", show_default=True)
 @click.option("--faults", default="", show_default=True)
-@click.option("--live", "live_rate", default=None, type=float, metavar="RATE",
+@click.option("--live", "live_rate", default=None, type=RATE, metavar="RATE",
               help="a live account: RATE changes per second (create, update, delete, archive, merge, mail)")
 @click.option("--live-max", default=None, type=int, metavar="N", help="with --live: stop after N changes")
 def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str, live_rate: float | None,
@@ -1319,9 +1349,7 @@ def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: 
     from pipedrive_sandbox.server import serve
 
     live: dict[str, Any] = {}
-    if live_rate is not None:
-        if live_rate <= 0:
-            _fail(f"--live must be a rate above 0 changes per second, got {live_rate:g}")
+    if live_rate is not None:  # above 0 and finite (RATE)
         live["live_rate"] = live_rate
     if live_max is not None:
         if live_rate is None:

@@ -6,6 +6,8 @@ no traceback, and nothing left behind:
   launched (no partition, no Dagster run), and so are missing PIPEDRIVE_* variables; a partition a
   failed launch added is taken back;
 * `migrate sandbox` on a busy port;
+* --timeout (run, sync) and the live rates (sandbox --live, demo --live-rate) refuse 0, negatives,
+  nan and inf at parse time;
 * a second `migrate ui` on an instance a UI or daemon already serves refuses, naming where;
 * a dry run's tables say "would import", never "imported".
 """
@@ -172,6 +174,30 @@ def test_kinds_naming_no_kind_is_an_error_not_every_kind(db_url, run_env, kinds)
     env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
     _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", kinds], env), "--kinds names no kind")
     _nothing_launched(db_url)
+
+
+@pytest.mark.parametrize("command", [["run", "--tenant", "acme"], ["sync", "acme"]])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e400", "soon"])
+def test_a_timeout_must_be_finite_seconds_above_zero(db_url, run_env, command, value):
+    # `migrate run --timeout 0` (or -1) launched the run and cancelled it at once, leaving the tenant
+    # stopped; `--timeout nan` never timed out
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    _one_line_error(_migrate_in_process([*command, "--timeout", value], env),
+                    f"--timeout must be a number of seconds above 0, got {value!r}")
+    _nothing_launched(db_url)
+
+
+@pytest.mark.parametrize("args", [["sandbox", "--live", "nan"], ["sandbox", "--live", "inf"],
+                                  ["demo", "--live", "--live-rate", "nan"], ["demo", "--live", "--live-rate", "0"]])
+def test_a_live_rate_must_be_finite_and_above_zero(capsys, args):
+    # parsed only (make_context): a rate let through would serve or migrate until stopped
+    from migration_pipeline.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main.commands[args[0]].make_context(args[0], args[1:])
+    assert exited.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert lines == [f"error: {args[-2]} must be a rate above 0 changes per second, got {args[-1]!r}"], lines
 
 
 @pytest.mark.parametrize("how", ["MIGRATE_SOURCE", "--source"])
