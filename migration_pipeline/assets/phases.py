@@ -618,8 +618,10 @@ def materialize_phase(
     source: SourceResource,
     lane: LaneSettings,
     new_run: NewRunOptions,
+    on_closed: Any = None,
 ) -> MaterializeResult | None:
-    """The phase op's body (see the module docstring). A terminate landing anywhere in it stops the
+    """The phase op's body (see the module docstring); `on_closed()`, when given, is called once the
+    phase is seen closed, before its rollup is read (the op starts its checks there). A terminate landing anywhere in it stops the
     engine run (`stop_after_termination`); when the Dagster run was asked to terminate, the step
     ends with a one-line Failure ("stopped by a terminate request; relaunch resumes engine run N")
     instead of DagsterExecutionInterruptedError's stack trace, and the run still ends CANCELED
@@ -627,7 +629,7 @@ def materialize_phase(
     db = database.database()
     attached: list[Run] = []
     try:
-        return _materialize_phase(context, spec, db, source, lane, new_run, attached)
+        return _materialize_phase(context, spec, db, source, lane, new_run, attached, on_closed)
     except Exception:
         raise
     except BaseException as e:
@@ -648,6 +650,7 @@ def _materialize_phase(
     lane: LaneSettings,
     new_run: NewRunOptions,
     attached: list[Run],
+    on_closed: Any = None,
 ) -> MaterializeResult | None:
     run_tags = RunTags(context)  # read once: the op's own writes keep it true
     run = attach_run(context, db, source, new_run, run_tags)
@@ -693,6 +696,8 @@ def _materialize_phase(
             cancel_this_run(context, f"{run.name} was stopped before phase {phase + 1} closed ({why}); launch the "
                                      "partition again to resume from the checkpoints")
         raise Failure(f"phase {phase + 1} of {run.name} is still open (drain ended: {result.reason})")
+    if on_closed is not None:
+        on_closed()
     if reporter.reports:
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
@@ -748,19 +753,25 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         if spec.key not in context.selected_asset_keys:
             yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
             return
-        result = materialize_phase(context, spec, database, source, lane, new_run)
-        if result is None:
-            return  # not materialised: nothing for the checks to check (a skipped checks step before)
-        if not checks:
-            yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
-            return
-        # The checks' queries (their own snapshot of the closed phase, read-only) run on a thread
-        # while Dagster records the materialisation; their results are yielded after it, so their
-        # evaluations name it as the one they checked.
+        # The checks' queries (their own snapshot of the phase, read-only) start on a thread as soon as
+        # the phase is seen closed, while the op reads the rollup and Dagster records the
+        # materialisation; their results are yielded after it, so their evaluations name it as the
+        # one they checked. A phase that fails (failed tasks) yields no evaluations, as before.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checks-{spec.index + 1}") as aside:
-            evaluated = aside.submit(evaluate_ledger_checks, database.database(), context.partition_key, spec, checks)
+            started = []
+
+            def start_checks() -> None:
+                started.append(aside.submit(evaluate_ledger_checks, database.database(), context.partition_key, spec,
+                                            checks))
+
+            result = materialize_phase(context, spec, database, source, lane, new_run,
+                                       on_closed=start_checks if checks else None)
+            if result is None:
+                return  # not materialised: nothing for the checks to check (a skipped checks step before)
             yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
-            yield from evaluated.result()
+            if checks:  # a phase materialised as not planned was never seen closed: checked here
+                yield from (started[0].result() if started else
+                            evaluate_ledger_checks(database.database(), context.partition_key, spec, checks))
 
     return _phase
 

@@ -239,14 +239,17 @@ def test_kinds_add_up_fails_as_an_asset_check_when_a_ledger_row_is_lost(instance
     the phase's `kinds_add_up` check, evaluated in the same Dagster run, fails and names it."""
     from migration_pipeline.assets import phases
 
-    original = phases.phase_metadata
+    original = phases.LaunchLanes.stop
 
-    def lose_a_row_then_report(db_, r, phase):  # type: ignore[no-untyped-def]
-        if phase == 2:
-            db_.sql("DELETE FROM migration_records WHERE tenant_id = 'lost' AND kind = 'deals' AND source_id = '7'")
-        return original(db_, r, phase)
+    def stop_then_lose_a_row(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        # the op's threads stopped once phase 3 has closed, before the op reads its rollup and its
+        # checks' snapshot is taken
+        stopped = original(self, *args, **kwargs)
+        if self.phase == 2:
+            self.db.sql("DELETE FROM migration_records WHERE tenant_id = 'lost' AND kind = 'deals' AND source_id = '7'")
+        return stopped
 
-    monkeypatch.setattr(phases, "phase_metadata", lose_a_row_then_report)
+    monkeypatch.setattr(phases.LaunchLanes, "stop", stop_then_lose_a_row)
     result = materialize_tenant(instance, "lost", resources(engine_url, options=SMALL))
     checks = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
     failed = checks[("phase_3_deals", "kinds_add_up")]
