@@ -621,8 +621,8 @@ def materialize_phase(
     on_closed: Any = None,
 ) -> MaterializeResult | None:
     """The phase op's body (see the module docstring); `on_closed()`, when given, is called once the
-    phase is seen closed, before its rollup is read (the op starts its checks there). A terminate landing anywhere in it stops the
-    engine run (`stop_after_termination`); when the Dagster run was asked to terminate, the step
+    phase is seen closed, before its rollup is read (the op starts its checks there). A terminate
+    landing anywhere in it stops the engine run (`stop_after_termination`); when the Dagster run was asked to terminate, the step
     ends with a one-line Failure ("stopped by a terminate request; relaunch resumes engine run N")
     instead of DagsterExecutionInterruptedError's stack trace, and the run still ends CANCELED
     (a CANCELING run whose steps failed ends CANCELED). Any other interrupt is re-raised."""
@@ -717,11 +717,13 @@ def _materialize_phase(
 
 def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition:
     """The phase's asset, with its three ledger checks (checks.ledger_check_specs) evaluated in the
-    same op right after the materialisation: one step per phase, not two (issue 11: a separate
-    checks step per phase - its own start and success events, inputs' data versions, the partition
-    lookups - was ~0.1 s a phase of a small account's `migrate run`). The op is subsettable: a run
-    that selects only some of the checks (a check's page, "Execute" on the checks tab) evaluates
-    those and drains nothing; a run of the asset without its checks evaluates none."""
+    same op: their queries start when the phase is seen closed, their results follow the
+    materialisation. One step per phase, not two (issue 11: a separate checks step per phase - its
+    own start and success events, inputs' data versions, the partition lookups - was ~0.1 s a phase
+    of a small account's `migrate run`). The op is subsettable: a run that selects only some of the
+    checks on a tenant partition evaluates those and drains nothing (without a partition - the
+    checks tab's "Execute" sends none - the step fails in one line saying so); a run of the asset
+    without its checks evaluates none."""
     from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_tenant  # it imports this module
 
     @multi_asset(
