@@ -5,6 +5,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from engine_core.errors import ConfigError
 
@@ -156,3 +157,16 @@ def check_environment(env: dict[str, str] | None = None) -> Settings:
 def migrate_home(env: dict[str, str] | None = None) -> Path:
     env = dict(os.environ if env is None else env)
     return Path(env.get("MIGRATE_HOME") or "./.migrate").expanduser().resolve()
+
+
+def shown_url(url: str) -> str:
+    """`url` as a message may show it: scheme, host, port and path, with no user:password, query
+    or fragment ("http://u:p@127.0.0.1:8811/x?api_token=t#f" -> "http://127.0.0.1:8811/x"; the port
+    is kept, a fresh user's find). A value that is not an http(s) URL keeps only what follows any
+    credentials in it. At most 120 characters (80 for a value that is no URL). A token put in a
+    base URL's query (`...?api_token=...`) never reaches a message through it (the brief: secrets
+    never reach logs or exceptions)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme in ("http", "https") and parts.netloc:
+        return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}"[:120]
+    return url.strip().rsplit("@", 1)[-1][:80]

@@ -53,6 +53,7 @@ from urllib.parse import urlsplit
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
+from engine_core.config import shown_url
 from migration_pipeline import stack, tags
 from migration_pipeline.jobs import TENANT_JOB
 from migration_pipeline.partitions import TENANTS
@@ -105,16 +106,6 @@ TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 TENANT_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit, at most 63 characters"
 
 
-def without_credentials(url: str) -> str:
-    """`url` as it may be shown: any user and password taken out of its authority, the host and
-    port kept ("http://u:p@127.0.0.1:8811/x" -> "http://127.0.0.1:8811/x"; the port had been lost)."""
-    parts = urlsplit(url)
-    if not (parts.username or parts.password):
-        return url
-    host_port = parts.netloc.rsplit("@", 1)[-1]
-    return parts._replace(netloc=host_port).geturl()
-
-
 def check_tenant(tenant: str, given_as: str = "--tenant") -> str:
     """The tenant name, or ConfigError (one line, naming the value and `given_as`, how the command
     took it: "--tenant", or "TENANT" for a positional argument) when it is not TENANT_PATTERN:
@@ -147,7 +138,7 @@ def check_source_reachable(source: str, env: dict[str, str] | None = None,
     if not name or not url:
         return
     parts = urlsplit(url)
-    shown = without_credentials(url)
+    shown = shown_url(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
@@ -243,7 +234,7 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
     from engine_core.providers.pipedrive.provider import ENV_BASE_URL as base_env
 
     cfg = provider.config()
-    shown = without_credentials(cfg.base_url)
+    shown = shown_url(cfg.base_url)
     try:
         with PipedriveClient(cfg.base_url, cfg.token, timeout=timeout, max_retries=0) as client:
             client.me()

@@ -64,6 +64,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine_core.budget import Budget
+from engine_core.config import shown_url
 from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import ConfigError
@@ -182,8 +183,8 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
     if options.get("base_url"):
         check_base_url(options["base_url"].strip(), "the option base_url")
         if cfg.base_url != options["base_url"].strip().rstrip("/"):
-            raise ConfigError(f"the option base_url ({without_userinfo(options['base_url'])}) disagrees with "
-                              f"{ENV_BASE_URL} ({without_userinfo(cfg.base_url)}), which this deployment's workers "
+            raise ConfigError(f"the option base_url ({shown_url(options['base_url'])}) disagrees with "
+                              f"{ENV_BASE_URL} ({shown_url(cfg.base_url)}), which this deployment's workers "
                               f"reach: set {ENV_BASE_URL} instead (the option is for where it is not set)")
     for name in ("detect_deletes", "overwrite_matched"):
         value = options.get(name)
@@ -194,24 +195,16 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
     margin_option(options)
 
 
-def without_userinfo(url: str) -> str:
-    """`url` with no credentials, query or fragment (for a message): scheme, host, port and path."""
-    parts = urlsplit(url.strip())
-    if parts.scheme in ("http", "https") and parts.netloc:
-        return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}{parts.path}"[:120]
-    return url.strip().rsplit("@", 1)[-1][:80]  # what follows any credentials in it
-
-
 def check_base_url(url: str, named: str) -> None:
     """Refuse, with ConfigError naming `named` (the option or the variable), a base URL that is not
     http(s) or that carries a query or a fragment (a fresh user's `...?api_token=...` answered 404 to
     every task: the client appends paths to the base URL). Neither the query nor credentials are
     shown."""
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{named} must be an http(s) URL, got {without_userinfo(url)!r}")
+        raise ConfigError(f"{named} must be an http(s) URL, got {shown_url(url)!r}")
     parts = urlsplit(url)
     if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise ConfigError(f"{named} must be a base URL without a query or fragment, got {without_userinfo(url)!r}"
+        raise ConfigError(f"{named} must be a base URL without a query or fragment, got {shown_url(url)!r}"
                           " followed by one")
 
 
