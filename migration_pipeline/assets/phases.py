@@ -722,9 +722,11 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
     own start and success events, inputs' data versions, the partition lookups - was ~0.1 s a phase
     of a small account's `migrate run`). The op is subsettable: a run that selects only some of the
     checks on a tenant partition evaluates those and drains nothing (without a partition - the
-    checks tab's "Execute" sends none - the step fails in one line saying so); a run of the asset
+    checks tab's "Execute" sends none - or on a tenant with no run of the source, the step fails in
+    one line saying so); a run of the asset
     without its checks evaluates none."""
-    from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_tenant  # it imports this module
+    from migration_pipeline.assets.checks import (  # it imports this module
+        evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant)
 
     @multi_asset(
         name=spec.key.to_python_identifier(),
@@ -753,6 +755,7 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         require_tenant(context)
         checks = {k.name for k in context.selected_asset_check_keys}
         if spec.key not in context.selected_asset_keys:
+            require_run(database.database(), context.partition_key, spec)
             yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
             return
         # The checks' queries (their own snapshot of the phase, read-only) start on a thread as soon as

@@ -102,3 +102,12 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
             failure = next(e for e in bare.all_events if e.event_type_value == "STEP_FAILURE")
             assert failure.step_failure_data.user_failure_data.description.startswith("no tenant partition"), key
         assert sb.stats()["requests_total"] == before
+
+        # a ledger check on its own on a tenant never migrated: one line saying so, not a pass of 0 = 0
+        instance.add_dynamic_partitions("tenants", ["never"])
+        empty = implicit.get_subset(asset_selection=set(), asset_check_selection={ledger}).execute_in_process(
+            partition_key="never", instance=instance, raise_on_error=False)
+        failure = next(e for e in empty.all_events if e.event_type_value == "STEP_FAILURE")
+        assert failure.step_failure_data.user_failure_data.description.startswith(
+            "tenant 'never' has no pipedrive run"), failure.step_failure_data.user_failure_data.description
+        assert not _evaluations(empty)
