@@ -270,7 +270,9 @@ def run_progress(db: Database, run_id: int) -> dict[str, Any]:
     Per phase: 100 once closed; by rows against the source's count where every kind has one, else
     by tasks done. The run's percent weighs every phase equally (phases differ wildly in size, so
     it is a coarse figure). The ETA extrapolates the run's elapsed time over its percent, and is
-    None before anything is done or once the run is terminal."""
+    None before anything is done or once the run is terminal. "idle_seconds", while the run is live
+    (else None): seconds since anything worked on it (its heartbeat, a task's checkpoint or finish,
+    a running task's lock renewed: `run_idle_seconds`)."""
     run = db.fetch_one("get_run", {"run_id": run_id})
     if run is None:
         return {"percent": None, "eta_seconds": None, "phases": []}
@@ -284,11 +286,13 @@ def run_progress(db: Database, run_id: int) -> dict[str, Any]:
         phases.append({"phase": i, "kinds": kinds, "percent": round(pct or 0.0, 1), "tasks_done": p.tasks_done,
                        "tasks_total": p.tasks_total, "source_total": p.source_total, "seen": p.seen})
     percent = round(sum(ph["percent"] for ph in phases) / len(phases), 1) if phases else 100.0
-    eta = None
-    if run["status"] in ("running", "stopping") and run["started_at"] is not None and 0 < percent < 100:
-        elapsed = time.time() - run["started_at"].timestamp()
-        eta = round(elapsed * (100 - percent) / percent, 1)
-    return {"percent": percent, "eta_seconds": eta, "phases": phases}
+    eta = idle = None
+    if run["status"] in ("running", "stopping"):
+        idle = round(float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"]), 1)
+        if run["started_at"] is not None and 0 < percent < 100:
+            elapsed = time.time() - run["started_at"].timestamp()
+            eta = round(elapsed * (100 - percent) / percent, 1)
+    return {"percent": percent, "eta_seconds": eta, "idle_seconds": idle, "phases": phases}
 
 
 class ProgressBoard:
@@ -339,12 +343,21 @@ class ProgressBoard:
         return out
 
 
-def status_line(progress: dict[str, Any]) -> str:
-    """`run_progress` as one line for `migrate status`: "62% done, ETA 4m10s; phase 3: 40% (...)"."""
+def status_line(progress: dict[str, Any], stale_after: float | None = None) -> str:
+    """`run_progress` as one line for `migrate status`: "62% done, ETA 4m10s; phase 3: 40% (...)".
+
+    With `stale_after` (seconds: the stale-lock threshold, beyond which a running task's lock
+    belongs to a dead process) and a live run idle for longer, the ETA gives way to "nothing has
+    worked on it for 5m12s: no worker is draining it" (after a `kill -9` of `migrate run` with no
+    daemon, status had said "running ... ETA" as if all were well: a fresh user's find)."""
     if progress.get("percent") is None:
         return ""
     text = f"{progress['percent']:.0f}% done"
-    if progress.get("eta_seconds") is not None:
+    idle = progress.get("idle_seconds")
+    if stale_after is not None and idle is not None and idle > stale_after:
+        text += (f"; nothing has worked on it for {format_seconds(idle)}: no worker is draining it (a stopped "
+                 "or killed command, or a daemon that is down)")
+    elif progress.get("eta_seconds") is not None:
         text += f", ETA {format_seconds(progress['eta_seconds'])}"
     open_phases = [p for p in progress.get("phases", []) if 0 < p["percent"] < 100 or (p["tasks_total"] and p["percent"] < 100)]
     for p in open_phases[:1]:

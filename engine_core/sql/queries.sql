@@ -25,6 +25,15 @@ SELECT m.*,
 -- name: get_run --
 SELECT * FROM migrations WHERE id = %(run_id)s;
 
+-- name: run_idle_seconds --
+-- Seconds since anything worked on the run: its heartbeat (a settled task's, throttled), its tasks'
+-- checkpoints and finishes, and the lock keeper's renewals of running tasks' locks (every third of
+-- the stale-lock threshold). `migrate status` says when this passes the threshold.
+SELECT extract(epoch FROM now() - greatest(m.heartbeat_at,
+         (SELECT max(greatest(t.updated_at, t.locked_at)) FROM migration_tasks t WHERE t.migration_id = m.id)))::float8
+       AS idle_seconds
+  FROM migrations m WHERE m.id = %(run_id)s;
+
 -- name: insert_run --
 -- Fenced by the partial unique index migrations_one_live_run: a second live run fails to insert.
 INSERT INTO migrations (tenant_id, source, source_account, source_identity, plan, options, dry_run)

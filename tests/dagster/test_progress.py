@@ -13,7 +13,7 @@ import io
 import httpx
 
 from engine_core import runs
-from engine_core.progress import ProgressBoard, SourceMetrics, run_progress
+from engine_core.progress import ProgressBoard, SourceMetrics, run_progress, status_line
 from engine_core.providers.base import provider_for
 from engine_core.providers.pipedrive import client as client_mod
 from engine_core.worker import drain_threads
@@ -92,6 +92,20 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     mid = run_progress(db, run.id)
     assert mid["phases"][0]["percent"] == 50.0 and mid["percent"] == 10.0
     assert 500 <= mid["eta_seconds"] <= 560  # 60 s for 10%: about 540 s to go
+    assert mid["idle_seconds"] < 60 and "ETA" in status_line(mid, stale_after=120)
+
+    # nothing has touched the run for 10 minutes (its command was killed, no daemon): no ETA, said so
+    db.sql("UPDATE migrations SET heartbeat_at = now() - interval '10 minutes' WHERE id = %(r)s", {"r": run.id})
+    db.sql("UPDATE migration_tasks SET updated_at = now() - interval '11 minutes',"
+           " locked_at = now() - interval '12 minutes' WHERE migration_id = %(r)s", {"r": run.id})
+    idle = run_progress(db, run.id)
+    assert 600 <= idle["idle_seconds"] < 660, idle
+    line = status_line(idle, stale_after=120)
+    assert "ETA" not in line and "nothing has worked on it for 10m" in line and "no worker is draining it" in line, line
+    # a running task's lock renewed a minute ago: something works on it
+    db.sql("UPDATE migration_tasks SET locked_at = now() - interval '1 minute' WHERE id = (SELECT min(id) FROM"
+           " migration_tasks WHERE migration_id = %(r)s)", {"r": run.id})
+    assert "ETA" in status_line(run_progress(db, run.id), stale_after=120)
 
     db.sql("UPDATE migration_tasks SET status = 'pending', finished_at = NULL WHERE migration_id = %(r)s", {"r": run.id})
     drain_threads(db, run.id, width=2, settings=FAST)
