@@ -43,5 +43,5 @@ setup(
         # `make bench`'s comparison tool (bench/entity_path.py): dlt's rest_api source into Postgres
         "bench": ["dlt[postgres]==1.31.0"],
     },
-    entry_points={"console_scripts": ["migrate=migration_pipeline.cli:main"]},
+    entry_points={"console_scripts": ["migrate=migration_pipeline.entry:main"]},
 )

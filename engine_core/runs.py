@@ -376,6 +376,23 @@ def covered_by(latest: Run, provider: Provider, start_kwargs: dict[str, Any] | N
     return not latest.dry_run or bool(kw.get("dry_run"))
 
 
+def existing_attachment(db: Database, tenant_id: str, source: str) -> Attached | None:
+    """Steps 2 and 3 of `attach`: the tenant's live run of `source` ("joined"), else its latest run
+    when that failed or was stopped ("rerun"); None when a launch would start a new run or meet a
+    succeeded one. `migrate run` asks this too, for its note on flags a relaunch ignores, so the
+    note and the launch cannot disagree about which run is worked on."""
+    current = live_run(db, tenant_id, source)
+    if current is not None:
+        return Attached(current, "joined", f"joined {current.name}")
+    try:
+        latest = latest_run(db, tenant_id, source)
+    except RunNotFound:
+        return None
+    if latest.status in ("failed", "stopped"):
+        return Attached(latest, "rerun", f"rerunning {latest.name} ({latest.status})")
+    return None
+
+
 def attach(
     db: Database,
     provider: Provider,
@@ -406,15 +423,13 @@ def attach(
                 return Attached(tagged, "attached")
         except RunNotFound:
             pass
-    current = live_run(db, tenant_id, source)
-    if current is not None:
-        return Attached(current, "joined", f"joined {current.name}")
+    existing = existing_attachment(db, tenant_id, source)
+    if existing is not None:
+        return existing
     try:
         latest: Run | None = latest_run(db, tenant_id, source)
     except RunNotFound:
         latest = None
-    if latest is not None and latest.status in ("failed", "stopped"):
-        return Attached(latest, "rerun", f"rerunning {latest.name} ({latest.status})")
     if not may_start:
         raise RunNotFound(f"tenant {tenant_id!r} has no live {source} run to join")
     if latest is not None and latest.status == "succeeded" and not new_run and covered_by(latest, provider, start_kwargs):

@@ -229,15 +229,18 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     if not overview:
         console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
         return
-    table = Table(title="tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)")
-    for col in ("tenant", "source", "run", "status", "phase", "tasks", "started (UTC)", "finished (UTC)"):
-        table.add_column(col, justify="right" if col in ("run", "phase") else "left")
-    for o in overview:
-        status = o["status"] + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else "")
-        table.add_row(o["tenant"], o["source"], f"#{o['run_id']}", status, o["phase"],
-                      ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
-                      *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-"
-                        for k in ("started_at", "finished_at")))
+    columns = [("tenant", "left"), ("source", "left"), ("run", "right"), ("status", "left"), ("phase", "right"),
+               ("tasks", "left"), ("started (UTC)", "left"), ("finished (UTC)", "left")]
+    rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
+             o["status"] + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
+             o["phase"], ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
+             *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
+            for o in overview]
+    # an 80-column terminal had cut every cell short (a fresh user's find): names and tasks fold,
+    # and the times go first when it is still too narrow
+    table = fitted_table("tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)",
+                         columns, rows, fold=("tenant", "source", "status", "tasks"),
+                         drop=("finished (UTC)", "started (UTC)"))
     console.print(table)
 
 
@@ -260,6 +263,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         except EngineError as e:
             _fail(e)
         from engine_core.budget import waiting_state
+        from engine_core.config import check_environment
         from engine_core.progress import run_progress, status_line
 
         done = run_progress(db, r.run_id)  # percent and ETA (engine_core.progress)
@@ -267,9 +271,15 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
 
+        stale_after = check_environment().stale_lock_seconds
+        unattended = done["idle_seconds"] is not None and done["idle_seconds"] > stale_after
+
         def render() -> None:
             print_rollup(r)
-            console.print(status_line(done))
+            console.print(status_line(done, stale_after))
+            if unattended:
+                console.print(f"[yellow]`migrate run --tenant {tenant}` resumes it here; `migrate ui` (a daemon) "
+                              "runs it in the background[/yellow]")
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
@@ -281,16 +291,22 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 @click.option("--kind", default=None)
 @click.option("--stat", default="imported", show_default=True, help="the payload stat to group by")
 @click.option("--top", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--run", "run_id", default=None, type=click.IntRange(min=1),
+              help="an earlier run of TENANT (its number, as `migrate status` and `explain` name it); default: the latest")
 @click.option("--json", "as_json", is_flag=True)
-def report(tenant: str, kind: str | None, stat: str, top: int, as_json: bool) -> None:
-    """Task duration grouped by the task's own payload (group by payload before blaming anything)."""
+def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | None, as_json: bool) -> None:
+    """Task duration grouped by the task's own payload (group by payload before blaming anything).
+    The latest run of TENANT, or --run N: after a sync, the full run before it (a fresh user could
+    not reach it)."""
     with _db() as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table (a fresh user's find)
             check_explain(db, tenant, kind)
         try:
-            run = runs.latest_run(db, tenant)
+            run = runs.latest_run(db, tenant) if run_id is None else runs.get_run(db, run_id)
         except EngineError as e:
             _fail(e)
+        if run.tenant_id != tenant:
+            _fail(f"run #{run.id} is tenant {run.tenant_id!r}'s, not {tenant!r}'s")
         check_stat(db, run, kind, stat)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
         reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
@@ -337,13 +353,16 @@ def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> Non
               f"{', '.join(stats) if stats else 'nothing yet'}")
 
 
-@main.command()
+# ignore_unknown_options: an id such as "-1" is the id, not an unknown option (a fresh user's find)
+@main.command(context_settings={"ignore_unknown_options": True})
 @click.argument("tenant")
 @click.argument("kind")
 @click.argument("source_id")
 @click.option("--json", "as_json", is_flag=True)
 def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
-    """What happened to one source row, from the ledger."""
+    """What happened to one source row, from the ledger. SOURCE_ID is taken without the spaces
+    around it (a pasted " 42" had not been found)."""
+    source_id = source_id.strip()
     with _db() as db:
         check_explain(db, tenant, kind)
         story = rollups.explain(db, tenant, kind, source_id)
@@ -673,8 +692,11 @@ class _Progress:
 
     @staticmethod
     def _line(r: Any, phase: int, state: str) -> None:
-        counts = ", ".join(f"{k.kind} {k.imported} imported/{k.updated} updated/{k.already_here} here/"
-                           f"{k.failed} failed" for k in r.phase_kinds(phase))
+        # skipped rows and a dry run's wording as the results tables have them (a fresh user's find:
+        # the lines left skipped rows out and a dry run's said "imported")
+        imported = "would import" if r.dry_run else "imported"
+        counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} updated/{k.already_here} here/"
+                           f"{k.skipped} skipped/{k.failed} failed" for k in r.phase_kinds(phase))
         console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:
@@ -756,7 +778,7 @@ def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_ru
 def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
     """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
-    resumed), as `runs.attach` decides - and it was given --options or --kinds: those are ignored,
+    resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
     the run keeps what it started with (a fresh user's options went unused without a
     word). None when the launch starts a new run or was given none of them.
 
@@ -768,16 +790,11 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
     writes nothing and that a run that writes can start once the dry one has succeeded."""
     options = json.loads(new_cfg.get("options_json") or "{}")
     wants_dry = bool(new_cfg.get("dry_run"))
-    run = runs.live_run(db, tenant, source)
-    how = "joins"
-    if run is None:
-        try:
-            run = runs.latest_run(db, tenant, source)
-        except EngineError:
-            return None
-        if run.status not in ("failed", "stopped"):
-            return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
-        how = "resumes" if run.status == "stopped" else "retries"
+    existing = runs.existing_attachment(db, tenant, source)
+    if existing is None:
+        return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
+    run = existing.run
+    how = "joins" if existing.action == "joined" else "resumes" if run.status == "stopped" else "retries"
     if wants_dry and not run.dry_run:
         verb = {"joins": "join", "resumes": "resume", "retries": "retry"}[how]
         first = ("let it finish first" if how == "joins" else

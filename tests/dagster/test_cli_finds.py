@@ -5,13 +5,15 @@
   launch that would work on a run that writes is refused (exit 2), and one without --dry-run that
   works on a dry run says it writes nothing;
 * a Ctrl-C before `migrate run`'s launch line (here: while the source's token is asked about) is one
-  line saying nothing was launched, exit 130, not click's "Aborted!" with 1;
+  line saying nothing was launched, exit 130, not click's "Aborted!" with 1; one while the command
+  imports its own modules is one line too, not a traceback;
 * `migrate report --stat` names the stats the run's tasks count when given another;
 * `migrate resume` / `retry` of a succeeded run says there is nothing to do (exit 0), not "no daemon";
 * `migrate explain` of an id neither the ledger nor the run's kept source listing holds says both;
 """
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -123,6 +125,33 @@ def test_ctrl_c_before_the_launch_line_says_nothing_was_launched(db_url, tmp_pat
     _nothing_launched(db_url)
 
 
+def test_ctrl_c_while_the_command_imports_its_modules_is_one_line_not_a_traceback():
+    # a fresh user's Ctrl-C in the first ~0.3 s of `migrate run` printed the traceback of whichever
+    # module was being imported. The installed entry point is loaded as its console script does, and
+    # a real SIGINT arrives while the command-line module imports rich.console.
+    script = """
+import signal, sys
+from importlib.metadata import entry_points
+
+
+class InterruptOnRich:
+    def find_spec(self, name, path=None, target=None):
+        if name == "rich.console":
+            signal.raise_signal(signal.SIGINT)
+        return None
+
+
+(entry,) = entry_points(group="console_scripts", name="migrate")
+sys.meta_path.insert(0, InterruptOnRich())
+sys.argv = ["migrate", "run", "--tenant", "acme"]
+sys.exit(entry.load()())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, (proc.returncode, proc.stderr[-2000:])
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip()] == ["SIGINT while migrate was starting: nothing was done"], \
+        proc.stderr[-2000:]
+
+
 def test_a_stop_signal_before_the_dagster_run_exists_says_nothing_was_launched(capsys):
     # inside the launch's signal handling, before place_tenant_run made the run, with no daemon of ours:
     # the line after "stopping what this command started" had been nothing at all
@@ -165,6 +194,18 @@ def test_report_refuses_a_stat_no_task_counts_and_names_those_they_do(migrated):
         assert out.returncode == 0, out.stderr
 
 
+def test_report_reaches_an_earlier_run_of_the_tenant(migrated, db_url):
+    # after a sync, the full run before it could not be reported on: report read only the latest run
+    with dbmod.Database(db_url, max_size=2) as db:
+        later = runs.start_run(db, provider_for("example"), "done", options=EXAMPLE)
+    out = _migrate_in_process(["report", "done"], migrated)
+    assert out.returncode == 0 and out.stdout.startswith(f"run #{later.id} "), out.stdout
+    out = _migrate_in_process(["report", "done", "--run", "1"], migrated)
+    assert out.returncode == 0 and out.stdout.startswith("run #1 "), (out.stdout, out.stderr)
+    _one_line_error(_migrate_in_process(["report", "other", "--run", "1"], migrated), "run #1 is tenant 'done'")
+    _one_line_error(_migrate_in_process(["report", "done", "--run", "99"], migrated), "no migration run #99")
+
+
 @pytest.mark.parametrize("action", ["resume", "retry"])
 def test_resume_or_retry_of_a_succeeded_run_says_there_is_nothing_to_do(migrated, action):
     # it had said that no daemon would work on the run (exit 2), as if there were something to resume
@@ -189,6 +230,16 @@ def test_explain_of_an_id_the_source_did_not_list_says_so(migrated, db_url):
     assert out.returncode == 1 and "not in the ledger" in out.stdout and "catch-up listed it at the source" in out.stdout
     out = _migrate_in_process(["explain", "done", "notes", "99999"], migrated)  # no listing kept: nothing said of the source
     assert out.returncode == 1 and "list" not in out.stdout, out.stdout
+
+
+def test_explain_takes_an_id_with_spaces_around_it_and_a_negative_id(migrated):
+    # a pasted " 2" was not found, and "-1" was read as an unknown option
+    out = _migrate_in_process(["explain", "done", "contacts", " 2 "], migrated)
+    assert out.returncode == 0 and out.stdout.startswith("contacts 2: imported by run #1"), (out.stdout, out.stderr)
+    out = _migrate_in_process(["explain", "done", "contacts", "-1"], migrated)
+    assert out.returncode == 1 and "contacts -1 of tenant 'done' is not in the ledger" in out.stdout, (out.stdout, out.stderr)
+    out = _migrate_in_process(["explain", "done", "contacts", "2", "--json"], migrated)  # options still work
+    assert out.returncode == 0 and '"action": "created"' in out.stdout, out.stdout
 
 
 def _results_at(width: int, monkeypatch) -> str:
@@ -225,3 +276,32 @@ def test_the_results_tables_cut_no_cell_short_on_an_80_column_terminal(monkeypat
     assert "left out at 80 columns:" in text  # what a narrow terminal does not show is named
     wide = _results_at(220, monkeypatch)
     assert "…" not in wide and "left out" not in wide and "deleted at source" in wide and "by catch-up" in wide
+
+
+def test_the_tenant_overview_cuts_no_cell_short_on_an_80_column_terminal(monkeypatch):
+    # `migrate status` without a tenant had cut its cells at 80 columns, as the results tables had
+    from datetime import datetime, timezone
+
+    from rich.console import Console
+
+    from migration_pipeline import cli
+
+    def overview_at(width: int) -> str:
+        out = Console(width=width, record=True, force_terminal=False)
+        monkeypatch.setattr(cli, "console", out)
+        when = datetime(2026, 12, 2, 18, 0, 0, tzinfo=timezone.utc)
+        cli.print_overview([{"tenant": f"customer-with-a-long-name-{i}", "source": "pipedrive", "run_id": 12345 + i,
+                             "mode": "sync" if i else "full", "status": "succeeded", "dry_run": bool(i % 2),
+                             "phase": "8/8", "tasks": {"succeeded": 104, "failed": 2}, "started_at": when,
+                             "finished_at": when} for i in range(3)])
+        return out.export_text()
+
+    text = overview_at(80)
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80, text
+    assert all(f"#{12345 + i}" in text for i in range(3)) and text.count("104") == 3, text
+    # a long name folds over lines, whole: the first column's pieces, top to bottom
+    folded = "".join(re.split("[│┃]", ln)[1].strip() for ln in text.splitlines() if len(re.split("[│┃]", ln)) > 3)
+    assert all(f"customer-with-a-long-name-{i}" in folded for i in range(3)), text
+    assert "left out at 80 columns:" in text
+    wide = overview_at(200)
+    assert "left out" not in wide and wide.count("2026-12-02 18:00:00") == 6, wide

