@@ -165,15 +165,23 @@ def test_runs_back_to_back_and_three_at_once_all_finish(sandbox_env, in_process)
 def test_a_daemon_stopped_before_its_id_was_recorded_is_known_to_have_exited(tmp_path):
     # A `migrate run` signalled during its launch stops the daemon it started before `ensure()` saw
     # that daemon's first heartbeat; the next command trusted the fresh heartbeat and waited ~90 s,
-    # queued, on no daemon (a fresh user's find). A real process stands in for the daemon's; the
-    # heartbeat is the one its daemon would have written.
+    # queued, on no daemon (a fresh user's find). A real process stands in for the daemon's: in its
+    # own session, answering SIGINT (as stack.daemon's children do) once it says it is up, so the
+    # close's SIGINT ends it at once. (A bare `time.sleep(60)` inherited an ignored SIGINT where the
+    # runner ignores it - `make test` in the background - or lost one sent while it started, and the
+    # close waited stack.stop's 30 s before its SIGKILL.) The heartbeat is the one its daemon would
+    # have written.
     with instance_for_test() as instance:
         keeper = launch.DaemonKeeper(instance, {}, tmp_path, tmp_path / "daemon.log", echo=lambda _m: None)
         assert keeper.lock.acquire()
         keeper.started_at = time.time()
         keeper.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None)
-        keeper.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        code = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); print('up', flush=True); time.sleep(60)"
+        keeper.proc = stand_in = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                                  start_new_session=True)
+        assert stand_in.stdout.readline().strip() == "up"
         _beat(instance, age=0, daemon_id="ours-unrecorded")
         keeper.close(0)
+        stand_in.stdout.close()
         live = launch.daemon_liveness(instance, keeper.lock.path)
         assert not live.alive and "has exited" in live.why, live.why
