@@ -18,8 +18,10 @@ and the most it may grow to in `LANE_THREADS_TAG`); a drainer holds one slot. So
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
-from dagster import DagsterRunStatus, RunsFilter, build_sensor_context
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context, instance_for_test
 from dagster._core.definitions.partitions.context import partition_loading_context
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test
@@ -37,6 +39,20 @@ from tests.dagster.support import materialize_tenant, resources
 DEFS = build_definitions("example")
 BIG = {"page_size": 20, "counts": {"companies": 400, "contacts": 400, "deals": 40, "activities": 20, "notes": 20}}
 WIDTH4 = Settings(lane_width=4)
+
+
+@pytest.fixture(scope="module")
+def _module_instance() -> Iterator[DagsterInstance]:
+    with instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def instance(_module_instance: DagsterInstance) -> Iterator[DagsterInstance]:
+    """One test instance for the module (making one costs about a second), wiped before each test:
+    its runs, events and dynamic partitions are gone, so each test sees only what it makes."""
+    _module_instance.wipe()
+    yield _module_instance
 
 
 def _lane_poller():
