@@ -125,6 +125,9 @@ def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
             assert killed and not dep.top.hosts["worker-a"].alive
             killed_at = time.monotonic()
             kill_after = killed_at - t0 - up
+            # the latency was there to catch a task mid-flight; what is left (the step moving to
+            # worker-b, the reaper releasing the dead host's task) needs none
+            source_latency(dep.sandbox_url, "none")
 
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
@@ -177,6 +180,7 @@ def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
         assert sampler.max_workers <= LANE, sampler.max_workers
 
         # a terminate from the UI stops the engine run, though its step runs on a worker host
+        source_latency(dep.sandbox_url, LATENCY)  # its run is still working when terminated
         dep.ui.add_partition(STOPPED)
         stopped_run = launch_phases(dep.ui, STOPPED)
         engine_run = None
@@ -209,3 +213,10 @@ def httpx_truth(base_url: str) -> dict:
     import httpx
 
     return httpx.get(f"{base_url}/_sandbox/truth", timeout=60).json()
+
+
+def source_latency(base_url: str, latency: str) -> None:
+    """Set the sandbox's latency profile (`none`, `realistic:<factor>`) for the requests to come."""
+    import httpx
+
+    httpx.post(f"{base_url}/_sandbox/config", json={"latency": latency}, timeout=30).raise_for_status()
