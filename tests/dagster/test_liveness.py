@@ -33,7 +33,7 @@ import psycopg
 from migration_pipeline import launch, stack, tags
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_storage_url, storage_database_name, to_url, url_params
 from tests.conftest import _with_dbname
-from tests.dagster.support import migrate_env
+from tests.dagster.support import migrate_env, sandbox_account
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 
@@ -112,19 +112,17 @@ def test_the_override_wins_and_long_names_fit_postgres():
     assert len(name) <= 63 and name.endswith("_dagster") and name != storage_database_name("e" * 62)
 
 
-@pytest.fixture
-def sandbox_env(db_url, tmp_path):
-    from pipedrive_sandbox.config import SandboxConfig
-    from pipedrive_sandbox.server import start_subprocess
+@pytest.fixture(scope="module")
+def tiny_account():
+    """One tiny sandbox account for both paths (the runs only read it; each has its own database and home)."""
+    with sandbox_account(scale="tiny") as base_url:
+        yield base_url
 
-    proc, base_url = start_subprocess(SandboxConfig.from_options(scale="tiny", seed=1, token="tok"))
+
+@pytest.fixture
+def sandbox_env(db_url, tmp_path, tiny_account):
     # no drainer runs: each run drains its own tiny phase, the proof needs no more processes
-    env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_QUEUE_TIMEOUT_SECONDS="120")
-    try:
-        yield env
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    return migrate_env(db_url, str(tmp_path / "home"), tiny_account, MIGRATE_QUEUE_TIMEOUT_SECONDS="120")
 
 
 def _run(env: dict[str, str], tenant: str) -> subprocess.Popen:
