@@ -46,6 +46,54 @@ class Stack:
     env: dict[str, str]
 
 
+# Test-only: the backfill daemon sleeps `dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS`
+# (30 s) between passes - read by `dagster._daemon.backfill.execute_backfill_iteration_loop` at every
+# pass, and no instance setting reaches it - and a backfill waits one pass to launch its run and
+# another to see it done. The stack's processes get this `sitecustomize` first on PYTHONPATH: it sets
+# the constant in the module as it is imported (nothing is imported early, nothing in the product
+# changes; the AssetDaemon's pre-sensor interval reads it too and this project has no automation).
+# What the tests prove does not depend on how often the backfill daemon passes. The sensor daemon's
+# 5 s pass (`dagster._daemon.sensor.MIN_INTERVAL_LOOP_TIME`) is left as it is: each pass asks the code
+# server, which already timed out (60 s) under load with the stack's runs.
+BACKFILL_LOOP_SECONDS = 1
+_SITECUSTOMIZE = """\
+# Written by tests/dagster/conftest.py (the stack fixture): a shorter backfill daemon pass, test-only.
+import importlib.abc
+import importlib.machinery
+import sys
+
+_MODULE, _ATTR, _VALUE = "dagster._daemon.controller", "DEFAULT_DAEMON_INTERVAL_SECONDS", %(loop)r
+
+
+class _ShortBackfillPass(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != _MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module, run=run):
+            run(module)
+            setattr(module, _ATTR, _VALUE)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _ShortBackfillPass())
+"""
+
+
+def _short_backfill_pass(home: Path, env: dict[str, str]) -> None:
+    """Put the sitecustomize above first on the stack processes' PYTHONPATH (env changed in place)."""
+    site = home / "short_backfill_pass"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE % {"loop": BACKFILL_LOOP_SECONDS})
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+
+
 @pytest.fixture(scope="module")
 def stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     name = f"test_stack_{uuid.uuid4().hex[:10]}"
@@ -71,6 +119,7 @@ def stack(server_url: str, template_db: str, tmp_path_factory: pytest.TempPathFa
         **{STORAGE_URL_ENV: to_url(url, scheme="postgresql+psycopg2")},
     )
     env = dagster_env(home, env)
+    _short_backfill_pass(home, env)
     port = stackmod.free_port()
     proc = stackmod.dagster_dev(env, port, log_path=log, cwd=str(Path(__file__).resolve().parents[2]))
     saved = {k: os.environ.get(k) for k in ("DAGSTER_HOME", STORAGE_URL_ENV)}
