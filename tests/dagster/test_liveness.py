@@ -121,8 +121,14 @@ def tiny_account():
 
 @pytest.fixture
 def sandbox_env(db_url, tmp_path, tiny_account):
-    # no drainer runs: each run drains its own tiny phase, the proof needs no more processes
-    return migrate_env(db_url, str(tmp_path / "home"), tiny_account, MIGRATE_QUEUE_TIMEOUT_SECONDS="120")
+    # No drainer runs: each run drains its own tiny phase, the proof needs no more processes. A run
+    # queued on no daemon gives up after 60 s. Trusting the stopped daemon's heartbeat (the fix
+    # reverted), the three wait until it is FRESH_HEARTBEAT_SECONDS (90 s) old - the first daemon,
+    # living through one short run, wrote its only one as it started - and then for a daemon's
+    # start: over 60 s. With the fix one starts at once: dequeued within 26 s of the first daemon's
+    # stop at load 8, 55 s at load 14 (the three's imports included). At 120 s the reverted wait
+    # fitted and the test passed (seen at load 14).
+    return migrate_env(db_url, str(tmp_path / "home"), tiny_account, MIGRATE_QUEUE_TIMEOUT_SECONDS="60")
 
 
 def _run(env: dict[str, str], tenant: str) -> subprocess.Popen:
