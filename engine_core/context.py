@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ from engine_core.config import WINDOW, Settings
 from engine_core.db import Conn, Database
 from engine_core.errors import DatabaseUnavailable, LockLost, PageFailed, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Successor, Task
+from engine_core.rows import excerpt, unreadable_key
 from engine_core.runlog import RunLog, failure_reason
 
 # Rows per set-based window (`TaskContext.set_window`; read when a context is made, so a test or a
@@ -304,7 +305,16 @@ class TaskContext:
         except Exception as e:  # a malformed row fails alone, with its reason
             reason = failure_reason(e)
             sid = row_id(row)
-            self.log.note("error", kind, reason, subject=sid)
-            if sid is not None and not self.run.dry_run:
-                ledger.note_placeholder(tx, self.run, kind, sid, reason, action="failed")
+            if sid is not None:
+                self.log.note("error", kind, reason, subject=sid)
+                if not self.run.dry_run:
+                    ledger.note_placeholder(tx, self.run, kind, sid, reason, action="failed")
+                return ledger.FAILED
+            # no readable id: the ledger cannot key it, so it is kept apart under its raw key
+            # (migration 0013) - counted failed and told nowhere else was a silent loss
+            raw = row.get("raw", row) if isinstance(row, Mapping) else row
+            key = (row.get("raw_key") if isinstance(row, Mapping) else None) or unreadable_key(raw)
+            self.log.note("error", kind, reason, subject=key)
+            if not self.run.dry_run:
+                ledger.note_unreadable(tx, self.run, kind, key, reason, excerpt(raw))
             return ledger.FAILED

@@ -500,6 +500,17 @@ def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: s
     return SKIPPED if action == "skipped" else FAILED
 
 
+def note_unreadable(tx: Conn, run: Run, kind: str, raw_key: str, reason: str, excerpt: str | None = None) -> None:
+    """Record a failed row without a readable id (migration 0013, `migration_unreadable`): the
+    ledger cannot key it, so it is kept once per tenant, source, kind and `raw_key`
+    (`rows.unreadable_key`); a later run or a retry that meets it again takes the record over
+    (its run, reason and excerpt). `reason` is cut at 500 characters, as the ledger's."""
+    tx.execute("note_unreadable", {
+        "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+        "raw_key": raw_key, "reason": reason[:500], "excerpt": excerpt,
+    })
+
+
 def skip(tx: Conn, run: Run, kind: str, source_id: object, reason: str) -> str:
     return note_placeholder(tx, run, kind, source_id, reason, action="skipped")
 

@@ -336,6 +336,8 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
 
     for r in db.fetch_all("ledger_reasons", {"run_id": run_id}):
         add(r["kind"], r["action"], r["reason"] or "unknown", int(r["n"]), list(r["samples"] or []))
+    for r in db.fetch_all("unreadable_reasons", {"run_id": run_id}):  # rows without a readable id (0013)
+        add(r["kind"], r["action"], r["reason"], int(r["n"]), list(r["samples"] or []))
     for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
         add(r["kind"], "task failed", r["reason"], int(r["n"]), [])
     for e in log_entries or []:
@@ -356,10 +358,15 @@ def duration_by_payload(db: Database, run_id: int, *, kind: str | None = None, s
 
 
 def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str | None = None) -> dict[str, Any] | None:
-    """What happened to one source row, from the ledger."""
+    """What happened to one source row, from the ledger: {tenant_id, source, kind, source_id,
+    action, reason, record_type, record_id, run_id, run_status, at, source_version,
+    deleted_at_source, unreadable}, or None when nothing is recorded. A row without a readable id
+    is found by its raw key (`rows.unreadable_key`: whole, or the id as served alone), as failed,
+    with `unreadable` true, `excerpt` (the row as served, cut) and `matches` (rows served with
+    that id: the latest is told)."""
     row = db.fetch_one("explain_record", {"tenant_id": tenant_id, "kind": kind, "source_id": str(source_id), "source": source})
     if row is None:
-        return None
+        return _explain_unreadable(db, tenant_id, kind, str(source_id), source)
     return {
         "tenant_id": row["tenant_id"],
         "source": row["source"],
@@ -375,4 +382,32 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
         # issue 9: the source version written, and when the row was found gone from the source
         "source_version": row.get("source_version"),
         "deleted_at_source": row["deleted_at_source"].isoformat() if row.get("deleted_at_source") else None,
+        "unreadable": False,
+    }
+
+
+def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, source: str | None) -> dict[str, Any] | None:
+    rows = db.fetch_all("explain_unreadable", {"tenant_id": tenant_id, "kind": kind, "raw_key": raw_key, "source": source})
+    if not rows:
+        return None
+    row = rows[0]
+    also = f"; {len(rows) - 1} other row(s) were served with this id" if len(rows) > 1 else ""
+    return {
+        "tenant_id": row["tenant_id"],
+        "source": row["source"],
+        "kind": row["kind"],
+        "source_id": row["raw_key"],
+        "action": "failed",
+        "reason": f"{row['reason']}; the row has no readable id: it is kept under its id as served and its digest, "
+                  f"not in the ledger{also}",
+        "record_type": None,
+        "record_id": None,
+        "run_id": row["migration_id"],
+        "run_status": row["run_status"],
+        "at": row["created_at"].isoformat(),
+        "source_version": None,
+        "deleted_at_source": None,
+        "unreadable": True,
+        "excerpt": row["excerpt"],
+        "matches": len(rows),
     }

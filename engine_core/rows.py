@@ -14,7 +14,10 @@ field: the row then fails alone, with that reason, in its window.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +26,49 @@ from engine_core.errors import EngineError
 
 class MalformedRow(EngineError):
     """The source row is malformed."""
+
+
+UNREADABLE_KEY_MAX = 64  # characters of a served id kept as the key (the ledger's source ids: 64)
+EXCERPT_MAX = 300  # characters of a row's JSON kept with its record
+
+
+def _canonical(row: Any) -> str:
+    return json.dumps(row, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+
+
+def unreadable_key(row: Any, identity: Sequence[str] = ()) -> str:
+    """The key a row without a readable id is recorded under (`migration_unreadable.raw_key`,
+    migration 0013): `"sha256:"` and 16 hex digits, after the row's id as served and a space when
+    it has one (`"abc sha256:1f0c..."`; the id as text, at most UNREADABLE_KEY_MAX characters:
+    `"-3"`, `"1.5"`, `"true"`, `'""'` for an empty string). `migrate explain` finds the record by
+    the whole key or by the id part alone.
+
+    The digest is of the row's `identity` fields present in it - what a row keeps however it is
+    served and however it changes (a provider's creation time and creator: the same deal listed
+    with and without `email_messages_count` is one row); a `*_time` text counts by its digits
+    alone, so "2020-03-17 18:16:04" and "2020-03-17T18:16:04Z" are one instant - else, when it has
+    none of them, of the whole row's canonical JSON. It tells apart rows served with the same bad
+    id, and the same row served again (a retry, another listing, a later run) gets the same key,
+    so its record is refreshed, not added."""
+    basis: Any = row
+    if isinstance(row, Mapping) and identity:
+        fields = {f: (re.sub(r"\D", "", row[f]) if f.endswith("_time") and isinstance(row[f], str) else row[f])
+                  for f in identity if row.get(f) is not None}
+        if fields:
+            basis = fields
+    digest = "sha256:" + hashlib.sha256(_canonical(basis).encode()).hexdigest()[:16]
+    if isinstance(row, Mapping) and row.get("id") is not None:
+        value = row["id"]
+        text = value if isinstance(value, str) and value.strip() and " " not in value else _canonical(value)
+        return f"{text[:UNREADABLE_KEY_MAX]} {digest}"
+    return digest
+
+
+def excerpt(row: Any) -> str:
+    """The row as served for a person to recognise it: its canonical JSON, cut at EXCERPT_MAX
+    characters ("..." at the end when cut)."""
+    text = _canonical(row)
+    return text if len(text) <= EXCERPT_MAX else text[:EXCERPT_MAX - 3] + "..."
 
 
 @dataclass(frozen=True)

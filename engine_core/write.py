@@ -46,7 +46,7 @@ from engine_core import ledger
 from engine_core.context import PageResult, TaskContext, row_id
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import MalformedRow, Mapped, Ref, apply_links
+from engine_core.rows import MalformedRow, Mapped, Ref, apply_links, unreadable_key
 from engine_core.target import crm
 
 NOT_LINKED = "not linked to any record"
@@ -79,13 +79,19 @@ class Prepared(dict):
 
     @classmethod
     def of(cls, row: Any, mapper: Mapper, *, malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
-           raw_id: Callable[[Any], str | None] = row_id) -> Prepared:
+           raw_id: Callable[[Any], str | None] = row_id, raw_key: Callable[[Any], str] = unreadable_key) -> Prepared:
         """Map `row`; an exception of the `malformed` kinds makes a row that fails alone in its
-        window with that reason, recorded under `raw_id(row)` (None: not recorded)."""
+        window with that reason, recorded in the ledger under `raw_id(row)`; when that is None (the
+        row has no readable id) it keeps the row as served under `raw` and `raw_key(row)` under
+        `raw_key`, and the window records it among the rows without a readable id
+        (`ledger.note_unreadable`)."""
         try:
             mapped = mapper(row)
         except malformed as e:
-            return cls(id=raw_id(row), mapped=None, error=e)
+            sid = raw_id(row)
+            if sid is None:
+                return cls(id=None, mapped=None, error=e, raw=row, raw_key=raw_key(row))
+            return cls(id=sid, mapped=None, error=e)
         return cls(id=mapped.source_id, mapped=mapped, error=None)
 
 
@@ -269,18 +275,20 @@ def write_page(
     ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, probe: Probe | None = None,
     link: Linker = apply_links, malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
     raw_id: Callable[[Any], str | None] = row_id, optimistic: bool = True,
+    raw_key: Callable[[Any], str] = unreadable_key,
 ) -> PageResult:
     """Map a page, resolve its references in one query, write it in the engine's windows.
 
     `kind`: the ledger kind (default: the task's kind). `probe`: the provider's question about
     missing parents (see the module's docstring). `link`, `malformed`, `raw_id`: how the
     provider's rows fill their references, which mapper errors mean a malformed row and the id
-    a malformed row is recorded under. `optimistic`: plain rows in set-based statements per window
+    a malformed row is recorded under; `raw_key`: the key of one whose id is unreadable
+    (`rows.unreadable_key`). `optimistic`: plain rows in set-based statements per window
     (False: every row through the per-row savepoints, today's path kept as the baseline). Rows a
     window committed before (the task's offset) are not mapped again."""
     kind = kind or ctx.task.kind
     start = ctx.offset
-    prepared = [Prepared.of(row, mapper, malformed=malformed, raw_id=raw_id) if i >= start
+    prepared = [Prepared.of(row, mapper, malformed=malformed, raw_id=raw_id, raw_key=raw_key) if i >= start
                 else Prepared(id=None, mapped=None, error=None) for i, row in enumerate(rows)]
     page = resolve_page(ctx, kind, prepared[start:], probe)
 

@@ -280,6 +280,18 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
         entries = [e for e in entries if e["source"] == config.source]
     title = f"### {config.kind} {config.source_id} of tenant {config.tenant}"
     if not entries:
+        unread = db.fetch_all("explain_unreadable", {"tenant_id": config.tenant, "kind": config.kind,
+                                                     "raw_key": str(config.source_id), "source": config.source or None})
+        if unread:  # rows without a readable id (migration 0013): kept apart under their id as served
+            lines = [title, ""]
+            for u in unread:
+                at = u["created_at"].astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+                lines.append(f"- **failed** by run #{u['migration_id']} ({u['run_status']}) from {u['source']} at {at}: "
+                             f"the row has no readable id, so it is not in the ledger; kept as `{u['raw_key']}`")
+                lines.append(f"  - reason: {u['reason']}")
+                if u["excerpt"]:
+                    lines.append(f"  - as served: `{u['excerpt']}`")
+            return "\n".join(lines), [dict(u) for u in unread]
         kinds = [r["kind"] for r in db.sql(
             "SELECT DISTINCT kind FROM migration_records WHERE tenant_id = %(t)s ORDER BY kind", {"t": config.tenant})]
         why = (f"The ledger has no entry for this row. Kinds the ledger knows for this tenant: "

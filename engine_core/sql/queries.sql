@@ -338,6 +338,15 @@ ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
+-- name: note_unreadable --
+-- A failed row without a readable id (migration 0013): once per tenant, source, kind and raw key;
+-- meeting it again (a retry, a later run) takes the record over.
+INSERT INTO migration_unreadable (migration_id, tenant_id, source, kind, raw_key, reason, excerpt)
+VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(raw_key)s, %(reason)s, %(excerpt)s)
+ON CONFLICT ON CONSTRAINT migration_unreadable_once DO UPDATE
+   SET migration_id = EXCLUDED.migration_id, reason = EXCLUDED.reason, excerpt = EXCLUDED.excerpt,
+       created_at = now();
+
 -- name: note_placeholders --
 -- `note_placeholder` for a window's skipped rows in one statement (issue 11): each fills an empty
 -- slot or refreshes another placeholder; a written (created/matched) entry is left as it is and
@@ -560,6 +569,26 @@ SELECT kind, action, min(reason) AS reason, count(*) AS n,
  GROUP BY kind, action, regexp_replace(COALESCE(reason, 'unknown'), '[0-9]{3,}', 'N', 'g')
  ORDER BY n DESC, kind;
 
+-- name: unreadable_reasons --
+-- `ledger_reasons` for the run's rows without a readable id (migration 0013): failed, grouped the
+-- same way, their raw keys as samples.
+SELECT kind, 'failed' AS action, min(reason) AS reason, count(*) AS n,
+       (array_agg(raw_key ORDER BY length(raw_key), raw_key))[1:5] AS samples
+  FROM migration_unreadable
+ WHERE migration_id = %(run_id)s
+ GROUP BY kind, regexp_replace(reason, '[0-9]{3,}', 'N', 'g')
+ ORDER BY n DESC, kind;
+
+-- name: explain_unreadable --
+-- Rows without a readable id by their raw key (`rows.unreadable_key`), whole or its id part alone
+-- ("abc" finds "abc sha256:..."), with their runs, the latest first.
+SELECT u.*, m.status AS run_status, m.dry_run AS run_dry_run
+  FROM migration_unreadable u JOIN migrations m ON m.id = u.migration_id
+ WHERE u.tenant_id = %(tenant_id)s AND u.kind = %(kind)s
+   AND (u.raw_key = %(raw_key)s OR left(u.raw_key, length(%(raw_key)s) + 8) = %(raw_key)s || ' sha256:')
+   AND (%(source)s::text IS NULL OR u.source = %(source)s)
+ ORDER BY u.created_at DESC, u.id DESC;
+
 -- name: ledger_written_by_kind --
 -- Completeness: the rows a run claimed (created or matched), per ledger kind. Claims are never
 -- taken over by a later run, so these stay the run's own.
@@ -571,9 +600,16 @@ SELECT kind, count(*) FILTER (WHERE action = 'created') AS created,
 
 -- name: phase_rows_with_reasons --
 -- A phase's skipped and failed rows with their reasons, capped (the phase metadata's table).
-SELECT kind, source_id, action, reason, created_at
-  FROM migration_records
- WHERE migration_id = %(run_id)s AND kind = ANY(%(kinds)s::text[]) AND action IN ('skipped', 'failed')
+-- Rows without a readable id (migration 0013) are among the failed, under their raw key.
+SELECT kind, source_id, action, reason, created_at FROM (
+    SELECT kind, source_id, action, reason, created_at
+      FROM migration_records
+     WHERE migration_id = %(run_id)s AND kind = ANY(%(kinds)s::text[]) AND action IN ('skipped', 'failed')
+    UNION ALL
+    SELECT kind, raw_key, 'failed', reason, created_at
+      FROM migration_unreadable
+     WHERE migration_id = %(run_id)s AND kind = ANY(%(kinds)s::text[])
+) AS r
  ORDER BY action DESC, kind, length(source_id), source_id
  LIMIT %(limit)s;
 

@@ -72,6 +72,7 @@ from engine_core.providers.pipedrive.mapping import (
     map_email,
     message_of,
     row_source_id,
+    unreadable_key,
     with_body,
 )
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
@@ -365,6 +366,8 @@ class EmailTask:
                     mapped = map_email(item, run.tenant_id, deal_sid)
                 except MalformedRow as e:
                     row = MailRow(listing.deal, _sound_id(item), error=e)
+                    if row["id"] is None:  # no readable id: recorded under its raw key (context._write_row)
+                        row.update(raw=item, raw_key=unreadable_key(_message_or_item(item)))
                 else:
                     row = MailRow(listing.deal, mapped.source_id, mapped)
                 row.repaired = repaired
@@ -547,6 +550,14 @@ def _ledger_states(conn: Conn, run: Any, ids: list[str]) -> dict[str, dict[str, 
     rows = conn.fetch_all("ledger_states", {"tenant_id": run.tenant_id, "source": run.source, "kind": KIND,
                                             "source_ids": [str(i) for i in ids]})
     return {r["source_id"]: r for r in rows}
+
+
+def _message_or_item(item: Any) -> Any:
+    """The message a listing item wraps (`message_of`), or the item itself when it wraps none."""
+    try:
+        return message_of(item)
+    except MalformedRow:
+        return item
 
 
 def _sound_id(item: Any) -> str | None:

@@ -103,6 +103,20 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+# What a Pipedrive row keeps however it is served and however it changes: its creation time and
+# creator (a message: its Message-ID and time). The key of a row without a readable id is a digest
+# of these (`unreadable_key`): the same deal listed with and without `email_messages_count` (the
+# deals phase, the catch-up) is one row.
+IDENTITY_FIELDS = ("add_time", "creator_user_id", "creator_id", "user_id", "mua_message_id", "message_time")
+
+
+def unreadable_key(row: Any) -> str:
+    """The key a row without a readable id is recorded under (`engine_core.rows.unreadable_key`
+    over IDENTITY_FIELDS): `"abc sha256:<16 hex>"` for a row served with id "abc",
+    `"sha256:<16 hex>"` for one served without an id."""
+    return rows.unreadable_key(row, IDENTITY_FIELDS)
+
+
 def row_source_id(row: Any, kind: str) -> str:
     """The row's id as the ledger keys it; leads have uuids, everything else positive integers."""
     if not isinstance(row, Mapping):

@@ -54,7 +54,7 @@ from engine_core.context import Batch, PageResult, TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, apply_links, ledger_kind
+from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, apply_links, ledger_kind, unreadable_key
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
     DANGLING,
@@ -98,11 +98,12 @@ def _raw_id(row: Any) -> str | None:
 
 class Prepared(write.Prepared):
     """A Pipedrive row ready for its window (`write.Prepared`): a malformed row is recorded under
-    its id only when the id itself is sound."""
+    its id only when the id itself is sound; one without a readable id under
+    `mapping.unreadable_key`."""
 
     @classmethod
     def of(cls, row: Any, mapper: Mapper, **_: Any) -> Prepared:  # type: ignore[override]
-        return super().of(row, mapper, malformed=MalformedRow, raw_id=_raw_id)  # type: ignore[return-value]
+        return super().of(row, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)  # type: ignore[return-value]
 
 
 # --- parents deleted at the source -------------------------------------------------------------
@@ -389,7 +390,8 @@ def write_page(
     `optimistic=False`: every row per row (the baseline)."""
     return write.write_page(ctx, rows, mapper, kind=kind or ledger_kind(ctx.task.kind),
                             probe=probe_of(ctx, client) if client is not None else None, link=apply_links,
-                            malformed=MalformedRow, raw_id=_raw_id, optimistic=optimistic)
+                            malformed=MalformedRow, raw_id=_raw_id, optimistic=optimistic,
+                            raw_key=unreadable_key)
 
 
 def write_listed_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, client: Getter) -> PageResult:
