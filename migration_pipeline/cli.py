@@ -46,7 +46,40 @@ from engine_core.providers.base import provider_for
 # with their counts is ~300 characters, and a line broken in two is two lines to a grep or a log
 # reader. Tables are still laid out in the 220 columns.
 _TERMINAL = sys.stdout.isatty()
-console = Console(width=None if _TERMINAL else 220, soft_wrap=not _TERMINAL)
+
+
+def reader_gone(stream: Any) -> None:
+    """`stream`'s reader has gone (BrokenPipeError: `migrate run ... | head -2` after its two lines):
+    its descriptor is pointed at /dev/null, so what is still buffered for it and every later write
+    (and the interpreter's last flush) succeed and go nowhere, and the command works on. Python's
+    advice for a closed pipe (the "Note on SIGPIPE" of the signal module's documentation); a stream
+    without a descriptor is left as it is."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class _Console(Console):
+    """rich's Console, but a reader that goes away does not end the command: rich's own
+    `on_broken_pipe` points descriptor 1 at /dev/null and raises SystemExit(1) from whichever thread
+    printed. An in-process run prints its progress from its watcher thread, which the SystemExit
+    ended silently, and with it the handling of SIGINT/SIGTERM (the watcher acts on them): `migrate
+    run | head -2` could no longer be stopped and ran on to SUCCESS (a fresh user's find). Here the
+    console goes quiet and its own file (not descriptor 1, which an in-process run points at its
+    log) writes to /dev/null (`reader_gone`); the run goes on, and a signal still stops it."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        reader_gone(self.file)
+
+
+console = _Console(width=None if _TERMINAL else 220, soft_wrap=not _TERMINAL)
 
 
 def _db() -> dbmod.Database:
@@ -55,7 +88,10 @@ def _db() -> dbmod.Database:
 
 def _emit(as_json: bool, payload: Any, render: Any) -> None:
     if as_json:
-        click.echo(json.dumps(payload, default=str, indent=2))
+        try:
+            click.echo(json.dumps(payload, default=str, indent=2))
+        except BrokenPipeError:  # the reader has gone (`| head`): not the command's failure
+            reader_gone(sys.stdout)
     else:
         render()
 
@@ -719,7 +755,10 @@ def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant:
     from migration_pipeline import launch
 
     def say(line: str) -> None:
-        click.echo(line, err=True)
+        try:
+            click.echo(line, err=True)
+        except BrokenPipeError:  # stderr's reader has gone (`2>&1 | head`): the stop goes on unsaid
+            reader_gone(sys.stderr)
 
     name = signal_name(signalled.signo)
     if not getattr(signalled, "announced", False):  # an in-process run's watcher said it when it stopped the run

@@ -1047,7 +1047,10 @@ def output_aside(log_path: Path) -> Iterator[tuple[Any, Any]]:
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
         for f in (out, err):
-            f.close()
+            try:
+                f.close()
+            except OSError:  # its reader has gone (`| head`): what it had not read is dropped
+                pass
         for d in (*saved, fd):
             os.close(d)
 
@@ -1240,7 +1243,11 @@ class InProcessRun:
         from migration_pipeline.deploy import stop_engine_run
 
         if self.signalled is not None and self.err is not None:
-            print(f"{signal.Signals(self.signalled).name}: stopping what this command started", file=self.err, flush=True)
+            try:
+                print(f"{signal.Signals(self.signalled).name}: stopping what this command started", file=self.err,
+                      flush=True)
+            except OSError:  # stderr's reader has gone (`2>&1 | head`): the stop goes on unsaid
+                pass
         self.instance.add_run_tags(self.run_id, {MAX_RETRIES_TAG: "0"})
         stop_engine_run(self.instance, self.run_id)
         run = self.instance.get_run_by_id(self.run_id)
