@@ -263,19 +263,23 @@ class PhaseMeter:
         return p
 
 
-def run_progress(db: Database, run_id: int) -> dict[str, Any]:
+def run_progress(db: Database, run_id: int, stale_after: float | None = None) -> dict[str, Any]:
     """Percent and ETA of a whole run, for `migrate status`: {"percent", "eta_seconds",
-    "phases": [{"phase", "kinds", "percent", "tasks_done", "tasks_total", "source_total"}]}.
+    "idle_seconds", "unattended", "phases": [{"phase", "kinds", "percent", "tasks_done",
+    "tasks_total", "source_total"}]}.
 
     Per phase: 100 once closed; by rows against the source's count where every kind has one, else
     by tasks done. The run's percent weighs every phase equally (phases differ wildly in size, so
     it is a coarse figure). The ETA extrapolates the run's elapsed time over its percent, and is
     None before anything is done or once the run is terminal. "idle_seconds", while the run is live
     (else None): seconds since anything worked on it (its heartbeat, a task's checkpoint or finish,
-    a running task's lock renewed: `run_idle_seconds`)."""
+    a running task's lock renewed: `run_idle_seconds`). "unattended": a live run idle for longer
+    than `stale_after` seconds (the stale-lock threshold: a running task's lock that old belongs to
+    a dead process); its ETA is None then, as `status_line` gives no ETA for it (`migrate status
+    --json` had kept an ETA for a run nothing worked on: a fresh user's find)."""
     run = db.fetch_one("get_run", {"run_id": run_id})
     if run is None:
-        return {"percent": None, "eta_seconds": None, "phases": []}
+        return {"percent": None, "eta_seconds": None, "idle_seconds": None, "unattended": False, "phases": []}
     rows = db.fetch_all("rollup_tasks", {"run_id": run_id})
     plan = [list(g) for g in run["plan"]]
     phases: list[dict[str, Any]] = []
@@ -292,7 +296,9 @@ def run_progress(db: Database, run_id: int) -> dict[str, Any]:
         if run["started_at"] is not None and 0 < percent < 100:
             elapsed = time.time() - run["started_at"].timestamp()
             eta = round(elapsed * (100 - percent) / percent, 1)
-    return {"percent": percent, "eta_seconds": eta, "idle_seconds": idle, "phases": phases}
+    unattended = stale_after is not None and idle is not None and idle > stale_after
+    return {"percent": percent, "eta_seconds": None if unattended else eta, "idle_seconds": idle,
+            "unattended": unattended, "phases": phases}
 
 
 class ProgressBoard:

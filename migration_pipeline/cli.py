@@ -249,18 +249,33 @@ def main() -> None:
     check_environment()  # every MIGRATE_* number, before a command (or a code location) reads one
 
 
-def tenant_overview(db: dbmod.Database, source: str | None = None) -> list[dict[str, Any]]:
+def tenant_overview(db: dbmod.Database, source: str | None = None,
+                    stale_after: float | None = None) -> list[dict[str, Any]]:
     """`migrate status` without a tenant: per tenant and source, its latest run (`runs.latest_runs`),
     as {"tenant", "source", "run_id", "mode", "status", "dry_run", "phase" ("3/8", the barrier's
-    phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at"}, by tenant."""
-    return [{"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
-             "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
-             "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at}
-            for r, tasks in runs.latest_runs(db, source)]
+    phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at",
+    "idle_seconds" (a live run's seconds since anything worked on it, `run_idle_seconds`; else None),
+    "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
+    drains it, as `migrate status TENANT` says)}, by tenant."""
+    overview = []
+    for r, tasks in runs.latest_runs(db, source):
+        idle = (round(float(db.fetch_one("run_idle_seconds", {"run_id": r.id})["idle_seconds"]), 1)
+                if r.status in ("running", "stopping") else None)
+        overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
+                         "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
+                         "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at,
+                         "idle_seconds": idle,
+                         "unattended": stale_after is not None and idle is not None and idle > stale_after})
+    return overview
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
+    """The overview as a table; a run no worker drains ("unattended") has "idle 10m05s" beside its
+    status and a line under the table says what that means and what resumes it (the overview had
+    shown a dead run as plainly "running": a fresh user's find)."""
     from datetime import timezone
+
+    from engine_core.progress import format_seconds
 
     if not overview:
         console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
@@ -268,7 +283,8 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     columns = [("tenant", "left"), ("source", "left"), ("run", "right"), ("status", "left"), ("phase", "right"),
                ("tasks", "left"), ("started (UTC)", "left"), ("finished (UTC)", "left")]
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
-             o["status"] + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
+             o["status"] + (f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
+             + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
              o["phase"], ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
             for o in overview]
@@ -278,6 +294,12 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
                          drop=("finished (UTC)", "started (UTC)"))
     console.print(table)
+    idle = [o["tenant"] for o in overview if o.get("unattended")]
+    if idle:
+        who = idle[0] if len(idle) == 1 else "T"
+        console.print(f"[yellow]idle: nothing has worked on the run for longer than MIGRATE_STALE_LOCK_SECONDS, no "
+                      f"worker is draining it; `migrate run --tenant {who}` resumes it here, `migrate ui` (a daemon) "
+                      f"in the background[/yellow]")
 
 
 @main.command()
@@ -288,8 +310,10 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
     an overview: every tenant's latest run (status, phase, tasks)."""
     if tenant is None:
+        from engine_core.config import check_environment
+
         with _db() as db:
-            overview = tenant_overview(db, source)
+            overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
         _emit(as_json, overview, lambda: print_overview(overview))
         return
     with _db() as db:
@@ -302,13 +326,12 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         from engine_core.config import check_environment
         from engine_core.progress import run_progress, status_line
 
-        done = run_progress(db, r.run_id)  # percent and ETA (engine_core.progress)
+        stale_after = check_environment().stale_lock_seconds
+        done = run_progress(db, r.run_id, stale_after)  # percent and ETA (engine_core.progress)
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
-
-        stale_after = check_environment().stale_lock_seconds
-        unattended = done["idle_seconds"] is not None and done["idle_seconds"] > stale_after
+        unattended = done["unattended"]
 
         def render() -> None:
             print_rollup(r)

@@ -79,7 +79,12 @@ def test_the_client_counts_requests_429s_and_retries_in_progress_with_their_caus
     assert snap["failing_for_seconds"] == 0.0  # the last request succeeded
 
 
-def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db):
+def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db, monkeypatch):
+    from rich.console import Console
+
+    from migration_pipeline import cli
+    from migration_pipeline.cli import print_overview, tenant_overview
+
     opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
     run = runs.start_run(db, provider_for("example"), "pct", options=opts, settings=FAST)
     before = run_progress(db, run.id)
@@ -102,6 +107,19 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     assert 600 <= idle["idle_seconds"] < 660, idle
     line = status_line(idle, stale_after=120)
     assert "ETA" not in line and "nothing has worked on it for 10m" in line and "no worker is draining it" in line, line
+    # `migrate status --json` says the same: no ETA for a run nothing works on (it had kept one)
+    judged = run_progress(db, run.id, stale_after=120)
+    assert judged["eta_seconds"] is None and judged["unattended"] is True, judged
+    assert run_progress(db, run.id, stale_after=3600)["eta_seconds"] is not None  # idle, but not for that long
+    # and `migrate status` without a tenant marks it in its table (it had shown a plain "running")
+    overview = tenant_overview(db, stale_after=120)
+    assert [(o["tenant"], o["unattended"]) for o in overview] == [("pct", True)] and overview[0]["idle_seconds"] >= 600
+    table = Console(file=io.StringIO(), width=120, record=True)
+    monkeypatch.setattr(cli, "console", table)
+    print_overview(overview)
+    shown = table.export_text()
+    assert "running (idle 10m" in shown and "no worker is draining it" in shown, shown
+    assert not tenant_overview(db, stale_after=3600)[0]["unattended"]
     # a running task's lock renewed a minute ago: something works on it
     db.sql("UPDATE migration_tasks SET locked_at = now() - interval '1 minute' WHERE id = (SELECT min(id) FROM"
            " migration_tasks WHERE migration_id = %(r)s)", {"r": run.id})
@@ -111,8 +129,6 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     drain_threads(db, run.id, width=2, settings=FAST)
     done = run_progress(db, run.id)
     assert done["percent"] == 100.0 and done["eta_seconds"] is None
-
-    from rich.console import Console
 
     out = io.StringIO()
     with ProgressBoard(run.id, runs.get_run(db, run.id).plan, console=Console(file=out, width=200)) as board:
