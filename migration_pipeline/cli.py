@@ -12,6 +12,7 @@ import gc
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -420,11 +421,17 @@ def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> Non
 @click.option("--json", "as_json", is_flag=True)
 def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     """What happened to one source row, from the ledger. SOURCE_ID is taken without the spaces
-    around it (a pasted " 42" had not been found)."""
-    source_id = source_id.strip()
+    around it (a pasted " 42" had not been found) and in the form the ledger keys it
+    (`explain_id`); the text as given is looked up too when that finds nothing."""
+    raw = source_id.strip()
+    if not raw:
+        _fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
+    source_id = explain_id(raw)
     with _db() as db:
         check_explain(db, tenant, kind)
         story = rollups.explain(db, tenant, kind, source_id)
+        if story is None and raw != source_id:
+            story = rollups.explain(db, tenant, kind, raw)
         if story is None:
             listing = source_listing(db, tenant, kind, source_id)
             said = "" if listing is None else (
@@ -447,6 +454,23 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             console.print(line)
 
         _emit(as_json, story, render)
+
+
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def explain_id(text: str) -> str:
+    """A source id as `explain` is given it, in the form the ledger keys ids
+    (engine_core.providers.pipedrive.mapping.row_source_id): a UUID lowercase (leads: a pasted
+    uppercase one had not been found), a text of ASCII digits only as its decimal integer without
+    leading zeros ("02" -> "2", "000" -> "0"). Where the form is not that unambiguous ("-1", "2.0",
+    "abc") the text is kept as given; `explain` also looks the given text up when the normalised
+    one is not found."""
+    if _UUID_TEXT.fullmatch(text):
+        return text.lower()
+    if re.fullmatch(r"[0-9]+", text):
+        return text.lstrip("0") or "0"  # not int(): 4,300 digits and more raise ValueError
+    return text
 
 
 def source_listing(db: dbmod.Database, tenant: str, kind: str, source_id: str) -> dict[str, Any] | None:

@@ -242,6 +242,27 @@ def test_explain_takes_an_id_with_spaces_around_it_and_a_negative_id(migrated):
     assert out.returncode == 0 and '"action": "created"' in out.stdout, out.stdout
 
 
+def test_explain_normalises_the_id_as_the_ledger_keys_it_and_refuses_an_empty_one(migrated, db_url):
+    # an uppercase lead UUID and "02" were not found (the ledger keys "...abc" lowercase and 2), and ""
+    # was taken ("contacts  of tenant ..."); the example source's ids are integers: a UUID is put here
+    # as the ledger keys a lead's, and "0004" as a row whose id was kept as served
+    lead = "5c0b4e3a-1f2d-4c6b-9a8e-0d7f6e5a4b3c"
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("UPDATE migration_records SET source_id = %s WHERE tenant_id = 'done' AND kind = 'contacts'"
+               " AND source_id = '3' RETURNING 1", (lead,))
+        db.sql("UPDATE migration_records SET source_id = '0004' WHERE tenant_id = 'done' AND kind = 'contacts'"
+               " AND source_id = '4' RETURNING 1")
+    out = _migrate_in_process(["explain", "done", "contacts", lead.upper()], migrated)
+    assert out.returncode == 0 and out.stdout.startswith(f"contacts {lead}: imported by run #1"), (out.stdout, out.stderr)
+    out = _migrate_in_process(["explain", "done", "contacts", "02"], migrated)
+    assert out.returncode == 0 and out.stdout.startswith("contacts 2: imported by run #1"), (out.stdout, out.stderr)
+    out = _migrate_in_process(["explain", "done", "contacts", "0004"], migrated)  # "4" is not there: the text as given
+    assert out.returncode == 0 and '"source_id": "0004"' in _migrate_in_process(
+        ["explain", "done", "contacts", "0004", "--json"], migrated).stdout, (out.stdout, out.stderr)
+    for empty in ("", "  "):
+        _one_line_error(_migrate_in_process(["explain", "done", "contacts", empty], migrated), "SOURCE_ID is empty")
+
+
 def _results_at(width: int, monkeypatch) -> str:
     """`migrate run`'s results tables (per phase, then the engine run's per kind) of a Pipedrive
     run, as a console `width` columns wide shows them."""
