@@ -11,14 +11,17 @@ and the most it may grow to in `LANE_THREADS_TAG`); a drainer holds one slot. So
   phase op has recorded its threads, its tenant gets no drainer;
 * with the default (MIGRATE_LAUNCH_THREADS unset: the lane width; a lone launch in
   tests/dagster/test_overhead_lanes.py), a tenant launched while another holds the whole lane with
-  its own threads (real threads, real Dagster runs of one instance, one process each) waits for a
-  slot; the lane never holds more than its width in slots or running tasks at any sample, and the
-  two hold two slots each at some sample (their fair shares).
+  its own threads (real threads, real Dagster runs of one instance, one process each) gets slots
+  only as the other's threads give them back; the lane never holds more than its width in slots or
+  running tasks at any sample, and the two hold two slots each (their fair shares) before the
+  phase the first's four threads drain closes: it gives two back at a task boundary, it does not
+  wait for its next phase op.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context, instance_for_test
@@ -223,10 +226,60 @@ def _materialize_in_child(ref: str, engine_url: str, tenant: str, options: dict,
     sys.exit(0 if result.success else 1)
 
 
+@dataclass(frozen=True)
+class _Sample:
+    """One look at the lane during the two-tenant test: `phase` is left's engine phase, read before
+    and after the other reads and the same both times (None: it moved in between, or no run yet)."""
+
+    at: float  # seconds since left was let go
+    phase: int | None
+    held: dict[str, int]  # tenant -> slots its runs in progress hold (the lane picture's)
+    running: dict[str, int]  # tenant -> tasks running
+    waiting: bool  # right's launch recorded 0 slots: it waits for one
+
+
+def _phase_of(db, tenant: str) -> int | None:
+    found = db.sql("SELECT current_phase FROM migrations WHERE tenant_id = %(t)s ORDER BY id DESC LIMIT 1",
+                   {"t": tenant})
+    return found[0]["current_phase"] if found else None
+
+
+def _sample(instance, db, started: float) -> _Sample:
+    before = _phase_of(db, "left")
+    picture = lane_picture(instance, db, WIDTH4)
+    running = _running_by_tenant(db)
+    after = _phase_of(db, "left")
+    right = picture.tenants.get("right")
+    return _Sample(time.monotonic() - started, before if before == after else None,
+                   {t: s.busy for t, s in picture.tenants.items()}, running,
+                   right is not None and right.waiting_launch)
+
+
+def _story(samples: list[_Sample]) -> str:
+    """The samples where what the test looks at changed, for a failure message."""
+    lines, last = [], None
+    for s in samples:
+        now = (s.phase, s.held.get("left"), s.held.get("right"), s.running.get("left"), s.running.get("right"), s.waiting)
+        if now != last:
+            lines.append(f"{s.at:6.2f}s phase {s.phase}: held {s.held} running {s.running}"
+                         + (" right waits" if s.waiting else ""))
+            last = now
+    return "\n".join(lines if len(lines) <= 80 else lines[:40] + ["..."] + lines[-40:])
+
+
 def test_two_tenants_launched_together_split_the_lane_in_slots(instance, engine_url, db):
-    """"right" is launched while "left" holds the whole lane with its own four threads: right waits
-    for a slot, left's third and fourth threads give theirs back at a task boundary, and they drain
-    two and two; the lane never holds more than four slots or runs more than four tasks at once."""
+    """"right" is launched while "left" drains a long phase with its own four threads: once right's
+    run wants slots (its engine run has work: the shares are two and two), left's third and fourth
+    threads give theirs back at a task boundary and right takes them (waiting, tag 0, if it asked
+    first), and they drain two and two before that phase of left closes; the lane never holds more
+    than four slots or runs more than four tasks at once.
+
+    Without the give-back left's phase op keeps its four threads (and its tag says four) until the
+    phase closes; the lane then split at left's next phase op, which takes its share of two, and a
+    test asking only for a two-and-two sample passed. So the split must be seen while left's engine
+    phase is still one in which it ran four tasks at once (read before and after each sample).
+    Left's first phase is long (80 pages of sleeps, about 10 s on four threads) so that right has
+    time to start on a loaded machine."""
     import multiprocessing
 
     from dagster._serdes import serialize_value
@@ -234,20 +287,20 @@ def test_two_tenants_launched_together_split_the_lane_in_slots(instance, engine_
     instance.add_dynamic_partitions("tenants", ["left", "right"])
     spawn = multiprocessing.get_context("spawn")
     ref = serialize_value(instance.get_ref())
-    longer = {**OPTIONS, "row_delay": 0.02, "counts": {**COUNTS, "companies": 600}}
+    # the tasks sleep (0.5 s a page), they hardly use the CPU: the phase stays long under load
+    longer = {**OPTIONS, "row_delay": 0.05, "counts": {**COUNTS, "companies": 800}}
     go = {t: spawn.Event() for t in ("left", "right")}
     children = {t: spawn.Process(target=_materialize_in_child, args=(ref, engine_url, t, o, go[t]))
                 for t, o in (("left", longer), ("right", OPTIONS))}
     for child in children.values():
         child.start()
-    samples: list[tuple[dict[str, int], dict[str, int]]] = []
+    samples: list[_Sample] = []
     go["left"].set()
+    started = time.monotonic()
     try:
         while any(c.is_alive() for c in children.values()):
-            picture = lane_picture(instance, db, WIDTH4)
-            held = {t: s.busy for t, s in picture.tenants.items()}
-            samples.append((held, _running_by_tenant(db)))
-            if not go["right"].is_set() and held.get("left") == 4:
+            samples.append(_sample(instance, db, started))
+            if not go["right"].is_set() and samples[-1].held.get("left") == 4:
                 go["right"].set()  # left holds the whole lane with its own threads
             children["left"].join(0.02)
     finally:
@@ -257,12 +310,21 @@ def test_two_tenants_launched_together_split_the_lane_in_slots(instance, engine_
     assert [children[t].exitcode for t in ("left", "right")] == [0, 0]
     _reconciled(db, "left", longer["counts"])
     _reconciled(db, "right", COUNTS)
-    assert any(held.get("left") == 4 for held, _ in samples), "left never held the whole lane"
-    for held, running in samples:
-        assert sum(held.values()) <= 4, held
-        assert sum(running.values()) <= 4, running
-    assert any(held.get("left") == 2 and held.get("right") == 2 for held, _ in samples), \
-        "the lane was never split two and two"
+    for s in samples:
+        assert sum(s.held.values()) <= 4, s
+        assert sum(s.running.values()) <= 4, s
+    # four tasks of left running in one phase: its phase op for that phase drains with four threads
+    full = [s for s in samples if s.phase is not None and s.running.get("left") == 4]
+    assert full, f"left never ran four tasks in one phase:\n{_story(samples)}"
+    # ... and in that same phase left holds two and right two: left gave two slots back mid-phase
+    # (without the give-back its op's tag says four until the phase closed and its threads ended)
+    first: dict[int | None, float] = {}  # phase -> when left first ran four tasks in it
+    for s in full:
+        first.setdefault(s.phase, s.at)
+    split = [s for s in samples if s.phase in first and s.at > first[s.phase]
+             and s.held.get("left") == 2 and s.held.get("right") == 2]
+    assert split, (f"the lane was not split two and two before left's phase {sorted(first)} closed "
+                   f"(left kept its four threads to the phase's end):\n{_story(samples)}")
 
 
 def _materialize_and_die(ref: str, engine_url: str, tenant: str, options: dict, stale: float) -> None:
