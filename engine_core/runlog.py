@@ -20,10 +20,17 @@ _HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F
 # durations as progress.format_seconds writes them ("3m02s", "1h05m", "42s"): one placeholder, not
 # "{n}m02s" (a fresh user's find in `migrate status`)
 _DURATION = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:h\d\dm|m\d\ds)(?![A-Za-z_0-9])")
-_NUMBER = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:\.\d+)?")
+# a number: a hex literal ("0xff", a byte in a decode error) and a thousands-separated one
+# ("1,234,567": groups of exactly three digits after the first) as one
+_NUMBER = re.compile(r"(?<![A-Za-z_0-9.])(?:0[xX][0-9a-fA-F]+|\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?")
+# names with numbers in them, not counts or ids: a word joined to numbers by hyphens ("UTF-8",
+# "utf-8", "ISO-8859-1", "SHA-256", "latin-1") and a protocol's version ("HTTP/1.1", "HTTP/2");
+# an id in a path ("persons/123") is not a name (lowercase, not a one- or two-digit version)
+_NAME = re.compile(r"(?<![A-Za-z0-9_])(?:[A-Za-z]+(?:-\d+)+(?![\d.]*\d)|[A-Z]{2,}/\d{1,2}(?:\.\d{1,2})?(?![\d.]*\d))")
 _LONG_DIGITS = re.compile(r"(?<=[A-Za-z_])\d{3,}")  # 3+ digits inside a word ("abc1234"), as the ledger's SQL folds them
 # numbers that are not ids: an HTTP status ("HTTP 500", "status 404", "(404)") tells groups apart
 _STATUS_BEFORE = ("HTTP ", "status ", "(")
+_STATUS_LINE = re.compile(r"HTTP/\d(?:\.\d)? $")  # "HTTP/1.1 502 Bad Gateway"
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -38,14 +45,20 @@ def reason_shape(reason: str) -> str:
     """A reason with what varies from row to row replaced by placeholders, the label of a group of
     reasons (issue 10: a group of 200 rows was labelled with one row's ids, "person 42 references
     org 7 which is missing"): UUIDs and long hex ids become `{id}`, numbers `{n}` ("not linked to
-    any record: organizations {n} is not here"), durations ("3m02s") `{n}` too, except HTTP statuses ("HTTP 500", "status 404",
-    "(404)"), which tell causes apart. Placeholders are braces, not angle brackets: the label is
-    shown in markdown."""
+    any record: organizations {n} is not here"), durations ("3m02s"), thousands-separated numbers
+    ("1,234") and hex literals ("0xff") one `{n}` each. Kept as they are: HTTP statuses ("HTTP 500",
+    "status 404", "(404)", "HTTP/1.1 502"), which tell causes apart, and names with numbers in them
+    ("UTF-8", "ISO-8859-1", "HTTP/1.1", "v2": a fresh user saw "UTF-{n}" and "{n},{n}"). Placeholders
+    are braces, not angle brackets: the label is shown in markdown."""
     text = _DURATION.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", reason)))
+    names = [m.span() for m in _NAME.finditer(text)]
 
     def number(m: re.Match[str]) -> str:
+        if any(start <= m.start() < end for start, end in names):
+            return m.group()
         before, after = text[:m.start()], text[m.end():]
-        status = len(m.group()) == 3 and (before.endswith(_STATUS_BEFORE[:2]) or (before.endswith("(") and after.startswith(")")))
+        status = len(m.group()) == 3 and (before.endswith(_STATUS_BEFORE[:2]) or bool(_STATUS_LINE.search(before))
+                                          or (before.endswith("(") and after.startswith(")")))
         return m.group() if status else "{n}"
 
     return _LONG_DIGITS.sub("{n}", _NUMBER.sub(number, text))

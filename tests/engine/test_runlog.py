@@ -63,3 +63,19 @@ def test_a_duration_is_one_placeholder_in_a_reasons_shape() -> None:
         "the source failed every request for {n} (last: HTTP 500)"
     assert reason_shape("waited 1h05m for the daily budget") == "waited {n} for the daily budget"
     assert reason_shape("retry 1/5 in 42s") == "retry {n}/{n} in {n}s"
+
+
+def test_names_with_numbers_are_kept_and_a_thousands_separated_number_is_one_placeholder() -> None:
+    # a fresh user saw "UTF-{n}" and "{n},{n}" in the grouped reasons
+    from engine_core.runlog import reason_shape
+
+    assert reason_shape("body is not UTF-8 (ISO-8859-1?)") == "body is not UTF-8 (ISO-8859-1?)"
+    assert reason_shape("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 12") == \
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte {n} in position {n}"
+    assert reason_shape("HTTP/1.1 502 Bad Gateway from the v2 API") == "HTTP/1.1 502 Bad Gateway from the v2 API"
+    assert reason_shape("SHA-256 of row 7 differs") == "SHA-256 of row {n} differs"
+    assert reason_shape("1,234 rows over the limit of 1,000,000") == "{n} rows over the limit of {n}"
+    assert reason_shape("ids 12,5 and 1,2345") == "ids {n},{n} and {n},{n}"  # not thousands: three digits a group
+    # ids stay placeholders, in a path too
+    assert reason_shape("GET /v1/persons/123 failed: person 42 references org 7") == \
+        "GET /v1/persons/{n} failed: person {n} references org {n}"
