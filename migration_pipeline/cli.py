@@ -366,7 +366,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
         except EngineError as e:
             _fail(e)
         if run.tenant_id != tenant:
-            _fail(f"run #{run.id} is tenant {run.tenant_id!r}'s, not {tenant!r}'s")
+            _fail(f"run #{run.id} belongs to tenant {run.tenant_id!r}, not to tenant {tenant!r}")
         check_stat(db, run, kind, stat)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
         reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]

@@ -202,7 +202,9 @@ def test_report_reaches_an_earlier_run_of_the_tenant(migrated, db_url):
     assert out.returncode == 0 and out.stdout.startswith(f"run #{later.id} "), out.stdout
     out = _migrate_in_process(["report", "done", "--run", "1"], migrated)
     assert out.returncode == 0 and out.stdout.startswith("run #1 "), (out.stdout, out.stderr)
-    _one_line_error(_migrate_in_process(["report", "other", "--run", "1"], migrated), "run #1 is tenant 'done'")
+    # the tenant's repr, not a possessive after it ("'done''s", a fresh user's find)
+    line = _one_line_error(_migrate_in_process(["report", "other", "--run", "1"], migrated))
+    assert line == "error: run #1 belongs to tenant 'done', not to tenant 'other'", line
     _one_line_error(_migrate_in_process(["report", "done", "--run", "99"], migrated), "no migration run #99")
 
 
