@@ -1149,12 +1149,32 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
             _fail(f"--options must be a JSON object: {e}")
         if not isinstance(options, dict):
             _fail(f"--options must be a JSON object, got {options_json!r}")
+        options = typed_options(options)
         wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds is not None else None
         if wanted == []:  # `--kinds ""` must not mean every kind
             _fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
         config = new_run_config(wanted, dry_run, options)
         src = _source(source)
     exit_launched(launch_through_dagster(tenant, src, config, as_json, timeout=timeout, new_run=new_run))
+
+
+_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+
+
+def typed_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`--options` with every top-level value that is a string of a plain decimal number ("40",
+    " 2.5 ", "-1") as that number (int, else float); everything else as given. The engine's checks
+    already read such a string as its number (the provider's `burst_limit` and `fetch_threads`, the
+    booleans' "1"/"0", `runs.margin_option`), so nothing changes for the run but what is stored:
+    `{"burst_limit":"40"}` had been kept as the string "40" in the run's options (a fresh user's
+    find). Not a number ("4a", "1e3", "nan") is left to those checks, which name the option."""
+    typed: dict[str, Any] = {}
+    for key, value in options.items():
+        text = value.strip() if isinstance(value, str) else None
+        if text is not None and _NUMBER_TEXT.fullmatch(text):
+            value = float(text) if "." in text else int(text)
+        typed[key] = value
+    return typed
 
 
 def print_verify(result: Any) -> None:

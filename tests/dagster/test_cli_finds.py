@@ -265,6 +265,26 @@ def test_explain_normalises_the_id_as_the_ledger_keys_it_and_refuses_an_empty_on
         _one_line_error(_migrate_in_process(["explain", "done", "contacts", empty], migrated), "SOURCE_ID is empty")
 
 
+def test_a_numeric_run_option_given_as_a_string_is_stored_as_its_number(db_url, tmp_path, monkeypatch):
+    # `--options '{"burst_limit":"40"}'` was stored as the string "40" (the checks read it as 40)
+    import json
+
+    from click.testing import CliRunner
+
+    from migration_pipeline import cli
+
+    launched: list[dict] = []
+    monkeypatch.setattr(cli, "launch_through_dagster", lambda tenant, source, config, as_json, **kw: launched.append(config) or 0)
+    given = {"page_size": "20", "burst_limit": " 40 ", "snapshot_margin_seconds": "2.5", "name": "4a", "flag": "true",
+             "counts": {"companies": "5"}}
+    result = CliRunner().invoke(cli.main, ["run", "--tenant", "typed", "--source", "example", "--options", json.dumps(given)],
+                                env={"DATABASE_URL": to_url(db_url), "MIGRATE_HOME": str(tmp_path / "home")})
+    assert result.exit_code == 0 and launched, (result.output, result.exception)
+    stored = json.loads(launched[0]["resources"]["new_run"]["config"]["options_json"])
+    assert stored == {"page_size": 20, "burst_limit": 40, "snapshot_margin_seconds": 2.5, "name": "4a", "flag": "true",
+                      "counts": {"companies": "5"}}, stored  # top-level numbers only; the rest as given
+
+
 def _results_at(width: int, monkeypatch) -> str:
     """`migrate run`'s results tables (per phase, then the engine run's per kind) of a Pipedrive
     run, as a console `width` columns wide shows them."""
