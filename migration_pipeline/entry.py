@@ -14,7 +14,14 @@ import sys
 
 def main() -> None:
     """Run the `migrate` click group; SystemExit(130) with one line on stderr when SIGINT arrives
-    while its module is imported (nothing has been read, written or launched by then)."""
+    while its module is imported (nothing has been read, written or launched by then).
+
+    SIGINT inherited ignored - a background job (`migrate run ... &`) of a non-interactive shell -
+    is given Python's default handler back first: from its launch on, `migrate run` stops what it
+    started on SIGINT whatever it inherited (`launch.signals_interrupt`), but a `kill -INT` before
+    the launch had been lost and the run then went on to its end (a fresh user's find)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         from migration_pipeline.cli import main as group
     except KeyboardInterrupt:

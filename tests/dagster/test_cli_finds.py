@@ -95,14 +95,17 @@ def test_a_launch_that_writes_on_a_dry_run_says_it_writes_nothing(db_url):
 
 
 @pytest.mark.timeout(120)
-def test_ctrl_c_before_the_launch_line_says_nothing_was_launched(db_url, tmp_path):
+# SIG_IGN: a background job (`migrate run ... &` from a non-interactive shell) inherits SIGINT
+# ignored; the command restores the default at its start, so `kill -INT` stops it there too
+@pytest.mark.parametrize("inherited", [signal.SIG_DFL, signal.SIG_IGN], ids=["SIG_DFL", "SIG_IGN"])
+def test_ctrl_c_before_the_launch_line_says_nothing_was_launched(db_url, tmp_path, inherited):
     silent = socket.create_server(("127.0.0.1", 0))  # accepts, reads the request, never answers
     silent.settimeout(60)
     env = _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="pipedrive",
                PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{silent.getsockname()[1]}", PIPEDRIVE_API_TOKEN="tok",
                **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
     proc = subprocess.Popen([MIGRATE, "run", "--tenant", "acme"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, inherited))
     held = []
     try:
         while True:  # the reachability check connects and closes; the token check sends GET /v1/users/me
