@@ -438,6 +438,10 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 f"; run #{listing['run_id']}'s catch-up listed it at the source" if listing["has"] else
                 f"; nor did the source list it (run #{listing['run_id']}'s catch-up listed {listing['listed']} "
                 f"{kind} ids, not this one)")
+            unread = rollups.unreadable_count(db, tenant, kind)
+            if unread is not None:  # the row asked for may be one of them: served without its id
+                said += (f"; {unread['rows']} {kind} row(s) came without a readable id (latest in run "
+                         f"#{unread['run_id']}): `migrate status {tenant}` lists their keys, which explain takes")
             _emit(as_json, None, lambda: console.print(
                 f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
                 f"{said}"))
@@ -452,6 +456,8 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             if story["reason"]:
                 line += f" ({story['reason']})"
             console.print(line)
+            if story.get("unreadable") and story.get("excerpt"):
+                console.print(f"as served: {story['excerpt']}", markup=False, highlight=False)
 
         _emit(as_json, story, render)
 

@@ -268,6 +268,23 @@ def test_explain_normalises_the_id_as_the_ledger_keys_it_and_refuses_an_empty_on
         _one_line_error(_migrate_in_process(["explain", "done", "contacts", empty], migrated), "SOURCE_ID is empty")
 
 
+def test_explain_tells_a_row_without_a_readable_id_by_its_id_as_served(migrated, db_url):
+    # a fresh user's badrow sandbox: a person served with id "abc" was counted failed and explain
+    # said "not in the ledger"; it is kept beside the ledger (migration_unreadable), as a run's
+    # window records it (context._write_row), and explain tells it by the served id or the whole key
+    key = "abc sha256:0123456789abcdef"
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("INSERT INTO migration_unreadable (migration_id, tenant_id, source, kind, raw_key, reason, excerpt)"
+               " VALUES (1, 'done', 'example', 'contacts', %s, %s, %s) RETURNING 1",
+               (key, "MalformedRow: id is not a positive integer: 'abc'", '{"id":"abc","label_ids":[1]}'))
+    for asked in ("abc", key):
+        out = _migrate_in_process(["explain", "done", "contacts", asked], migrated)
+        assert out.returncode == 0 and out.stdout.startswith(f"contacts {asked}: failed by run #1"), (out.stdout, out.stderr)
+        assert "no readable id" in out.stdout and 'as served: {"id":"abc","label_ids":[1]}' in out.stdout, out.stdout
+    out = _migrate_in_process(["explain", "done", "contacts", "77777"], migrated)  # perhaps one of them
+    assert out.returncode == 1 and "1 contacts row(s) came without a readable id (latest in run #1)" in out.stdout, out.stdout
+
+
 def test_a_numeric_run_option_given_as_a_string_is_stored_as_its_number(db_url, tmp_path, monkeypatch):
     # `--options '{"burst_limit":"40"}'` was stored as the string "40" (the checks read it as 40)
     import json
