@@ -120,7 +120,7 @@ def switch(name: str, env: dict[str, str] | None = None) -> bool:
         return True
     if value in _FALSE:
         return False
-    raise ConfigError(f"{name} must be 1 or 0 ({what}, or not), got {raw!r}")
+    raise ConfigError(f"{name} must be 1, true, yes or on ({what}) or 0, false, no or off, got {raw!r}")
 
 
 DAILY_TOKEN_SHARE = "MIGRATE_DAILY_TOKEN_SHARE"

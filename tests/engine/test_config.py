@@ -54,5 +54,5 @@ def test_a_bad_switch_fails_at_start_up_naming_the_variable() -> None:
     """Every command's start-up check (check_environment) refuses it, not only `migrate run`."""
     from engine_core.config import check_environment
 
-    with pytest.raises(ConfigError, match=r"^MIGRATE_RUN_IN_PROCESS must be 1 or 0 .*got 'maybe'$"):
+    with pytest.raises(ConfigError, match=r"^MIGRATE_RUN_IN_PROCESS must be 1, true, yes or on \(.*\) or 0, false, no or off, got 'maybe'$"):
         check_environment({"MIGRATE_RUN_IN_PROCESS": "maybe"})
