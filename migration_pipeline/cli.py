@@ -1372,6 +1372,11 @@ def _new_config(options: dict) -> dict:
     return new_run_config(options=options)
 
 
+# How long `migrate ui` gives dagster dev (webserver, daemon, code server) and the sandbox to exit
+# after Ctrl-C before it SIGKILLs what is left of their process groups; ~3-7 s is their usual exit.
+UI_STOP_SECONDS = 10.0
+
+
 @main.command()
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--sandbox", "with_sandbox", is_flag=True, help="also serve a sandbox Pipedrive account")
@@ -1386,15 +1391,17 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     """`dagster dev` on the embedded database (and, with --sandbox, a sandbox source).
 
     Refuses (one line, nothing started) when a UI or daemon already serves this instance, or a
-    port is busy: one daemon per instance."""
+    port is busy: one daemon per instance. Ctrl-C (or SIGTERM) stops every process it started
+    within UI_STOP_SECONDS and, on that clean exit, removes the instance's daemon lock file."""
     import signal
 
-    from engine_core.config import check_environment
+    from engine_core.config import check_environment, migrate_home
     from migration_pipeline import launch, stack
     from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
 
     check_environment()
     env = dagster_env(env=dict(os.environ))
+    env["MIGRATE_HOME"] = str(migrate_home(env))  # absolute: dagster dev runs in DAGSTER_HOME
     for flag, p in (("--port", port), *((("--sandbox-port", sandbox_port),) if with_sandbox else ())):
         if stack.port_busy(p):
             first = launch.ui_on_port(Path(env["DAGSTER_HOME"]), p) if flag == "--port" else None
@@ -1424,6 +1431,8 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     signal.signal(signal.SIGTERM, _interrupt)
     sandbox_proc = None
     proc = None
+    started = time.time()
+    recorded = False
     try:
         if with_sandbox:
             args = [sys.executable, "-m", "pipedrive_sandbox", "--port", str(sandbox_port), "--scale", scale,
@@ -1439,7 +1448,6 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
         proc = stack.dagster_dev(env, port, pass_fds=(lock.fd,))
         stack.wait_for_webserver(port, proc, timeout=180)
         console.print(f"[green]Dagster UI: {address}[/green]  (Ctrl-C stops it)")
-        recorded = False
         while proc.poll() is None:
             if not recorded:  # the daemon id that, once the lock is free, means "exited"
                 daemon_id = launch.newest_heartbeat_id(instance, started)
@@ -1453,12 +1461,19 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     except KeyboardInterrupt:
         pass
     finally:
-        if proc is not None:
-            stack.stop(proc)
-        if sandbox_proc is not None:
-            stack.stop(sandbox_proc, timeout=10)
-        lock.release()
-        instance.dispose()
+        with launch.signals_held():  # a second Ctrl-C does not cut the (bounded) cleanup short
+            if proc is not None:
+                stack.stop(proc, timeout=UI_STOP_SECONDS, whole_group=True)
+            if sandbox_proc is not None:
+                stack.stop(sandbox_proc, timeout=UI_STOP_SECONDS, whole_group=True)
+            if proc is not None and not recorded:  # stopped before its id was recorded
+                daemon_id = launch.newest_heartbeat_id(instance, started)
+                if daemon_id:
+                    lock.record(daemon_id=daemon_id)
+            if proc is None or proc.poll() is not None:
+                lock.remove(instance)  # nothing of ours holds it any more: no file left behind
+            lock.release()
+            instance.dispose()
 
 
 @main.command()

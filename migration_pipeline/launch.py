@@ -333,7 +333,7 @@ def daemon_liveness(instance: DagsterInstance, lock: Path, now: float | None = N
     now = time.time() if now is None else now
     beat = instance.get_daemon_heartbeats().get(RUN_COORDINATOR_DAEMON)
     if beat is None:
-        return Liveness(False, "no daemon: none has ever run on this instance")
+        return Liveness(False, "no daemon: none heartbeats on this instance (none ran, or the last one stopped cleanly)")
     age = max(0.0, now - beat.timestamp)
     if age > FRESH_HEARTBEAT_SECONDS:
         return Liveness(False, f"no daemon: the last heartbeat is {age:.0f} s old")
@@ -383,6 +383,30 @@ class DaemonLock:
         if self.fd is not None:
             os.close(self.fd)  # the child's inherited copy keeps the lock until it exits
             self.fd = None
+
+    def remove(self, instance: DagsterInstance) -> bool:
+        """On a clean exit, once every process that inherited the lock has exited: remove the lock
+        file and release it. True when removed; False when kept (then only released).
+
+        After its daemon exits, what the file still tells is that daemon's id (`record`), so that
+        its heartbeat, under FRESH_HEARTBEAT_SECONDS old, is not taken for a live daemon by the next
+        command (`daemon_liveness`). That heartbeat is wiped instead (`instance.wipe_daemon_heartbeats`,
+        what `dagster-daemon wipe` does) when the run coordinator's latest is ours; when it is
+        another daemon's, the file adds nothing to it. Kept when the heartbeats cannot be read or
+        wiped. Unlinked while held: a command that opens the path meanwhile finds the lock taken, or
+        no file."""
+        if self.fd is None:
+            return False
+        try:
+            beat = instance.get_daemon_heartbeats().get(RUN_COORDINATOR_DAEMON)
+            if beat is not None and beat.daemon_id and beat.daemon_id == self.info.get("daemon_id"):
+                instance.wipe_daemon_heartbeats()
+        except Exception:  # noqa: BLE001 - the file stays; the heartbeat rule reads it as before
+            self.release()
+            return False
+        self.path.unlink(missing_ok=True)
+        self.release()
+        return True
 
 
 def ui_on_port(home: Path, port: int) -> dict[str, Any] | None:

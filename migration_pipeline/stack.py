@@ -65,11 +65,30 @@ def start(argv: list[str], env: dict[str, str], log_path: Path | None = None, cw
     )
 
 
+def local_env_file(workdir: str) -> dict[str, str]:
+    """The variables of `workdir`/.env, read as `dagster dev` reads the one in its own working
+    directory (dagster's `get_env_var_dict`; empty when there is none)."""
+    from dagster._core.secrets.env_file import get_env_var_dict
+
+    return get_env_var_dict(workdir)
+
+
 def dagster_dev(env: dict[str, str], port: int, log_path: Path | None = None, cwd: str | None = None,
                 pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    """Webserver + daemon (+ code server) on the instance in env['DAGSTER_HOME']."""
-    argv = [bin_path("dagster"), "dev", "-m", DEFS_MODULE, "-h", "127.0.0.1", "-p", str(port)]
-    return start(argv, env, log_path, cwd, pass_fds)
+    """Webserver + daemon (+ code server) on the instance in env['DAGSTER_HOME'].
+
+    `cwd` (default: ours) is the code location's working directory; the process itself runs in
+    DAGSTER_HOME. `dagster dev` warns "Found a dagster instance configuration value (dagster.yaml)
+    in the current folder, but your DAGSTER_HOME ... is set to ..." whenever its working directory
+    holds a dagster.yaml and is not DAGSTER_HOME - always, from the repository root, whose
+    dagster.yaml is the template DAGSTER_HOME's file is rendered from (instance.py): started in
+    DAGSTER_HOME it has nothing to warn about. What it loads from its working directory's `.env`
+    is loaded from `cwd`'s here instead (over `env`, as dagster dev does)."""
+    workdir = os.path.abspath(cwd or os.getcwd())
+    env = {**env, **local_env_file(workdir)}
+    argv = [bin_path("dagster"), "dev", "-m", DEFS_MODULE, "--working-directory", workdir,
+            "-h", "127.0.0.1", "-p", str(port)]
+    return start(argv, env, log_path, env["DAGSTER_HOME"], pass_fds)
 
 
 def daemon(env: dict[str, str], log_path: Path | None = None, cwd: str | None = None,
@@ -104,8 +123,33 @@ def interrupt(proc: subprocess.Popen) -> bool:
 SETTLED_GRACE_SECONDS = 0.3
 
 
+def group_alive(pgid: int) -> bool:
+    """True while some process of group `pgid` is left (a child's orphaned children). Zombies do
+    not count (an init that does not reap orphans would keep them): read from /proc, or asked with
+    signal 0 where there is none."""
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc_dir.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
 def stop(proc: subprocess.Popen, timeout: float = 30.0, interrupted: bool = False,
-         settled: Callable[[], bool] | None = None) -> None:
+         settled: Callable[[], bool] | None = None, whole_group: bool = False) -> None:
     """Stop a child started by `start`: SIGINT to its process group (unless `interrupted`: it was
     sent already, by `interrupt`, and a second one could cut its shutdown short), then wait up to
     `timeout` seconds and SIGKILL the group if it has not exited.
@@ -114,11 +158,18 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0, interrupted: bool = Fals
     shutdown is for (e.g. a daemon said its threads stopped). It then gets SETTLED_GRACE_SECONDS
     to exit by itself and is SIGKILLed (the child alone, not its group): what remains is the
     interpreter tearing down a process that imported Dagster, 1-2.5 s on a loaded machine that the
-    command waited for after the run had ended (issue 11)."""
-    if proc.poll() is not None:
+    command waited for after the run had ended (issue 11).
+
+    `whole_group`: also wait, within the same `timeout`, for what is left of the child's process
+    group once the child exited (its own children, told by the same SIGINT), and SIGKILL that
+    group at the deadline: `migrate ui` returns with every process it started gone."""
+    if proc.poll() is not None and not (whole_group and group_alive(proc.pid)):
         return
-    if not interrupted and not interrupt(proc):
-        return
+    if not interrupted:
+        try:  # the group, also when the child is gone and its children are not
+            os.killpg(proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            return
     deadline = time.monotonic() + timeout
     if settled is not None:
         while proc.poll() is None and time.monotonic() < deadline:
@@ -134,12 +185,19 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0, interrupted: bool = Fals
             time.sleep(0.05)
     try:
         proc.wait(max(0.0, deadline - time.monotonic()))
+        while whole_group and group_alive(proc.pid):
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            time.sleep(0.05)
     except subprocess.TimeoutExpired:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         proc.wait(10)
+        gone_by = time.monotonic() + 2.0  # SIGKILL is delivered, not yet acted on, when killpg returns
+        while whole_group and group_alive(proc.pid) and time.monotonic() < gone_by:
+            time.sleep(0.02)
 
 
 def wait_for_webserver(port: int, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> str:
