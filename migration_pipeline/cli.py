@@ -781,10 +781,11 @@ class _Progress:
 
     @staticmethod
     def _line(r: Any, phase: int, state: str) -> None:
-        # skipped rows and a dry run's wording as the results tables have them (a fresh user's find:
-        # the lines left skipped rows out and a dry run's said "imported")
-        imported = "would import" if r.dry_run else "imported"
-        counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} updated/{k.already_here} here/"
+        # skipped rows and the results tables' words, a dry run's included (fresh users' finds: the
+        # lines left skipped rows out, and a dry run's said "imported", then "0 updated" where the
+        # tables said "would update")
+        imported, _, here, updated = _written_columns(r.dry_run)
+        counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
                            f"{k.skipped} skipped/{k.failed} failed" for k in r.phase_kinds(phase))
         console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 

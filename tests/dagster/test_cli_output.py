@@ -81,7 +81,8 @@ def test_progress_lines_say_the_phase_and_its_state(db_url):
 
 def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal():
     """A fresh user's find: piped to a file, a phase of four kinds broke its progress line at 220
-    columns, so one line became two to `grep` and to a log reader."""
+    columns, so one line became two to `grep` and to a log reader. Its counts use the results
+    tables' words, a dry run's too ("would import", "would update")."""
     from migration_pipeline.cli import _Progress, console
 
     assert not console.is_terminal  # pytest captures stdout: the command's console for a pipe
@@ -109,7 +110,12 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
     assert text.startswith("  phase 1/1 (deals, deals_archived, leads, leads_archived) running: run 42 "), text
     # skipped rows are said, and a dry run's line says what it would import (it had said "imported")
     assert text.count("/321 skipped/") == 4 and text.count("123456 imported/") == 4, text
+    assert text.count("/7890 updated/12345 already here/") == 4, text  # the tables' words
     Rollup.dry_run = True
     with console.capture() as captured:
         _Progress._line(Rollup(), 0, "closed")
-    assert captured.get().count("123456 would import/") == 4 and " imported/" not in captured.get(), captured.get()
+    dry = captured.get()
+    assert dry.count("123456 would import/") == 4 and " imported/" not in dry, dry
+    # every count in the dry run's words, as its tables have them (it had said "7890 updated")
+    assert dry.count("123456 would import/7890 would update/12345 already here/321 skipped/6 failed") == 4, dry
+    assert " updated/" not in dry, dry
