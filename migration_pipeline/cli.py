@@ -41,12 +41,21 @@ from engine_core.config import Settings
 from engine_core.errors import EngineError
 from engine_core.providers.base import provider_for
 
-# Not a terminal (a pipe, a log, CI): wide enough that the status table (now with updated, deleted at
-# source and by catch-up beside the written columns) keeps its headers unwrapped ("would import").
-# Lines of text are never wrapped there (soft wrap): a progress line naming a phase of four kinds
-# with their counts is ~300 characters, and a line broken in two is two lines to a grep or a log
-# reader. Tables are still laid out in the 220 columns.
+# Not a terminal (a pipe, a log, CI): COLUMNS when set (a fresh user's `COLUMNS=80 migrate status T |
+# less` had 150-column rows), else wide enough that the status table (updated, deleted at source and
+# by catch-up beside the written columns) keeps its headers unwrapped ("would import"). Lines of text
+# are never wrapped there (soft wrap): a progress line naming a phase of four kinds with their
+# counts is ~300 characters, and a line broken in two is two lines to a grep or a log reader. Tables
+# are laid out in that width (fitted_table). A terminal's own width is rich's (COLUMNS first too).
 _TERMINAL = sys.stdout.isatty()
+PIPED_WIDTH = 220
+
+
+def piped_width(env: dict[str, str] | None = None) -> int:
+    """The console width when stdout is not a terminal: COLUMNS when it is a whole number of at
+    least 20 (as rich reads it for a terminal), else PIPED_WIDTH."""
+    raw = (os.environ if env is None else env).get("COLUMNS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 20 else PIPED_WIDTH
 
 
 def reader_gone(stream: Any) -> None:
@@ -80,7 +89,7 @@ class _Console(Console):
         reader_gone(self.file)
 
 
-console = _Console(width=None if _TERMINAL else 220, soft_wrap=not _TERMINAL)
+console = _Console(width=None if _TERMINAL else piped_width(), soft_wrap=not _TERMINAL)
 
 
 def _db() -> dbmod.Database:
@@ -115,7 +124,8 @@ def fitted_table(title: str, columns: list[tuple[str, str]], rows: list[tuple[st
     them; the others (numbers) are never wrapped or cut. When the table is wider than the console,
     the numbers' headers go one word a line and the `fold` columns at most FOLD_WIDTH wide, then
     the columns in `drop` are left out, least important first, until the rest fits (the caption
-    names them)."""
+    names them). Print it with `soft_wrap=False`: the piped console's soft wrap (its lines of text
+    are never broken) would leave the caption one long line."""
     from rich.cells import cell_len
 
     def least(i: int, header: str, narrow: bool) -> int:  # the column's content width, nothing cut
@@ -135,9 +145,11 @@ def fitted_table(title: str, columns: list[tuple[str, str]], rows: list[tuple[st
     table = Table(title=title, caption=f"left out at {console.width} columns: {', '.join(left_out)} (`--json` has "
                                        "them)" if left_out else None)
     for header, justify in columns:
+        if header not in shown:  # a `fold` column too: its cells are left out of the rows below
+            continue
         if header in fold:
             table.add_column(header, justify=justify, overflow="fold", max_width=FOLD_WIDTH if narrow else None)
-        elif header in shown:
+        else:
             table.add_column("\n".join(header.split()) if narrow else header, justify=justify, no_wrap=True)
     for row in rows:
         table.add_row(*(cell for (header, _), cell in zip(columns, row) if header in shown))
@@ -160,9 +172,11 @@ def print_rollup(r: rollups.RunRollup) -> None:
         rows.append((str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
                      str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
                      str(caught) if caught else "-"))
-    # narrow: the phase (the kinds are in plan order), then what is most often 0
-    console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("kind", "tasks"),
-                               drop=("phase", "by catch-up", written[1], "deleted at source", "seen", written[3])))
+    # narrow: the phase (the kinds are in plan order), then what is most often 0; a kind's name is
+    # never wrapped or cut ("organization/s" on an 80-column terminal: a fresh user's find)
+    console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("tasks",),
+                               drop=("phase", "by catch-up", written[1], "deleted at source", "seen", written[3],
+                                     written[2], "skipped", "tasks")), soft_wrap=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
     if r.reasons:
@@ -294,7 +308,7 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     table = fitted_table("tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)",
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
                          drop=("finished (UTC)", "started (UTC)"))
-    console.print(table)
+    console.print(table, soft_wrap=False)
     idle = [o["tenant"] for o in overview if o.get("unattended")]
     if idle:
         who = idle[0] if len(idle) == 1 else "T"
@@ -682,7 +696,8 @@ def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
               "tasks", "rows_per_second"))) for r in results]
     console.print(fitted_table("per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""),
                                columns, rows, fold=("phase asset", "status"),
-                               drop=("rows/s", written[1], "deleted at source", written[3], written[2], "skipped")))
+                               drop=("rows/s", written[1], "deleted at source", written[3], written[2], "skipped")),
+                  soft_wrap=False)
     for r in results:
         if r.status == "failed":
             console.print(f"[red]{r.asset} failed:[/red] {r.message}")
