@@ -813,7 +813,8 @@ class _Progress:
             self.db = None
 
 
-def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any) -> None:
+def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any,
+                         source: str | None = None) -> None:
     """A `migrate run` / `sync` / `demo` stopped by SIGINT, SIGTERM or SIGHUP stops what it started
     (what a user stopping a foreground command expects; nothing is lost: the engine run keeps its
     checkpoints and `migrate run --tenant T` resumes it): the Dagster run it launched is cancelled
@@ -847,13 +848,30 @@ def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant:
     if run_id:
         run = instance.get_run_by_id(run_id)
         engine = run.tags.get("migration/run_id") if run is not None else None
-        state = ""
-        if engine:
-            with _db() as db:
+        if not engine and run is not None and run.status not in launch.FINISHED:
+            # stopped before its op attached an engine run: nothing of it is worth keeping, and
+            # left STARTED or queued it would hold the tenant's partition in the UI for ever
+            launch.mark_canceled(instance, run_id, f"`migrate run` got {name} before the run reached its engine "
+                                                   "run; nothing was migrated")
+            run = instance.get_run_by_id(run_id)
+            status = run.status if run is not None else status
+        with _db() as db:
+            if engine:
                 er = runs.get_run(db, int(engine))
-            state = f"; {er.name} is {er.status}"
-        say(f"Dagster run {run_id}: {status.value if status else 'gone'}{state}"
-            f"{' (our daemon stopped)' if ours else ''}; `migrate run --tenant {tenant}` resumes it")
+                after = f"; {er.name} is {er.status}; `migrate run --tenant {tenant}` resumes it"
+            else:  # what a relaunch meets: the engine run this launch would have attached, if any
+                try:
+                    er = runs.latest_run(db, tenant, source)
+                except EngineError:
+                    er = None
+                if er is not None and er.status != "succeeded":
+                    after = (f"; it had not reached an engine run yet ({er.name} is {er.status}); "
+                             f"`migrate run --tenant {tenant}` resumes {er.name}")
+                else:
+                    after = (f"; no engine run was started (nothing was read or written; the tenant's "
+                             f"partition stays in the UI, empty); `migrate run --tenant {tenant}` starts one")
+        say(f"Dagster run {run_id}: {status.value if status else 'gone'}"
+            f"{' (our daemon stopped)' if ours else ''}{after}")
     elif ours:
         say("nothing was launched; the daemon this command started is stopped")
     else:
@@ -1071,7 +1089,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 with launch.signals_held():
                     progress.close()
                     # the run exists once place_tenant_run has created it, maybe before it was queued
-                    stop_what_we_started(instance, keeper, run_id, tenant, signalled)
+                    stop_what_we_started(instance, keeper, run_id, tenant, signalled, source)
                 sys.exit(signalled.exit_code)
         if outcome is not None:
             outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
