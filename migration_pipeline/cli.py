@@ -556,6 +556,7 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
     with _db() as db:
         run_id = _tenant_run(db, tenant, source).id
         if force:
+            end_dead_process_runs(as_json)  # a killed `migrate run`'s Dagster run, shown in progress
             said: list[str] = []
 
             def waiting(held: list[dict]) -> None:
@@ -581,7 +582,50 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
               lambda: console.print(f"{run.name}: {run.status}{note}"))
 
 
-def check_someone_works(db: dbmod.Database, run: Any, action: str) -> None:
+def end_runs_of_dead_processes(instance: Any, as_json: bool) -> list[str]:
+    """End the Dagster runs whose in-process executor (a `migrate run`) is known to be gone
+    (`launcher.fail_runs_of_dead_processes`: FAILURE, or CANCELED when CANCELING, with the reason),
+    saying so in one line (stderr under --json). Best effort: a Dagster storage that cannot be read
+    is not this command's failure. Returns their run ids.
+
+    `migrate run` does it before it counts the lane; `stop --force`, `resume` and `retry` do it too:
+    after a `kill -9` of `migrate run` then those, the run stayed STARTED in the UI until the next
+    `migrate run` (a fresh user's find)."""
+    from migration_pipeline.launcher import fail_runs_of_dead_processes
+
+    try:
+        ended = fail_runs_of_dead_processes(instance)
+    except Exception:  # noqa: BLE001 - the engine command goes on; the next `migrate run` tries again
+        return []
+    if ended:
+        line = (f"ended {len(ended)} Dagster run(s) whose `migrate run` process is gone (the UI showed them in "
+                f"progress): {', '.join(ended)}")
+        if as_json:
+            click.echo(line, err=True)
+        else:
+            console.print(line, highlight=False)
+    return ended
+
+
+def end_dead_process_runs(as_json: bool) -> list[str]:
+    """`end_runs_of_dead_processes` on the project's instance, when Dagster has been used here
+    (DAGSTER_HOME holds its dagster.yaml; else there is no Dagster run to end, and no storage
+    database is created for nothing). [] when the instance cannot be opened."""
+    from migration_pipeline.instance import dagster_env, dagster_home, open_instance
+
+    if not (dagster_home() / "dagster.yaml").exists():
+        return []
+    try:
+        instance = open_instance(dagster_env(env=dict(os.environ)))
+    except Exception:  # noqa: BLE001 - best effort, as above
+        return []
+    try:
+        return end_runs_of_dead_processes(instance, as_json)
+    finally:
+        instance.dispose()
+
+
+def check_someone_works(db: dbmod.Database, run: Any, action: str, as_json: bool = False) -> None:
     """Before `migrate resume/retry` without --drain: the reopened run is worked on only by the
     drainer runs a live Dagster daemon's lane poller requests, and only for a run a Dagster run
     has attached to. Without both, nothing would start: one line (exit 2, nothing changed) saying
@@ -594,6 +638,7 @@ def check_someone_works(db: dbmod.Database, run: Any, action: str) -> None:
     env = dagster_env(env=dict(os.environ))
     instance = open_instance(env)
     try:
+        end_runs_of_dead_processes(instance, as_json)
         live = launch.daemon_liveness(instance, launch.lock_path(Path(env["DAGSTER_HOME"]), env[STORAGE_URL_ENV]))
         managed = dagster_managed(instance, run.id)
     finally:
@@ -616,7 +661,9 @@ def _reopen(action: str, tenant: str, source: str | None, as_json: bool, drain: 
                                         f"brings what changed at the source since)"))
             return
         if not drain:
-            check_someone_works(db, run, action)
+            check_someone_works(db, run, action, as_json)  # ends a killed `migrate run`'s Dagster run too
+        else:
+            end_dead_process_runs(as_json)
         provider = provider_for(run.source, run)
         try:
             run = (runs.retry if action == "retry" else runs.resume)(db, run.id, provider)
