@@ -1123,6 +1123,7 @@ class InProcessRun:
         self._wake = None  # threading.Event, made in execute()
         self._done = None
         self._delivered_at: float | None = None
+        self._said: set[str] = set()  # what `_said_once` has said
 
     # -- the main thread --------------------------------------------------------------------------
 
@@ -1252,12 +1253,34 @@ class InProcessRun:
                 if self.on_tick is not None:
                     try:
                         self.on_tick(run)
-                    except Exception:  # noqa: BLE001 - progress is best effort
-                        pass
+                    except KeyboardInterrupt:
+                        raise
+                    except BaseException as e:  # noqa: BLE001 - progress is best effort; SystemExit too
+                        self._said_once("progress", e)
                 if run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED) or self._stopping:
                     self._deliver()
-            except Exception:  # noqa: BLE001 - the storage hiccuped: asked again next poll
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001 - the storage hiccuped: asked again next poll
+                if not isinstance(e, Exception):
+                    self._said_once("watch", e)
                 continue
+
+    def _said_once(self, what: str, error: BaseException) -> None:
+        """One line on `err` the first time `what` ("progress": `on_tick`; "watch": the watcher's own
+        work) raised something that is no Exception (SystemExit, GeneratorExit): such an exception
+        had ended the watcher thread silently, and with it the stop signals' handling (the watcher
+        acts on them) and the terminate delivery. The watcher keeps watching."""
+        if what in self._said:
+            return
+        self._said.add(what)
+        if self.err is not None:
+            try:
+                print(f"the run's {what} display raised {type(error).__name__}{f': {error}' if str(error) else ''}; "
+                      f"the run goes on, and a stop signal still stops it" if what == "progress" else
+                      f"the run's watcher met {type(error).__name__}; it keeps watching", file=self.err, flush=True)
+            except (OSError, ValueError):
+                pass
 
     def _stop_run(self) -> None:
         """A stop this command was asked for (a signal, --timeout): as `stop_launched_run` does for
