@@ -303,9 +303,11 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None) ->
 
 class ProgressBoard:
     """One `rich` progress bar per phase of a run, for `migrate run`: call `update(db)` every few
-    seconds (inside `with board:`), it snapshots every phase that has tasks and redraws."""
+    seconds (inside `with board:`), it snapshots every phase that has tasks and redraws. A
+    `dry_run`'s bars say "would import" / "would update", as its results tables do (they said
+    "imported": a fresh user's find)."""
 
-    def __init__(self, run_id: int, plan: list[list[str]], console: Any = None) -> None:
+    def __init__(self, run_id: int, plan: list[list[str]], console: Any = None, *, dry_run: bool = False) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.run_id = run_id
@@ -321,6 +323,7 @@ class ProgressBoard:
         )
         self._bars: dict[int, Any] = {}
         self._meters: dict[int, PhaseMeter] = {}
+        self._words = ("would import", "would update") if dry_run else ("imported", "updated")
 
     def __enter__(self) -> ProgressBoard:
         self.progress.start()
@@ -338,7 +341,8 @@ class ProgressBoard:
                 continue
             if i not in self._bars:
                 self._bars[i] = self.progress.add_task(f"phase {i + 1} {', '.join(kinds)}", total=100.0, figures="")
-            figures = (f"{p.seen} seen {p.imported} imported" + (f" {p.updated} updated" if p.updated else "")
+            imported, updated = self._words
+            figures = (f"{p.seen} seen {p.imported} {imported}" + (f" {p.updated} {updated}" if p.updated else "")
                        + f" {p.skipped} skipped {p.failed} failed"
                        f" | tasks {p.tasks_done}/{p.tasks_total} | {p.rows_per_second:.0f} rows/s"
                        f" {p.requests_per_second:.1f} req/s {p.rate_limited}x429")

@@ -790,7 +790,8 @@ class _Progress:
             from engine_core.progress import ProgressBoard
 
             if getattr(self, "board", None) is None:
-                self.board = ProgressBoard(int(engine_id), runs.get_run(self.db, int(engine_id)).plan, console=console)
+                engine_run = runs.get_run(self.db, int(engine_id))
+                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=console, dry_run=engine_run.dry_run)
                 self.board.__enter__()
             self.board.update(self.db)
             return

@@ -135,6 +135,10 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
         shown = board.update(db)
     assert [p.phase for p in shown] == [0, 1, 2, 3, 4] and all(p.percent == 100.0 for p in shown)
     assert "phase 2 contacts" in out.getvalue() and "10 seen 10 imported" in out.getvalue()
+    out = io.StringIO()  # a dry run's bars use the results tables' words (they said "imported")
+    with ProgressBoard(run.id, runs.get_run(db, run.id).plan, console=Console(file=out, width=200), dry_run=True) as board:
+        board.update(db)
+    assert "10 seen 10 would import" in out.getvalue() and " imported" not in out.getvalue(), out.getvalue()
 
 
 def test_explain_row_tells_a_rows_story_from_the_launchpad(instance, engine_url, db):
