@@ -26,6 +26,22 @@ class SourceMismatch(ConfigError):
         )
 
 
+class TenantSourceMismatch(ConfigError):
+    """These source settings reach another source (another Pipedrive company) than the tenant's
+    data came from: a new run, a sync or a verify of the tenant is refused before it reads or
+    writes anything (a fresh user's `migrate sync` with another company's settings updated the
+    tenant's rows with that company's and marked its leads deleted)."""
+
+    def __init__(self, tenant_id: str, run_name: str, tenant_identity: str, settings_identity: str) -> None:
+        self.tenant_identity = tenant_identity
+        self.settings_identity = settings_identity
+        super().__init__(
+            f"tenant {tenant_id!r} holds data of {tenant_identity} ({run_name}), but these source settings reach "
+            f"{settings_identity}; a tenant holds one source's data: use the settings it was migrated with, or "
+            f"another tenant name for this source"
+        )
+
+
 class AdmissionRefused(EngineError):
     """Another run of this tenant and source is live."""
 

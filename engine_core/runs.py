@@ -29,7 +29,8 @@ from psycopg.types.json import Jsonb
 
 from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.errors import AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound
+from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound,
+                                TenantSourceMismatch)
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
@@ -143,7 +144,8 @@ def start_run(
 
     `mode`: "full" or "sync" (use `start_sync`, which finds `since`). Raises AdmissionRefused
     (another live run of the tenant and source), ConfigError (unknown kind or mode, or an option
-    the provider's `check_options` refuses)."""
+    the provider's `check_options` refuses), TenantSourceMismatch (the provider reaches another
+    source than the tenant's data came from: `check_tenant_identity`)."""
     settings = settings or Settings.from_env()
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -154,6 +156,7 @@ def start_run(
         raise ConfigError("a sync needs since (the last succeeded run's snapshot): use runs.start_sync")
     plan = run_plan(provider, kinds)
     identity = identity_of(provider)  # before the transaction: it may ask the source
+    check_tenant_identity(db, tenant_id, provider.source, identity)
     snapshot = source_time(provider)  # the source's clock; None: the database's (now() below)
     try:
         with db.transaction() as tx:
@@ -182,6 +185,30 @@ def start_run(
     top_up(db, run.id, settings)
     advance_phase(db, run.id, 0, provider, settings)  # a phase that seeded nothing closes at once
     return get_run(db, run.id)
+
+
+def tenant_identity(db: Database, tenant_id: str, source: str) -> tuple[str, str] | None:
+    """What the tenant's data of `source` came from: (run name, source identity) of its latest run
+    that recorded one (dry runs wrote nothing and do not count), or None for a tenant without."""
+    rows = db.sql(
+        "SELECT id, source_identity FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s"
+        " AND source_identity IS NOT NULL AND NOT dry_run ORDER BY id DESC LIMIT 1",
+        {"t": tenant_id, "s": source})
+    return (f"run #{rows[0]['id']}", rows[0]["source_identity"]) if rows else None
+
+
+def check_tenant_identity(db: Database, tenant_id: str, source: str, identity: str | None) -> None:
+    """Refuse settings that reach another source than the tenant's data came from
+    (`tenant_identity`): TenantSourceMismatch, before anything is read or written. A run binds its
+    workers to its identity (`worker`, SourceMismatch); this binds the tenant's next runs, syncs and
+    verifies to it too (a sync with another company's settings had updated the tenant's rows with
+    that company's). `identity` None (the source could not tell now) is not judged here: the run's
+    tasks bind it when they meet it."""
+    if identity is None:
+        return
+    known = tenant_identity(db, tenant_id, source)
+    if known is not None and known[1] != identity:
+        raise TenantSourceMismatch(tenant_id, known[0], known[1], identity)
 
 
 def last_snapshot(db: Database, tenant_id: str, source: str) -> datetime | None:

@@ -8,7 +8,8 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
 * **missing**: at the source, but no live product row for it (none written, its product row gone,
   or marked `deleted_at_source` although the source lists it again). A source row the ledger
   accounts for as skipped or failed - with its reason, `migrate explain` tells it - is counted as
-  `unwritten`, not missing: the ledger says why it is not there.
+  `unwritten`, not missing: the ledger says why it is not there. So is a row listed with an id
+  that is not one (`"abc"`), kept as failed beside the ledger (`migration_unreadable`).
 * **extra**: live in the ledger or the product (not marked `deleted_at_source`) but gone at the
   source: a delete or a merge the product has not caught up with.
 * **duplicated**: more than one product row for one source row (rows carrying `source_id`).
@@ -48,7 +49,7 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version
-from engine_core.providers.base import Provider, catchup_kind, source_ids
+from engine_core.providers.base import Provider, catchup_kind, identity_of, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
@@ -219,7 +220,14 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     placeholders included. The version and the deleted mark are what `ledger.ledger_index` reads
     (migration 0010); the action and the record say whether and where the product holds the row."""
     rows = db.fetch_all("verify_ledger", {"tenant_id": tenant_id, "source": source, "kind": kind})
-    return {_norm(r["source_id"]): dict(r) for r in rows}
+    entries = {_norm(r["source_id"]): dict(r) for r in rows}
+    # rows served with an id that is not one ("abc"): failed, kept beside the ledger under that id
+    # and a digest (migration 0013). The listing serves the same id, so it is unwritten with its
+    # reason, not missing (a fresh user's verify failed a run that had accounted for every row)
+    for r in db.fetch_all("verify_unreadable", {"tenant_id": tenant_id, "source": source, "kind": kind}):
+        entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
+                                                   "record_id": None, "version": None, "deleted": None})
+    return entries
 
 
 def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
@@ -305,10 +313,13 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     `kinds`: plan or ledger kinds to prove (default: every kind of the provider's plan). Returns a
     VerifyResult (per ledger kind: counts and the ids of every difference; requests, tokens and
     seconds spent). Raises RunNotFound (one line, names the tenant) when no run of this source ever
-    ran for the tenant, ConfigError for an unknown kind; the source's own errors (auth, rate limit
+    ran for the tenant, TenantSourceMismatch when the provider reaches another source than the
+    tenant's data came from (`runs.check_tenant_identity`), ConfigError for an unknown kind; the source's own errors (auth, rate limit
     after the client's retries) propagate. Holds no database connection while it lists."""
     settings = settings or Settings.from_env()
     runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
+    # another company's settings: refused before its listings spend that account's tokens
+    runs.check_tenant_identity(db, tenant_id, provider.source, identity_of(provider))
     started = time.monotonic()
     cost = {"requests": 0, "tokens": 0}
     options: dict[str, Any] = {"db": db, "cost": cost}

@@ -700,6 +700,14 @@ SELECT source_id, action, record_type, record_id, source_version AS version, del
   FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s;
 
+-- name: verify_unreadable --
+-- The ids as served of one ledger kind's rows without a readable id (migration 0013: "abc" of
+-- "abc sha256:..."; a row served without any id has none and is not listed either).
+SELECT DISTINCT split_part(raw_key, ' sha256:', 1) AS source_id
+  FROM migration_unreadable
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind IN (%(kind)s, %(kind)s || '_archived')
+   AND raw_key LIKE '%% sha256:%%';
+
 -- name: latest_status_per_tenant --
 -- Each of these tenants' latest (not dry) run of a source and its status (the sync schedule asks
 -- for the tenants whose latest run succeeded).

@@ -95,6 +95,42 @@ def test_a_worker_that_reaches_another_source_claims_nothing(db) -> None:
     assert rotated.drain(run.id).reason == "succeeded"
 
 
+def test_a_tenant_stays_with_the_source_its_data_came_from(db) -> None:
+    """A fresh user's `migrate sync` with another company's settings updated the tenant's rows with
+    that company's and marked its leads deleted: each run bound its workers to its own identity,
+    but nothing bound the tenant's next run. A new run, a sync and a verify that reach another
+    source are refused before they read or write anything; the same company through a rotated
+    token goes on, and a dry run (it wrote nothing) binds nothing."""
+    import pytest
+
+    from engine_core import verify
+    from engine_core.errors import TenantSourceMismatch
+
+    options = {"page_size": 10, "counts": COUNTS}
+    dry = runs.start_run(db, _seen_as("company 2")(None), "acme", options=options, settings=FAST, dry_run=True)
+    db.sql("UPDATE migrations SET status = 'stopped', finished_at = now() WHERE id = %(r)s RETURNING 1", {"r": dry.id})
+    run = runs.start_run(db, _seen_as("company 1")(None), "acme", options=options, settings=FAST)
+    assert Worker(db, settings=FAST, providers=_seen_as("company 1")).drain(run.id).reason == "succeeded"
+    before = db.sql("SELECT count(*) AS n FROM migrations")[0]["n"]
+
+    with pytest.raises(TenantSourceMismatch) as info:
+        runs.start_run(db, _seen_as("company 2")(None), "acme", options=options, settings=FAST)
+    assert str(info.value) == (f"tenant 'acme' holds data of company 1 (run #{run.id}), but these source settings reach "
+                               "company 2; a tenant holds one source's data: use the settings it was migrated with, or "
+                               "another tenant name for this source")
+    with pytest.raises(TenantSourceMismatch):
+        runs.start_sync(db, _seen_as("company 2")(None), "acme", options=options, settings=FAST)
+    with pytest.raises(TenantSourceMismatch):
+        verify.verify(db, _seen_as("company 2")(None), "acme", FAST)
+    assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == before, "nothing started"
+
+    rotated = runs.start_sync(db, _seen_as("company 1", account="example-account#rotated")(None), "acme",
+                              options=options, settings=FAST)
+    assert rotated.mode == "sync" and rotated.source_identity == "company 1"
+    other = runs.start_run(db, _seen_as("company 2")(None), "globex", options=options, settings=FAST)
+    assert other.source_identity == "company 2", "another tenant name takes the other company"
+
+
 def test_an_identity_unknown_at_start_is_bound_by_the_first_worker_that_learns_it(db) -> None:
     import pytest
 

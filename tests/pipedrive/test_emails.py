@@ -11,6 +11,7 @@ from collections import Counter
 
 from engine_core import reaper, rollup, runs
 from engine_core.runlog import reason_shape
+from engine_core.verify import verify
 from engine_core.budget import Budget
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.plan import PHASES
@@ -44,6 +45,7 @@ def test_the_1564_message_deal_lands_and_each_malformed_row_fails_alone_with_its
         truth = sb.truth()
         run = migrate(db, sb, TENANT)
         stats = sb.stats()
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST)
     assert run.status == "succeeded", failed_tasks(db, run.id)
     bad = {kind: {str(r["id"]).lower(): r["variant"] for r in rows} for kind, rows in truth["malformed_rows"].items()}
     big_deal, big_messages = next((d, m) for d, m in truth["deals_with_mail"].items() if len(m) == 1564)
@@ -117,6 +119,13 @@ def test_the_1564_message_deal_lands_and_each_malformed_row_fails_alone_with_its
         assert group and group[0]["count"] >= 1 and (u["raw_key"] in group[0]["samples"] or len(group[0]["samples"]) == rollup.SAMPLES), (u, reasons)
         told = rollup.explain(db, TENANT, u["kind"], u["raw_key"])
         assert told is not None and told["action"] == "failed" and told["unreadable"] and told["run_id"] == run.id, told
+    # the proof from the source lists "abc" too: unwritten with its reason, not missing (it had
+    # failed a run that accounted for every row)
+    served_as = {k.kind: k for k in proof.kinds}
+    assert not any("abc" in k.missing for k in proof.kinds), [(k.kind, k.missing) for k in proof.kinds]
+    for u in unread:
+        if u["raw_key"].startswith("abc "):
+            assert "abc" in served_as[u["kind"].removesuffix("_archived")].unwritten_ids, (u, served_as[u["kind"]].as_dict())
     served_abc = [u for u in unread if u["raw_key"].startswith("abc ")]
     if served_abc:
         told = rollup.explain(db, TENANT, served_abc[0]["kind"], "abc")
