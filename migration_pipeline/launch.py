@@ -1356,10 +1356,29 @@ def phase_results(instance: DagsterInstance, run_id: str, asset_order: list[str]
             data = event.step_failure_data
             user = data.user_failure_data if data else None
             message = (user.description if user and user.description else
-                       (data.error.message.strip() if data and data.error else "failed"))
+                       (step_error_line(data.error) if data and data.error else "failed"))
             meta = {k: v.value for k, v in (user.metadata.items() if user else [])}
             found[key] = PhaseResult(key, "failed", meta, message)
     return [found.get(a, PhaseResult(a, "skipped")) for a in asset_order]
+
+
+def step_error_line(error: Any) -> str:
+    """The one line that says why a step failed, from its STEP_FAILURE event's `error` (Dagster's
+    SerializableErrorInfo): the first line of the user code's error - the first error down the
+    `.cause` chain that is not Dagster's own - e.g. "engine_core.errors.SourceMismatch: run #3 reads
+    company 6000003, but ...". Dagster wraps what an op raises in DagsterExecutionStepExecutionError
+    ("Error occurred while executing op ...", dagster/_core/execution/plan/utils.py,
+    `op_execution_error_boundary`), which says nothing of the cause; a fresh user saw only that, the
+    engine's error being in DAGSTER_HOME/in-process-runs.log. The wrapper's own line when no cause
+    is not Dagster's (a framework error)."""
+    first, seen = error, 0
+    while error is not None and seen < 20:  # a cause chain is short; bounded all the same
+        if not (error.cls_name or "").startswith("Dagster") and not (error.message or "").startswith("dagster."):
+            break
+        error, seen = error.cause, seen + 1
+    chosen = error if error is not None and seen < 20 else first
+    lines = [ln.strip() for ln in (chosen.message or "").splitlines() if ln.strip()]
+    return lines[0] if lines else (chosen.cls_name or "failed")
 
 
 def run_failure_message(instance: DagsterInstance, run_id: str) -> str:
