@@ -53,6 +53,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +64,7 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
+from engine_core.rows import excerpt
 from engine_core.providers.pipedrive.client import Page, PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, NotFound, PipedriveError
 from engine_core.providers.pipedrive.mapping import (
@@ -95,11 +97,16 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     page = client.list_v2(path, {"include_fields": "email_messages_count"}, cursor=cursor.get("cursor"), limit=PAGE, cancel=ctx.cancel)
     deal_ids: list[int] = []
     uncounted = 0
+    unreachable: list[tuple[Any, Any]] = []
     for row in page.rows:
         ident = row.get("id") if isinstance(row, dict) else None
+        count = row.get("email_messages_count") if isinstance(row, dict) else None
         if not isinstance(ident, int) or isinstance(ident, bool) or ident <= 0:
-            continue  # a malformed deal: the deals phase records it; no mail of it can be reached
-        count = row.get("email_messages_count")
+            # a malformed deal: the deals phase records it; no mail of it can be reached - said
+            # here, with the count the list reports (a fresh user's find: its mail was told nowhere)
+            if not (isinstance(count, int) and not isinstance(count, bool) and count <= 0):
+                unreachable.append((row, count))
+            continue
         if count is None:
             uncounted += 1
             deal_ids.append(ident)
@@ -107,12 +114,37 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
             deal_ids.append(ident)
     if uncounted:
         ctx.log.note("info", KIND, "the source does not report email_messages_count: every deal's mail is listed")
+    if unreachable:
+        note_unreachable_mail(ctx, unreachable)
     ctx.stats.bump("deals_listed", len(page.rows))
     ctx.stats.bump("deals_with_mail", len(deal_ids))
     successors: list[Successor] = email_tasks(cursor, sorted(deal_ids))
     if page.more and page.next_cursor:
         successors.append(email_discovery_next(cursor, page.next_cursor))
     return TaskOutcome(tuple(successors))
+
+
+def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) -> None:
+    """The mail of deals served without a readable id (`(row, email_messages_count)`; the count
+    None when the list does not report it): a deal's mail is listed by the deal's id, so none of
+    it can be reached. Each deal is kept beside the ledger under kind `emails` (migration 0013:
+    its key "deal " + `mapping.unreadable_key`, the reason naming the count), so the run's grouped
+    reasons, `migrate rows` and `migrate explain` tell it; `mail_unreachable` counts the messages
+    the list reported. A dry run notes it in the run log only."""
+    told = []
+    for row, count in deals:
+        what = f"{count} email(s)" if isinstance(count, int) else "its emails (the list reports no count)"
+        told.append(("deal " + unreadable_key(row), row,
+                     f"the mail of a deal served without a readable id cannot be listed: {what} not fetched "
+                     "(the deal fails with its own reason in the deals phase)"))
+        if isinstance(count, int):
+            ctx.stats.bump("mail_unreachable", count)
+    for key, _, reason in told:
+        ctx.log.note("error", KIND, reason, subject=key)
+    if not ctx.run.dry_run:
+        with ctx.db.transaction() as tx:
+            for key, row, reason in told:
+                ledger.note_unreadable(tx, ctx.run, KIND, key, reason, excerpt(row))
 
 
 # --- the task of ten deals -------------------------------------------------------------------
