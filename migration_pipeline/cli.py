@@ -510,16 +510,19 @@ def source_listing(db: dbmod.Database, tenant: str, kind: str, source_id: str) -
     return rows[0] if rows else None
 
 
-def check_explain(db: dbmod.Database, tenant: str, kind: str) -> None:
-    """Before `explain` (and `report --kind`) reads the ledger: a tenant no run has migrated, or a kind none of the
+def check_explain(db: dbmod.Database, tenant: str, kind: str | None) -> None:
+    """Before `explain` (and `report --kind`, `rows`) reads the ledger: a tenant no run has migrated, or a kind none of the
     tenant's sources has (their providers' kinds without the catch-up phase), is one line naming
-    it and what there is (exit 2), not "not in the ledger" (a fresh user's `explain acme contacts 7`)."""
+    it and what there is (exit 2), not "not in the ledger" (a fresh user's `explain acme contacts 7`).
+    `kind` None: the tenant alone is checked."""
     from migration_pipeline.launch import pickable_kinds
 
     tenants = [r["tenant_id"] for r in db.sql("SELECT DISTINCT tenant_id FROM migrations ORDER BY 1")]
     if tenant not in tenants:
         shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
         _fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
+    if kind is None:
+        return
     sources = [r["source"] for r in db.sql("SELECT DISTINCT source FROM migrations WHERE tenant_id = %s ORDER BY 1",
                                            (tenant,))]
     kinds: list[str] = []
@@ -530,6 +533,136 @@ def check_explain(db: dbmod.Database, tenant: str, kind: str) -> None:
             return
     if kind not in kinds:
         _fail(f"unknown kind {kind!r} (kinds: {', '.join(dict.fromkeys(kinds))})")
+
+
+# Every skipped or failed row of a tenant as the ledger holds it now (one row per source row: the
+# run that last wrote it), with the rows kept beside it for want of a readable id (failed, their
+# raw key as id). Sorted as `migrate rows` prints them; ids by length first, so 9 comes before 10.
+ROWS_SQL = """
+SELECT * FROM (
+    SELECT r.kind, r.source, r.source_id AS id, r.action, r.migration_id AS run_id, r.reason,
+           r.deleted_at_source, false AS unreadable, m.dry_run
+      FROM migration_records r JOIN migrations m ON m.id = r.migration_id
+     WHERE r.tenant_id = %(t)s AND r.action = ANY(%(actions)s)
+       AND (%(k)s::text IS NULL OR r.kind = %(k)s) AND (%(run)s::bigint IS NULL OR r.migration_id = %(run)s)
+    UNION ALL
+    SELECT u.kind, u.source, u.raw_key, 'failed', u.migration_id, u.reason, NULL, true, m.dry_run
+      FROM migration_unreadable u JOIN migrations m ON m.id = u.migration_id
+     WHERE u.tenant_id = %(t)s AND 'failed' = ANY(%(actions)s)
+       AND (%(k)s::text IS NULL OR u.kind IN (%(k)s, %(k)s || '_archived'))
+       AND (%(run)s::bigint IS NULL OR u.migration_id = %(run)s)
+) AS found
+ORDER BY kind, action, length(id), id, source
+LIMIT %(limit)s
+"""
+
+ROWS_COUNT_SQL = """
+SELECT count(*) FILTER (WHERE action = 'skipped') AS skipped, count(*) FILTER (WHERE action = 'failed') AS failed
+  FROM migration_records
+ WHERE tenant_id = %(t)s AND action = ANY(%(actions)s)
+   AND (%(k)s::text IS NULL OR kind = %(k)s) AND (%(run)s::bigint IS NULL OR migration_id = %(run)s)
+"""
+
+UNREADABLE_COUNT_SQL = """
+SELECT count(*) AS n FROM migration_unreadable
+ WHERE tenant_id = %(t)s AND 'failed' = ANY(%(actions)s)
+   AND (%(k)s::text IS NULL OR kind IN (%(k)s, %(k)s || '_archived'))
+   AND (%(run)s::bigint IS NULL OR migration_id = %(run)s)
+"""
+
+ROWS_PAGE = 2000  # rows fetched per round trip by `migrate rows`'s server-side cursor
+
+
+def tenant_rows(db: dbmod.Database, tenant: str, kind: str | None = None, actions: tuple[str, ...] = ("skipped", "failed"),
+                run_id: int | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Every skipped/failed row of `tenant` now, for `migrate rows`: the ledger's rows whose action
+    is in `actions` (one per source row: `run_id` is the run that last wrote it) and, when "failed"
+    is asked for, the rows kept in migration_unreadable for want of a readable id (action "failed",
+    `id` their raw key, `unreadable` True); only `kind`'s (None: every kind), only those `run_id`
+    last touched (None: any run), at most `limit` (None: all). Sorted by kind, action, id (shorter
+    ids first). Each {"kind", "source", "id", "action", "run_id", "reason", "deleted_at_source",
+    "unreadable", "dry_run"}. Streamed through a server-side cursor, ROWS_PAGE rows a round trip, so
+    a tenant with 100k failed rows is never held in memory; the connection is held until the
+    iterator is exhausted or closed."""
+    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id, "limit": limit}
+    with db.connection() as conn, conn.transaction():
+        # a named (server-side) cursor lives in a transaction; the port has no streaming helper
+        with conn.raw.cursor(name="migrate_rows") as cur:
+            cur.itersize = ROWS_PAGE
+            cur.execute(ROWS_SQL, params)
+            yield from cur
+
+
+def tenant_row_counts(db: dbmod.Database, tenant: str, kind: str | None = None,
+                      actions: tuple[str, ...] = ("skipped", "failed"), run_id: int | None = None) -> dict[str, int]:
+    """What `tenant_rows` would yield without a limit, counted: {"skipped", "failed" (the
+    unreadable rows included), "unreadable"}."""
+    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id}
+    ledger = db.sql(ROWS_COUNT_SQL, params)[0]
+    unreadable = int(db.sql(UNREADABLE_COUNT_SQL, params)[0]["n"])
+    return {"skipped": int(ledger["skipped"]), "failed": int(ledger["failed"]) + unreadable, "unreadable": unreadable}
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One `migrate rows` line: "KIND ID ACTION run #N: REASON", flagged when the row has no
+    readable id, was found deleted at the source, or was written by a dry run."""
+    flags = [*(["no readable id"] if row["unreadable"] else []),
+             *(["deleted at source"] if row.get("deleted_at_source") else []),
+             *(["dry run"] if row.get("dry_run") else [])]
+    reason = " ".join((row["reason"] or "no reason recorded").split())
+    return (f"{row['kind']} {row['id']} {row['action']} run #{row['run_id']}"
+            + (f" ({', '.join(flags)})" if flags else "") + f": {reason}")
+
+
+@main.command("rows")
+@click.argument("tenant")
+@click.option("--kind", default=None, help="only this kind's rows")
+@click.option("--action", type=click.Choice(["skipped", "failed", "all"]), default="all", show_default=True,
+              help="skipped rows, failed rows (those without a readable id too), or both")
+@click.option("--run", "run_id", default=None, type=click.IntRange(min=1),
+              help="only the rows run N (as `migrate status` names it) wrote last")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="at most N rows (default: all)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per row and line (JSON Lines)")
+def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None, limit: int | None,
+                 as_json: bool) -> None:
+    """Every skipped or failed row of TENANT, as the ledger holds it now (every run of the tenant,
+    not only the latest: each line says the run that last wrote the row), and the rows that came
+    without a readable id (failed, their id as served): one line each, sorted by kind, action and
+    id, then a count. `status` and `report` show five samples per reason; this lists them all, for
+    `migrate explain` to take one by one. --json: JSON Lines on stdout, the count on stderr."""
+    actions = ("skipped", "failed") if action == "all" else (action,)
+    with _db() as db:
+        check_explain(db, tenant, kind)
+        if run_id is not None:
+            try:
+                run = runs.get_run(db, run_id)
+            except EngineError as e:
+                _fail(e)
+            if run.tenant_id != tenant:
+                _fail(f"run #{run.id} belongs to tenant {run.tenant_id!r}, not to tenant {tenant!r}")
+        counts = tenant_row_counts(db, tenant, kind, actions, run_id)
+        shown = 0
+        found = tenant_rows(db, tenant, kind, actions, run_id, limit)
+        try:
+            for row in found:
+                if as_json:
+                    line = json.dumps({**row, "deleted_at_source": row["deleted_at_source"].isoformat()
+                                       if row["deleted_at_source"] else None})
+                else:
+                    line = row_line(row)
+                click.echo(line)
+                shown += 1
+        except BrokenPipeError:  # the reader has gone (`| head`): nothing more to say
+            reader_gone(sys.stdout)
+            return
+        finally:
+            found.close()
+    total = counts["skipped"] + counts["failed"]
+    summary = (f"{total} row{'' if total == 1 else 's'}: {counts['skipped']} skipped, {counts['failed']} failed "
+               f"({counts['unreadable']} without a readable id)")
+    if shown < total:
+        summary += f"; {shown} shown (--limit {limit})"
+    click.echo(summary, err=as_json)
 
 
 def _tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
