@@ -163,12 +163,15 @@ def test_client_errors_are_not_retried(code: int, error: type[PipedriveError]) -
     assert "start=0" not in str(info.value)
 
 
-def test_malformed_json_retries_then_is_a_bad_response() -> None:
+def test_malformed_json_retries_then_is_a_bad_response(caplog) -> None:
     garbage = httpx.Response(200, content=b'{"success": true, "data": [', headers={"content-type": "application/json"})
     script = Script([garbage, ok([{"id": 1}])])
     client, sleeps = make_client(script)
-    assert client.get(DEALS)["data"] == [{"id": 1}]
+    with caplog.at_level("WARNING"):
+        assert client.get(DEALS)["data"] == [{"id": 1}]
     assert sleeps == [0.25]
+    # the retry's line says what was wrong (it said "failed (HTTP 200)": a fresh user's find)
+    assert any("failed (invalid JSON (HTTP 200)); retry 1/" in r.getMessage() for r in caplog.records), caplog.text
     script = Script([garbage])
     client, _ = make_client(script, max_retries=2)
     with pytest.raises(BadResponse) as info:

@@ -831,8 +831,12 @@ def stdlib_decode_json(content: bytes) -> tuple[Any, int]:
 
 
 def _short(error: PipedriveError) -> str:
+    """An error as a retry's log line names it: "429 burst", "invalid JSON (HTTP 200)" (a cut-off
+    or garbled body: it had said only "HTTP 200", a fresh user's find), "HTTP 503", else its detail."""
     if isinstance(error, RateLimited):
         return f"429 {error.scope}"
+    if isinstance(error, BadResponse) and error.malformed:
+        return f"invalid JSON (HTTP {error.status})" if error.status is not None else "invalid JSON"
     if error.status is not None:
         return f"HTTP {error.status}"
     return error.detail or type(error).__name__
