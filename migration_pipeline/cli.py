@@ -443,9 +443,12 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     source_id = explain_id(raw)
     with _db() as db:
         check_explain(db, tenant, kind)
+        asked = source_id
         story = rollups.explain(db, tenant, kind, source_id)
         if story is None and raw != source_id:
-            story = rollups.explain(db, tenant, kind, raw)
+            asked, story = raw, rollups.explain(db, tenant, kind, raw)
+        if story is not None and story.get("unreadable") and story.get("matches", 1) > 1:
+            story["others"] = served_alike(db, tenant, kind, asked, story["source_id"])
         if story is None:
             listing = source_listing(db, tenant, kind, source_id)
             said = "" if listing is None else (
@@ -472,8 +475,28 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             console.print(line)
             if story.get("unreadable") and story.get("excerpt"):
                 console.print(f"as served: {story['excerpt']}", markup=False, highlight=False)
+            others = story.get("others") or []
+            if others:  # each can be explained by its whole key; `migrate rows` lists any beyond these
+                more = story["matches"] - 1 - len(others)
+                console.print(f"the other {story['matches'] - 1} row(s) served with this id"
+                              + (f" (the latest {len(others)}; `migrate rows {tenant} --kind {kind} --action failed` "
+                                 f"lists all)" if more > 0 else "") + ", by their keys:", markup=False, highlight=False)
+                for key in others:
+                    console.print(f"  {key}", markup=False, highlight=False)
 
         _emit(as_json, story, render)
+
+
+EXPLAIN_OTHERS = 10  # other rows served with an unreadable row's id that `explain` lists by key
+
+
+def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: str) -> list[str]:
+    """The raw keys of the rows without a readable id that `explain`'s `asked` also finds (served
+    with the same id, another content) besides the one it tells (`told`), the latest first, at
+    most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id")
+    and a fresh user could not reach them; each key is one `explain` takes."""
+    rows = db.fetch_all("explain_unreadable", {"tenant_id": tenant, "kind": kind, "raw_key": asked, "source": None})
+    return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]
 
 
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")

@@ -96,3 +96,28 @@ def test_rows_are_streamed_through_a_server_side_cursor(migrated, db_url, monkey
                                                " AND datname = current_database()").fetchall()]
         assert any(q.startswith("FETCH FORWARD 7 FROM") for q in queries), queries
         assert 1 + sum(1 for _ in found) == total > 7
+
+
+def test_explain_of_an_id_served_with_several_rows_lists_the_others_keys(migrated, db_url, monkeypatch):  # noqa: F811
+    # it said "2 other row(s) were served with this id" and named none of them
+    with dbmod.Database(db_url, max_size=2) as db:
+        for n in range(3):
+            db.sql("INSERT INTO migration_unreadable (migration_id, tenant_id, source, kind, raw_key, reason, excerpt,"
+                   " created_at) VALUES (1, 'done', 'example', 'contacts', %s, 'MalformedRow: bad id', '{}',"
+                   " now() - make_interval(mins => %s)) RETURNING 1", (f"abc sha256:{n:016d}", n))
+    out = _migrate_in_process(["explain", "done", "contacts", "abc"], migrated)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("contacts abc: failed by run #1") and "2 other row(s)" in lines[0], lines
+    assert lines[-3:] == ["the other 2 row(s) served with this id, by their keys:",
+                          "  abc sha256:0000000000000001", "  abc sha256:0000000000000002"], lines
+    again = _migrate_in_process(["explain", "done", "contacts", "abc sha256:0000000000000002"], migrated)
+    assert again.returncode == 0 and again.stdout.startswith("contacts abc sha256:0000000000000002: failed"), again.stdout
+
+    from migration_pipeline import cli
+
+    monkeypatch.setattr(cli, "EXPLAIN_OTHERS", 1)
+    out = _migrate_in_process(["explain", "done", "contacts", "abc"], migrated)
+    assert out.stdout.splitlines()[-2:] == [
+        "the other 2 row(s) served with this id (the latest 1; `migrate rows done --kind contacts --action failed` "
+        "lists all), by their keys:", "  abc sha256:0000000000000001"], out.stdout
