@@ -318,10 +318,10 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     after the client's retries) propagate. Holds no database connection while it lists."""
     settings = settings or Settings.from_env()
     runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
-    # another company's settings: refused before its listings spend that account's tokens
-    runs.check_tenant_identity(db, tenant_id, provider.source, identity_of(provider))
     started = time.monotonic()
     cost = {"requests": 0, "tokens": 0}
+    # another company's settings: refused before its listings spend that account's tokens
+    runs.check_tenant_identity(db, tenant_id, provider.source, identity_of(provider, cost))
     options: dict[str, Any] = {"db": db, "cost": cost}
     results: list[KindResult] = []
     for lk, plan_kinds in listing_kinds(provider, kinds).items():

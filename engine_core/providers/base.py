@@ -1,6 +1,7 @@
 """What a source provider gives the engine: its phases, its seed cursors, and a task runner."""
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
@@ -65,13 +66,16 @@ class Provider(Protocol):
         raise NotImplementedError(f"the {self.source} provider cannot list the ids of {kind!r}")
 
 
-def identity_of(provider: Provider) -> str | None:
+def identity_of(provider: Provider, cost: dict[str, int] | None = None) -> str | None:
     """What the provider's data belongs to, or None when the source cannot tell now (unreachable, a
-    revoked token): the tasks then meet that on their own."""
+    revoked token): the tasks then meet that on their own. `cost` (a dict of `requests` and
+    `tokens`, verify's) is handed to an `identity` that takes it, to count its request."""
     identity = getattr(provider, "identity", None)
     if identity is None:
         return provider.account()
     try:
+        if cost is not None and "cost" in inspect.signature(identity).parameters:
+            return identity(cost=cost)
         return identity()
     except ConfigError:
         raise

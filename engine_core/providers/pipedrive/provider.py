@@ -357,15 +357,19 @@ class PipedriveProvider:
     def account(self) -> str:
         return self.config().account
 
-    def identity(self) -> str:
+    def identity(self, cost: dict[str, int] | None = None) -> str:
         """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider, and
         once per run, base URL and token in a process: a run's lanes start together and each asked,
         issue 11): what a run's data belongs to. Two tokens of one company are one source; another
-        company is not."""
+        company is not. `cost` (verify's counter: `requests`, `tokens`) counts the request when
+        one is made (2 tokens: a v1 single)."""
         if self._identity is None:
             cfg = self.config()
             if self._run_id is None:
                 self._identity = _ask_identity(cfg)
+                if cost is not None:
+                    cost["requests"] = int(cost.get("requests", 0)) + 1
+                    cost["tokens"] = int(cost.get("tokens", 0)) + inventory.token_cost("/v1/users/me")
                 return self._identity
             key = (cfg.base_url, cfg.account, self._run_id)
             with _identities_lock:
