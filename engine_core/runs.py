@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound,
-                                TenantSourceMismatch)
+                                SourceMismatch, TenantSourceMismatch)
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
@@ -326,6 +326,12 @@ def pause(db: Database, run_id: int, reason: str) -> Run:
 
 def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, settings: Settings) -> Run:
     run = get_run(db, run_id)
+    # settings that reach another source reopen nothing: the run stays as it is (a fresh user's
+    # relaunch with another company's settings flipped a stopped run to running, then every task
+    # refused to claim - SourceMismatch - and status showed it running with an ETA)
+    identity = identity_of(provider)
+    if identity is not None and run.source_identity is not None and identity != run.source_identity:
+        raise SourceMismatch(run.name, run.source_identity, identity)
     try:
         with db.transaction() as tx:
             if run.terminal:
@@ -365,7 +371,9 @@ def retry(db: Database, run_id: int, provider: Provider, settings: Settings | No
 
 
 def resume(db: Database, run_id: int, provider: Provider, settings: Settings | None = None) -> Run:
-    """Re-arm a stopped run's cancelled tasks; checkpoints make them resume where they were."""
+    """Re-arm a stopped run's cancelled tasks; checkpoints make them resume where they were.
+    SourceMismatch (nothing changed) when `provider` reaches another source than the run reads;
+    `retry` likewise."""
     settings = settings or Settings.from_env()
     return _reopen(db, run_id, ["cancelled"], provider, settings)
 

@@ -169,3 +169,28 @@ def test_a_lane_with_nothing_to_claim_looks_at_its_run_in_one_round_trip(db, mon
     looks = asked.count("drain_look")
     assert looks >= 2, asked
     assert asked.count("get_run") <= 1 and "inflight_count" not in asked, asked  # one get_run: the drain's first look
+
+
+def test_a_stopped_run_is_not_reopened_by_settings_that_reach_another_source(db) -> None:
+    """A fresh user's relaunch with another company's settings flipped the tenant's stopped run to
+    running before its tasks refused to claim (SourceMismatch): status then showed it running with
+    an ETA and nothing working on it. resume and retry refuse first and change nothing."""
+    import pytest
+
+    from engine_core.errors import SourceMismatch
+
+    run = runs.start_run(db, _seen_as("company 1")(None), "acme", options={"page_size": 10, "counts": COUNTS}, settings=FAST)
+    assert Worker(db, settings=FAST, providers=_seen_as("company 1")).drain(run.id, max_tasks=2).reason == "max_tasks"
+    runs.stop(db, run.id)
+    db.sql("UPDATE migration_tasks SET status = 'cancelled' WHERE migration_id = %(r)s AND status IN ('pending', 'running')"
+           " RETURNING 1", {"r": run.id})
+    db.sql("UPDATE migrations SET status = 'stopped', finished_at = now() WHERE id = %(r)s RETURNING 1", {"r": run.id})
+    before = db.sql("SELECT status, (SELECT array_agg(status ORDER BY id) FROM migration_tasks WHERE migration_id = %(r)s) AS tasks"
+                    " FROM migrations WHERE id = %(r)s", {"r": run.id})[0]
+    for reopen in (runs.resume, runs.retry):
+        with pytest.raises(SourceMismatch):
+            reopen(db, run.id, _seen_as("company 2")(None), FAST)
+        after = db.sql("SELECT status, (SELECT array_agg(status ORDER BY id) FROM migration_tasks WHERE migration_id = %(r)s)"
+                       " AS tasks FROM migrations WHERE id = %(r)s", {"r": run.id})[0]
+        assert after == before, (reopen.__name__, after)
+    assert runs.resume(db, run.id, _seen_as("company 1")(None), FAST).status == "running"
