@@ -1235,6 +1235,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         here_allowed = launch.run_in_process()
         new_cfg = run_config["resources"]["new_run"]["config"]
         launch.check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
+        with _db() as db:
+            launch.check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
         if (job or launch.TENANT_JOB) == launch.TENANT_JOB and not new_run:
             check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
         if (job or launch.TENANT_JOB) == launch.TENANT_JOB:

@@ -210,6 +210,21 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     check_source_token(source, provider)
 
 
+def check_tenant_source(db: Any, tenant: str, source: str) -> None:
+    """Before a launch (`migrate run`, `migrate sync`): settings that reach another source than
+    the tenant's data came from (another Pipedrive company) are refused in one line
+    (TenantSourceMismatch, `runs.check_tenant_identity`) - the engine refuses them too, but only
+    inside the Dagster run, whose step then failed and left a FAILURE run in the partition's
+    history (a fresh user's find). One request (the source's company) when the tenant has a run;
+    none for a new tenant."""
+    from engine_core import runs
+    from engine_core.providers.base import identity_of, provider_for
+
+    if runs.tenant_identity(db, tenant, source) is None:
+        return
+    runs.check_tenant_identity(db, tenant, source, identity_of(provider_for(source)))
+
+
 # The variable naming each source's credential, asked about by one authenticated request before a
 # launch (`check_source_token`): a wrong token used to pass every check, start the run and fail it
 # later with AuthError, leaving a failed partition behind.

@@ -285,6 +285,22 @@ def test_explain_tells_a_row_without_a_readable_id_by_its_id_as_served(migrated,
     assert out.returncode == 1 and "1 contacts row(s) came without a readable id (latest in run #1)" in out.stdout, out.stdout
 
 
+def test_a_launch_with_settings_that_reach_another_source_is_refused_before_any_run(migrated, db_url):
+    # a fresh user's `migrate sync` / `run --new-run` with another company's settings launched a
+    # Dagster run that failed its first step (TenantSourceMismatch) and stayed FAILURE in the
+    # partition's history; a relaunch of a stopped tenant flipped its engine run to running first
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("UPDATE migrations SET source_identity = 'pipedrive company 6000003' WHERE tenant_id = 'done' RETURNING 1")
+        before = db.sql("SELECT count(*) AS n FROM migrations")[0]["n"]
+    for args in (["run", "--tenant", "done", "--new-run"], ["sync", "done"]):
+        out = _migrate_in_process(args, migrated)
+        line = _one_line_error(out, "tenant 'done' holds data of pipedrive company 6000003 (run #1)",
+                               "these source settings reach example-account")
+        assert "launched Dagster run" not in out.stdout, (args, out.stdout)
+    with dbmod.Database(db_url, max_size=2) as db:
+        assert db.sql("SELECT count(*) AS n FROM migrations")[0]["n"] == before, "no engine run started"
+
+
 def test_a_numeric_run_option_given_as_a_string_is_stored_as_its_number(db_url, tmp_path, monkeypatch):
     # `--options '{"burst_limit":"40"}'` was stored as the string "40" (the checks read it as 40)
     import json
