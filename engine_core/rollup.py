@@ -415,13 +415,15 @@ def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, s
 
 def unreadable_count(db: Database, tenant_id: str, kind: str, source: str | None = None) -> dict[str, Any] | None:
     """Rows of `kind` the tenant's runs met without a readable id (migration 0013): {"rows", "run_id"
-    (the latest run that met one)}, or None when there are none. `migrate explain` says so beside
+    (the latest run that met one), "deals" (of them, under `emails`: deals served without a readable
+    id whose mail no run can list)}, or None when there are none. `migrate explain` says so beside
     "not in the ledger": the row asked for may be one of them, served without its id."""
     rows = db.sql(
-        "SELECT count(*) AS n, max(migration_id) AS run_id FROM migration_unreadable"
+        "SELECT count(*) AS n, max(migration_id) AS run_id, count(*) FILTER (WHERE raw_key LIKE 'deal %%') AS deals"
+        " FROM migration_unreadable"
         " WHERE tenant_id = %(t)s AND kind IN (%(k)s, %(k)s || '_archived') AND (%(s)s::text IS NULL OR source = %(s)s)",
         {"t": tenant_id, "k": kind, "s": source})
     if not rows or not rows[0]["n"]:
         return None
-    return {"rows": int(rows[0]["n"]), "run_id": rows[0]["run_id"]}
+    return {"rows": int(rows[0]["n"]), "run_id": rows[0]["run_id"], "deals": int(rows[0]["deals"])}
 

@@ -180,17 +180,30 @@ def print_rollup(r: rollups.RunRollup) -> None:
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
     if r.reasons:
-        rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
-        for col in ("kind", "what", "count", "reason", "samples"):
-            rt.add_column(col)
-        for g in r.reasons[:20]:
-            rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
-        console.print(rt)
+        console.print(reasons_table(r.reasons, r.tenant_id), soft_wrap=False)
     if r.seconds is not None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
 
 
 OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source")
+REASON_GROUPS_SHOWN = 20
+
+
+def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
+    """Grouped reasons (`rollup.grouped_reasons`) as `status` and `report` show them: the
+    REASON_GROUPS_SHOWN biggest, and a caption saying how many groups and rows are not shown and
+    where they are (`--json`, `migrate rows`): the groups past 20 had been left out silently (a
+    fresh user's account had 86)."""
+    rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
+    for col in ("kind", "what", "count", "reason", "samples"):
+        rt.add_column(col)
+    for g in reasons[:REASON_GROUPS_SHOWN]:
+        rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
+    rest = reasons[REASON_GROUPS_SHOWN:]
+    if rest:
+        rt.caption = (f"{len(rest)} more group(s) of {sum(g['count'] for g in rest)} row(s) or task(s) not shown: "
+                      f"`--json` has every group, `migrate rows {tenant}` every row")
+    return rt
 
 
 def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
@@ -395,12 +408,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
                 t.add_row(str(r["payload"]), str(r["tasks"]), str(r["avg_seconds"]), str(r["max_seconds"]))
             console.print(t)
             if reasons:
-                rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
-                for col in ("kind", "what", "count", "reason", "samples"):
-                    rt.add_column(col)
-                for g in reasons[:20]:
-                    rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
-                console.print(rt)
+                console.print(reasons_table(reasons, tenant), soft_wrap=False)
 
         _emit(as_json, {"counts": counts, "durations": rows, "reasons": reasons}, render)
 
@@ -457,8 +465,9 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 f"{kind} ids, not this one)")
             unread = rollups.unreadable_count(db, tenant, kind)
             if unread is not None:  # the row asked for may be one of them: served without its id
-                said += (f"; {unread['rows']} {kind} row(s) came without a readable id (latest in run "
-                         f"#{unread['run_id']}): `migrate status {tenant}` lists their keys, which explain takes")
+                said += (f"; {unread['rows']} {kind} record(s) are kept without a readable id (latest in run "
+                         f"#{unread['run_id']}: rows served without one{', or mail of deals served without one' if unread['deals'] else ''}"
+                         f"): `migrate rows {tenant} --kind {kind}` lists their keys, which explain takes")
             _emit(as_json, None, lambda: console.print(
                 f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
                 f"{said}"))

@@ -282,7 +282,8 @@ def test_explain_tells_a_row_without_a_readable_id_by_its_id_as_served(migrated,
         assert out.returncode == 0 and out.stdout.startswith(f"contacts {asked}: failed by run #1"), (out.stdout, out.stderr)
         assert "no readable id" in out.stdout and 'as served: {"id":"abc","label_ids":[1]}' in out.stdout, out.stdout
     out = _migrate_in_process(["explain", "done", "contacts", "77777"], migrated)  # perhaps one of them
-    assert out.returncode == 1 and "1 contacts row(s) came without a readable id (latest in run #1)" in out.stdout, out.stdout
+    assert out.returncode == 1 and "1 contacts record(s) are kept without a readable id (latest in run #1: rows served" \
+        in out.stdout and "`migrate rows done --kind contacts` lists their keys" in out.stdout, out.stdout
 
 
 def test_a_launch_with_settings_that_reach_another_source_is_refused_before_any_run(migrated, db_url):
@@ -384,3 +385,25 @@ def test_the_tenant_overview_cuts_no_cell_short_on_an_80_column_terminal(monkeyp
     assert "left out at 80 columns:" in text
     wide = overview_at(200)
     assert "left out" not in wide and wide.count("2026-12-02 18:00:00") == 6, wide
+
+
+def test_status_and_reports_reasons_table_says_what_it_leaves_out():
+    # the tables showed the 20 biggest groups and said nothing of the rest (a fresh user's account had
+    # 86 groups; its email failures were not in `migrate status`)
+    import io
+
+    from rich.console import Console
+
+    from migration_pipeline.cli import REASON_GROUPS_SHOWN, reasons_table
+
+    groups = [{"kind": "notes", "action": "failed", "count": 30 - i, "reason": f"reason {i}", "samples": [str(i)]}
+              for i in range(REASON_GROUPS_SHOWN + 5)]
+    shown = Console(file=io.StringIO(), width=200, record=True)
+    shown.print(reasons_table(groups, "acme"))
+    text = shown.export_text()
+    assert "reason 19" in text and "reason 20" not in text
+    assert "5 more group(s) of 40 row(s) or task(s) not shown: `--json` has every group, `migrate rows acme` every row" \
+        in " ".join(text.split()), text
+    shown = Console(file=io.StringIO(), width=200, record=True)
+    shown.print(reasons_table(groups[:REASON_GROUPS_SHOWN], "acme"))
+    assert "not shown" not in shown.export_text()
