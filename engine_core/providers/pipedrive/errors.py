@@ -118,7 +118,7 @@ class DailyLimitReached(RateLimited, RateLimitParked):
 
 
 class AuthError(PipedriveError):
-    """Pipedrive rejected the API token (unauthorised or forbidden)."""
+    """Pipedrive rejected the API token (PIPEDRIVE_API_TOKEN: unauthorised or forbidden)."""
 
 
 class NotFound(PipedriveError):
