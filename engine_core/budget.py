@@ -273,7 +273,10 @@ SELECT clock_timestamp() AS now, paused_until, daily_reset_at, daily_reason, dai
 """
 
 
-WAITING_SHARE = "waiting on the daily token budget: our {share:.0%} share{of} is used"
+# "may be spent": the park is the proof's bound (module docstring), not the source's count - a fresh
+# user read "is used" while the source reported 8% spent (a small day, requests counted at max_cost)
+WAITING_SHARE = ("waiting on the daily token budget: our {share:.0%} share{of} may be spent{left}; the requests "
+                 "since are counted at the most a request can cost")
 WAITING_SPENT = "waiting on the daily token budget: the source says it is spent"
 WAITING_BURST = "waiting on the burst window: the source answered 429"
 
@@ -304,8 +307,9 @@ def waiting_state(db: Database, account: str, source: str = "pipedrive") -> Wait
     share of the day is used up, or the source answered a daily 429), then a burst pause (a 429).
     Returns `WaitingState(None, None)` when neither holds or the account has no row yet. The share
     named is this process's MIGRATE_DAILY_TOKEN_SHARE. `migrate status` prints it while the run is
-    live, e.g. "waiting on the daily token budget: our 80% share of 150,000 tokens is used, until
-    2026-12-02 00:00:00 UTC"; `--json` carries {"reason", "until"} as "waiting".
+    live, e.g. "waiting on the daily token budget: our 80% share of 150,000 tokens may be spent (the
+    source last reported 31,200 left); the requests since are counted at the most a request can
+    cost, until 2026-12-02 00:00:00 UTC"; `--json` carries {"reason", "until"} as "waiting".
     """
     rows = db.sql(WAITING_SQL, {"source": source, "account": account})
     if not rows:
@@ -318,7 +322,9 @@ def waiting_state(db: Database, account: str, source: str = "pipedrive") -> Wait
             share = daily_token_share()
             limit = row["daily_limit"]
             of = f" of {limit:,} tokens" if limit else ""
-            return WaitingState(WAITING_SHARE.format(share=share, of=of), reset.astimezone(timezone.utc))
+            remaining = row["daily_remaining"]
+            left = f" (the source last reported {remaining:,} left)" if remaining is not None else ""
+            return WaitingState(WAITING_SHARE.format(share=share, of=of, left=left), reset.astimezone(timezone.utc))
         return WaitingState(WAITING_SPENT, reset.astimezone(timezone.utc))
     paused = row["paused_until"]
     if paused is not None and paused > now:
