@@ -41,6 +41,13 @@ def failure_reason(exc: BaseException) -> str:
     return reason[:300]
 
 
+# A served value quoted at the end of a reason, as a mapper names it (`mapping._describe`: a repr,
+# cut at 40 characters): "name is not text: {'value': 'Carla Pereira', ...}", "id is not a positive
+# integer: 'abc'" - one `{value}`, so such rows group by what was wrong, not by what was served
+# (a fresh user saw a group per row).
+_SERVED_VALUE = re.compile(r": (?:'[^']*'?|\"[^\"]*\"?|[\[{].*)(?:\.\.\.)?$")
+
+
 def reason_shape(reason: str) -> str:
     """A reason with what varies from row to row replaced by placeholders, the label of a group of
     reasons (issue 10: a group of 200 rows was labelled with one row's ids, "person 42 references
@@ -48,9 +55,10 @@ def reason_shape(reason: str) -> str:
     any record: organizations {n} is not here"), durations ("3m02s"), thousands-separated numbers
     ("1,234") and hex literals ("0xff") one `{n}` each. Kept as they are: HTTP statuses ("HTTP 500",
     "status 404", "(404)", "HTTP/1.1 502"), which tell causes apart, and names with numbers in them
-    ("UTF-8", "ISO-8859-1", "HTTP/1.1", "v2": a fresh user saw "UTF-{n}" and "{n},{n}"). Placeholders
+    ("UTF-8", "ISO-8859-1", "HTTP/1.1", "v2": a fresh user saw "UTF-{n}" and "{n},{n}"); a served
+    value quoted at its end ("...: {'value': ...}", "...: 'abc'") is one `{value}`. Placeholders
     are braces, not angle brackets: the label is shown in markdown."""
-    text = _DURATION.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", reason)))
+    text = _DURATION.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", _SERVED_VALUE.sub(": {value}", reason))))
     names = [m.span() for m in _NAME.finditer(text)]
 
     def number(m: re.Match[str]) -> str:

@@ -79,3 +79,14 @@ def test_names_with_numbers_are_kept_and_a_thousands_separated_number_is_one_pla
     # ids stay placeholders, in a path too
     assert reason_shape("GET /v1/persons/123 failed: person 42 references org 7") == \
         "GET /v1/persons/{n} failed: person {n} references org {n}"
+
+
+def test_a_served_value_at_the_end_of_a_reason_is_one_placeholder():
+    # a fresh user's badrow account had a group per row: "name is not text: {'value': 'Carla ...'}"
+    from engine_core.runlog import reason_shape
+
+    for served in ("{'value': 'Carla Pereira', 'nes...", "{'value': 'Lukas Meyer'}", "['not', 'an', 'object']",
+                   "'abc'", '"seven"', "'a long name cut at forty characters by ..."):
+        assert reason_shape(f"MalformedRow: name is not text: {served}") == "MalformedRow: name is not text: {value}", served
+    assert reason_shape("MalformedRow: id is missing") == "MalformedRow: id is missing"
+    assert reason_shape("HTTP 500 on GET /v1/notes: Internal") == "HTTP 500 on GET /v1/notes: Internal"
