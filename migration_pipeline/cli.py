@@ -1623,6 +1623,15 @@ def _new_config(options: dict) -> dict:
 
 # How long `migrate ui` gives dagster dev (webserver, daemon, code server) and the sandbox to exit
 # after Ctrl-C before it SIGKILLs what is left of their process groups; ~3-7 s is their usual exit.
+# The sandbox's options as `migrate ui --sandbox` and `migrate sandbox` take them (a fresh user found
+# their values only in `python -m pipedrive_sandbox --help`)
+SANDBOX_HELP = {
+    "scale": "tiny, small or seed-customer",
+    "seed": "the account's seed: another seed is another company",
+    "latency": "none, realistic, or realistic:F (the realistic profile times F)",
+    "faults": "comma list kind:rate: 500, 502, 503, slow, drop, badjson (per request) and badrow (a share of rows "
+              "malformed), e.g. badrow:0.05,503:0.02",
+}
 UI_STOP_SECONDS = 10.0
 
 
@@ -1630,11 +1639,11 @@ UI_STOP_SECONDS = 10.0
 @click.option("--port", default=3000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--sandbox", "with_sandbox", is_flag=True, help="also serve a sandbox Pipedrive account")
 @click.option("--sandbox-port", default=8765, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--scale", default="small", show_default=True)
-@click.option("--seed", default="1", show_default=True)
+@click.option("--scale", default="small", show_default=True, help=SANDBOX_HELP["scale"])
+@click.option("--seed", default="1", show_default=True, help=SANDBOX_HELP["seed"])
 @click.option("--token", default="sandbox-token", show_default=True)
-@click.option("--latency", default="none", show_default=True)
-@click.option("--faults", default="", show_default=True)
+@click.option("--latency", default="none", show_default=True, help=SANDBOX_HELP["latency"])
+@click.option("--faults", default="", show_default=True, help=SANDBOX_HELP["faults"])
 def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, token: str, latency: str,
        faults: str) -> None:
     """`dagster dev` on the embedded database (and, with --sandbox, a sandbox source).
@@ -1727,17 +1736,21 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 
 @main.command()
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535))
-@click.option("--scale", default="small", show_default=True)
-@click.option("--seed", default="1", show_default=True)
+@click.option("--scale", default="small", show_default=True, help=SANDBOX_HELP["scale"])
+@click.option("--seed", default="1", show_default=True, help=SANDBOX_HELP["seed"])
 @click.option("--token", default="sandbox-token", show_default=True)
-@click.option("--latency", default="none", show_default=True)
-@click.option("--faults", default="", show_default=True)
+@click.option("--latency", default="none", show_default=True, help=SANDBOX_HELP["latency"])
+@click.option("--faults", default="", show_default=True, help=SANDBOX_HELP["faults"])
 @click.option("--live", "live_rate", default=None, type=RATE, metavar="RATE",
               help="a live account: RATE changes per second (create, update, delete, archive, merge, mail)")
 @click.option("--live-max", default=None, type=int, metavar="N", help="with --live: stop after N changes")
 def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str, live_rate: float | None,
             live_max: int | None) -> None:
-    """Serve a sandbox Pipedrive account in the foreground (with --live, one that changes as it serves)."""
+    """Serve a sandbox Pipedrive account in the foreground (with --live, one that changes as it serves).
+    Its truth (counts, malformed rows, ...) is at /_sandbox/truth, a kind's rows at
+    /_sandbox/truth?kind=persons&rows=1; the awkward
+    shapes of the real API (capped pages, archive flips, private mail, ...) are options of
+    `python -m pipedrive_sandbox --help`."""
     from pipedrive_sandbox.config import SandboxConfig
     from pipedrive_sandbox.server import serve
 

@@ -407,3 +407,15 @@ def test_status_and_reports_reasons_table_says_what_it_leaves_out():
     shown = Console(file=io.StringIO(), width=200, record=True)
     shown.print(reasons_table(groups[:REASON_GROUPS_SHOWN], "acme"))
     assert "not shown" not in shown.export_text()
+
+
+def test_the_sandbox_commands_help_names_the_values_and_the_truth():
+    # a fresh user found the scales, latencies and fault kinds only in `python -m pipedrive_sandbox --help`
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli import main
+
+    for command in (["sandbox", "--help"], ["ui", "--help"]):
+        text = " ".join(CliRunner().invoke(main, command).output.split())
+        assert "tiny, small or seed-customer" in text and "badrow" in text and "realistic:F" in text, text
+    assert "/_sandbox/truth" in " ".join(CliRunner().invoke(main, ["sandbox", "--help"]).output.split())
