@@ -20,9 +20,11 @@ OTHER = "company 6000003"
 
 def _running_run_of_another_source(db_url: str, tenant: str) -> int:
     """An engine run of `tenant` that is running and reads another source (its recorded identity is
-    not the example source's account): the command's worker joins it and refuses it (SourceMismatch)."""
+    not the example source's account): the command's worker joins it and refuses it (SourceMismatch).
+    A dry run: the launch's own check of the tenant's source (`launch.check_tenant_source`) goes by
+    the runs that wrote, so the refusal comes from the step, as it does for a launch from the UI."""
     with dbmod.Database(db_url, max_size=2) as db:
-        run = runs.start_run(db, provider_for("example"), tenant, options=EXAMPLE)
+        run = runs.start_run(db, provider_for("example"), tenant, options=EXAMPLE, dry_run=True)
         db.sql("UPDATE migrations SET source_identity = %(o)s WHERE id = %(r)s RETURNING 1", {"o": OTHER, "r": run.id})
     return run.id
 
