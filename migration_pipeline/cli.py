@@ -1164,7 +1164,10 @@ def _execute_here(instance: Any, run_id: str, progress: "_Progress", home: Path,
     from migration_pipeline import launch
 
     with launch.output_aside(home / launch.IN_PROCESS_LOG) as (out, err):
-        previous = console.file
+        # rich's own attribute: None while the console follows sys.stdout. The `file` property gives
+        # sys.stdout itself, and putting that back pinned the console to that stream for good (under
+        # click's test runner, every later command of the process printed to the real stdout)
+        previous = console._file
         console.file = out
         try:
             here = launch.InProcessRun(instance, run_id, on_tick=progress, err=err, timeout=timeout)

@@ -50,6 +50,12 @@ def test_a_failed_steps_line_names_the_engine_error(db_url, tmp_path):
     assert [p["message"].split(": ", 1)[0] for p in failed] == ["engine_core.errors.SourceMismatch"], failed
     assert OTHER in failed[0]["message"]
 
+    # the in-process run hands the console back following sys.stdout, not pinned to the stream it had
+    # then (every later in-process command of this process printed nowhere it could be read)
+    from migration_pipeline import cli
+
+    assert cli.console._file is None, cli.console._file
+
 
 def test_the_line_is_the_first_non_dagster_cause_or_the_wrapper_when_there_is_none():
     from dagster._utils.error import SerializableErrorInfo as Info
