@@ -76,7 +76,6 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -252,22 +251,6 @@ class Step:
     after: dict[str, Any] | None
 
 
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def sound_id(row: Any) -> str | None:
-    """The row's id when it is one the source gives (a positive integer, a lead's uuid), else None:
-    what a v1 walk lines its overlapping pages up by. A row served with an id that is not one
-    ("abc") may be served many times in one list; lining up by it dropped every row before its
-    next appearance (a fresh user's verify named 112 notes at the source as extra)."""
-    value = row.get("id") if isinstance(row, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return str(value)
-    if isinstance(value, str) and _UUID.fullmatch(value.strip().lower()):
-        return value.strip().lower()
-    return None
-
-
 def v1_asked(at: Mapping[str, Any]) -> tuple[int, int]:
     """(the offset a v1 walk's page asks for, the overlap it keeps) for `at` (`v1_step`)."""
     start, tail = int(at.get("start", 0)), at.get("tail") or []
@@ -283,7 +266,7 @@ def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mappi
     tail = list(at.get("tail") or [])
     asked, overlap = v1_asked(at)
     page = meter.list_v1(path, params, asked)
-    ids = [sound_id(r) for r in page.rows]  # only sound ids line the pages up (`sound_id`)
+    ids = [mapping.sound_id(r) for r in page.rows]  # only sound ids line the pages up (`mapping.sound_id`)
     new = list(page.rows)
     if tail:
         seen = set(tail)

@@ -117,6 +117,19 @@ def unreadable_key(row: Any) -> str:
     return rows.unreadable_key(row, IDENTITY_FIELDS)
 
 
+def sound_id(row: Any) -> str | None:
+    """The row's id when it is one Pipedrive gives (a positive integer, a lead's uuid: lowercase),
+    else None - whatever the row's kind. What a malformed row is kept in the ledger under
+    (`writers`) and what a v1 walk lines its overlapping pages up by (`inventory.v1_step`): a row
+    served with an id that is not one ("abc") may be served many times in one list."""
+    value = row.get("id") if isinstance(row, Mapping) else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return str(value)
+    if isinstance(value, str) and _UUID.match(value.strip()):
+        return value.strip().lower()
+    return None
+
+
 def row_source_id(row: Any, kind: str) -> str:
     """The row's id as the ledger keys it; leads have uuids, everything else positive integers."""
     if not isinstance(row, Mapping):

@@ -54,7 +54,8 @@ from engine_core.context import Batch, PageResult, TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow, Mapped, apply_links, ledger_kind, unreadable_key
+from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, apply_links, ledger_kind, sound_id,
+                                                     unreadable_key)
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
     DANGLING,
@@ -86,14 +87,8 @@ class Getter(Protocol):
     def get(self, path: str, params: Mapping[str, Any] | None = None, *, cancel: Any = None) -> dict[str, Any]: ...
 
 
-def _raw_id(row: Any) -> str | None:
-    # A malformed row is recorded under its id only when the id itself is sound.
-    value = row.get("id") if isinstance(row, dict) else None
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return str(value)
-    if isinstance(value, str) and len(value) == 36 and value.count("-") == 4:
-        return value.lower()
-    return None
+# A malformed row is recorded in the ledger under its id only when the id itself is sound.
+_raw_id = sound_id
 
 
 class Prepared(write.Prepared):
