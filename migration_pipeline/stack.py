@@ -125,26 +125,15 @@ SETTLED_GRACE_SECONDS = 0.3
 
 def group_alive(pgid: int) -> bool:
     """True while some process of group `pgid` is left (a child's orphaned children). Zombies do
-    not count (an init that does not reap orphans would keep them): read from /proc, or asked with
-    signal 0 where there is none."""
-    proc_dir = Path("/proc")
-    if not proc_dir.is_dir():
+    not count (an init that does not reap orphans would keep them). psutil lists the processes."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
         try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    for entry in proc_dir.iterdir():
-        if not entry.name.isdigit():
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                return True
+        except (OSError, psutil.Error):  # gone meanwhile
             continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
     return False
 
 
