@@ -610,7 +610,7 @@ SELECT kind, source_id, action, reason, created_at FROM (
       FROM migration_unreadable
      WHERE migration_id = %(run_id)s AND kind = ANY(%(kinds)s::text[])
 ) AS r
- ORDER BY action DESC, kind, length(source_id), source_id
+ ORDER BY action, kind, length(source_id), source_id  -- failed before skipped: the cap keeps the failed
  LIMIT %(limit)s;
 
 -- name: explain_story --

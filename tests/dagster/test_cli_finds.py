@@ -419,3 +419,20 @@ def test_the_sandbox_commands_help_names_the_values_and_the_truth():
         text = " ".join(CliRunner().invoke(main, command).output.split())
         assert "tiny, small or seed-customer" in text and "badrow" in text and "realistic:F" in text, text
     assert "/_sandbox/truth" in " ".join(CliRunner().invoke(main, ["sandbox", "--help"]).output.split())
+
+
+def test_the_phase_pages_capped_row_list_keeps_the_failed_rows_first(migrated, db_url):
+    # a fresh user's phase page listed 50 skipped rows of 111 and none of the 59 failed ones (the
+    # query sorted 'skipped' before 'failed'); failed rows, without a readable id too, come first
+    from migration_pipeline.assets.metadata import phase_rows
+
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("UPDATE migration_records SET action = 'skipped', reason = 'not linked' WHERE tenant_id = 'done'"
+               " AND kind = 'contacts' AND source_id IN ('1', '2') RETURNING 1")
+        db.sql("UPDATE migration_records SET action = 'failed', reason = 'MalformedRow: x' WHERE tenant_id = 'done'"
+               " AND kind = 'contacts' AND source_id = '9' RETURNING 1")
+        db.sql("INSERT INTO migration_unreadable (migration_id, tenant_id, source, kind, raw_key, reason)"
+               " VALUES (1, 'done', 'example', 'contacts', 'sha256:00', 'MalformedRow: id is missing') RETURNING 1")
+        assert [(r["action"], r["source_id"]) for r in phase_rows(db, 1, ["contacts"], limit=2)] == \
+            [("failed", "9"), ("failed", "sha256:00")]
+        assert [r["action"] for r in phase_rows(db, 1, ["contacts"])] == ["failed", "failed", "skipped", "skipped"]
