@@ -66,6 +66,7 @@ from engine_core import runs  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
+from engine_core.providers.registry import for_run
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 OPTIONS = {"burst_limit": 1_000_000}
@@ -86,7 +87,7 @@ def engine_once(url: str, sb: Sandbox, kinds: list[str] | None) -> tuple[float, 
         t = Timer()
         run = runs.start_run(db, PipedriveProvider(base_url=sb.base_url, token=TOKEN), tenant, kinds=kinds, options=OPTIONS,
                              settings=settings)
-        drain_threads(db, run.id, width=settings.lane_width, settings=settings)
+        drain_threads(db, run.id, width=settings.lane_width, settings=settings, providers=for_run)
         return t.seconds, runs.get_run(db, run.id).status
     finally:
         db.close()

@@ -43,6 +43,7 @@ from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.plan import PHASES  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
+from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig  # noqa: E402
 from pipedrive_sandbox.server import start_subprocess  # noqa: E402
 
@@ -78,7 +79,7 @@ def email_run(url: str, base_url: str, tenant: str, burst_limit: int, width: int
         options = {"base_url": base_url, "burst_limit": burst_limit, "fetch_threads": fetch_threads}
         go.wait()
         run = runs.start_run(db, PipedriveProvider(base_url=base_url), tenant, kinds=["emails"], options=options, settings=SETTINGS)
-        drain_threads(db, run.id, width=width, settings=SETTINGS)
+        drain_threads(db, run.id, width=width, settings=SETTINGS, providers=for_run)
         failed = db.sql("SELECT cursor_key, error FROM migration_tasks WHERE migration_id = %(r)s AND status = 'failed' LIMIT 3", {"r": run.id})
         from engine_core.providers.pipedrive import provider as provider_mod  # this process's budget, for its slot counts
 
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         for tenant in tenants:
             first = runs.start_run(db, PipedriveProvider(base_url=base_url), tenant, kinds=everything_but_mail,
                                    options={"base_url": base_url, "burst_limit": UNLIMITED}, settings=SETTINGS)
-            drain_threads(db, first.id, width=4, settings=SETTINGS)
+            drain_threads(db, first.id, width=4, settings=SETTINGS, providers=for_run)
             print(f"setup: {args.scale} account without mail migrated for {tenant} ({runs.get_run(db, first.id).status})", flush=True)
         print(f"setup took {time.monotonic() - t:.1f}s", flush=True)
         sb.configure(latency=args.latency)

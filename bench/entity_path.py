@@ -50,6 +50,7 @@ from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive import client, writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
+from engine_core.providers.registry import for_run
 
 KINDS = ["organizations", "persons", "deals", "leads", "activities", "notes"]
 V2 = {"organizations": "api/v2/organizations", "persons": "api/v2/persons", "deals": "api/v2/deals",
@@ -114,7 +115,7 @@ def engine_once(url: str, sb: Sandbox, width: int, pg_cpu: list[float] | None = 
         options = {"base_url": sb.base_url, "burst_limit": 1_000_000}
         t = Timer()
         run = runs.start_run(db, PipedriveProvider(base_url=sb.base_url), tenant, kinds=KINDS, options=options, settings=SETTINGS)
-        drain_threads(db, run.id, width=width, settings=SETTINGS)
+        drain_threads(db, run.id, width=width, settings=SETTINGS, providers=for_run)
         seconds = t.seconds
         spent = backends_cpu(db)
         if pg_cpu is not None and spent is not None:

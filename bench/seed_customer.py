@@ -37,6 +37,7 @@ from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.plan import PHASES  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
+from engine_core.providers.registry import for_run
 
 WINDOW_SECONDS = 2.0  # Pipedrive's burst window (the sandbox's default)
 
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             t = Timer()
             run = runs.start_run(db, PipedriveProvider(base_url=sb.base_url), f"bench-{uuid.uuid4().hex[:8]}",
                                  kinds=kinds, options={"base_url": sb.base_url, "burst_limit": B}, settings=settings)
-            drain_threads(db, run.id, width=args.width, settings=settings)
+            drain_threads(db, run.id, width=args.width, settings=settings, providers=for_run)
             wall = t.seconds
             status = runs.get_run(db, run.id).status
             stats = sb.stats()

@@ -24,7 +24,7 @@ from engine_core import runs  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.context import TaskContext  # noqa: E402
 from engine_core.models import Run, Successor, TaskOutcome  # noqa: E402
-from engine_core.providers.base import register  # noqa: E402
+from engine_core.providers.registry import register  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 
 

@@ -15,6 +15,7 @@ from engine_core.config import WINDOW, Settings
 from engine_core.db import Conn, Database
 from engine_core.errors import DatabaseUnavailable, LockLost, PageFailed, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Successor, Task
+from engine_core.planner import insert_tasks, top_up
 from engine_core.rows import excerpt, unreadable_key
 from engine_core.runlog import RunLog, failure_reason
 
@@ -121,8 +122,6 @@ class TaskContext:
         `successors`: tasks the work done so far hands on (find-or-create, as at finish), created
         in the same transaction as the move, so a task that walks on and then dies has created
         them once; new ones are put on the lane at once (`planner.top_up`)."""
-        from engine_core.planner import insert_tasks, top_up  # planner imports providers, which import this
-
         created = 0
         params = {"task_id": self.task.id, "worker": self.worker, "cursor": Jsonb(cursor),
                   "offset": offset, "stats": Jsonb(self.stats.values)}

@@ -14,7 +14,7 @@ from engine_core import statistics
 from engine_core.config import Settings
 from engine_core.db import Conn, Database
 from engine_core.models import Run, Successor
-from engine_core.providers.base import Provider
+from engine_core.source import Provider
 from engine_core.runlog import RunLog
 
 

@@ -16,9 +16,8 @@ from engine_core.db import Database
 from engine_core.fairness import run_demands
 from engine_core.models import Run
 from engine_core.planner import advance_phase, top_up
-from engine_core.providers.base import Provider, provider_for
+from engine_core.source import Provider, ProviderResolver
 
-ProviderResolver = Callable[[Run], Provider]
 log = logging.getLogger(__name__)
 
 
@@ -177,10 +176,9 @@ class SweepReport:
         return not (self.released or self.rearmed or self.advanced or self.finalized)
 
 
-def sweep(db: Database, settings: Settings | None = None, providers: ProviderResolver | None = None) -> SweepReport:
+def sweep(db: Database, settings: Settings | None, providers: ProviderResolver) -> SweepReport:
     """All sweeps, in the order that lets one tick repair a dead worker end to end."""
     settings = settings or Settings.from_env()
-    providers = providers or (lambda run: provider_for(run.source, run))
     report = SweepReport()
     report.released = release_stale(db, settings.stale_lock_seconds)
     report.rearmed = rearm_orphaned_cancelled(db)

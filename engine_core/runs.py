@@ -34,7 +34,9 @@ from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, Noth
 from engine_core.models import Run
 from engine_core.plan import plan_for
 from engine_core.planner import advance_phase, seed_phase, top_up
-from engine_core.providers.base import Provider, catchup_kind, dependents, identity_of, source_time
+from engine_core.reaper import release_dead_here, release_stale_of_run
+from engine_core.runlog import RunLog
+from engine_core.source import Provider, catchup_kind, dependents, identity_of, source_time
 
 MODES = ("full", "sync")
 # How far before a snapshot a listing by update time starts (run option `snapshot_margin_seconds`):
@@ -267,7 +269,6 @@ def stop(db: Database, run_id: int, settings: Settings | None = None) -> Run:
     reaper's tick - or for ever, with no daemon. So a run is `stopping` at most
     MIGRATE_STALE_LOCK_SECONDS after its last live worker is gone, once `stop` is called again
     (`migrate stop --force` does so until it settles)."""
-    from engine_core.reaper import release_stale_of_run
 
     settings = settings or Settings.from_env()
     with db.transaction() as tx:
@@ -315,7 +316,6 @@ def pause(db: Database, run_id: int, reason: str) -> Run:
     """Stop a run for a reason outside it (the source failing every request for minutes): the
     reason goes to the run log as a warning (shown in the grouped reasons), then `stop`. Resuming
     (`resume`, or launching the partition again) carries on from the checkpoints."""
-    from engine_core.runlog import RunLog
 
     log = RunLog(run_id, None)
     log.note("warning", "source", f"paused: {reason}")
@@ -500,7 +500,6 @@ def prepare(db: Database, run_id: int, provider: Provider, settings: Settings | 
     First, tasks held by workers whose process is gone from this host (a `migrate run` killed with
     SIGKILL) are released at once (`reaper.release_dead_here`), not after the stale-lock threshold.
     AdmissionRefused propagates (another live run of the tenant)."""
-    from engine_core.reaper import release_dead_here
 
     settings = settings or Settings.from_env()
     release_dead_here(db, run_id)

@@ -49,7 +49,7 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version
-from engine_core.providers.base import Provider, catchup_kind, identity_of, source_ids
+from engine_core.source import Provider, catchup_kind, identity_of, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
@@ -164,10 +164,6 @@ def ledger_kind_of(provider: Provider) -> Callable[[str], str]:
     fold = getattr(provider, "ledger_kind", None)
     if callable(fold):
         return fold
-    if provider.source == "pipedrive":
-        from engine_core.providers.pipedrive.mapping import ledger_kind
-
-        return ledger_kind
     return lambda kind: kind
 
 

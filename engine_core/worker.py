@@ -25,12 +25,11 @@ from engine_core.errors import LockLost, PageFailed, RateLimitParked, SourceMism
 from engine_core.models import Run, Stats, Task, TaskOutcome
 from engine_core import statistics
 from engine_core.planner import WORK, advance_phase, insert_tasks, top_up, top_up_in
-from engine_core.providers.base import Provider, identity_of, provider_for
+from engine_core.source import Provider, ProviderResolver, identity_of
 from engine_core.runlog import RunLog, failure_reason
 
 log = logging.getLogger(__name__)
 
-ProviderResolver = Callable[[Run], Provider]
 
 
 # Objects allocated (less freed) before CPython's young collection runs: 700 by default. A
@@ -72,14 +71,14 @@ class Worker:
         self,
         db: Database,
         *,
+        providers: ProviderResolver,
         settings: Settings | None = None,
-        providers: ProviderResolver | None = None,
         worker_id: str | None = None,
         cancel: threading.Event | None = None,
     ) -> None:
         self.db = db
         self.settings = settings or Settings.from_env()
-        self.providers = providers or (lambda run: provider_for(run.source, run))
+        self.providers = providers
         self.worker_id = worker_id or default_worker_id()
         self.cancel = cancel or threading.Event()
         self._last_heartbeat = 0.0
@@ -409,8 +408,8 @@ def drain_threads(
     run_id: int,
     *,
     width: int,
+    providers: ProviderResolver,
     settings: Settings | None = None,
-    providers: ProviderResolver | None = None,
     cancel: threading.Event | None = None,
     until_phase_closed: int | None = None,
 ) -> list[DrainResult]:

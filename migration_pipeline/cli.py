@@ -39,7 +39,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.config import Settings
 from engine_core.errors import EngineError
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 
 # Not a terminal (a pipe, a log, CI): COLUMNS when set (a fresh user's `COLUMNS=80 migrate status T |
 # less` had 150-column rows), else wide enough that the status table (updated, deleted at source and
@@ -864,7 +864,7 @@ def _drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
     from engine_core.worker import drain_threads
 
     settings = Settings.from_env()
-    drain_threads(db, run_id, width=settings.lane_width, settings=settings)
+    drain_threads(db, run_id, width=settings.lane_width, settings=settings, providers=for_run)
     r = rollups.rollup(db, run_id)
     _emit(as_json, r.as_dict(), lambda: print_rollup(r))
     return 0 if r.status == "succeeded" else 1

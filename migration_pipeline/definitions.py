@@ -12,7 +12,7 @@ import os
 
 from dagster import Definitions
 
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline.assets.checks import build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.deploy import executor_def

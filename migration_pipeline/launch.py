@@ -157,7 +157,7 @@ def pickable_kinds(provider: Any) -> list[list[str]]:
     """The provider's phases without its catch-up phase (`catchup_kind`): the kinds a user may
     name in `--kinds`. The catch-up is a phase every run ends with (`runs.run_plan` keeps it), not
     a kind to pick."""
-    from engine_core.providers.base import catchup_kind
+    from engine_core.source import catchup_kind
 
     ck = catchup_kind(provider)
     return [[k for k in group if k != ck] for group in provider.phases() if any(k != ck for k in group)]
@@ -168,7 +168,7 @@ def check_kinds(provider: Any, kinds: list[str]) -> None:
     line naming the option, the unknown kinds and the kinds there are)."""
     from engine_core.errors import ConfigError
     from engine_core.plan import plan_for
-    from engine_core.providers.base import catchup_kind
+    from engine_core.source import catchup_kind
 
     ck = catchup_kind(provider)
     phases = pickable_kinds(provider)
@@ -191,7 +191,7 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     Raises ConfigError with a one-line message naming the option or the variable."""
     from engine_core.errors import ConfigError
     from engine_core.plan import plan_for
-    from engine_core.providers.base import provider_for
+    from engine_core.providers.registry import provider_for
 
     env = dict(os.environ if env is None else env)
     provider = provider_for(source)
@@ -218,7 +218,8 @@ def check_tenant_source(db: Any, tenant: str, source: str) -> None:
     history (a fresh user's find). One request (the source's company) when the tenant has a run;
     none for a new tenant."""
     from engine_core import runs
-    from engine_core.providers.base import identity_of, provider_for
+    from engine_core.source import identity_of
+    from engine_core.providers.registry import provider_for
 
     if runs.tenant_identity(db, tenant, source) is None:
         return

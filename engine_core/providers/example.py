@@ -31,7 +31,6 @@ from engine_core.config import PAGE_SIZE, STRIPES
 from engine_core.context import TaskContext
 from engine_core.errors import TransientError
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import register
 
 PHASES = [["companies"], ["contacts"], ["deals"], ["activities"], ["notes"]]
 PARENT = {"contacts": "companies", "deals": "contacts", "activities": "deals", "notes": "deals"}
@@ -132,4 +131,3 @@ class ExampleProvider:
         return TaskOutcome()
 
 
-register("example", ExampleProvider)

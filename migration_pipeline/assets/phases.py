@@ -56,7 +56,7 @@ from engine_core.errors import AdmissionRefused, NothingToSync
 from engine_core.worker import Worker
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from engine_core.models import Run
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from engine_core.budget import waiting_state
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds

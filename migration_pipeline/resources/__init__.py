@@ -24,7 +24,8 @@ from pydantic import PrivateAttr
 from engine_core import db as dbmod
 from engine_core.config import Settings
 from engine_core.models import Run
-from engine_core.providers.base import Provider, provider_for
+from engine_core.source import Provider
+from engine_core.providers.registry import provider_for
 
 ProviderResolver = Callable[[Run], Provider]
 

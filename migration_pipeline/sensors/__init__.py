@@ -36,7 +36,8 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.fairness import run_demands
 from engine_core.models import Run
-from engine_core.providers.base import Provider, identity_of, provider_for
+from engine_core.source import Provider, identity_of
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.fair_lane import dagster_managed, lane_picture
 from migration_pipeline.partitions import TENANTS

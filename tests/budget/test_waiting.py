@@ -15,7 +15,7 @@ from engine_core import runs
 from engine_core.budget import Budget, waiting_state
 from engine_core.config import ConfigError, check_environment, daily_token_share
 from engine_core.db import Database
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST
 
 

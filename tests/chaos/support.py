@@ -40,6 +40,7 @@ from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider
 from engine_core.worker import drain_threads
+from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig
 from pipedrive_sandbox.server import start_subprocess
 
@@ -331,7 +332,7 @@ class Chaos:
         try:
             while not self.stop.wait(self.config.reaper_every):
                 try:
-                    report = reaper.sweep(db, settings)
+                    report = reaper.sweep(db, settings, providers=for_run)
                 except Exception as e:  # a sensor tick that failed; the next one retries
                     self.counts["reaper_errors"] += 1
                     self.event(f"reaper tick failed: {type(e).__name__}: {str(e)[:120]}")
@@ -532,7 +533,7 @@ def run_chaos(config: ChaosConfig, db_url: str, workdir: Path) -> ChaosResult:
         options = {"base_url": sandbox.base_url, "burst_limit": UNLIMITED}
         t = time.monotonic()
         calm = runs.start_run(harness, PipedriveProvider(base_url=sandbox.base_url), BASELINE_TENANT, options=options, settings=settings)
-        drain_threads(harness, calm.id, width=config.baseline_width, settings=settings)
+        drain_threads(harness, calm.id, width=config.baseline_width, settings=settings, providers=for_run)
         calm_run = runs.get_run(harness, calm.id)
         result.figures["baseline_seconds"] = round(time.monotonic() - t, 1)
         if calm_run.status != "succeeded":
@@ -614,7 +615,7 @@ def drain_main(url: str, run_id: int, name: str) -> int:
             row = db.fetch_one("get_run", {"run_id": run_id})
             if row is None or row["status"] not in ("running", "stopping"):
                 return 0
-            drain_threads(db, run_id, width=settings.lane_width, settings=settings)
+            drain_threads(db, run_id, width=settings.lane_width, settings=settings, providers=for_run)
             time.sleep(0.3)
     finally:
         db.close()

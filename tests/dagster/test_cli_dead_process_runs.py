@@ -19,7 +19,7 @@ from dagster._core.test_utils import create_run_for_test
 
 from engine_core import runs
 from engine_core.config import Settings
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance, to_url
 from migration_pipeline.jobs import TENANT_JOB
 from migration_pipeline.launcher import IN_PROCESS_TAG

@@ -28,7 +28,7 @@ from dagster._daemon.types import DaemonHeartbeat
 
 from engine_core import db as dbmod
 from engine_core.config import FACE_NUMBERS
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core import runs
 from engine_core.worker import drain_threads
 from migration_pipeline import launch, stack
@@ -281,7 +281,7 @@ def test_a_dry_run_says_would_import(db_url, run_env):
         run = runs.start_run(db, provider_for("example"), "dry", dry_run=True,
                              options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
                                                                   "activities": 10, "notes": 10}})
-        drain_threads(db, run.id, width=2)
+        drain_threads(db, run.id, width=2, providers=for_run)
     out = _migrate_in_process(["status", "dry"], run_env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "would import" in out.stdout and "would match" in out.stdout
@@ -411,7 +411,7 @@ def test_a_migrated_tenant_is_refused_before_launching_and_pointed_to_sync_and_n
         run = runs.start_run(db, provider_for("example"), "done",
                              options={"page_size": 20, "counts": {"companies": 10, "contacts": 10, "deals": 5,
                                                                   "activities": 5, "notes": 5}})
-        drain_threads(db, run.id, width=2)
+        drain_threads(db, run.id, width=2, providers=for_run)
         assert runs.get_run(db, run.id).status == "succeeded"
     env = dict(run_env, MIGRATE_SOURCE="example")
     _one_line_error(_migrate_in_process(["run", "--tenant", "done", "--source", "example"], env),

@@ -24,7 +24,7 @@ import pytest
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from migration_pipeline.cli import ignored_on_relaunch
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 from migration_pipeline.launch import new_run_config
@@ -179,7 +179,7 @@ def migrated(db_url, tmp_path):
 
     with dbmod.Database(db_url, max_size=6) as db:
         run = runs.start_run(db, provider_for("example"), "done", options=EXAMPLE)
-        drain_threads(db, run.id, width=2)
+        drain_threads(db, run.id, width=2, providers=for_run)
         assert runs.get_run(db, run.id).status == "succeeded"
     return _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="example",
                 **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})

@@ -17,7 +17,7 @@ from dagster import DagsterRun, DagsterRunStatus
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from migration_pipeline import stack
 
@@ -62,7 +62,7 @@ def test_progress_lines_say_the_phase_and_its_state(db_url):
         progress.db = db  # the test's database (the command's own is DATABASE_URL's)
         with console.capture() as captured:
             progress(dagster_run)
-            drain_threads(db, run.id, width=2)
+            drain_threads(db, run.id, width=2, providers=for_run)
             progress(dagster_run)  # the run finished: every phase passed closes with its figures
             progress(DagsterRun(job_name="migrate_tenant", run_id="r1", status=DagsterRunStatus.SUCCESS,
                                 tags={"migration/run_id": str(run.id)}))  # nothing new to say

@@ -16,7 +16,7 @@ import psycopg
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.dagster.test_cli_errors import _migrate_in_process, _one_line_error
 from tests.dagster.test_cli_finds import EXAMPLE, migrated  # noqa: F401 - the fixture
 

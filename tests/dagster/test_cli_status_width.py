@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from migration_pipeline.instance import to_url
 
@@ -72,7 +72,7 @@ def test_piped_status_respects_columns(db, db_url, tmp_path):
     run = runs.start_run(db, provider_for("example"), "narrow", dry_run=True,
                          options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
                                                               "activities": 10, "notes": 10}})
-    drain_threads(db, run.id, width=2)
+    drain_threads(db, run.id, width=2, providers=for_run)
     env = _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"))
     narrow = subprocess.run([MIGRATE, "status", "narrow"], env={**env, "COLUMNS": "80"}, capture_output=True,
                             text=True, timeout=60)

@@ -17,7 +17,7 @@ from dagster import DagsterRunStatus
 from dagster._core.test_utils import create_run_for_test
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import launch
 from migration_pipeline.cli import stop_what_we_started
 

@@ -29,7 +29,7 @@ import pytest
 from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline.lane import drain_in_slot
 from tests.engine.support import make_executions_table, task_rows
 
@@ -41,10 +41,11 @@ CHILD = """
 import sys, time
 from engine_core.config import Settings
 from engine_core.db import Database
+from engine_core.providers.registry import for_run
 from engine_core.worker import Worker
 import tests.engine.support  # registers the counter provider
 db = Database(sys.argv[1], max_size=2)
-claimed = Worker(db, settings=Settings(lane_width=2), worker_id="doomed-worker").claim_next(int(sys.argv[2]))
+claimed = Worker(db, settings=Settings(lane_width=2), worker_id="doomed-worker", providers=for_run).claim_next(int(sys.argv[2]))
 print("claimed", claimed[0].id if claimed else None, flush=True)
 time.sleep(600)
 """

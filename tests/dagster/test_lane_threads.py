@@ -31,7 +31,7 @@ from dagster._core.test_utils import create_run_for_test
 
 from engine_core import runs
 from engine_core.config import Settings
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.assets.phases import LAUNCH_THREADS_ENV
 from migration_pipeline.definitions import build_definitions

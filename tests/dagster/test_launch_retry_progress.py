@@ -10,7 +10,7 @@ from dagster._core.events import AssetObservationData, DagsterEvent
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 
 
 def _observe(instance, run_id: str, metadata: dict) -> None:

@@ -8,7 +8,7 @@ import os
 from click.testing import CliRunner
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline.cli import main
 
 OPTIONS = {"counts": {"companies": 3, "contacts": 3, "deals": 2, "activities": 1, "notes": 1}}

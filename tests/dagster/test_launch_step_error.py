@@ -10,7 +10,7 @@ import json
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.dagster.support import example_env
 from tests.dagster.test_cli_errors import _migrate_in_process
 

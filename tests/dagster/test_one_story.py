@@ -19,7 +19,7 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterRunStatus
 
 from engine_core import runs
 from engine_core.errors import RunNotFound
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.jobs import DRAINER_JOB

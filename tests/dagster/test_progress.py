@@ -14,7 +14,7 @@ import httpx
 
 from engine_core import runs
 from engine_core.progress import ProgressBoard, SourceMetrics, run_progress, status_line
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.providers.pipedrive import client as client_mod
 from engine_core.worker import drain_threads
 from migration_pipeline.definitions import build_definitions
@@ -126,7 +126,7 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     assert "ETA" in status_line(run_progress(db, run.id), stale_after=120)
 
     db.sql("UPDATE migration_tasks SET status = 'pending', finished_at = NULL WHERE migration_id = %(r)s", {"r": run.id})
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     done = run_progress(db, run.id)
     assert done["percent"] == 100.0 and done["eta_seconds"] is None
 
@@ -175,7 +175,7 @@ def test_migrate_status_shows_grouped_skip_reasons_completeness_percent_and_eta(
     opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
             "dangling": {"deals": list(range(1, 22))}, "malformed": {"contacts": [2]}}
     run = runs.start_run(db, provider_for("example"), "told", options=opts, settings=FAST)
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     monkeypatch.setenv("DATABASE_URL", engine_url)
     out = CliRunner().invoke(main, ["status", "told", "--json"])
     assert out.exit_code == 0, out.output
@@ -200,7 +200,7 @@ def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, e
     opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
             "dangling": {"deals": [4, 5, 6]}}
     run = runs.start_run(db, provider_for("example"), "reported", options=opts, settings=FAST)
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     monkeypatch.setenv("DATABASE_URL", engine_url)
     out = CliRunner().invoke(main, ["report", "reported", "--kind", "deals", "--json"])
     assert out.exit_code == 0, out.output

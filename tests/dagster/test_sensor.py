@@ -13,7 +13,7 @@ from dagster._core.test_utils import create_run_for_test
 
 from engine_core import runs
 from engine_core.config import Settings
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture

@@ -28,7 +28,7 @@ import pytest
 from dagster import AssetSelection, Definitions, build_schedule_context, materialize
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets

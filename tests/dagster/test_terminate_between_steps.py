@@ -24,7 +24,7 @@ from dagster import DagsterRunStatus, execute_job, in_process_executor, job, op,
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from migration_pipeline.instance import to_url
 from migration_pipeline.lane import stopping_in_process_executor
 

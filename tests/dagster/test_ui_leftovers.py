@@ -23,7 +23,7 @@ from dagster import AssetKey, DagsterRunStatus, RunsFilter, materialize
 from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from migration_pipeline.assets.phases import NEW_RUN_TAG, build_phase_assets
 from migration_pipeline.partitions import tenants
@@ -90,7 +90,7 @@ def test_relaunching_a_migrated_tenant_refuses_in_one_line_unless_a_new_run_is_a
 def test_a_launch_asking_for_kinds_the_succeeded_run_did_not_cover_starts_a_new_run(db):
     provider = provider_for("example")
     limited = runs.start_run(db, provider, "partly", kinds=["companies"], options=SMALL, settings=FAST)
-    drain_threads(db, limited.id, width=2, settings=FAST)
+    drain_threads(db, limited.id, width=2, settings=FAST, providers=for_run)
     assert runs.get_run(db, limited.id).status == "succeeded"
     with pytest.raises(runs.AlreadyMigrated):
         runs.attach(db, provider, "partly", start_kwargs={"kinds": ["companies"], "options": SMALL})
@@ -148,7 +148,7 @@ def test_skip_reasons_are_grouped_by_their_shape_with_a_count_and_example_ids(db
 
     opts = {**SMALL, "dangling": {"deals": list(range(1, 13))}}
     run = runs.start_run(db, provider_for("example"), "shapes", options=opts, settings=FAST)
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     # what a provider with words for its references writes: each row names its own ids
     db.sql("UPDATE migration_records SET reason = 'person ' || source_id || ' references org '"
            " || (source_id::int %% 5 + 1) || ' which is missing' WHERE migration_id = %(r)s AND action = 'skipped'",

@@ -8,7 +8,7 @@ from engine_core import db as dbmod
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import register
+from engine_core.providers.registry import register
 
 FAST = Settings(lane_width=4, stale_lock_seconds=1800, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 

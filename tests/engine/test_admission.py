@@ -9,7 +9,7 @@ import pytest
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.errors import AdmissionRefused
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST
 
 

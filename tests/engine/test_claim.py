@@ -8,7 +8,7 @@ import threading
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker
 from tests.engine import support
 from tests.engine.support import FAST, make_executions_table
@@ -20,7 +20,7 @@ def _race(url: str, ids: list[int], seed: int, out: "mp.Queue | None" = None) ->
     database = dbmod.Database(url, max_size=2)
     order = list(ids)
     random.Random(seed).shuffle(order)
-    w = Worker(database, settings=FAST)
+    w = Worker(database, settings=FAST, providers=for_run)
     counts: dict[str, int] = {}
     for task_id in order:
         r = w.execute(task_id)

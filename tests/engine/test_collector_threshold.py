@@ -9,6 +9,7 @@ import pytest
 
 from engine_core import worker
 from engine_core.config import Settings
+from engine_core.providers.registry import for_run
 
 
 @pytest.fixture(autouse=True)
@@ -20,14 +21,14 @@ def _threshold_restored():
 
 def test_a_worker_raises_the_young_threshold_and_keeps_the_others():
     gc.set_threshold(700, 11, 12)
-    worker.Worker(None, settings=Settings())  # type: ignore[arg-type] - the constructor reads no database
+    worker.Worker(None, settings=Settings(), providers=for_run)  # type: ignore[arg-type] - the constructor reads no database
     assert gc.get_threshold() == (worker.YOUNG_COLLECTION_THRESHOLD, 11, 12)
 
 
 def test_a_higher_threshold_or_automatic_collection_off_is_left_alone():
     gc.set_threshold(100_000, 10, 10)
-    worker.Worker(None, settings=Settings())  # type: ignore[arg-type]
+    worker.Worker(None, settings=Settings(), providers=for_run)  # type: ignore[arg-type]
     assert gc.get_threshold() == (100_000, 10, 10)
     gc.set_threshold(0, 10, 10)  # 0: automatic collection off (someone's choice)
-    worker.Worker(None, settings=Settings())  # type: ignore[arg-type]
+    worker.Worker(None, settings=Settings(), providers=for_run)  # type: ignore[arg-type]
     assert gc.get_threshold() == (0, 10, 10)

@@ -6,7 +6,7 @@ add up says so in its rollup (`complete`, `incomplete`, `verdict`), never silent
 from __future__ import annotations
 
 from engine_core import rollup, runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST
 
@@ -16,7 +16,7 @@ OPTS = {"page_size": 10, "counts": {"companies": 30, "contacts": 25, "deals": 20
 
 def _finished(db, tenant: str, **extra):
     run = runs.start_run(db, provider_for("example"), tenant, options={**OPTS, **extra}, settings=FAST)
-    drain_threads(db, run.id, width=3, settings=FAST)
+    drain_threads(db, run.id, width=3, settings=FAST, providers=for_run)
     return run
 
 

@@ -12,7 +12,7 @@ from engine_core import context
 from engine_core import db as dbmod
 from engine_core import reaper, runs
 from engine_core.providers import example
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
 
@@ -23,7 +23,7 @@ WINDOW = 100  # the killed worker's set-based windows (context.SET_WINDOW is 500
 def _work(url: str, task_id: int) -> None:
     context.SET_WINDOW = WINDOW  # this process is the killed worker's alone
     database = dbmod.Database(url, max_size=2)
-    Worker(database, settings=FAST).execute(task_id)
+    Worker(database, settings=FAST, providers=for_run).execute(task_id)
 
 
 def test_sigkill_mid_page_then_release_and_resume_writes_each_row_once(db, db_url) -> None:
@@ -53,7 +53,7 @@ def test_sigkill_mid_page_then_release_and_resume_writes_each_row_once(db, db_ur
 
     example.WRITE_CALLS.clear()
     db.sql("UPDATE migrations SET options = options - 'row_delay'")
-    assert Worker(db, settings=FAST).execute(task["id"]) == "succeeded"
+    assert Worker(db, settings=FAST, providers=for_run).execute(task["id"]) == "succeeded"
     rewritten = sum(example.WRITE_CALLS.values())
     assert rewritten == ROWS - at_kill, "the rerun must start at the checkpoint, not at the top of the page"
     per_row = db.sql("SELECT source_id, count(*) AS n FROM example_items GROUP BY source_id")

@@ -6,7 +6,7 @@ import multiprocessing as mp
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker, drain_threads
 from tests.engine.support import FAST
 
@@ -15,7 +15,7 @@ COUNTS = {"companies": 120, "contacts": 150, "deals": 100, "activities": 80, "no
 
 def _drain(url: str, run_id: int) -> None:
     database = dbmod.Database(url, max_size=6)
-    drain_threads(database, run_id, width=3, settings=FAST)
+    drain_threads(database, run_id, width=3, settings=FAST, providers=for_run)
     database.close()
 
 
@@ -26,7 +26,7 @@ def test_threads_and_processes_drain_one_run_exactly_once(db, db_url) -> None:
     procs = [ctx.Process(target=_drain, args=(db_url, run.id)) for _ in range(2)]
     for p in procs:
         p.start()
-    drain_threads(db, run.id, width=3, settings=FAST)
+    drain_threads(db, run.id, width=3, settings=FAST, providers=for_run)
     for p in procs:
         p.join(timeout=120)
         assert p.exitcode == 0
@@ -41,7 +41,7 @@ def test_threads_and_processes_drain_one_run_exactly_once(db, db_url) -> None:
 
 def test_drain_exits_when_nothing_is_claimable(db) -> None:
     run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"], options={"page_size": 10, "counts": {"companies": 5}}, settings=FAST)
-    result = Worker(db, settings=FAST).drain(run.id)
+    result = Worker(db, settings=FAST, providers=for_run).drain(run.id)
     assert result.reason == "succeeded" and result.executed["succeeded"] == 4
 
 
@@ -164,7 +164,7 @@ def test_a_lane_with_nothing_to_claim_looks_at_its_run_in_one_round_trip(db, mon
     monkeypatch.setattr(db, "fetch_one", fetch_one)
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
-    result = Worker(db, settings=FAST, cancel=stop).drain(run.id, poll_seconds=0.05)
+    result = Worker(db, settings=FAST, cancel=stop, providers=for_run).drain(run.id, poll_seconds=0.05)
     assert result.reason == "cancelled"
     looks = asked.count("drain_look")
     assert looks >= 2, asked

@@ -11,7 +11,7 @@ import time
 from engine_core import runs
 from engine_core.context import TaskContext
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import register
+from engine_core.providers.registry import register, for_run
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST, task_rows
 
@@ -58,7 +58,7 @@ def test_the_next_phases_discovery_runs_during_the_phases_tail_and_its_walkers_w
     HOLD.clear()
     EVENTS.clear()
     run = runs.start_run(db, EarlyProvider(), "acme", settings=FAST)
-    lanes = threading.Thread(target=lambda: drain_threads(db, run.id, width=2, settings=FAST), daemon=True)
+    lanes = threading.Thread(target=lambda: drain_threads(db, run.id, width=2, settings=FAST, providers=for_run), daemon=True)
     lanes.start()
     try:
         deadline = time.monotonic() + 15

@@ -9,7 +9,7 @@ import threading
 from engine_core import runs
 from engine_core.context import TaskContext
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import register
+from engine_core.providers.registry import register, for_run
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
 
@@ -50,7 +50,7 @@ def test_idle_lanes_are_woken_for_a_discoverys_walkers(db) -> None:
     results: list = []
 
     def lane() -> None:
-        results.append(Worker(db, settings=FAST).drain(run.id, poll_seconds=60.0))
+        results.append(Worker(db, settings=FAST, providers=for_run).drain(run.id, poll_seconds=60.0))
 
     lanes = [threading.Thread(target=lane, name=f"lane-{i}", daemon=True) for i in range(WALKERS)]
     for t in lanes:

@@ -6,7 +6,7 @@ import pytest
 
 from engine_core import runs
 from engine_core.fairness import fair_shares, run_demands
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST
 
 

@@ -7,7 +7,7 @@ import threading
 
 from engine_core import db as dbmod
 from engine_core import ledger, runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST
 
 

@@ -16,7 +16,7 @@ from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
 from engine_core.models import Run, Successor, Task, TaskOutcome
-from engine_core.providers.base import register
+from engine_core.providers.registry import register, for_run
 from engine_core.worker import Worker
 from tests.engine.support import task_rows
 
@@ -67,7 +67,7 @@ def _keepers() -> list[threading.Thread]:
 
 def test_a_task_blocked_three_thresholds_keeps_its_lock(db) -> None:
     run = runs.start_run(db, Sleeper(), "acme", options={"nap": 3 * THRESHOLD}, settings=SETTINGS)
-    worker = Worker(db, settings=SETTINGS)
+    worker = Worker(db, settings=SETTINGS, providers=for_run)
     task, current = _claim(db, run.id, worker)
     out: dict[str, Any] = {}
     t = threading.Thread(target=lambda: out.update(result=worker.run_claimed(task, current)))
@@ -86,7 +86,7 @@ def test_a_task_blocked_three_thresholds_keeps_its_lock(db) -> None:
 
 def test_a_lock_taken_while_waiting_stops_the_task_and_it_writes_nothing(db) -> None:
     run = runs.start_run(db, Sleeper(), "acme", options={"nap": 60}, settings=SETTINGS)
-    worker = Worker(db, settings=SETTINGS)
+    worker = Worker(db, settings=SETTINGS, providers=for_run)
     task, current = _claim(db, run.id, worker)
     out: dict[str, Any] = {}
     t = threading.Thread(target=lambda: out.update(result=worker.run_claimed(task, current)))

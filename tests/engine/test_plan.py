@@ -6,7 +6,7 @@ import pytest
 from engine_core import runs
 from engine_core.errors import ConfigError
 from engine_core.plan import plan_for
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from engine_core.providers.pipedrive.plan import PHASES as PIPEDRIVE_PHASES
 from tests.engine.support import FAST
 

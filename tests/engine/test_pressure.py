@@ -9,7 +9,7 @@ import psycopg
 
 from engine_core import runs
 from engine_core.config import Settings
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker
 from tests.engine.support import FAST, make_executions_table, task_rows
 
@@ -32,7 +32,7 @@ def test_worker_defers_without_claiming_under_pressure(db, db_url) -> None:
     try:
         time.sleep(0.2)
         pressured = Settings(**{**FAST.__dict__, "pressure_threshold": 1})
-        assert Worker(db, settings=pressured).execute(task["id"]) == "deferred"
+        assert Worker(db, settings=pressured, providers=for_run).execute(task["id"]) == "deferred"
         t = task_rows(db, run.id)[0]
         assert t["status"] == "pending" and t["attempts"] == 0 and t["locked_by"] is None
     finally:
@@ -40,4 +40,4 @@ def test_worker_defers_without_claiming_under_pressure(db, db_url) -> None:
         for t in threads:
             t.join()
     relaxed = Settings(**{**FAST.__dict__, "pressure_threshold": 50})
-    assert Worker(db, settings=relaxed).execute(task["id"]) == "succeeded"
+    assert Worker(db, settings=relaxed, providers=for_run).execute(task["id"]) == "succeeded"

@@ -4,7 +4,7 @@ repeats what a finishing task would have done."""
 from __future__ import annotations
 
 from engine_core import reaper, runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST, task_rows
 
 

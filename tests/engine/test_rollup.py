@@ -8,7 +8,7 @@ duration buckets follow the payload's distribution (powers of two), not "0" and 
 from __future__ import annotations
 
 from engine_core import rollup, runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST
 
@@ -17,7 +17,7 @@ def test_rollup_duration_by_payload_and_explain(db) -> None:
     opts = {"page_size": 10, "counts": {"companies": 30, "contacts": 25, "deals": 20, "activities": 10, "notes": 10},
             "malformed": {"contacts": [4]}, "dangling": {"deals": [3]}}
     run = runs.start_run(db, provider_for("example"), "acme", options=opts, settings=FAST)
-    drain_threads(db, run.id, width=3, settings=FAST)
+    drain_threads(db, run.id, width=3, settings=FAST, providers=for_run)
     r = rollup.rollup(db, run.id)
     assert r.status == "succeeded" and r.current_phase == 5
     by = {k.kind: k for k in r.kinds}
@@ -63,12 +63,12 @@ def test_a_failure_reason_goes_once_its_task_succeeded_after_a_retry(db) -> None
             "fail_pages": {"contacts": [10]}}
     provider = provider_for("example")
     run = runs.start_run(db, provider, "stale", options=opts, settings=FAST)
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     before = rollup.rollup(db, run.id)
     assert any("injected failure" in g["reason"] and g["action"] == "task failed" for g in before.reasons), before.reasons
     db.sql("UPDATE migrations SET options = options - 'fail_pages' WHERE id = %(id)s", {"id": run.id})
     runs.retry(db, run.id, provider, FAST)
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     after = rollup.rollup(db, run.id)
     assert after.status == "succeeded"
     assert not [g for g in after.reasons if "injected failure" in g["reason"] or "failed task" in g["reason"]], after.reasons

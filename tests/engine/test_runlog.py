@@ -3,7 +3,7 @@ appended once per task - a task with 1,000 failed rows appends once, not 1,000 t
 from __future__ import annotations
 
 from engine_core import runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.runlog import RunLog
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
@@ -23,7 +23,7 @@ def test_a_task_with_1000_failed_rows_appends_to_the_log_once(db) -> None:
     run = runs.start_run(db, provider_for("example"), "acme", kinds=["companies"],
                          options={"page_size": 1010, "counts": {"companies": 1010}, "malformed": {"companies": bad}}, settings=FAST)
     task = task_rows(db, run.id)[0]
-    assert Worker(db, settings=FAST).execute(task["id"]) == "succeeded"
+    assert Worker(db, settings=FAST, providers=for_run).execute(task["id"]) == "succeeded"
     assert db.sql("SELECT count(*) AS n FROM log_writes")[0]["n"] == 1
     log = db.sql("SELECT log FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["log"]
     assert len(log) == 1 and log[0]["count"] == 1000 and len(log[0]["samples"]) == 5

@@ -13,7 +13,7 @@ import pytest
 
 from engine_core import db as dbmod
 from engine_core import planner, runs, statistics
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from tests.engine.support import FAST
 
 GROWN = "crm.companies"
@@ -146,7 +146,7 @@ def test_a_lanes_barrier_winner_claims_on_while_the_boundarys_analyze_runs_besid
     monkeypatch.setattr(statistics.Statistics, "at_boundary", held)
     task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s AND phase = 0", {"r": run.id})[0]["id"]
     done: list[str] = []
-    lane = threading.Thread(target=lambda: done.append(Worker(db, settings=FAST).execute(task)), daemon=True)
+    lane = threading.Thread(target=lambda: done.append(Worker(db, settings=FAST, providers=for_run).execute(task)), daemon=True)
     lane.start()
     lane.join(10)
     try:

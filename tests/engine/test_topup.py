@@ -8,7 +8,7 @@ import threading
 
 from engine_core import db as dbmod
 from engine_core import planner, runs
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from tests.engine.support import FAST, make_executions_table
 
 
@@ -83,7 +83,7 @@ def test_a_finished_tasks_successor_is_on_the_lane_even_if_its_worker_dies_after
     first = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s AND cursor_key = 'companies:0'",
                    {"r": run.id})[0]["id"]
     try:
-        Worker(db, settings=FAST).execute(first)
+        Worker(db, settings=FAST, providers=for_run).execute(first)
     except _DiedAfterFinish:
         pass
     successor = db.sql("SELECT status, enqueued_at FROM migration_tasks WHERE migration_id = %(r)s"
@@ -120,6 +120,6 @@ def test_a_task_that_does_not_close_its_phase_looks_at_its_run_once_after_it_set
 
     monkeypatch.setattr(Worker, "_after", after)
     task = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 1", {"r": run.id})[0]["id"]
-    assert Worker(db, settings=FAST).execute(task) == "succeeded"
+    assert Worker(db, settings=FAST, providers=for_run).execute(task) == "succeeded"
     assert checkouts == ["connection"], f"{len(checkouts)} round trips after a task that does not close its phase"
     assert _inflight(db, run.id)["pending"] == 2

@@ -20,7 +20,7 @@ from engine_core import db as dbmod
 from engine_core import ledger, rollup, runs
 from engine_core.context import TaskContext
 from engine_core.models import Stats, Task
-from engine_core.providers.base import provider_for
+from engine_core.providers.registry import provider_for, for_run
 from engine_core.runlog import RunLog
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST
@@ -218,11 +218,11 @@ def _someone_waits(database: dbmod.Database) -> bool:
 def test_a_run_with_a_new_version_updates_every_row_and_adds_up(db) -> None:
     counts = {"companies": 30, "contacts": 30, "deals": 20, "activities": 10, "notes": 10}
     first = _run(db, counts=counts, version="v1", page_size=25)
-    drain_threads(db, first.id, width=2, settings=FAST)
+    drain_threads(db, first.id, width=2, settings=FAST, providers=for_run)
     assert runs.get_run(db, first.id).status == "succeeded"
     before = {r["source_id"]: r["id"] for r in db.sql("SELECT id, kind || ':' || source_id AS source_id FROM example_items")}
     second = _run(db, counts=counts, version="v2", page_size=25)
-    drain_threads(db, second.id, width=2, settings=FAST)
+    drain_threads(db, second.id, width=2, settings=FAST, providers=for_run)
     assert runs.get_run(db, second.id).status == "succeeded"
     after = {r["source_id"]: r["id"] for r in db.sql("SELECT id, kind || ':' || source_id AS source_id FROM example_items")}
     assert after == before, "every row updated in place: same records, none added"
@@ -235,7 +235,7 @@ def test_a_run_with_a_new_version_updates_every_row_and_adds_up(db) -> None:
         assert (k.seen, k.updated, k.imported, k.already_here) == (n, n, 0, 0), kind
     # a third run of the same version: everything already here
     third = _run(db, counts=counts, version="v2", page_size=25)
-    drain_threads(db, third.id, width=2, settings=FAST)
+    drain_threads(db, third.id, width=2, settings=FAST, providers=for_run)
     report = rollup.rollup(db, third.id)
     assert report.complete and all(k.already_here == k.seen and k.updated == 0 for k in report.kinds)
     # deleted at the source, counted for the run that found it, outside the rows seen
@@ -248,7 +248,7 @@ def test_a_run_with_a_new_version_updates_every_row_and_adds_up(db) -> None:
 
 def test_the_rollup_names_updates_the_history_does_not_hold(db) -> None:
     run = _run(db, counts={"companies": 5}, version="v1")
-    drain_threads(db, run.id, width=1, settings=FAST)
+    drain_threads(db, run.id, width=1, settings=FAST, providers=for_run)
     db.sql("UPDATE migration_tasks SET stats = stats || '{\"updated\": 1, \"seen\": 6}'::jsonb"
            " WHERE id = (SELECT min(id) FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'companies')",
            {"r": run.id})
@@ -273,9 +273,9 @@ def test_a_placeholder_deleted_at_the_source_and_then_written_is_no_longer_delet
 def test_a_task_run_again_by_a_retry_counts_the_rows_it_updated_as_updated(db) -> None:
     counts = {"companies": 12, "contacts": 0, "deals": 0, "activities": 0, "notes": 0}
     first = _run(db, counts=counts, version="v1")
-    drain_threads(db, first.id, width=1, settings=FAST)
+    drain_threads(db, first.id, width=1, settings=FAST, providers=for_run)
     second = _run(db, counts=counts, version="v2")
-    drain_threads(db, second.id, width=1, settings=FAST)
+    drain_threads(db, second.id, width=1, settings=FAST, providers=for_run)
     assert rollup.rollup(db, second.id).problems == []
     # a retry re-arms a task that already ran, with fresh counts (`revisit`): the same page again
     task_row = db.sql("UPDATE migration_tasks SET status = 'running', locked_by = 'retry-test', locked_at = now(),"

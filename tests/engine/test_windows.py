@@ -9,7 +9,7 @@ import pytest
 from engine_core import runs
 from engine_core.context import TaskContext
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import provider_for, register
+from engine_core.providers.registry import provider_for, register, for_run
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
 
@@ -57,7 +57,7 @@ register("pages", PageProvider)
 def _one(db, options):
     run = runs.start_run(db, provider_for("pages"), "acme", options=options, settings=FAST)
     task = task_rows(db, run.id)[0]
-    return run, task, Worker(db, settings=FAST)
+    return run, task, Worker(db, settings=FAST, providers=for_run)
 
 
 def _written(db) -> list[int]:

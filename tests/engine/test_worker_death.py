@@ -35,7 +35,7 @@ from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
 from engine_core.models import TaskOutcome
 from engine_core.providers import example
-from engine_core.providers.base import provider_for, register
+from engine_core.providers.registry import provider_for, register, for_run
 from engine_core.providers.example import ExampleProvider
 from engine_core.worker import Worker, drain_threads
 from tests.engine.support import FAST, make_executions_table, task_rows
@@ -88,7 +88,7 @@ def _child_main(argv: list[str]) -> int:
     db = Database(url, min_size=int(pool), max_size=int(pool), name="child")
     print(f"pid {os.getpid()}", flush=True)
     try:
-        results = drain_threads(db, int(run_id), width=2, settings=CHILD_SETTINGS)
+        results = drain_threads(db, int(run_id), width=2, settings=CHILD_SETTINGS, providers=for_run)
     except BaseException as e:  # the lane death this test provokes
         print(f"lane died: {failure_reason(e)}", flush=True)
         return 3
@@ -162,7 +162,7 @@ def test_terminated_backends_kill_a_lane_and_its_sibling_releases_instead_of_can
     time.sleep(0.3)
     report = reaper.sweep(db, REAPER_SETTINGS, lambda r: p)
     assert report.rearmed == []
-    drain_threads(db, run.id, width=2, settings=FAST)  # another drainer (no holds in this process)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)  # another drainer (no holds in this process)
     done = runs.get_run(db, run.id)
     assert done.status == "succeeded", task_rows(db, run.id)
     assert {t["status"] for t in task_rows(db, run.id)} == {"succeeded"}
@@ -201,7 +201,7 @@ def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_
     report = reaper.sweep(db, REAPER_SETTINGS, lambda r: p)
     assert set(report.released) == {t["id"] for t in killed}
     example.WRITE_CALLS.clear()
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     assert runs.get_run(db, run.id).status == "succeeded"
     _reconciles(db, run.id, 2 * PAGE)
     for t in killed:  # what a killed task committed is not written again by the task that resumes it
@@ -226,7 +226,7 @@ def test_a_relaunch_releases_a_sigkilled_drainers_tasks_at_once(db, db_url, tmp_
         assert after[t["id"]]["status"] == "pending" and after[t["id"]]["locked_by"] is None, after[t["id"]]
         assert "process" in after[t["id"]]["error"] and "is gone" in after[t["id"]]["error"], after[t["id"]]["error"]
     db.sql("UPDATE migrations SET options = options - 'row_delay' WHERE id = %(r)s", {"r": run.id})
-    drain_threads(db, run.id, width=2, settings=FAST)
+    drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
     assert runs.get_run(db, run.id).status == "succeeded"
     _reconciles(db, run.id, 2 * PAGE)
 
@@ -253,7 +253,7 @@ def test_tasks_of_a_live_process_or_of_another_host_are_not_released_early(db) -
 def _held_worker(db, run_id: int, tmp_path: Path, monkeypatch) -> tuple[Worker, threading.Thread, dict]:
     monkeypatch.setitem(HOLD, "companies:0", "cancel")
     monkeypatch.setattr(sys.modules[__name__], "MARKERS", [tmp_path])
-    worker = Worker(db, settings=FAST)
+    worker = Worker(db, settings=FAST, providers=for_run)
     out: dict[str, Any] = {}
     t = threading.Thread(target=lambda: out.update(result=worker.drain(run_id)))
     t.start()
@@ -292,14 +292,14 @@ def test_a_cancelled_task_in_a_running_run_holds_the_barrier_until_the_reaper_re
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE id = %(i)s", {"i": first["id"]})
     db.sql("UPDATE migration_tasks SET status = 'cancelled', processed_offset = 7 WHERE id = %(i)s", {"i": second["id"]})
     assert reaper.advance(db, FAST, lambda r: p) == []
-    assert Worker(db, settings=FAST).drain(run.id).executed == {}
+    assert Worker(db, settings=FAST, providers=for_run).drain(run.id).executed == {}
     assert runs.get_run(db, run.id).current_phase == 0, "the barrier did not walk past the cancelled task"
 
     report = reaper.sweep(db, FAST, lambda r: p)
     assert report.rearmed == [second["id"]]
     again = task_rows(db, run.id, id=second["id"])[0]
     assert (again["status"], again["processed_offset"]) == ("pending", 7)
-    Worker(db, settings=FAST).drain(run.id)
+    Worker(db, settings=FAST, providers=for_run).drain(run.id)
     assert runs.get_run(db, run.id).status == "succeeded"
 
 

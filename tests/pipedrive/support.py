@@ -15,6 +15,7 @@ from engine_core.config import Settings
 from engine_core.models import Run
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider
 from engine_core.worker import Worker, drain_threads
+from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig
 from pipedrive_sandbox.server import SandboxServer
 
@@ -104,7 +105,7 @@ def start(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme", **kwargs:
 def migrate(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme", *, width: int = 4, **kwargs: Any) -> Run:
     """Start a run and drain it with `width` lane threads until nothing is left."""
     run = start(db, sb, tenant, **kwargs)
-    drain_threads(db, run.id, width=width, settings=FAST)
+    drain_threads(db, run.id, width=width, settings=FAST, providers=for_run)
     return runs.get_run(db, run.id)
 
 
@@ -163,7 +164,7 @@ def email_worker_that_pauses(url: str, run_id: int, big_deal: int, pause_after_w
 
     emails.EmailTask.write_window = write_window  # type: ignore[method-assign]
     database = dbmod.Database(url, max_size=4)
-    Worker(database, settings=FAST).drain(run_id)
+    Worker(database, settings=FAST, providers=for_run).drain(run_id)
 
 
 def seed_deals_as_imported(db: dbmod.Database, tenant: str, truth: dict[str, Any]) -> None:

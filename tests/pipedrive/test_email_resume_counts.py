@@ -15,6 +15,7 @@ from engine_core.db import Database
 from engine_core.providers.pipedrive import emails
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
+from engine_core.providers.registry import for_run
 from tests.pipedrive.support import FAST, failed_tasks, ledger, sandbox, start
 
 MAX_STOPS = 8
@@ -69,7 +70,7 @@ def test_stops_after_windows_and_resumes_count_exactly_what_an_uninterrupted_run
         here, earlier = seeded["straight"]
 
         straight = start(db, sb, "straight", kinds=["emails"])
-        drain_threads(db, straight.id, width=1, settings=FAST)
+        drain_threads(db, straight.id, width=1, settings=FAST, providers=for_run)
         assert runs.get_run(db, straight.id).status == "succeeded", failed_tasks(db, straight.id)
         fetched_straight = Counter(sb.stats()["bodies_fetched"])
         sb.reset_stats()
@@ -89,7 +90,7 @@ def test_stops_after_windows_and_resumes_count_exactly_what_an_uninterrupted_run
 
         monkeypatch.setattr(emails.EmailTask, "write_window", write_window_then_stop)
         for _ in range(MAX_STOPS + 1):
-            drain_threads(db, stopped.id, width=1, settings=FAST)
+            drain_threads(db, stopped.id, width=1, settings=FAST, providers=for_run)
             status = runs.get_run(db, stopped.id).status
             if status == "succeeded":
                 break

@@ -17,6 +17,7 @@ from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.plan import PHASES
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
+from engine_core.providers.registry import for_run
 from tests.pipedrive.support import (
     FAST,
     actions,
@@ -177,7 +178,7 @@ def test_a_worker_killed_mid_deal_resumes_without_fetching_any_body_twice(db, db
 
         assert reaper.release_stale(db, 3600) == []
         assert reaper.release_stale(db, 0) == [task["id"]]
-        drain_threads(db, run.id, width=4, settings=FAST)
+        drain_threads(db, run.id, width=4, settings=FAST, providers=for_run)
         stats = sb.stats()
     assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
     every = {str(m) for ms in truth["deals_with_mail"].values() for m in ms}
@@ -333,7 +334,7 @@ def test_a_stop_mid_phase_keeps_what_was_fetched_and_resume_fetches_nothing_agai
         assert sum(int(t["stats"].get("imported", 0)) for t in cancelled) > 0, "a stopped task keeps what it wrote"
 
         runs.resume(db, run.id, PipedriveProvider(base_url=sb.base_url), settings=FAST)
-        drain_threads(db, run.id, width=2, settings=FAST)
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
         stats = sb.stats()
     assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
     every = {str(m) for ms in truth["deals_with_mail"].values() for m in ms}

@@ -15,6 +15,7 @@ from engine_core import runs
 from engine_core.providers.pipedrive import inventory
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.worker import Worker
+from engine_core.providers.registry import for_run
 from pipedrive_sandbox.data import rfc3339
 from tests.pipedrive.support import FAST, TOKEN, failed_tasks, sandbox, start
 
@@ -53,7 +54,7 @@ def tasks(db, run_id: int, like: str, status: str = "pending") -> list[dict[str,
 
 def execute(db, run_id: int, like: str) -> int:
     """Run the run's pending tasks whose key matches, and their matching successors, in order."""
-    worker, n = Worker(db, settings=FAST), 0
+    worker, n = Worker(db, settings=FAST, providers=for_run), 0
     while True:
         ids = [t["id"] for t in tasks(db, run_id, like)]
         if not ids:
@@ -64,7 +65,7 @@ def execute(db, run_id: int, like: str) -> int:
 
 
 def finish(db, run_id: int) -> Any:
-    Worker(db, settings=FAST).drain(run_id)
+    Worker(db, settings=FAST, providers=for_run).drain(run_id)
     run = runs.get_run(db, run_id)
     assert run.status == "succeeded", failed_tasks(db, run_id)
     return run
@@ -99,7 +100,7 @@ def test_a_row_updated_into_a_span_already_walked_is_not_lost(db) -> None:
     walked: only the catch-up can bring it."""
     with sandbox() as sb:
         run = start(db, sb, TENANT, kinds=["organizations", "persons"])
-        Worker(db, settings=FAST).drain(run.id, until_phase_closed=0)
+        Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=0)
         execute(db, run.id, "persons:discover")
         spans = {t["cursor_key"]: t["cursor"] for t in tasks(db, run.id, "persons:s%")}
         assert len(spans) >= 2 and spans["persons:s0:p0"]["until"], spans
@@ -119,7 +120,7 @@ def test_a_note_deleted_between_two_offset_pages_makes_no_other_note_vanish(db) 
     with sandbox(page_cap=15) as sb:
         run = start(db, sb, TENANT, kinds=["organizations", "persons", "deals", "deals_archived", "leads",
                                            "leads_archived", "notes"])
-        Worker(db, settings=FAST).drain(run.id, until_phase_closed=2)  # the notes' parents first
+        Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=2)  # the notes' parents first
         notes = sorted(int(i) for i in sb.truth("notes")["ids"]["notes"])
         assert len(notes) > 30
         execute(db, run.id, "notes:0")
@@ -153,7 +154,7 @@ def test_a_deal_archived_between_the_two_deal_lists_is_not_lost(db) -> None:
     deals are walked: it is on neither walk. The catch-up writes it, archived."""
     with sandbox() as sb:
         run = start(db, sb, TENANT, kinds=["organizations", "persons", "deals", "deals_archived"])
-        Worker(db, settings=FAST).drain(run.id, until_phase_closed=1)
+        Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=1)
         execute(db, run.id, "deals_archived:%")
         deal = min(int(i) for i in sb.truth("deals")["ids"]["deals"])
         change(sb, "archive", "deals", deal)
@@ -168,7 +169,7 @@ def test_a_row_deleted_at_the_source_is_marked_by_the_catch_up(db) -> None:
     deleted at the source (never erased)."""
     with sandbox() as sb:
         run = start(db, sb, TENANT, kinds=["organizations", "persons"])
-        Worker(db, settings=FAST).drain(run.id, until_phase_closed=1)
+        Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=1)
         victim = min(int(i) for i in sb.truth("persons")["ids"]["persons"])
         assert entry(db, "persons", victim)["deleted_at_source"] is None
         change(sb, "delete", "persons", victim)
@@ -185,7 +186,7 @@ def test_a_merged_person_resolves_to_the_survivor(db) -> None:
     with sandbox() as sb:
         kinds = ["organizations", "persons", "deals", "activities", "notes"]
         run = start(db, sb, TENANT, kinds=kinds)
-        Worker(db, settings=FAST).drain(run.id, until_phase_closed=len(run.plan) - 2)
+        Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=len(run.plan) - 2)
         deals = sb.truth_rows("deals")
         parent = next(d["person_id"] for d in deals.values() if d.get("person_id") and not d["person_id"] % 21 == 0
                       and entry(db, "persons", d["person_id"]) is not None)

@@ -15,6 +15,7 @@ from engine_core import rollup, runs
 from engine_core.models import Run
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import Worker
+from engine_core.providers.registry import for_run
 from migration_pipeline import cli
 from migration_pipeline.assets import checks, metadata
 from migration_pipeline.assets.phases import phase_specs
@@ -26,7 +27,7 @@ STEPS = 3  # live changes between two tasks: ~200 over a tiny run
 
 def _drain_while_changing(db, sb, run_id: int, steps: int = STEPS, until_phase_closed: int | None = None) -> Run:
     """One worker runs the run's tasks one at a time; the account changes between every two."""
-    worker = Worker(db, settings=FAST)
+    worker = Worker(db, settings=FAST, providers=for_run)
     while worker.drain(run_id, max_tasks=1, until_phase_closed=until_phase_closed).reason == "max_tasks":
         sb.live_step(steps)
     return runs.get_run(db, run_id)

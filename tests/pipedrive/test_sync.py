@@ -14,6 +14,7 @@ from engine_core.errors import NothingToSync
 from engine_core.verify import verify
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
+from engine_core.providers.registry import for_run
 from tests.pipedrive.support import FAST, TOKEN, UNLIMITED, failed_tasks, sandbox, start
 
 TENANT = "acme"
@@ -59,7 +60,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED}
         run = start(db, sb, TENANT)
         sb.configure(live_rate=25.0, live_max=120)  # a steady stream of changes while the run walks
-        drain_threads(db, run.id, width=4, settings=FAST)
+        drain_threads(db, run.id, width=4, settings=FAST, providers=for_run)
         run = runs.get_run(db, run.id)
         assert run.status == "succeeded", failed_tasks(db, run.id)
         full = _cost(sb)
@@ -69,7 +70,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         sb.reset_stats()
         sync = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT, options=opts, settings=FAST)
         assert sync.mode == "sync" and sync.since == run.snapshot_at
-        drain_threads(db, sync.id, width=4, settings=FAST)
+        drain_threads(db, sync.id, width=4, settings=FAST, providers=for_run)
         sync = runs.get_run(db, sync.id)
         assert sync.status == "succeeded", failed_tasks(db, sync.id)
         cost = _cost(sb)
@@ -131,7 +132,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         quick = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT,
                                 options={**opts, "detect_deletes": False}, settings=FAST)
         assert quick.since == sync.snapshot_at
-        drain_threads(db, quick.id, width=4, settings=FAST)
+        drain_threads(db, quick.id, width=4, settings=FAST, providers=for_run)
         assert runs.get_run(db, quick.id).status == "succeeded", failed_tasks(db, quick.id)
         changed = _cost(sb)
         requests = sb.stats()["requests"]
@@ -158,7 +159,7 @@ def test_matched_rows_whose_source_changed_are_kept_named_by_verify_and_not_retr
             db.sql("INSERT INTO crm.contacts (tenant_id, name, email) VALUES (%(t)s, 'Our Own Contact', %(e)s)",
                    {"t": TENANT, "e": email})
         run = start(db, sb, TENANT)
-        drain_threads(db, run.id, width=2, settings=FAST)
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
         assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
         matched = {sid for sid, e in _ledger(db, "persons").items() if e["action"] == "matched"}
         assert matched
@@ -170,7 +171,7 @@ def test_matched_rows_whose_source_changed_are_kept_named_by_verify_and_not_retr
 
         for written in (len(updated - matched), 0):  # every sync: the kept rows cost no write attempt
             sync = runs.start_sync(db, provider, TENANT, options=opts, settings=FAST)
-            drain_threads(db, sync.id, width=2, settings=FAST)
+            drain_threads(db, sync.id, width=2, settings=FAST, providers=for_run)
             assert runs.get_run(db, sync.id).status == "succeeded", failed_tasks(db, sync.id)
             stats = db.sql("SELECT COALESCE(sum((stats->>'matched_kept')::int), 0) AS kept,"
                            " COALESCE(sum((stats->>'seen@persons')::int), 0) AS seen"
@@ -185,7 +186,7 @@ def test_matched_rows_whose_source_changed_are_kept_named_by_verify_and_not_retr
                                             "overwrite_matched") for line in proof.lines())
 
         over = runs.start_sync(db, provider, TENANT, options={**opts, "overwrite_matched": True}, settings=FAST)
-        drain_threads(db, over.id, width=2, settings=FAST)
+        drain_threads(db, over.id, width=2, settings=FAST, providers=for_run)
         assert runs.get_run(db, over.id).status == "succeeded", failed_tasks(db, over.id)
         proof = verify(db, provider, TENANT, FAST, kinds=["persons"])
         assert proof.passed and proof.kinds[0].kept == [] and proof.kinds[0].stale == [], proof.kinds[0].as_dict()
@@ -203,7 +204,7 @@ def test_a_sync_of_changes_only_retakes_skipped_rows_whose_parent_is_here_now(db
     sync still adds up."""
     with sandbox(scale="tiny") as sb:
         run = start(db, sb, TENANT)
-        drain_threads(db, run.id, width=2, settings=FAST)
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
         assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
         deal_of = {sid: row.get("deal_id") for sid, row in sb.truth_rows("notes").items()}
         deals = {s for s, e in _ledger(db, "deals").items() if e["action"] == "created"}
@@ -217,7 +218,7 @@ def test_a_sync_of_changes_only_retakes_skipped_rows_whose_parent_is_here_now(db
         sync = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT,
                                options={"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": False},
                                settings=FAST)
-        drain_threads(db, sync.id, width=2, settings=FAST)
+        drain_threads(db, sync.id, width=2, settings=FAST, providers=for_run)
         assert runs.get_run(db, sync.id).status == "succeeded", failed_tasks(db, sync.id)
     entry = _ledger(db, "notes")[sid]
     assert entry["action"] == "created", entry

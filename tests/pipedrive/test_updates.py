@@ -27,6 +27,7 @@ from engine_core.models import Run, Task
 from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.runlog import RunLog
+from engine_core.providers.registry import for_run
 from tests.pipedrive.support import FAST, TABLE, TOKEN, failed_tasks, migrate, sandbox
 
 TENANT = "acme"
@@ -368,7 +369,7 @@ def test_a_sync_after_live_changes_leaves_one_product_row_per_source_row_at_its_
                for k in LIVE_KINDS}
         sync = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT,
                                options={"base_url": sb.base_url, "burst_limit": UNLIMITED}, settings=FAST)
-        drain_threads(db, sync.id, width=4, settings=FAST)
+        drain_threads(db, sync.id, width=4, settings=FAST, providers=for_run)
         sync = runs.get_run(db, sync.id)
     assert sync.status == "succeeded", failed_tasks(db, sync.id)
     _no_duplicates(db)

@@ -69,7 +69,6 @@ from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.base import register
 from engine_core.providers.pipedrive import emails, inventory, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
@@ -296,6 +295,7 @@ def snapshot_bound(run: Run) -> str | None:
 
 class PipedriveProvider:
     source = SOURCE
+    ledger_kind = staticmethod(mapping.ledger_kind)  # archived deals/leads share their kind's identities
     catchup_kind = CATCHUP
 
     def __init__(
@@ -715,4 +715,3 @@ def _time(row: Any) -> datetime | None:
         return None
 
 
-register(SOURCE, PipedriveProvider)

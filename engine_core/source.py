@@ -1,4 +1,8 @@
-"""What a source provider gives the engine: its phases, its seed cursors, and a task runner."""
+"""What a source gives the engine: the Provider protocol and the helpers that read its optional parts.
+
+The generic engine (runs, worker, reaper, planner, verify, ...) knows a source only through this
+module; which providers exist is the composition root's business (`engine_core.providers.registry`).
+"""
 from __future__ import annotations
 
 import inspect
@@ -37,12 +41,12 @@ class Provider(Protocol):
     # Optional: `depends_on(kind) -> Iterable[str]`, the kinds a kind's rows must link to. Without
     # it a retry revisits every later kind that skipped rows (see `dependents`).
 
-    # Optional (issue 9): `catchup_kind: str`, the kind of the provider's catch-up phase (the last
+    # Optional: `catchup_kind: str`, the kind of the provider's catch-up phase (the last
     # group of `phases()`): it is no data kind of its own - its tasks bring what changed at the
     # source since the run's snapshot (rows created, changed, deleted) under the other kinds' ledger
     # identities. A run limited to some kinds keeps it (`runs.start_run`); verify skips it.
 
-    # Optional (issue 9): `source_time() -> datetime | None`, the source's clock now (aware, UTC),
+    # Optional: `source_time() -> datetime | None`, the source's clock now (aware, UTC),
     # for the run's snapshot moment; None or absent: the database's clock stands in.
 
     # Optional: `check_options(options: Mapping[str, Any]) -> None`, raising ConfigError (one line
@@ -94,7 +98,7 @@ def source_ids(provider: object, settings: Any, kind: str, options: Mapping[str,
 
 
 def catchup_kind(provider: object) -> str | None:
-    """The provider's catch-up kind (issue 9), or None when it has no catch-up phase."""
+    """The provider's catch-up kind, or None when it has no catch-up phase."""
     kind = getattr(provider, "catchup_kind", None)
     return kind if isinstance(kind, str) and kind else None
 
@@ -133,34 +137,7 @@ def dependents(provider: object, kinds: Iterable[str], plan_kinds: Iterable[str]
 
 
 ProviderFactory = Callable[[Run | None], Provider]
-_REGISTRY: dict[str, ProviderFactory] = {}
+"""Builds a run's provider (None: the source's provider with no run, for phases and listings)."""
 
-
-def register(source: str, factory: ProviderFactory) -> None:
-    _REGISTRY[source] = factory
-
-
-def provider_for(source: str, run: Run | None = None) -> Provider:
-    if source not in _REGISTRY:
-        _load_builtin(source)
-    try:
-        factory = _REGISTRY[source]
-    except KeyError:
-        raise ConfigError(f"unknown source {source!r}; known: {sorted(set(_REGISTRY) | set(BUILTIN))}") from None
-    return factory(run)
-
-
-# The providers this project ships, loaded on first use (`_load_builtin`): named in the error for
-# an unknown source even before any was loaded (a fresh user saw "known: []").
-BUILTIN = ("example", "pipedrive")
-
-
-def _load_builtin(source: str) -> None:
-    # Built-in providers register themselves on import.
-    if source == "example":
-        import engine_core.providers.example  # noqa: F401
-    elif source == "pipedrive":
-        try:
-            import engine_core.providers.pipedrive.provider  # noqa: F401
-        except ImportError:
-            pass
+ProviderResolver = Callable[[Run], Provider]
+"""A run's provider: what the worker and the reaper take, so that neither chooses one itself."""
