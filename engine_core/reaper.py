@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine_core.config import Settings
@@ -16,7 +15,7 @@ from engine_core.db import Database
 from engine_core.fairness import run_demands
 from engine_core.models import Run
 from engine_core.planner import advance_phase, top_up
-from engine_core.source import Provider, ProviderResolver
+from engine_core.source import ProviderResolver
 
 log = logging.getLogger(__name__)
 
