@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .data import T0, Dataset, v1_time, rfc3339
+from .clock import T0, rfc3339, v1_time
+from .data import Dataset
 
 # (field_code, field_name, field_type, description)
 STANDARD_V2: dict[str, tuple[tuple[str, str, str, str], ...]] = {

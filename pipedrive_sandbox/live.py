@@ -43,22 +43,11 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from .config import LIVE_OPS, SandboxConfig, parse_live_mix
-from .data import (
-    CURRENCIES,
-    FIRST_NAMES,
-    LAST_NAMES,
-    ORG_SUFFIX,
-    ORG_WORDS_A,
-    ORG_WORDS_B,
-    PRODUCTS,
-    REF_FIELDS,
-    Dataset,
-    day,
-    id_to_index,
-    iso_ms,
-    mix,
-    rfc3339,
-)
+from .clock import day, iso_ms, rfc3339
+from .data import Dataset
+from .hashing import mix
+from .kinds import REF_FIELDS, id_to_index
+from .vocab import CURRENCIES, FIRST_NAMES, LAST_NAMES, ORG_SUFFIX, ORG_WORDS_A, ORG_WORDS_B, PRODUCTS
 from .shapes import HOSTILE_VARIANTS, Shapes, _time_text
 
 LIVE_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "leads", "activities", "notes")

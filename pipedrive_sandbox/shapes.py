@@ -27,7 +27,10 @@ import random
 from typing import Any, Sequence
 
 from .config import SandboxConfig
-from .data import KIND_CODE, Dataset, index_to_id, iso_ms, mix, rfc3339, v1_time
+from .clock import iso_ms, rfc3339, v1_time
+from .data import Dataset
+from .hashing import mix
+from .kinds import KIND_CODE, index_to_id
 
 NULL_TIME_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "activities", "notes", "leads")
 FLIP_KINDS: tuple[str, ...] = ("deals", "leads")

@@ -513,12 +513,12 @@ def test_the_lazy_live_order_equals_the_materialised_one() -> None:
                 for desc in (False, True):
                     for since in cuts:
                         for until in (None, times[len(times) // 2], generated):
-                            want = app._shaped_order(kind, subset, since, until, sort_by, desc)
-                            got = list(app._live_order(kind, subset, since, until, sort_by, desc, None))
+                            want = app.handlers["v2"]._shaped_order(kind, subset, since, until, sort_by, desc)
+                            got = list(app.handlers["v2"]._live_order(kind, subset, since, until, sort_by, desc, None))
                             assert got == [i for _, i in want], (kind, subset, sort_by, desc, since, until)
                             for k in range(0, len(want), max(1, len(want) // 5)):  # resume after a cursor row
                                 after = want[k][0]
-                                rest = list(app._live_order(kind, subset, since, until, sort_by, desc, after))
+                                rest = list(app.handlers["v2"]._live_order(kind, subset, since, until, sort_by, desc, after))
                                 assert rest == [i for _, i in want[k + 1:]], (kind, subset, sort_by, desc, since, until, k)
                                 checked += 1
     # Cursor rows that are gone since: keys of deleted rows still bound the walk.
@@ -527,8 +527,8 @@ def test_the_lazy_live_order_equals_the_materialised_one() -> None:
             gone = app.state.live.cursor_index("persons", ch["id"])
             for sort_by in ("id", "update_time"):
                 key = (gone,) if sort_by == "id" else (False, app.state.live.update_ts("persons", gone), gone)
-                want = [i for k, i in app._shaped_order("persons", "all", None, None, sort_by, False) if k > key]
-                assert list(app._live_order("persons", "all", None, None, sort_by, False, key)) == want
+                want = [i for k, i in app.handlers["v2"]._shaped_order("persons", "all", None, None, sort_by, False) if k > key]
+                assert list(app.handlers["v2"]._live_order("persons", "all", None, None, sort_by, False, key)) == want
     assert checked > 500
 
 
