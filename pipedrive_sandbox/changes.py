@@ -1,0 +1,408 @@
+"""The changes a live account applies, one op at a time, each drawn from (seed, seq).
+
+Ops (kinds; what a consumer sees):
+* create (organizations, persons, deals, leads, activities, notes): a row at the next index of its
+  kind - an id above all (gapped kinds skip the purged multiples of 21), a new uuid for leads -
+  built by the generator; add_time = update_time = the change's time; references to purged,
+  deleted or merged parents are re-pointed to the survivor or set to null.
+* update (same kinds): visible fields change (organizations name; persons name, first_name,
+  last_name; deals value, stage_id, stage_change_time, sometimes title; leads title, value;
+  activities subject, note; notes content) and update_time moves.
+* delete (same kinds; deals only those without mail): gone from every list, 404 on GET; children
+  keep the reference (listed in truth `deleted_refs`).
+* archive / unarchive (deals, leads): moves between the active and the archived lists;
+  `is_archived` (deals also `archive_time`) and update_time change.
+* merge (persons, organizations): the merged id answers 404 and leaves the lists; every row that
+  referenced it (persons' org_id, deals, leads, activities incl. participants, notes incl. their
+  embedded name) is re-pointed to the survivor with its update_time moved; the survivor's
+  update_time moves.
+* mail (deals): a new message (id above all, above the hostile_mail ids) listed under the deal's
+  mailMessages with a fetchable body; the deal's update_time moves, its email_messages_count grows.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+from .clock import day, iso_ms, rfc3339
+from .config import parse_live_mix
+from .hashing import mix
+from .kinds import REF_FIELDS
+from .shapes import _time_text
+from .vocab import CURRENCIES, FIRST_NAMES, LAST_NAMES, ORG_SUFFIX, ORG_WORDS_A, ORG_WORDS_B, PRODUCTS
+
+LIVE_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "leads", "activities", "notes")
+
+# (kind, weight) per op: which kinds an op touches and how often.
+OP_KINDS: dict[str, tuple[tuple[str, float], ...]] = {
+    "create": (("persons", 3), ("organizations", 1), ("deals", 2), ("leads", 1), ("activities", 3), ("notes", 3)),
+    "update": (("persons", 3), ("organizations", 1), ("deals", 3), ("leads", 1), ("activities", 2), ("notes", 2)),
+    "delete": (("persons", 2), ("organizations", 1), ("deals", 1), ("leads", 1), ("activities", 2), ("notes", 2)),
+    "archive": (("deals", 2), ("leads", 1)),
+    "unarchive": (("deals", 2), ("leads", 1)),
+    "merge": (("persons", 2), ("organizations", 1)),
+    "mail": (("deals", 1),),
+}
+TIMED_FIELDS = ("add_time", "update_time")
+S_LIVE = 60  # hash stream of the live changes, independent of the data's and the shapes' streams
+
+
+def _weighted(rng: random.Random, pairs: Sequence[tuple[str, float]]) -> str:
+    total = sum(w for _, w in pairs)
+    x = rng.random() * total
+    for name, w in pairs:
+        if w <= 0:
+            continue
+        x -= w
+        if x < 0:
+            return name
+    return next(name for name, w in reversed(pairs) if w > 0)
+
+
+class Changes:
+    """The change ops of `Live` (mixed into it): each reads and writes the overlay `Live` keeps."""
+
+    def _tick(self) -> int:
+        flips = [t for f in self.shapes.flipped.values() for t in f.values()]
+        last = max([self.last_ts, *flips])
+        ts = max(int(time.time()), last + 1)
+        self.last_ts = ts
+        return ts
+
+    def _apply_one(self) -> dict[str, Any]:
+        seq = self.applied + 1
+        rng = random.Random(mix(self.ds.seed, S_LIVE, seq))
+        weights = parse_live_mix(self._config().live_mix)
+        ts = self._tick()
+        change: dict[str, Any] | None = None
+        for _ in range(12):
+            op = _weighted(rng, weights)
+            kind = _weighted(rng, OP_KINDS[op])
+            change = getattr(self, f"_op_{op}")(kind, rng, ts, seq)
+            if change is not None:
+                break
+        if change is None:  # nothing else possible (e.g. every row deleted): a create always is
+            change = self._op_create("persons", rng, ts, seq)
+        assert change is not None
+        self.applied = seq
+        self.version += 1
+        out = {"seq": seq, "at": rfc3339(ts), **change}
+        self.log.append(out)
+        return dict(out)
+
+    def _pick(self, kind: str, rng: random.Random, ok: Callable[[int], bool] | None = None) -> int | None:
+        """A row of `kind` that exists now and passes ok(index), drawn deterministically."""
+        n = self.size(kind)
+        if n == 0:
+            return None
+        gone = self.gone[kind]
+        for _ in range(64):
+            i = rng.randrange(n)
+            if i not in gone and (ok is None or ok(i)):
+                return i
+        candidates = [i for i in range(n) if i not in gone and (ok is None or ok(i))]
+        return rng.choice(candidates) if candidates else None
+
+    def _set(self, kind: str, index: int, ts: int | None = None, **values: Any) -> None:
+        if values:
+            self.fields[kind].setdefault(index, {}).update(values)
+        if ts is not None:
+            self.ts[kind][index] = ts
+
+    def _resolve(self, parent: str, value: Any) -> Any:
+        """A reference as a created row may hold it: the parent's id when it exists now, the
+        survivor's when it was merged, else None (purged or deleted)."""
+        if value is None:
+            return None
+        i = self.cursor_index(parent, value) if parent in LIVE_KINDS else None
+        if i is None or (parent not in LIVE_KINDS):
+            return None
+        merged = self.merged.get(parent, {})
+        if i in merged:
+            return self.ident(parent, merged[i])
+        return None if i in self.gone[parent] else value
+
+    # -- reverse references (built on first need, kept current after that)
+    def _ref_index(self) -> dict[tuple[str, Any], set[tuple[str, int, str]]]:
+        """{(parent kind, parent id): {(child kind, child index, field)}} of the references now.
+        Built once (call under the lock): the generated part (one `Dataset.refs` per row: ~1 s per
+        40,000 rows, so seconds on seed-customer) - by the prebuild thread when the background
+        started one - then the rows live changes touched."""
+        if self._refs is None:
+            thread = self._prebuild_thread
+            if thread is not None:
+                thread.join()
+            refs = self._prebuilt if self._prebuilt is not None else self._generated_refs()
+            self._prebuilt = None
+            size = self.ds.count
+            for child, pairs in REF_FIELDS.items():
+                kind_of = dict(pairs)
+                for ci in self.touched(child):
+                    if ci < size(child):
+                        for field, value in self.ds.refs(child, ci).items():
+                            if value is not None:
+                                refs.get((kind_of[field], value), set()).discard((child, ci, field))
+                    for field, value in self._refs_now(child, ci).items():
+                        if value is not None:
+                            refs.setdefault((kind_of[field], value), set()).add((child, ci, field))
+            self._refs = refs
+        return self._refs
+
+    def _generated_refs(self) -> dict[tuple[str, Any], set[tuple[str, int, str]]]:
+        """The reverse references of the generated rows (reads only the pure Dataset: no lock)."""
+        refs: dict[tuple[str, Any], set[tuple[str, int, str]]] = {}
+        for child, pairs in REF_FIELDS.items():
+            kind_of = dict(pairs)
+            for ci in range(self.ds.count(child)):
+                for field, value in self.ds.refs(child, ci).items():
+                    if value is not None:
+                        refs.setdefault((kind_of[field], value), set()).add((child, ci, field))
+        return refs
+
+    def _prebuild(self) -> None:
+        self._prebuilt = self._generated_refs()
+
+    def prebuild_refs(self) -> None:
+        """Start building the generated part of the reference index in a thread (idempotent), so
+        the first merge of a background run does not stall the server on a large scale."""
+        if self._refs is None and self._prebuild_thread is None:
+            self._prebuild_thread = threading.Thread(target=self._prebuild, name="pipedrive-sandbox-live-refs", daemon=True)
+            self._prebuild_thread.start()
+
+    def _refs_now(self, kind: str, index: int) -> dict[str, Any]:
+        """The row's reference fields now (cheap: no row is built); {} for kinds without any."""
+        if kind not in REF_FIELDS:
+            return {}
+        refs = self.ds.refs(kind, index)
+        own = self.fields[kind].get(index)
+        return {f: own.get(f, v) for f, v in refs.items()} if own else refs
+
+    def _plain(self, kind: str, index: int) -> dict[str, Any]:
+        """The row's current values without malformation or shapes (references, names)."""
+        rec = self.ds.record(kind, index, 0.0)
+        own = self.fields[kind].get(index)
+        return {**rec, **own} if own else rec
+
+    def _note_embeds(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """The names a note embeds for its deal, organization and person, from its references now."""
+        out: dict[str, Any] = {}
+        for field, parent, key, name in (("deal_id", "deals", "deal", "title"), ("org_id", "organizations", "organization", "name"), ("person_id", "persons", "person", "name")):
+            i = self.index_of(parent, rec.get(field)) if rec.get(field) is not None else None
+            out[key] = {name: self._plain(parent, i).get(name)} if i is not None else None
+        return out
+
+    # -- ops; each returns the change's fields (op, kind, id, ...) or None when it cannot apply
+    def _op_create(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        index = self.size(kind)
+        rec = self.ds.record(kind, index, 0.0)
+        text = _time_text(kind, ts)
+        values: dict[str, Any] = {"add_time": text}
+        for field, parent in REF_FIELDS.get(kind, ()):
+            resolved = self._resolve(parent, rec.get(field))
+            if resolved != rec.get(field):
+                values[field] = resolved
+        if kind == "deals":
+            values.update(
+                status="open", close_time=None, won_time=None, lost_time=None, lost_reason=None,
+                stage_change_time=rfc3339(ts), is_archived=False, archive_time=None,
+            )
+        elif kind == "activities":
+            person = values.get("person_id", rec.get("person_id"))
+            values.update(
+                due_date=day(ts + 7 * 86400), done=False, marked_as_done_time=None,
+                participants=[{"person_id": person, "primary": True}] if person is not None else [],
+            )
+        elif kind == "leads":
+            values.update(is_archived=False)
+            self.lead_ids[rec["id"]] = index
+        self.extra[kind] += 1
+        self._set(kind, index, ts, **values)
+        if kind == "notes":
+            self._set(kind, index, None, **self._note_embeds(self._plain(kind, index)))
+        if self._refs is not None:
+            now = self._refs_now(kind, index)
+            for field, parent in REF_FIELDS.get(kind, ()):
+                if now.get(field) is not None:
+                    self._refs.setdefault((parent, now[field]), set()).add((kind, index, field))
+        return {"op": "create", "kind": kind, "id": self.ident(kind, index)}
+
+    def _op_update(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        i = self._pick(kind, rng)
+        if i is None:
+            return None
+        now = self._plain(kind, i)
+        values: dict[str, Any] = {}
+        if kind == "organizations":
+            suffix = rng.choice(ORG_SUFFIX)
+            values["name"] = f"{rng.choice(ORG_WORDS_A)} {rng.choice(ORG_WORDS_B)} {suffix}".strip() + f" ({seq})"
+        elif kind == "persons":
+            first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
+            values.update(name=f"{first} {last}", first_name=first, last_name=last)
+        elif kind == "deals":
+            value = float(rng.randrange(1, 400) * 250)
+            if value == now.get("value"):
+                value += 250.0
+            per = self.ds.spec.stages_per_pipeline
+            pipeline = int(now.get("pipeline_id") or 1) - 1
+            stage = pipeline * per + rng.randrange(per) + 1
+            values.update(value=value, stage_id=stage, stage_change_time=rfc3339(ts))
+            if rng.random() < 0.35:
+                base = str(now.get("title") or "").rsplit(" - ", 1)[0]
+                values["title"] = f"{base} - {rng.choice(PRODUCTS)} ({seq})"
+        elif kind == "leads":
+            values["title"] = f"{rng.choice(ORG_WORDS_A)} {rng.choice(PRODUCTS).lower()} lead ({seq})"
+            old = now.get("value")
+            currency = old.get("currency") if isinstance(old, dict) else rng.choice(CURRENCIES)
+            values["value"] = {"amount": float(rng.randrange(1, 100) * 100 + seq % 100), "currency": currency}
+        elif kind == "activities":
+            atype = str(now.get("type") or "task")
+            values.update(
+                subject=f"{atype.capitalize()}: {rng.choice(PRODUCTS)} ({seq})",
+                note=f"<p>{rng.choice(('Moved', 'Rescheduled', 'Agenda changed', 'Prepared'))} (change {seq})</p>",
+            )
+        elif kind == "notes":
+            values["content"] = (
+                f"<p>{rng.choice(('Called again', 'Emailed', 'Met', 'Reviewed'))} about {rng.choice(PRODUCTS).lower()};"
+                f" next step: {rng.choice(('quote', 'demo', 'contract', 'wait'))} (change {seq}).</p>"
+            )
+        self._set(kind, i, ts, **values)
+        return {"op": "update", "kind": kind, "id": self.ident(kind, i), "fields": sorted(values)}
+
+    def _op_delete(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        ok = (lambda d: not self.deal_message_ids(d)) if kind == "deals" else None  # mail stays on its deal
+        i = self._pick(kind, rng, ok)
+        if i is None:
+            return None
+        self.gone[kind].add(i)
+        self.deleted[kind].append(i)
+        return {"op": "delete", "kind": kind, "id": self.ident(kind, i)}
+
+    def _op_archive(self, kind: str, rng: random.Random, ts: int, seq: int, archive: bool = True) -> dict[str, Any] | None:
+        i = self._pick(kind, rng, lambda j: self.is_archived(kind, j) != archive)
+        if i is None:
+            return None
+        self.archived[kind][i] = archive
+        values: dict[str, Any] = {"is_archived": archive}
+        if kind == "deals":
+            values["archive_time"] = rfc3339(ts) if archive else None
+        self._set(kind, i, ts, **values)
+        return {"op": "archive" if archive else "unarchive", "kind": kind, "id": self.ident(kind, i)}
+
+    def _op_unarchive(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        return self._op_archive(kind, rng, ts, seq, archive=False)
+
+    def _op_merge(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        old = self._pick(kind, rng)
+        if old is None:
+            return None
+        survivor = self._pick(kind, rng, lambda j: j != old)
+        if survivor is None:
+            return None
+        old_id, new_id = self.ident(kind, old), self.ident(kind, survivor)
+        refs = self._ref_index()
+        children = sorted(refs.pop((kind, old_id), set()))
+        repointed: dict[str, list[Any]] = {}
+        for child, ci, field in children:
+            refs.setdefault((kind, new_id), set()).add((child, ci, field))
+            if not self.exists(child, ci):
+                continue  # a gone row keeps what it had
+            values: dict[str, Any] = {field: new_id}
+            if child == "activities" and field == "person_id":
+                parts = self._plain(child, ci).get("participants") or []
+                values["participants"] = [{**p, "person_id": new_id} if p.get("person_id") == old_id else p for p in parts]
+            self._set(child, ci, ts, **values)
+            if child == "notes":
+                self._set(child, ci, None, **self._note_embeds(self._plain(child, ci)))
+            ids = repointed.setdefault(child, [])
+            if self.ident(child, ci) not in ids:
+                ids.append(self.ident(child, ci))
+        self.gone[kind].add(old)
+        merged = self.merged[kind]
+        for k, v in list(merged.items()):
+            if v == old:
+                merged[k] = survivor
+        merged[old] = survivor
+        self._set(kind, survivor, ts)
+        return {"op": "merge", "kind": kind, "id": old_id, "into": new_id, "repointed": repointed}
+
+    def _op_mail(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        d = self._pick("deals", rng)
+        if d is None:
+            return None
+        mid = self.first_mail_id + len(self.mail)
+        data, body = self._new_message(mid, d, ts, rng)
+        self.mail[mid] = (d, data, body)
+        self.mail_by_deal.setdefault(d, []).append(mid)
+        self._set("deals", d, ts)
+        return {"op": "mail", "kind": "mail_messages", "id": mid, "deal_id": self.ident("deals", d)}
+
+    def _new_message(self, mid: int, d: int, ts: int, rng: random.Random) -> tuple[dict[str, Any], str]:
+        ds = self.ds
+        deal = self._plain("deals", d)
+        owner = deal.get("owner_id") if isinstance(deal.get("owner_id"), int) else 1
+        user_name = " ".join(ds.user_name(owner))
+
+        def party(pid: int, email: str, name: str, person_id: Any) -> dict[str, Any]:
+            return {"id": pid, "email_address": email, "name": name, "linked_person_id": person_id,
+                    "linked_person_name": name if person_id is not None else None, "mail_message_party_id": pid}
+
+        user = party(2 * mid, ds.user_email(owner), user_name, None)
+        p = self.index_of("persons", deal.get("person_id")) if deal.get("person_id") is not None else None
+        emails = [e.get("value") for e in (self._plain("persons", p).get("emails") or [])] if p is not None else []
+        if p is not None and emails:
+            person = self._plain("persons", p)
+            contact = party(2 * mid + 1, emails[0], person.get("name") or "", self.ident("persons", p))
+        else:
+            contact = party(2 * mid + 1, f"info{mid % 97}@{ds.company_domain}", "", None)
+        inbound = rng.random() < 0.55
+        sender, receiver = (contact, user) if inbound else (user, contact)
+        subject = "Re: " + str(deal.get("title") or "")
+        company = ds.company_domain.split(".")[0]
+        t = iso_ms(ts)
+        data = {
+            "id": mid,
+            "from": [sender],
+            "to": [receiver],
+            "cc": [],
+            "bcc": [],
+            "body_url": f"https://{company}.pipedrive.example/v1/mailbox/mailMessages/{mid}/body",
+            "account_id": f"acct{owner:06d}",
+            "user_id": owner,
+            "mail_thread_id": 1_000_000 + self.ident("deals", d) * 4 + 3,
+            "subject": subject,
+            "snippet": f"Hello, following up on {subject[:60]}",
+            "mail_tracking_status": rng.choice(("opened", "not opened", None)),
+            "mail_link_tracking_enabled_flag": 0,
+            "read_flag": 0,
+            "draft": "",
+            "draft_flag": 0,
+            "synced_flag": 1,
+            "deleted_flag": 0,
+            "has_body_flag": 1,
+            "sent_flag": 0 if inbound else 1,
+            "sent_from_pipedrive_flag": 0 if inbound else 1,
+            "smart_bcc_flag": 0,
+            "message_time": t,
+            "add_time": t,
+            "update_time": t,
+            "has_attachments_flag": 0,
+            "has_inline_attachments_flag": 0,
+            "has_real_attachments_flag": 0,
+            "nylas_id": f"{mix(ds.seed, mid):016x}",
+            "s3_bucket": "pipedrive-mail-sandbox",
+            "s3_bucket_path": f"sandbox/{owner}/nylas/{mid}/body",
+            "external_deleted_flag": False,
+            "mua_message_id": f"{mix(ds.seed, mid, 2):016x}@mailer.example",
+            "item_type": "mailMessage",
+            "timestamp": t,
+            "company_id": ds.company()["company_id"],
+        }
+        body = "\n".join([
+            f"<p>{rng.choice(('Hi', 'Hello', 'Dear team'))},</p>",
+            f"<p>Regarding {deal.get('title')}: {rng.choice(('the new quote is attached', 'can we meet this week', 'thanks for today', 'the contract is signed'))}.</p>",
+            f"<p>Message {mid}, written while the migration ran.</p>",
+            "<p>Best regards</p>",
+        ])
+        return data, body
