@@ -19,7 +19,7 @@ keeps no ledger, no checkpoints and no references: it is the floor a data engine
 `--also-before` runs the engine a second way in the same rounds with issue 11's earlier CPU
 choices put back: `json` - the standard library's json for the responses (`client._decode_json`)
 and the windows' new rows (`ledger.rows_json`) instead of orjson; `window` - set-based windows of
-100 rows (`context.SET_WINDOW`) instead of 500; `gc` - Python's default young collection threshold
+100 rows (`window.SET_WINDOW`) instead of 500; `gc` - Python's default young collection threshold
 (700) instead of the engine's (`worker.YOUNG_COLLECTION_THRESHOLD`); `all` - the three. Every
 variant, dlt included, starts with the collector thresholds this process started with (the
 engine's workers raise theirs as they do everywhere; dlt keeps Python's, as a user's would).
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, print_ratios, ratio, sandbox, server_facts  # noqa: E402
 from engine_core import db as dbmod  # noqa: E402
-from engine_core import context, ledger, runs, worker, write  # noqa: E402
+from engine_core import ledger, runs, window, worker, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive import client, writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
@@ -57,7 +57,7 @@ V2 = {"organizations": "api/v2/organizations", "persons": "api/v2/persons", "dea
       "activities": "api/v2/activities"}
 V1 = {"leads": "v1/leads", "notes": "v1/notes"}
 SETTINGS = Settings(lane_width=4, heartbeat_seconds=1.0, retry_backoff_seconds=0.5)
-BEFORE_WINDOW = 100  # context.SET_WINDOW before issue 11's 500
+BEFORE_WINDOW = 100  # window.SET_WINDOW before issue 11's 500
 BEFORE = {"json": ("json",), "window": ("window",), "gc": ("gc",), "all": ("json", "window", "gc")}
 # Python's collector thresholds as this process started: every variant starts from them (a Worker
 # raises the young one for the engine, `worker.collector_for_draining`; dlt runs with the defaults,
@@ -84,7 +84,7 @@ def put_back(parts: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
         if hasattr(ledger, "rows_json"):
             swap(ledger, "rows_json", _stdlib_rows_json)
     if "window" in parts:
-        swap(context, "SET_WINDOW", BEFORE_WINDOW)
+        swap(window, "SET_WINDOW", BEFORE_WINDOW)
     if "gc" in parts:  # the young threshold left at Python's default
         swap(worker, "YOUNG_COLLECTION_THRESHOLD", PYTHON_GC_THRESHOLDS[0])
     return saved

@@ -14,7 +14,8 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.fairness import run_demands
 from engine_core.models import Run
-from engine_core.planner import advance_phase, top_up
+from engine_core.barrier import advance_phase
+from engine_core.topup import top_up
 from engine_core.source import ProviderResolver
 
 log = logging.getLogger(__name__)

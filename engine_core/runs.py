@@ -33,7 +33,8 @@ from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, Noth
                                 SourceMismatch, TenantSourceMismatch)
 from engine_core.models import Run
 from engine_core.plan import plan_for
-from engine_core.planner import advance_phase, seed_phase, top_up
+from engine_core.barrier import advance_phase, seed_phase
+from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
 from engine_core.runlog import RunLog
 from engine_core.source import Provider, catchup_kind, dependents, identity_of, source_time

@@ -1,6 +1,6 @@
 """What a source gives the engine: the Provider protocol and the helpers that read its optional parts.
 
-The generic engine (runs, worker, reaper, planner, verify, ...) knows a source only through this
+The generic engine (runs, worker, reaper, barrier, verify, ...) knows a source only through this
 module; which providers exist is the composition root's business (`engine_core.providers.registry`).
 """
 from __future__ import annotations

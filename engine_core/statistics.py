@@ -207,7 +207,7 @@ def _background() -> ThreadPoolExecutor:
 
 
 def after_advance(db: Database, *, closed: bool, background: bool = False) -> list[str] | Future[list[str]]:
-    """The barrier's call site (`planner.advance_phase`, after its transactions commit): the
+    """The barrier's call site (`barrier.advance_phase`, after its transactions commit): the
     winner of a phase boundary analyzes what the phase grew; every other finisher makes the cheap
     growth check. Never raises.
 

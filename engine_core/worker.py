@@ -17,13 +17,15 @@ from datetime import datetime, timedelta, timezone
 
 from psycopg.types.json import Jsonb
 
+from engine_core import claim
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import LockLost, PageFailed, RateLimitParked, SourceMismatch, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Task, TaskOutcome
 from engine_core import statistics
-from engine_core.planner import WORK, advance_phase, insert_tasks, top_up, top_up_in
+from engine_core.barrier import advance_phase
+from engine_core.topup import WORK, insert_tasks, top_up, top_up_in
 from engine_core.source import Provider, ProviderResolver, identity_of
 from engine_core.runlog import RunLog, failure_reason
 
@@ -97,31 +99,15 @@ class Worker:
             return "terminal"
         if run.cancel_requested:
             return "stopping"
-        if self.pressure_high():
+        if claim.pressure_high(self.db, self.settings):
             return "deferred"  # not claimed: the task stays honestly pending
         self.provider(run)  # a worker reaching another source refuses before it claims
-        claimed = self.db.fetch_one("claim_task", {"task_id": task_id, "worker": self.worker_id})
-        if claimed is None:
+        task = claim.claim(self.db, task_id, self.worker_id)
+        if task is None:
             return "lost"
-        return self.run_claimed(Task.from_row(claimed), run)
-
-    # -- pressure -------------------------------------------------------------------------
-    def pressure_high(self) -> bool:
-        threshold = self.settings.pressure_threshold
-        if threshold <= 0:
-            return False
-        row = self.db.fetch_one("active_queries")
-        return bool(row and row["n"] > threshold)
+        return self.run_claimed(task, run)
 
     # -- claim and run --------------------------------------------------------------------
-    def claim_next(self, run_id: int | None, max_phase: int | None = None) -> tuple[Task, Run] | None:
-        row = self.db.fetch_one("claim_next", {"run_id": run_id, "worker": self.worker_id, "max_phase": max_phase})
-        if row is None:
-            return None
-        task = Task.from_row(row)
-        run = Run.from_row(self.db.fetch_one("get_run", {"run_id": task.migration_id}))  # type: ignore[arg-type]
-        return task, run
-
     def provider(self, run: Run) -> Provider:
         """The run's provider, as this worker's settings build it - refused (`SourceMismatch`) when
         those settings reach another source (another Pipedrive company) than the run reads. A
@@ -155,7 +141,7 @@ class Worker:
             db=self.db, run=run, task=task, worker=self.worker_id, settings=self.settings, log=runlog,
             cancel=self.cancel, stats=Stats(dict(task.stats)), offset=task.processed_offset,
         )
-        keeper = LockKeeper.for_task(self.db, task.id, self.worker_id, self.settings, ctx.lock_lost)
+        keeper = claim.LockKeeper.for_task(self.db, task.id, self.worker_id, self.settings, ctx.lock_lost)
         try:
             result = self._run_and_settle(ctx, task, provider)
         finally:
@@ -304,12 +290,12 @@ class Worker:
             if max_tasks is not None and sum(result.executed.values()) >= max_tasks:
                 result.reason = "max_tasks"
                 break
-            if self.pressure_high():
+            if claim.pressure_high(self.db, self.settings):
                 result.deferred += 1
                 self.cancel.wait(min(5.0, poll_seconds * (2 ** min(result.deferred, 5))))
                 continue
             seen = WORK.generation()  # before looking: an enqueue after this wakes the wait below
-            claimed = self.claim_next(run_id, max_phase=until_phase_closed)
+            claimed = claim.claim_next(self.db, run_id, self.worker_id, max_phase=until_phase_closed)
             if claimed is not None:
                 result.count(self.run_claimed(*claimed))
                 continue
@@ -338,64 +324,6 @@ class Worker:
         else:
             result.reason = "cancelled"
         return result
-
-
-class LockKeeper:
-    """Keeps one running task's lock (`locked_at`) fresh on a daemon thread, whatever the task waits
-    on (a slow source, a 429 wait, a long body-fetch round, a budget wait), so the reaper releases
-    only tasks whose worker is gone (issue 8: with a 5 s threshold, live workers lost their locks
-    and one mail body was fetched 63 times).
-
-    Touches every `interval` seconds (a third of MIGRATE_STALE_LOCK_SECONDS) through a pool
-    connection borrowed for the one statement, fenced on `locked_by`. A touch that finds the lock
-    taken sets `lost` and ends (the task stops at its next stop point; its next checkpoint raises
-    LockLost and rolls its window back). A database error is logged and tried again within a second.
-    Stopped by the worker once the task has settled; a dead process takes its keeper with it.
-    """
-
-    def __init__(self, db: Database, task_id: int, worker: str, interval: float, lost: threading.Event) -> None:
-        self.db = db
-        self.task_id = task_id
-        self.worker = worker
-        self.interval = interval
-        self.lost = lost
-        self.touches = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @classmethod
-    def for_task(cls, db: Database, task_id: int, worker: str, settings: Settings, lost: threading.Event) -> LockKeeper:
-        """A started keeper for the task; a threshold of 0 (every lock is stale at once) starts none."""
-        keeper = cls(db, task_id, worker, settings.stale_lock_seconds / 3.0, lost)
-        if settings.stale_lock_seconds > 0:
-            keeper.start()
-        return keeper
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._keep, name=f"lock-keeper-{self.task_id}", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)  # a touch in flight is fenced and harmless if it outlives us
-
-    def _keep(self) -> None:
-        delay = self.interval
-        while not self._stop.wait(delay):
-            try:
-                n = self.db.execute("touch_task", {"task_id": self.task_id, "worker": self.worker})
-            except Exception as e:  # the database is briefly away: the lock is not lost yet
-                log.warning("task %s: lock keeper could not touch its lock (%s); trying again", self.task_id, failure_reason(e))
-                delay = min(self.interval, 1.0)
-                continue
-            if n != 1:
-                if not self._stop.is_set():
-                    log.warning("task %s: lock keeper found the lock taken (released as stale)", self.task_id)
-                    self.lost.set()
-                return
-            self.touches += 1
-            delay = self.interval
 
 
 class _Abandon(Exception):

@@ -43,11 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine_core import ledger
-from engine_core.context import PageResult, TaskContext, row_id
+from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.rows import MalformedRow, Mapped, Ref, apply_links, unreadable_key
 from engine_core.target import crm
+from engine_core.window import PageResult, row_id
 
 NOT_LINKED = "not linked to any record"
 # Said of a parent the source does not have: it answered 404 to GET by id, or left the id out of
@@ -385,7 +386,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs, link: Linker = app
     references `page` resolved: the module's docstring says which rows it writes and how. `parts`
     reads a row's `Mapped` and mapping error (default: a `Prepared` row's); a row `page.held`
     names (written already: its sighting may update it) goes per row. Not for a dry run. It
-    carries `leaves(rows)`, the rows it would leave per row for certain (`context.Batch`)."""
+    carries `leaves(rows)`, the rows it would leave per row for certain (`window.Batch`)."""
     run = ctx.run
 
     def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:

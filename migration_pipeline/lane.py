@@ -20,7 +20,7 @@ from engine_core import reaper, runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.models import Run
-from engine_core.planner import top_up
+from engine_core.topup import top_up
 from engine_core.source import Provider
 from engine_core.worker import DrainResult, Worker
 

@@ -39,13 +39,11 @@ pytestmark = pytest.mark.timeout(300)
 
 CHILD = """
 import sys, time
-from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.providers.registry import for_run
-from engine_core.worker import Worker
+from engine_core.claim import claim_next
 import tests.engine.support  # registers the counter provider
 db = Database(sys.argv[1], max_size=2)
-claimed = Worker(db, settings=Settings(lane_width=2), worker_id="doomed-worker", providers=for_run).claim_next(int(sys.argv[2]))
+claimed = claim_next(db, int(sys.argv[2]), "doomed-worker")
 print("claimed", claimed[0].id if claimed else None, flush=True)
 time.sleep(600)
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from engine_core import db as dbmod
-from engine_core import planner, runs
+from engine_core import barrier, runs
 from engine_core.providers.registry import provider_for
 from tests.engine.support import FAST, task_rows
 
@@ -24,7 +24,7 @@ def test_fifty_finishers_at_once_seed_the_next_phase_exactly_once(db_url) -> Non
 
     def finisher() -> None:
         gate.wait()
-        wins.append(planner.advance_phase(database, run.id, 0, p, FAST))
+        wins.append(barrier.advance_phase(database, run.id, 0, p, FAST))
 
     threads = [threading.Thread(target=finisher) for _ in range(50)]
     for t in threads:
@@ -41,7 +41,7 @@ def test_phase_does_not_advance_while_a_task_is_open(db) -> None:
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 3}, settings=FAST)
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE id = (SELECT min(id) FROM migration_tasks)")
-    assert not planner.advance_phase(db, run.id, 0, p, FAST)
+    assert not barrier.advance_phase(db, run.id, 0, p, FAST)
     assert runs.get_run(db, run.id).current_phase == 0
 
 
@@ -49,9 +49,9 @@ def test_a_late_task_of_an_earlier_phase_cannot_advance_anything(db) -> None:
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", options={"tasks": 2}, settings=FAST)
     _finish_all(db, run.id, 0)
-    assert planner.advance_phase(db, run.id, 0, p, FAST)
+    assert barrier.advance_phase(db, run.id, 0, p, FAST)
     _finish_all(db, run.id, 1)  # phase 1 done too, but the late finisher says "phase 0"
-    assert not planner.advance_phase(db, run.id, 0, p, FAST)
+    assert not barrier.advance_phase(db, run.id, 0, p, FAST)
     assert runs.get_run(db, run.id).current_phase == 1
     assert task_rows(db, run.id, phase=2) == []
 
@@ -60,9 +60,9 @@ def test_the_last_phase_finalises_the_run(db) -> None:
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)
     _finish_all(db, run.id, 0)
-    planner.advance_phase(db, run.id, 0, p, FAST)
+    barrier.advance_phase(db, run.id, 0, p, FAST)
     _finish_all(db, run.id, 1)
-    assert planner.advance_phase(db, run.id, 1, p, FAST)
+    assert barrier.advance_phase(db, run.id, 1, p, FAST)
     final = runs.get_run(db, run.id)
     assert final.status == "succeeded" and final.current_phase == 2 and final.finished_at is not None
 
@@ -73,9 +73,9 @@ def test_a_last_phase_with_a_failed_task_fails_the_run_at_that_phase(db) -> None
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)
     _finish_all(db, run.id, 0)
-    planner.advance_phase(db, run.id, 0, p, FAST)
+    barrier.advance_phase(db, run.id, 0, p, FAST)
     _finish_all(db, run.id, 1)
     db.sql("UPDATE migration_tasks SET status = 'failed' WHERE id = (SELECT max(id) FROM migration_tasks)")
-    assert planner.advance_phase(db, run.id, 1, p, FAST)
+    assert barrier.advance_phase(db, run.id, 1, p, FAST)
     final = runs.get_run(db, run.id)
     assert final.status == "failed" and final.current_phase == 1 and final.finished_at is not None

@@ -8,7 +8,7 @@ import os
 import signal
 import time
 
-from engine_core import context
+from engine_core import window
 from engine_core import db as dbmod
 from engine_core import reaper, runs
 from engine_core.providers import example
@@ -17,11 +17,11 @@ from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows
 
 ROWS = 600  # six set-based windows of WINDOW rows: the kill lands inside the page
-WINDOW = 100  # the killed worker's set-based windows (context.SET_WINDOW is 500: the page would be two)
+WINDOW = 100  # the killed worker's set-based windows (window.SET_WINDOW is 500: the page would be two)
 
 
 def _work(url: str, task_id: int) -> None:
-    context.SET_WINDOW = WINDOW  # this process is the killed worker's alone
+    window.SET_WINDOW = WINDOW  # this process is the killed worker's alone
     database = dbmod.Database(url, max_size=2)
     Worker(database, settings=FAST, providers=for_run).execute(task_id)
 

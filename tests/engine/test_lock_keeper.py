@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from engine_core import reaper, runs
+from engine_core import claim, reaper, runs
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
@@ -56,7 +56,7 @@ register("sleeper", Sleeper)
 
 
 def _claim(db, run_id: int, worker: Worker) -> tuple[Task, Run]:
-    claimed = worker.claim_next(run_id)
+    claimed = claim.claim_next(db, run_id, worker.worker_id)
     assert claimed is not None
     return claimed
 

@@ -17,7 +17,8 @@ import pytest
 
 from engine_core import db as dbmod
 from engine_core import ledger, write
-from engine_core.context import PageResult, TaskContext
+from engine_core.context import TaskContext
+from engine_core.window import PageResult
 from engine_core.models import Run, Task
 from engine_core.rows import MalformedRow, Mapped, Ref
 from engine_core.runlog import RunLog

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from engine_core import db as dbmod
-from engine_core import planner, runs, statistics
+from engine_core import barrier, runs, statistics
 from engine_core.providers.registry import provider_for, for_run
 from tests.engine.support import FAST
 
@@ -111,11 +111,11 @@ def test_the_barrier_winner_analyzes_what_the_phase_grew(db, db_url) -> None:
     before = _analyze_count(db, GROWN)
 
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE id = (SELECT min(id) FROM migration_tasks)")
-    assert not planner.advance_phase(db, run.id, 0, p, FAST)  # a finisher that does not close the phase
+    assert not barrier.advance_phase(db, run.id, 0, p, FAST)  # a finisher that does not close the phase
     assert _analyze_count(db, GROWN) == before
 
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE migration_id = %(r)s AND phase = 0", {"r": run.id})
-    assert planner.advance_phase(db, run.id, 0, p, FAST)
+    assert barrier.advance_phase(db, run.id, 0, p, FAST)
     assert _analyze_count(db, GROWN) == before + 1
 
 

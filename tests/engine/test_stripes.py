@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine_core import runs
 from engine_core.models import Successor
-from engine_core.planner import insert_tasks
+from engine_core.topup import insert_tasks
 from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker
 from tests.engine.support import FAST, task_rows

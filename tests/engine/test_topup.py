@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 
 from engine_core import db as dbmod
-from engine_core import planner, runs
+from engine_core import runs, topup
 from engine_core.providers.registry import provider_for, for_run
 from tests.engine.support import FAST, make_executions_table
 
@@ -32,7 +32,7 @@ def test_two_tasks_finishing_together_leave_the_pool_at_width(db_url) -> None:
     def finish(row) -> None:
         database.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE id = %(i)s", {"i": row["id"]})
         gate.wait()
-        planner.top_up(database, run.id, FAST)
+        topup.top_up(database, run.id, FAST)
 
     threads = [threading.Thread(target=finish, args=(r,)) for r in claimed]
     for t in threads:
@@ -52,7 +52,7 @@ def test_concurrent_top_ups_never_exceed_the_bound(db_url) -> None:
 
     def top() -> None:
         gate.wait()
-        planner.top_up(database, run.id, FAST)
+        topup.top_up(database, run.id, FAST)
 
     threads = [threading.Thread(target=top) for _ in range(10)]
     for t in threads:

@@ -1,7 +1,7 @@
-"""Issue 11, set-based windows of 500 rows (`context.SET_WINDOW`): a big window that would leave
+"""Issue 11, set-based windows of 500 rows (`window.SET_WINDOW`): a big window that would leave
 more than `window` rows per row - rows the page found written before, which the batch's `leaves`
 counts before any statement - or that the database refuses, goes again in windows of
-`context.SET_WINDOW_FALLBACK` (100) rows, and only those refused in turn in windows of `window`
+`window.SET_WINDOW_FALLBACK` (100) rows, and only those refused in turn in windows of `window`
 (25): a page a tenth of which was written before is written as it was with windows of 100, not in
 twenty windows of 25 after a 500-row statement rolled back. The per-row path is the oracle.
 """

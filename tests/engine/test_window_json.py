@@ -178,7 +178,7 @@ def test_a_window_with_non_ascii_and_nul_writes_what_it_wrote_before(db, claims,
     a, b = _snapshot(db, "now"), _snapshot(db, "then")
     assert a == b and [{r["source_id"]: r["v"]["name"] for r in a[1]}[str(i)] for i in range(1, 6)] == TEXTS
     # the non-ASCII page went in one set-based window; the one with NUL was refused set-based (in its
-    # window, then in its windows of 100 and of 25: context.SET_WINDOW_FALLBACK) and written per row
+    # window, then in its windows of 100 and of 25: window.SET_WINDOW_FALLBACK) and written per row
     assert [e is not None for _, e in claims] == [False, True, True, True] * 2
     assert [type(e).__name__ for _, e in claims if e] == ["UntranslatableCharacter"] * 6
 

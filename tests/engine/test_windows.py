@@ -141,7 +141,7 @@ def test_a_task_moves_its_cursor_in_one_statement_and_with_its_successors_in_one
     ctx.move_cursor({"page": 1})
     assert opened == [], "a move alone opened a transaction"
     ctx.move_cursor({"page": 2}, successors=[Successor("persons:mail", {"m": 1})])
-    assert opened == [1, 1], "the move with its successor, then the lane's refill (`planner.top_up`)"
+    assert opened == [1, 1], "the move with its successor, then the lane's refill (`topup.top_up`)"
     rows = {r["cursor_key"]: r["cursor"] for r in db.sql("SELECT cursor_key, cursor FROM migration_tasks"
                                                          " WHERE migration_id = %(r)s", {"r": run.id})}
     assert rows == {"persons:a": {"page": 2}, "persons:mail": {"m": 1}}

@@ -29,7 +29,7 @@ from typing import Any
 
 from psycopg import conninfo
 
-from engine_core import context, reaper, runs
+from engine_core import reaper, runs, window
 from engine_core.config import Settings
 from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("companies", "contacts", "deals", "activities", "notes")
 CHILD_SETTINGS = Settings(lane_width=2, stale_lock_seconds=60, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 PAGE = 300
-CHILD_SET_WINDOW = 100  # the child drainer's set-based windows: a page of PAGE rows is three (context.SET_WINDOW is 500)
+CHILD_SET_WINDOW = 100  # the child drainer's set-based windows: a page of PAGE rows is three (window.SET_WINDOW is 500)
 REAPER_SETTINGS = Settings(lane_width=2, stale_lock_seconds=0.2, heartbeat_seconds=0.0, retry_backoff_seconds=0.0)
 
 # -- a provider that can hold a task where a source wait would be ---------------------------------
@@ -82,7 +82,7 @@ def _child_main(argv: list[str]) -> int:
     from engine_core.runlog import failure_reason
 
     url, run_id, markers, hold, pool = argv
-    context.SET_WINDOW = CHILD_SET_WINDOW
+    window.SET_WINDOW = CHILD_SET_WINDOW
     MARKERS.append(Path(markers))
     HOLD.update(json.loads(hold))
     db = Database(url, min_size=int(pool), max_size=int(pool), name="child")
@@ -323,20 +323,20 @@ def test_finalize_never_says_succeeded_while_a_task_is_not_succeeded(db) -> None
 
 
 def test_a_phase_closing_with_a_failed_task_fails_the_run_and_seeds_nothing(db) -> None:
-    from engine_core import planner
+    from engine_core import barrier
 
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 3}, settings=FAST)
     db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE migration_id = %(r)s", {"r": run.id})
     db.sql("UPDATE migration_tasks SET status = 'failed', error = 'boom' WHERE id = (SELECT max(id) FROM migration_tasks)")
-    assert planner.advance_phase(db, run.id, 0, p, FAST)
+    assert barrier.advance_phase(db, run.id, 0, p, FAST)
     failed = runs.get_run(db, run.id)
     assert (failed.status, failed.current_phase) == ("failed", 0) and failed.finished_at is not None
     assert task_rows(db, run.id, phase=1) == []
     log = db.sql("SELECT log FROM migrations WHERE id = %(r)s", {"r": run.id})[0]["log"]
     assert [(e["kind"], e["count"], e["level"]) for e in log] == [("k0", 1, "error")]
     assert "phase 1 (k0)" in log[0]["reason"] and "boom" in log[0]["reason"]
-    assert not planner.advance_phase(db, run.id, 0, p, FAST), "fails once"
+    assert not barrier.advance_phase(db, run.id, 0, p, FAST), "fails once"
 
 
 if __name__ == "__main__":

@@ -433,7 +433,7 @@ class PipedriveProvider:
             if kind not in stripes.UNSTRIPED and upper:
                 seeds = [Successor(s.cursor_key, {**s.cursor, "until": upper}) for s in seeds]
             # a discovery only reads the source and seeds its own phase's walkers: it runs early,
-            # while the phase before it ends (issue 11, `planner.seed_phase`)
+            # while the phase before it ends (issue 11, `barrier.seed_phase`)
             return [Successor(s.cursor_key, {**s.cursor, "early": True}) if s.cursor.get("discover") is True else s
                     for s in seeds]
         if kind == "emails":
@@ -521,7 +521,7 @@ class PipedriveProvider:
                 ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
         seeds = discovery_seeds(kind, found, lower, upper)
         # the walkers' first pages are asked now (issue 11, `client.Prefetch`): a discovery run early
-        # (`planner.seed_phase`) runs in the previous phase's tail, so its walkers start within
+        # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
         # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
         ask_ahead(client, kind, tuple(seeds))
         ctx.stats.values["probe_requests"] = found.requests

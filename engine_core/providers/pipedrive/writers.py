@@ -50,7 +50,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from engine_core import ledger, write
-from engine_core.context import Batch, PageResult, TaskContext
+from engine_core.context import TaskContext
+from engine_core.window import Batch, PageResult
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
