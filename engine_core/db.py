@@ -9,15 +9,16 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 from psycopg import conninfo
 from psycopg import errors as pg_errors
+from psycopg import sql as pg_sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
@@ -97,11 +98,31 @@ class Conn:
         with translate_errors():
             return self.raw.execute(query(name), _adapt(params)).fetchall()
 
-    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
-        """Ad-hoc SQL for writers and tests; engine statements go through named queries."""
+    def sql(self, statement: str | pg_sql.Composable, params: dict[str, Any] | Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        """Ad-hoc SQL for writers and tests (engine statements go through named queries): the rows
+        it returns as dicts, [] for a statement that returns none. Dict params: a dict value goes
+        as jsonb; sequence params fill positional placeholders as given."""
         with translate_errors():
             cur = self.raw.execute(statement, _adapt(params) if isinstance(params, dict) else params)
             return cur.fetchall() if cur.description else []
+
+    def sql_rowcount(self, statement: str | pg_sql.Composable, params: dict[str, Any] | Sequence[Any] | None = None) -> int:
+        """Ad-hoc SQL as `sql`, answering how many rows it touched (an UPDATE's or DELETE's count)."""
+        with translate_errors():
+            return self.raw.execute(statement, _adapt(params) if isinstance(params, dict) else params).rowcount
+
+    def copy_in(self, statement: pg_sql.Composable, rows: Iterable[Sequence[Any]]) -> None:
+        """Stream `rows` (each a sequence of column values, in the statement's column order) through
+        `COPY ... FROM STDIN`."""
+        with translate_errors():
+            with self.raw.cursor() as cur, cur.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
+
+    def compose(self, statement: pg_sql.Composable) -> str:
+        """The text of a composed statement (identifiers quoted by this connection's rules), for
+        statements built once and cached as text."""
+        return statement.as_string(self.raw)
 
     @contextmanager
     def transaction(self) -> Iterator[Conn]:
@@ -109,6 +130,26 @@ class Conn:
         with translate_errors():
             with self.raw.transaction():
                 yield self
+
+    @contextmanager
+    def savepoint(self) -> Iterator[Savepoint]:
+        """A savepoint inside the open transaction: an exception leaving the block rolls back to it
+        (and propagates); `Savepoint.rollback()` rolls back to it and leaves the block quietly.
+        Errors are the driver's, untranslated: the window that holds it tells a row's own failure
+        (the row fails alone) from a lost connection or deadlock (the window is gone)."""
+        with self.raw.transaction() as tx:
+            yield Savepoint(tx)
+
+
+class Savepoint:
+    """The handle of an open `Conn.savepoint()` block."""
+
+    def __init__(self, tx: psycopg.Transaction) -> None:
+        self._tx = tx
+
+    def rollback(self) -> NoReturn:
+        """Roll back to the savepoint and leave its block without an error (a dry run's row)."""
+        raise psycopg.Rollback(self._tx)
 
 
 class Database:

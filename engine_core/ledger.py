@@ -33,7 +33,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import orjson
-import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -174,7 +173,7 @@ def write_once(
             return _sighting(tx, run, entry, version, update, dangling=dangling, reason=reason, on_event=on_event)
     # The first write of a row costs what it always did (write, claim); only a row the ledger holds
     # already pays for the version comparison, after its claim lost.
-    with tx.raw.transaction() as sp:
+    with tx.savepoint() as sp:
         written = write()
         claimed = _claim_one(
             tx,
@@ -192,7 +191,7 @@ def write_once(
         if claimed is None:
             # the row is written already (by another list, run or worker): undo our write, then
             # compare what the ledger holds with this sighting
-            raise psycopg.Rollback(sp)
+            sp.rollback()
         return MATCHED if written.matched else IMPORTED
     entry = tx.fetch_one("ledger_entry_for_update", key)
     if entry is None or entry["action"] not in WRITTEN_ACTIONS:
@@ -295,7 +294,7 @@ def _window_statement(tx: Conn, new_rows: NewRows | None) -> str:
                          " JOIN claimed c ON c.source_id = n.source_id)").format(
             t=table, cols=sql.SQL(", ").join(sql.Identifier(c) for c in new_rows.names),
             vals=sql.SQL(", ").join(sql.Identifier("n", c) for c in new_rows.names))
-        text = (f"WITH {new.as_string(tx.raw)}, claimed AS (\n{claim}\n), {insert.as_string(tx.raw)}"
+        text = (f"WITH {tx.compose(new)}, claimed AS (\n{claim}\n), {tx.compose(insert)}"
                 " SELECT source_id FROM claimed")
     _WINDOW[key] = text
     return text
@@ -399,7 +398,8 @@ def _set_deleted(tx: Conn, record_type: str | None, record_ids: Sequence[int], a
     if table is None or not record_ids:
         return 0
     statement = sql.SQL("UPDATE {} SET deleted_at_source = %(at)s WHERE id = ANY(%(ids)s::bigint[])").format(
-        sql.Identifier(*table)).as_string(tx.raw)
+        sql.Identifier(*table))
+    statement = tx.compose(statement)
     return len(tx.sql(statement + " RETURNING id", {"at": at, "ids": list(record_ids)}))
 
 
@@ -479,6 +479,48 @@ def history_counts(db: Database | Conn, run_id: int) -> dict[str, dict[str, int]
     for r in db.fetch_all("history_counts", {"run_id": run_id}):
         out.setdefault(r["kind"], {"updated": 0, "deleted": 0, "restored": 0})[r["action"]] = int(r["n"])
     return out
+
+
+def note_dry(tx: Conn, run: Run, kind: str, source_id: str, outcome: str) -> None:
+    """Remember a dry run's would-be write (`outcome` imported or matched) of one row, so that
+    this run's later phases count a reference to it as linked (`dry_written`)."""
+    tx.execute("dry_record", {"run_id": run.id, "kind": kind, "source_id": source_id, "outcome": outcome})
+
+
+def written_by_kind(db: Database | Conn, run_id: int) -> list[dict[str, Any]]:
+    """Rows {kind, created, matched}: the ledger entries a run holds written, per ledger kind."""
+    return db.fetch_all("ledger_written_by_kind", {"run_id": run_id})
+
+
+def reasons(db: Database | Conn, run_id: int) -> list[dict[str, Any]]:
+    """Rows {kind, action, reason, n, samples}: a run's unwritten ledger entries grouped by reason."""
+    return db.fetch_all("ledger_reasons", {"run_id": run_id})
+
+
+def unreadable_reasons(db: Database | Conn, run_id: int) -> list[dict[str, Any]]:
+    """Rows {kind, action, reason, n, samples}: a run's rows without a readable id, by reason."""
+    return db.fetch_all("unreadable_reasons", {"run_id": run_id})
+
+
+def explain(db: Database | Conn, tenant_id: str, kind: str, source_id: str, source: str | None) -> dict[str, Any] | None:
+    """The tenant's ledger entry of one source row with the run and task that wrote it, or None."""
+    return db.fetch_one("explain_record", {"tenant_id": tenant_id, "kind": kind, "source_id": source_id, "source": source})
+
+
+def explain_unreadable(db: Database | Conn, tenant_id: str, kind: str, raw_key: str, source: str | None) -> list[dict[str, Any]]:
+    """The tenant's rows without a readable id kept under `raw_key`, the latest first."""
+    return db.fetch_all("explain_unreadable", {"tenant_id": tenant_id, "kind": kind, "raw_key": raw_key, "source": source})
+
+
+def tenant_entries(db: Database | Conn, tenant_id: str, source: str, kind: str) -> list[dict[str, Any]]:
+    """Rows {source_id, action, record_type, record_id, version, deleted}: every ledger entry of
+    the tenant for one ledger kind, placeholders included (what verify compares)."""
+    return db.fetch_all("verify_ledger", {"tenant_id": tenant_id, "source": source, "kind": kind})
+
+
+def tenant_unreadable(db: Database | Conn, tenant_id: str, source: str, kind: str) -> list[dict[str, Any]]:
+    """Rows {source_id}: the ids of the tenant's rows of one kind kept without a readable id."""
+    return db.fetch_all("verify_unreadable", {"tenant_id": tenant_id, "source": source, "kind": kind})
 
 
 def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: str, action: str = "skipped") -> str:

@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from engine_core import ledger
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
-from engine_core.ledger import history_counts
 from engine_core.models import Run
 from engine_core.runlog import reason_shape
 
@@ -183,7 +183,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         if kr is None:  # a kind no task kind of the plan is named after: the carrier's phase
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind) if _in_plan(run, kind) else r["phase"])
         kr.caught_up[counter] = kr.caught_up.get(counter, 0) + int(r["n"])
-    changes = history_counts(db, run_id)
+    changes = ledger.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
         if kr is None:  # a ledger kind no task kind of the plan is named after
@@ -262,7 +262,7 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
 
     A dry run writes no ledger rows, so only its stats and source counts are compared."""
     written = {r["kind"]: int(r["created"]) + int(r["matched"])
-               for r in db.fetch_all("ledger_written_by_kind", {"run_id": run.id})}
+               for r in ledger.written_by_kind(db, run.id)}
     out: list[dict[str, Any]] = []
     closed = closed_phases(run, kinds)
     # a run with a snapshot ends with a catch-up (issue 9) that brings the rows a phase's walk left
@@ -334,9 +334,9 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
             if len(g["samples"]) < SAMPLES and str(sample) not in g["samples"]:
                 g["samples"].append(str(sample))
 
-    for r in db.fetch_all("ledger_reasons", {"run_id": run_id}):
+    for r in ledger.reasons(db, run_id):
         add(r["kind"], r["action"], r["reason"] or "unknown", int(r["n"]), list(r["samples"] or []))
-    for r in db.fetch_all("unreadable_reasons", {"run_id": run_id}):  # rows without a readable id (0013)
+    for r in ledger.unreadable_reasons(db, run_id):  # rows without a readable id (0013)
         add(r["kind"], r["action"], r["reason"], int(r["n"]), list(r["samples"] or []))
     for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
         add(r["kind"], "task failed", r["reason"], int(r["n"]), [])
@@ -364,7 +364,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
     is found by its raw key (`rows.unreadable_key`: whole, or the id as served alone), as failed,
     with `unreadable` true, `excerpt` (the row as served, cut) and `matches` (rows served with
     that id: the latest is told)."""
-    row = db.fetch_one("explain_record", {"tenant_id": tenant_id, "kind": kind, "source_id": str(source_id), "source": source})
+    row = ledger.explain(db, tenant_id, kind, str(source_id), source)
     if row is None:
         return _explain_unreadable(db, tenant_id, kind, str(source_id), source)
     return {
@@ -387,7 +387,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
 
 
 def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, source: str | None) -> dict[str, Any] | None:
-    rows = db.fetch_all("explain_unreadable", {"tenant_id": tenant_id, "kind": kind, "raw_key": raw_key, "source": source})
+    rows = ledger.explain_unreadable(db, tenant_id, kind, raw_key, source)
     if not rows:
         return None
     row = rows[0]

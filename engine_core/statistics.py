@@ -109,8 +109,8 @@ def analyze(db: Database, tables: Sequence[Growth]) -> list[str]:
                 got = tx.fetch_one("try_analyze_lock", {"lock": ANALYZE_LOCK, "table": t.table})
                 if not (got and got["locked"]):
                     continue  # another worker is analyzing it: once is enough
-                tx.raw.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
-                tx.raw.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(t.schema, t.name)))
+                tx.sql(sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+                tx.sql(sql.SQL("ANALYZE {}").format(sql.Identifier(t.schema, t.name)))
             done.append(t.table)
         except Exception as e:  # statistics are an optimisation: the task goes on without them
             log.warning("ANALYZE %s skipped: %s", t.table, str(e).splitlines()[0] if str(e) else type(e).__name__)

@@ -48,7 +48,7 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
-from engine_core.ledger import newer, same_version
+from engine_core.ledger import newer, same_version, tenant_entries, tenant_unreadable
 from engine_core.source import Provider, catchup_kind, identity_of, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
@@ -215,12 +215,12 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind,
     placeholders included. The version and the deleted mark are what `ledger.ledger_index` reads
     (migration 0010); the action and the record say whether and where the product holds the row."""
-    rows = db.fetch_all("verify_ledger", {"tenant_id": tenant_id, "source": source, "kind": kind})
+    rows = tenant_entries(db, tenant_id, source, kind)
     entries = {_norm(r["source_id"]): dict(r) for r in rows}
     # rows served with an id that is not one ("abc"): failed, kept beside the ledger under that id
     # and a digest (migration 0013). The listing serves the same id, so it is unwritten with its
     # reason, not missing (a fresh user's verify failed a run that had accounted for every row)
-    for r in db.fetch_all("verify_unreadable", {"tenant_id": tenant_id, "source": source, "kind": kind}):
+    for r in tenant_unreadable(db, tenant_id, source, kind):
         entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
                                                    "record_id": None, "version": None, "deleted": None})
     return entries
@@ -242,12 +242,12 @@ def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
                 q = sql.SQL("SELECT x.source_id, {live} AS live FROM {t} x"
                             " WHERE x.tenant_id = %(t)s AND x.source = %(s)s AND x.source_id IS NOT NULL"
                             ).format(live=live, t=ident)
-                for r in c.raw.execute(q, {"t": tenant_id, "s": source}).fetchall():
+                for r in c.sql(q, {"t": tenant_id, "s": source}):
                     by_sid.setdefault(_norm(r["source_id"]), []).append(bool(r["live"]))
             ids = sorted(record_ids.get(table, ()))
             if ids:
                 q = sql.SQL("SELECT x.id FROM {t} x WHERE x.id = ANY(%(ids)s) AND {live}").format(t=ident, live=live)
-                live_ids[table] = {int(r["id"]) for r in c.raw.execute(q, {"ids": ids}).fetchall()}
+                live_ids[table] = {int(r["id"]) for r in c.sql(q, {"ids": ids})}
     return by_sid, live_ids
 
 

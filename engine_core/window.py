@@ -224,14 +224,14 @@ class Windows:
 
     def _write_row(self, tx: Conn, kind: str, row: Any, writer: Writer) -> str:
         try:
-            with tx.raw.transaction() as sp:
+            with tx.savepoint() as sp:
                 outcome = writer(tx, row)
                 if self.run.dry_run:
-                    raise psycopg.Rollback(sp)  # a dry run reports what it would do, writes nothing
+                    sp.rollback()  # a dry run reports what it would do, writes nothing
             if self.run.dry_run and outcome in (ledger.IMPORTED, ledger.MATCHED):
                 sid = row_id(row)
                 if sid is not None:  # remembered so this run's later phases can link to it
-                    tx.execute("dry_record", {"run_id": self.run.id, "kind": kind, "source_id": sid, "outcome": outcome})
+                    ledger.note_dry(tx, self.run, kind, sid, outcome)
             return outcome
         except (TransientError, LockLost):
             raise  # the whole window is gone: the task retries with its cursor

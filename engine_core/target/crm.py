@@ -22,7 +22,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from engine_core.db import Conn, translate_errors
+from engine_core.db import Conn
 from engine_core.ledger import NewRows, Written
 
 
@@ -122,11 +122,11 @@ def _insert_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
     key = (table, names)
     text = _STATEMENTS.get(key)
     if text is None:
-        text = _STATEMENTS[key] = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING id").format(
+        text = _STATEMENTS[key] = tx.compose(sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING id").format(
             TABLES[table].identifier,
             sql.SQL(", ").join(sql.Identifier(n) for n in names),
             sql.SQL(", ").join(sql.Placeholder(n) for n in names),
-        ).as_string(tx.raw)
+        ))
     return text
 
 
@@ -175,13 +175,13 @@ def _update_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
     key = (table, names)
     text = _UPDATES.get(key)
     if text is None:
-        text = _UPDATES[key] = sql.SQL(
+        text = _UPDATES[key] = tx.compose(sql.SQL(
             "UPDATE {t} AS n SET {sets} FROM {t} AS o WHERE n.id = %(__id)s AND o.id = n.id"
             " RETURNING to_jsonb(o) AS old, to_jsonb(n) AS new"
         ).format(
             t=TABLES[table].identifier,
             sets=sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(n), sql.Placeholder(n)) for n in names),
-        ).as_string(tx.raw)
+        ))
     return text
 
 
@@ -223,7 +223,7 @@ def refresh_archived(tx: Conn, table: str, record_id: int, values: Mapping[str, 
             if c == "source_updated_at" else sql.SQL("{} = {}").format(sql.Identifier(c), sql.Placeholder(c))
             for c in columns
         ),
-    ).as_string(tx.raw)
+    )
     return bool(tx.sql(statement, params))
 
 
@@ -430,7 +430,7 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             "                                        %(emails)s::text[]) AS w(k, t, s, e)"
             " JOIN {} c ON c.tenant_id = w.t AND lower(c.email) = w.e AND c.source IS DISTINCT FROM w.s"
             " GROUP BY w.k"
-        ).format(TABLES[table].identifier).as_string(tx.raw),
+        ).format(TABLES[table].identifier),
         {"keys": keys, "tenants": tenants, "sources": sources, "emails": emails},
     )
     return {int(r["k"]): int(r["id"]) for r in found}
@@ -447,8 +447,7 @@ def insert_rows(tx: Conn, table: str, rows: Sequence[Mapping[str, Any]]) -> dict
     names = _checked_names(table, rows)
     statement = _insert_many_statement(tx, table, names, len(rows))
     params = [Jsonb(r[n]) if n in spec.jsonb and r[n] is not None else r[n] for r in rows for n in names]
-    with translate_errors():
-        got = tx.raw.execute(statement, params).fetchall()
+    got = tx.sql(statement, params)
     return {str(r["source_id"]): int(r["id"]) for r in got}
 
 
@@ -470,18 +469,15 @@ def copy_rows(tx: Conn, table: str, rows: Sequence[Mapping[str, Any]]) -> dict[s
     ids = _draw_ids(tx, table, len(rows))
     statement = sql.SQL("COPY {} ({}) FROM STDIN").format(
         spec.identifier, sql.SQL(", ").join(sql.Identifier(c) for c in ("id", *names)))
-    with translate_errors():
-        with tx.raw.cursor() as cur, cur.copy(statement) as copy:
-            for rid, r in zip(ids, rows):
-                copy.write_row([rid, *(json.dumps(r[n]) if n in spec.jsonb and r[n] is not None else r[n] for n in names)])
+    tx.copy_in(statement, ([rid, *(json.dumps(r[n]) if n in spec.jsonb and r[n] is not None else r[n] for n in names)]
+                           for rid, r in zip(ids, rows)))
     return {str(r["source_id"]): rid for rid, r in zip(ids, rows)}
 
 
 def _draw_ids(tx: Conn, table: str, n: int) -> list[int]:
     spec = TABLES[table]
     statement = sql.SQL("SELECT nextval(pg_get_serial_sequence(%(t)s, 'id')) AS id FROM generate_series(1, %(n)s)")
-    with translate_errors():
-        got = tx.raw.execute(statement, {"t": f"{spec.schema}.{spec.name}", "n": n}).fetchall()
+    got = tx.sql(statement, {"t": f"{spec.schema}.{spec.name}", "n": n})
     return [int(r["id"]) for r in got]
 
 
@@ -508,10 +504,10 @@ def _insert_many_statement(tx: Conn, table: str, names: tuple[str, ...], n: int)
     text = _MANY.get(key)
     if text is None:
         one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(names)))
-        text = _MANY[key] = sql.SQL("INSERT INTO {} ({}) VALUES {} RETURNING id, source_id").format(
+        text = _MANY[key] = tx.compose(sql.SQL("INSERT INTO {} ({}) VALUES {} RETURNING id, source_id").format(
             TABLES[table].identifier, sql.SQL(", ").join(sql.Identifier(c) for c in names),
             sql.SQL(", ").join([one] * n),
-        ).as_string(tx.raw)
+        ))
     return text
 
 
@@ -521,8 +517,7 @@ def delete_rows(tx: Conn, table: str, record_ids: Sequence[int]) -> int:
     if not record_ids:
         return 0
     statement = sql.SQL("DELETE FROM {} WHERE id = ANY(%(ids)s::bigint[])").format(TABLES[table].identifier)
-    with translate_errors():
-        return tx.raw.execute(statement, {"ids": list(record_ids)}).rowcount
+    return tx.sql_rowcount(statement, {"ids": list(record_ids)})
 
 
 # --- field definitions -----------------------------------------------------------------------
