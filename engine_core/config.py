@@ -10,8 +10,6 @@ from urllib.parse import urlsplit
 from engine_core.errors import ConfigError
 
 WINDOW = 25  # rows per transaction: 2 savepoints per row under Postgres's 64 cached subxids
-PAGE_SIZE = 500  # the source's maximum listing page
-STRIPES = 4
 
 
 def _int(env: dict[str, str], name: str, default: int, minimum: int = 0) -> int:

@@ -585,17 +585,6 @@ def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tu
     return {(r["kind"], r["source_id"]): r["record_id"] for r in rows}
 
 
-def claimed(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]) -> set[str]:
-    """Which of these source ids are already written (created or matched) for the tenant."""
-    ids = [str(s) for s in source_ids if s is not None]
-    if not ids:
-        return set()
-    rows = conn.fetch_all(
-        "claimed_source_ids", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind, "source_ids": ids}
-    )
-    return {r["source_id"] for r in rows}
-
-
 def claimed_by(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, int]:
     """Which of these source ids are written, and by which run (this run's or an earlier one)."""
     ids = [str(s) for s in source_ids if s is not None]

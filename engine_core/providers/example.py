@@ -27,10 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_core import rows, write
-from engine_core.config import PAGE_SIZE, STRIPES
 from engine_core.context import TaskContext
 from engine_core.errors import TransientError
 from engine_core.models import Run, Successor, TaskOutcome
+
+PAGE_SIZE = 500  # rows per listing page by default (a Pipedrive page's maximum)
+STRIPES = 4  # tasks that walk every STRIPES-th page of a kind at once
 
 PHASES = [["companies"], ["contacts"], ["deals"], ["activities"], ["notes"]]
 PARENT = {"contacts": "companies", "deals": "contacts", "activities": "deals", "notes": "deals"}

@@ -390,11 +390,6 @@ SELECT kind, count(*) AS n FROM migration_records
  WHERE migration_id = %(run_id)s AND dangling IS NOT NULL AND action IN ('created', 'matched')
  GROUP BY kind ORDER BY kind;
 
--- name: claimed_source_ids --
-SELECT source_id FROM migration_records
- WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
-   AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');
-
 -- name: explain_record --
 SELECT r.*, m.status AS run_status
   FROM migration_records r JOIN migrations m ON m.id = r.migration_id
@@ -492,17 +487,10 @@ SELECT m.* FROM migrations m
                     AND t.status IN ('pending', 'running'))
  ORDER BY m.id;
 
--- name: runs_for_tenant --
-SELECT * FROM migrations WHERE tenant_id = %(tenant_id)s ORDER BY id DESC LIMIT %(limit)s;
-
 -- name: unqueue_later_phases --
 -- After a rewind, tasks of later phases leave the lane until the barrier reaches them again.
 UPDATE migration_tasks SET enqueued_at = NULL
  WHERE migration_id = %(run_id)s AND status = 'pending' AND phase > %(phase)s AND enqueued_at IS NOT NULL;
-
--- name: phase_open_tasks --
-SELECT count(*) AS n FROM migration_tasks
- WHERE migration_id = %(run_id)s AND phase = %(phase)s AND status IN ('pending', 'running');
 
 -- name: claimed_by_run --
 SELECT source_id, migration_id FROM migration_records
