@@ -98,7 +98,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -107,6 +107,7 @@ from typing import Any, Literal, NamedTuple
 from engine_core.config import daily_token_share
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked, TaskStopped
+from engine_core.source import RateObservation
 
 log = logging.getLogger(__name__)
 
@@ -684,17 +685,12 @@ class Budget:
 
     # --- what the source said -----------------------------------------------------------------
 
-    def observe(self, headers: Mapping[str, str], note: Callable[[Literal["burst", "daily"], float], None] | None = None) -> None:
-        """Keep what a response's rate-limit headers say (no database unless the day is spent; then
-        `note`, default `note_rate_limited`, tells the other workers). Called on the thread that
-        sent the request, after its `acquire`/`spend` (the report is tied to that slot)."""
-        h = {k.lower(): v for k, v in headers.items()}
-        limit = _int(h.get("x-ratelimit-limit"))
-        remaining = _int(h.get("x-ratelimit-remaining"))
-        reset = _float(h.get("x-ratelimit-reset"))
-        daily_remaining = _int(h.get("x-daily-ratelimit-token-remaining"))
-        daily_limit = _int(h.get("x-daily-ratelimit-token-limit"))
-        daily_reset = _float(h.get("x-daily-ratelimit-reset"))
+    def observe(self, seen: RateObservation, note: Callable[[Literal["burst", "daily"], float], None] | None = None) -> None:
+        """Keep what a response said about the rate limits (no database unless the day is spent;
+        then `note`, default `note_rate_limited`, tells the other workers). Called on the thread
+        that sent the request, after its `acquire`/`spend` (the report is tied to that slot)."""
+        limit, remaining, reset = seen.limit, seen.remaining, seen.reset
+        daily_remaining, daily_limit, daily_reset = seen.daily_remaining, seen.daily_limit, seen.daily_reset
         seq = getattr(self._local, "seq", None)
         floor_hit = False
         with self._cond:
@@ -854,8 +850,9 @@ class Reservation:
         if got:
             self._budget._local.seq = got[0]
 
-    def observe(self, headers: Mapping[str, str]) -> None:
-        self._budget.observe(headers, note=self.note_rate_limited)
+    def observe(self, seen: RateObservation) -> None:
+        """`Budget.observe` from a fetch thread: a note it owes is written by the owner's thread."""
+        self._budget.observe(seen, note=self.note_rate_limited)
 
     def note_rate_limited(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> None:
         pending = self._budget.note_locally(scope, retry_after)
@@ -942,22 +939,3 @@ class Reservation:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _int(raw: str | None) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(float(raw))
-    except ValueError:
-        return None
-
-
-def _float(raw: str | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,6 +19,24 @@ if TYPE_CHECKING:
     from engine_core.context import TaskContext
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RateObservation:
+    """What one response of the source said about its rate limits; None: not said.
+
+    `limit`, `remaining`: requests allowed in the burst window and left in it now; `reset`:
+    seconds until that window resets. `daily_limit`, `daily_remaining`: the day's token budget and
+    what is left of it; `daily_reset`: seconds until it resets. The provider's client reads them
+    from its responses (Pipedrive: the `x-ratelimit-*` and `x-daily-ratelimit-*` headers) and hands
+    them to the shared budget (`budget.Budget.observe`), which takes numbers, never headers."""
+
+    limit: int | None = None
+    remaining: int | None = None
+    reset: float | None = None
+    daily_limit: int | None = None
+    daily_remaining: int | None = None
+    daily_reset: float | None = None
 
 
 class Provider(Protocol):

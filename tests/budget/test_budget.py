@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 import time
 
 import httpx
@@ -16,10 +17,11 @@ import pytest
 from engine_core.budget import Budget, BudgetCancelled, waiting_state
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked
-from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.client import PipedriveClient, rate_observation
 from engine_core.providers.pipedrive.errors import Cancelled
+from engine_core.source import RateObservation
 
-HEADERS = {"x-ratelimit-limit": "80", "x-ratelimit-remaining": "70", "x-ratelimit-reset": "1"}
+SEEN = RateObservation(limit=80, remaining=70, reset=1.0)
 
 
 def row(db: Database, account: str = "acct") -> dict:
@@ -74,7 +76,6 @@ def test_statements_per_thousand_requests(db: Database) -> None:
     budget.acquire()  # create the row outside the measurement
     db.sql("UPDATE budget_updates SET n = 0")
     before = budget.stats()
-    daily = {"x-daily-ratelimit-token-limit": "300000"}
     counter = iter(range(1000))
     lock = threading.Lock()
 
@@ -85,7 +86,7 @@ def test_statements_per_thousand_requests(db: Database) -> None:
             if i is None:
                 return
             budget.acquire()
-            budget.observe({**HEADERS, "x-ratelimit-limit": "4000", **daily, "x-daily-ratelimit-token-remaining": str(290000 - i)})
+            budget.observe(replace(SEEN, limit=4000, daily_limit=300000, daily_remaining=290000 - i))
 
     threads = [threading.Thread(target=work) for _ in range(8)]
     for t in threads:
@@ -159,7 +160,7 @@ def test_headers_saying_no_daily_tokens_left_park_too(db: Database) -> None:
     a = Budget(db, "pipedrive", "acct", burst_limit=80, daily_probe_seconds=0.5)
     b = Budget(db, "pipedrive", "acct", burst_limit=80)
     a.acquire()
-    a.observe({**HEADERS, "x-daily-ratelimit-token-remaining": "0"})
+    a.observe(replace(SEEN, daily_remaining=0))
     with pytest.raises(RateLimitParked):
         a.acquire()
     with pytest.raises(RateLimitParked):
@@ -171,13 +172,13 @@ def test_headers_saying_no_daily_tokens_left_park_too(db: Database) -> None:
 def test_a_lower_reported_limit_slows_the_bucket(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0)  # no slot lapses on a busy machine
     fast = budget.rate()  # slots per second
-    budget.observe({"x-ratelimit-limit": "20", "x-ratelimit-remaining": "19", "x-ratelimit-reset": "1"})
+    budget.observe(RateObservation(limit=20, remaining=19, reset=1.0))
     assert budget.limit == 20 and budget.lease_size() == 5
     slow = budget.rate()
     assert slow == pytest.approx(20 / 3.075) and slow == pytest.approx(fast / 4)  # L / (W + ttl + margin)
-    budget.observe({"x-ratelimit-limit": "120"})  # a higher plan does not raise the configured ceiling
+    budget.observe(RateObservation(limit=120))  # a higher plan does not raise the configured ceiling
     assert budget.limit == 80
-    budget.observe({"x-ratelimit-limit": "20"})
+    budget.observe(RateObservation(limit=20))
     budget.acquire()
     assert row(db)["burst_limit"] == 20
 
@@ -185,7 +186,7 @@ def test_a_lower_reported_limit_slows_the_bucket(db: Database) -> None:
 def test_full_window_reported_pauses_this_process_and_slows_every_worker(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80)
     budget.acquire()
-    budget.observe({"x-ratelimit-limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"})
+    budget.observe(RateObservation(limit=80, remaining=0, reset=1.0))
     started = time.monotonic()
     budget.acquire()
     assert time.monotonic() - started >= 0.9
@@ -193,7 +194,7 @@ def test_full_window_reported_pauses_this_process_and_slows_every_worker(db: Dat
     # the insert, the leases and one slow-down for every worker (0.9 of the rate): the pause is local
     assert stats.writes == 1 + stats.leases + 1
     assert row(db)["paused_until"] is None and row(db)["rate_scale"] == pytest.approx(0.9)
-    budget.observe({"x-ratelimit-limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1"})
+    budget.observe(RateObservation(limit=80, remaining=0, reset=1.0))
     assert budget.stats().writes == stats.writes  # once per window
 
 
@@ -415,7 +416,7 @@ def test_leases_stop_at_the_daily_share_counting_every_slot_since_the_report(db:
                     daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
     lag = budget.lag()
     budget.acquire()  # slot 0 (the first chunk: 0..7)
-    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "800"})
+    budget.observe(RateObservation(daily_limit=1000, daily_remaining=800))
     spent = 1
     with pytest.raises(RateLimitParked) as info:
         for _ in range(200):  # 200 slots would be 2,000 tokens: far past the share
@@ -449,17 +450,25 @@ def test_a_report_of_the_old_day_does_not_park_the_new_one(db: Database) -> None
     budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2, latency_margin=0.0,
                     daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
     budget.acquire()
-    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "800"})
+    budget.observe(RateObservation(daily_limit=1000, daily_remaining=800))
     with pytest.raises(RateLimitParked):
         for _ in range(200):
             budget.acquire()
-    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "505"})
+    budget.observe(RateObservation(daily_limit=1000, daily_remaining=505))
     time.sleep(0.6)  # the day resets
     for _ in range(20):
         budget.acquire()  # the old day's report is not taken: no park
     assert row(db)["daily_reset_at"] is None
     # a report of the new day is taken
-    budget.observe({"x-daily-ratelimit-token-limit": "1000", "x-daily-ratelimit-token-remaining": "990"})
+    budget.observe(RateObservation(daily_limit=1000, daily_remaining=990))
     for _ in range(10):
         budget.acquire()  # past the chunk: the next lease delivers the report
     assert row(db)["daily_remaining"] == 990
+
+
+def test_the_client_reads_pipedrives_rate_headers_into_numbers() -> None:
+    seen = rate_observation(httpx.Headers({"X-RateLimit-Limit": "80", "x-ratelimit-remaining": "0", "x-ratelimit-reset": "1.5",
+                                           "x-daily-ratelimit-token-limit": "300000", "x-daily-ratelimit-token-remaining": "12.0",
+                                           "x-daily-ratelimit-reset": "-3"}))
+    assert seen == RateObservation(limit=80, remaining=0, reset=1.5, daily_limit=300000, daily_remaining=12, daily_reset=None)
+    assert rate_observation({"x-ratelimit-limit": "many", "x-ratelimit-reset": "inf"}) == RateObservation()

@@ -69,7 +69,7 @@ class FakeBudget:
     """Records what the client asks of a budget (the real one is tested against Postgres)."""
 
     acquired: int = 0
-    observed: list[dict[str, str]] = field(default_factory=list)
+    observed: list[Any] = field(default_factory=list)  # RateObservations
     limited: list[tuple[str, float]] = field(default_factory=list)
     parked: float | None = None
 
@@ -80,8 +80,8 @@ class FakeBudget:
             raise RateLimitParked(self.parked)
         self.acquired += 1
 
-    def observe(self, headers: Any) -> None:
-        self.observed.append(dict(headers))
+    def observe(self, seen: Any) -> None:
+        self.observed.append(seen)
 
     def note_rate_limited(self, scope: str, retry_after: float) -> None:
         self.limited.append((scope, retry_after))

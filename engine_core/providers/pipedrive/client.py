@@ -25,6 +25,7 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
+import math
 import random
 import ssl
 import threading
@@ -41,6 +42,7 @@ import orjson
 
 from engine_core.errors import RateLimitParked, TaskStopped
 from engine_core.progress import source_metrics
+from engine_core.source import RateObservation
 from engine_core.providers.pipedrive.errors import (
     AuthError,
     BadResponse,
@@ -197,7 +199,7 @@ class SlotBudget(Protocol):
 
     def acquire(self, cancel: threading.Event | None = None) -> None: ...
 
-    def observe(self, headers: Mapping[str, str]) -> None: ...
+    def observe(self, seen: RateObservation) -> None: ...
 
     def note_rate_limited(self, scope: Scope, retry_after: float) -> None: ...
 
@@ -685,7 +687,7 @@ class PipedriveClient:
         if budget is None:
             return
         if any(key.lower().startswith(RATE_HEADER_PREFIXES) for key in headers.keys()):
-            budget.observe(headers)
+            budget.observe(rate_observation(headers))
 
     def _note_rate_limited(self, scope: Scope, wait: float, reservation: SlotHolder | None = None) -> None:
         budget = reservation or self._budget
@@ -784,6 +786,40 @@ class NonFinite(float):
 
 def _nonfinite_constant(name: str) -> float:
     return NonFinite(name)
+
+
+def rate_observation(headers: Mapping[str, str]) -> RateObservation:
+    """What Pipedrive's rate-limit headers say, as numbers: `x-ratelimit-limit/-remaining/-reset`
+    (the burst window) and `x-daily-ratelimit-token-limit/-token-remaining/-reset` (the day's
+    tokens). A header absent or unreadable is None; a reset must be a finite number >= 0."""
+    h = {k.lower(): v for k, v in headers.items()}
+    return RateObservation(
+        limit=_header_int(h.get("x-ratelimit-limit")),
+        remaining=_header_int(h.get("x-ratelimit-remaining")),
+        reset=_header_seconds(h.get("x-ratelimit-reset")),
+        daily_limit=_header_int(h.get("x-daily-ratelimit-token-limit")),
+        daily_remaining=_header_int(h.get("x-daily-ratelimit-token-remaining")),
+        daily_reset=_header_seconds(h.get("x-daily-ratelimit-reset")),
+    )
+
+
+def _header_int(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(float(raw))
+    except ValueError:
+        return None
+
+
+def _header_seconds(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _float(text: str) -> float:
