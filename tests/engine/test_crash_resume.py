@@ -8,9 +8,10 @@ import os
 import signal
 import time
 
-from engine_core import window
+from psycopg import conninfo
+
 from engine_core import db as dbmod
-from engine_core import reaper, runs
+from engine_core import reaper, runs, window
 from engine_core.providers import example
 from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker
@@ -18,11 +19,23 @@ from tests.engine.support import FAST, task_rows
 
 ROWS = 600  # six set-based windows of WINDOW rows: the kill lands inside the page
 WINDOW = 100  # the killed worker's set-based windows (window.SET_WINDOW is 500: the page would be two)
+APP = "killed-worker"  # the killed worker's application_name: its backends are found by it
+
+
+def _killed_backends_gone(db: dbmod.Database, timeout: float = 60.0) -> None:
+    """Wait until the killed worker's backends have ended. A SIGKILLed client does not stop its
+    backend at once: a COMMIT it sent may still land after the client is gone, so the checkpoint and
+    the rows are read only once no backend of it is left."""
+    deadline = time.monotonic() + timeout
+    while db.sql("SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database()"
+                 " AND application_name = %(app)s", {"app": APP})[0]["n"]:
+        assert time.monotonic() < deadline, "the killed worker's backends did not end"
+        time.sleep(0.02)
 
 
 def _work(url: str, task_id: int) -> None:
     window.SET_WINDOW = WINDOW  # this process is the killed worker's alone
-    database = dbmod.Database(url, max_size=2)
+    database = dbmod.Database(conninfo.make_conninfo(url, application_name=APP), max_size=2)
     Worker(database, settings=FAST, providers=for_run).execute(task_id)
 
 
@@ -41,6 +54,7 @@ def test_sigkill_mid_page_then_release_and_resume_writes_each_row_once(db, db_ur
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.join()
+    _killed_backends_gone(db)
     killed = task_rows(db, run.id, id=task["id"])[0]
     assert killed["status"] == "running" and 75 <= killed["processed_offset"] < ROWS
     at_kill = killed["processed_offset"]
