@@ -797,7 +797,7 @@ def check_someone_works(db: dbmod.Database, run: Any, action: str, as_json: bool
     what to do instead - `migrate run` (resumes or retries it through Dagster, with a daemon for
     the duration) or `--drain` (works on it in this process)."""
     from migration_pipeline import launch
-    from migration_pipeline.fair_lane import dagster_managed
+    from migration_pipeline.lane.fair import dagster_managed
     from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
 
     env = dagster_env(env=dict(os.environ))
@@ -892,7 +892,7 @@ def _source(requested: str | None) -> str:
 
 
 def _asset_order(source: str) -> list[str]:
-    from migration_pipeline.assets.phases import phase_specs
+    from migration_pipeline.assets.specs import phase_specs
 
     return [spec.key.to_user_string() for spec in phase_specs(source)]
 

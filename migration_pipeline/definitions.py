@@ -15,7 +15,7 @@ from dagster import Definitions
 from engine_core.providers.registry import provider_for
 from migration_pipeline.assets.checks import build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
-from migration_pipeline.deploy import executor_def
+from migration_pipeline.lane.executors import executor_def
 from migration_pipeline.jobs import drainer_job, explain_job, sync_job, tenant_job, verify_job
 from migration_pipeline.resources import default_resources
 from migration_pipeline.schedules import sync_schedule

@@ -46,9 +46,10 @@ from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary
-from migration_pipeline.assets.phases import cancel_this_run, phase_specs
-from migration_pipeline.fair_lane import lane_picture
-from migration_pipeline.lane import drain_in_slot
+from migration_pipeline.assets.phases import cancel_this_run
+from migration_pipeline.assets.specs import phase_specs
+from migration_pipeline.lane.fair import lane_picture
+from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
 

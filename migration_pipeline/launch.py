@@ -665,7 +665,7 @@ def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[st
     so Dagster's run retries never re-execute it. Waits up to `wait` seconds for
     it to finish; returns its status then (None: no such run). Resumable: launching the partition
     again resumes the engine run from its checkpoints."""
-    from migration_pipeline.deploy import stop_engine_run
+    from migration_pipeline.lane.terminate import stop_engine_run
 
     from dagster._core.storage.tags import MAX_RETRIES_TAG
 
@@ -1303,7 +1303,7 @@ class InProcessRun:
         a run on a daemon - no Dagster retry, the engine run's stop flag, the run CANCELING."""
         from dagster._core.storage.tags import MAX_RETRIES_TAG
 
-        from migration_pipeline.deploy import stop_engine_run
+        from migration_pipeline.lane.terminate import stop_engine_run
 
         if self.signalled is not None and self.err is not None:
             try:

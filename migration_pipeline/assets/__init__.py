@@ -1,4 +1,2 @@
-"""Phase assets (with their ledger checks), generated from a provider's plan."""
-from migration_pipeline.assets.phases import PhaseSpec, build_phase_assets, phase_specs
-
-__all__ = ["PhaseSpec", "build_phase_assets", "phase_specs"]
+"""Phase assets (with their ledger checks), generated from a provider's plan: `specs` (a phase as
+Dagster sees it), `phases` (the asset factory and the op's step), `checks`, `metadata`."""

@@ -51,9 +51,9 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Conn, Database
 from engine_core.errors import RunNotFound
-from engine_core.source import catchup_kind
 from engine_core.providers.registry import provider_for
-from migration_pipeline.assets.phases import PhaseSpec, phase_specs
+from engine_core.source import catchup_kind
+from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
 

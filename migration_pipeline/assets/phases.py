@@ -26,23 +26,20 @@ Dagster run (`not_in_plan`).
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
-import re
-import threading
-import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, Iterator, NoReturn
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
     AssetKey,
     AssetObservation,
     AssetsDefinition,
+    AssetSpec,
+    DagsterRunStatus,
     Failure,
     MaterializeResult,
     MetadataValue,
-    AssetSpec,
     RunsFilter,
     multi_asset,
 )
@@ -50,89 +47,31 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 
 from engine_core import rollup as rollups
 from engine_core import runs
-from engine_core.db import Database
-from engine_core.config import Settings, number
-from engine_core.errors import AdmissionRefused, NothingToSync
-from engine_core.worker import Worker
-from engine_core.runs import AlreadyMigrated, RunStillStopping
-from engine_core.models import Run
-from engine_core.providers.registry import provider_for
-from migration_pipeline import tags
 from engine_core.budget import waiting_state
+from engine_core.db import Database
+from engine_core.errors import AdmissionRefused, NothingToSync
+from engine_core.models import Run
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
+from engine_core.runs import AlreadyMigrated, RunStillStopping
+from migration_pipeline import tags
+from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant
 from migration_pipeline.assets.metadata import phase_metadata, progress_metadata
-from migration_pipeline.lane import drain_in_slot, hold_interrupts
+from migration_pipeline.assets.specs import PhaseSpec, phase_specs
+from migration_pipeline.lane.slot import drain_in_slot
+from migration_pipeline.lane.terminate import hold_interrupts
+from migration_pipeline.lane.threads import LaunchLanes, launch_threads
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
+from migration_pipeline.tags import RunTags, read_run_tags
 
 NEW_RUN_TAG = tags.NEW_RUN  # without it a tenant whose latest run succeeded gets no new full run (`runs.AlreadyMigrated`)
 ATTACHED_BY = "migration/attached_by"  # the Dagster run that prepared the engine run (once per run)
 PROGRESS_SECONDS = 5.0  # how often a running phase reports its progress (log line + asset observation)
-LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # lane threads of a launch's phase op (see LaunchLanes)
-
-
-@dataclass(frozen=True)
-class PhaseSpec:
-    """One phase of the provider's plan and the asset that stands for it."""
-
-    source: str
-    index: int  # position in the provider's full plan
-    kinds: tuple[str, ...]
-
-    @property
-    def name(self) -> str:
-        return f"phase_{self.index + 1}_" + "_".join(re.sub(r"[^a-z0-9]+", "_", k.lower()) for k in self.kinds)
-
-    @property
-    def key(self) -> AssetKey:
-        return AssetKey([self.source, self.name])
-
-    def run_phase(self, run: Run) -> int | None:
-        """This phase's index in a run's plan (a run limited to some kinds has fewer phases)."""
-        for i, group in enumerate(run.plan):
-            if set(group) & set(self.kinds):
-                return i
-        return None
-
-
-def plan_of(source: str) -> list[list[str]]:
-    return [list(g) for g in provider_for(source).phases() if g]
-
-
-def phase_specs(source: str, phases: list[list[str]] | None = None) -> list[PhaseSpec]:
-    phases = plan_of(source) if phases is None else phases
-    return [PhaseSpec(source, i, tuple(group)) for i, group in enumerate(phases)]
 
 
 # -- attaching a Dagster run to an engine run ----------------------------------------------------
 # The policy (attach / join / rerun / start, then resume / retry / restart once per launch) is the
 # engine's (`engine_core.runs.attach` / `prepare`); this face only reads and writes its run tags.
-
-
-def _run_tags(context: AssetExecutionContext) -> dict[str, str]:
-    current = context.instance.get_run_by_id(context.run_id)  # fresh: earlier steps may have tagged it
-    return dict(current.tags if current else context.run.tags)
-
-
-class RunTags:
-    """This Dagster run's tags as one phase op knows them: read once when the op starts (earlier
-    steps may have tagged the run), then kept in step with the op's own writes (`add`). The keys
-    the op reads (the engine run, attached_by, the lane tags, the launch's options) are written
-    only by the run's own phase ops, one at a time, so the copy stays true for the op's life; a
-    run read per look cost five reads of the run (each a query and the run's deserialisation) per
-    phase op (issue 11)."""
-
-    def __init__(self, context: AssetExecutionContext) -> None:
-        self.context = context
-        self.tags = _run_tags(context)
-
-    def get(self, key: str, default: str = "") -> str:
-        return self.tags.get(key, default)
-
-    def add(self, new: dict[str, str]) -> None:
-        """Write `new` on the run (Dagster's `add_run_tags`) and into this copy."""
-        self.context.instance.add_run_tags(self.context.run_id, new)
-        self.tags.update(new)
 
 
 def _tag_engine_run(context: AssetExecutionContext, run: Run, source: str, run_tags: RunTags | None = None) -> None:
@@ -212,8 +151,6 @@ def cancel_this_run(context: Any, message: str) -> NoReturn:
 def terminate_requested(context: Any) -> bool:
     """Whether this Dagster run was asked to terminate (CANCELING or CANCELED): an interrupt then is
     the user's request, not a crash. False when it cannot be read."""
-    from dagster import DagsterRunStatus
-
     try:
         current = context.instance.get_run_by_id(context.run_id)
     except Exception:  # noqa: BLE001 - unknown: treat the interrupt as Dagster does
@@ -240,7 +177,7 @@ def stop_after_termination(context: AssetExecutionContext, db: Database, source:
     with hold_interrupts():
         try:
             if run is None:
-                tagged = _run_tags(context).get(tags.ENGINE_RUN, "")
+                tagged = read_run_tags(context).get(tags.ENGINE_RUN, "")
                 if tagged.isdigit():
                     run = runs.get_run(db, int(tagged))
                 else:
@@ -306,277 +243,6 @@ class PhaseReporter:
         except Exception:  # noqa: BLE001 - the report goes on without it
             return None
         return f"{w.reason}, until {w.until:%Y-%m-%d %H:%M:%S} UTC" if w.reason and w.until else None
-
-
-# -- the phase op's lane threads -------------------------------------------------------------------
-
-
-def launch_threads(settings: Settings, env: dict[str, str] | None = None) -> int:
-    """MIGRATE_LAUNCH_THREADS: how many lane threads a launch's phase op may drain with, from 1 to the
-    lane width (the default, unset: the width; larger values are capped to it). The op takes at most
-    its tenant's fair share of the lane's slots (`LaunchLanes`); 1 leaves the rest of the share to
-    drainer runs. Raises ConfigError (one line naming the variable) for anything else."""
-    value = int(number(LAUNCH_THREADS_ENV, env))  # ConfigError naming the variable (engine_core.config)
-    return settings.lane_width if value == 0 else min(value, settings.lane_width)  # 0: unset
-
-
-LANE_REFRESH_SECONDS = 1.0  # how often a launch with more than one thread re-reads its allowance
-LANE_WAIT_SECONDS = 0.5  # how often a launch waiting for a lane slot looks again
-
-# The op's resource pool (MigrationDatabase, one per Dagster run) grown for the extra threads once
-# per run: pool -> its size before. Weak: the resource closes and drops its pool at the run's end.
-_GROWN: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-
-
-def lanes_pool(db: Database, threads: int) -> Database:
-    """The pool the extra lane threads of a phase op drain with: the op's own (the run's
-    MigrationDatabase pool), grown once per run by what the extra threads use, sized as the
-    engine's own lanes are (drain_threads' callers: 3 per thread, and 2 more). Unshared, the op's
-    pool (6) was slower than none (the op's thread, its lock keepers and its progress reports wait
-    on it); a pool of their own per phase op opened and closed connections every phase (issue 11).
-    The run's connections stay open between phases and close with the resource."""
-    pool = db.pool
-    if pool not in _GROWN:
-        _GROWN[pool] = pool.max_size
-        pool.resize(pool.min_size, pool.max_size + 3 * max(1, threads - 1) + 2)
-    return db
-
-
-class LaunchLanes:
-    """The lane slots of a launch's phase op: its own thread (`drain_in_slot`) and up to
-    MIGRATE_LAUNCH_THREADS - 1 more in the op's process (issue 11: a small account spent most of
-    `migrate run` in one thread while drainer runs, each a process of its own, started).
-
-    The lane counts slots (threads), not runs (`fair_lane`): before its own thread drains, the op
-    takes `LanePicture.slots_for` slots - at most the tenant's fair share, never one another run
-    holds - and records them on its Dagster run (`fair_lane.LANE_SLOTS_TAG`, with the most it may
-    grow to in `LANE_THREADS_TAG`), so the sensors request drainers only for slots no launch thread
-    holds or will take. Taking is serialised by an advisory lock of the engine database
-    (`fair_lane.LANE_LOCK`), so two launches never both take the same free slot. When none is free
-    the op records 0 and waits (the tenant is then "waiting": other tenants' extra threads and
-    drainers above their share give way at their next task boundary). While it drains, the op
-    re-reads its allowance every LANE_REFRESH_SECONDS (`poll`, on the op's main thread: Dagster's
-    instance is not shared with the threads): it starts threads up to it, and threads beyond it give
-    their slot back at a task boundary; the tag is raised before a thread starts and lowered only
-    once a thread has stopped, so it never says fewer threads than drain. The op's own thread never
-    gives way. A termination stops the engine run (`drain_in_slot`), which every thread checks
-    before a claim.
-
-    Alone in the lane (no other Dagster run in progress or queued: `alone`, one count of the run
-    storage) nothing can change the op's allowance but itself, so the bookkeeping is skipped
-    (issue 11: the lane picture read every second and the tags written at every phase's start and
-    end were a tenth of a small `migrate run`'s steps): a run whose tag already says all its
-    threads takes them without the picture; while it holds them all it does not re-read the
-    picture; and at the phase's end it keeps its tag rather than lowering it to its one slot (the
-    next phase op takes the same). A run arriving meanwhile is seen at the next look: the op then
-    reads the picture under the lock as before, and a launch that had to wait for a slot waits at
-    most until this run's next phase op starts (its share taken, the rest given) or the run ends."""
-
-    def __init__(self, context: AssetExecutionContext, db: Database, run_id: int, phase: int,
-                 settings: Settings, providers: Any, threads: int, run_tags: RunTags | None = None) -> None:
-        from migration_pipeline.fair_lane import LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG
-
-        self.context, self.db, self.run_id, self.phase = context, db, run_id, phase
-        self.settings, self.providers, self.threads = settings, providers, threads
-        # a previous phase op of this Dagster run may have tagged it
-        self.run_tags = run_tags or RunTags(context)
-        self.cancel = threading.Event()
-        self.allowance = 1  # slots this op may hold now, its own thread included
-        self.extra: dict[int, threading.Event] = {}  # extra thread index -> done
-        self.finished = False  # a thread found the phase closed (or the run not running): no more starts
-        self.errors: list[BaseException] = []
-        self.executed = 0
-        self.pool: Database | None = None
-        self.next_refresh = 0.0
-        # the first record writes both (the sensors hold drainers back until a launch said its threads)
-        self.recorded = (self.run_tags.tags.get(LANE_SLOTS_TAG), self.run_tags.tags.get(LANE_THREADS_TAG))
-        try:  # when the run last wrote its lane_seen stamp (epoch seconds): a previous phase op's counts
-            self.stamped = float(self.run_tags.get(LANE_SEEN_TAG, "0")) if self.recorded[1] else 0.0
-        except ValueError:
-            self.stamped = 0.0
-        self.stamp_every = max(1.0, settings.stale_lock_seconds / 4)
-
-    # -- the slots tag and the lane lock
-
-    def live(self) -> int:
-        """Threads draining now, the op's own included."""
-        return 1 + sum(1 for done in self.extra.values() if not done.is_set())
-
-    def record(self, slots: int) -> None:
-        """Write the run's slots tag when it changed, and its live stamp every `stamp_every` seconds
-        (one write to the run storage; a stale stamp counts as a dead launch's 1 slot)."""
-        from migration_pipeline.fair_lane import LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG
-
-        wanted = (str(slots), str(self.threads))
-        now = time.time()
-        if wanted != self.recorded or now - self.stamped >= self.stamp_every:
-            # the stamp says the slots are live (fair_lane.held_by_launch): a dead launch's go back
-            self.run_tags.add({LANE_SLOTS_TAG: wanted[0], LANE_THREADS_TAG: wanted[1], LANE_SEEN_TAG: f"{now:.0f}"})
-            self.recorded, self.stamped = wanted, now
-
-    def alone(self) -> bool:
-        """Whether this is the only Dagster run in progress or queued (any job, any tenant): then
-        no other run holds, takes or waits for a slot. False when it cannot be read."""
-        from migration_pipeline.fair_lane import IN_PROGRESS, QUEUED
-
-        try:
-            return self.context.instance.get_runs_count(RunsFilter(statuses=IN_PROGRESS + QUEUED)) <= 1
-        except Exception:  # noqa: BLE001 - unknown: read the picture
-            return False
-
-    def holds_all(self) -> bool:
-        """Whether the run's tag already says it holds all its threads (a previous phase op's)."""
-        return self.recorded == (str(self.threads), str(self.threads))
-
-    def _slots_now(self) -> int:
-        """Under the lane lock: the slots this run may hold now (`LanePicture.slots_for`); alone in
-        the lane (no other tenant's run, no other run of its own, none queued) all its threads, up to
-        the width, whatever its demand now: there is nobody to share the lane with, and the threads
-        that find nothing to claim wait for the work the others enqueue, as the engine's own lane
-        does (`drain_threads`). Taken once, they need no re-reading while the run stays alone."""
-        from migration_pipeline import fair_lane
-
-        tenant, me = self.context.partition_key, self.context.run_id
-        picture = fair_lane.lane_picture(self.context.instance, self.db, self.settings)
-        mine = picture.tenants.get(tenant)
-        if set(picture.tenants) <= {tenant} and (mine is None or (mine.in_progress in ([], [me]) and not mine.queued)):
-            return min(self.threads, picture.width)
-        return picture.slots_for(tenant, me, self.threads)
-
-    def _locked(self, take: Any) -> int:
-        """`take()` (which reads the picture and records the tag) under the lane's advisory lock."""
-        from migration_pipeline.fair_lane import LANE_LOCK
-
-        with self.db.connection() as conn:
-            conn.sql("SELECT pg_advisory_lock(%s, %s)", LANE_LOCK)
-            try:
-                return take()
-            finally:
-                conn.sql("SELECT pg_advisory_unlock(%s, %s)", LANE_LOCK)
-
-    # -- taking, growing, giving back
-
-    def acquire(self) -> None:
-        """Before the op's own thread drains: take this run's slots, waiting (tag 0) while the lane
-        has none free for it; then start the extra threads. Stops waiting when the phase closed or
-        the engine run is no longer running (the drain that follows finds out why). A run alone in
-        the lane whose tag says all its threads takes them as they are (see the class docstring)."""
-
-        def take() -> int:
-            n = self._slots_now()
-            self.record(n)
-            return n
-
-        if self.holds_all() and self.alone():
-            self.allowance = self.threads  # held already, and nobody else to give way to
-        else:
-            self.allowance = self._take(take)
-        self.record(max(self.allowance, self.live()))
-        self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS  # just read
-        self._grow()
-        if self.allowance > 1:
-            self.context.log.info(f"draining phase {self.phase + 1} with {self.allowance} lane threads "
-                                  f"({LAUNCH_THREADS_ENV}={self.threads})")
-
-    def _take(self, take: Any) -> int:
-        """`take` under the lane lock until it gives a slot or more (waiting, tag 0, while it gives
-        none); 1 when the picture cannot be read, the phase closed or the engine run stops."""
-        announced = False
-        while True:
-            try:
-                n = self._locked(take)
-            except Exception:  # noqa: BLE001 - no picture: drain in the run's own slot, as a run always could
-                self.context.log.exception("could not read the lane's picture; draining this phase in one thread")
-                return 1
-            if n >= 1:
-                return n
-            run = runs.get_run(self.db, self.run_id)
-            if run.status != "running" or run.cancel_requested or run.current_phase > self.phase:
-                return 1
-            if not announced:
-                self.context.log.info(f"waiting for a lane slot: the lane's {self.settings.lane_width} slots are "
-                                      "held by other runs or beyond this tenant's fair share")
-                announced = True
-            time.sleep(LANE_WAIT_SECONDS)
-
-    def poll(self) -> None:
-        """On the op's main thread, every 0.25 s: the tag follows threads that gave their slot back;
-        every LANE_REFRESH_SECONDS the allowance is read again and threads start up to it (unless
-        the op holds all its threads and is alone in the lane: nothing to read then)."""
-        if self.threads > 1 and not self.finished and time.monotonic() >= self.next_refresh:
-            self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS
-            if not (self.allowance >= self.threads and self.alone()):
-                self.refresh()
-                return
-        self.record(max(self.allowance, self.live()))
-
-    def refresh(self) -> int:
-        """Read the allowance again (the op's own slot is never given back); record it; start threads
-        up to it. Returns the allowance."""
-
-        def take() -> int:
-            n = max(1, self._slots_now())
-            self.record(max(n, self.live()))
-            return n
-
-        try:
-            self.allowance = self._locked(take)
-        except Exception:  # noqa: BLE001 - no picture, no extra threads; the phase goes on in one
-            self.context.log.exception("could not read the lane's picture; draining this phase in one thread")
-            self.allowance = 1
-        self._grow()
-        return self.allowance
-
-    def _grow(self) -> None:
-        if self.cancel.is_set() or self.finished:
-            return
-        for i in range(1, self.allowance):
-            done = self.extra.get(i)
-            if done is not None and not done.is_set():
-                continue
-            if self.pool is None:
-                self.pool = lanes_pool(self.db, self.threads)
-            done = threading.Event()
-            self.extra[i] = done
-            threading.Thread(target=self._lane, args=(i, done), name=f"launch-lane-{self.run_id}-{i}",
-                             daemon=True).start()
-
-    def _lane(self, i: int, done: threading.Event) -> None:
-        try:
-            worker = Worker(self.pool, settings=self.settings, providers=self.providers, cancel=self.cancel)
-            while not self.cancel.is_set() and i < self.allowance:  # beyond the allowance: give the slot back
-                # one task per drain: the allowance is looked at between tasks; a drain that ends
-                # otherwise found the phase closed (or the run no longer running)
-                r = worker.drain(self.run_id, until_phase_closed=self.phase, max_tasks=1)
-                self.executed += sum(r.executed.values())
-                if r.reason != "max_tasks":
-                    self.finished = True
-                    break
-        except BaseException as e:  # surfaced by stop()
-            self.errors.append(e)
-            self.finished = True
-        finally:
-            done.set()
-
-    def stop(self, grace: float, raise_errors: bool = True) -> None:
-        """No new claims; wait up to `grace` seconds for the threads (a running task ends at its next
-        stop point); record the threads still draining (1 once they stopped: the run's own slot) -
-        unless the phase ended normally (`raise_errors`) with every thread stopped and the run alone
-        in the lane, where the tag is kept for the next phase op (see the class docstring); raise
-        the first error a thread met (unless `raise_errors` is false)."""
-        self.cancel.set()
-        stopped = all([done.wait(grace) for done in self.extra.values()])
-        if not stopped:
-            self.context.log.warning(f"a lane thread did not reach a stop point in {grace:.0f} s; the reaper releases "
-                                     "its task once its lock is stale")
-        keep = raise_errors and stopped and not self.errors and self.holds_all() and self.alone()
-        if not keep:
-            try:
-                self.record(self.live())
-            except Exception:  # noqa: BLE001 - the run's end drops it from the lane anyway
-                self.context.log.exception("could not record the lane threads this run holds")
-        if self.errors and raise_errors:
-            raise self.errors[0]
 
 
 def planned_after(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> list[PhaseSpec]:
@@ -715,18 +381,54 @@ def _materialize_phase(
     return MaterializeResult(metadata=metadata)
 
 
+def phase_step(
+    context: AssetExecutionContext,
+    spec: PhaseSpec,
+    database: MigrationDatabase,
+    source: SourceResource,
+    lane: LaneSettings,
+    new_run: NewRunOptions,
+) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """The phase op's step for its tenant partition: the phase drained to its close and
+    materialised (`materialize_phase`), then its selected ledger checks; a run that selects only
+    checks evaluates those and drains nothing. Raises Failure (one line) without a tenant
+    partition, or when the tenant has no run of the source and only checks are selected.
+
+    The checks' queries (their own snapshot of the phase, read-only) start on a thread as soon as
+    the phase is seen closed, while the op reads the rollup and Dagster records the
+    materialisation; their results are yielded after it, so their evaluations name it as the one
+    they checked. A phase that fails (failed tasks) yields no evaluations."""
+    require_tenant(context)
+    checks = {k.name for k in context.selected_asset_check_keys}
+    if spec.key not in context.selected_asset_keys:
+        require_run(database.database(), context.partition_key, spec)
+        yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checks-{spec.index + 1}") as aside:
+        started = []
+
+        def start_checks() -> None:
+            started.append(aside.submit(evaluate_ledger_checks, database.database(), context.partition_key, spec,
+                                        checks))
+
+        result = materialize_phase(context, spec, database, source, lane, new_run,
+                                   on_closed=start_checks if checks else None)
+        if result is None:
+            return  # not materialised: nothing for the checks to check
+        yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
+        if checks:  # a phase materialised as not planned was never seen closed: checked here
+            yield from (started[0].result() if started else
+                        evaluate_ledger_checks(database.database(), context.partition_key, spec, checks))
+
+
 def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition:
     """The phase's asset, with its three ledger checks (checks.ledger_check_specs) evaluated in the
     same op: their queries start when the phase is seen closed, their results follow the
-    materialisation. One step per phase, not two (issue 11: a separate checks step per phase - its
-    own start and success events, inputs' data versions, the partition lookups - was ~0.1 s a phase
-    of a small account's `migrate run`). The op is subsettable: a run that selects only some of the
-    checks on a tenant partition evaluates those and drains nothing (without a partition - the
-    checks tab's "Execute" sends none - or on a tenant with no run of the source, the step fails in
-    one line saying so); a run of the asset
-    without its checks evaluates none."""
-    from migration_pipeline.assets.checks import (  # it imports this module
-        evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant)
+    materialisation. One step per phase, not two: a separate checks step per phase (its own start
+    and success events, inputs' data versions, partition lookups) cost ~0.1 s a phase of a small
+    account's `migrate run`. The op is subsettable (`phase_step`): a run that selects only some of
+    the checks evaluates those and drains nothing; a run of the asset without its checks evaluates
+    none. Its body is `phase_step`."""
 
     @multi_asset(
         name=spec.key.to_python_identifier(),
@@ -752,31 +454,7 @@ def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition
         lane: LaneSettings,
         new_run: NewRunOptions,
     ):
-        require_tenant(context)
-        checks = {k.name for k in context.selected_asset_check_keys}
-        if spec.key not in context.selected_asset_keys:
-            require_run(database.database(), context.partition_key, spec)
-            yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
-            return
-        # The checks' queries (their own snapshot of the phase, read-only) start on a thread as soon as
-        # the phase is seen closed, while the op reads the rollup and Dagster records the
-        # materialisation; their results are yielded after it, so their evaluations name it as the
-        # one they checked. A phase that fails (failed tasks) yields no evaluations, as before.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checks-{spec.index + 1}") as aside:
-            started = []
-
-            def start_checks() -> None:
-                started.append(aside.submit(evaluate_ledger_checks, database.database(), context.partition_key, spec,
-                                            checks))
-
-            result = materialize_phase(context, spec, database, source, lane, new_run,
-                                       on_closed=start_checks if checks else None)
-            if result is None:
-                return  # not materialised: nothing for the checks to check (a skipped checks step before)
-            yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
-            if checks:  # a phase materialised as not planned was never seen closed: checked here
-                yield from (started[0].result() if started else
-                            evaluate_ledger_checks(database.database(), context.partition_key, spec, checks))
+        yield from phase_step(context, spec, database, source, lane, new_run)
 
     return _phase
 

@@ -9,7 +9,7 @@
   instead of waiting for the reaper.
 
 Neither decides anything the tasks do not already say: drainers are requested only for enqueued
-work, only up to the tenant's fair share of the lane's slots (`fair_lane`: two tenants that both
+work, only up to the tenant's fair share of the lane's slots (`lane.fair`: two tenants that both
 want the whole lane get half each) minus the slots its runs hold or have queued and those its
 launches take with threads of their own (MIGRATE_LAUNCH_THREADS; a lone `migrate run` holds its
 whole share and gets no drainer), and only for engine runs a Dagster run has attached to (a run started by the engine's own CLI or a benchmark is drained by its
@@ -39,7 +39,7 @@ from engine_core.models import Run
 from engine_core.source import Provider, identity_of
 from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
-from migration_pipeline.fair_lane import dagster_managed, lane_picture
+from migration_pipeline.lane.fair import dagster_managed, lane_picture
 from migration_pipeline.partitions import TENANTS
 from migration_pipeline.resources import LaneSettings, MigrationDatabase
 
@@ -64,7 +64,7 @@ def drainer_requests(
     why: list[str] | None = None,
 ) -> list[RunRequest]:
     """Drainer runs for runs below width, each tenant up to its fair share of the lane
-    (`migration_pipeline.fair_lane`). A run started outside Dagster (the engine's own CLI) may
+    (`migration_pipeline.lane.fair`). A run started outside Dagster (the engine's own CLI) may
     have no tenant partition yet: it is added here, before the requests that need it are returned.
     `why`, when given, receives one line per run below width that got no drainer, saying why."""
     why = [] if why is None else why

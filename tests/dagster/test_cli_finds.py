@@ -329,7 +329,7 @@ def _results_at(width: int, monkeypatch) -> str:
 
     from engine_core.rollup import KindRollup, RunRollup
     from migration_pipeline import cli
-    from migration_pipeline.assets.phases import phase_specs
+    from migration_pipeline.assets.specs import phase_specs
     from migration_pipeline.launch import PhaseResult
 
     out = Console(width=width, record=True, force_terminal=False)

@@ -30,7 +30,7 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.providers.registry import provider_for
-from migration_pipeline.lane import drain_in_slot
+from migration_pipeline.lane.slot import drain_in_slot
 from tests.engine.support import make_executions_table, task_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Issue 11: the lane counts slots (threads), not Dagster runs.
 
-A launch's phase op records the lane threads it drains with on its run (`fair_lane.LANE_SLOTS_TAG`,
+A launch's phase op records the lane threads it drains with on its run (`lane.fair.LANE_SLOTS_TAG`,
 and the most it may grow to in `LANE_THREADS_TAG`); a drainer holds one slot. So:
 * the lane poller requests drainers only for the slots of a tenant's share that its launch's threads
   neither hold nor will take (a launch holding its whole share gets none);
@@ -33,9 +33,9 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
-from migration_pipeline.assets.phases import LAUNCH_THREADS_ENV
+from migration_pipeline.lane.threads import LAUNCH_THREADS_ENV
 from migration_pipeline.definitions import build_definitions
-from migration_pipeline.fair_lane import IN_PROGRESS, LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
+from migration_pipeline.lane.fair import IN_PROGRESS, LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
 from migration_pipeline.jobs import DRAINER_JOB
 from tests.dagster.support import materialize_tenant, resources
 

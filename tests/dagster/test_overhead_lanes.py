@@ -17,8 +17,8 @@ import pytest
 
 from engine_core.config import Settings
 from engine_core.errors import ConfigError
-from migration_pipeline.assets.phases import LAUNCH_THREADS_ENV, launch_threads
-from migration_pipeline.fair_lane import lane_picture
+from migration_pipeline.lane.threads import LAUNCH_THREADS_ENV, launch_threads
+from migration_pipeline.lane.fair import lane_picture
 from tests.dagster.support import materialize_tenant, resources
 
 COUNTS = {"companies": 60, "contacts": 60, "deals": 30, "activities": 20, "notes": 20}
@@ -94,18 +94,18 @@ def test_a_launch_alone_in_the_lane_takes_its_slots_once_not_at_every_phase(inst
     tag writes per phase op - raised at the start, lowered at the end - were a tenth of a small
     `migrate run`'s steps): its first phase op takes all its threads; the next ones find its tag
     saying so and nobody else in the lane, and keep it."""
-    from migration_pipeline import fair_lane
+    from migration_pipeline.lane import fair
 
     monkeypatch.delenv(LAUNCH_THREADS_ENV, raising=False)
     pictures: list[int] = []
-    picture = fair_lane.lane_picture
-    monkeypatch.setattr(fair_lane, "lane_picture", lambda *a, **k: pictures.append(1) or picture(*a, **k))
+    picture = fair.lane_picture
+    monkeypatch.setattr(fair, "lane_picture", lambda *a, **k: pictures.append(1) or picture(*a, **k))
     writes: list[str] = []
     add = instance.add_run_tags
 
     def add_run_tags(run_id, new_tags):  # type: ignore[no-untyped-def]
-        if fair_lane.LANE_SLOTS_TAG in new_tags:
-            writes.append(new_tags[fair_lane.LANE_SLOTS_TAG])
+        if fair.LANE_SLOTS_TAG in new_tags:
+            writes.append(new_tags[fair.LANE_SLOTS_TAG])
         return add(run_id, new_tags)
 
     monkeypatch.setattr(instance, "add_run_tags", add_run_tags)

@@ -16,7 +16,7 @@ from engine_core.config import Settings
 from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
-from migration_pipeline.fair_lane import LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
+from migration_pipeline.lane.fair import LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
 from migration_pipeline.jobs import DRAINER_JOB
 from tests.dagster.support import SMALL, resources
 
@@ -214,7 +214,7 @@ def test_a_waiting_tenant_gets_its_share_and_the_other_tenants_extra_drainers_gi
 
 
 def test_the_give_way_check_ends_a_drainers_turn_at_a_task_boundary(engine_url, db):
-    from migration_pipeline.lane import drain_in_slot
+    from migration_pipeline.lane.slot import drain_in_slot
 
     run, _ = runs.start_or_join(db, provider_for("example"), "polite", options=BIG)
     asked = []

@@ -26,7 +26,7 @@ from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers.registry import provider_for
 from migration_pipeline.instance import to_url
-from migration_pipeline.lane import stopping_in_process_executor
+from migration_pipeline.lane.executors import stopping_in_process_executor
 
 ENGINE_RUN = "migration/run_id"
 pytestmark = pytest.mark.timeout(180)

@@ -16,7 +16,7 @@ proves:
 * the lane limit (here 2) held across hosts: never more than 2 migration runs in progress in the
   shared run storage, never more than 2 live engine workers holding tasks;
 * a third tenant terminated from the UI while its step runs on a worker host ends CANCELED with its
-  engine run stopped (migration_pipeline/deploy.py: dagster-celery alone would let the step drain
+  engine run stopped (migration_pipeline/lane/executors.py: dagster-celery alone would let the step drain
   on), and no drainer run is started for it.
 Skipped, saying why, where network namespaces cannot be made (not root, no iproute2, no RabbitMQ);
 a failure instead under CI=true.

@@ -1,7 +1,7 @@
 """The files in deploy/ load as Dagster config: each instance file passes Dagster's instance schema
 and its run launcher's (and compute log manager's) own config schema, the workspace file passes the
 workspace schema, and the celery file passes the celery executor's schema and is what the project's
-executor selection (migration_pipeline/deploy.py) hands to Dagster. The docker and k8s launchers
+executor selection (migration_pipeline/lane/executors.py) hands to Dagster. The docker and k8s launchers
 cannot run here (no daemon, no cluster); this is how far their files are tested."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 from dagster._config import process_config
 
 from engine_core.errors import ConfigError
-from migration_pipeline import deploy
+from migration_pipeline.lane import executors
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 INSTANCES = [DEPLOY / "dagster.yaml", *sorted((DEPLOY / "alternatives").glob("*.yaml"))]
@@ -83,10 +83,10 @@ def test_celery_file_is_the_executor_and_the_workers_config(monkeypatch):
     assert worker["broker"] == ENV["MIGRATE_CELERY_BROKER"]
     assert worker["config_source"]["task_acks_late"] is True  # a dead worker host hands its step back
 
-    assert deploy.executor_def({}).name == "in_process"
-    executor = deploy.executor_def({"MIGRATE_EXECUTOR": "celery"})
+    assert executors.executor_def({}).name == "in_process"
+    executor = executors.executor_def({"MIGRATE_EXECUTOR": "celery"})
     assert executor.name == "celery" and executor is not celery_executor
     with pytest.raises(ConfigError, match="MIGRATE_EXECUTOR='dask'"):
-        deploy.executor_def({"MIGRATE_EXECUTOR": "dask"})
+        executors.executor_def({"MIGRATE_EXECUTOR": "dask"})
     with pytest.raises(ConfigError, match="no such file"):
-        deploy.executor_def({"MIGRATE_EXECUTOR": "celery", "MIGRATE_CELERY_CONFIG": "/nonexistent.yaml"})
+        executors.executor_def({"MIGRATE_EXECUTOR": "celery", "MIGRATE_CELERY_CONFIG": "/nonexistent.yaml"})

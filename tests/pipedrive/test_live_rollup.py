@@ -18,7 +18,7 @@ from engine_core.worker import Worker
 from engine_core.providers.registry import for_run
 from migration_pipeline import cli
 from migration_pipeline.assets import checks, metadata
-from migration_pipeline.assets.phases import phase_specs
+from migration_pipeline.assets.specs import phase_specs
 from tests.pipedrive.support import FAST, UNLIMITED, failed_tasks, sandbox, start
 
 TENANT = "acme"

@@ -28,7 +28,7 @@ import httpx
 import psycopg
 import pytest
 
-from migration_pipeline.assets.phases import phase_specs
+from migration_pipeline.assets.specs import phase_specs
 from migration_pipeline.jobs import EXPLAIN_JOB
 from tests.ui.conftest import UIStack
 

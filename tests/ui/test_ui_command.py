@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from migration_pipeline import launch, stack
-from migration_pipeline.assets.phases import phase_specs
+from migration_pipeline.assets.specs import phase_specs
 from tests.dagster.graphql import UI
 
 pytestmark = pytest.mark.timeout(180)

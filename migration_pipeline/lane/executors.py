@@ -3,7 +3,7 @@ worker hosts of a multi-host deployment through Dagster's celery executor (`dags
 
 `MIGRATE_EXECUTOR` chooses: `in_process` (the default; `migrate ui`, `migrate run`, the tests:
 Dagster's in-process executor with the engine run stopped on a terminate anywhere in the run,
-`lane.stopping_in_process_executor`) or `celery`. With `celery`, the executor's config is the `execution: config:` block of
+`stopping_in_process_executor`) or `celery`. With `celery`, the executor's config is the `execution: config:` block of
 `MIGRATE_CELERY_CONFIG` (default `deploy/celery.yaml` in the clone), the same file every worker host
 starts with (`dagster-celery worker start -A dagster_celery.app -y deploy/celery.yaml`), so the run's
 orchestrator and the workers can never disagree about the broker or the acknowledgement policy.
@@ -12,7 +12,7 @@ the environment, not on disk in the repository).
 
 Nothing about the lane changes with the executor: the lane limit is the run coordinator's (the
 daemon counts runs carrying `dagster/partition` in the shared run storage), a tenant's fair share
-is read from the same storage and the engine's tables (`fair_lane.lane_picture`), and every claim,
+is read from the same storage and the engine's tables (`lane.fair.lane_picture`), and every claim,
 checkpoint, barrier and budget is a row in the shared engine database. See docs/deploy.md.
 """
 from __future__ import annotations
@@ -25,12 +25,13 @@ import yaml
 from dagster import ExecutorDefinition
 
 from engine_core.errors import ConfigError
+from migration_pipeline.lane.terminate import hold_interrupts, stop_engine_run, stop_on_interrupt
 
 EXECUTOR_ENV = "MIGRATE_EXECUTOR"
 CELERY_CONFIG_ENV = "MIGRATE_CELERY_CONFIG"
 BROKER_ENV = "MIGRATE_CELERY_BROKER"
 EXECUTORS = ("in_process", "celery")
-DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy"
 DEFAULT_CELERY_CONFIG = DEPLOY_DIR / "celery.yaml"
 
 
@@ -61,8 +62,6 @@ def executor_def(env: dict[str, str] | None = None) -> ExecutorDefinition:
     if name == "in_process":
         # Dagster's in-process executor that also stops the engine run when a terminate lands
         # between steps or outside a phase op's drain (lane.stopping_in_process_executor; issue 10)
-        from migration_pipeline.lane import stopping_in_process_executor
-
         return stopping_in_process_executor()
     try:
         import dagster_celery  # noqa: F401
@@ -77,7 +76,7 @@ def _celery_executor() -> ExecutorDefinition:
     On a terminate, dagster-celery's orchestrator revokes its steps without terminating them
     (`AsyncResult.revoke()`), so a phase op already running on a worker host would drain its phase
     to the end, and the engine run would go on (drainers included): the UI's Terminate would not be
-    the engine's stop it is on one machine (lane.py). Here the orchestrator, when it reports the
+    the engine's stop it is on one machine (lane.terminate). Here the orchestrator, when it reports the
     termination, sets the engine run's stop flag (`runs.stop`), which every worker host checks
     before every claim; the running step stops at its next task boundary and ends CANCELED."""
     from dagster import executor, multiple_process_executor_requirements
@@ -110,28 +109,37 @@ def _is_termination(event: Any) -> bool:
                 and "steps_interrupted" in (getattr(data, "metadata", None) or {}))
 
 
-def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None) -> int | None:
-    """Set the stop flag of the engine run a Dagster run attached to (its `migration/run_id` tag);
-    the engine run id, or None when the run never attached. Errors are logged, not raised: the
-    terminate goes on either way."""
-    from engine_core import db as dbmod
-    from engine_core import runs
-    from migration_pipeline import tags
+def stopping_in_process_executor():
+    """Dagster's in-process executor, with one addition: a termination stops the engine run.
 
-    run = instance.get_run_by_id(dagster_run_id)
-    engine_run = (run.tags.get(tags.ENGINE_RUN, "") if run is not None else "")
-    if not engine_run.isdigit():
-        return None
-    try:
-        db = dbmod.connect(max_size=1, apply=False)
-        try:
-            stopped = runs.stop(db, int(engine_run))
-        finally:
-            db.close()
-        if log is not None:
-            log.warning(f"terminated: stop requested for {stopped.name}; the steps on the worker hosts stop at "
-                        "their next task boundary and keep their checkpoints")
-    except Exception as e:  # the terminate must not fail on this
-        if log is not None:
-            log.error(f"terminated, but the stop flag of engine run {engine_run} could not be set: {e}")
-    return int(engine_run)
+    A terminate raises DagsterExecutionInterruptedError in the run's main thread wherever it is
+    (DAGSTER_NOTES.md trap 6). The phase op stops the engine run when it lands in the op's body
+    (`drain_in_slot`, the op's early-termination handler), but it also lands between steps, in a
+    step's set-up (resources) before the op body, and in the op after its drain (materialising):
+    there the Dagster run would end CANCELED while the engine run went on, and a relaunch would
+    start a new engine run instead of resuming it. Here the executor itself - around every step of the run - catches the interruption and
+    sets the stop flag of the engine run the Dagster run is tagged with (`stop_on_interrupt`),
+    then re-raises: Dagster ends the run CANCELED, the engine run stops at its next checkpoint and
+    relaunching the partition resumes it. The same config as `in_process`."""
+    from dagster import executor
+    from dagster._core.definitions.executor_definition import IN_PROC_CONFIG, _core_in_process_executor_creation
+    from dagster._core.executor.in_process import InProcessExecutor
+
+    class StoppingInProcessExecutor(InProcessExecutor):
+        def execute(self, plan_context, execution_plan):
+            try:
+                yield from super().execute(plan_context, execution_plan)
+            except Exception:
+                raise
+            except BaseException:
+                with hold_interrupts():
+                    stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+                raise
+
+    @executor(name="in_process", config_schema=IN_PROC_CONFIG)
+    def in_process_stopping(init_context):
+        base = _core_in_process_executor_creation(init_context.executor_config)
+        return StoppingInProcessExecutor(retries=base.retries, step_dependency_config=base.step_dependency_config,
+                                         marker_to_close=base.marker_to_close)
+
+    return in_process_stopping

@@ -2,7 +2,7 @@
 
 The lane is MIGRATE_LANE_WIDTH slots; a slot is one thread draining an engine run. A Dagster run
 holds the slots its tag `migration/lane_slots` says (LANE_SLOTS_TAG): a launch's phase op records
-the threads it drains with (`assets.phases.LaunchLanes`: set under the lane lock before it starts
+the threads it drains with (`lane.threads.LaunchLanes`: set under the lane lock before it starts
 threads, lowered once a thread has given its slot back, so the tag never says fewer threads than
 run), 0 while it waits for a free slot; a drainer holds 1; a launch that has not recorded its
 threads yet (`migration/lane_threads`: its first phase op is attaching) holds none - it drains

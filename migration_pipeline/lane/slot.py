@@ -13,8 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
-from typing import Iterator
 
 from engine_core import reaper, runs
 from engine_core.config import Settings
@@ -23,20 +21,9 @@ from engine_core.models import Run
 from engine_core.topup import top_up
 from engine_core.source import Provider
 from engine_core.worker import DrainResult, Worker
+from migration_pipeline.lane.terminate import hold_interrupts
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def hold_interrupts() -> Iterator[None]:
-    """A second Ctrl-C / terminate must not cut the stop short."""
-    try:
-        from dagster._utils.interrupts import capture_interrupts
-    except ImportError:  # pragma: no cover - the helper moved
-        yield
-        return
-    with capture_interrupts():
-        yield
 
 
 # How often (as a fraction of MIGRATE_STALE_LOCK_SECONDS) a draining slot releases its run's stale tasks.
@@ -187,69 +174,3 @@ def drain_in_slot(
     if "error" in box:
         raise box["error"]  # type: ignore[misc]
     return box["result"]  # type: ignore[return-value]
-
-
-# -- a terminate stops the engine run, wherever it lands -----------------------------------------
-
-def stop_on_interrupt(instance, dagster_run_id: str, log=None) -> int | None:
-    """The engine run a terminated Dagster run drives gets its stop flag (`deploy.stop_engine_run`),
-    unless another launch (not a drainer) of the tenant is in flight on it: the engine id, or None.
-    Errors are logged, never raised: the termination goes on."""
-    from dagster import RunsFilter
-
-    from migration_pipeline import tags
-    from migration_pipeline.deploy import stop_engine_run
-
-    try:
-        run = instance.get_run_by_id(dagster_run_id)
-        engine = run.tags.get(tags.ENGINE_RUN, "") if run is not None else ""
-        if not engine.isdigit():
-            return None
-        from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
-
-        others = [r for r in instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: engine},
-                                                                  statuses=list(IN_PROGRESS_RUN_STATUSES)))
-                  if r.run_id != dagster_run_id and r.tags.get(tags.ROLE) != tags.DRAINER]
-        if others:
-            return None
-        return stop_engine_run(instance, dagster_run_id, log)
-    except Exception:  # noqa: BLE001 - the termination matters more
-        (log or logging.getLogger(__name__)).exception("could not stop the engine run of %s", dagster_run_id)
-        return None
-
-
-def stopping_in_process_executor():
-    """Dagster's in-process executor, with one addition: a termination stops the engine run.
-
-    A terminate raises DagsterExecutionInterruptedError in the run's main thread wherever it is
-    (DAGSTER_NOTES.md trap 6). The phase op stops the engine run when it lands in the op's body
-    (`drain_in_slot`, the op's early-termination handler), but it also lands between steps, in a
-    step's set-up (resources) before the op body, and in the op after its drain (materialising):
-    the Dagster run ended CANCELED while the engine run went on, drainers finished it, and a
-    relaunch then started a new engine run (#2) instead of resuming #1 (issue 10, the browser
-    flow). Here the executor itself - around every step of the run - catches the interruption and
-    sets the stop flag of the engine run the Dagster run is tagged with (`stop_on_interrupt`),
-    then re-raises: Dagster ends the run CANCELED, the engine run stops at its next checkpoint and
-    relaunching the partition resumes it. The same config as `in_process`."""
-    from dagster import executor
-    from dagster._core.definitions.executor_definition import IN_PROC_CONFIG, _core_in_process_executor_creation
-    from dagster._core.executor.in_process import InProcessExecutor
-
-    class StoppingInProcessExecutor(InProcessExecutor):
-        def execute(self, plan_context, execution_plan):
-            try:
-                yield from super().execute(plan_context, execution_plan)
-            except Exception:
-                raise
-            except BaseException:
-                with hold_interrupts():
-                    stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
-                raise
-
-    @executor(name="in_process", config_schema=IN_PROC_CONFIG)
-    def in_process_stopping(init_context):
-        base = _core_in_process_executor_creation(init_context.executor_config)
-        return StoppingInProcessExecutor(retries=base.retries, step_dependency_config=base.step_dependency_config,
-                                         marker_to_close=base.marker_to_close)
-
-    return in_process_stopping

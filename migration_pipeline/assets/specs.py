@@ -1,0 +1,48 @@
+"""The phases of a source's plan as Dagster sees them: one `PhaseSpec` (and one asset key) a phase."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dagster import AssetKey
+
+from engine_core.models import Run
+from engine_core.providers.registry import provider_for
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """One phase of the provider's plan and the asset that stands for it."""
+
+    source: str
+    index: int  # position in the provider's full plan
+    kinds: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The asset's name: "phase_3_persons_organizations" (1-based index, kinds made identifiers)."""
+        return f"phase_{self.index + 1}_" + "_".join(re.sub(r"[^a-z0-9]+", "_", k.lower()) for k in self.kinds)
+
+    @property
+    def key(self) -> AssetKey:
+        """The asset key: [source, name]."""
+        return AssetKey([self.source, self.name])
+
+    def run_phase(self, run: Run) -> int | None:
+        """This phase's index in a run's plan (a run limited to some kinds has fewer phases)."""
+        for i, group in enumerate(run.plan):
+            if set(group) & set(self.kinds):
+                return i
+        return None
+
+
+def plan_of(source: str) -> list[list[str]]:
+    """The source provider's full plan: its non-empty kind groups, in order. Raises what loading
+    the provider raises (an unknown source: ConfigError)."""
+    return [list(g) for g in provider_for(source).phases() if g]
+
+
+def phase_specs(source: str, phases: list[list[str]] | None = None) -> list[PhaseSpec]:
+    """One PhaseSpec per phase of `phases` (default: the source's plan, `plan_of`)."""
+    phases = plan_of(source) if phases is None else phases
+    return [PhaseSpec(source, i, tuple(group)) for i, group in enumerate(phases)]
