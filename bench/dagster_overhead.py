@@ -75,7 +75,7 @@ STEP_PARTS = ("head", "engine", "close", "checks", "between")
 THREADED = "migrate run, other launch threads"
 DAEMON_PATH = "migrate run, daemon path"
 LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # migration_pipeline.assets.phases.LAUNCH_THREADS_ENV
-IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # migration_pipeline.launch.IN_PROCESS_ENV
+IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # migration_pipeline.launch.in_process.IN_PROCESS_ENV
 
 
 def engine_once(url: str, sb: Sandbox, kinds: list[str] | None) -> tuple[float, str]:

@@ -305,3 +305,53 @@ def connect(url: str | None = None, *, max_size: int = 10, apply: bool = True) -
     if apply:
         apply_schema(url)
     return Database(url, max_size=max_size)
+
+
+# -- one consistent read: the Dagster ledger checks --------------------------------------------
+
+
+class Snapshot:
+    """One transaction that reads one snapshot of the database, with the reading half of
+    `Database`'s interface (`connection`, `transaction`, `fetch_one`, `fetch_all`, `sql`,
+    `execute`), so the checks and the engine's read functions (`runs.latest_run`,
+    `rollup.rollup`) take it in the Database's place. Made by `snapshot`."""
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    @contextmanager
+    def connection(self) -> Iterator[Conn]:
+        """The snapshot's one connection (the Database interface's `connection()`)."""
+        yield self.conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Conn]:
+        """A savepoint inside the snapshot's transaction (the Database interface's `transaction()`)."""
+        with self.conn.transaction():  # a savepoint inside the snapshot's transaction
+            yield self.conn
+
+    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        """Run the named query `name` in the snapshot; the row count."""
+        return self.conn.execute(name, params)
+
+    def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The named query's first row in the snapshot, or None."""
+        return self.conn.fetch_one(name, params)
+
+    def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The named query's rows in the snapshot."""
+        return self.conn.fetch_all(name, params)
+
+    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
+        """A statement's rows in the snapshot (`Conn.sql`)."""
+        return self.conn.sql(statement, params)
+
+
+@contextmanager
+def snapshot(db: Database) -> Iterator[Snapshot]:
+    """A REPEATABLE READ, READ ONLY transaction on one pooled connection: every statement in it
+    sees the same committed state (Postgres: the snapshot of its first query), whatever commits
+    meanwhile. Writing in it raises."""
+    with db.transaction() as tx:
+        tx.sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield Snapshot(tx)

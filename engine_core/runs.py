@@ -547,3 +547,28 @@ def rerun(
     if prepare_run:
         steps.append(prepare(db, steps[-1].run.id, provider, settings))
     return steps
+
+
+# -- reads for the face: `migrate explain`, `report`, `rows` ---------------------------------------
+
+
+def tenants(db: Database) -> list[str]:
+    """Every tenant some run (of any source, any mode) was started for, sorted."""
+    return [r["tenant_id"] for r in db.sql("SELECT DISTINCT tenant_id FROM migrations ORDER BY 1")]
+
+
+def tenant_sources(db: Database, tenant: str) -> list[str]:
+    """The sources `tenant`'s runs were started from, sorted."""
+    return [r["source"] for r in db.sql("SELECT DISTINCT source FROM migrations WHERE tenant_id = %(t)s ORDER BY 1",
+                                        {"t": tenant})]
+
+
+def task_stat_keys(db: Database, run_id: int, kind: str | None = None) -> list[str]:
+    """The stats `migrate report --stat` can group run `run_id`'s succeeded tasks (of `kind`) by:
+    the keys of their `stats` whose every value is a whole number, sorted ("imported", "requests",
+    "seen", ...; the catch-up's "imported@deals" too)."""
+    return [r["key"] for r in db.sql(
+        "SELECT s.key FROM migration_tasks t, jsonb_each(t.stats) s"
+        " WHERE t.migration_id = %(r)s AND (%(k)s::text IS NULL OR t.kind = %(k)s) AND t.status = 'succeeded'"
+        " GROUP BY s.key HAVING bool_and(jsonb_typeof(s.value) = 'number' AND s.value::text ~ '^-?[0-9]+$')"
+        " ORDER BY 1", {"r": run_id, "k": kind})]

@@ -39,6 +39,9 @@ def resolve_source(requested: str | None = None) -> str:
 
 
 def build_definitions(source: str) -> Definitions:
+    """The project's Definitions for `source`: its phase assets (with their ledger checks), the proof
+    checks when the source can list its ids, the jobs, sensors, sync schedule, resources and the
+    executor MIGRATE_EXECUTOR chooses. Raises ConfigError for an unknown MIGRATE_EXECUTOR."""
     drain = drainer_job()
     # the proof from the source spends tokens: run on its own from the UI, never by a launch's job
     proofs = build_source_checks(source)

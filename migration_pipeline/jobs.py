@@ -6,7 +6,7 @@ other tenant run and count in the same run-level limit (dagster.yaml). It joins 
 engine run (`engine_core.runs.attach` with `may_start=False`) and drains it for one turn; it never
 starts, retries or resumes a run. A stop of the engine run during its turn ends it CANCELED (as a
 terminate does). When its turn closed phases - a run the drainers finished after a CLI retry - it
-materialises those phase assets of the tenant's partition with their rollup (issue 10: the
+materialises those phase assets of the tenant's partition with their rollup (the
 partition's last phase stayed red), unless the phase is already materialised since it closed.
 """
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
@@ -42,9 +42,11 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
+from engine_core.ledger import ledger_kinds
 from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
+from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
 from migration_pipeline.assets.metadata import phase_metadata, phase_summary
 from migration_pipeline.assets.phases import cancel_this_run
 from migration_pipeline.assets.specs import phase_specs
@@ -80,7 +82,7 @@ def tenant_job(source: str, without_checks=()):
 
 
 def sync_job(source: str, without_checks=()):
-    """The re-sync (issue 9): the same phase assets and steps, launched on a tenant's partition;
+    """The re-sync: the same phase assets and steps, launched on a tenant's partition;
     the run tag `migration/mode=sync` makes the first phase op start an engine sync
     (`engine_core.runs.start_sync`: changes since the last succeeded run or sync, same phases,
     claims, windows, budget, stop/retry/resume) instead of a full run. A tenant with no succeeded
@@ -100,8 +102,8 @@ def sync_job(source: str, without_checks=()):
                 "evaluation per phase asset, with the requests and tokens it spent.")
 def verify_tenant_op(context: OpExecutionContext, database: MigrationDatabase, source: SourceResource,
                      lane: LaneSettings):
-    from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
-
+    """Evaluate `matches_source` for every phase of the tenant partition (`source_check`); one
+    AssetCheckEvaluation a phase, then an output with the phases that differ and the tokens spent."""
     db, tenant = database.database(), context.partition_key
     provider, settings = source.provider(), lane.engine_settings()
     failed, tokens = [], 0
@@ -118,7 +120,7 @@ def verify_tenant_op(context: OpExecutionContext, database: MigrationDatabase, s
 
 
 def verify_job() -> JobDefinition:
-    """The proof from the source on its own (issue 9), launched on a tenant partition from the
+    """The proof from the source on its own, launched on a tenant partition from the
     launchpad: every phase's `matches_source` evaluated (`engine_core.verify`), nothing
     materialised. An op job, because Dagster cannot infer a partitioned run for a selection of
     asset checks alone; its evaluations land on each phase asset's `matches_source` check."""
@@ -136,6 +138,9 @@ def verify_job() -> JobDefinition:
 def drain_tenant_run(
     context: OpExecutionContext, database: MigrationDatabase, source: SourceResource, lane: LaneSettings
 ):
+    """A drainer's turn: drain the tenant's live engine run in one lane slot until its turn ends, it
+    gives way to a tenant waiting for the lane, or the run has nothing to claim; then record the
+    materialisations of the phases that closed meanwhile."""
     db = database.database()
     tenant = context.partition_key
     engine_run_id = context.run.tags.get(tags.ENGINE_RUN, "")
@@ -247,6 +252,8 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
 
 
 def drainer_job() -> JobDefinition:
+    """The drainer job (`drain_tenant`): one helper lane slot for a tenant partition's live run,
+    requested by the reaper and lane sensors; its runs carry the drainer role tag."""
     @job(
         name=DRAINER_JOB,
         partitions_def=tenants,
@@ -293,8 +300,7 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
                 if u["excerpt"]:
                     lines.append(f"  - as served: `{u['excerpt']}`")
             return "\n".join(lines), [dict(u) for u in unread]
-        kinds = [r["kind"] for r in db.sql(
-            "SELECT DISTINCT kind FROM migration_records WHERE tenant_id = %(t)s ORDER BY kind", {"t": config.tenant})]
+        kinds = ledger_kinds(db, config.tenant)
         why = (f"The ledger has no entry for this row. Kinds the ledger knows for this tenant: "
                f"{', '.join(kinds) or 'none (no run wrote anything yet)'}. A row never listed by the source "
                "(deleted there, or outside the run's kinds) has no entry.")
@@ -316,6 +322,8 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
 @op(name="explain", description="Tell one source row's story from the ledger (set tenant, kind and source_id "
                                 "in the launchpad).", out=Out(Nothing))
 def explain_op(context: OpExecutionContext, config: ExplainRowConfig, database: MigrationDatabase):
+    """Log one source row's story (`row_story`) and put it in the step's metadata (markdown, entries,
+    the latest action and reason)."""
     story, entries = row_story(database.database(), config)
     context.log.info(story)
     metadata: dict[str, Any] = {
@@ -330,6 +338,7 @@ def explain_op(context: OpExecutionContext, config: ExplainRowConfig, database: 
 
 
 def explain_job() -> JobDefinition:
+    """The `explain_row` job: one source row's story from the ledger, launched from the launchpad."""
     @job(name=EXPLAIN_JOB, description="What happened to one source row: launch with tenant, kind and source_id "
                                         "(ops -> explain -> config) and read the step's log or metadata.",
          tags={tags.ROLE: "explain"})

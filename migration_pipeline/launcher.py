@@ -1,7 +1,7 @@
 """Dagster's default run launcher, aware of the runs `migrate run` executes in its own process.
 
 With no daemon serving the instance, `migrate run` executes its Dagster run in the command's own
-process (`launch.InProcessRun`, issue 11): no run launcher launched it, so the run carries no
+process (`launch.InProcessRun`): no run launcher launched it, so the run carries no
 `dagster/grpc_info` tag and no code server knows it. The UI's Terminate then reaches
 `DefaultRunLauncher.terminate`, which marks the run CANCELING, finds no gRPC client to send the
 request to and returns False: the UI says "Unable to terminate run" although the command's watcher
@@ -114,6 +114,8 @@ class MigrationRunLauncher(DefaultRunLauncher):
     DefaultRunLauncher.terminate raises (a code server's error)."""
 
     def terminate(self, run_id: str) -> bool:
+        """Deliver a terminate: a run executed in-process by `migrate run` is marked CANCELING (its
+        watcher polls for it) and True returned; any other run goes to DefaultRunLauncher.terminate."""
         run = self._instance.get_run_by_id(run_id) if self.has_instance else None
         if run is None or run.is_finished or GRPC_INFO_TAG in run.tags or run.status not in IN_PROCESS_STATES:
             return super().terminate(run_id)
@@ -123,6 +125,7 @@ class MigrationRunLauncher(DefaultRunLauncher):
 
     @property
     def supports_check_run_worker_health(self) -> bool:
+        """True: run monitoring asks `check_run_worker_health` about every run."""
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:

@@ -1,4 +1,4 @@
-"""The sync schedule (issue 9): off by default; switched on in the UI (Automation -> `sync_tenants`).
+"""The sync schedule: off by default; switched on in the UI (Automation -> `sync_tenants`).
 
 Each tick requests the sync job for every tenant partition whose latest run of the source
 succeeded (a tenant still migrating, stopped or failed is left to its own launch: a sync from it

@@ -48,6 +48,7 @@ def bin_path(name: str) -> str:
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (bound, then released: another process may take it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -147,7 +148,7 @@ def stop(proc: subprocess.Popen, timeout: float = 30.0, interrupted: bool = Fals
     shutdown is for (e.g. a daemon said its threads stopped). It then gets SETTLED_GRACE_SECONDS
     to exit by itself and is SIGKILLed (the child alone, not its group): what remains is the
     interpreter tearing down a process that imported Dagster, 1-2.5 s on a loaded machine that the
-    command waited for after the run had ended (issue 11).
+    command waited for after the run had ended.
 
     `whole_group`: also wait, within the same `timeout`, for what is left of the child's process
     group once the child exited (its own children, told by the same SIGINT), and SIGKILL that

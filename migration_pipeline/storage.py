@@ -5,7 +5,7 @@ prevent accumulating connections per DagsterInstance"): every storage call opens
 connection and closes it. A `migrate run` of a small account made about 600 of them in its run
 worker alone (every event of 16 steps, every run-tag read and write of the lane bookkeeping), ~3 s
 of its wall time at 5 ms each and more on a loaded machine - plus the daemon's and the command's
-polls (issue 11, measured with cProfile: `psycopg2._connect`, 605 calls, 2.9 s of a 15.6 s run).
+polls (measured with cProfile: `psycopg2._connect`, 605 calls, 2.9 s of a 15.6 s run).
 
 These subclasses are the same storages on a small pool: `pool_size=1` (one connection kept open per
 process and URL, shared by the three storages: `_shared_engine`), overflow connections for
@@ -19,7 +19,7 @@ disposed instance holds nothing open (a test's DROP DATABASE is not blocked). Th
 Their connections commit asynchronously (`synchronous_commit=off`, ASYNC_COMMIT): Dagster's
 storages commit every event on its own (its row, then its asset or check index rows), and waiting
 for each commit's WAL flush was half of an event's cost on a busy machine (18.7 ms against 10 ms
-per asset materialisation stored, load 6; ~150 events per small `migrate run`, issue 11). What it
+per asset materialisation stored, load 6; ~150 events per small `migrate run`). What it
 risks: a Postgres crash (not a process's) may lose the Dagster events and run updates of the
 last fraction of a second before it (at most 3 x wal_writer_delay); the database stays
 consistent, nothing is half-written, and a run the crash interrupted is left for run monitoring
@@ -49,7 +49,7 @@ from dagster_postgres.utils import create_pg_engine, get_token_provider_from_con
 
 # SQLAlchemy's QueuePool settings of every storage engine here (the webserver's are its own). No
 # `pool_pre_ping`: its round trip on every checkout was ~10% of a phase step's Dagster machinery
-# under py-spy (issue 11); `_replace_dropped` does its job without one (see there).
+# under py-spy; `_replace_dropped` does its job without one (see there).
 POOL: dict[str, Any] = {"pool_size": 1, "max_overflow": 20, "pool_recycle": 3600}
 # Dagster's writes commit without waiting for the WAL flush (see the module docstring).
 ASYNC_COMMIT = "-c synchronous_commit=off"
@@ -144,9 +144,11 @@ class _Pooled:
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):  # noqa: ANN001, ANN206 - Dagster's signature
+        """Build the storage from dagster.yaml's config block (Dagster's ConfigurableClass hook)."""
         return cls(inst_data=inst_data, **_config(config_value))
 
     def dispose(self) -> None:
+        """Dispose of the storage, then of its shared engine."""
         super().dispose()
         self._engine.dispose()
 
@@ -174,17 +176,20 @@ class PooledPostgresRunStorage(_Pooled, _KeptSchema, PostgresRunStorage):
     Dagster's SqlRunStorage asks `has_run_stats_index_cols` on every run read (`get_run_records`,
     under `get_run_by_id` and `get_runs`) and `has_backfill_id_column` on every run written: each a
     SQLAlchemy column reflection (a catalog query plus its Python). A small `migrate run`, whose
-    watcher reads its run every 0.25 s, spent ~0.44 s of CPU in them (py-spy, issue 11). A column
+    watcher reads its run every 0.25 s, spent ~0.44 s of CPU in them (py-spy). A column
     `dagster instance migrate` added does not go away, so a True answer is kept for the storage's
     life (`_KeptSchema`)."""
 
     def has_run_stats_index_cols(self) -> bool:
+        """Dagster's answer, kept once True (`_KeptSchema`)."""
         return self._kept("run_stats_index_cols", super().has_run_stats_index_cols)
 
     def has_backfill_id_column(self) -> bool:
+        """Dagster's answer, kept once True (`_KeptSchema`)."""
         return self._kept("backfill_id_column", super().has_backfill_id_column)
 
     def has_bulk_actions_selector_cols(self) -> bool:
+        """Dagster's answer, kept once True (`_KeptSchema`)."""
         return self._kept("bulk_actions_selector_cols", super().has_bulk_actions_selector_cols)
 
 
@@ -196,12 +201,14 @@ class PooledPostgresEventLogStorage(_Pooled, _KeptSchema, PostgresEventLogStorag
     and every asset check event (asset_check_executions), each a catalog query, and
     `has_asset_key_col` (a SQLAlchemy column reflection of asset_keys) on every asset record read:
     every phase step reads its upstream phase's records for data versions. In a small `migrate run`
-    they were ~0.3 s of the steps under py-spy at load 7 (issue 11)."""
+    they were ~0.3 s of the steps under py-spy at load 7."""
 
     def has_table(self, table_name: str) -> bool:
+        """Dagster's answer for `table_name`, kept once True (`_KeptSchema`)."""
         return self._kept(f"table {table_name}", lambda: super(PooledPostgresEventLogStorage, self).has_table(table_name))
 
     def has_asset_key_col(self, column_name: str) -> bool:
+        """Dagster's answer for asset_keys' `column_name`, kept once True (`_KeptSchema`)."""
         return self._kept(f"asset_keys.{column_name}",
                           lambda: super(PooledPostgresEventLogStorage, self).has_asset_key_col(column_name))
 

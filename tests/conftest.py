@@ -21,7 +21,7 @@ from engine_core import db as dbmod
 TEMPLATE = f"migrate_template_{os.getpid()}"
 
 # The suite's output does not depend on the terminal it is started from: the CLI lays piped output
-# out in COLUMNS when set (migration_pipeline.cli.piped_width), and a caller's COLUMNS=80 folded the
+# out in COLUMNS when set (migration_pipeline.cli.output.piped_width), and a caller's COLUMNS=80 folded the
 # status table's headers ("would" over "import") under CI. Tests of widths set their own.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)

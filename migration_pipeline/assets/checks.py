@@ -7,14 +7,14 @@
   the migration wrote for the tenant is missing its claim (a write outside the ledger), and no
   source id was written twice.
 
-* `kinds_add_up` (issue 8, "completeness is checked, not assumed"): the engine's completeness
+* `kinds_add_up` ("completeness is checked, not assumed"): the engine's completeness
   verdict for the phase in the tenant's latest run (`engine_core.rollup.completeness`): rows seen =
   rows accounted for, ledger claims = rows counted as written, rows seen = the source's own count
-  where a discovery task recorded one. The run's catch-up (issue 9) writes rows of many kinds; they
+  where a discovery task recorded one. The run's catch-up writes rows of many kinds; they
   count for their kinds' phases (`KindRollup.caught_up`), so a correct run on a changing account
   passes. Fails (severity ERROR) naming each kind that does not add up.
 
-* `matches_source` (issue 9, "a proof from the source"): the phase's kinds proved against the source
+* `matches_source` ("a proof from the source"): the phase's kinds proved against the source
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
   requests and tokens it spent. It spends source tokens, so it is opt-in: not blocking, not in the
@@ -38,21 +38,20 @@ counts read by separate statements could then disagree with each other.
 # of op, asset and sensor functions at definition time.
 
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from dagster import PreviewWarning
 from dagster import (AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition,
                      AssetCheckSpec, Failure, MetadataValue, multi_asset_check)
-from psycopg import sql
 
 from engine_core import rollup as rollups
 from engine_core import runs
-from engine_core.db import Conn, Database
+from engine_core.db import Database, snapshot
 from engine_core.errors import RunNotFound
+from engine_core.ledger import duplicate_claims, ledger_vs_target
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
+from engine_core.verify import verify
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
@@ -60,155 +59,10 @@ from migration_pipeline.resources import LaneSettings, MigrationDatabase, Source
 MATCHES_SOURCE = "matches_source"
 
 
-class Snapshot:
-    """One transaction that reads one snapshot of the database, with the reading half of
-    `Database`'s interface (`connection`, `transaction`, `fetch_one`, `fetch_all`, `sql`,
-    `execute`), so the checks and the engine's read functions (`runs.latest_run`,
-    `rollup.rollup`) take it in the Database's place. Made by `snapshot`."""
-
-    def __init__(self, conn: Conn) -> None:
-        self.conn = conn
-
-    @contextmanager
-    def connection(self) -> Iterator[Conn]:
-        yield self.conn
-
-    @contextmanager
-    def transaction(self) -> Iterator[Conn]:
-        with self.conn.transaction():  # a savepoint inside the snapshot's transaction
-            yield self.conn
-
-    def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
-        return self.conn.execute(name, params)
-
-    def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        return self.conn.fetch_one(name, params)
-
-    def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        return self.conn.fetch_all(name, params)
-
-    def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
-        return self.conn.sql(statement, params)
-
-
-@contextmanager
-def snapshot(db: Database) -> Iterator[Snapshot]:
-    """A REPEATABLE READ, READ ONLY transaction on one pooled connection: every statement in it
-    sees the same committed state (Postgres: the snapshot of its first query), whatever commits
-    meanwhile. Writing in it raises."""
-    with db.transaction() as tx:
-        tx.sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        yield Snapshot(tx)
-
-
-def _table(db: Database, record_type: str | None) -> sql.Composable | None:
-    if not record_type:
-        return None
-    row = db.sql("SELECT to_regclass(%(t)s)::text AS reg", {"t": record_type})
-    if not row or not row[0]["reg"]:
-        return None
-    return sql.Identifier(*record_type.split(".", 1))
-
-
-def _columns(db: Database, record_type: str) -> set[str]:
-    """The column names of the table `record_type` names (resolved as `_table` does; none when
-    there is no such table): one catalog read per table (information_schema.columns, asked per
-    column, was a third of a small phase's checks)."""
-    rows = db.sql(
-        "SELECT attname::text AS name FROM pg_attribute WHERE attrelid = to_regclass(%(t)s)"
-        " AND attnum > 0 AND NOT attisdropped",
-        {"t": record_type},
-    )
-    return {r["name"] for r in rows}
-
-
-def ledger_vs_target(db: Database, tenant: str, source: str, kind: str) -> dict[str, Any]:
-    """Created and matched claims of one kind against the target rows they point at."""
-    out = {"kind": kind, "created": 0, "matched": 0, "target_rows": 0, "missing": 0, "shared": 0,
-           "matched_missing": 0, "unknown_tables": []}
-    groups = db.sql(
-        "SELECT record_type, action, count(*) AS n FROM migration_records"
-        " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND action IN ('created', 'matched')"
-        " GROUP BY record_type, action",
-        {"t": tenant, "s": source, "k": kind},
-    )
-    for g in groups:
-        out[g["action"]] += int(g["n"])
-        table = _table(db, g["record_type"])
-        if table is None:
-            out["unknown_tables"].append(g["record_type"])
-            continue
-        q = sql.SQL(
-            "SELECT count(*) AS claims, count(DISTINCT r.record_id) AS distinct_ids, count(t.id) AS existing,"
-            " count(DISTINCT t.id) AS distinct_existing"
-            " FROM migration_records r LEFT JOIN {table} t ON t.id = r.record_id"
-            " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s"
-            " AND r.action = %(a)s AND r.record_type = %(rt)s"
-        ).format(table=table)
-        with db.connection() as c:
-            row = c.raw.execute(q, {"t": tenant, "s": source, "k": kind, "a": g["action"], "rt": g["record_type"]}).fetchone()
-        if g["action"] == "created":
-            out["target_rows"] += int(row["distinct_existing"])
-            out["missing"] += int(row["claims"]) - int(row["existing"])
-            out["shared"] += int(row["existing"]) - int(row["distinct_existing"])
-        else:
-            out["matched_missing"] += int(row["claims"]) - int(row["existing"])
-    return out
-
-
-def duplicate_claims(db: Database, tenant: str, source: str, kinds: list[str]) -> dict[str, Any]:
-    """Target rows claimed as created more than once; target rows the migration wrote without a
-    claim (rows of the tenant marked with this source, or every row of a table without a `source`
-    column); and target rows written twice for one source id."""
-    dup = db.sql(
-        "SELECT record_type, record_id, count(*) AS n FROM migration_records"
-        " WHERE tenant_id = %(t)s AND source = %(s)s AND kind = ANY(%(k)s) AND action = 'created'"
-        " AND record_id IS NOT NULL GROUP BY record_type, record_id HAVING count(*) > 1 LIMIT 20",
-        {"t": tenant, "s": source, "k": kinds},
-    )
-    unclaimed: dict[str, int] = {}
-    twice: dict[str, int] = {}
-    types = db.sql(
-        "SELECT DISTINCT record_type FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s"
-        " AND kind = ANY(%(k)s) AND action IN ('created', 'matched') AND record_type IS NOT NULL",
-        {"t": tenant, "s": source, "k": kinds},
-    )
-    for t in types:
-        record_type = t["record_type"]
-        table = _table(db, record_type)
-        columns = _columns(db, record_type) if table is not None else set()
-        if "tenant_id" not in columns:
-            continue
-        # rows the product had before the migration carry no source: they are not ours to count
-        ours = sql.SQL(" AND x.source = %(s)s") if "source" in columns else sql.SQL("")
-        if "kind" in columns:  # a table shared by kinds of several phases
-            ours = ours + sql.SQL(" AND x.kind = ANY(%(k)s)")
-        # a set difference, not NOT EXISTS: its plan does not depend on the tables' statistics (a
-        # check right after a phase wrote into fresh tables planned NOT EXISTS as a nested loop over
-        # the ledger, ~0.5 s a phase on a small account with autovacuum off; issue 11)
-        q = sql.SQL(
-            "SELECT count(*) AS n FROM (SELECT x.id FROM {table} x WHERE x.tenant_id = %(t)s{ours}"
-            " EXCEPT SELECT r.record_id FROM migration_records r WHERE r.tenant_id = %(t)s"
-            " AND r.record_type = %(rt)s AND r.action IN ('created', 'matched')) d"
-        ).format(table=table, ours=ours)
-        params = {"t": tenant, "rt": record_type, "s": source, "k": kinds}
-        with db.connection() as c:
-            n = int(c.raw.execute(q, params).fetchone()["n"])
-            if n:
-                unclaimed[record_type] = n
-            if "source_id" in columns:
-                per = sql.SQL(", x.kind") if "kind" in columns else sql.SQL("")
-                q2 = sql.SQL(
-                    "SELECT count(*) AS n FROM (SELECT 1 FROM {table} x WHERE x.tenant_id = %(t)s{ours}"
-                    " AND x.source_id IS NOT NULL GROUP BY x.source_id{per} HAVING count(*) > 1) d"
-                ).format(table=table, ours=ours, per=per)
-                n2 = int(c.raw.execute(q2, params).fetchone()["n"])
-                if n2:
-                    twice[record_type] = n2
-    return {"duplicates": [dict(d) for d in dup], "unclaimed": unclaimed, "written_twice": twice}
-
-
 def ledger_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
+    """The `ledger_matches_target` check of a phase's `kinds`: (passed, metadata). Passes when each
+    kind's created ledger entries equal its product rows and none is missing, shared by two source
+    rows, matched to a missing row, or written to a table the check does not know."""
     per_kind = [ledger_vs_target(db, tenant, source, k) for k in kinds]
     passed = all(p["created"] == p["target_rows"] and not p["missing"] and not p["shared"]
                  and not p["matched_missing"] and not p["unknown_tables"] for p in per_kind)
@@ -224,6 +78,8 @@ def ledger_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tu
 
 
 def duplicates_check(db: Database, tenant: str, source: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
+    """The `no_duplicate_claims` check of a phase's `kinds`: (passed, metadata). Passes when no source
+    row was claimed twice, every product row has its ledger entry, and no source id was written twice."""
     found = duplicate_claims(db, tenant, source, kinds)
     passed = not found["duplicates"] and not found["unclaimed"] and not found["written_twice"]
     return passed, {
@@ -271,7 +127,7 @@ KINDS_ADD_UP = "kinds_add_up"
 def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
     """The phase's three ledger checks, each its own AssetCheckSpec on the phase's tenant partitions
     (the UI lists, selects and shows them one by one). They are evaluated by the phase asset's own op
-    right after it materialises (phases._phase_asset; issue 11: one step per phase, not two), and on
+    right after it materialises (phases._phase_asset; one step per phase, not two), and on
     their own when a run selects only them."""
     kinds = list(spec.kinds)
     with warnings.catch_warnings():
@@ -314,8 +170,6 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
     """`engine_core.verify` for the phase's kinds: (passed, metadata: per kind the source, ledger
     and product counts and each difference's count, the differences' ids (capped) in markdown, the
     requests and tokens spent)."""
-    from engine_core.verify import verify
-
     try:
         result = verify(db, provider, tenant, settings, kinds=list(spec.kinds))
     except RunNotFound:
@@ -339,7 +193,7 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
 
 def require_tenant(context: Any) -> None:
     """Fail the step in one line when its run has no tenant partition: every phase asset and check
-    is per tenant, and Dagster's checks tab launches "Execute" with none (a fresh user's run failed with
+    is per tenant, and Dagster's checks tab launches "Execute" with none (a user's run failed with
     DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
     if not context.has_partition_key:
         raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
@@ -350,7 +204,7 @@ def require_tenant(context: Any) -> None:
 def require_run(db: Database, tenant: str, spec: PhaseSpec) -> None:
     """Fail the step in one line when the tenant has no run of the phase's source: its ledger checks,
     evaluated on their own, would compare an empty ledger with empty tables and pass 0 = 0 on a phase
-    that was never migrated (a fresh user's find). Called only where the checks run without the phase
+    that was never migrated. Called only where the checks run without the phase
     being materialised in the same step."""
     try:
         runs.latest_run(db, tenant, spec.source)
@@ -371,12 +225,12 @@ def can_list_ids(source: str) -> bool:
 def proof_requested(run: Any, key: AssetCheckKey) -> bool:
     """Whether a Dagster run asked for the proof `key` on its own: it materialises no asset and
     either its check selection names the check (a launch of checks alone: Dagster stores its asset
-    selection as None, a fresh user found - the proof had been skipped there) or its asset selection
+    selection as None, a user found - the proof had been skipped there) or its asset selection
     is given and empty with no check selection (a job of checks).
 
     "Materialize all" on the asset graph (and a backfill) puts every check of the selected assets in
     the run, `matches_source` included; a launch of `__ASSET_JOB` with no selection runs every asset
-    and check. The proof spends source tokens, so those runs skip it (issue 10: a plain
+    and check. The proof spends source tokens, so those runs skip it (a plain
     materialize-all must not call the source). The `verify_tenant` job is the other way in (jobs.py)."""
     assets = getattr(run, "asset_selection", None)
     checks = getattr(run, "asset_check_selection", None)

@@ -11,7 +11,7 @@ from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 
 COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
-# per kind beside the row outcomes (issue 9): rows marked deleted at the source by the run (ledger
+# per kind beside the row outcomes: rows marked deleted at the source by the run (ledger
 # history, not rows seen) and rows of the kind the run's catch-up wrote (`KindRollup.caught_up`)
 EXTRA = ("deleted_at_source", "by_catchup")
 ROWS_CAP = 50  # skipped and failed rows listed in a phase's metadata (the counts above are whole)
@@ -62,6 +62,8 @@ def phase_seconds(db: Database, run_id: int, kinds: set[str]) -> float | None:
 
 
 def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
+    """Task durations of run `run_id` per kind, grouped by imported rows a task, as a markdown table
+    (| kind | imported per task | tasks | avg seconds | max seconds |); one empty row when none."""
     lines = ["| kind | imported per task | tasks | avg seconds | max seconds |", "|---|---:|---:|---:|---:|"]
     for kind in kinds:
         for r in rollups.duration_by_payload(db, run_id, kind=kind, stat="imported"):
@@ -173,7 +175,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, 
     md: dict[str, Any] = {
         "engine_run": MetadataValue.text(r.name),
         "engine_run_id": MetadataValue.int(r.run_id),
-        # what this materialisation says: the phase closed (issue 10: a key `engine_run_status` said
+        # what this materialisation says: the phase closed (a key `engine_run_status` said
         # "running" on every phase but the last, read as the phase's state); the engine run's own
         # status when the phase closed is beside it, named as such
         "phase_status": MetadataValue.text(phase_status(s["tasks"])),

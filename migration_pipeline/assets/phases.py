@@ -101,7 +101,7 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
     tagged = run_tags.get(tags.ENGINE_RUN, "")
     start_kwargs = new_run.start_kwargs()
     if run_tags.get(tags.MODE) == tags.SYNC:
-        start_kwargs["mode"] = tags.SYNC  # the sync job (issue 9): a new run is a sync, not a full run
+        start_kwargs["mode"] = tags.SYNC  # the sync job: a new run is a sync, not a full run
     try:
         got = runs.attach(db, source.provider(), context.partition_key,
                           tagged_run_id=int(tagged) if tagged.isdigit() else None,
@@ -139,7 +139,7 @@ def prepare_run(context: AssetExecutionContext, db: Database, source: SourceReso
 def cancel_this_run(context: Any, message: str) -> NoReturn:
     """End this Dagster run CANCELED, as a terminate from the UI does: the engine run was stopped
     from elsewhere (`migrate stop`, another launch's terminate), so Dagster tells the same story
-    (issue 10: a stop made the run FAILURE from the CLI, CANCELED from the UI). The run is marked
+    (a stop made the run FAILURE from the CLI, CANCELED from the UI). The run is marked
     CANCELING (what Dagster's own terminate does) and the step ends with a one-line `Failure`: a
     run with a failed step that is CANCELING ends CANCELED (dagster/_core/execution/api.py,
     `job_execution_iterator`), and the step's event says why without an interrupt's stack trace."""
@@ -159,7 +159,7 @@ def terminate_requested(context: Any) -> bool:
 
 
 def stopped_by_terminate(run: Run | None) -> str:
-    """The one line a terminated phase step ends with (issue 10: a terminate looked like a crash)."""
+    """The one line a terminated phase step ends with (a terminate looked like a crash)."""
     if run is None:
         return "stopped by a terminate request before an engine run was attached; relaunching starts or joins the tenant's run"
     return f"stopped by a terminate request; relaunch resumes engine run {run.id}"
@@ -215,6 +215,8 @@ class PhaseReporter:
         self.down_after = source_down_seconds()
 
     def tick(self) -> PhaseProgress:
+        """One progress report (log line and AssetObservation); pauses the run when the source has failed
+        every request for MIGRATE_SOURCE_DOWN_SECONDS. The phase's progress as reported."""
         p = self.meter.snapshot()
         waiting = self.waiting()
         self.context.log.info(f"progress: {p.line()}" + (f"; {waiting}" if waiting else ""))
@@ -255,7 +257,7 @@ def planned_after(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> 
 
 def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> MaterializeResult | None:
     """A phase the engine run does not plan (a run limited to some kinds) claims no success
-    (issue 10: every phase went green). It is not materialised - the partition keeps its last real
+    (every phase went green). It is not materialised - the partition keeps its last real
     materialisation, or stays missing - unless a later phase of this Dagster run is planned: Dagster
     skips every step downstream of an output that was not yielded (`ActiveExecution._should_skip_step`;
     `AssetSpec.skippable`: "causing downstream dependencies to skip"), so there the phase yields a

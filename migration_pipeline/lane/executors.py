@@ -61,7 +61,7 @@ def executor_def(env: dict[str, str] | None = None) -> ExecutorDefinition:
         raise ConfigError(f"{EXECUTOR_ENV}={name!r}: expected one of {', '.join(EXECUTORS)}")
     if name == "in_process":
         # Dagster's in-process executor that also stops the engine run when a terminate lands
-        # between steps or outside a phase op's drain (lane.stopping_in_process_executor; issue 10)
+        # between steps or outside a phase op's drain (lane.stopping_in_process_executor)
         return stopping_in_process_executor()
     try:
         import dagster_celery  # noqa: F401
@@ -85,6 +85,7 @@ def _celery_executor() -> ExecutorDefinition:
 
     class StoppingCeleryExecutor(CeleryExecutor):
         def execute(self, plan_context, execution_plan):
+            """dagster-celery's execution, the engine run's stop flag set once it reports a termination."""
             stopped = False
             for event in super().execute(plan_context, execution_plan):
                 yield event
@@ -127,6 +128,7 @@ def stopping_in_process_executor():
 
     class StoppingInProcessExecutor(InProcessExecutor):
         def execute(self, plan_context, execution_plan):
+            """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then re-raises."""
             try:
                 yield from super().execute(plan_context, execution_plan)
             except Exception:

@@ -80,6 +80,9 @@ def dagster_managed(instance: DagsterInstance, engine_run_id: int) -> bool:
 
 @dataclass
 class TenantSlots:
+    """One tenant's part of the lane: its Dagster runs in progress (ranked), the slots each holds,
+    the threads its launches may grow to, its queued runs, its demand (slots its open tasks could
+    use) and its oldest run in flight."""
     tenant: str
     in_progress: list[str] = field(default_factory=list)  # Dagster run ids, ranked
     held: dict[str, int] = field(default_factory=dict)  # Dagster run id -> slots it holds
@@ -106,11 +109,14 @@ class TenantSlots:
 
 @dataclass
 class LanePicture:
+    """The lane at one moment: its width in slots, each tenant's slots, and each tenant's fair share
+    (max-min over the demands, `engine_core.fairness.fair_shares`)."""
     width: int
     tenants: dict[str, TenantSlots]
     shares: dict[str, int]
 
     def share(self, tenant: str) -> int:
+        """The tenant's fair share of the lane, in slots (0 for a tenant without demand)."""
         return self.shares.get(tenant, 0)
 
     @property

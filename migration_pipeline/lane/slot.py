@@ -72,7 +72,7 @@ def drain_in_slot(
 
     On termination (any BaseException that is not an Exception) the engine run is stopped.
 
-    Work that cannot proceed does not hold the slot (issue 10: after kill -9 of run workers,
+    Work that cannot proceed does not hold the slot (after kill -9 of run workers,
     Dagster's retry runs and drainers sat idle on all the lane's slots while other tenants queued):
     * a turn-based slot (`turn_seconds`: a drainer) ends its turn ("nothing_to_claim") when the run
       has no task it could claim now - the rest are held by other workers - instead of waiting

@@ -39,11 +39,13 @@ class MigrationDatabase(ConfigurableResource):
     _db: dbmod.Database | None = PrivateAttr(default=None)
 
     def database(self) -> dbmod.Database:
+        """The engine Database of this resource, connected on first use (one pool per Dagster run)."""
         if self._db is None:
             self._db = dbmod.connect(self.url or None, max_size=self.max_size)
         return self._db
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """Close the pool at the run's end."""
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -62,9 +64,11 @@ class SourceResource(ConfigurableResource):
     source: str = "example"
 
     def provider(self, run: Run | None = None) -> Provider:
+        """The provider of this source (or of `run`'s own source, for a run of another source)."""
         return provider_for(self.source if run is None else run.source, run)
 
     def providers(self) -> ProviderResolver:
+        """A resolver run -> provider, as the engine's Worker takes it."""
         return lambda run: self.provider(run)
 
 
@@ -76,8 +80,11 @@ class PipedriveSource(SourceResource):
     api_token: str
 
     def provider(self, run: Run | None = None) -> Provider:
+        """A PipedriveProvider with the base URL and token Dagster resolved for this run (they win
+        over the process environment); a run of another source gets that source's provider."""
         if run is not None and run.source != self.source:
             return provider_for(run.source, run)  # the reaper sweeps every source's runs
+        # the provider's own class, for a Pipedrive source only: the face loads no provider at module level
         from engine_core.providers.pipedrive.provider import PipedriveProvider
 
         # the values Dagster resolved for this run win over the process environment
@@ -85,6 +92,8 @@ class PipedriveSource(SourceResource):
 
 
 def source_resource(source: str) -> SourceResource:
+    """The `source` resource for a source name: Pipedrive's reads its URL and token through EnvVar
+    (a launch fails clearly when they are unset); any other source needs no settings."""
     if source == "pipedrive":
         return PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
     return SourceResource(source=source)
@@ -103,6 +112,7 @@ class LaneSettings(ConfigurableResource):
     stop_grace_seconds: float = 20.0
 
     def engine_settings(self) -> Settings:
+        """The engine's Settings from MIGRATE_* variables, with this resource's overrides applied."""
         settings = Settings.from_env()
         overrides: dict[str, Any] = {
             k: v
@@ -130,16 +140,20 @@ class NewRunOptions(ConfigurableResource):
     start_new: bool = False
 
     def options(self) -> dict[str, Any]:
+        """The provider options of a new run (`options_json` parsed). Raises ValueError unless it is a
+        JSON object."""
         value = json.loads(self.options_json or "{}")
         if not isinstance(value, dict):
             raise ValueError("new_run.options_json must be a JSON object")
         return value
 
     def start_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments `runs.start_run` takes for a new run: kinds (None: all), dry_run, options."""
         return {"kinds": list(self.kinds) or None, "dry_run": self.dry_run, "options": self.options()}
 
 
 def default_resources(source: str) -> dict[str, Any]:
+    """The resources every job and asset of the project uses: database, source, lane, new_run."""
     return {
         "database": database_resource(),
         "source": source_resource(source),

@@ -165,7 +165,7 @@ def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | Ski
 
 
 def lane_state(db: Database, settings: Settings, below_width: dict[int, int], why: list[str]) -> str:
-    """Why a tick requested no drainer, as it is (issue 10: "every lane full" was said when nothing
+    """Why a tick requested no drainer, as it is ("every lane full" was said when nothing
     ran at all): "idle: no engine run in progress"; "every lane full (N run(s) at width W)";
     "no run below the lane's width has a task to claim (...)" when runs below width have all their
     open tasks held or waiting on a phase barrier; or, for runs below width with tasks to claim,
@@ -192,6 +192,8 @@ def _providers(run: Run) -> Provider:
 
 
 def build_sensors(drainer_job, source: str) -> list[SensorDefinition]:
+    """The reaper sensor (the engine's sweeps, then drainers for runs below the lane's width) and
+    the lane sensor (drainers for each tenant's unused fair share), both targeting `drainer_job`."""
     @sensor(
         name="reaper",
         job=drainer_job,

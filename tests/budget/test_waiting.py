@@ -39,7 +39,7 @@ def test_waiting_state_names_the_reason_and_the_time(db: Database) -> None:
 def test_migrate_status_shows_the_budget_waiting_and_until_when(db: Database, db_url: str, monkeypatch) -> None:
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
     from migration_pipeline.instance import to_url
 
     run = runs.start_run(db, provider_for("example"), "waiting-tenant", settings=FAST)

@@ -32,6 +32,9 @@ from engine_core.providers.registry import provider_for, for_run
 from engine_core import runs
 from engine_core.worker import drain_threads
 from migration_pipeline import launch, stack
+import migration_pipeline.launch.checks
+import migration_pipeline.launch.daemon
+import migration_pipeline.launch.place
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
 from migration_pipeline.partitions import TENANTS
 
@@ -59,7 +62,7 @@ def _migrate_in_process(args: list[str], env: dict[str, str]) -> subprocess.Comp
     An exception escaping the command (a traceback in a shell) is put into stderr as one."""
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     ours = {k: None for k in os.environ if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"}
     ours.update({k: v for k, v in env.items() if k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) or k == "DATABASE_URL"})
@@ -191,7 +194,7 @@ def test_a_timeout_must_be_finite_seconds_above_zero(db_url, run_env, command, v
                                   ["demo", "--live", "--live-rate", "nan"], ["demo", "--live", "--live-rate", "0"]])
 def test_a_live_rate_must_be_finite_and_above_zero(capsys, args):
     # parsed only (make_context): a rate let through would serve or migrate until stopped
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main.commands[args[0]].make_context(args[0], args[1:])
@@ -227,12 +230,12 @@ def test_missing_pipedrive_variables_are_checked_before_launching(db_url, run_en
 
 def test_a_failed_launch_takes_back_the_partition_it_added():
     with instance_for_test() as instance:
-        assert launch.add_tenant(instance, "new-tenant") is True
-        assert launch.add_tenant(instance, "new-tenant") is False  # already there: not ours to remove
-        launch.undo_failed_launch(instance, "new-tenant", "no-such-run", added=True)
+        assert launch.place.add_tenant(instance, "new-tenant") is True
+        assert launch.place.add_tenant(instance, "new-tenant") is False  # already there: not ours to remove
+        launch.place.undo_failed_launch(instance, "new-tenant", "no-such-run", added=True)
         assert "new-tenant" not in instance.get_dynamic_partitions(TENANTS)
         instance.add_dynamic_partitions(TENANTS, ["old-tenant"])
-        launch.undo_failed_launch(instance, "old-tenant", "no-such-run", added=False)
+        launch.place.undo_failed_launch(instance, "old-tenant", "no-such-run", added=False)
         assert "old-tenant" in instance.get_dynamic_partitions(TENANTS)
 
 
@@ -255,7 +258,7 @@ def test_a_second_ui_on_one_instance_refuses_and_names_the_first(db_url, run_env
     instance, full = _instance(run_env)
     saved = os.environ.get(STORAGE_URL_ENV)
     # the first `migrate ui` holds the instance's daemon lock (as `migrate ui` does while it serves)
-    lock = launch.DaemonLock(launch.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
+    lock = launch.daemon.DaemonLock(launch.daemon.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
     assert lock.acquire()
     try:
         lock.record(by="migrate ui", pid=os.getpid(), address="http://127.0.0.1:3999", daemon_id=None)
@@ -264,7 +267,7 @@ def test_a_second_ui_on_one_instance_refuses_and_names_the_first(db_url, run_env
     finally:
         lock.release()
     # a daemon started by hand (a fresh heartbeat, no lock) counts too
-    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), launch.RUN_COORDINATOR_DAEMON, "by-hand", None))
+    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), launch.daemon.RUN_COORDINATOR_DAEMON, "by-hand", None))
     try:
         out = _migrate(["ui", "--port", str(stack.free_port())], run_env, timeout=45)
         _one_line_error(out, "already serves this instance", "not started by migrate")
@@ -286,8 +289,9 @@ def test_a_dry_run_says_would_import(db_url, run_env):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "would import" in out.stdout and "would match" in out.stdout
     assert "imported" not in out.stdout.replace("would import", "")
-    from migration_pipeline.cli import console, print_phase_results
-    from migration_pipeline.launch import PhaseResult
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.tables import print_phase_results
+    from migration_pipeline.launch.results import PhaseResult
 
     with console.capture() as captured:
         print_phase_results([PhaseResult("example/phase_1_companies", "materialized", {"imported": 30})], dry_run=True)
@@ -307,7 +311,7 @@ def test_a_bad_tenant_name_is_one_line_naming_it_before_anything_is_launched(db_
 
 def test_good_tenant_names_pass():
     for tenant in ("acme", "globex-eu", "t_1", "demo-live-4242", "A.b", "t" * 63):
-        assert launch.check_tenant(tenant) == tenant
+        assert launch.checks.check_tenant(tenant) == tenant
 
 
 def test_an_unreachable_source_is_one_line_naming_the_variable_before_anything_is_launched(db_url, run_env):
@@ -326,7 +330,7 @@ def test_an_unreachable_source_is_one_line_naming_the_variable_before_anything_i
 def test_a_second_ui_on_a_busy_port_names_the_first_ui(db_url, run_env):
     instance, full = _instance(run_env)
     saved = os.environ.get(STORAGE_URL_ENV)
-    lock = launch.DaemonLock(launch.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
+    lock = launch.daemon.DaemonLock(launch.daemon.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
     assert lock.acquire()
     try:
         with socket.socket() as s:  # the first UI listens on its port and holds the instance's lock

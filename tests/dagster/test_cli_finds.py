@@ -24,10 +24,10 @@ import pytest
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.providers.registry import provider_for, for_run
-from migration_pipeline.cli import ignored_on_relaunch
+from engine_core.providers.registry import for_run, provider_for
+from migration_pipeline.cli.launching import ignored_on_relaunch
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
-from migration_pipeline.launch import new_run_config
+from migration_pipeline.launch.checks import new_run_config
 from tests.dagster.test_cli_errors import _env, _migrate_in_process, _nothing_launched, _one_line_error
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
@@ -159,7 +159,8 @@ def test_a_stop_signal_before_the_dagster_run_exists_says_nothing_was_launched(c
     # inside the launch's signal handling, before place_tenant_run made the run, with no daemon of ours:
     # the line after "stopping what this command started" had been nothing at all
     from migration_pipeline import launch
-    from migration_pipeline.cli import stop_what_we_started
+    import migration_pipeline.launch.signals
+    from migration_pipeline.cli.launching import stop_what_we_started
 
     class NoDaemonOfOurs:
         proc = None
@@ -167,7 +168,7 @@ def test_a_stop_signal_before_the_dagster_run_exists_says_nothing_was_launched(c
         def close(self, limit: float) -> None:
             pass
 
-    stop_what_we_started(None, NoDaemonOfOurs(), None, "acme", launch.Interrupted(signal.SIGINT))
+    stop_what_we_started(None, NoDaemonOfOurs(), None, "acme", launch.signals.Interrupted(signal.SIGINT))
     assert capsys.readouterr().err.splitlines() == ["SIGINT: stopping what this command started", "nothing was launched"]
 
 
@@ -309,12 +310,14 @@ def test_a_numeric_run_option_given_as_a_string_is_stored_as_its_number(db_url, 
     from click.testing import CliRunner
 
     from migration_pipeline import cli
+    import migration_pipeline.cli.main
+    import migration_pipeline.cli.tables
 
     launched: list[dict] = []
-    monkeypatch.setattr(cli, "launch_through_dagster", lambda tenant, source, config, as_json, **kw: launched.append(config) or 0)
+    monkeypatch.setattr(cli.run, "launch_through_dagster", lambda tenant, source, config, as_json, **kw: launched.append(config) or 0)
     given = {"page_size": "20", "burst_limit": " 40 ", "snapshot_margin_seconds": "2.5", "name": "4a", "flag": "true",
              "counts": {"companies": "5"}}
-    result = CliRunner().invoke(cli.main, ["run", "--tenant", "typed", "--source", "example", "--options", json.dumps(given)],
+    result = CliRunner().invoke(cli.main.main, ["run", "--tenant", "typed", "--source", "example", "--options", json.dumps(given)],
                                 env={"DATABASE_URL": to_url(db_url), "MIGRATE_HOME": str(tmp_path / "home")})
     assert result.exit_code == 0 and launched, (result.output, result.exception)
     stored = json.loads(launched[0]["resources"]["new_run"]["config"]["options_json"])
@@ -329,19 +332,21 @@ def _results_at(width: int, monkeypatch) -> str:
 
     from engine_core.rollup import KindRollup, RunRollup
     from migration_pipeline import cli
+    import migration_pipeline.cli.main
+    import migration_pipeline.cli.tables
     from migration_pipeline.assets.specs import phase_specs
-    from migration_pipeline.launch import PhaseResult
+    from migration_pipeline.launch.results import PhaseResult
 
     out = Console(width=width, record=True, force_terminal=False)
-    monkeypatch.setattr(cli, "console", out)
+    monkeypatch.setattr(cli.tables, "console", out)
     figures = {"imported": 123456, "matched": 7, "already_here": 3, "updated": 1, "skipped": 2, "failed": 0,
                "deleted_at_source": 4, "tasks": 104, "rows_per_second": 1234.5}
-    cli.print_phase_results([PhaseResult(spec.key.to_user_string(), "materialized", figures)
+    cli.tables.print_phase_results([PhaseResult(spec.key.to_user_string(), "materialized", figures)
                              for spec in phase_specs("pipedrive")])
     provider = provider_for("pipedrive")
     kinds = [KindRollup(k, p, {"succeeded": 104, "failed": 2}, 123456, 123000, 7, 3, 1, 2, 0, deleted_at_source=5,
                         caught_up={"seen": 9}) for p, group in enumerate(provider.phases()) for k in group]
-    cli.print_rollup(RunRollup(1, "run #1 (pipedrive for tenant 'acme')", "acme", "pipedrive", "succeeded", False, 8,
+    cli.tables.print_rollup(RunRollup(1, "run #1 (pipedrive for tenant 'acme')", "acme", "pipedrive", "succeeded", False, 8,
                                [list(g) for g in provider.phases()], {"succeeded": 300}, kinds, [], None, None, 12.5))
     return out.export_text()
 
@@ -365,12 +370,14 @@ def test_the_tenant_overview_cuts_no_cell_short_on_an_80_column_terminal(monkeyp
     from rich.console import Console
 
     from migration_pipeline import cli
+    import migration_pipeline.cli.main
+    import migration_pipeline.cli.tables
 
     def overview_at(width: int) -> str:
         out = Console(width=width, record=True, force_terminal=False)
-        monkeypatch.setattr(cli, "console", out)
+        monkeypatch.setattr(cli.tables, "console", out)
         when = datetime(2026, 12, 2, 18, 0, 0, tzinfo=timezone.utc)
-        cli.print_overview([{"tenant": f"customer-with-a-long-name-{i}", "source": "pipedrive", "run_id": 12345 + i,
+        cli.tables.print_overview([{"tenant": f"customer-with-a-long-name-{i}", "source": "pipedrive", "run_id": 12345 + i,
                              "mode": "sync" if i else "full", "status": "succeeded", "dry_run": bool(i % 2),
                              "phase": "8/8", "tasks": {"succeeded": 104, "failed": 2}, "started_at": when,
                              "finished_at": when} for i in range(3)])
@@ -394,7 +401,7 @@ def test_status_and_reports_reasons_table_says_what_it_leaves_out():
 
     from rich.console import Console
 
-    from migration_pipeline.cli import REASON_GROUPS_SHOWN, reasons_table
+    from migration_pipeline.cli.tables import REASON_GROUPS_SHOWN, reasons_table
 
     groups = [{"kind": "notes", "action": "failed", "count": 30 - i, "reason": f"reason {i}", "samples": [str(i)]}
               for i in range(REASON_GROUPS_SHOWN + 5)]
@@ -413,7 +420,7 @@ def test_the_sandbox_commands_help_names_the_values_and_the_truth():
     # a fresh user found the scales, latencies and fault kinds only in `python -m pipedrive_sandbox --help`
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     for command in (["sandbox", "--help"], ["ui", "--help"]):
         text = " ".join(CliRunner().invoke(main, command).output.split())

@@ -50,7 +50,8 @@ def test_no_xdg_runtime_dir_warning_from_migrate_or_its_children(tmp_path):
 
 
 def test_progress_lines_say_the_phase_and_its_state(db_url):
-    from migration_pipeline.cli import _Progress, console
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.progress import Progress
 
     with dbmod.Database(db_url, max_size=6) as db:
         run = runs.start_run(db, provider_for("example"), "progress",
@@ -58,7 +59,7 @@ def test_progress_lines_say_the_phase_and_its_state(db_url):
                                                                   "activities": 10, "notes": 10}})
         dagster_run = DagsterRun(job_name="migrate_tenant", run_id="r1", status=DagsterRunStatus.STARTED,
                                  tags={"migration/run_id": str(run.id)})
-        progress = _Progress(as_json=False)
+        progress = Progress(as_json=False)
         progress.db = db  # the test's database (the command's own is DATABASE_URL's)
         with console.capture() as captured:
             progress(dagster_run)
@@ -83,7 +84,8 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
     """A fresh user's find: piped to a file, a phase of four kinds broke its progress line at 220
     columns, so one line became two to `grep` and to a log reader. Its counts use the results
     tables' words, a dry run's too ("would import", "would update")."""
-    from migration_pipeline.cli import _Progress, console
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.progress import Progress
 
     assert not console.is_terminal  # pytest captures stdout: the command's console for a pipe
     kinds = ["deals", "deals_archived", "leads", "leads_archived"]
@@ -93,7 +95,7 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
             self.kind, self.imported, self.updated, self.already_here, self.failed = kind, 123456, 7890, 12345, 6
             self.skipped = 321
 
-    class Rollup:  # the things `_Progress._line` reads of an engine rollup
+    class Rollup:  # the things `Progress._line` reads of an engine rollup
         phases = [kinds]
         name = "run 42 (pipedrive, tenant acme-holdings-international)"
         dry_run = False
@@ -103,7 +105,7 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
             return [Kind(k) for k in kinds]
 
     with console.capture() as captured:
-        _Progress._line(Rollup(), 0, "running")
+        Progress._line(Rollup(), 0, "running")
     text = captured.get()
     assert len(text.rstrip("\n")) > 250, text
     assert text.count("\n") == 1, text
@@ -113,7 +115,7 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
     assert text.count("/7890 updated/12345 already here/") == 4, text  # the tables' words
     Rollup.dry_run = True
     with console.capture() as captured:
-        _Progress._line(Rollup(), 0, "closed")
+        Progress._line(Rollup(), 0, "closed")
     dry = captured.get()
     assert dry.count("123456 would import/") == 4 and " imported/" not in dry, dry
     # every count in the dry run's words, as its tables have them (it had said "7890 updated")

@@ -82,13 +82,13 @@ def test_rows_of_an_unknown_tenant_kind_or_run_is_one_line(migrated, db_url):  #
 
 
 def test_rows_are_streamed_through_a_server_side_cursor(migrated, db_url, monkeypatch):  # noqa: F811
-    from migration_pipeline import cli
+    from engine_core import ledger
 
     with dbmod.Database(db_url, max_size=2) as db:
         db.sql("UPDATE migration_records SET action = 'failed', reason = 'x' WHERE tenant_id = 'done' RETURNING 1")
         total = db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = 'done'")[0]["n"]
-        monkeypatch.setattr(cli, "ROWS_PAGE", 7)
-        found = cli.tenant_rows(db, "done")
+        monkeypatch.setattr(ledger, "ROWS_PAGE", 7)
+        found = ledger.tenant_rows(db, "done")
         first = next(found)
         assert first["action"] == "failed"
         with psycopg.connect(db_url) as c:  # the cursor's session fetches pages of 7
@@ -115,8 +115,9 @@ def test_explain_of_an_id_served_with_several_rows_lists_the_others_keys(migrate
     assert again.returncode == 0 and again.stdout.startswith("contacts abc sha256:0000000000000002: failed"), again.stdout
 
     from migration_pipeline import cli
+    import migration_pipeline.cli.inspect
 
-    monkeypatch.setattr(cli, "EXPLAIN_OTHERS", 1)
+    monkeypatch.setattr(cli.inspect, "EXPLAIN_OTHERS", 1)
     out = _migrate_in_process(["explain", "done", "contacts", "abc"], migrated)
     assert out.stdout.splitlines()[-2:] == [
         "the other 2 row(s) served with this id (the latest 1; `migrate rows done --kind contacts --action failed` "

@@ -42,7 +42,8 @@ def _rollup(dry_run: bool) -> SimpleNamespace:
 
 @pytest.mark.parametrize("width", [80, 60, 40])
 def test_the_kinds_table_fits_the_width_with_every_kind_name_whole(width):
-    from migration_pipeline.cli import console, print_rollup
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.tables import print_rollup
 
     saved = console.width
     console.width = width

@@ -19,7 +19,10 @@ from dagster._core.test_utils import create_run_for_test
 from engine_core import runs
 from engine_core.providers.registry import provider_for
 from migration_pipeline import launch
-from migration_pipeline.cli import stop_what_we_started
+import migration_pipeline.launch.place
+import migration_pipeline.launch.signals
+import migration_pipeline.launch.stop
+from migration_pipeline.cli.launching import stop_what_we_started
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,14 +40,14 @@ def _stop(instance, monkeypatch, capsys, tenant: str) -> tuple[list[str], Dagste
     interrupted `migrate run` stops it; its stderr lines and status."""
     from dagster._core.events import DagsterEvent, DagsterEventType
 
-    run = create_run_for_test(instance, job_name=launch.TENANT_JOB, status=DagsterRunStatus.STARTED,
+    run = create_run_for_test(instance, job_name=launch.place.TENANT_JOB, status=DagsterRunStatus.STARTED,
                               tags={"dagster/partition": tenant})
-    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name=launch.TENANT_JOB),
+    instance.report_dagster_event(DagsterEvent(DagsterEventType.RUN_START.value, job_name=launch.place.TENANT_JOB),
                                   run_id=run.run_id)
-    assert launch.worker_started(instance, run.run_id)
+    assert launch.stop.worker_started(instance, run.run_id)
     # the stop's own wait (60 s for a run worker to end the run) shortened: no worker will
-    monkeypatch.setattr(launch, "stop_launched_run", functools.partial(launch.stop_launched_run, wait=0.5))
-    stop_what_we_started(instance, NoDaemonOfOurs(), run.run_id, tenant, launch.Interrupted(signal.SIGINT), "example")
+    monkeypatch.setattr(launch.stop, "stop_launched_run", functools.partial(launch.stop.stop_launched_run, wait=0.5))
+    stop_what_we_started(instance, NoDaemonOfOurs(), run.run_id, tenant, launch.signals.Interrupted(signal.SIGINT), "example")
     return capsys.readouterr().err.splitlines(), instance.get_run_by_id(run.run_id).status
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from migration_pipeline import launch, stack
+import migration_pipeline.launch.daemon
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance, to_url
 
 pytestmark = pytest.mark.timeout(240)
@@ -113,7 +114,7 @@ def test_ctrl_c_ends_migrate_ui_quickly_with_every_child_gone_no_warning_and_no_
     menv = dagster_env(env=env)
     instance = open_instance(menv)
     try:
-        live = launch.daemon_liveness(instance, launch.lock_path(home, menv[STORAGE_URL_ENV]))
+        live = launch.daemon.daemon_liveness(instance, launch.daemon.lock_path(home, menv[STORAGE_URL_ENV]))
     finally:
         instance.dispose()
     assert not live.alive, live.why

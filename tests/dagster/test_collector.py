@@ -8,6 +8,8 @@ import gc
 import pytest
 
 from migration_pipeline import cli
+import migration_pipeline.cli.launching
+import migration_pipeline.cli.main
 
 
 @pytest.fixture(autouse=True)
@@ -22,7 +24,7 @@ def _collector_restored():
 def test_off_inside_on_after_with_what_was_made_frozen():
     assert gc.isenabled()
     frozen = gc.get_freeze_count()
-    with cli.collector_paused():
+    with cli.launching.collector_paused():
         assert not gc.isenabled()
         made = [[i] for i in range(1000)]
     assert gc.isenabled()
@@ -31,11 +33,11 @@ def test_off_inside_on_after_with_what_was_made_frozen():
 
 def test_on_again_after_an_error_and_nested_blocks_leave_it_to_the_outer_one():
     with pytest.raises(RuntimeError):
-        with cli.collector_paused():
+        with cli.launching.collector_paused():
             raise RuntimeError("boom")
     assert gc.isenabled()
-    with cli.collector_paused():
-        with cli.collector_paused():
+    with cli.launching.collector_paused():
+        with cli.launching.collector_paused():
             pass
         assert not gc.isenabled()
     assert gc.isenabled()
@@ -45,7 +47,7 @@ def test_a_launch_refused_before_dagster_leaves_the_collector_on():
     from engine_core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a valid tenant name"):
-        cli.launch_through_dagster("not a tenant!", "pipedrive", {"resources": {}}, as_json=True)
+        cli.launching.launch_through_dagster("not a tenant!", "pipedrive", {"resources": {}}, as_json=True)
     assert gc.isenabled()
 
 
@@ -59,7 +61,7 @@ def test_engine_commands_do_not_import_dagster(db_url):
 
     from migration_pipeline.instance import to_url
 
-    script = ("import sys\nfrom click.testing import CliRunner\nfrom migration_pipeline.cli import main\n"
+    script = ("import sys\nfrom click.testing import CliRunner\nfrom migration_pipeline.cli.main import main\n"
               "r = CliRunner().invoke(main, ['status'])\nprint(r.exit_code, 'dagster' in sys.modules)\nprint(r.output, file=sys.stderr)\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MIGRATE_", "DAGSTER_"))}
     env["DATABASE_URL"] = to_url(db_url)
@@ -73,14 +75,15 @@ def test_a_launch_error_is_still_one_line_from_any_command():
     from click.testing import CliRunner
 
     from migration_pipeline import launch
+    import migration_pipeline.launch.checks
 
-    @click.group(cls=cli._Commands)
+    @click.group(cls=cli.main._Commands)
     def group() -> None:
         pass
 
     @group.command("refused")
     def refused() -> None:
-        raise launch.LaunchError("the daemon serving this instance reads another source")
+        raise launch.checks.LaunchError("the daemon serving this instance reads another source")
 
     r = CliRunner().invoke(group, ["refused"])
     assert r.exit_code == 2 and r.output.strip() == "error: the daemon serving this instance reads another source", r.output

@@ -9,41 +9,43 @@ from pathlib import Path
 import pytest
 
 from migration_pipeline import launch
+import migration_pipeline.launch.checks
+import migration_pipeline.launch.daemon
 
 SANDBOX = {"PIPEDRIVE_BASE_URL": "http://127.0.0.1:8765", "PIPEDRIVE_API_TOKEN": "sandbox-token"}
 OTHER = {"PIPEDRIVE_BASE_URL": "http://127.0.0.1:1", "PIPEDRIVE_API_TOKEN": "customer-secret-token"}
 
 
-def _serving(tmp_path: Path, env: dict[str, str]) -> launch.DaemonLock:
+def _serving(tmp_path: Path, env: dict[str, str]) -> launch.daemon.DaemonLock:
     """A daemon lock held (as `migrate ui` holds it) and recorded with `env`'s source."""
-    lock = launch.DaemonLock(tmp_path / "daemon-x.lock")
+    lock = launch.daemon.DaemonLock(tmp_path / "daemon-x.lock")
     assert lock.acquire()
     lock.record(by="migrate ui", pid=4242, address="http://127.0.0.1:3000", daemon_id=None,
-                source=launch.source_identity(env))
+                source=launch.daemon.source_identity(env))
     return lock
 
 
 def test_a_live_daemon_reading_another_account_refuses_the_launch_in_one_line(tmp_path: Path) -> None:
     lock = _serving(tmp_path, SANDBOX)
     try:
-        keeper = launch.DaemonKeeper(None, dict(OTHER), tmp_path, tmp_path / "daemon.log")  # type: ignore[arg-type]
-        keeper.lock = launch.DaemonLock(lock.path)
-        with pytest.raises(launch.LaunchError) as e:
+        keeper = launch.daemon.DaemonKeeper(None, dict(OTHER), tmp_path, tmp_path / "daemon.log")  # type: ignore[arg-type]
+        keeper.lock = launch.daemon.DaemonLock(lock.path)
+        with pytest.raises(launch.checks.LaunchError) as e:
             keeper.ensure()
         msg = str(e.value)
         assert "\n" not in msg and "pid 4242" in msg and "127.0.0.1:8765" in msg and "127.0.0.1:1" in msg
         assert "customer-secret-token" not in msg and "sandbox-token" not in msg
         assert "customer-secret-token" not in lock.path.read_text() and "sandbox-token" not in lock.path.read_text()
         # the same account (another spelling of nothing: same URL, same token) is served
-        keeper = launch.DaemonKeeper(None, dict(SANDBOX), tmp_path, tmp_path / "daemon.log")  # type: ignore[arg-type]
-        keeper.lock = launch.DaemonLock(lock.path)
+        keeper = launch.daemon.DaemonKeeper(None, dict(SANDBOX), tmp_path, tmp_path / "daemon.log")  # type: ignore[arg-type]
+        keeper.lock = launch.daemon.DaemonLock(lock.path)
         assert keeper.ensure().alive
     finally:
         lock.release()
 
 
 def test_source_identity_keeps_hosts_apart_and_the_token_out() -> None:
-    a, b = launch.source_identity(SANDBOX), launch.source_identity(OTHER)
+    a, b = launch.daemon.source_identity(SANDBOX), launch.daemon.source_identity(OTHER)
     assert a != b and a.startswith("127.0.0.1:8765#") and "sandbox-token" not in a
-    assert launch.source_identity({**SANDBOX, "PIPEDRIVE_API_TOKEN": "rotated"}) != a
-    assert launch.source_identity({}) == "default#no-token"
+    assert launch.daemon.source_identity({**SANDBOX, "PIPEDRIVE_API_TOKEN": "rotated"}) != a
+    assert launch.daemon.source_identity({}) == "default#no-token"

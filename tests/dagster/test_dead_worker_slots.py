@@ -131,7 +131,7 @@ def test_migrate_stop_force_ends_a_run_whose_worker_died_stopped(db, db_url, tmp
     env.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path), MIGRATE_STALE_LOCK_SECONDS="600",
                PYTHONPATH=str(ROOT))
     # the counter provider is registered by tests.engine.support: a sitecustomize-free way in
-    cmd = [sys.executable, "-c", "import tests.engine.support, sys; from migration_pipeline.cli import main; "
+    cmd = [sys.executable, "-c", "import tests.engine.support, sys; from migration_pipeline.cli.main import main; "
                                  "sys.argv[0] = 'migrate'; main()"]
     out = subprocess.run([*cmd, "stop", "dead-owner"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from migration_pipeline.cli import emit_outcome
+from migration_pipeline.cli.launching import emit_outcome
 
 
 @pytest.mark.parametrize("signo", [signal.SIGINT, signal.SIGTERM])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from migration_pipeline import launch, stack
+import migration_pipeline.launch.daemon
 
 # A stand-in for `dagster-daemon run`: on SIGINT it says what Dagster's controller says once its
 # threads have stopped, then takes long to exit (the teardown).
@@ -37,10 +38,10 @@ time.sleep(60)
 """
 
 
-def _keeper(instance, tmp_path: Path, script: str) -> launch.DaemonKeeper:
+def _keeper(instance, tmp_path: Path, script: str) -> launch.daemon.DaemonKeeper:
     log = tmp_path / "daemon.log"
     log.write_text("an earlier daemon's line: Daemon threads shut down.\n")  # not ours: before the stop
-    keeper = launch.DaemonKeeper(instance, dict(os.environ), tmp_path, log, echo=lambda line: None)
+    keeper = launch.daemon.DaemonKeeper(instance, dict(os.environ), tmp_path, log, echo=lambda line: None)
     keeper.proc = stack.start([sys.executable, "-c", script], dict(os.environ), log_path=log)
     keeper.started_at = time.time()
     deadline = time.monotonic() + 30
@@ -76,7 +77,7 @@ def test_the_migrate_program_ends_without_the_interpreters_teardown(tmp_path):
     import subprocess
 
     script = ("import atexit, sys; sys.argv[0] = {argv0!r}; atexit.register(lambda: print('teardown'));"
-              "from migration_pipeline.cli import exit_launched; print('results'); exit_launched(3)")
+              "from migration_pipeline.cli.launching import exit_launched; print('results'); exit_launched(3)")
     out = subprocess.run([sys.executable, "-c", script.format(argv0="/venv/bin/migrate")], capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     assert (out.returncode, out.stdout.split()) == (3, ["results"]), out.stderr[-2000:]

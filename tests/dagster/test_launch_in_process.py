@@ -34,6 +34,11 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch, stack, tags
+import migration_pipeline.launch.checks
+import migration_pipeline.launch.daemon
+import migration_pipeline.launch.in_process
+import migration_pipeline.launch.place
+import migration_pipeline.launch.statuses
 from migration_pipeline.instance import STORAGE_URL_ENV, open_instance
 from tests.dagster.support import SMALL, example_env, instance_of, migrate_env, sandbox_account
 
@@ -173,7 +178,7 @@ def test_the_uis_terminate_ends_an_in_process_run_canceled_and_stops_the_engine_
         assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
         assert f"Dagster run {run.run_id}: CANCELED" in out, out[-2000:]
         assert _engine_status(db_url, run.tags["migration/run_id"]) in ("stopping", "stopped")
-        assert not instance.get_runs(RunsFilter(statuses=launch.IN_FLIGHT)), "a run is still in flight"
+        assert not instance.get_runs(RunsFilter(statuses=launch.statuses.IN_FLIGHT)), "a run is still in flight"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -229,20 +234,20 @@ def example_instance_env(db_url, tmp_path, monkeypatch):
 
 
 def _record(instance: DagsterInstance, tenant: str, status: DagsterRunStatus) -> DagsterRun:
-    return instance.add_run(DagsterRun(job_name=launch.TENANT_JOB, run_id=str(uuid.uuid4()), status=status,
+    return instance.add_run(DagsterRun(job_name=launch.place.TENANT_JOB, run_id=str(uuid.uuid4()), status=status,
                                        tags={tags.PARTITION: tenant}))
 
 
 def test_a_run_starts_here_only_when_the_lane_has_room_else_it_is_queued(example_instance_env):
     instance, _ = example_instance_env
     busy = [_record(instance, f"busy-{i}", DagsterRunStatus.STARTED) for i in range(2)]  # width 2: full
-    launch.add_tenant(instance, "acme")
-    placed = launch.place_tenant_run(instance, "acme", launch.new_run_config(options=SMALL), start_here=True)
+    launch.place.add_tenant(instance, "acme")
+    placed = launch.place.place_tenant_run(instance, "acme", launch.checks.new_run_config(options=SMALL), start_here=True)
     assert not placed.here and "the lane is full" in placed.why, placed
     assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.QUEUED
     instance.report_run_canceled(busy[0])  # a slot frees
     instance.run_coordinator.cancel_run(placed.run_id)
-    placed = launch.place_tenant_run(instance, "acme", launch.new_run_config(options=SMALL), start_here=True)
+    placed = launch.place.place_tenant_run(instance, "acme", launch.checks.new_run_config(options=SMALL), start_here=True)
     assert placed.here, placed
     assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.STARTING
 
@@ -251,15 +256,15 @@ def test_two_commands_never_both_take_the_lanes_last_slot(example_instance_env, 
     instance, _ = example_instance_env
     _record(instance, "busy", DagsterRunStatus.STARTED)  # width 2: one slot left
     mine = [_record(instance, f"racer-{i}", DagsterRunStatus.NOT_STARTED) for i in range(2)]
-    marking = launch.mark_starting
+    marking = launch.in_process.mark_starting
 
     def slow_mark(inst, run):  # both count before either marks, unless the count is under the lock
         time.sleep(1.0)
         marking(inst, run)
 
-    monkeypatch.setattr(launch, "mark_starting", slow_mark)
+    monkeypatch.setattr(launch.in_process, "mark_starting", slow_mark)
     answers: dict[str, str] = {}
-    threads = [threading.Thread(target=lambda r=r: answers.__setitem__(r.run_id, launch.start_if_room(instance, r)))
+    threads = [threading.Thread(target=lambda r=r: answers.__setitem__(r.run_id, launch.in_process.start_if_room(instance, r)))
                for r in mine]
     for t in threads:
         t.start()
@@ -279,7 +284,7 @@ def hand_daemon(example_instance_env, tmp_path):
     started = time.time()
     daemon = stack.daemon(env, log_path=tmp_path / "hand-daemon.log")
     try:
-        _until("the hand daemon's first heartbeat", lambda: launch.newest_heartbeat_id(instance, started), limit=120)
+        _until("the hand daemon's first heartbeat", lambda: launch.daemon.newest_heartbeat_id(instance, started), limit=120)
         yield instance, env
     finally:
         stack.stop(daemon)
@@ -300,7 +305,7 @@ def test_with_a_daemon_alive_the_run_is_queued_and_its_run_worker_executes_it(ha
     worker = _executed_by(instance, run.run_id)
     assert worker is not None and worker != proc.pid, "the daemon's run worker executed it, not the command"
     assert not list(Path(env["DAGSTER_HOME"]).glob("daemon-*.lock")) or not any(
-        launch.lock_held(p) for p in Path(env["DAGSTER_HOME"]).glob("daemon-*.lock")), "the command started a daemon"
+        launch.daemon.lock_held(p) for p in Path(env["DAGSTER_HOME"]).glob("daemon-*.lock")), "the command started a daemon"
 
 
 def test_a_bad_in_process_switch_is_one_line_naming_it_and_nothing_is_launched(db_url, tmp_path):
@@ -308,13 +313,13 @@ def test_a_bad_in_process_switch_is_one_line_naming_it_and_nothing_is_launched(d
     from migration_pipeline.instance import to_url
 
     env = {"DATABASE_URL": to_url(db_url), "MIGRATE_HOME": str(tmp_path / "home"), "MIGRATE_SOURCE": "example",
-           STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2"), launch.IN_PROCESS_ENV: "maybe"}
+           STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2"), launch.in_process.IN_PROCESS_ENV: "maybe"}
     line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--source", "example"], env),
-                           launch.IN_PROCESS_ENV, "'maybe'")
+                           launch.in_process.IN_PROCESS_ENV, "'maybe'")
     assert "1, true, yes or on" in line and "0, false, no or off" in line, line  # every spelling it takes
     _nothing_launched(db_url)
-    assert launch.run_in_process({}) and launch.run_in_process({launch.IN_PROCESS_ENV: "1"})
-    assert not launch.run_in_process({launch.IN_PROCESS_ENV: "0"})
+    assert launch.in_process.run_in_process({}) and launch.in_process.run_in_process({launch.in_process.IN_PROCESS_ENV: "1"})
+    assert not launch.in_process.run_in_process({launch.in_process.IN_PROCESS_ENV: "0"})
 
 
 def test_a_killed_commands_run_is_failed_frees_its_lane_slot_and_its_tenant_relaunches_to_success(slow_env, db_url):
@@ -365,9 +370,9 @@ def test_a_timeout_while_queued_cancels_the_run_instead_of_leaving_it_to_run_una
     """A fresh user's find: `migrate run --timeout 15` exited 2 while its run was QUEUED on a daemon,
     and the daemon dequeued and ran it later, alone."""
     instance, _ = example_instance_env
-    launch.add_tenant(instance, "waits")
-    placed = launch.place_tenant_run(instance, "waits", launch.new_run_config(options=SMALL))  # no daemon: queued
+    launch.place.add_tenant(instance, "waits")
+    placed = launch.place.place_tenant_run(instance, "waits", launch.checks.new_run_config(options=SMALL))  # no daemon: queued
     assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.QUEUED
     with pytest.raises(TimeoutError, match=r"still QUEUED after 0 s \(--timeout\): it was stopped \(CANCELED\)"):
-        launch.wait_for_run(instance, placed.run_id, timeout=0.3, poll=0.1)
+        launch.place.wait_for_run(instance, placed.run_id, timeout=0.3, poll=0.1)
     assert instance.get_run_by_id(placed.run_id).status == DagsterRunStatus.CANCELED

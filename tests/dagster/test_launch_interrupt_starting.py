@@ -18,6 +18,7 @@ import pytest
 from dagster import DagsterEventType, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch, stack, tags
+import migration_pipeline.launch.daemon
 from tests.dagster.support import example_instance
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,7 +33,7 @@ def hand_daemon(db_url, tmp_path, monkeypatch):
     daemon = stack.daemon(env, log_path=tmp_path / "hand-daemon.log")
     try:
         deadline = time.monotonic() + 120
-        while launch.newest_heartbeat_id(instance, started) is None:
+        while launch.daemon.newest_heartbeat_id(instance, started) is None:
             assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "hand-daemon.log").read_text()[-3000:]
             time.sleep(0.2)
         yield instance, env

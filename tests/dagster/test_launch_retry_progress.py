@@ -21,14 +21,15 @@ def _observe(instance, run_id: str, metadata: dict) -> None:
 
 
 def test_progress_lines_say_the_retries_in_progress_and_their_cause(db_url, instance):
-    from migration_pipeline.cli import _Progress, console
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.progress import Progress
 
     with dbmod.Database(db_url, max_size=4) as db:
         run = runs.start_run(db, provider_for("example"), "down", options={"counts": {"companies": 30}})
         dagster_run = DagsterRun(job_name="migrate_tenant", run_id="r-down", status=DagsterRunStatus.STARTED,
                                  tags={"migration/run_id": str(run.id)})
         instance.add_run(dagster_run)
-        progress = _Progress(as_json=False, instance=instance)
+        progress = Progress(as_json=False, instance=instance)
         progress.db = db
         progress.RETRIES_EVERY = 0.0
         with console.capture() as captured:
@@ -49,9 +50,9 @@ def test_progress_lines_say_the_retries_in_progress_and_their_cause(db_url, inst
 
 
 def test_the_json_output_reads_nothing(instance):
-    from migration_pipeline.cli import _Progress
+    from migration_pipeline.cli.progress import Progress
 
-    progress = _Progress(as_json=True, instance=instance)
+    progress = Progress(as_json=True, instance=instance)
     progress(DagsterRun(job_name="migrate_tenant", run_id="r-json", status=DagsterRunStatus.STARTED,
                         tags={"migration/run_id": "1"}))
     assert progress.observed is None and progress.db is None

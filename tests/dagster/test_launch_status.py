@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from engine_core import runs
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli import main
+from migration_pipeline.cli.main import main
 
 OPTIONS = {"counts": {"companies": 3, "contacts": 3, "deals": 2, "activities": 1, "notes": 1}}
 

@@ -53,14 +53,15 @@ def test_a_failed_steps_line_names_the_engine_error(db_url, tmp_path):
     # the in-process run hands the console back following sys.stdout, not pinned to the stream it had
     # then (every later in-process command of this process printed nowhere it could be read)
     from migration_pipeline import cli
+    import migration_pipeline.cli.output
 
-    assert cli.console._file is None, cli.console._file
+    assert cli.output.console._file is None, cli.output.console._file
 
 
 def test_the_line_is_the_first_non_dagster_cause_or_the_wrapper_when_there_is_none():
     from dagster._utils.error import SerializableErrorInfo as Info
 
-    from migration_pipeline.launch import step_error_line
+    from migration_pipeline.launch.results import step_error_line
 
     inner = Info("psycopg.OperationalError: connection refused\n", [], "OperationalError")
     engine = Info("engine_core.errors.EngineError: the ledger is unreachable\nmore\n", [], "EngineError", cause=inner)

@@ -13,6 +13,7 @@ from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
 
 from migration_pipeline import launch, tags
+import migration_pipeline.launch.stop
 
 
 def test_a_run_stopped_by_its_command_is_not_retried_when_it_then_fails():
@@ -25,7 +26,7 @@ def test_a_run_stopped_by_its_command_is_not_retried_when_it_then_fails():
 
         run = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTING,
                                   tags={tags.PARTITION: "stopped"})
-        launch.stop_launched_run(instance, run.run_id, echo=lambda line: None, wait=0)
+        launch.stop.stop_launched_run(instance, run.run_id, echo=lambda line: None, wait=0)
         # its worker then dies with the daemon the command stops: FAILURE, and no retry
         instance.report_run_failed(instance.get_run_by_id(run.run_id))
         assert instance.get_run_by_id(run.run_id).tags.get(WILL_RETRY_TAG) == "false"

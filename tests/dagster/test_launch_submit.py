@@ -17,6 +17,9 @@ import pytest
 from dagster import DagsterRunStatus
 
 from migration_pipeline import launch, stack, tags
+import migration_pipeline.launch.checks
+import migration_pipeline.launch.place
+import migration_pipeline.launch.results
 from migration_pipeline.instance import STORAGE_URL_ENV, open_instance
 from tests.dagster.support import SMALL, example_env
 
@@ -51,15 +54,15 @@ def test_a_run_submitted_in_process_is_queued_with_its_origin_and_the_daemon_run
 
     instance, env = instance_env
     # one kind: the run worker's claim is that it runs, not how much (the phases after the plan do nothing)
-    config = launch.new_run_config(kinds=["companies"], options=SMALL)
-    assert launch.add_tenant(instance, "acme")
+    config = launch.checks.new_run_config(kinds=["companies"], options=SMALL)
+    assert launch.place.add_tenant(instance, "acme")
     with monkeypatch.context() as m:
         _no_child_process(m)
-        run_id = launch.submit_tenant_run(instance, "acme", config, run_id="0f0e0d0c-0000-4000-8000-000000000001")
+        run_id = launch.place.submit_tenant_run(instance, "acme", config, run_id="0f0e0d0c-0000-4000-8000-000000000001")
     assert run_id == "0f0e0d0c-0000-4000-8000-000000000001"
     run = instance.get_run_by_id(run_id)
     assert run.status == DagsterRunStatus.QUEUED
-    assert run.job_name == launch.TENANT_JOB and run.run_config == config
+    assert run.job_name == launch.place.TENANT_JOB and run.run_config == config
     assert run.tags[tags.PARTITION] == "acme" and run.tags[tags.SOURCE] == "example"
     # the origin `dagster job launch -m migration_pipeline.definitions` records, from this directory
     (as_cli_launches,) = ModuleTarget(stack.DEFS_MODULE, None, os.getcwd(), None).create_origins()
@@ -67,27 +70,27 @@ def test_a_run_submitted_in_process_is_queued_with_its_origin_and_the_daemon_run
     assert run.remote_job_origin.location_name == "migration_pipeline.definitions"
     daemon = stack.daemon(env, log_path=Path(env["DAGSTER_HOME"]) / "daemon.log")
     try:
-        done = launch.wait_for_run(instance, run_id, timeout=180)
+        done = launch.place.wait_for_run(instance, run_id, timeout=180)
     finally:
         stack.stop(daemon)
-    assert done.status == DagsterRunStatus.SUCCESS, launch.run_failure_message(instance, run_id)
+    assert done.status == DagsterRunStatus.SUCCESS, launch.results.run_failure_message(instance, run_id)
     assert done.tags.get("migration/run_id"), "the phase op attached no engine run"
 
 
 def test_a_refused_run_config_is_a_launch_error_with_dagsters_lines_and_no_run(instance_env):
     instance, _ = instance_env
     bad = {"resources": {"new_run": {"config": {"options_json": "{}", "no_such_field": 1}}}}
-    with pytest.raises(launch.LaunchError) as e:
-        launch.submit_tenant_run(instance, "acme", bad, run_id="0f0e0d0c-0000-4000-8000-000000000002")
+    with pytest.raises(launch.checks.LaunchError) as e:
+        launch.place.submit_tenant_run(instance, "acme", bad, run_id="0f0e0d0c-0000-4000-8000-000000000002")
     assert "no_such_field" in str(e.value)
     assert instance.get_run_by_id("0f0e0d0c-0000-4000-8000-000000000002") is None
-    with pytest.raises(launch.LaunchError, match="no job 'no_such_job'"):
-        launch.submit_tenant_run(instance, "acme", {}, job="no_such_job")
+    with pytest.raises(launch.checks.LaunchError, match="no job 'no_such_job'"):
+        launch.place.submit_tenant_run(instance, "acme", {}, job="no_such_job")
 
 
 def test_migrate_run_new_run_submits_the_new_run_tag(instance_env):
     instance, _ = instance_env
-    launch.add_tenant(instance, "again")
-    run_id = launch.submit_tenant_run(instance, "again", launch.new_run_config(), run_tags={tags.NEW_RUN: "true"})
+    launch.place.add_tenant(instance, "again")
+    run_id = launch.place.submit_tenant_run(instance, "again", launch.checks.new_run_config(), run_tags={tags.NEW_RUN: "true"})
     run = instance.get_run_by_id(run_id)
     assert run.tags[tags.NEW_RUN] == "true" and run.tags[tags.PARTITION] == "again"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from dagster import DagsterRunStatus
 
-from migration_pipeline.launch import InProcessRun
+from migration_pipeline.launch.in_process import InProcessRun
 
 
 class _Instance:

@@ -31,6 +31,9 @@ from dagster._daemon.types import DaemonHeartbeat
 import psycopg
 
 from migration_pipeline import launch, stack, tags
+import migration_pipeline.launch.daemon
+import migration_pipeline.launch.in_process
+import migration_pipeline.launch.place
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_storage_url, storage_database_name, to_url, url_params
 from tests.conftest import _with_dbname
 from tests.dagster.support import migrate_env, sandbox_account
@@ -39,32 +42,32 @@ MIGRATE = str(Path(sys.executable).parent / "migrate")
 
 
 def _beat(instance, age: float, daemon_id: str = "d1") -> None:
-    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - age, launch.RUN_COORDINATOR_DAEMON, daemon_id, None))
+    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time() - age, launch.daemon.RUN_COORDINATOR_DAEMON, daemon_id, None))
 
 
 def test_a_stale_heartbeat_is_no_daemon_although_dagster_calls_it_healthy(tmp_path):
     lock = tmp_path / "daemon.lock"
     with instance_for_test() as instance:
-        assert not launch.daemon_liveness(instance, lock).alive  # never ran
+        assert not launch.daemon.daemon_liveness(instance, lock).alive  # never ran
         _beat(instance, age=600)
-        assert instance.get_daemon_statuses([launch.RUN_COORDINATOR_DAEMON])[launch.RUN_COORDINATOR_DAEMON].healthy
-        live = launch.daemon_liveness(instance, lock)
+        assert instance.get_daemon_statuses([launch.daemon.RUN_COORDINATOR_DAEMON])[launch.daemon.RUN_COORDINATOR_DAEMON].healthy
+        live = launch.daemon.daemon_liveness(instance, lock)
         assert not live.alive and "600 s old" in live.why
         _beat(instance, age=5)  # a daemon started by hand
-        assert launch.daemon_liveness(instance, lock).alive
+        assert launch.daemon.daemon_liveness(instance, lock).alive
 
 
 def test_the_lock_says_which_daemon_is_alive_and_which_has_exited(tmp_path):
     lock_file = tmp_path / "daemon.lock"
     with instance_for_test() as instance:
-        holder = launch.DaemonLock(lock_file)
+        holder = launch.daemon.DaemonLock(lock_file)
         assert holder.acquire()
-        assert not launch.DaemonLock(lock_file).acquire()  # one holder per instance
+        assert not launch.daemon.DaemonLock(lock_file).acquire()  # one holder per instance
         holder.record(by="migrate run", pid=os.getpid(), daemon_id="ours")
-        assert launch.daemon_liveness(instance, lock_file).alive  # held, even before any heartbeat
+        assert launch.daemon.daemon_liveness(instance, lock_file).alive  # held, even before any heartbeat
         _beat(instance, age=1, daemon_id="ours")
         holder.release()
-        live = launch.daemon_liveness(instance, lock_file)  # its heartbeat is fresh, but it is gone
+        live = launch.daemon.daemon_liveness(instance, lock_file)  # its heartbeat is fresh, but it is gone
         assert not live.alive and "has exited" in live.why
 
 
@@ -78,7 +81,7 @@ def test_a_queued_run_says_what_it_waits_behind():
                             tags={tags.PARTITION: "ahead"}, remote_job_origin=origin)
         mine = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.QUEUED,
                                    tags={tags.PARTITION: "mine"}, remote_job_origin=origin)
-        why = launch.queue_state(instance, mine.run_id, lane_width=2)
+        why = launch.place.queue_state(instance, mine.run_id, lane_width=2)
         assert why.startswith("queued behind 3 runs in the lane"), why
 
 
@@ -149,7 +152,7 @@ def _finished(proc: subprocess.Popen, tenant: str) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("in_process", ["1", "0"], ids=["in-process", "daemon"])
 def test_runs_back_to_back_and_three_at_once_all_finish(sandbox_env, in_process):
-    sandbox_env = dict(sandbox_env, **{launch.IN_PROCESS_ENV: in_process})
+    sandbox_env = dict(sandbox_env, **{launch.in_process.IN_PROCESS_ENV: in_process})
     _finished(_run(sandbox_env, "first"), "first")
     # Back to back and three at once in one step (they had been a second run alone, then these
     # three): the three start within seconds of the first's end, its daemon stopping with a fresh
@@ -176,7 +179,7 @@ def test_a_daemon_stopped_before_its_id_was_recorded_is_known_to_have_exited(tmp
     # close waited stack.stop's 30 s before its SIGKILL.) The heartbeat is the one its daemon would
     # have written.
     with instance_for_test() as instance:
-        keeper = launch.DaemonKeeper(instance, {}, tmp_path, tmp_path / "daemon.log", echo=lambda _m: None)
+        keeper = launch.daemon.DaemonKeeper(instance, {}, tmp_path, tmp_path / "daemon.log", echo=lambda _m: None)
         assert keeper.lock.acquire()
         keeper.started_at = time.time()
         keeper.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None)
@@ -187,5 +190,5 @@ def test_a_daemon_stopped_before_its_id_was_recorded_is_known_to_have_exited(tmp
         _beat(instance, age=0, daemon_id="ours-unrecorded")
         keeper.close(0)
         stand_in.stdout.close()
-        live = launch.daemon_liveness(instance, keeper.lock.path)
+        live = launch.daemon.daemon_liveness(instance, keeper.lock.path)
         assert not live.alive and "has exited" in live.why, live.why

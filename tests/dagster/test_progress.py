@@ -83,7 +83,8 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     from rich.console import Console
 
     from migration_pipeline import cli
-    from migration_pipeline.cli import print_overview, tenant_overview
+    from migration_pipeline.cli.inspect import tenant_overview
+    from migration_pipeline.cli.tables import print_overview
 
     opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
     run = runs.start_run(db, provider_for("example"), "pct", options=opts, settings=FAST)
@@ -115,7 +116,7 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     overview = tenant_overview(db, stale_after=120)
     assert [(o["tenant"], o["unattended"]) for o in overview] == [("pct", True)] and overview[0]["idle_seconds"] >= 600
     table = Console(file=io.StringIO(), width=120, record=True)
-    monkeypatch.setattr(cli, "console", table)
+    monkeypatch.setattr(cli.tables, "console", table)
     print_overview(overview)
     shown = table.export_text()
     assert "running (idle 10m" in shown and "no worker is draining it" in shown, shown
@@ -170,7 +171,7 @@ def test_migrate_status_shows_grouped_skip_reasons_completeness_percent_and_eta(
 
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
             "dangling": {"deals": list(range(1, 22))}, "malformed": {"contacts": [2]}}
@@ -195,7 +196,7 @@ def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, e
 
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     opts = {"page_size": 10, "counts": {"companies": 10, "contacts": 10, "deals": 30, "activities": 5, "notes": 5},
             "dangling": {"deals": [4, 5, 6]}}

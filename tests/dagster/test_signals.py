@@ -23,6 +23,7 @@ import pytest
 from dagster import DagsterRun, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch
+import migration_pipeline.launch.statuses
 from migration_pipeline.partitions import TENANTS
 from tests.dagster.support import instance_of, migrate_env, sandbox_account
 
@@ -112,7 +113,7 @@ def test_sigterm_while_running_stops_the_dagster_run_the_engine_run_and_the_daem
             engine = c.execute("SELECT status FROM migrations WHERE id = %s",
                                (int(dagster_run.tags["migration/run_id"]),)).fetchone()[0]
         assert engine in ("stopping", "stopped"), f"the engine run is {engine} after the command was stopped"
-        assert not instance.get_runs(RunsFilter(statuses=launch.IN_FLIGHT)), "a run of the command is still in flight"
+        assert not instance.get_runs(RunsFilter(statuses=launch.statuses.IN_FLIGHT)), "a run of the command is still in flight"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -86,7 +86,7 @@ def test_migrate_sandbox_live(tmp_path):
 
     from click.testing import CliRunner
 
-    from migration_pipeline.cli import main
+    from migration_pipeline.cli.main import main
 
     for args, needle in ((["--live", "0"], "--live must be a rate above 0"),
                          (["--live-max", "3"], "--live-max needs --live RATE")):

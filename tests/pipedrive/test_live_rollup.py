@@ -17,6 +17,8 @@ from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import Worker
 from engine_core.providers.registry import for_run
 from migration_pipeline import cli
+import migration_pipeline.cli.output
+import migration_pipeline.cli.tables
 from migration_pipeline.assets import checks, metadata
 from migration_pipeline.assets.specs import phase_specs
 from tests.pipedrive.support import FAST, UNLIMITED, failed_tasks, sandbox, start
@@ -49,20 +51,20 @@ def _shows_updates_and_deletes(db, r: rollup.RunRollup) -> None:
     updated = sum(k.updated for k in r.kinds)
     deleted = sum(k.deleted_at_source for k in r.kinds)
     assert updated and deleted, "the live account updated and deleted rows while the run walked"
-    width = cli.console.width
-    cli.console.width = 220
+    width = cli.output.console.width
+    cli.output.console.width = 220
     try:
-        with cli.console.capture() as captured:
-            cli.print_rollup(r)
+        with cli.output.console.capture() as captured:
+            cli.tables.print_rollup(r)
     finally:
-        cli.console.width = width
+        cli.output.console.width = width
     text = captured.get()
     assert "updated" in text and "deleted at source" in text and "by catch-up" in text
     catchup = next(k for k in r.kinds if k.kind == "catchup")
     rows = {cells[2]: cells for cells in ([c.strip() for c in line.split("│")] for line in text.splitlines())
             if len(cells) > 12}
     assert rows["catchup"][8] == str(catchup.updated) and rows["persons"][11] != "0", text
-    counts = cli.outcome_counts(r)
+    counts = cli.tables.outcome_counts(r)
     assert counts["updated"] == updated and counts["deleted_at_source"] == deleted
     phases = [metadata.phase_metadata(db, r, p) for p in range(len(r.phases))]
     assert sum(md["updated"].value for md in phases) == updated

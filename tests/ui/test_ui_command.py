@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from migration_pipeline import launch, stack
+import migration_pipeline.launch.checks
+import migration_pipeline.launch.daemon
 from migration_pipeline.assets.specs import phase_specs
 from tests.dagster.graphql import UI
 
@@ -37,6 +39,6 @@ def test_migrate_ui_with_a_sandbox_serves_the_pipedrive_assets_and_a_second_ui_r
     # a `migrate run` with the sandbox's own settings is let in; another account is not (the lock
     # said "default#no-token" - the shell's settings before the sandbox's - and refused every run)
     (lock,) = (Path(ui_stack.env["MIGRATE_HOME"]) / "dagster").glob("daemon-*.lock")
-    launch.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "sandbox-token"})
-    with pytest.raises(launch.LaunchError):
-        launch.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "other"})
+    launch.daemon.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "sandbox-token"})
+    with pytest.raises(launch.checks.LaunchError):
+        launch.daemon.check_same_source(lock, {"PIPEDRIVE_BASE_URL": ui_stack.sandbox, "PIPEDRIVE_API_TOKEN": "other"})

@@ -1,0 +1,308 @@
+"""The read commands over the engine's tables: `status`, `report`, `explain`, `rows`. They import no
+Dagster (~2 s): they answer from the engine database alone."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import click
+from rich.table import Table
+
+from engine_core import db as dbmod
+from engine_core import rollup as rollups
+from engine_core import runs
+from engine_core.budget import waiting_state
+from engine_core.config import check_environment
+from engine_core.errors import EngineError
+from engine_core.ledger import source_listing, tenant_row_counts, tenant_rows
+from engine_core.progress import run_progress, status_line
+from engine_core.providers.registry import provider_for
+from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
+from migration_pipeline.cli.tables import outcome_counts, print_overview, print_rollup, reasons_table
+from migration_pipeline.launch.checks import pickable_kinds
+
+
+def tenant_overview(db: dbmod.Database, source: str | None = None,
+                    stale_after: float | None = None) -> list[dict[str, Any]]:
+    """`migrate status` without a tenant: per tenant and source, its latest run (`runs.latest_runs`),
+    as {"tenant", "source", "run_id", "mode", "status", "dry_run", "phase" ("3/8", the barrier's
+    phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at",
+    "idle_seconds" (a live run's seconds since anything worked on it, `run_idle_seconds`; else None),
+    "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
+    drains it, as `migrate status TENANT` says)}, by tenant."""
+    overview = []
+    for r, tasks in runs.latest_runs(db, source):
+        idle = (round(float(db.fetch_one("run_idle_seconds", {"run_id": r.id})["idle_seconds"]), 1)
+                if r.status in ("running", "stopping") else None)
+        overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
+                         "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
+                         "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at,
+                         "idle_seconds": idle,
+                         "unattended": stale_after is not None and idle is not None and idle > stale_after})
+    return overview
+
+
+@click.command()
+@click.argument("tenant", required=False)
+@click.option("--source", default=None, help="limit to one source")
+@click.option("--json", "as_json", is_flag=True)
+def status(tenant: str | None, source: str | None, as_json: bool) -> None:
+    """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
+    an overview: every tenant's latest run (status, phase, tasks)."""
+    if tenant is None:
+        with open_db() as db:
+            overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
+        emit(as_json, overview, lambda: print_overview(overview))
+        return
+    with open_db() as db:
+        try:
+            run = runs.latest_run(db, tenant, source)
+            r = rollups.rollup(db, run.id)
+        except EngineError as e:
+            fail(e)
+
+        stale_after = check_environment().stale_lock_seconds
+        done = run_progress(db, r.run_id, stale_after)  # percent and ETA (engine_core.progress)
+        # what the account's budget waits on (the daily token share, a burst 429), while the run is live
+        waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
+        wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
+        unattended = done["unattended"]
+
+        def render() -> None:
+            print_rollup(r)
+            console.print(status_line(done, stale_after))
+            if unattended:
+                console.print(f"[yellow]`migrate run --tenant {tenant}` resumes it here; `migrate ui` (a daemon) "
+                              "runs it in the background[/yellow]")
+            if wait_json is not None:
+                console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
+
+        emit(as_json, {**r.as_dict(), "progress": done, "waiting": wait_json}, render)
+
+
+@click.command()
+@click.argument("tenant")
+@click.option("--kind", default=None)
+@click.option("--stat", default="imported", show_default=True, help="the payload stat to group by")
+@click.option("--top", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--run", "run_id", default=None, type=click.IntRange(min=1),
+              help="an earlier run of TENANT (its number, as `migrate status` and `explain` name it); default: the latest")
+@click.option("--json", "as_json", is_flag=True)
+def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | None, as_json: bool) -> None:
+    """Task duration grouped by the task's own payload (group by payload before blaming anything).
+    The latest run of TENANT, or --run N: after a sync, the full run before it (a fresh user could
+    not reach it)."""
+    with open_db() as db:
+        if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
+            check_explain(db, tenant, kind)
+        try:
+            run = runs.latest_run(db, tenant) if run_id is None else runs.get_run(db, run_id)
+        except EngineError as e:
+            fail(e)
+        if run.tenant_id != tenant:
+            fail(f"run #{run.id} belongs to tenant {run.tenant_id!r}, not to tenant {tenant!r}")
+        check_stat(db, run, kind, stat)
+        rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
+        reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
+        counts = outcome_counts(rollups.rollup(db, run.id), kind)
+
+        def render() -> None:
+            console.print(f"{run.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+            t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
+            for col in (stat, "tasks", "avg seconds", "max seconds"):
+                t.add_column(col, justify="right")
+            for r in rows:
+                t.add_row(str(r["payload"]), str(r["tasks"]), str(r["avg_seconds"]), str(r["max_seconds"]))
+            console.print(t)
+            if reasons:
+                console.print(reasons_table(reasons, tenant), soft_wrap=False)
+
+        emit(as_json, {"counts": counts, "durations": rows, "reasons": reasons}, render)
+
+
+def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:
+    """Before `migrate report` groups by `stat`: a stat none of the run's succeeded tasks (of `kind`)
+    counts is one line naming the stats they do count (exit 2) - a user's `--stat bogus` put
+    every task under 0. The default, "imported", always passes (a kind that imports nothing is all 0)."""
+    stats = runs.task_stat_keys(db, run.id, kind)
+    if stat not in stats and stat != "imported":
+        of = f" {kind}" if kind else ""
+        fail(f"unknown --stat {stat!r}: {run.name}'s succeeded{of} tasks count "
+              f"{', '.join(stats) if stats else 'nothing yet'}")
+
+
+# ignore_unknown_options: an id such as "-1" is the id, not an unknown option
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("tenant")
+@click.argument("kind")
+@click.argument("source_id")
+@click.option("--json", "as_json", is_flag=True)
+def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
+    """What happened to one source row, from the ledger. SOURCE_ID is taken without the spaces
+    around it (a pasted " 42" had not been found) and in the form the ledger keys it
+    (`explain_id`); the text as given is looked up too when that finds nothing."""
+    raw = source_id.strip()
+    if not raw:
+        fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
+    source_id = explain_id(raw)
+    with open_db() as db:
+        check_explain(db, tenant, kind)
+        asked = source_id
+        story = rollups.explain(db, tenant, kind, source_id)
+        if story is None and raw != source_id:
+            asked, story = raw, rollups.explain(db, tenant, kind, raw)
+        if story is not None and story.get("unreadable") and story.get("matches", 1) > 1:
+            story["others"] = served_alike(db, tenant, kind, asked, story["source_id"])
+        if story is None:
+            listing = source_listing(db, tenant, kind, source_id)
+            said = "" if listing is None else (
+                f"; run #{listing['run_id']}'s catch-up listed it at the source" if listing["has"] else
+                f"; nor did the source list it (run #{listing['run_id']}'s catch-up listed {listing['listed']} "
+                f"{kind} ids, not this one)")
+            unread = rollups.unreadable_count(db, tenant, kind)
+            if unread is not None:  # the row asked for may be one of them: served without its id
+                said += (f"; {unread['rows']} {kind} record(s) are kept without a readable id (latest in run "
+                         f"#{unread['run_id']}: rows served without one{', or mail of deals served without one' if unread['deals'] else ''}"
+                         f"): `migrate rows {tenant} --kind {kind}` lists their keys, which explain takes")
+            emit(as_json, None, lambda: console.print(
+                f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
+                f"{said}"))
+            sys.exit(1)
+
+        def render() -> None:
+            verb = {"created": "imported", "matched": "matched to an existing record", "skipped": "skipped",
+                    "failed": "failed"}[story["action"]]
+            line = f"{kind} {source_id}: {verb} by run #{story['run_id']} at {story['at']}"
+            if story["record_id"]:
+                line += f" -> {story['record_type']} {story['record_id']}"
+            if story["reason"]:
+                line += f" ({story['reason']})"
+            console.print(line)
+            if story.get("unreadable") and story.get("excerpt"):
+                console.print(f"as served: {story['excerpt']}", markup=False, highlight=False)
+            others = story.get("others") or []
+            if others:  # each can be explained by its whole key; `migrate rows` lists any beyond these
+                more = story["matches"] - 1 - len(others)
+                console.print(f"the other {story['matches'] - 1} row(s) served with this id"
+                              + (f" (the latest {len(others)}; `migrate rows {tenant} --kind {kind} --action failed` "
+                                 f"lists all)" if more > 0 else "") + ", by their keys:", markup=False, highlight=False)
+                for key in others:
+                    console.print(f"  {key}", markup=False, highlight=False)
+
+        emit(as_json, story, render)
+
+
+EXPLAIN_OTHERS = 10  # other rows served with an unreadable row's id that `explain` lists by key
+
+
+def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: str) -> list[str]:
+    """The raw keys of the rows without a readable id that `explain`'s `asked` also finds (served
+    with the same id, another content) besides the one it tells (`told`), the latest first, at
+    most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id")
+    and a user could not reach them; each key is one `explain` takes."""
+    rows = db.fetch_all("explain_unreadable", {"tenant_id": tenant, "kind": kind, "raw_key": asked, "source": None})
+    return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]
+
+
+_UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def explain_id(text: str) -> str:
+    """A source id as `explain` is given it, in the form the ledger keys ids
+    (engine_core.providers.pipedrive.mapping.row_source_id): a UUID lowercase (leads: a pasted
+    uppercase one had not been found), a text of ASCII digits only as its decimal integer without
+    leading zeros ("02" -> "2", "000" -> "0"). Where the form is not that unambiguous ("-1", "2.0",
+    "abc") the text is kept as given; `explain` also looks the given text up when the normalised
+    one is not found."""
+    if _UUID_TEXT.fullmatch(text):
+        return text.lower()
+    if re.fullmatch(r"[0-9]+", text):
+        return text.lstrip("0") or "0"  # not int(): 4,300 digits and more raise ValueError
+    return text
+
+
+def check_explain(db: dbmod.Database, tenant: str, kind: str | None) -> None:
+    """Before `explain` (and `report --kind`, `rows`) reads the ledger: a tenant no run has migrated, or a kind none of the
+    tenant's sources has (their providers' kinds without the catch-up phase), is one line naming
+    it and what there is (exit 2), not "not in the ledger" (a user's `explain acme contacts 7`).
+    `kind` None: the tenant alone is checked."""
+    tenants = runs.tenants(db)
+    if tenant not in tenants:
+        shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
+        fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
+    if kind is None:
+        return
+    sources = runs.tenant_sources(db, tenant)
+    kinds: list[str] = []
+    for source in sources:
+        try:
+            kinds += [k for group in pickable_kinds(provider_for(source)) for k in group]
+        except Exception:  # noqa: BLE001 - a source that no longer loads: its kinds are not judged
+            return
+    if kind not in kinds:
+        fail(f"unknown kind {kind!r} (kinds: {', '.join(dict.fromkeys(kinds))})")
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One `migrate rows` line: "KIND ID ACTION run #N: REASON", flagged when the row has no
+    readable id, was found deleted at the source, or was written by a dry run."""
+    flags = [*(["no readable id"] if row["unreadable"] else []),
+             *(["deleted at source"] if row.get("deleted_at_source") else []),
+             *(["dry run"] if row.get("dry_run") else [])]
+    reason = " ".join((row["reason"] or "no reason recorded").split())
+    return (f"{row['kind']} {row['id']} {row['action']} run #{row['run_id']}"
+            + (f" ({', '.join(flags)})" if flags else "") + f": {reason}")
+
+
+@click.command("rows")
+@click.argument("tenant")
+@click.option("--kind", default=None, help="only this kind's rows")
+@click.option("--action", type=click.Choice(["skipped", "failed", "all"]), default="all", show_default=True,
+              help="skipped rows, failed rows (those without a readable id too), or both")
+@click.option("--run", "run_id", default=None, type=click.IntRange(min=1),
+              help="only the rows run N (as `migrate status` names it) wrote last")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="at most N rows (default: all)")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per row and line (JSON Lines)")
+def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None, limit: int | None,
+                 as_json: bool) -> None:
+    """Every skipped or failed row of TENANT, as the ledger holds it now (every run of the tenant,
+    not only the latest: each line says the run that last wrote the row), and the rows that came
+    without a readable id (failed, their id as served): one line each, sorted by kind, action and
+    id, then a count. `status` and `report` show five samples per reason; this lists them all, for
+    `migrate explain` to take one by one. --json: JSON Lines on stdout, the count on stderr."""
+    actions = ("skipped", "failed") if action == "all" else (action,)
+    with open_db() as db:
+        check_explain(db, tenant, kind)
+        if run_id is not None:
+            try:
+                run = runs.get_run(db, run_id)
+            except EngineError as e:
+                fail(e)
+            if run.tenant_id != tenant:
+                fail(f"run #{run.id} belongs to tenant {run.tenant_id!r}, not to tenant {tenant!r}")
+        counts = tenant_row_counts(db, tenant, kind, actions, run_id)
+        shown = 0
+        found = tenant_rows(db, tenant, kind, actions, run_id, limit)
+        try:
+            for row in found:
+                if as_json:
+                    line = json.dumps({**row, "deleted_at_source": row["deleted_at_source"].isoformat()
+                                       if row["deleted_at_source"] else None})
+                else:
+                    line = row_line(row)
+                click.echo(line)
+                shown += 1
+        except BrokenPipeError:  # the reader has gone (`| head`): nothing more to say
+            reader_gone(sys.stdout)
+            return
+        finally:
+            found.close()
+    total = counts["skipped"] + counts["failed"]
+    summary = (f"{total} row{'' if total == 1 else 's'}: {counts['skipped']} skipped, {counts['failed']} failed "
+               f"({counts['unreadable']} without a readable id)")
+    if shown < total:
+        summary += f"; {shown} shown (--limit {limit})"
+    click.echo(summary, err=as_json)

@@ -1,0 +1,415 @@
+"""Launching a tenant's Dagster run from the command line and waiting for it: the checks before
+the launch, the run placed and executed here or queued for a daemon, a stop signal turned into
+stopping what was started, the results printed and the exit code. `migration_pipeline.launch`
+holds the Dagster side."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from engine_core import db as dbmod
+from engine_core import rollup as rollups
+from engine_core import runs
+from engine_core.config import check_environment, number
+from engine_core.errors import EngineError
+from engine_core.providers.registry import provider_for
+from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
+from migration_pipeline.cli.progress import Progress
+from migration_pipeline.cli.tables import print_phase_results, print_rollup
+from migration_pipeline import tags
+from migration_pipeline.instance import dagster_env, get_instance
+from migration_pipeline.launch.checks import (LaunchError, check_launch, check_tenant, check_tenant_source,
+                                              new_run_config)
+from migration_pipeline.launch.signals import Interrupted, signals_held, signals_interrupt
+
+
+def source_for(requested: str | None) -> str:
+    """The source a command works on: `--source`, else MIGRATE_SOURCE, else the Dagster face's
+    default (`resolve_source`). One named explicitly must load: a mistyped MIGRATE_SOURCE launched a
+    run on the fallback `example` definitions that failed in Dagster and left its partition behind
+   ; now it is one line naming the variable, exit 2, nothing launched."""
+    named = (requested or os.environ.get("MIGRATE_SOURCE") or "").strip()
+    if named:
+        try:
+            provider_for(named).phases()
+        except Exception as e:  # noqa: BLE001 - an unknown source or a provider that does not load
+            where = "--source" if requested else "MIGRATE_SOURCE"
+            fail(f"{where}={named!r} is not a source this project can migrate from: {e}")
+        return named
+    from migration_pipeline.definitions import resolve_source  # Dagster: a launch only, in its paused collector
+
+    return resolve_source(requested)
+
+
+def asset_order(source: str) -> list[str]:
+    """The source's phase assets' keys ("pipedrive/phase_1_users"), in plan order."""
+    from migration_pipeline.assets.specs import phase_specs  # Dagster: a launch's results only
+
+    return [spec.key.to_user_string() for spec in phase_specs(source)]
+
+
+def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any,
+                         source: str | None = None) -> None:
+    """A `migrate run` / `sync` / `demo` stopped by SIGINT, SIGTERM or SIGHUP stops what it started
+    (what a user stopping a foreground command expects; nothing is lost: the engine run keeps its
+    checkpoints and `migrate run --tenant T` resumes it): the Dagster run it launched is cancelled
+    from the queue or terminated, with its engine run's stop flag set (`launch.stop_launched_run`),
+    then the daemon it started for the duration is stopped (a daemon it did not start - the UI's -
+    is left alone). A run still in progress when our daemon (its run worker's parent) is gone is
+    marked CANCELED. Lines go to stderr, also under --json."""
+    # Dagster (~2 s of imports): only a launch needs it
+    from migration_pipeline.launch.statuses import FINISHED
+    from migration_pipeline.launch.stop import mark_canceled, stop_launched_run
+
+    def say(line: str) -> None:
+        try:
+            click.echo(line, err=True)
+        except BrokenPipeError:  # stderr's reader has gone (`2>&1 | head`): the stop goes on unsaid
+            reader_gone(sys.stderr)
+
+    name = signal_name(signalled.signo)
+    if not getattr(signalled, "announced", False):  # an in-process run's watcher said it when it stopped the run
+        say(f"{name}: stopping what this command started")
+    if run_id and instance.get_run_by_id(run_id) is None:
+        run_id = None  # interrupted before submit_tenant_run created it
+    status = stop_launched_run(instance, run_id, say) if run_id else None
+    ours = keeper.proc is not None
+    if run_id and ours:
+        # before our daemon (its run worker's parent) goes: a run still starting then ends CANCELED
+        # (its worker, if it starts at all, finds it cancelled and executes nothing) rather than
+        # FAILURE when the worker dies with the daemon
+        mark_canceled(instance, run_id, f"`migrate run` got {name}; the daemon it started is stopped")
+    keeper.close(30.0)
+    if run_id and ours:
+        status = instance.get_run_by_id(run_id).status
+    if run_id:
+        run = instance.get_run_by_id(run_id)
+        engine = run.tags.get("migration/run_id") if run is not None else None
+        if not engine and run is not None and run.status not in FINISHED:
+            # stopped before its op attached an engine run: nothing of it is worth keeping, and
+            # left STARTED or queued it would hold the tenant's partition in the UI for ever
+            mark_canceled(instance, run_id, f"`migrate run` got {name} before the run reached its engine "
+                                                   "run; nothing was migrated")
+            run = instance.get_run_by_id(run_id)
+            status = run.status if run is not None else status
+        with open_db() as db:
+            if engine:
+                er = runs.get_run(db, int(engine))
+                after = f"; {er.name} is {er.status}; `migrate run --tenant {tenant}` resumes it"
+            else:  # what a relaunch meets: the engine run this launch would have attached, if any
+                try:
+                    er = runs.latest_run(db, tenant, source)
+                except EngineError:
+                    er = None
+                if er is not None and er.status != "succeeded":
+                    after = (f"; it had not reached an engine run yet ({er.name} is {er.status}); "
+                             f"`migrate run --tenant {tenant}` resumes {er.name}")
+                else:
+                    after = (f"; no engine run was started (nothing was read or written; the tenant's "
+                             f"partition stays in the UI, empty); `migrate run --tenant {tenant}` starts one")
+        say(f"Dagster run {run_id}: {status.value if status else 'gone'}"
+            f"{' (our daemon stopped)' if ours else ''}{after}")
+    elif ours:
+        say("nothing was launched; the daemon this command started is stopped")
+    else:
+        say("nothing was launched")
+
+
+def signal_name(signo: int) -> str:
+    """"SIGINT" for 2: the signal's name, as the stop lines say it."""
+    return signal.Signals(signo).name
+
+
+def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
+    """Before `migrate run` launches a new full run: a tenant whose latest run succeeded and covers
+    what the launch asks for (`runs.covered_by`: its kinds, not a dry run unless this one is) is
+    refused in one line (exit 2, nothing launched) saying what to do - the engine's attach policy
+    would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
+    with open_db() as db:
+        try:
+            latest = runs.latest_run(db, tenant, source)
+        except EngineError:  # no run yet: a new one starts
+            return
+    if latest.status == "succeeded" and runs.covered_by(latest, provider_for(source, latest),
+                                                        {"kinds": kinds, "dry_run": dry_run}):
+        fail(f"tenant {tenant!r} is already migrated by {latest.name}{' (a dry run)' if latest.dry_run else ''}: "
+              f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
+              f"migrates it again from scratch")
+
+
+def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
+    """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
+    that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
+    resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
+    the run keeps what it started with (a user's options went unused without a
+    word). None when the launch starts a new run or was given none of them.
+
+    The dry-run flag is not merely ignored (a user's --dry-run resumed their stopped real run
+    #27 and imported 970 rows): a --dry-run launch that would work on a run that is not a dry run is
+    refused in one line (`fail`: exit 2, SystemExit, nothing launched), naming the run and saying
+    to finish or resume it first without --dry-run. The other way round is safe, so it is a note,
+    given with or without other flags: a launch without --dry-run that works on a dry run says it
+    writes nothing and that a run that writes can start once the dry one has succeeded."""
+    options = json.loads(new_cfg.get("options_json") or "{}")
+    wants_dry = bool(new_cfg.get("dry_run"))
+    existing = runs.existing_attachment(db, tenant, source)
+    if existing is None:
+        return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
+    run = existing.run
+    how = "joins" if existing.action == "joined" else "resumes" if run.status == "stopped" else "retries"
+    if wants_dry and not run.dry_run:
+        verb = {"joins": "join", "resumes": "resume", "retries": "retry"}[how]
+        first = ("let it finish first" if how == "joins" else
+                 f"finish or {verb} it first with `migrate run --tenant {tenant}` (without --dry-run)")
+        fail(f"--dry-run refused: this launch would {verb} the {run.status} {run.name}, which is not a dry run "
+              f"and writes; {first}; nothing was launched")
+    # --dry-run is not among them: refused above on a run that writes, what was asked for on a dry one
+    given = [flag for flag, value in (("--options", options), ("--kinds", new_cfg.get("kinds"))) if value]
+    kept = json.dumps(run.options, separators=(", ", ": "), default=str)
+    keeps = f"the kinds and options it started with ({kept})"
+    if run.dry_run and not wants_dry:
+        line = (f"note: this launch {how} the {run.status} {run.name}, a dry run: it writes nothing; once it has "
+                f"succeeded, `migrate run --tenant {tenant}` starts a run that writes")
+        return line + (f"; {' and '.join(given)} ignored: it keeps {keeps}" if given else "")
+    if not given:
+        return None
+    return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
+            f"a run with others can start once it has succeeded (--new-run)")
+
+
+def _execute_here(instance: Any, run_id: str, progress: "Progress", home: Path, timeout: float | None) -> Any:
+    """The Dagster run placed in this process (`launch.place_tenant_run(start_here=True)`),
+    executed here (`launch.InProcessRun`), the progress shown meanwhile from its watcher thread on
+    the command's own stdout, Dagster's run output in DAGSTER_HOME/in-process-runs.log
+    (`launch.output_aside`); the finished run. A stop signal stops the run (CANCELED, the engine
+    run stopped) and is raised afterwards as Interrupted (announced already); --timeout
+    stops it the same way and raises TimeoutError."""
+    # Dagster (~2 s of imports): only a launch needs it
+    from migration_pipeline.launch.in_process import IN_PROCESS_LOG, InProcessRun, output_aside
+
+    with output_aside(home / IN_PROCESS_LOG) as (out, err):
+        # rich's own attribute: None while the console follows sys.stdout. The `file` property gives
+        # sys.stdout itself, and putting that back pinned the console to that stream for good (under
+        # click's test runner, every later command of the process printed to the real stdout)
+        previous = console._file
+        console.file = out
+        try:
+            here = InProcessRun(instance, run_id, on_tick=progress, err=err, timeout=timeout)
+            dagster_run = here.execute()
+            progress.close()  # the bars end on the terminal, before it is handed back
+        finally:
+            console.file = previous
+    if here.signalled is not None:
+        raise Interrupted(here.signalled, announced=True)
+    if here.timed_out:
+        raise TimeoutError(f"Dagster run {run_id} was still running after {timeout:.0f} s (--timeout): it was stopped "
+                           f"({dagster_run.status.value if dagster_run else 'gone'}); launching the tenant again resumes it")
+    return dagster_run
+
+
+@contextlib.contextmanager
+def before_launch() -> Iterator[None]:
+    """Around what `migrate run` / `sync` do before their launch line (imports, checks, the source's
+    token request, opening the instance): a Ctrl-C there is one line on stderr saying nothing was
+    launched, exit code 130 (128 + SIGINT) as a Ctrl-C later in the command ends, not click's
+    "Aborted!" with 1. From the launch on, `signals_interrupt` and
+    `stop_what_we_started` take over: they stop what was started and say what."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo("\nSIGINT before the launch: nothing was launched", err=True)
+        sys.exit(128 + signal.SIGINT)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, and on again after it with everything
+    made so far frozen (`gc.freeze`: out of its reach for the process's life).
+
+    `migrate run` imports Dagster, its storages, SQLAlchemy and alembic and opens the instance in
+    such a block: none of the ~200,000 objects they make is garbage, and the collections the
+    collector ran over them while they grew cost ~1 CPU-s of each launch (importing those
+    four took 3.8 CPU-s with it, 2.8 without, `time`, 4 pairs; a whole `migrate run --kinds users`
+    spent 1.39 s in 541 collections before, 0.07-0.13 s in 132 with every import of the launch
+    module in such a block and the engine's young threshold raised, gc.callbacks). Afterwards
+    the full collections of the run, 25-140 ms each when they scanned it all, skip it too. Nested
+    blocks leave the collector as the outer one set it."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.freeze()
+            gc.enable()
+
+
+def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
+                           env_overrides: dict[str, str] | None = None, timeout: float | None = None,
+                           job: str | None = None, outcome: dict[str, Any] | None = None,
+                           new_run: bool = False) -> int:
+    """Check, add the partition, create the tenant job's run (or `job`'s: the sync job), execute it
+    in this process when no daemon serves the instance and the lane has room (MIGRATE_RUN_IN_PROCESS
+    =0: never), else queue it and keep a daemon alive (the UI's, or one for the duration) and wait
+    (saying why while queued); print the per-phase results; the exit code. A launch that fails
+    leaves nothing behind. `outcome`, when given, receives "engine_run_id" and "cost"
+    ({"requests", "tokens"}: what the engine run's own tasks counted, `run_cost`). `new_run`: the
+    tenant job starts a new engine run even when the tenant's latest run succeeded (run tag
+    `migration/new_run=true`); without it such a tenant is refused before launching
+    (`check_not_migrated`)."""
+    with before_launch(), collector_paused():  # on again, with what was built frozen, before the run starts
+        # Dagster (~2 s of imports), paused collector: only a launch needs it
+        from migration_pipeline.jobs import TENANT_JOB
+        from migration_pipeline.launch.daemon import daemon_for_duration, daemon_liveness
+        from migration_pipeline.launch.in_process import run_in_process
+        from migration_pipeline.launch.place import add_tenant, place_tenant_run, undo_failed_launch, wait_for_run
+        from migration_pipeline.launch.results import phase_results, run_failure_message, wait_tenant_quiet
+
+        check_tenant(tenant)
+        os.environ.update(env_overrides or {})
+        os.environ["MIGRATE_SOURCE"] = source
+        settings = check_environment()
+        here_allowed = run_in_process()
+        new_cfg = run_config["resources"]["new_run"]["config"]
+        check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
+        with open_db() as db:
+            check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
+        if (job or TENANT_JOB) == TENANT_JOB and not new_run:
+            check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
+        if (job or TENANT_JOB) == TENANT_JOB:
+            with open_db() as db:
+                note = ignored_on_relaunch(db, tenant, source, new_cfg)
+            if note:
+                click.echo(note, err=True)
+        queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
+        env = dagster_env()
+        instance = get_instance()
+    home = Path(env["DAGSTER_HOME"])
+    progress = Progress(as_json, instance)
+    say = (lambda m: None) if as_json else (lambda m: console.print(f"  {m}"))
+    run_id = str(uuid.uuid4())
+    job = job or TENANT_JOB
+    try:
+        with signals_interrupt(), \
+                daemon_for_duration(instance, env, home, home / "daemon.log", echo=say, linger=queue_timeout) as keeper:
+            try:
+                # No daemon serves the instance: the run executes in this process (no daemon, code
+                # server or run worker to start), lane permitting. A live one (the UI's)
+                # runs it as before; else one is started while the run is built here.
+                live = daemon_liveness(instance, keeper.lock.path)
+                start_here = here_allowed and not live.alive
+                if not start_here:
+                    keeper.ensure()
+                added = add_tenant(instance, tenant)
+                try:
+                    placed = place_tenant_run(instance, tenant, run_config, job=job, run_id=run_id,
+                                                     run_tags={tags.NEW_RUN: "true"} if new_run else None,
+                                                     start_here=start_here)
+                except BaseException:
+                    undo_failed_launch(instance, tenant, run_id, added)
+                    raise
+                if not as_json:
+                    where = ("; executing it in this process (no daemon serves the instance)" if placed.here else
+                             f"; queued: {placed.why}" if placed.why else "")
+                    console.print(f"launched Dagster run {run_id} ({job}) for tenant {tenant!r} ({source}){where}; "
+                                  f"Dagster home {home}")
+                if placed.here:
+                    dagster_run = _execute_here(instance, run_id, progress, home, timeout)
+                else:
+                    dagster_run = wait_for_run(instance, run_id, on_tick=progress, timeout=timeout, keeper=keeper,
+                                                      lane_width=settings.lane_width, queue_timeout=queue_timeout,
+                                                      on_queued=say)
+                wait_tenant_quiet(instance, tenant, timeout=30)
+                # our daemon (if we started one) shuts down while the results are read
+                keeper.stop_soon(queue_timeout)
+                progress.close()  # the bars stop before the results are printed
+                results = phase_results(instance, run_id, asset_order(source))
+                engine_id = dagster_run.tags.get("migration/run_id")
+                with open_db() as db:
+                    r = rollups.rollup(db, int(engine_id)) if engine_id else None
+                    cost = db.fetch_one("run_cost", {"run_id": int(engine_id)}) if engine_id else None
+            except Interrupted as signalled:
+                with signals_held():
+                    progress.close()
+                    # the run exists once place_tenant_run has created it, maybe before it was queued
+                    stop_what_we_started(instance, keeper, run_id, tenant, signalled, source)
+                sys.exit(signalled.exit_code)
+        if outcome is not None:
+            outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
+                           cost={k: int(v) for k, v in cost.items()} if cost else {"requests": 0, "tokens": 0})
+        dry_run = bool(r.dry_run) if r is not None else bool(new_cfg.get("dry_run"))
+        ok = dagster_run.status.value == "SUCCESS"
+        why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
+        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
+                   "dry_run": dry_run,
+                   "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
+                               "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
+                              for p in results],
+                   "engine": r.as_dict() if r else None,
+                   "cost": {k: int(v) for k, v in cost.items()} if cost else None}
+
+        def render() -> None:
+            print_phase_results(results, dry_run)
+            if r is not None:
+                print_rollup(r)
+            if why:
+                console.print(f"[red]{why}[/red]")
+            if cost and cost["requests"]:  # the tasks' own count of their requests and tokens
+                console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
+                              f"{cost['tokens']} tokens")
+            console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
+
+        return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
+    except (LaunchError, TimeoutError) as e:
+        fail(e)
+        return 2
+    finally:
+        progress.close()
+        instance.dispose()
+
+
+def emit_outcome(as_json: bool, payload: Any, render: Any, verdict: str, ok: bool) -> int:
+    """Print a finished launch's results (`emit`); the exit code (0 when `ok`). The run has ended
+    and our daemon is stopped by then, so a Ctrl-C (or SIGTERM/SIGHUP) while the tables print only
+    cuts the tables short: the `verdict` line ("Dagster run R: SUCCESS") is printed and the code is
+    the run's, not click's "Aborted!" with 1 after a run that succeeded ."""
+    try:
+        with signals_interrupt():
+            emit(as_json, payload, render)
+    except KeyboardInterrupt:
+        with signals_held():
+            click.echo(f"\n{verdict} (the results were cut short: `migrate status` shows them)", err=as_json)
+    return 0 if ok else 1
+
+
+def exit_launched(code: int) -> None:
+    """End a command that launched through Dagster with `code`. As the `migrate` program itself,
+    once its output is flushed, without the interpreter's teardown (`os._exit`): a process that
+    imported Dagster and ran its instance took 0.6-0.9 s to tear down after its last line, every
+    `migrate run`; nothing is left to clean up by then (the daemon is stopped, pools and
+    the instance closed, no atexit handler of ours). Called in-process (click's test runner, a
+    script calling `main`), it is `sys.exit(code)`."""
+    if Path(sys.argv[0]).name != "migrate":
+        sys.exit(code)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+    finally:
+        os._exit(code)
+
+
+def new_config(options: dict) -> dict:
+    """The tenant job's run config for a new run with provider `options` (`new_run_config`)."""
+    return new_run_config(options=options)

@@ -1,0 +1,37 @@
+"""The `migrate` click group: every command registered, and bad input or an unreachable service
+ended in one line (exit 2), never a traceback."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from engine_core.config import check_environment
+from engine_core.errors import EngineError
+from migration_pipeline.cli import control, demo, inspect, run
+from migration_pipeline.cli.output import fail
+from migration_pipeline.launch.checks import LaunchError
+
+
+class _Commands(click.Group):
+    """Bad input and unreachable services end every command with one line naming the variable or
+    value (the engine's ConfigError / DatabaseUnavailable, a refused launch), never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Invoke the command; an EngineError or LaunchError becomes one line on stderr and exit 2."""
+        try:
+            return super().invoke(ctx)
+        except (EngineError, LaunchError) as e:
+            fail(e)
+
+
+@click.group(cls=_Commands)
+def main() -> None:
+    """Checkpointed CRM migrations: start, watch, stop, retry, explain."""
+    check_environment()  # every MIGRATE_* number, before a command (or a code location) reads one
+
+
+for command in (inspect.status, inspect.report, inspect.explain, inspect.rows_command, control.stop, control.retry,
+                control.resume, run.run_cmd, run.verify_cmd, run.sync_cmd, demo.demo, demo.ui, demo.sandbox,
+                demo.dagster_group, demo.db):
+    main.add_command(command)

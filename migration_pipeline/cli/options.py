@@ -1,0 +1,58 @@
+"""Option types and option values of the command line: a finite number above 0 (`--timeout`,
+`--live`), and `--options` with its numbers typed."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import click
+
+from migration_pipeline.cli.output import fail
+
+
+class AboveZero(click.ParamType):
+    """A float option that must be finite and above 0 (`--timeout` seconds, `--live` changes per
+    second): anything else - 0, -1, nan, inf, 1e400 (read as inf), "abc" - is one line naming the
+    option and the value (`fail`: exit 2), at parse time, before anything is launched. click's
+    FloatRange(min=0, min_open=True) refuses 0 and negatives but lets nan and inf through, and its
+    refusal is click's usage block; `migrate run --timeout 0` (or -1) launched the run and at once
+    cancelled it, leaving the tenant stopped, and `--timeout nan` never timed out. `what` names the
+    unit in the message: "a number of seconds", "a rate ... changes per second"."""
+
+    name = "float"
+
+    def __init__(self, what: str = "a number of seconds above 0") -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        """The value as a float; `fail` (one line, exit 2) unless it is finite and above 0."""
+        opt = param.opts[0] if param is not None and param.opts else "the value"
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            fail(f"{opt} must be {self.what}, got {value!r}")
+        return number
+
+
+SECONDS = AboveZero()
+RATE = AboveZero("a rate above 0 changes per second")
+_NUMBER_TEXT = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?")
+
+
+def typed_options(options: dict[str, Any]) -> dict[str, Any]:
+    """`--options` with every top-level value that is a string of a plain decimal number ("40",
+    " 2.5 ", "-1") as that number (int, else float); everything else as given. The engine's checks
+    already read such a string as its number (the provider's `burst_limit` and `fetch_threads`, the
+    booleans' "1"/"0", `runs.margin_option`), so nothing changes for the run but what is stored:
+    `{"burst_limit":"40"}` had been kept as the string "40" in the run's options.
+    Not a number ("4a", "1e3", "nan") is left to those checks, which name the option."""
+    typed: dict[str, Any] = {}
+    for key, value in options.items():
+        text = value.strip() if isinstance(value, str) else None
+        if text is not None and _NUMBER_TEXT.fullmatch(text):
+            value = float(text) if "." in text else int(text)
+        typed[key] = value
+    return typed

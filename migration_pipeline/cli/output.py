@@ -1,0 +1,90 @@
+"""The command line's console and its one-line outcomes: rich's console sized for a terminal or a
+pipe, JSON or a rendering (`emit`), an error as one line and exit 2 (`fail`), a reader that went away."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+from engine_core import db as dbmod
+from engine_core.config import Settings
+
+
+# Not a terminal (a pipe, a log, CI): COLUMNS when set (a user's `COLUMNS=80 migrate status T |
+# less` had 150-column rows), else wide enough that the status table (updated, deleted at source and
+# by catch-up beside the written columns) keeps its headers unwrapped ("would import"). Lines of text
+# are never wrapped there (soft wrap): a progress line naming a phase of four kinds with their
+# counts is ~300 characters, and a line broken in two is two lines to a grep or a log reader. Tables
+# are laid out in that width (fitted_table). A terminal's own width is rich's (COLUMNS first too).
+_TERMINAL = sys.stdout.isatty()
+PIPED_WIDTH = 220
+
+
+def piped_width(env: dict[str, str] | None = None) -> int:
+    """The console width when stdout is not a terminal: COLUMNS when it is a whole number of at
+    least 20 (as rich reads it for a terminal), else PIPED_WIDTH."""
+    raw = (os.environ if env is None else env).get("COLUMNS", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= 20 else PIPED_WIDTH
+
+
+def reader_gone(stream: Any) -> None:
+    """`stream`'s reader has gone (BrokenPipeError: `migrate run ... | head -2` after its two lines):
+    its descriptor is pointed at /dev/null, so what is still buffered for it and every later write
+    (and the interpreter's last flush) succeed and go nowhere, and the command works on. Python's
+    advice for a closed pipe (the "Note on SIGPIPE" of the signal module's documentation); a stream
+    without a descriptor is left as it is."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, OSError, ValueError):
+        return
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+class _Console(Console):
+    """rich's Console, but a reader that goes away does not end the command: rich's own
+    `on_broken_pipe` points descriptor 1 at /dev/null and raises SystemExit(1) from whichever thread
+    printed. An in-process run prints its progress from its watcher thread, which the SystemExit
+    ended silently, and with it the handling of SIGINT/SIGTERM (the watcher acts on them): `migrate
+    run | head -2` could no longer be stopped and ran on to SUCCESS. Here the
+    console goes quiet and its own file (not descriptor 1, which an in-process run points at its
+    log) writes to /dev/null (`reader_gone`); the run goes on, and a signal still stops it."""
+
+    def on_broken_pipe(self) -> None:
+        """Go quiet and point the console's file at /dev/null; the command goes on."""
+        self.quiet = True
+        reader_gone(self.file)
+
+
+console = _Console(width=None if _TERMINAL else piped_width(), soft_wrap=not _TERMINAL)
+
+
+def open_db() -> dbmod.Database:
+    """A pool on the engine database, sized for the lane's threads (2 a slot, 4 more)."""
+    return dbmod.connect(max_size=Settings.from_env().lane_width * 2 + 4)
+
+
+def emit(as_json: bool, payload: Any, render: Any) -> None:
+    """`payload` as indented JSON on stdout when `as_json`, else `render()`; a reader gone (`| head`)
+    is not the command's failure."""
+    if as_json:
+        try:
+            click.echo(json.dumps(payload, default=str, indent=2))
+        except BrokenPipeError:  # the reader has gone (`| head`): not the command's failure
+            reader_gone(sys.stdout)
+    else:
+        render()
+
+
+def fail(e: Exception | str) -> None:
+    """One line on stderr, no traceback, exit code 2."""
+    message = " ".join(str(e).split()) or type(e).__name__
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)

@@ -1,0 +1,124 @@
+"""Progress of a launched run on the console: one line per change of its phase or counts (a pipe,
+a log), or one rich bar per phase (a terminal), and what its source is retrying."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine_core import db as dbmod
+from engine_core import rollup as rollups
+from engine_core import runs
+from engine_core.progress import ProgressBoard
+from migration_pipeline.cli.output import console, open_db
+from migration_pipeline.cli.tables import written_columns
+
+
+def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
+    """What a progress line says of the phase the engine run's barrier is on: "queued" (the Dagster
+    run waits for a lane slot), "running", "closed" (the barrier moved past it), "stopping",
+    "stopped", "failed", "succeeded" (the run's own terminal status)."""
+    if dagster_status == "QUEUED":
+        return "queued"
+    if r.status == "running":
+        return "closed" if r.current_phase > phase else "running"
+    return r.status
+
+
+class Progress:
+    """One line per change of the engine run's phase or counts while the Dagster run works."""
+
+    EVERY = 10.0  # seconds between lines while the phase does not change
+
+    RETRIES_EVERY = 1.0  # seconds between two reads of the run's progress observations
+
+    def __init__(self, as_json: bool, instance: Any = None) -> None:
+        self.as_json = as_json
+        self.instance = instance  # the Dagster instance: the phase op's progress observations (retries)
+        self.last: tuple | None = None
+        self.printed = 0.0
+        self.phase_printed: int | None = None  # the phase the last line was printed for (the current one then)
+        self.db: dbmod.Database | None = None
+        self.observed: str | None = None  # cursor of the run's observations read so far
+        self.retrying: str | None = None  # what the latest observation says is retrying ("3 x ConnectError")
+        self.read_at = 0.0
+        self.retry_said: tuple[str | None, float] = (None, 0.0)  # (retrying, when) last printed
+
+    def __call__(self, dagster_run: Any) -> None:
+        engine_id = dagster_run.tags.get("migration/run_id")
+        if self.as_json or not engine_id:
+            return
+        if self.db is None:
+            self.db = open_db()
+        if console.is_terminal:  # one rich bar per phase (engine_core.progress.ProgressBoard)
+
+            if getattr(self, "board", None) is None:
+                engine_run = runs.get_run(self.db, int(engine_id))
+                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=console, dry_run=engine_run.dry_run)
+                self.board.__enter__()
+            self.board.update(self.db)
+            return
+        r = rollups.rollup(self.db, int(engine_id))
+        phase = min(r.current_phase, len(r.phases) - 1)
+        kinds = r.phase_kinds(phase)
+        queued = dagster_run.status.value == "QUEUED"
+        state = (queued, r.status, phase, tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
+        now = time.monotonic()
+        # a phase the barrier moved past since the last line: its closing figures (a short phase
+        # otherwise showed only the counts it had when it started: "0 imported")
+        for closed in range(self.phase_printed if self.phase_printed is not None else phase, phase):
+            self._line(r, closed, "closed")
+        if self.phase_printed is None or phase > self.phase_printed:
+            self.phase_printed = phase
+        if state != self.last and (self.last is None or state[:3] != self.last[:3] or now - self.printed >= self.EVERY):
+            self.last, self.printed = state, now
+            self._line(r, phase, phase_state(dagster_run.status.value, r, phase))
+        # the source failing: the counts stand still while requests are retried (up to
+        # MIGRATE_SOURCE_DOWN_SECONDS before the run pauses); say what is retried and why
+        retrying = self._retrying(dagster_run.run_id, now) if r.status == "running" else None
+        said, at = self.retry_said
+        if retrying and (retrying != said or now - at >= self.EVERY):
+            self.retry_said = (retrying, now)
+            console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
+                          f"{r.name}", highlight=False)
+
+    def _retrying(self, run_id: str, now: float) -> str | None:
+        """What the Dagster run's latest progress observation (`PhaseReporter.tick`, every few
+        seconds: the op's own process counts the retries) says is being retried, with its cause
+        ("4 x ConnectError: ..."), or None. Read at most every RETRIES_EVERY seconds, new records
+        only; a failure to read is not the command's failure."""
+        if self.instance is None or now - self.read_at < self.RETRIES_EVERY:
+            return self.retrying
+        self.read_at = now
+        from dagster import DagsterEventType
+
+        try:
+            result = self.instance.get_records_for_run(run_id, cursor=self.observed,
+                                                       of_type=DagsterEventType.ASSET_OBSERVATION)
+        except Exception:  # noqa: BLE001 - progress lines are best effort
+            return self.retrying
+        if result.records:
+            self.observed = result.cursor
+            event = result.records[-1].event_log_entry.dagster_event
+            metadata = event.asset_observation_data.asset_observation.metadata if event else {}
+            value = metadata.get("retrying")
+            self.retrying = str(value.value) if value is not None else None
+        return self.retrying
+
+    @staticmethod
+    def _line(r: Any, phase: int, state: str) -> None:
+        # skipped rows and the results tables' words, a dry run's included (the
+        # lines left skipped rows out, and a dry run's said "imported", then "0 updated" where the
+        # tables said "would update")
+        imported, _, here, updated = written_columns(r.dry_run)
+        counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
+                           f"{k.skipped} skipped/{k.failed} failed" for k in r.phase_kinds(phase))
+        console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
+
+    def close(self) -> None:
+        """End the bars (on a terminal) and close the progress's own pool; safe to call twice."""
+        if getattr(self, "board", None) is not None:
+            self.board.__exit__(None, None, None)
+            self.board = None
+        if self.db is not None:
+            self.db.close()
+            self.db = None

@@ -1,0 +1,176 @@
+"""The tables the commands print: a run's rollup per kind, the tenants' overview, per-phase results,
+grouped reasons, the verify verdict; laid out to fit the console without cutting a cell short."""
+from __future__ import annotations
+
+import json
+from datetime import timezone
+from typing import Any
+
+from rich.cells import cell_len
+from rich.table import Table
+
+from engine_core import rollup as rollups
+from engine_core.progress import format_seconds
+from migration_pipeline.cli.output import console
+
+
+def written_columns(dry_run: bool) -> tuple[str, ...]:
+    """A dry run writes nothing: its counts are what a real run would do."""
+    if dry_run:
+        return ("would import", "would match", "already here", "would update")
+    return ("imported", "matched", "already here", "updated")
+
+
+FOLD_WIDTH = 16  # a text column's width on a narrow console: longer words fold onto the next line
+
+
+def fitted_table(title: str, columns: list[tuple[str, str]], rows: list[tuple[str, ...]], *,
+                 fold: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> Table:
+    """A rich Table of `columns` ((header, "left" | "right")) and `rows` that `console`'s width
+    shows without cutting a cell short: on an 80-column terminal rich had cut every cell to "123…"
+    and "pip…". The text columns in `fold` wrap, folding a word too long for
+    them; the others (numbers) are never wrapped or cut. When the table is wider than the console,
+    the numbers' headers go one word a line and the `fold` columns at most FOLD_WIDTH wide, then
+    the columns in `drop` are left out, least important first, until the rest fits (the caption
+    names them). Print it with `soft_wrap=False`: the piped console's soft wrap (its lines of text
+    are never broken) would leave the caption one long line."""
+    def least(i: int, header: str, narrow: bool) -> int:  # the column's content width, nothing cut
+        cells = [cell for row in rows for cell in row[i].split()] if header in fold else [row[i] for row in rows]
+        heads = header.split() if narrow or header in fold else [header]
+        width = max(cell_len(w) for w in (*heads, *cells))
+        return min(width, FOLD_WIDTH) if narrow and header in fold else width
+
+    shown = [c for c, _ in columns]
+    for narrow, leave in ((False, None), (True, None), *((True, d) for d in drop)):
+        if leave in shown:
+            shown.remove(leave)
+        # each column: its content, a space either side and one border; one border more at the edge
+        if 1 + sum(least(i, h, narrow) + 3 for i, (h, _) in enumerate(columns) if h in shown) <= console.width:
+            break
+    left_out = [h for h, _ in columns if h not in shown]
+    table = Table(title=title, caption=f"left out at {console.width} columns: {', '.join(left_out)} (`--json` has "
+                                       "them)" if left_out else None)
+    for header, justify in columns:
+        if header not in shown:  # a `fold` column too: its cells are left out of the rows below
+            continue
+        if header in fold:
+            table.add_column(header, justify=justify, overflow="fold", max_width=FOLD_WIDTH if narrow else None)
+        else:
+            table.add_column("\n".join(header.split()) if narrow else header, justify=justify, no_wrap=True)
+    for row in rows:
+        table.add_row(*(cell for (header, _), cell in zip(columns, row) if header in shown))
+    return table
+
+
+def print_rollup(r: rollups.RunRollup) -> None:
+    """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
+    product row in place: a newer source version), rows marked `deleted at source`, and `by
+    catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
+    title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
+    phase_note = f"phase {min(r.current_phase + 1, len(r.phases))}/{len(r.phases)}" if r.status in ("running", "stopping") else ""
+    written = written_columns(r.dry_run)
+    columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
+               ("phase", "kind", "tasks", "seen", *written, "skipped", "failed", "deleted at source", "by catch-up")]
+    rows = []
+    for k in r.kinds:
+        tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
+        caught = int(k.caught_up.get("seen", 0))
+        rows.append((str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
+                     str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
+                     str(caught) if caught else "-"))
+    # narrow: the phase (the kinds are in plan order), then what is most often 0; a kind's name is
+    # never wrapped or cut ("organization/s" on an 80-column terminal)
+    console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("tasks",),
+                               drop=("phase", "by catch-up", written[1], "deleted at source", "seen", written[3],
+                                     written[2], "skipped", "tasks")), soft_wrap=False)
+    for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
+        console.print(f"[red]does not add up: {problem}[/red]")
+    if r.reasons:
+        console.print(reasons_table(r.reasons, r.tenant_id), soft_wrap=False)
+    if r.seconds is not None:
+        console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
+
+
+OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source")
+REASON_GROUPS_SHOWN = 20
+
+
+def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
+    """Grouped reasons (`rollup.grouped_reasons`) as `status` and `report` show them: the
+    REASON_GROUPS_SHOWN biggest, and a caption saying how many groups and rows are not shown and
+    where they are (`--json`, `migrate rows`): the groups past 20 had been left out silently (a
+    a user's account had 86)."""
+    rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
+    for col in ("kind", "what", "count", "reason", "samples"):
+        rt.add_column(col)
+    for g in reasons[:REASON_GROUPS_SHOWN]:
+        rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
+    rest = reasons[REASON_GROUPS_SHOWN:]
+    if rest:
+        rt.caption = (f"{len(rest)} more group(s) of {sum(g['count'] for g in rest)} row(s) or task(s) not shown: "
+                      f"`--json` has every group, `migrate rows {tenant}` every row")
+    return rt
+
+
+def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
+    """A run's row outcomes summed over its kinds (or one kind): {"seen", "imported", "matched",
+    "already_here", "updated", "skipped", "failed", "deleted_at_source"}; the catch-up's rows are
+    counted once, by the catch-up kind's own tasks."""
+    chosen = [k for k in r.kinds if kind is None or k.kind == kind]
+    return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
+
+
+def print_overview(overview: list[dict[str, Any]]) -> None:
+    """The overview as a table; a run no worker drains ("unattended") has "idle 10m05s" beside its
+    status and a line under the table says what that means and what resumes it (the overview had
+    shown a dead run as plainly "running")."""
+    if not overview:
+        console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
+        return
+    columns = [("tenant", "left"), ("source", "left"), ("run", "right"), ("status", "left"), ("phase", "right"),
+               ("tasks", "left"), ("started (UTC)", "left"), ("finished (UTC)", "left")]
+    rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
+             o["status"] + (f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
+             + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
+             o["phase"], ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
+             *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
+            for o in overview]
+    # an 80-column terminal had cut every cell short: names and tasks fold,
+    # and the times go first when it is still too narrow
+    table = fitted_table("tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)",
+                         columns, rows, fold=("tenant", "source", "status", "tasks"),
+                         drop=("finished (UTC)", "started (UTC)"))
+    console.print(table, soft_wrap=False)
+    idle = [o["tenant"] for o in overview if o.get("unattended")]
+    if idle:
+        who = idle[0] if len(idle) == 1 else "T"
+        console.print(f"[yellow]idle: nothing has worked on the run for longer than MIGRATE_STALE_LOCK_SECONDS, no "
+                      f"worker is draining it; `migrate run --tenant {who}` resumes it here, `migrate ui` (a daemon) "
+                      f"in the background[/yellow]")
+
+
+def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
+    """Per phase asset its Dagster status and materialisation figures; on a narrow console the
+    figures the engine run's table below repeats go first (`fitted_table`)."""
+    written = written_columns(dry_run)
+    columns = [(col, "left" if col in ("phase asset", "status", "tasks") else "right") for col in
+               ("phase asset", "status", *written, "skipped", "failed", "deleted at source", "tasks", "rows/s")]
+    rows = [(r.asset, r.status, *(str(r.metadata.get(k, "-")) for k in
+             ("imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source",
+              "tasks", "rows_per_second"))) for r in results]
+    console.print(fitted_table("per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""),
+                               columns, rows, fold=("phase asset", "status"),
+                               drop=("rows/s", written[1], "deleted at source", written[3], written[2], "skipped")),
+                  soft_wrap=False)
+    for r in results:
+        if r.status == "failed":
+            console.print(f"[red]{r.asset} failed:[/red] {r.message}")
+
+
+def print_verify(result: Any) -> None:
+    """The verify verdict: one line per kind, the differences (ids capped), the cost beside it."""
+    lines = result.lines()
+    for line in lines[:-1]:
+        style = "red" if line.startswith("  ") else ("yellow" if "not checked" in line else None)
+        console.print(f"[{style}]{line}[/{style}]" if style else line, highlight=False)
+    console.print(f"[{'green' if result.passed else 'red'}]{lines[-1]}[/]", highlight=False)
