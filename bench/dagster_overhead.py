@@ -8,7 +8,7 @@ Both variants migrate a new tenant of the same sandbox account (no latency, no r
 option burst_limit lifts the engine's own budget too) into a fresh database of their own with the
 engine's schema, with the same Settings (the MIGRATE_* defaults). `migrate run` runs as a user runs
 it: a subprocess of the venv's `migrate` with no UI alive, so it executes the Dagster run in its own
-process (issue 11; migration_pipeline/launch.py); one MIGRATE_HOME (DAGSTER_HOME inside) and one
+process (issue 11; migration_pipeline/launch/); one MIGRATE_HOME (DAGSTER_HOME inside) and one
 Dagster storage database serve every round (a warm-up run, not timed, creates Dagster's tables
 first: a user pays that once). Its wall time is split with the Dagster run's own timestamps:
 
@@ -74,7 +74,7 @@ PARTS = ("launch", "queue", "worker", "steps", "tail")
 STEP_PARTS = ("head", "engine", "close", "checks", "between")
 THREADED = "migrate run, other launch threads"
 DAEMON_PATH = "migrate run, daemon path"
-LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # migration_pipeline.assets.phases.LAUNCH_THREADS_ENV
+LAUNCH_THREADS_ENV = "MIGRATE_LAUNCH_THREADS"  # migration_pipeline.lane.threads.LAUNCH_THREADS_ENV
 IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # migration_pipeline.launch.in_process.IN_PROCESS_ENV
 
 

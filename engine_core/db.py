@@ -355,3 +355,16 @@ def snapshot(db: Database) -> Iterator[Snapshot]:
     with db.transaction() as tx:
         tx.sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         yield Snapshot(tx)
+
+
+@contextmanager
+def advisory_lock(db: Database, key: tuple[int, int]) -> Iterator[None]:
+    """Postgres's session advisory lock `key` (two int4s) held for the block, on one pooled
+    connection: blocks until no other session holds it. Serialises a decision several processes
+    make (the face's lane slots) without a table of its own."""
+    with db.connection() as conn:
+        conn.sql("SELECT pg_advisory_lock(%s, %s)", key)
+        try:
+            yield
+        finally:
+            conn.sql("SELECT pg_advisory_unlock(%s, %s)", key)

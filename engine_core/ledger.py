@@ -844,3 +844,17 @@ def ledger_kinds(db: Database, tenant: str) -> list[str]:
     row is not found)."""
     return [r["kind"] for r in db.sql(
         "SELECT DISTINCT kind FROM migration_records WHERE tenant_id = %(t)s ORDER BY kind", {"t": tenant})]
+
+
+def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[dict[str, Any]]:
+    """Every ledger entry of one source row (`kind`, `source_id` of `tenant`, from every source),
+    with its run's "run_status" and "run_dry_run"; ordered by source."""
+    return db.fetch_all("explain_story", {"tenant_id": tenant, "kind": kind, "source_id": str(source_id)})
+
+
+def unreadable_rows(db: Database, tenant: str, kind: str, raw_key: str, source: str | None = None) -> list[dict[str, Any]]:
+    """The rows kept without a readable id under `raw_key` (the whole key, or its id part alone:
+    "abc" finds "abc sha256:..."), of `source` (None: any), the latest first, each with its run's
+    "run_status" and "run_dry_run"."""
+    return db.fetch_all("explain_unreadable", {"tenant_id": tenant, "kind": kind, "raw_key": raw_key,
+                                               "source": source})

@@ -427,3 +427,9 @@ def unreadable_count(db: Database, tenant_id: str, kind: str, source: str | None
         return None
     return {"rows": int(rows[0]["n"]), "run_id": rows[0]["run_id"], "deals": int(rows[0]["deals"])}
 
+
+def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int) -> list[dict[str, Any]]:
+    """Run `run_id`'s skipped and failed rows of `kinds`, with their reasons, at most `limit`: the
+    failed first (those without a readable id among them, under their raw key), then by kind and
+    id. Each {"kind", "source_id", "action", "reason", "created_at"}."""
+    return db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})

@@ -572,3 +572,37 @@ def task_stat_keys(db: Database, run_id: int, kind: str | None = None) -> list[s
         " WHERE t.migration_id = %(r)s AND (%(k)s::text IS NULL OR t.kind = %(k)s) AND t.status = 'succeeded'"
         " GROUP BY s.key HAVING bool_and(jsonb_typeof(s.value) = 'number' AND s.value::text ~ '^-?[0-9]+$')"
         " ORDER BY 1", {"r": run_id, "k": kind})]
+
+
+def task_groups(db: Database, run_id: int) -> list[dict[str, Any]]:
+    """Run `run_id`'s tasks grouped by (phase, kind, status), in that order: {"phase", "kind",
+    "status", "n", the summed row outcomes "imported", "matched", "already_here", "updated",
+    "skipped", "failed", "seen", "source_total" (the largest a task recorded), "first_started",
+    "last_finished"} (named query `rollup_tasks`)."""
+    return db.fetch_all("rollup_tasks", {"run_id": run_id})
+
+
+def open_task_counts(db: Database, run_id: int) -> dict[str, int]:
+    """Run `run_id`'s open tasks: {"running", "enqueued" (pending and enqueued: claimable now),
+    "pending" (enqueued or not)}; zeros when it has none."""
+    row = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+    return {k: int(row.get(k) or 0) for k in ("running", "enqueued", "pending")}
+
+
+def idle_seconds(db: Database, run_id: int) -> float:
+    """Seconds since anything worked on run `run_id`: its heartbeat, its tasks' checkpoints and
+    finishes, the lock keeper's renewals (named query `run_idle_seconds`)."""
+    return float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"])
+
+
+def run_cost(db: Database, run_id: int) -> dict[str, int]:
+    """What run `run_id` spent at the source, as its tasks counted it: {"requests", "tokens"}."""
+    row = db.fetch_one("run_cost", {"run_id": run_id}) or {}
+    return {"requests": int(row.get("requests") or 0), "tokens": int(row.get("tokens") or 0)}
+
+
+def latest_statuses(db: Database, source: str, tenants: list[str]) -> dict[str, str]:
+    """Each of `tenants`' latest run of `source` that is not a dry run: {tenant: its status}; a
+    tenant without one is absent."""
+    return {r["tenant_id"]: r["status"] for r in db.fetch_all("latest_status_per_tenant",
+                                                              {"source": source, "tenants": tenants})}

@@ -55,8 +55,8 @@ def build_definitions(source: str) -> Definitions:
         schedules=[sync_schedule(sync, source)],
         resources=default_resources(source),
         # One step at a time in the run's own process: the phases are sequential anyway, and a
-        # terminate reaches the op's main thread directly (see lane.py). A multi-host deployment
-        # sets MIGRATE_EXECUTOR=celery: the steps run on the worker hosts (deploy.py, docs/deploy.md).
+        # terminate reaches the op's main thread directly (see lane/terminate.py). A multi-host deployment
+        # sets MIGRATE_EXECUTOR=celery: the steps run on the worker hosts (lane/executors.py, docs/deploy.md).
         executor=executor_def(),
     )
 

@@ -42,7 +42,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
-from engine_core.ledger import ledger_kinds
+from engine_core.ledger import ledger_kinds, row_entries, unreadable_rows
 from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
@@ -229,7 +229,7 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
         return  # the tenant's own launch is still on it: its phase ops materialise what they close
     r = rollups.rollup(db, run.id)
     last_finished: dict[int, datetime] = {}
-    for t in db.fetch_all("rollup_tasks", {"run_id": run.id}):
+    for t in runs.task_groups(db, run.id):
         if t["last_finished"] is not None:
             last_finished[t["phase"]] = max(last_finished.get(t["phase"], t["last_finished"]), t["last_finished"])
     for spec in phase_specs(source):
@@ -282,14 +282,12 @@ class ExplainRowConfig(Config):
 def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[str, Any]]]:
     """(markdown, ledger entries) for one source row: its ledger entries with their runs, and for
     each run whether the row's kind was in its plan; or why there is nothing to tell."""
-    entries = db.fetch_all("explain_story", {"tenant_id": config.tenant, "kind": config.kind,
-                                             "source_id": str(config.source_id)})
+    entries = row_entries(db, config.tenant, config.kind, str(config.source_id))
     if config.source:
         entries = [e for e in entries if e["source"] == config.source]
     title = f"### {config.kind} {config.source_id} of tenant {config.tenant}"
     if not entries:
-        unread = db.fetch_all("explain_unreadable", {"tenant_id": config.tenant, "kind": config.kind,
-                                                     "raw_key": str(config.source_id), "source": config.source or None})
+        unread = unreadable_rows(db, config.tenant, config.kind, str(config.source_id), config.source or None)
         if unread:  # rows without a readable id (migration 0013): kept apart under their id as served
             lines = [title, ""]
             for u in unread:

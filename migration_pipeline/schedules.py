@@ -13,6 +13,7 @@ import os
 
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleDefinition, ScheduleEvaluationContext, SkipReason, schedule
 
+from engine_core import runs
 from migration_pipeline.partitions import TENANTS
 from migration_pipeline.resources import MigrationDatabase
 
@@ -25,8 +26,8 @@ def syncable_tenants(db, source: str, tenants: list[str]) -> list[str]:
     """Of `tenants`, those whose latest (non-dry) run of `source` succeeded, in the given order."""
     if not tenants:
         return []
-    rows = db.fetch_all("latest_status_per_tenant", {"source": source, "tenants": tenants})
-    ok = {r["tenant_id"] for r in rows if r["status"] == "succeeded"}
+    latest = runs.latest_statuses(db, source, tenants)
+    ok = {t for t, status in latest.items() if status == "succeeded"}
     return [t for t in tenants if t in ok]
 
 

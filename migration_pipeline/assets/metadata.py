@@ -7,6 +7,7 @@ from typing import Any
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from engine_core import rollup as rollups
+from engine_core import runs
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 
@@ -50,7 +51,7 @@ def phase_seconds(db: Database, run_id: int, kinds: set[str]) -> float | None:
     """From the phase's first task start to its last finish (the engine's rollup_tasks rows)."""
     starts: list[datetime] = []
     ends: list[datetime] = []
-    for r in db.fetch_all("rollup_tasks", {"run_id": run_id}):
+    for r in runs.task_groups(db, run_id):
         if r["kind"] in kinds:
             if r["first_started"]:
                 starts.append(r["first_started"])
@@ -97,7 +98,7 @@ def reasons_table(reasons: list[dict[str, Any]]) -> str:
 
 def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int = ROWS_CAP) -> list[dict[str, Any]]:
     """Up to `limit` skipped and failed ledger rows of a phase's kinds, failed first, with reasons."""
-    return db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})
+    return rollups.phase_rows(db, run_id, kinds, limit)
 
 
 def progress_metadata(p: PhaseProgress) -> dict[str, Any]:

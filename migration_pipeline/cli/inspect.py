@@ -17,7 +17,7 @@ from engine_core import runs
 from engine_core.budget import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger import source_listing, tenant_row_counts, tenant_rows
+from engine_core.ledger import source_listing, tenant_row_counts, tenant_rows, unreadable_rows
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
@@ -35,7 +35,7 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     drains it, as `migrate status TENANT` says)}, by tenant."""
     overview = []
     for r, tasks in runs.latest_runs(db, source):
-        idle = (round(float(db.fetch_one("run_idle_seconds", {"run_id": r.id})["idle_seconds"]), 1)
+        idle = (round(runs.idle_seconds(db, r.id), 1)
                 if r.status in ("running", "stopping") else None)
         overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
                          "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
@@ -203,7 +203,7 @@ def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: s
     with the same id, another content) besides the one it tells (`told`), the latest first, at
     most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id")
     and a user could not reach them; each key is one `explain` takes."""
-    rows = db.fetch_all("explain_unreadable", {"tenant_id": tenant, "kind": kind, "raw_key": asked, "source": None})
+    rows = unreadable_rows(db, tenant, kind, asked)
     return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]
 
 

@@ -338,7 +338,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 engine_id = dagster_run.tags.get("migration/run_id")
                 with open_db() as db:
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
-                    cost = db.fetch_one("run_cost", {"run_id": int(engine_id)}) if engine_id else None
+                    cost = runs.run_cost(db, int(engine_id)) if engine_id else None
             except Interrupted as signalled:
                 with signals_held():
                     progress.close()

@@ -34,12 +34,12 @@ def claimable(db: Database, run_id: int, settings: Settings) -> bool:
     """Whether the run has a task a worker could claim now: an enqueued pending task, or a pending
     one the lane's top-up enqueues (`planner.top_up`). False when every open task is held by
     another worker (running) - a slot that waits on them holds the lane for nothing."""
-    counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+    counts = runs.open_task_counts(db, run_id)
     if counts.get("enqueued"):
         return True
     if counts.get("pending"):
         top_up(db, run_id, settings)
-        counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+        counts = runs.open_task_counts(db, run_id)
         return bool(counts.get("enqueued"))
     return not counts.get("running")  # nothing open at all: let the worker close the phase
 

@@ -11,7 +11,7 @@ from dagster import RunsFilter
 
 from engine_core import runs
 from engine_core.config import Settings, number
-from engine_core.db import Database
+from engine_core.db import Database, advisory_lock
 from engine_core.worker import Worker
 from migration_pipeline.lane import fair
 from migration_pipeline.lane.fair import IN_PROGRESS, LANE_LOCK, LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG, QUEUED
@@ -146,12 +146,8 @@ class LaunchLanes:
 
     def _locked(self, take: Any) -> int:
         """`take()` (which reads the picture and records the tag) under the lane's advisory lock."""
-        with self.db.connection() as conn:
-            conn.sql("SELECT pg_advisory_lock(%s, %s)", LANE_LOCK)
-            try:
-                return take()
-            finally:
-                conn.sql("SELECT pg_advisory_unlock(%s, %s)", LANE_LOCK)
+        with advisory_lock(self.db, LANE_LOCK):
+            return take()
 
     # -- taking, growing, giving back
 

@@ -94,7 +94,7 @@ def drainer_requests(
         if not same_source(context, run):
             why.append(f"{run.name}: read with other source settings, its own launch drains it")
             continue
-        counts = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+        counts = runs.open_task_counts(db, run_id)
         missing = picture.missing(run.tenant_id)
         if missing <= 0:
             slots = picture.tenants.get(run.tenant_id)
