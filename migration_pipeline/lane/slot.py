@@ -32,7 +32,7 @@ RELEASE_EVERY = 6
 
 def claimable(db: Database, run_id: int, settings: Settings) -> bool:
     """Whether the run has a task a worker could claim now: an enqueued pending task, or a pending
-    one the lane's top-up enqueues (`planner.top_up`). False when every open task is held by
+    one the lane's top-up enqueues (`topup.top_up`). False when every open task is held by
     another worker (running) - a slot that waits on them holds the lane for nothing."""
     counts = runs.open_task_counts(db, run_id)
     if counts.get("enqueued"):
