@@ -9,7 +9,9 @@ imports this package. Public API:
   or the foreground.
 * `create_app` (app.py) - the Starlette application.
 * `Dataset` (data.py) - the deterministic generated account.
-* live.py - the live account (issue 9): changes to the account while it serves.
+* live.py - the live account: changes to the account while it serves.
+
+README.md maps every module.
 """
 from __future__ import annotations
 

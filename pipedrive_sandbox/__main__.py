@@ -9,6 +9,7 @@ from .server import serve
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m pipedrive_sandbox` (the same options as `migrate sandbox`)."""
     p = argparse.ArgumentParser(prog="python -m pipedrive_sandbox", description="A faithful Pipedrive API sandbox on 127.0.0.1.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765, help="0 picks a free port (reported as 'SANDBOX_READY <url>')")
@@ -24,14 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-limit-max", default="500")
     p.add_argument("--slow-seconds", default="30")
     p.add_argument("--burst-window-seconds", default="2")
-    shapes = p.add_argument_group("API shapes (issue 8; all off by default)")
+    shapes = p.add_argument_group("API shapes (all off by default)")
     shapes.add_argument("--page-cap", default="0", help="serve at most N rows a page whatever limit asks (0 = off)")
     shapes.add_argument("--empty-pages", action="store_true", help="v2 lists answer data: [] with a next_cursor on their first page")
     shapes.add_argument("--null-update-time", default="0", help="N rows of each kind have update_time null")
     shapes.add_argument("--archive-flip", default="0", help="N active deals and leads move to the archived list once served")
     shapes.add_argument("--hostile-mail", action="store_true", help="four extra messages: huge, NUL, lone surrogate, invalid UTF-8")
     shapes.add_argument("--private-mail", default="0", help="N messages whose body fetch answers 403 (even id) / 404 (odd id)")
-    live = p.add_argument_group("live account (issue 9; off by default)")
+    live = p.add_argument_group("live account (off by default)")
     live.add_argument("--live", dest="live_rate", default="0", metavar="RATE", help="changes per second to the account while it serves (0 = off)")
     live.add_argument("--live-max", default="0", metavar="N", help="stop the changes after N in all (0 = no cap)")
     live.add_argument("--live-mix", default="", metavar="MIX", help="op weights, e.g. create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2")
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
+    """A SandboxConfig from parsed arguments; ValueError names the bad option."""
     return SandboxConfig.from_options(
         scale=ns.scale,
         seed=ns.seed,
@@ -65,6 +67,7 @@ def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Serve in the foreground until interrupted; exit 2 with argparse's message for a bad option."""
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:

@@ -17,7 +17,11 @@ from .stats import Stats
 
 
 class Admin(Lister):
+    """The sandbox's own endpoints under `/_sandbox/` (no auth): what tests and benches read the
+    account's truth and the traffic from, and how they change options or step the live account."""
+
     def routes(self) -> list[Route]:
+        """The Starlette routes of `/_sandbox/`."""
         return [
             Route("/_sandbox/health", self.health, methods=["GET"]),
             Route("/_sandbox/stats", self.get_stats, methods=["GET"]),
@@ -31,19 +35,27 @@ class Admin(Lister):
         ]
 
     async def health(self, request: Request) -> Response:
+        """`GET /_sandbox/health`: `{ok, scale, seed}`: the server is up and which account it serves."""
         return json_response(200, {"ok": True, "scale": self.state.config.scale, "seed": self.state.config.seed})
 
     async def get_stats(self, request: Request) -> Response:
+        """`GET /_sandbox/stats`: the traffic counters (Stats), the daily budget's state and the public config."""
         body = self.state.stats.to_json()
         body["daily"] = self.state.limiter.daily_state()
         body["config"] = self.state.config.public_dict()
         return json_response(200, body)
 
     async def reset_stats(self, request: Request) -> Response:
+        """`POST /_sandbox/stats/reset`: start the traffic counters over (the limits keep their state)."""
         self.state.stats = Stats()
         return json_response(200, {"ok": True})
 
     async def get_truth(self, request: Request) -> Response:
+        """`GET /_sandbox/truth[?kind=K[&rows=1]]`: what the account holds now, for reconciliation.
+
+        Without `kind`, every part; with it, that part only (a truth kind, or deals_with_mail, malformed,
+        dangling, dangling_refs, counts, and the shapes' and live account's kinds). `rows=1` (a truth
+        kind only) adds each row exactly as the API serves it now. 400 names the valid kinds."""
         kind = request.query_params.get("kind") or None
         rows = request.query_params.get("rows") in ("1", "true", "yes")
         if rows and kind not in Dataset.TRUTH_KINDS:
@@ -75,10 +87,12 @@ class Admin(Lister):
         return self._record(kind, index)
 
     async def live_status(self, request: Request) -> Response:
+        """`GET /_sandbox/live`: the live account status `{applied, running, rate, max, mix}`."""
         with self.state.lock:
             return json_response(200, self.state.live.status())
 
     async def live_step(self, request: Request) -> Response:
+        """`POST /_sandbox/live/step` `{"n": N}`: apply N changes now; 400 when N is not 1..100000."""
         try:
             body = json.loads(await request.body() or b"{}")
             if not isinstance(body, dict):
@@ -89,11 +103,13 @@ class Admin(Lister):
         return json_response(200, {"changes": changes, "applied": self.state.live.applied})
 
     async def live_stop(self, request: Request) -> Response:
+        """`POST /_sandbox/live/stop`: stop the background changes; answers the status."""
         self.state.live.stop()
         with self.state.lock:
             return json_response(200, self.state.live.status())
 
     async def live_changes(self, request: Request) -> Response:
+        """`GET /_sandbox/changes?since_seq=N`: the changes applied after seq N; 400 for a bad N."""
         raw = request.query_params.get("since_seq") or "0"
         try:
             since = int(raw)
@@ -105,6 +121,8 @@ class Admin(Lister):
             return json_response(200, {"changes": self.state.live.changes(since), "applied": self.state.live.applied})
 
     async def config_endpoint(self, request: Request) -> Response:
+        """`GET|POST /_sandbox/config`: the public config; a POSTed JSON object changes options at run
+        time (SandboxState.reconfigure); 400 names a bad option."""
         if request.method == "POST":
             try:
                 changes = json.loads(await request.body() or b"{}")

@@ -36,6 +36,11 @@ __all__ = ["ApiError", "SandboxApp", "create_app"]
 
 
 class SandboxApp:
+    """The Starlette application of one sandbox server and its request pipeline.
+
+    `handlers` maps an API version to its handler object (V1Api, V2Api); an endpoint's `handler`
+    names a method there. `admin` serves `/_sandbox/`. `state` is the server's SandboxState."""
+
     def __init__(self, config: SandboxConfig) -> None:
         self.state = SandboxState(config)
         self.handlers: dict[str, Lister] = {"v1": V1Api(self.state), "v2": V2Api(self.state)}
@@ -49,6 +54,7 @@ class SandboxApp:
 
     @property
     def ds(self) -> Dataset:
+        """The server's generated dataset."""
         return self.state.dataset
 
     def _token_of(self, request: Request) -> str | None:
@@ -67,6 +73,12 @@ class SandboxApp:
         return "", path
 
     async def api(self, request: Request) -> Response:
+        """Answer one request to the API namespace (the pipeline in the module docstring).
+
+        401 without the token; 404 for an unknown path, 410 for a v1 list out of support (the v2 list is
+        named in the message), 405 for a write; 429 when a limit refuses it; then a fault may answer
+        instead (500/502/503, a dropped connection, a slow or truncated answer). Every response after
+        auth carries the rate-limit headers."""
         state = self.state
         path = request.url.path
         token = self._token_of(request)
@@ -175,6 +187,7 @@ class SandboxApp:
 def _listing_key(path: str, query: Iterable[tuple[str, str]]) -> str:
     items = sorted((k, v) for k, v in query if k != "api_token")
     return path + ("?" + "&".join(f"{k}={v}" for k, v in items) if items else "")
+
 
 def create_app(config: SandboxConfig | None = None) -> Starlette:
     """The ASGI application for a config (its state is `app.state.sandbox`)."""

@@ -13,6 +13,10 @@ from .costs import API_PREFIX, TOKEN_COSTS
 
 @dataclass(frozen=True)
 class Endpoint:
+    """One served operation: `api` (v1 | v2), `spec_path` as the spec writes it, the `handler`
+    method name on that version's class, its `latency` class (list | single | body) and whether it is
+    a `listing` (counted per query in stats); `regex` matches a request path to it."""
+
     api: str
     spec_path: str
     handler: str
@@ -22,11 +26,14 @@ class Endpoint:
 
     @property
     def cost(self) -> int:
+        """Its token cost, the spec's `x-token-cost` of the operation (costs.py)."""
         return TOKEN_COSTS[(self.api, self.spec_path)]
 
     @property
     def template(self) -> str:
+        """The full path template as requested, e.g. `/api/v2/persons/{id}` (the stats key)."""
         return API_PREFIX[self.api] + self.spec_path
+
 
 def _ep(api: str, spec_path: str, handler: str, latency: str, listing: bool) -> Endpoint:
     pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", spec_path)

@@ -23,7 +23,7 @@ SCALES: tuple[str, ...] = ("tiny", "small", "seed-customer")
 REQUEST_FAULT_KINDS: tuple[str, ...] = ("500", "502", "503", "slow", "drop", "badjson")
 FAULT_KINDS: tuple[str, ...] = REQUEST_FAULT_KINDS + ("badrow",)
 LATENCY_PROFILES: tuple[str, ...] = ("none", "realistic")
-# Live account (issue 9): the change operations and their default weights.
+# Live account: the change operations and their default weights.
 LIVE_OPS: tuple[str, ...] = ("create", "update", "delete", "archive", "unarchive", "merge", "mail")
 DEFAULT_LIVE_MIX = "create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2"
 
@@ -37,6 +37,7 @@ class LatencySpec:
 
     @property
     def enabled(self) -> bool:
+        """Whether any latency is added (a profile other than none, a positive factor)."""
         return self.profile != "none" and self.factor > 0
 
     def __str__(self) -> str:
@@ -52,6 +53,7 @@ class FaultSpec:
     rates: tuple[tuple[str, float], ...] = ()
 
     def rate(self, kind: str) -> float:
+        """The rate of fault `kind`, 0.0 when not configured."""
         for k, r in self.rates:
             if k == kind:
                 return r
@@ -232,14 +234,14 @@ class SandboxConfig:
     page_limit_max: int = 500
     slow_seconds: float = 30.0
     burst_window_seconds: float = 2.0
-    # API shapes (issue 8): all off by default; README "Shapes" says what each one serves.
+    # API shapes: all off by default; README "Shapes" says what each one serves.
     page_cap: int = 0
     empty_pages: bool = False
     null_update_time: int = 0
     archive_flip: int = 0
     hostile_mail: bool = False
     private_mail: int = 0
-    # Live account (issue 9): off by default; README "Live account" says what changes and how.
+    # Live account: off by default; README "Live account" says what changes and how.
     live_rate: float = 0.0
     live_max: int = 0
     live_mix: str = ""
@@ -398,7 +400,7 @@ class SandboxConfig:
         ]
         if self.big_deal_messages is not None:
             args += ["--big-deal-messages", str(self.big_deal_messages)]
-        # Shapes only when on, so a default config gives the same command line as before.
+        # Shapes only when on: a default config gives the shortest command line.
         for name in ("page_cap", "null_update_time", "archive_flip", "private_mail"):
             if getattr(self, name):
                 args += ["--" + name.replace("_", "-"), str(getattr(self, name))]

@@ -87,6 +87,7 @@ __all__ = [
     "GAP_PERIOD", "REF_FIELDS", "HOSTILE_UNICODE", "HTML_INJECTION", "SQL_INJECTION", "parse_time", "rfc3339",
 ]
 
+
 @dataclass(frozen=True)
 class ScaleSpec:
     """Record counts and mail shape of one scale."""
@@ -110,6 +111,7 @@ class ScaleSpec:
 
     @property
     def records(self) -> int:
+        """Rows of the listed kinds (users to notes), mail and pipelines not counted."""
         return self.users + self.organizations + self.persons + self.deals + self.leads + self.activities + self.notes
 
 
@@ -256,6 +258,7 @@ class Dataset(Records, Truth):
         self.message_total = total
 
     def deal_message_ids(self, deal_index: int) -> range:
+        """The message ids (consecutive) of the deal at `deal_index`; an empty range when it has no mail."""
         j = bisect.bisect_left(self.mail_deal_index, deal_index)
         if j < len(self.mail_deal_index) and self.mail_deal_index[j] == deal_index:
             return range(self.mail_prefix[j] + 1, self.mail_prefix[j + 1] + 1)
@@ -274,10 +277,12 @@ class Dataset(Records, Truth):
         return max(8, (T_END - UPDATE_LAG - T0) // n)
 
     def add_ts(self, kind: str, index: int) -> int:
+        """The row's add_time in epoch seconds: grows strictly with the index (jitter under a quarter step)."""
         step = self._step(kind)
         return T0 + index * step + self._h(S_TIME, KIND_CODE[kind], index, 1) % (step // 4)
 
     def update_ts(self, kind: str, index: int) -> int:
+        """The row's update_time in epoch seconds: add_time + 30 days + jitter; grows strictly with the index."""
         step = self._step(kind)
         return self.add_ts(kind, index) + UPDATE_LAG + self._h(S_TIME, KIND_CODE[kind], index, 2) % (step // 4)
 
@@ -295,6 +300,7 @@ class Dataset(Records, Truth):
 
     # ----------------------------------------------------------------- cheap cross-kind facts
     def person_name(self, p: int) -> tuple[str, str]:
+        """(first, last) name of person `p`."""
         rng = self._rng(S_PERSON, p, 1)
         return rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
 
@@ -306,9 +312,12 @@ class Dataset(Records, Truth):
         return self._h(S_PERSON, p, 3) % n_org
 
     def person_owner(self, p: int) -> int:
+        """The user id owning person `p`."""
         return 1 + self._h(S_PERSON, p, 4) % self.counts["users"]
 
     def person_emails(self, p: int) -> tuple[str, ...]:
+        """The person's addresses, primary first: none (8%), one at the organization's domain (or a
+        free-mail one for persons without organization), sometimes a second free-mail one."""
         u = self._u(S_PERSON, p, 5)
         if u < 0.08:
             return ()
@@ -328,6 +337,7 @@ class Dataset(Records, Truth):
         return tuple(emails)
 
     def org_name(self, o: int) -> str:
+        """Organization `o`'s name; about 3% repeat an earlier one's (duplicate names are common in real accounts)."""
         # About 3% of organizations share the name of an earlier one (duplicates are real life).
         if o > 10 and self._u(S_NAME, KIND_CODE["organizations"], o, 9) < 0.03:
             o = self._h(S_NAME, KIND_CODE["organizations"], o, 10) % o
@@ -339,25 +349,30 @@ class Dataset(Records, Truth):
         return f"{a} {b} {suffix}".strip()
 
     def org_domain(self, o: int) -> str:
+        """Organization `o`'s mail domain, from its name without the legal suffix (`.example`)."""
         words = self.org_name(o).split()
         if len(words) > 2 and words[-1] in ORG_SUFFIX:
             words = words[:-1]
         return ascii_slug(" ".join(words)) + ".example"
 
     def user_name(self, u: int) -> tuple[str, str]:
+        """(first, last) name of user id `u`."""
         rng = self._rng(S_NAME, KIND_CODE["users"], u)
         return rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
 
     def user_email(self, u: int) -> str:
+        """User id `u`'s address at the company's domain."""
         first, last = self.user_name(u)
         return f"{ascii_slug(first)}.{ascii_slug(last)}{u}@{self.company_domain}"
 
     def deal_person(self, d: int) -> int | None:
+        """The person index of deal `d` (None for about 10%); before any dangling substitution."""
         if self._u(S_RECORD, KIND_CODE["deals"], d, 1) < 0.1:
             return None
         return self._h(S_RECORD, KIND_CODE["deals"], d, 2) % self.counts["persons"]
 
     def deal_org(self, d: int) -> int | None:
+        """The organization index of deal `d`: its person's, else one drawn for 60% of the rest, else None."""
         p = self.deal_person(d)
         org = self.person_org(p) if p is not None else None
         if org is None and self.counts["organizations"] and self._u(S_RECORD, KIND_CODE["deals"], d, 3) < 0.6:
@@ -365,9 +380,11 @@ class Dataset(Records, Truth):
         return org
 
     def deal_owner(self, d: int) -> int:
+        """The user id owning deal `d`."""
         return 1 + self._h(S_RECORD, KIND_CODE["deals"], d, 5) % self.counts["users"]
 
     def deal_title(self, d: int) -> str:
+        """Deal `d`'s title: `<organization or person> - <product>`, or `<product> #<id>`."""
         org = self.deal_org(d)
         product = PRODUCTS[self._h(S_RECORD, KIND_CODE["deals"], d, 6) % len(PRODUCTS)]
         if org is not None:
@@ -378,9 +395,11 @@ class Dataset(Records, Truth):
         return f"{product} #{index_to_id('deals', d)}"
 
     def lead_uuid(self, index: int) -> str:
+        """Lead `index`'s id: a version-4 uuid drawn from the seed (leads have uuid ids in the v1 spec)."""
         return make_uuid(self._h(S_UUID, KIND_CODE["leads"], index, 1), self._h(S_UUID, KIND_CODE["leads"], index, 2))
 
     def lead_title(self, index: int) -> str:
+        """Lead `index`'s title."""
         rng = self._rng(S_NAME, KIND_CODE["leads"], index)
         return f"{rng.choice(ORG_WORDS_A)} {rng.choice(PRODUCTS).lower()} lead"
 
@@ -393,10 +412,12 @@ class Dataset(Records, Truth):
         return cache.get(lead_id)
 
     def stage_pipeline(self, stage_index: int) -> int:
+        """The pipeline index of stage `stage_index` (stages are numbered pipeline by pipeline)."""
         return stage_index // self.spec.stages_per_pipeline
 
     # ----------------------------------------------------------------- membership
     def is_archived(self, kind: str, index: int) -> bool:
+        """Whether the generated deal or lead at `index` is archived (never for other kinds)."""
         if kind == "deals":
             return index in self._archived_deal_set
         if kind == "leads":
@@ -404,6 +425,7 @@ class Dataset(Records, Truth):
         return False
 
     def is_dangling(self, kind: str, index: int) -> bool:
+        """Whether the row at `index` references a parent that no longer exists (about 2% of the dangling kinds)."""
         return kind in DANGLING_KINDS and self._u(S_DANGLE, KIND_CODE[kind], index) < self.spec.dangling_rate
 
     def dangling_ref(self, kind: str, index: int, target: str) -> int:
@@ -416,15 +438,19 @@ class Dataset(Records, Truth):
         return max_id + 1 + self._h(S_DANGLE, KIND_CODE[kind], index, 1) % 100
 
     def is_malformed(self, kind: str, index: int, rate: float) -> bool:
+        """Whether the row at `index` is served malformed at `rate` (the badrow fault)."""
         return rate > 0 and kind in MALFORMABLE_KINDS and self._u(S_MALFORMED, KIND_CODE[kind], index) < rate
 
     def malformed_variant(self, kind: str, index: int) -> str:
+        """Which defect the row gets when malformed (one of MALFORMED_VARIANTS)."""
         return MALFORMED_VARIANTS[self._h(S_VARIANT, KIND_CODE[kind], index) % len(MALFORMED_VARIANTS)]
 
     def count(self, kind: str) -> int:
+        """The number of generated rows of `kind` (created live rows not counted)."""
         return self.counts[kind]
 
     def exists(self, kind: str, index: int) -> bool:
+        """Whether `index` is a generated row of `kind`."""
         return 0 <= index < self.counts[kind]
 
     # ----------------------------------------------------------------- custom fields
@@ -472,6 +498,7 @@ class Dataset(Records, Truth):
 
     # ----------------------------------------------------------------- ids and iteration
     def ident(self, kind: str, index: int) -> Any:
+        """The id of the row at `index`: int ids with gaps, a uuid for leads, index + 1 for mail."""
         if kind == "leads":
             return self.lead_uuid(index)
         if kind == "mail_messages":

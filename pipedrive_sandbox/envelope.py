@@ -11,12 +11,19 @@ JSON_TYPE = "application/json; charset=utf-8"
 
 
 class ApiError(Exception):
+    """A request Pipedrive would refuse: `status` and `message` become the error envelope.
+
+    Raised by handlers and query parsing; the pipeline turns it into `envelope_error(status, message)`."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
 
+
 def envelope_error(status: int, message: str) -> dict[str, Any]:
+    """Pipedrive's error body: `success: false`, `error`, `errorCode`, `error_info`, null `data`
+    (the 4xx schemas of both specs)."""
     return {
         "success": False,
         "error": message,
@@ -26,7 +33,11 @@ def envelope_error(status: int, message: str) -> dict[str, Any]:
         "additional_data": None,
     }
 
+
 def dumps(payload: Any) -> bytes:
+    """`payload` as compact UTF-8 JSON bytes, non-ASCII characters unescaped.
+
+    A lone surrogate has no UTF-8 form: then the whole payload is sent ASCII-escaped instead."""
     text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     try:
         return text.encode("utf-8")
@@ -35,5 +46,7 @@ def dumps(payload: Any) -> bytes:
         # escape `\ud800`, as a server whose strings are UTF-16 does.
         return json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
+
 def json_response(status: int, payload: Any, headers: dict[str, str] | None = None) -> Response:
+    """A JSON `Response` of `payload` with `status`, media type `application/json; charset=utf-8`."""
     return Response(dumps(payload), status_code=status, headers=headers, media_type=JSON_TYPE)

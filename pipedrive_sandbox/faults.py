@@ -37,6 +37,9 @@ def _uniforms(seed: int, key: str, n: int, salt: str, count: int) -> list[float]
 
 @dataclass(frozen=True)
 class FaultDecision:
+    """What one request gets: a fault `kind` (None, or 500/502/503/drop/slow/badjson), `n` (how many
+    times this same request was seen before) and its added `latency` in seconds."""
+
     kind: str | None
     n: int
     latency: float
@@ -44,18 +47,24 @@ class FaultDecision:
 
 @dataclass
 class FaultPlan:
+    """Deterministic faults and latency: a request's fate is drawn from (seed, request key, n), so the
+    n-th repetition of the same request meets the same fault in every run with the same seed, and a
+    retry (n + 1) draws afresh."""
+
     seed: int
     faults: FaultSpec
     latency: LatencySpec
     _seen: dict[bytes, int] = field(default_factory=dict)
 
     def reconfigure(self, faults: FaultSpec, latency: LatencySpec) -> None:
+        """Take new fault rates and latency; new rates start every request's count over."""
         if faults != self.faults:
             self._seen.clear()  # a new fault plan restarts its sequence
         self.faults = faults
         self.latency = latency
 
     def decide(self, key: str, latency_class: str) -> FaultDecision:
+        """The fault and latency of this repetition of request `key`, in latency class list | single | body."""
         digest = hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=16).digest()
         n = self._seen.get(digest, 0)
         self._seen[digest] = n + 1

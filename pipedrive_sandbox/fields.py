@@ -134,6 +134,9 @@ def _ui_visibility(entity: str) -> dict[str, Any]:
 
 
 def v2_fields(ds: Dataset, entity: str) -> list[dict[str, Any]]:
+    """The v2 field definitions of `entity` (person | organization | deal | activity): the standard
+    fields, then the entity's custom fields, in the v2 spec's field schema (`field_code`,
+    `field_name`, `field_type`, `options`, ...)."""
     out: list[dict[str, Any]] = []
     for code, name, ftype, desc in STANDARD_V2[entity]:
         item: dict[str, Any] = {
@@ -209,6 +212,7 @@ def _v1_field(fid: int, key: str, name: str, ftype: str, order: int, options: li
 
 
 def v1_lead_fields(ds: Dataset) -> list[dict[str, Any]]:
+    """The `/v1/leadFields` list: the standard lead fields, then the deal custom fields leads inherit."""
     out = [_v1_field(n + 1, key, name, ftype, n, None, False) for n, (key, name, ftype) in enumerate(STANDARD_V1_LEAD)]
     base = len(out)
     for n, f in enumerate(ds.custom_fields["deal"]):
@@ -218,6 +222,7 @@ def v1_lead_fields(ds: Dataset) -> list[dict[str, Any]]:
 
 
 def v1_note_fields(ds: Dataset) -> list[dict[str, Any]]:
+    """The `/v1/noteFields` list: the standard note fields (notes have no custom fields)."""
     out = []
     for n, (key, name, ftype) in enumerate(STANDARD_V1_NOTE):
         item: dict[str, Any] = {

@@ -21,13 +21,16 @@ def mix(*parts: int) -> int:
         h ^= h >> 29
     return h
 
+
 def unit(*parts: int) -> float:
     """A stable uniform number in [0, 1) from integers."""
     return (mix(*parts) >> 11) / float(1 << 53)
 
+
 def stable_hash(text: str) -> int:
     """A stable 64-bit hash of a string."""
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
 
 def make_uuid(a: int, b: int) -> str:
     """A version-4 uuid string from two 64-bit numbers."""

@@ -30,11 +30,15 @@ REF_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def index_to_id(kind: str, index: int) -> int:
+    """The id of the row at `index` (0-based) of `kind`: index + 1, skipping every multiple of
+    GAP_PERIOD for the gapped kinds (the ids of rows deleted before the export)."""
     if kind in GAPPED_KINDS:
         return index + 1 + index // (GAP_PERIOD - 1)
     return index + 1
 
+
 def id_to_index(kind: str, ident: int) -> int | None:
+    """The row index of id `ident` of `kind`, or None for ids below 1 or in a gap (a deleted row)."""
     if ident < 1:
         return None
     if kind in GAPPED_KINDS:

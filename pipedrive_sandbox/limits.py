@@ -28,6 +28,12 @@ class LimitDecision:
 
 @dataclass
 class RateLimiter:
+    """The burst window per token and the daily budget per company (see the module docstring).
+
+    Limits and header names follow Pipedrive's rate-limit docs (burst: a rolling 2 s window;
+    `x-ratelimit-limit`/`-remaining`/`-reset` in seconds; daily: `x-daily-ratelimit-token-*`).
+    `clock` is injectable so tests step time instead of sleeping."""
+
     burst_limit: int = 80
     window: float = 2.0
     daily_budget: int | None = None
@@ -42,6 +48,7 @@ class RateLimiter:
         self._t0 = self.clock()
 
     def reconfigure(self, *, burst_limit: int, window: float, daily_budget: int | None, day_seconds: float) -> None:
+        """Take new limits; a new daily budget or day length starts a fresh simulated day."""
         if daily_budget != self.daily_budget or day_seconds != self.day_seconds:
             # A new budget or day length starts a fresh simulated day.
             self._t0 = self.clock()
@@ -59,10 +66,12 @@ class RateLimiter:
             self.used_today = 0
 
     def seconds_to_day_reset(self, now: float | None = None) -> float:
+        """Seconds until the current simulated day ends (at `now`, default the clock)."""
         now = self.clock() if now is None else now
         return self._t0 + (int((now - self._t0) // self.day_seconds) + 1) * self.day_seconds - now
 
     def daily_state(self) -> dict[str, object]:
+        """The daily budget's state for stats: `{budget, used, remaining, day, seconds_to_reset}`."""
         now = self.clock()
         self._roll_day(now)
         return {
@@ -74,6 +83,10 @@ class RateLimiter:
         }
 
     def check(self, token: str, cost: int) -> LimitDecision:
+        """Admit or refuse one request of `token` costing `cost` tokens, with the headers to send.
+
+        Daily first (once spent, everything is refused until the day resets), then burst; an admitted
+        request enters the window and is charged its cost."""
         now = self.clock()
         self._roll_day(now)
         q = self._windows.setdefault(token, deque())

@@ -12,11 +12,18 @@ from .state import SandboxState
 
 
 class Lister:
+    """The base of the handler classes (v1, v2, admin): rows as served now and the orders lists walk.
+
+    Every list serves rows in index order (= id order, and so add/update time order for rows nothing
+    changed); shape- and live-touched rows break that, so `_shaped_order` and `_live_order` merge them
+    in by their sort key."""
+
     def __init__(self, state: SandboxState) -> None:
         self.state = state
 
     @property
     def ds(self) -> Dataset:
+        """The generated dataset under the shapes and the live changes."""
         return self.state.dataset
 
     def _candidates(self, kind: str, subset: str, lo: int, hi: int, desc: bool) -> Iterator[int]:

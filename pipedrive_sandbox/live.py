@@ -1,10 +1,10 @@
-"""A live account (issue 9): the sandbox changes its account while it serves.
+"""A live account: the sandbox changes its account while it serves.
 
 The `Dataset` stays pure (shared between the servers of one process); every change lives here, per
 server, as an overlay keyed by the generator's row index, and `Live` answers for the account as it
 is now. The application reads rows, times, list memberships and ids through it (it wraps the
-`Shapes` of issue 8); with no change applied it answers exactly what the generator and the shapes
-say, so all off = the same bytes as before.
+`Shapes`); with no change applied it answers exactly what the generator and the shapes say, so
+with the live account off the bytes are those of the account without it.
 
 Determinism: change n (1-based `seq`) draws from `random.Random(mix(seed, S_LIVE, n))` and picks its
 op (weighted by `live_mix`), kind and rows from the state the n-1 earlier changes left, so the same
@@ -72,10 +72,12 @@ class Live(Changes):
 
     @property
     def shapes(self) -> Shapes:
+        """The server's current Shapes (rebuilt when a shape option changes)."""
         return self._shapes()
 
     @property
     def changed(self) -> bool:
+        """Whether any change was applied: until then every answer is the generator's and the shapes'."""
         return self.applied > 0
 
     # ------------------------------------------------------------------ the account as it is now
@@ -96,6 +98,7 @@ class Live(Changes):
         return sorted(out)
 
     def exists(self, kind: str, index: int) -> bool:
+        """Whether the row at `index` of `kind` exists now (created rows count; deleted and merged ones not)."""
         if kind not in LIVE_KINDS:
             return self.ds.exists(kind, index)
         return 0 <= index < self.size(kind) and index not in self.gone[kind]
@@ -108,6 +111,7 @@ class Live(Changes):
         return [i for i in range(self.size(kind)) if i not in gone] if gone else range(self.size(kind))
 
     def ident(self, kind: str, index: int) -> Any:
+        """The id of the row at `index` (created rows continue the generator's ids)."""
         return self.ds.ident(kind, index)
 
     def cursor_index(self, kind: str, ident: Any) -> int | None:
@@ -132,6 +136,8 @@ class Live(Changes):
         return None if i is None or i in self.gone[kind] else i
 
     def update_ts(self, kind: str, index: int) -> int | None:
+        """The row's update_time now in epoch seconds, or None (the null_update_time shape): the later of
+        the shaped time and the last change's."""
         shaped = self.shapes.update_ts(kind, index) if index < self.ds.count(kind) else None
         own = self.ts.get(kind, {}).get(index) if self.changed else None
         if own is None:
@@ -139,10 +145,12 @@ class Live(Changes):
         return own if shaped is None else max(own, shaped)
 
     def add_ts_text(self, kind: str, index: int) -> str:
+        """The row's add_time as served (a created row's own, else the generator's, RFC 3339)."""
         own = self.fields.get(kind, {}).get(index, {}).get("add_time") if self.changed else None
         return own if isinstance(own, str) else rfc3339(self.ds.add_ts(kind, index))
 
     def is_archived(self, kind: str, index: int) -> bool:
+        """Whether the deal or lead at `index` is archived now (a change's word, else the shapes')."""
         own = self.archived.get(kind, {}).get(index) if self.changed else None
         if own is not None:
             return own
@@ -173,19 +181,23 @@ class Live(Changes):
 
     # ------------------------------------------------------------------ mail
     def deal_message_ids(self, deal_index: int) -> Sequence[int]:
+        """The message ids listed under the deal at `deal_index` now: generated (and shaped), then added live."""
         base = self.shapes.deal_message_ids(deal_index)
         extra = self.mail_by_deal.get(deal_index) if self.mail else None
         return list(base) + extra if extra else base
 
     def mail_data(self, mid: int) -> dict[str, Any] | None:
+        """A copy of the message a change added (without body), or None when no change added `mid`."""
         found = self.mail.get(mid)
         return dict(found[1]) if found else None
 
     def mail_body(self, mid: int) -> str | None:
+        """The body of the message a change added, or None when no change added `mid`."""
         found = self.mail.get(mid)
         return found[2] if found else None
 
     def mail_list_item(self, mid: int) -> dict[str, Any]:
+        """A message a change added, as the deal's mail list item (`object`, `timestamp`, `data`)."""
         data = self.mail[mid][1]
         return {"object": "mailMessage", "timestamp": data["timestamp"].replace("T", " ")[:19], "data": data}
 
@@ -198,6 +210,7 @@ class Live(Changes):
             return [self._apply_one() for _ in range(n)]
 
     def changes(self, since_seq: int = 0) -> list[dict[str, Any]]:
+        """Copies of the changes applied after `since_seq` (each `{seq, at, op, kind, id, ...}`), oldest first."""
         with self.lock:
             return [dict(c) for c in self.log[max(0, since_seq):]]
 
@@ -212,6 +225,7 @@ class Live(Changes):
     # ------------------------------------------------------------------ background changes
     @property
     def running(self) -> bool:
+        """Whether the background changes are running."""
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def start(self) -> None:
@@ -254,6 +268,7 @@ class Live(Changes):
             stop.wait(min(0.5, max(0.0, wait)))
 
     def status(self) -> dict[str, Any]:
+        """`GET /_sandbox/live`'s body: `{applied, running, rate, max, mix}`."""
         config = self._config()
         return {"applied": self.applied, "running": self.running, "rate": config.live_rate, "max": config.live_max,
                 "mix": dict(parse_live_mix(config.live_mix))}

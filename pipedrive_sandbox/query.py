@@ -13,15 +13,22 @@ from .envelope import ApiError
 
 
 class Query:
+    """The query parameters of one request, read the way Pipedrive validates them.
+
+    Each reader answers None for a missing or empty parameter and raises `ApiError(400, ...)` naming
+    the parameter when it is malformed."""
+
     def __init__(self, request: Request, page_limit_max: int) -> None:
         self.params = request.query_params
         self.page_limit_max = page_limit_max
 
     def get(self, name: str) -> str | None:
+        """The raw value of `name`, None when missing or empty."""
         value = self.params.get(name)
         return value if value not in (None, "") else None
 
     def int(self, name: str, default: int | None = None, minimum: int | None = None) -> int | None:
+        """`name` as an int (`default` when missing); ApiError 400 when not an integer or below `minimum`."""
         raw = self.get(name)
         if raw is None:
             return default
@@ -34,6 +41,7 @@ class Query:
         return value
 
     def bool(self, name: str) -> bool | None:
+        """`name` as a bool (1/true/yes, 0/false/no, any case); ApiError 400 otherwise."""
         raw = self.get(name)
         if raw is None:
             return None
@@ -44,6 +52,8 @@ class Query:
         raise ApiError(400, f"Parameter '{name}' must be a boolean")
 
     def limit(self) -> int:
+        """The page size asked: `limit`, 100 when missing; ApiError 400 below 1 or above the page maximum
+        (500 in the spec: "a maximum value of 500 is allowed"; `page_limit_max` in the config)."""
         value = self.int("limit", 100)
         assert value is not None
         if value < 1:
@@ -53,6 +63,7 @@ class Query:
         return value
 
     def time(self, name: str) -> int | None:
+        """`name` as epoch seconds (RFC 3339 or a date); ApiError 400 naming the expected format."""
         raw = self.get(name)
         if raw is None:
             return None
@@ -61,10 +72,15 @@ class Query:
         except ValueError:
             raise ApiError(400, f"Parameter '{name}' must be a date-time in RFC3339 format, e.g. 2025-01-01T10:20:00Z") from None
 
+
 def encode_cursor(obj: dict[str, Any]) -> str:
+    """A v2 `next_cursor`: the keyset position (`field`, `fieldValue`, `sortDirection`, `id`) as
+    unpadded URL-safe base64 JSON. Opaque to clients, as the spec says of `cursor`."""
     return base64.urlsafe_b64encode(json.dumps(obj, separators=(",", ":")).encode()).decode().rstrip("=")
 
+
 def decode_cursor(text: str) -> dict[str, Any]:
+    """The position a cursor encodes; ApiError 400 `Invalid cursor` when it is not one of ours."""
     try:
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         obj = json.loads(raw)
@@ -74,7 +90,10 @@ def decode_cursor(text: str) -> dict[str, Any]:
         raise ApiError(400, "Invalid cursor")
     return obj
 
+
 def parse_filter_value(q: Query, param: str, ftype: str) -> Any:
+    """The value of a list filter `param` by its type: int, bool, `strset` (a comma list, as
+    deals' `status`), else the raw text; None when not given."""
     if ftype == "int":
         return q.int(param)
     if ftype == "bool":
@@ -85,6 +104,7 @@ def parse_filter_value(q: Query, param: str, ftype: str) -> Any:
     if ftype == "strset":
         return frozenset(s.strip() for s in raw.split(",") if s.strip())
     return raw
+
 
 def sort_value(value: Any) -> tuple[int, Any]:
     """A total order over mixed values (None first, then numbers, then strings, then the rest)."""

@@ -531,6 +531,8 @@ class Records:
         return "\n".join(paragraphs)
 
     def mail_list_item(self, message_id: int, badrow_rate: float = 0.0) -> dict[str, Any]:
+        """Message `message_id` as `/v1/deals/{id}/mailMessages` lists it: `{object: "mailMessage",
+        timestamp: "YYYY-MM-DD HH:MM:SS", data: <the message without body>}`."""
         data = self.record("mail_messages", message_id - 1, badrow_rate)
         ts = data.get("timestamp") if isinstance(data.get("timestamp"), str) else iso_ms(T0)
         return {"object": "mailMessage", "timestamp": ts.replace("T", " ")[:19], "data": data}

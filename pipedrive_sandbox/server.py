@@ -64,6 +64,7 @@ def _uvicorn_config(config: SandboxConfig, host: str, port: int, app: Any = None
 
 class _Server(uvicorn.Server):
     def install_signal_handlers(self) -> None:  # pragma: no cover - threads cannot
+        """Install uvicorn's signal handlers only on the main thread (a thread cannot; `SandboxServer` runs in one)."""
         if threading.current_thread() is threading.main_thread():
             super().install_signal_handlers()
 
@@ -83,6 +84,9 @@ class SandboxServer:
         self._client: httpx.Client | None = None
 
     def start(self) -> "SandboxServer":
+        """Serve in a daemon thread and wait until uvicorn is listening; returns self.
+
+        RuntimeError when the thread dies during start-up or the server is not up within 30 s."""
         def run() -> None:
             asyncio.run(self._server.serve(sockets=[self._sock]))
 
@@ -99,6 +103,7 @@ class SandboxServer:
         return self
 
     def stop(self) -> None:
+        """Stop the live changes, the client and the server thread (forced after 15 s), and close the socket."""
         self.app.state.sandbox.live.stop()  # no background changes outlive the server
         if self._client is not None:
             self._client.close()
@@ -123,21 +128,25 @@ class SandboxServer:
 
     @property
     def client(self) -> httpx.Client:
+        """An httpx client on the server's base URL (60 s timeout); RuntimeError before `start`."""
         if self._client is None:
             raise RuntimeError("server not started")
         return self._client
 
     def stats(self) -> dict[str, Any]:
+        """`GET /_sandbox/stats` (the traffic counters, daily budget and config)."""
         r = self.client.get("/_sandbox/stats")
         r.raise_for_status()
         return r.json()
 
     def truth(self, kind: str | None = None) -> dict[str, Any]:
+        """`GET /_sandbox/truth`, all of it or the part `kind` (see admin.py for the kinds)."""
         r = self.client.get("/_sandbox/truth", params={"kind": kind} if kind else None)
         r.raise_for_status()
         return r.json()
 
     def reset_stats(self) -> None:
+        """`POST /_sandbox/stats/reset`: start the traffic counters over."""
         self.client.post("/_sandbox/stats/reset").raise_for_status()
 
     def truth_rows(self, kind: str) -> dict[str, Any]:
@@ -173,6 +182,9 @@ class SandboxServer:
         return r.json()["changes"]
 
     def configure(self, **changes: Any) -> dict[str, Any]:
+        """Change options at run time (`POST /_sandbox/config`); returns the public config.
+
+        ValueError names a bad option."""
         r = self.client.post("/_sandbox/config", json=changes)
         if r.status_code == 400:
             raise ValueError(r.json().get("error"))

@@ -1,8 +1,8 @@
-"""API shapes the real Pipedrive sends (issue 8), layered over the generated account.
+"""API shapes the real Pipedrive sends, layered over the generated account.
 
 The `Dataset` stays pure (it is shared between servers of one process); everything a shape changes
 lives here, per server, and is rebuilt whenever the shape options change at run time. With every
-shape off, `Shapes.active` is False and the application takes exactly its old code paths.
+shape off, `Shapes.active` is False and the application serves the generated account unchanged.
 
 * `page_cap` - `cap(limit)`: at most that many rows a page whatever `limit` asks.
 * `empty_pages` - the application answers a v2 list's first page with `data: []` and a
@@ -182,6 +182,7 @@ class Shapes:
         return self.ds.update_ts(kind, index)
 
     def is_archived(self, kind: str, index: int) -> bool:
+        """Whether the generated deal or lead at `index` is archived now (generated, or flipped once served)."""
         flipped = self.flipped.get(kind)
         return self.ds.is_archived(kind, index) or bool(flipped and index in flipped)
 
@@ -216,9 +217,11 @@ class Shapes:
 
     # ------------------------------------------------------------------ mail
     def message_total(self) -> int:
+        """The number of messages served: generated plus the hostile_mail ones."""
         return self.ds.message_total + len(self.hostile)
 
     def deal_message_ids(self, deal_index: int) -> Sequence[int]:
+        """The message ids listed under the deal at `deal_index`: generated, then the hostile ones."""
         base = self.ds.deal_message_ids(deal_index)
         extra = self.extra_by_deal.get(deal_index)
         return list(base) + extra if extra else base
@@ -257,10 +260,12 @@ class Shapes:
         return rec
 
     def hostile_list_item(self, mid: int) -> dict[str, Any]:
+        """Hostile message `mid` as a deal's mail list item (`object`, `timestamp`, `data`)."""
         data = self.hostile_record(mid)
         return {"object": "mailMessage", "timestamp": data["timestamp"].replace("T", " ")[:19], "data": data}
 
     def hostile_body(self, mid: int) -> str:
+        """The body of hostile message `mid`: huge, with a NUL, with a lone surrogate, or marked invalid UTF-8."""
         found = self.hostile_of(mid)
         assert found is not None
         variant = found[1]

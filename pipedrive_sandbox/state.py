@@ -14,6 +14,12 @@ from .stats import Stats
 
 
 class SandboxState:
+    """Everything one server holds: config, dataset (shared per scale and seed within the process),
+    rate limiter, fault plan, stats, shapes, live account, and the deals-summary caches.
+
+    `lock` (an RLock) orders the live changes against the handlers: a handler holds it while it
+    builds an answer, so a change lands between two answers, never inside one."""
+
     def __init__(self, config: SandboxConfig) -> None:
         self.config = config
         self.dataset: Dataset = dataset_for(config.scale, config.seed, config.big_deal_messages)
@@ -29,7 +35,7 @@ class SandboxState:
         self.summary_cache: dict[tuple[Any, ...], dict[str, Any]] = {}
         self.summary_base: dict[tuple[Any, ...], dict[str, list[float]]] = {}  # generated deals only
         self.summary_version = 0  # the live version summary_cache answers for
-        # Live account (issue 9): changes run under this lock, which handlers hold while they answer.
+        # Live account: changes run under this lock, which handlers hold while they answer.
         self.lock = threading.RLock()
         self.live = Live(self.dataset, lambda: self.shapes, lambda: self.config, self.lock)
         if config.live_rate > 0:
@@ -37,6 +43,7 @@ class SandboxState:
 
     @property
     def badrow(self) -> float:
+        """The configured rate of malformed rows (the `badrow` fault), 0.0 when off."""
         return self.config.fault_spec.rate("badrow")
 
     def reconfigure(self, changes: dict[str, Any]) -> SandboxConfig:

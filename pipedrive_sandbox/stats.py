@@ -8,6 +8,13 @@ from typing import Any
 
 @dataclass
 class Stats:
+    """Counters of the traffic one server answered, per endpoint template (`GET /_sandbox/stats`).
+
+    Requests, tokens charged, status codes, 429s by limit (burst | daily), faults drawn, unauthorised
+    requests, concurrency (current and peak, overall, per endpoint, and of mail-body fetches), body
+    fetches per message id, and listings per (path, query): what the benches and tests measure a
+    client by."""
+
     requests: Counter[str] = field(default_factory=Counter)
     tokens: Counter[str] = field(default_factory=Counter)
     status_codes: dict[str, Counter[str]] = field(default_factory=dict)
@@ -24,6 +31,7 @@ class Stats:
     listings: Counter[str] = field(default_factory=Counter)
 
     def enter(self, template: str, body: bool) -> None:
+        """Count a request of `template` as in flight (and a body fetch, when `body`); track the peaks."""
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         self.in_flight_by[template] += 1
@@ -33,15 +41,18 @@ class Stats:
             self.peak_body_in_flight = max(self.peak_body_in_flight, self.body_in_flight)
 
     def leave(self, template: str, body: bool) -> None:
+        """Count a request of `template` as finished (the pair of `enter`)."""
         self.in_flight -= 1
         self.in_flight_by[template] -= 1
         if body:
             self.body_in_flight -= 1
 
     def status(self, template: str, code: int) -> None:
+        """Count one response of `template` with status `code` (0 for a dropped connection)."""
         self.status_codes.setdefault(template, Counter())[str(code)] += 1
 
     def to_json(self) -> dict[str, Any]:
+        """The counters as the JSON body of `GET /_sandbox/stats` (without `daily` and `config`)."""
         return {
             "requests_total": sum(self.requests.values()),
             "tokens_total": sum(self.tokens.values()),

@@ -27,6 +27,7 @@ class Truth:
     )
 
     def truth_ids(self, name: str) -> list[Any]:
+        """The ids of truth kind `name` (e.g. `deals` active, `deals_archived`), in id order."""
         if name == "deals":
             return [self.ident("deals", i) for i in self.indexes("deals", "active")]
         if name == "deals_archived":
@@ -40,12 +41,14 @@ class Truth:
         return [self.ident(name, i) for i in range(self.counts[name])]
 
     def deals_with_mail(self) -> dict[str, list[int]]:
+        """{deal id as text: [its message ids]} for every deal with mail."""
         out: dict[str, list[int]] = {}
         for j, d in enumerate(self.mail_deal_index):
             out[str(index_to_id("deals", d))] = list(range(self.mail_prefix[j] + 1, self.mail_prefix[j + 1] + 1))
         return out
 
     def malformed(self, rate: float) -> dict[str, list[dict[str, Any]]]:
+        """Per malformable kind, the rows served malformed at `rate`: [{id, position, variant}]."""
         out: dict[str, list[dict[str, Any]]] = {}
         for kind in MALFORMABLE_KINDS:
             rows = []
@@ -59,6 +62,7 @@ class Truth:
         return out
 
     def dangling(self) -> dict[str, list[Any]]:
+        """Per dangling kind, the ids of the rows that reference a parent that no longer exists."""
         out: dict[str, list[Any]] = {}
         for kind in DANGLING_KINDS:
             code = KIND_CODE[kind]

@@ -14,6 +14,12 @@ from .query import Query, sort_value
 
 
 class V1Api(Lister):
+    """The `/v1/` handlers still served: leads (active and archived), notes, users, the field lists,
+    the deals summary, a deal's mail messages and one mail message.
+
+    v1 lists page by offset: `start`/`limit` (<= 500) in, `additional_data.pagination`
+    (`start`, `limit`, `more_items_in_collection`, `next_start` while there is more) out."""
+
     def _v1_page(
         self,
         kind: str,
@@ -76,6 +82,10 @@ class V1Api(Lister):
         return (field_name, desc), False
 
     def v1_leads(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of `/v1/leads` or `/v1/leads/archived` (archived leads are only in the second since
+        2025-07-15). Filters owner_id, person_id, organization_id; `updated_since` on the active list;
+        `sort` as `field ASC|DESC`; `filter_id` answers 404. Pagination also at the top level of
+        `additional_data`, as the leads schema documents it."""
         ds = self.ds
         archived = endpoint.spec_path == "/leads/archived"
         if q.get("filter_id") is not None:
@@ -108,6 +118,9 @@ class V1Api(Lister):
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows), flat=True)}
 
     def v1_notes(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of `/v1/notes`: filters by user, lead, deal, person, org, project and task, the
+        `pinned_to_*_flag`s, `start_date`/`end_date` (YYYY-MM-DD, on add_time), `updated_since`, and
+        `sort`. ApiError 400 for a malformed date or parameter."""
         ds = self.ds
         sort, desc = self._v1_sort(
             q,
@@ -156,6 +169,7 @@ class V1Api(Lister):
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows))}
 
     def v1_users(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of `/v1/users`, in id order."""
         rows, start, limit, more, _ = self._v1_page("users", range(self.ds.count("users")), q, None, None)
         return {"success": True, "data": rows, "additional_data": _v1_additional(start, limit, more, len(rows))}
 
@@ -164,6 +178,8 @@ class V1Api(Lister):
         return {"success": True, "data": {**self.ds.record("users", 0), **self.ds.company()}}
 
     def v1_single(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """`GET /v1/{leads|notes|users}/{id}`: one row as served now (a lead's id is its uuid);
+        ApiError 400 for a non-integer id, 404 when there is none."""
         kind = endpoint.spec_path.split("/")[1]
         ident: Any = params["id"]
         if kind != "leads":
@@ -177,6 +193,8 @@ class V1Api(Lister):
         return {"success": True, "data": self._record(kind, index)}
 
     def v1_fields(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of a v1 field list (`/v1/leadFields`, `/v1/noteFields`, `/v1/dealFields`, ...),
+        offset-paginated."""
         if endpoint.spec_path == "/leadFields":
             items = v1_lead_fields(self.ds)
         elif endpoint.spec_path == "/noteFields":
@@ -246,6 +264,8 @@ class V1Api(Lister):
         return {"success": True, "data": data}
 
     def v1_deal_mail(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of `/v1/deals/{id}/mailMessages`: the deal's messages without body, offset-paginated;
+        ApiError 400 for a non-integer id, 404 for a deal that is not there."""
         try:
             deal_id = int(params["id"])
         except ValueError:
@@ -263,6 +283,11 @@ class V1Api(Lister):
         return {"success": True, "data": data, "additional_data": _v1_additional(start, limit, more, len(data), flat=True)}
 
     def v1_mail_message(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """`/v1/mailbox/mailMessages/{id}`: one message, with `data.body` when `include_body=1`.
+
+        The mail service's envelope (`statusCode`, `statusText`, `service`). A message private to
+        another user (the `private_mail` shape) answers 403 or 404 for its body; ApiError 404 for an
+        unknown id."""
         try:
             mid = int(params["id"])
         except ValueError:
@@ -299,6 +324,7 @@ EUR_PER_UNIT = {"EUR": 1.0, "USD": 0.92, "GBP": 1.17, "SEK": 0.087}  # fixed rat
 def _money(currency: str, value: float) -> str:
     return f"{CURRENCY_SYMBOL.get(currency, currency + ' ')}{value:,.2f}"
 
+
 def _deals_summary(totals: dict[str, list[float]]) -> dict[str, Any]:
     """The deals summary `data` from per-currency [value, count, weighted value]."""
     values: dict[str, Any] = {}
@@ -328,6 +354,7 @@ def _deals_summary(totals: dict[str, list[float]]) -> dict[str, Any]:
         "total_currency_converted_value_formatted": _money("EUR", converted),
         "total_weighted_currency_converted_value_formatted": _money("EUR", weighted_converted),
     }
+
 
 def _v1_additional(start: int, limit: int, more: bool, returned: int, flat: bool = False) -> dict[str, Any]:
     pagination: dict[str, Any] = {"start": start, "limit": limit, "more_items_in_collection": more}

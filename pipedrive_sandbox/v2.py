@@ -13,6 +13,12 @@ from .shapes import FLIP_KINDS
 
 
 class V2Api(Lister):
+    """The `/api/v2/` handlers: persons, organizations, deals (active and archived), activities,
+    pipelines, stages, and the four field-definition lists.
+
+    v2 lists page by cursor: `additional_data.next_cursor`, null on the last page (v2 spec, every
+    list operation)."""
+
     def _v2_custom(self, kind: str, rec: dict[str, Any], q: Query) -> dict[str, Any]:
         entity = ENTITY_OF_KIND.get(kind)
         if entity is None or not isinstance(rec.get("custom_fields"), dict):
@@ -56,6 +62,13 @@ class V2Api(Lister):
         return (t is None, t or 0, index)
 
     def v2_list(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of a v2 list: `{success, data: [rows], additional_data: {next_cursor}}`.
+
+        Takes the spec's parameters: `limit` (<= 500), `cursor`, `sort_by` and `sort_direction`,
+        `updated_since`/`updated_until` (RFC 3339), `ids` (up to 100, unknown ids left out), the
+        kind's filters (owner_id, org_id, ...), `custom_fields` (up to 15 keys), `include_option_labels`,
+        and for deals `include_fields=email_messages_count`. A `filter_id` answers 404 (the sandbox
+        has no saved filters). Raises ApiError 400 for any malformed parameter or foreign cursor."""
         spec = V2_LISTS[endpoint.spec_path]
         ds, kind = self.ds, spec.kind
         shapes = self.state.shapes
@@ -97,7 +110,7 @@ class V2Api(Lister):
             wanted_idxs = sorted({i for i in (self.state.live.index_of(kind, w) for w in wanted) if i is not None})
 
         if shapes.empty_pages and q.get("cursor") is None:
-            # A first page that is empty yet says there is more (issue 8, item 3).
+            # A first page that is empty yet says there is more, as Pipedrive sometimes answers.
             start = encode_cursor({"field": sort_by, "fieldValue": None, "sortDirection": direction, "id": None, "start": True})
             return {"success": True, "data": [], "additional_data": {"next_cursor": start}}
 
@@ -174,6 +187,7 @@ class V2Api(Lister):
         return rec.get(sort_by)
 
     def v2_single(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """`GET /api/v2/{kind}/{id}`: one row as served now; ApiError 400 for a non-integer id, 404 when gone."""
         kind = KIND_OF_V2[endpoint.spec_path.split("/")[1]]
         try:
             ident = int(params["id"])
@@ -186,6 +200,8 @@ class V2Api(Lister):
         return {"success": True, "data": self._v2_custom(kind, rec, q)}
 
     def v2_fields(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """One page of a v2 field-definition list (`/api/v2/personFields`, ...), cursor-paginated
+        like the row lists, in field order."""
         entity = ENTITY_OF_V2_FIELDS[endpoint.spec_path.strip("/")]
         items = v2_fields(self.ds, entity)
         limit = self.state.shapes.cap(q.limit())
@@ -205,6 +221,7 @@ class V2Api(Lister):
         return {"success": True, "data": page, "additional_data": {"next_cursor": next_cursor}}
 
     def v2_field(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
+        """`GET /api/v2/{entity}Fields/{field_code}`: one field definition; ApiError 404 when unknown."""
         entity = ENTITY_OF_V2_FIELDS[endpoint.spec_path.strip("/").split("/")[0]]
         for item in v2_fields(self.ds, entity):
             if item["field_code"] == params["field_code"]:

@@ -64,6 +64,8 @@ CUSTOM_FIELD_TEMPLATES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 
 
 def ascii_slug(text: str) -> str:
+    """`text` lower-cased to ASCII letters, digits and single dashes (umlauts folded, apostrophes
+    dropped), for mail local parts and domains; `x` when nothing is left."""
     table = str.maketrans({"ä": "a", "ö": "o", "ü": "u", "õ": "o", "Ä": "a", "Ö": "o", "Ü": "u", "ß": "ss", "'": "", "Ü": "u"})
     out = []
     for ch in text.translate(table).lower():

@@ -1,4 +1,4 @@
-"""The live account (issue 9): the sandbox changes its account while it serves.
+"""The live account: the sandbox changes its account while it serves.
 
 Every test drives a tiny sandbox over real HTTP and applies changes with `live/step` (synchronous,
 deterministic), forcing one op at a time with `live_mix` where it checks that op's effect:

@@ -1,4 +1,4 @@
-"""The API shapes of issue 8, served over a real socket, and the truth that names them.
+"""The API shapes, served over a real socket, and the truth that names them.
 
 Pins, per shape (each off by default, `SandboxConfig` field = CLI flag = run-time config key):
 * `page_cap`: every list serves at most N rows a page whatever `limit` asks; v1 says
