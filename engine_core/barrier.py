@@ -15,7 +15,7 @@ from engine_core.topup import WORK, insert_tasks, top_up
 
 
 def seed_phase(tx: Conn, run: Run, phase: int, provider: Provider) -> int:
-    """Create the phase's tasks, and the next phase's early ones (issue 11): a seed whose cursor
+    """Create the phase's tasks, and the next phase's early ones: a seed whose cursor
     says `early` only reads the source and hands on tasks of its own phase (a discovery), so it
     may run while this phase's tail runs (`claim_next`); the next phase's own seeding finds it
     made (find-or-create). Returns how many tasks were new."""
@@ -35,12 +35,12 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
     """Try to close `phase`. Exactly one caller wins; returns whether this one did.
 
     The winner seeds the next phase, or finalises the run after the last one, or - when the phase
-    closed with failed tasks - fails the run at that phase (issue 10: no drainer works on past a
+    closed with failed tasks - fails the run at that phase (no drainer works on past a
     failed phase; `runs.retry` re-arms the failed tasks and rewinds to it) and writes one grouped
     run-log entry per failed kind. After the barrier commits, the winner analyzes what the phase
     grew (`statistics.after_advance`; on the process's statistics thread with
     `background_statistics`). The barrier holds while any task of the phase is pending,
-    running or cancelled (issue 8). A phase whose tasks all exist already (a rewound retry) or
+    running or cancelled. A phase whose tasks all exist already (a rewound retry) or
     that seeds nothing closes at once.
     """
     won_any = failed_here = finalized = False
@@ -66,7 +66,7 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
         top_up(db, run_id, settings)
     if won_any:
         WORK.notify()  # the run moved on (or ended): this process's idle lanes look again now
-    # after the barrier commits (issue 11); never raises. A lane's worker analyzes in the background
+    # after the barrier commits; never raises. A lane's worker analyzes in the background
     # while a next phase runs; the run's end (finalised or failed) waits for it as it always did
     statistics.after_advance(db, closed=won_any,
                              background=background_statistics and not (finalized or failed_here))

@@ -3,11 +3,11 @@
 One row in `source_budgets` per source account - not per tenant: two tenants importing one account
 share its allowance, and so do every lane thread, fetch thread and worker process. A worker leases
 a *chunk* of C slots with one statement under the row lock, spends them in-process (thread-safe, no
-database), and reports what the response headers said on its next lease. The hot path never writes
+database), and reports what the responses said (`source.RateObservation`) on its next lease. The hot path never writes
 the row per request: one statement per chunk, plus a write only when something happens that every
 worker must know at once (a burst 429, the daily budget spent).
 
-The guarantee, and why it holds (issue 11: the rate the source allows, not 0.55 of it)
+The guarantee, and why it holds (the rate the source allows, not 0.55 of it)
 -------------------------------------------------------------------------------------
 The source counts requests in a *rolling* window of W seconds (2 s) and refuses a request when L
 were accepted within the W seconds before it. The row keeps a GCRA token bucket, one timestamp
@@ -35,20 +35,21 @@ were accepted within the W seconds before it. The row keeps a GCRA token bucket,
   slow statement only shortens slots' lives (they expire unspent: lost rate, never an extra
   request), and one fast lease in ten seconds is enough to keep them whole.
 
-This is the previous design's bound with two changes: the chunk no longer starts all its slots at
-once (that cost C per window), and a slot lives for `ttl` after its own time instead of a whole
-chunk's worth of time (that cost ttl + m of every W + ttl + m). A fetch round's `reserve(n)` holds
+Two choices keep the bound tight: the chunk does not start all its slots at once (that would cost
+C per window), and a slot lives for `ttl` after its own time rather than a whole chunk's worth of
+time (that would cost ttl + m of every W + ttl + m). A fetch round's `reserve(n)` holds
 n *scheduled* slots; each fetch thread waits locally for its slot's time, with no database.
 
 Self-correction from what the source says
 -----------------------------------------
 The proof assumes the account's token is spent only through this row. What the source reports
-corrects it when that is not so (another integration on the same token, a jitter beyond m):
+corrects it when that is not so (another integration on the same token, a jitter beyond m). The
+provider's client reads it into a `RateObservation` (Pipedrive: the `x-ratelimit-*` headers):
 
-* `x-ratelimit-limit` lower than configured lowers the limit in force at the next lease.
-* `x-ratelimit-remaining: 0` on an accepted request: the window was full when it arrived, which
+* a `limit` lower than configured lowers the limit in force at the next lease.
+* `remaining` 0 on an accepted request: the window was full when it arrived, which
   at L / (W + d) happens only when a jitter beyond m (or another spender) used the margin up. This
-  process holds off until the window resets (`x-ratelimit-reset`, capped at W), and every worker
+  process holds off until the window resets (`reset`, capped at W), and every worker
   slows down before the source has to refuse anything: `rate_scale` drops to 0.9 of what was in
   force (one row write per process per window at most).
 * A burst 429 (`Retry-After`): `paused_until` is written once, so no slot of any worker starts
@@ -61,17 +62,17 @@ The daily token budget, and our share of it
 The source charges every accepted request its token cost against a daily budget per company
 shared by all its integrations. The engine spends at most `daily_share` of it (default from
 MIGRATE_DAILY_TOKEN_SHARE, 0.8): it never lets the source's remaining tokens fall below the floor
-F = ceil((1 - share) * limit), `limit` being `x-daily-ratelimit-token-limit`.
+F = ceil((1 - share) * limit), `limit` being the observed `daily_limit`.
 
 * Each granted slot has a sequence number (the row's `slots_leased` count). A response's
-  `x-daily-ratelimit-token-remaining` R, reported with the number k of the slot its request used,
+  observed `daily_remaining` R, reported with the number k of the slot its request used,
   counts every request that reached the source before it; slots numbered below k - lag (lag =
   ceil(d / g) + 1) arrived before slot k did (they are >= lag*g > d earlier), so they are in R.
 * Every request costs at most `max_cost` tokens (80: the largest `x-token-cost` in the spec). So
   after a lease that brings the count to n, the tokens our requests may have spent beyond R are at
   most max_cost * (n - k + lag). A lease is granted only if R - max_cost * (n - k + lag) >= F;
   otherwise the row parks the account (`daily_reset_at`, `daily_reason = 'share'`) until the day
-  resets - `x-daily-ratelimit-reset` when the source sends it, else the next UTC midnight (the
+  resets - the observed `daily_reset` when the source sends one, else the next UTC midnight (the
   `daily_reset` callable). With no other integration spending, the source's count of our tokens
   in a day never exceeds share * limit; with others spending, we stop as soon as R says so.
 * The row keeps the tightest report (R + max_cost * k smallest) or a newer one (k beyond the
@@ -409,7 +410,7 @@ class Budget:
         self._not_before = -math.inf  # a refused lease: the queue was longer than max_ahead
         self._report: tuple[int, int] | None = None  # (daily remaining, seq), for the next lease
         self._daily_limit: int | None = None
-        self._daily_reset_at: float | None = None  # local clock: the source's x-daily-ratelimit-reset
+        self._daily_reset_at: float | None = None  # local clock: the observed daily_reset
         self._offsets: deque[tuple[float, float, float]] = deque()  # (local time, lo, hi): see _offset
         self._statements = 0
         self._writes = 0
@@ -454,6 +455,8 @@ class Budget:
         return math.ceil((self.lease_ttl + self.latency_margin) / self.spacing(limit)) + 1
 
     def stats(self) -> BudgetStats:
+        """Counters of this budget object so far (statements, row writes, leases, slots leased and
+        spent): what the tests and benches measure the budget's database cost with."""
         with self._cond:
             return BudgetStats(
                 statements=self._statements,
@@ -586,7 +589,7 @@ class Budget:
     # --- the row ------------------------------------------------------------------------------
 
     def _daily_wait(self) -> float:
-        """Seconds to the source's next daily reset: its own header when it sent one, else the
+        """Seconds to the source's next daily reset: its own report when it sent one, else the
         `daily_reset` rule (UTC midnight)."""
         now = self._clock()
         if self._daily_reset_at is not None and self._daily_reset_at > now:
@@ -772,6 +775,9 @@ class Budget:
 
 @dataclass(frozen=True)
 class PendingNote:
+    """A rate-limit note owed to the shared row: the statement (PAUSE_SQL or PARK_SQL), until when
+    it holds on the local clock, and its parameters. Made by `note_locally` on any thread,
+    written by `write_note` on a thread that may use the database."""
     statement: str  # PAUSE_SQL | PARK_SQL
     until: float  # local clock
     params: dict[str, Any]
@@ -785,13 +791,16 @@ class _Reply:
         self._error: BaseException | None = None
 
     def ok(self) -> None:
+        """Mark the call done."""
         self._done.set()
 
     def fail(self, error: BaseException) -> None:
+        """Mark the call failed with `error`, raised to its waiter."""
         self._error = error
         self._done.set()
 
     def wait(self) -> None:
+        """Wait for the call; re-raises the error it failed with."""
         self._done.wait()
         if self._error is not None:
             raise self._error
@@ -822,6 +831,7 @@ class Reservation:
 
     @property
     def held(self) -> int:
+        """Slots this reservation still holds, unspent."""
         with self._lock:
             return len(self._slots)
 
@@ -855,6 +865,8 @@ class Reservation:
         self._budget.observe(seen, note=self.note_rate_limited)
 
     def note_rate_limited(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> None:
+        """`Budget.note_rate_limited` from a fetch thread: this process pauses at once, and the row
+        write owed to the other workers is left to the owner's thread."""
         pending = self._budget.note_locally(scope, retry_after)
         if pending is not None:
             self._on_owner(lambda: self._budget.write_note(pending), wait=False)
@@ -928,6 +940,8 @@ class Reservation:
                 reply.ok()
 
     def release(self) -> None:
+        """Give the unspent slots back to the budget (they are not lost rate) and stop serving
+        fetch threads; idempotent."""
         if self._serving:  # deferred but never served (the round failed before): let go
             self._stop_serving(True)
         with self._lock:

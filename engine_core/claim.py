@@ -52,7 +52,7 @@ def claim_next(db: Database, run_id: int | None, worker: str, max_phase: int | N
 class LockKeeper:
     """Keeps one running task's lock (`locked_at`) fresh on a daemon thread, whatever the task waits
     on (a slow source, a 429 wait, a long body-fetch round, a budget wait), so the reaper releases
-    only tasks whose worker is gone (issue 8: with a 5 s threshold, live workers lost their locks
+    only tasks whose worker is gone (with a 5 s threshold, live workers lost their locks
     and one mail body was fetched 63 times).
 
     Touches every `interval` seconds (a third of MIGRATE_STALE_LOCK_SECONDS) through a pool
@@ -81,10 +81,13 @@ class LockKeeper:
         return keeper
 
     def start(self) -> None:
+        """Start touching the lock on a daemon thread."""
         self._thread = threading.Thread(target=self._keep, name=f"lock-keeper-{self.task_id}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop touching; waits up to 2 s for a touch in flight (fenced: harmless if it outlives
+        us)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)  # a touch in flight is fenced and harmless if it outlives us

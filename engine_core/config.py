@@ -42,11 +42,14 @@ def _float(env: dict[str, str], name: str, default: float, minimum: float = 0.0)
 
 @dataclass(frozen=True)
 class Settings:
+    """The engine's knobs, read once per process (`from_env`): lane width, stale-lock threshold and
+    heartbeat (seconds), database-pressure threshold (active queries; 0: off), attempts and
+    retry backoff, the run log's cap. Frozen: a worker reads one consistent set."""
     lane_width: int = 4
-    # A live task's lock keeper renews its lock every third of this (issue 8), so a lock older than
-    # this belongs to a dead process (kill -9, a lost host). The seeds' 30 min predates the keeper:
-    # a fresh user's tenant sat stuck 33 min after a kill -9; 2 min frees it with the keeper renewing
-    # every 40 s (the chaos and cross-host tests run with 5-6 s).
+    # A live task's lock keeper renews its lock every third of this, so a lock older than
+    # this belongs to a dead process (kill -9, a lost host). The seeds' 30 min predates the keeper
+    # and leaves a tenant stuck half an hour after a kill -9; 2 min frees it with the keeper
+    # renewing every 40 s (the chaos and cross-host tests run with 5-6 s).
     stale_lock_seconds: float = 120.0
     heartbeat_seconds: float = 5.0
     pressure_threshold: int = 0  # active queries above which workers defer; 0 = off
@@ -57,10 +60,15 @@ class Settings:
     @property
     def max_inflight(self) -> int:
         # 2x the lane width: the per-run fairness bound
+        """Tasks a run may have enqueued or running at once: twice the lane width, the per-run
+        fairness bound."""
         return 2 * self.lane_width
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        """Settings from `env` (default: the process environment), each MIGRATE_* value checked
+        against its minimum; raises ConfigError naming the variable for a value that is
+        not a number or is too small."""
         env = dict(os.environ if env is None else env)
         return cls(
             lane_width=_int(env, "MIGRATE_LANE_WIDTH", 4, minimum=1),
@@ -79,8 +87,8 @@ FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
     "MIGRATE_REAPER_INTERVAL_SECONDS": (int, 300, 1),
     "MIGRATE_LANE_INTERVAL_SECONDS": (int, 15, 1),
     "MIGRATE_QUEUE_TIMEOUT_SECONDS": (float, 1800.0, 0.0),
-    # lane threads of a launch's phase op (migration_pipeline.assets.phases.launch_threads): a bad
-    # value used to fail the launched run, its reason only in the daemon's log (a fresh user's find)
+    # lane threads of a launch's phase op (migration_pipeline.assets.phases.launch_threads): checked
+    # at the launch, else a bad value fails the launched run with its reason only in the daemon's log
     "MIGRATE_LAUNCH_THREADS": (int, 0, 1),  # 0 (unset): the lane width, capped by the fair share
 }
 
@@ -98,7 +106,7 @@ def number(name: str, env: dict[str, str] | None = None) -> float:
 # The Dagster face's on/off switches, checked by `check_environment` with the numbers: name ->
 # (default, what it switches on).
 FACE_SWITCHES: dict[str, tuple[bool, str]] = {
-    # migration_pipeline.launch.run_in_process (issue 11)
+    # migration_pipeline.launch.run_in_process
     "MIGRATE_RUN_IN_PROCESS": (True, "execute `migrate run`'s Dagster run in its own process when no daemon "
                                      "serves the instance"),
 }
@@ -153,6 +161,7 @@ def check_environment(env: dict[str, str] | None = None) -> Settings:
 
 
 def migrate_home(env: dict[str, str] | None = None) -> Path:
+    """The directory of the project's local state (MIGRATE_HOME, default ./.migrate), absolute."""
     env = dict(os.environ if env is None else env)
     return Path(env.get("MIGRATE_HOME") or "./.migrate").expanduser().resolve()
 
@@ -160,7 +169,7 @@ def migrate_home(env: dict[str, str] | None = None) -> Path:
 def shown_url(url: str) -> str:
     """`url` as a message may show it: scheme, host, port and path, with no user:password, query
     or fragment ("http://u:p@127.0.0.1:8811/x?api_token=t#f" -> "http://127.0.0.1:8811/x"; the port
-    is kept, a fresh user's find). A value that is not an http(s) URL keeps only what follows any
+    is kept). A value that is not an http(s) URL keeps only what follows any
     credentials in it. At most 120 characters (80 for a value that is no URL). A token put in a
     base URL's query (`...?api_token=...`) never reaches a message through it (the brief: secrets
     never reach logs or exceptions)."""

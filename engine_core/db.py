@@ -45,6 +45,8 @@ QUERIES: dict[str, str] = _load_queries()
 
 
 def query(name: str) -> str:
+    """The SQL text of the named query in engine_core/sql/queries.sql; KeyError naming it when
+    there is none."""
     try:
         return QUERIES[name]
     except KeyError:
@@ -52,6 +54,8 @@ def query(name: str) -> str:
 
 
 def migration_files() -> list[tuple[int, str, str]]:
+    """The schema migrations shipped in engine_core/sql/migrations as (number, name, SQL), in
+    order."""
     folder = resources.files("engine_core").joinpath("sql/migrations")
     found = []
     for entry in folder.iterdir():
@@ -86,15 +90,19 @@ class Conn:
         self.raw = raw
 
     def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        """Run a named query; the number of rows it touched. Driver errors arrive translated
+        (`translate_errors`)."""
         with translate_errors():
             cur = self.raw.execute(query(name), _adapt(params))
             return cur.rowcount
 
     def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Run a named query; its first row as a dict, or None."""
         with translate_errors():
             return self.raw.execute(query(name), _adapt(params)).fetchone()
 
     def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Run a named query; its rows as dicts."""
         with translate_errors():
             return self.raw.execute(query(name), _adapt(params)).fetchall()
 
@@ -169,33 +177,42 @@ class Database:
 
     @contextmanager
     def connection(self) -> Iterator[Conn]:
+        """A pooled connection (autocommit) for the block; a lost server raises
+        DatabaseUnavailable."""
         with translate_errors():
             with self.pool.connection() as raw:
                 yield Conn(raw)
 
     @contextmanager
     def transaction(self) -> Iterator[Conn]:
+        """A pooled connection in one transaction for the block: committed when the block ends,
+        rolled back when it raises."""
         with self.connection() as conn:
             with conn.transaction():
                 yield conn
 
     def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
+        """`Conn.execute` on a pooled connection of its own (autocommit)."""
         with self.connection() as c:
             return c.execute(name, params)
 
     def fetch_one(self, name: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """`Conn.fetch_one` on a pooled connection of its own (autocommit)."""
         with self.connection() as c:
             return c.fetch_one(name, params)
 
     def fetch_all(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """`Conn.fetch_all` on a pooled connection of its own (autocommit)."""
         with self.connection() as c:
             return c.fetch_all(name, params)
 
     def sql(self, statement: str, params: dict[str, Any] | tuple | None = None) -> list[dict[str, Any]]:
+        """`Conn.sql` on a pooled connection of its own (autocommit)."""
         with self.connection() as c:
             return c.sql(statement, params)
 
     def close(self) -> None:
+        """Close the pool and its connections."""
         self.pool.close()
 
     def __enter__(self) -> Database:
@@ -301,6 +318,8 @@ def redact(url: str) -> str:
 
 
 def connect(url: str | None = None, *, max_size: int = 10, apply: bool = True) -> Database:
+    """A Database for `url` (default: `database_url()`, embedded Postgres when DATABASE_URL is
+    unset), with the schema migrations applied first unless `apply` is False."""
     url = url or database_url()
     if apply:
         apply_schema(url)

@@ -29,8 +29,8 @@ class SourceMismatch(ConfigError):
 class TenantSourceMismatch(ConfigError):
     """These source settings reach another source (another Pipedrive company) than the tenant's
     data came from: a new run, a sync or a verify of the tenant is refused before it reads or
-    writes anything (a fresh user's `migrate sync` with another company's settings updated the
-    tenant's rows with that company's and marked its leads deleted)."""
+    writes anything (a sync with another company's settings would update the tenant's rows with
+    that company's and mark the rows it lacks deleted)."""
 
     def __init__(self, tenant_id: str, run_name: str, tenant_identity: str, settings_identity: str) -> None:
         self.tenant_identity = tenant_identity

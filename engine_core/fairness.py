@@ -51,6 +51,8 @@ def fair_shares(demands: Mapping[str, int], width: int, order: Iterable[str] | N
 
 @dataclass(frozen=True)
 class RunDemand:
+    """One live run's place on the shared lane: its tenant and source, and how many of its tasks
+    are enqueued and running now."""
     run_id: int
     tenant_id: str
     source: str

@@ -5,7 +5,7 @@ leaves no claim behind, and a claim that loses (the row is already here) rolls t
 Created and matched rows are exclusive; skipped and failed rows are placeholders that the next
 successful write takes over.
 
-Versions (issue 9, migration 0010). Every claim records the source version it wrote
+Versions (migration 0010). Every claim records the source version it wrote
 (`source_version`: Pipedrive's `update_time` as served, or `content_version`'s hash). A later
 sighting of a written row (its claim lost, its write rolled back) locks the entry (the version
 fence: two workers writing the same changed row at once make one update), then:
@@ -153,7 +153,7 @@ def write_once(
 ) -> str:
     """Write a source row and claim it; returns imported, matched, updated or already_here.
 
-    `dangling`: the row's references to parents that do not exist at the source (issue 8, item 5),
+    `dangling`: the row's references to parents that do not exist at the source,
     kept on the claim as a jsonb list; `reason` says so in words for `migrate explain`.
     `version`: the source version of the row (kept on the claim; see the module docstring);
     `update`: how to write this version over the row's product record in place (`Update`), used
@@ -243,7 +243,7 @@ def rows_json(rows: Sequence[Mapping[str, Any]]) -> str:
     """A window's new rows as the JSON text `claim_window` sends (`NewRows`'s rules: anything JSON
     has no type for written with `str`).
 
-    orjson writes it (issue 11: `json.dumps` of these rows was ~14% of the engine's GIL time on the
+    orjson writes it (`json.dumps` of these rows was ~14% of the engine's GIL time on the
     entity path; orjson writes a window in a quarter of its time, times and dates through `str` as
     before); the standard library writes it, as before, whenever orjson refuses a value or would
     write it otherwise: an integer beyond 64 bits, a key that is not a string, a lone surrogate, a
@@ -554,11 +554,13 @@ def note_unreadable(tx: Conn, run: Run, kind: str, raw_key: str, reason: str, ex
 
 
 def skip(tx: Conn, run: Run, kind: str, source_id: object, reason: str) -> str:
+    """Record a row skipped with `reason` (a placeholder a later write takes over); SKIPPED, or
+    ALREADY_HERE when a written entry holds the row already."""
     return note_placeholder(tx, run, kind, source_id, reason, action="skipped")
 
 
 def skip_window(tx: Conn, run: Run, kind: str, reasons: Mapping[str, str]) -> dict[str, str]:
-    """`skip` for many rows in one statement (`note_placeholders`, issue 11): source id -> reason
+    """`skip` for many rows in one statement (`note_placeholders`): source id -> reason
     in, source id -> SKIPPED (the placeholder is noted) or ALREADY_HERE (a written entry holds the
     row) out, as `skip` answers row by row. The database's errors propagate: nothing is written."""
     if not reasons:
@@ -639,7 +641,7 @@ def record_of(tx: Conn, run: Run, kind: str, source_id: object) -> int | None:
 
 def dangling_counts(db: Database | Conn, run_id: int) -> dict[str, int]:
     """Per ledger kind: rows this run imported with at least one reference to a parent that does
-    not exist at the source (issue 8, item 5) - `{"deals": 4, "persons": 6}`; kinds without any
+    not exist at the source - `{"deals": 4, "persons": 6}`; kinds without any
     are absent. Reads the claims the run holds (a row another run wrote is that run's count)."""
     return {r["kind"]: int(r["n"]) for r in db.fetch_all("dangling_counts", {"run_id": run_id})}
 

@@ -11,6 +11,9 @@ LIVE = ("running", "stopping")
 
 @dataclass(frozen=True)
 class Run:
+    """One migration run as its `migrations` row holds it: tenant, source and account, status, the
+    plan (phases of kinds) and the phase it is in, its options, mode ("full" or "sync") and
+    snapshot moment. Frozen: a fresh read is a new Run."""
     id: int
     tenant_id: str
     source: str
@@ -24,28 +27,33 @@ class Run:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     source_identity: str | None = None  # what the data belongs to (a Pipedrive company); None: not known yet
-    mode: str = "full"  # "full" or "sync" (issue 9)
-    snapshot_at: datetime | None = None  # the source moment the listings start from (issue 9)
+    mode: str = "full"  # "full" or "sync"
+    snapshot_at: datetime | None = None  # the source moment the listings start from
     since: datetime | None = None  # a sync's lower bound: the last succeeded run's snapshot_at
 
     @property
     def is_sync(self) -> bool:
+        """True for a sync (a catch-up of a tenant's earlier run), False for a full run."""
         return self.mode == "sync"
 
     @property
     def name(self) -> str:
+        """How messages name the run: `run #7 (pipedrive for tenant 'acme')`."""
         return f"run #{self.id} ({self.source} for tenant {self.tenant_id!r})"
 
     @property
     def terminal(self) -> bool:
+        """True once the run has ended (succeeded, failed or stopped): nothing claims its tasks."""
         return self.status in TERMINAL
 
     @property
     def kinds(self) -> tuple[str, ...]:
+        """Every kind of the plan, in phase order."""
         return tuple(k for group in self.plan for k in group)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Run:
+        """A Run from its `migrations` row (a dict, as the named queries return it)."""
         return cls(
             id=row["id"],
             tenant_id=row["tenant_id"],
@@ -68,6 +76,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Task:
+    """One task as its `migration_tasks` row holds it: run, phase, kind, cursor (where it starts)
+    and processed_offset (rows of that cursor committed), status, attempts, stats."""
     id: int
     migration_id: int
     phase: int
@@ -82,6 +92,7 @@ class Task:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Task:
+        """A Task from its `migration_tasks` row (a dict, as the named queries return it)."""
         return cls(
             id=row["id"],
             migration_id=row["migration_id"],
@@ -108,6 +119,8 @@ class Successor:
 
 @dataclass(frozen=True)
 class TaskOutcome:
+    """What a provider's task runner returns: the successor tasks its work hands on (find-or-create
+    on their cursor keys)."""
     successors: tuple[Successor, ...] = ()
 
 
@@ -118,10 +131,13 @@ class Stats:
     values: dict[str, int] = field(default_factory=dict)
 
     def bump(self, key: str, n: int = 1) -> None:
+        """Add `n` to counter `key`."""
         self.values[key] = int(self.values.get(key, 0)) + n
 
     def get(self, key: str) -> int:
+        """Counter `key`, 0 when never bumped."""
         return int(self.values.get(key, 0))
 
     def copy(self) -> Stats:
+        """An independent copy (a window keeps one to restore on rollback)."""
         return Stats(dict(self.values))

@@ -1,4 +1,4 @@
-"""Progress while a phase runs (issue 10, item 2): figures both faces show every few seconds.
+"""Progress while a phase runs: figures both faces show every few seconds.
 
 * `SourceMetrics` / `source_metrics`: a tiny process-local recorder the source client feeds from its
   retry path (requests, failed requests, 429s, retries waiting now with their cause). Process-local
@@ -26,7 +26,7 @@ from engine_core.db import Database
 
 DONE = ("succeeded", "failed")
 SOURCE_DOWN_ENV = "MIGRATE_SOURCE_DOWN_SECONDS"
-SOURCE_DOWN_DEFAULT = 180.0  # a source failing every request this long pauses the run (issue 10)
+SOURCE_DOWN_DEFAULT = 180.0  # a source failing every request this long pauses the run
 
 
 def source_down_seconds() -> float:
@@ -56,6 +56,8 @@ class SourceMetrics:
         self.first_failure_since_ok: float | None = None
 
     def request(self, *, ok: bool, rate_limited: bool = False) -> None:
+        """Count one request to the source: `ok` (answered), else failed (`rate_limited`: a 429). A
+        success ends the current run of failures."""
         now = time.monotonic()
         with self._lock:
             self.requests += 1
@@ -70,6 +72,8 @@ class SourceMetrics:
                 self.rate_limited += 1
 
     def retrying(self, cause: str, seconds: float) -> None:
+        """Note a retry after `seconds` because of `cause` (cut to 80 characters): what the
+        progress line says the run waits on."""
         with self._lock:
             self.retries += 1
             self.last_cause = cause[:80]
@@ -93,6 +97,8 @@ class SourceMetrics:
                 + (f" (last: {cause})" if cause else ""))
 
     def snapshot(self) -> dict[str, Any]:
+        """The figures now, as a dict: requests, retries, the causes waited on now with their
+        counts, and the last cause."""
         now = time.monotonic()
         with self._lock:
             while self._waiting and self._waiting[0][0] <= now - 600:
@@ -128,7 +134,7 @@ class PhaseProgress:
     imported: int = 0
     matched: int = 0
     already_here: int = 0
-    updated: int = 0  # written over their product row in place (a newer source version, issue 9)
+    updated: int = 0  # written over their product row in place (a newer source version)
     skipped: int = 0
     failed: int = 0
     tasks_done: int = 0
@@ -147,6 +153,7 @@ class PhaseProgress:
     at: float = 0.0  # monotonic seconds
 
     def as_dict(self) -> dict[str, Any]:
+        """The figures as a plain dict (Dagster metadata, `migrate status --json`)."""
         return asdict(self)
 
     def line(self) -> str:
@@ -167,6 +174,7 @@ class PhaseProgress:
 
 
 def format_seconds(seconds: float) -> str:
+    """A duration for people: `42s`, `3m02s`, `1h05m` (rounded to the second)."""
     s = int(round(seconds))
     if s < 60:
         return f"{s}s"
@@ -228,6 +236,8 @@ class PhaseMeter:
         return self.metrics.down_since(self.started, threshold)
 
     def snapshot(self) -> PhaseProgress:
+        """The phase's figures now, from its tasks' rows and this process's source metrics: counts,
+        rate, percent and time remaining."""
         now = time.monotonic()
         rows = self.db.fetch_all("rollup_tasks", {"run_id": self.run_id})
         run = self.db.fetch_one("get_run", {"run_id": self.run_id})
@@ -276,7 +286,7 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None) ->
     a running task's lock renewed: `run_idle_seconds`). "unattended": a live run idle for longer
     than `stale_after` seconds (the stale-lock threshold: a running task's lock that old belongs to
     a dead process); its ETA is None then, as `status_line` gives no ETA for it (`migrate status
-    --json` had kept an ETA for a run nothing worked on: a fresh user's find)."""
+    --json` had kept an ETA for a run nothing worked on)."""
     run = db.fetch_one("get_run", {"run_id": run_id})
     if run is None:
         return {"percent": None, "eta_seconds": None, "idle_seconds": None, "unattended": False, "phases": []}
@@ -305,7 +315,7 @@ class ProgressBoard:
     """One `rich` progress bar per phase of a run, for `migrate run`: call `update(db)` every few
     seconds (inside `with board:`), it snapshots every phase that has tasks and redraws. A
     `dry_run`'s bars say "would import" / "would update", as its results tables do (they said
-    "imported": a fresh user's find)."""
+    "imported")."""
 
     def __init__(self, run_id: int, plan: list[list[str]], console: Any = None, *, dry_run: bool = False) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -318,7 +328,7 @@ class ProgressBoard:
             # sys.stdout and sys.stderr stay what they are: rich's default swaps in proxies that print
             # above the bars, and `migrate run` executing its Dagster run in-process then showed
             # Dagster's console log lines (a logging handler made during the run holds the proxy) on
-            # the terminal instead of in-process-runs.log, where descriptors 1 and 2 point (a fresh user's find)
+            # the terminal instead of in-process-runs.log, where descriptors 1 and 2 point
             redirect_stdout=False, redirect_stderr=False,
         )
         self._bars: dict[int, Any] = {}
@@ -333,6 +343,8 @@ class ProgressBoard:
         self.progress.stop()
 
     def update(self, db: Database) -> list[PhaseProgress]:
+        """Read every phase's figures and redraw their bars; returns the figures of the phases
+        shown."""
         out: list[PhaseProgress] = []
         for i, kinds in enumerate(self.plan):
             meter = self._meters.setdefault(i, PhaseMeter(db, self.run_id, i, kinds))
@@ -359,7 +371,7 @@ def status_line(progress: dict[str, Any], stale_after: float | None = None) -> s
     With `stale_after` (seconds: the stale-lock threshold, beyond which a running task's lock
     belongs to a dead process) and a live run idle for longer, the ETA gives way to "nothing has
     worked on it for 5m12s: no worker is draining it" (after a `kill -9` of `migrate run` with no
-    daemon, status had said "running ... ETA" as if all were well: a fresh user's find)."""
+    daemon, status had said "running ... ETA" as if all were well)."""
     if progress.get("percent") is None:
         return ""
     text = f"{progress['percent']:.0f}% done"

@@ -55,7 +55,7 @@ def release_stale_of_run(db: Database, run_id: int, threshold_seconds: float) ->
 
 # Tasks of one run held by workers of processes that are gone from this host: released now rather
 # than after MIGRATE_STALE_LOCK_SECONDS (the relaunch of a tenant whose `migrate run` was kill -9'd
-# sat silent for ~110 s waiting for its locks to go stale: a fresh user's find). Fenced on the
+# sat silent for ~110 s waiting for its locks to go stale). Fenced on the
 # worker id read, so a task claimed again meanwhile is left alone.
 RUNNING_HERE = """
 SELECT id, locked_by FROM migration_tasks
@@ -111,7 +111,7 @@ def release_dead_here(db: Database, run_id: int) -> list[int]:
 
 
 def rearm_orphaned_cancelled(db: Database) -> list[int]:
-    """Sweep 1b: a task is cancelled only by a stop of its run (issue 8). A cancelled task in a
+    """Sweep 1b: a task is cancelled only by a stop of its run. A cancelled task in a
     running run nobody stopped (left by older code that cancelled a sibling lane's task) goes back
     to pending with its cursor and offset, so it cannot hold the barrier for ever; returns their ids."""
     rows = db.fetch_all("rearm_orphaned_cancelled")
@@ -165,6 +165,8 @@ def finalize(db: Database, threshold_seconds: float) -> list[int]:
 
 @dataclass
 class SweepReport:
+    """What one sweep did: tasks released (stale locks), cancelled tasks re-armed, runs whose phase
+    it advanced, runs it finalised, and runs whose lane it refilled with how many tasks."""
     released: list[int] = field(default_factory=list)
     rearmed: list[int] = field(default_factory=list)
     advanced: list[int] = field(default_factory=list)
@@ -173,6 +175,7 @@ class SweepReport:
 
     @property
     def quiet(self) -> bool:
+        """True when the sweep changed nothing (a refill alone does not count)."""
         return not (self.released or self.rearmed or self.advanced or self.finalized)
 
 

@@ -1,18 +1,18 @@
 """The run page as queries: the rollup, the duration-by-payload diagnosis, and one row's story.
 
-The rollup also checks completeness (issue 8, "checked, not assumed"): for every kind of a closed
+The rollup also checks completeness ("checked, not assumed"): for every kind of a closed
 phase, rows seen = rows accounted for (imported + matched + already here + updated + skipped +
 failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
 so a task kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under
 `deals` - is compared with its phase); and rows seen = the source's own count where a discovery
-task recorded one (`source_total` in its stats). For the whole run (issue 9): rows updated in place
+task recorded one (`source_total` in its stats). For the whole run: rows updated in place
 in the task stats = the ledger history's `updated` and `restored` rows of this run (a sighting that
 changed a row writes one, in the window that counts it, so this holds at any moment; run-wide
 because a catch-up task writes rows of many ledger kinds). What does not add up is listed in
 `completeness` (per phase), `problems` (run-wide) and `incomplete`, and `verdict` says so beside
 the engine's status.
 
-The catch-up (issue 9: a run on an account that changes while it walks) writes rows of many kinds
+The catch-up (a run on an account that changes while it walks) writes rows of many kinds
 in tasks of its own kind, and counts them per kind too ("<counter>@<kind>" task stats: e.g.
 `imported@deals`). The rollup credits them to their kinds (`KindRollup.caught_up`; the carrier's
 `handed_over`): a phase's ledger claims = its tasks' imported + matched + the catch-up's of its
@@ -44,6 +44,9 @@ COUNTERS = ("imported", "matched", "already_here", "updated", "skipped", "failed
 
 @dataclass
 class KindRollup:
+    """One kind's figures over its tasks: tasks by status, rows seen, and rows by outcome
+    (imported, matched, already here, updated, skipped, failed), with the source's total
+    where a task recorded one."""
     kind: str
     phase: int
     tasks: dict[str, int] = field(default_factory=dict)
@@ -51,7 +54,7 @@ class KindRollup:
     imported: int = 0
     matched: int = 0
     already_here: int = 0
-    updated: int = 0  # written over their product row in place: a newer source version (issue 9)
+    updated: int = 0  # written over their product row in place: a newer source version
     skipped: int = 0
     failed: int = 0
     source_total: int | None = None  # the source's own count, where a discovery task recorded one
@@ -80,7 +83,7 @@ class KindRollup:
     def source_count_met(self) -> bool | None:
         """Whether the source's own count (`source_total`, taken when the kind's phase began) is met;
         None without one. Met when the phase saw exactly that many rows, or - on an account that
-        changed while the run walked (issue 9) - when the rows seen by the phase, the rows of this
+        changed while the run walked - when the rows seen by the phase, the rows of this
         kind the catch-up wrote and the rows marked deleted at the source reach it, or when the
         catch-up listed the kind whole and gave every row listed an outcome (each row the source
         lists at the end is held at its version or was written now)."""
@@ -102,6 +105,9 @@ def _n(counts: dict[str, int], key: str) -> int:
 
 @dataclass
 class RunRollup:
+    """A run's figures and verdict: per kind (`KindRollup`), completeness per closed phase, what
+    does not add up (`incomplete`), the reasons rows were not written, and the run's history
+    counts."""
     run_id: int
     name: str
     tenant_id: str
@@ -129,6 +135,7 @@ class RunRollup:
 
     @property
     def complete(self) -> bool:
+        """True when every check adds up (`incomplete` is empty)."""
         return not self.incomplete
 
     @property
@@ -139,12 +146,16 @@ class RunRollup:
         return f"{self.status}, incomplete: " + "; ".join(self.incomplete)
 
     def phase_completeness(self, phase: int) -> dict[str, Any] | None:
+        """The completeness check of phase `phase`, or None when it has none (not closed yet)."""
         return next((c for c in self.completeness if c["phase"] == phase), None)
 
     def phase_kinds(self, phase: int) -> list[KindRollup]:
+        """The kinds of phase `phase`, in plan order."""
         return [k for k in self.kinds if k.phase == phase]
 
     def as_dict(self) -> dict[str, Any]:
+        """The rollup as a plain dict (times as ISO text, with `complete`, `incomplete` and
+        `verdict`)."""
         d = asdict(self)
         for key in ("started_at", "finished_at"):
             d[key] = d[key].isoformat() if d[key] else None
@@ -155,6 +166,8 @@ class RunRollup:
 
 
 def rollup(db: Database, run_id: int) -> RunRollup:
+    """The rollup of run `run_id` from its tasks' stats, the ledger and the run log; raises
+    RunNotFound for an unknown run."""
     row = db.fetch_one("get_run", {"run_id": run_id})
     if row is None:
         raise RunNotFound(f"no migration run #{run_id}")
@@ -265,7 +278,7 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
                for r in ledger.written_by_kind(db, run.id)}
     out: list[dict[str, Any]] = []
     closed = closed_phases(run, kinds)
-    # a run with a snapshot ends with a catch-up (issue 9) that brings the rows a phase's walk left
+    # a run with a snapshot ends with a catch-up that brings the rows a phase's walk left
     # to it: until that last phase closes, a source's count not yet met is not a verdict
     pending = run.snapshot_at is not None and not run.terminal and (len(run.plan) - 1) not in closed
     for phase in closed:
@@ -313,12 +326,11 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
     source ids of them, `example` one reason as it was written; `action` is "skipped"/"failed"
     (rows, counted from the ledger: the truth), "task failed" (tasks failed now, with their error),
     or the run log's level for notes that are not row outcomes (warnings such as bodies imported
-    without their source's answer). Issue 10: a group's label was one row's reason, ids and all.
+    without their source's answer).
 
     Current state only: a row imported after a retry leaves the ledger's skipped/failed set and a
-    task that succeeded after a retry is no longer failed, so their reasons go (issue 10: stale
-    reasons stayed). The log's per-row and per-task errors are a sample of the same facts and are
-    not read, except for a dry run, which writes no ledger placeholders."""
+    task that succeeded after a retry is no longer failed, so their reasons go. The log's per-row
+    and per-task errors are a sample of the same facts and are not read, except for a dry run, which writes no ledger placeholders."""
     if log_entries is None:
         row = db.fetch_one("get_run", {"run_id": run_id})
         log_entries = row["log"] if row else []
@@ -379,7 +391,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
         "run_id": row["migration_id"],
         "run_status": row["run_status"],
         "at": row["created_at"].isoformat(),
-        # issue 9: the source version written, and when the row was found gone from the source
+        # the source version written, and when the row was found gone from the source
         "source_version": row.get("source_version"),
         "deleted_at_source": row["deleted_at_source"].isoformat() if row.get("deleted_at_source") else None,
         "unreadable": False,

@@ -4,7 +4,7 @@ A provider fetches its source rows and maps each into a `Mapped`: the target tab
 values it knows, the references to other source records by source id - parents (`Mapped.parents`:
 every one must be written first, or the row is skipped as a placeholder a later write takes over)
 and soft links (`Mapped.links`: filled when found, left empty when not) - the source version the
-ledger records (issue 9), and the match keys of tables whose rows may already be in the product
+ledger records, and the match keys of tables whose rows may already be in the product
 (`match_emails` for contacts; companies and users match on their own `name`/`domain`/`email`
 values, `engine_core/target/crm.py`). The engine resolves the references through the ledger (one
 query per page), claims, writes and checkpoints; the row flows one way.
@@ -117,10 +117,11 @@ class Mapped:
     parents: list[Ref] = field(default_factory=list)  # all must resolve, or the row is skipped
     links: list[Ref] = field(default_factory=list)  # filled when found, empty when not
     match_emails: list[str] = field(default_factory=list)
-    # the source version the ledger records (issue 9), e.g. the row's update time as served
+    # the source version the ledger records, e.g. the row's update time as served
     version: str | None = None
 
     def refs(self) -> list[Ref]:
+        """Every reference of the row: parents first, then soft links."""
         return self.parents + self.links
 
 

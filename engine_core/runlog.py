@@ -18,7 +18,7 @@ from engine_core.db import Conn
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
 _HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{12,}\b")  # hashes, mail ids
 # durations as progress.format_seconds writes them ("3m02s", "1h05m", "42s"): one placeholder, not
-# "{n}m02s" (a fresh user's find in `migrate status`)
+# "{n}m02s" (seen in `migrate status`)
 _DURATION = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:h\d\dm|m\d\ds)(?![A-Za-z_0-9])")
 # a number: a hex literal ("0xff", a byte in a decode error) and a thousands-separated one
 # ("1,234,567": groups of exactly three digits after the first) as one
@@ -44,18 +44,18 @@ def failure_reason(exc: BaseException) -> str:
 # A served value quoted at the end of a reason, as a mapper names it (`mapping._describe`: a repr,
 # cut at 40 characters): "name is not text: {'value': 'Carla Pereira', ...}", "id is not a positive
 # integer: 'abc'" - one `{value}`, so such rows group by what was wrong, not by what was served
-# (a fresh user saw a group per row).
+# (else every row is a group of its own).
 _SERVED_VALUE = re.compile(r": (?:'[^']*'?|\"[^\"]*\"?|[\[{].*)(?:\.\.\.)?$")
 
 
 def reason_shape(reason: str) -> str:
     """A reason with what varies from row to row replaced by placeholders, the label of a group of
-    reasons (issue 10: a group of 200 rows was labelled with one row's ids, "person 42 references
+    reasons (a group of 200 rows was labelled with one row's ids, "person 42 references
     org 7 which is missing"): UUIDs and long hex ids become `{id}`, numbers `{n}` ("not linked to
     any record: organizations {n} is not here"), durations ("3m02s"), thousands-separated numbers
     ("1,234") and hex literals ("0xff") one `{n}` each. Kept as they are: HTTP statuses ("HTTP 500",
     "status 404", "(404)", "HTTP/1.1 502"), which tell causes apart, and names with numbers in them
-    ("UTF-8", "ISO-8859-1", "HTTP/1.1", "v2": a fresh user saw "UTF-{n}" and "{n},{n}"); a served
+    ("UTF-8", "ISO-8859-1", "HTTP/1.1", "v2": not "UTF-{n}" nor "{n},{n}"); a served
     value quoted at its end ("...: {'value': ...}", "...: 'abc'") is one `{value}`. Placeholders
     are braces, not angle brackets: the label is shown in markdown."""
     text = _DURATION.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", _SERVED_VALUE.sub(": {value}", reason))))
@@ -78,6 +78,9 @@ def group_key(reason: str) -> str:
 
 
 class RunLog:
+    """A task's (or a barrier's) run-log entries, grouped in memory by level, kind and reason shape
+    (`group_key`) and appended to the run's log in one statement per flush. `cap`: the
+    groups a flush holds at most, and the run log's length (oldest entries go first)."""
     def __init__(self, run_id: int, task_id: int | None = None, cap: int = 200) -> None:
         self.run_id = run_id
         self.task_id = task_id
@@ -86,6 +89,8 @@ class RunLog:
         self.flushes = 0
 
     def note(self, level: str, kind: str, reason: str, subject: object = None) -> None:
+        """Count one `level` ("error", "warning", ...) note of `kind` with `reason`; `subject` (a
+        source id, a task) is kept among the group's samples."""
         key = (level, kind, group_key(reason))
         entry = self.groups.get(key)
         if entry is None:
@@ -103,9 +108,12 @@ class RunLog:
             entry["samples"].append(str(subject)[:64])
 
     def should_flush_early(self) -> bool:
+        """True when the groups held reach the cap: flush before more are lost."""
         return len(self.groups) >= self.cap
 
     def flush(self, conn: Conn) -> bool:
+        """Append the groups to the run's log in `conn`'s transaction (the caller's window or
+        finish); False when there was nothing to write."""
         if not self.groups:
             return False
         entries = list(self.groups.values())

@@ -3,7 +3,7 @@
 Admission is fenced by a partial unique index (one live run per tenant and source), so fifty
 concurrent starts admit exactly one, and retry/resume pass the same check when they reopen a run.
 
-A run is a snapshot plus a catch-up (issue 9). Starting a run records its snapshot moment
+A run is a snapshot plus a catch-up. Starting a run records its snapshot moment
 (`migrations.snapshot_at`): the source's clock where the provider can read it (`source_time`,
 Pipedrive's `Date` header), the database's otherwise. The provider's walks cover what the source had
 at that moment, and its catch-up phase (`catchup_kind`, the plan's last group, kept even in a run
@@ -54,7 +54,7 @@ class RunStillStopping(EngineError):
 
 class AlreadyMigrated(EngineError):
     """The tenant's latest run succeeded and covers what a launch asks for: a launch that is not a
-    sync and does not ask for a new run explicitly starts nothing (issue 10: "Materialize all" on a
+    sync and does not ask for a new run explicitly starts nothing ("Materialize all" on a
     migrated tenant started a whole new full run, ~83% of a migration's source tokens, writing
     nothing). `run` is the succeeded run."""
 
@@ -65,6 +65,7 @@ class AlreadyMigrated(EngineError):
 
 
 def get_run(db: Database, run_id: int) -> Run:
+    """Run `run_id`; raises RunNotFound when there is none."""
     row = db.fetch_one("get_run", {"run_id": run_id})
     if row is None:
         raise RunNotFound(f"no migration run #{run_id}")
@@ -72,11 +73,14 @@ def get_run(db: Database, run_id: int) -> Run:
 
 
 def live_run(db: Database, tenant_id: str, source: str) -> Run | None:
+    """The tenant's live run (not ended) of `source`, or None."""
     row = db.fetch_one("live_run_for_tenant", {"tenant_id": tenant_id, "source": source})
     return Run.from_row(row) if row else None
 
 
 def latest_run(db: Database, tenant_id: str, source: str | None = None) -> Run:
+    """The tenant's latest run (of `source`, or of any source when None); raises RunNotFound when
+    the tenant has none."""
     row = db.fetch_one("latest_run_for_tenant", {"tenant_id": tenant_id, "source": source})
     if row is None:
         raise RunNotFound(f"tenant {tenant_id!r} has no migration run")
@@ -327,9 +331,8 @@ def pause(db: Database, run_id: int, reason: str) -> Run:
 
 def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, settings: Settings) -> Run:
     run = get_run(db, run_id)
-    # settings that reach another source reopen nothing: the run stays as it is (a fresh user's
-    # relaunch with another company's settings flipped a stopped run to running, then every task
-    # refused to claim - SourceMismatch - and status showed it running with an ETA)
+    # settings that reach another source reopen nothing: the run stays as it is (reopened, every
+    # task would refuse to claim - SourceMismatch - while status showed it running with an ETA)
     identity = identity_of(provider)
     if identity is not None and run.source_identity is not None and identity != run.source_identity:
         raise SourceMismatch(run.name, run.source_identity, identity)

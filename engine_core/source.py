@@ -40,6 +40,11 @@ class RateObservation:
 
 
 class Provider(Protocol):
+    """What a source gives the engine: its source name, its phases (kind groups), the account its
+    rate budget is shared on, the seed cursors of a kind, and a task runner. Optional parts
+    are read through the helpers of this module (`identity_of`, `source_ids`,
+    `catchup_kind`, `source_time`, `dependents`, a `ledger_kind` fold). Providers need not
+    subclass it."""
     source: str
 
     def phases(self) -> list[list[str]]:

@@ -1,10 +1,10 @@
-"""Statistics of its own (issue 11): the planner statistics of the tables the engine grows are kept
+"""Statistics of its own: the planner statistics of the tables the engine grows are kept
 fresh by the engine, so its speed does not depend on the server's autovacuum settings.
 
 Why: the engine's lookups (the ledger's claim and reference queries, the contact and company
 matches) are planned on the statistics Postgres last gathered. On a server whose autovacuum is off
 (some DBAs switch it off for bulk loads) those are the empty tables' statistics for the whole run,
-and the per-row write path fell from 773 to 138 rows/s (issue 11, measured on this machine). The
+and the per-row write path fell from 773 to 138 rows/s (measured on this machine). The
 mechanism, measured (bench/README.md): psycopg prepares a statement after 5 executions and
 Postgres then keeps a generic plan costed while the table was nearly empty - `crm.match_contact`
 scanned all of a tenant's contacts per row (58 ms at 20,000 rows, 0.04 ms after ANALYZE). Growth
@@ -211,7 +211,7 @@ def after_advance(db: Database, *, closed: bool, background: bool = False) -> li
     winner of a phase boundary analyzes what the phase grew; every other finisher makes the cheap
     growth check. Never raises.
 
-    `background` (a lane's worker, issue 11): the boundary's analyze runs on this process's
+    `background` (a lane's worker): the boundary's analyze runs on this process's
     statistics thread and the call returns its Future at once, so the winner's lane claims the
     next phase's work instead of waiting ~0.1 s for ANALYZE while the phase's other walkers wait
     for a lane. Statistics are an optimisation and an ANALYZE invalidates every cached plan on

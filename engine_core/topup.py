@@ -16,7 +16,7 @@ from engine_core.models import Run, Successor
 
 
 class WorkSignal:
-    """Tells this process's idle drainers that tasks were enqueued (issue 11): a lane that found
+    """Tells this process's idle drainers that tasks were enqueued: a lane that found
     nothing to claim waits here instead of sleeping its whole poll interval, so a discovery's
     walkers, a page's successor or a new phase's tasks are claimed at once by idle lanes (they
     waited up to 0.2 s each: ~0.15 s per discovery and per phase boundary on the entity path).
@@ -30,10 +30,12 @@ class WorkSignal:
         self._generation = 0
 
     def generation(self) -> int:
+        """The generation now: pass it to `wait` after looking for work."""
         with self._cond:
             return self._generation
 
     def notify(self) -> None:
+        """Tell this process's waiters that tasks were enqueued (a new generation)."""
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
@@ -73,8 +75,8 @@ def insert_tasks(tx: Conn, run: Run, phase: int, kind: str, successors: list[Suc
 
 
 def top_up_in(tx: Conn, run_id: int, settings: Settings) -> list[int]:
-    """`top_up` inside the caller's open transaction (a finishing task's, issue 11: the finish and
-    the refill commit together, one transaction fewer per task). The caller notifies `WORK` once it
+    """`top_up` inside the caller's open transaction (a finishing task's: the finish and the
+    refill commit together, one transaction fewer per task). The caller notifies `WORK` once it
     has committed, when ids came back. The run's lane lock is held until the caller commits."""
     tx.execute("lock_run_lane", {"run_id": run_id})
     rows = tx.fetch_all("enqueue_pending", {"run_id": run_id, "max_inflight": settings.max_inflight})

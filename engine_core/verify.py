@@ -1,4 +1,4 @@
-"""A proof from the source (issue 9): the source's ids per kind against the ledger and the product.
+"""A proof from the source: the source's ids per kind against the ledger and the product.
 
 `verify(db, provider, tenant_id, settings, kinds=None)` lists every id the source has now, per
 kind, by the provider's cheapest listing (`Provider.source_ids`, with the row's version where the
@@ -89,9 +89,11 @@ class KindResult:
 
     @property
     def differences(self) -> int:
+        """How many differences the kind has (missing, extra, stale and the like together)."""
         return sum(len(getattr(self, d)) for d in DIFFERENCES)
 
     def as_dict(self) -> dict[str, Any]:
+        """The kind's result as a plain dict (`migrate verify --json`, Dagster metadata)."""
         return {
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
@@ -118,18 +120,22 @@ class VerifyResult:
 
     @property
     def differences(self) -> int:
+        """Differences over every kind."""
         return sum(k.differences for k in self.kinds)
 
     @property
     def passed(self) -> bool:
+        """True when the source could list at least one kind and nothing differs."""
         return any(k.checked for k in self.kinds) and self.differences == 0
 
     def as_dict(self) -> dict[str, Any]:
+        """The result as a plain dict (`migrate verify --json`, Dagster metadata)."""
         return {"tenant": self.tenant_id, "source": self.source, "passed": self.passed,
                 "differences": self.differences, "requests": self.requests, "tokens": self.tokens,
                 "seconds": round(self.seconds, 2), "kinds": [k.as_dict() for k in self.kinds]}
 
     def cost_line(self) -> str:
+        """What the proof cost: requests and tokens spent at the source and wall seconds."""
         return f"cost: {self.requests} requests, {self.tokens} tokens, {self.seconds:.1f} s"
 
     def lines(self, cap: int = DISPLAY_CAP) -> list[str]:
@@ -219,7 +225,7 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     entries = {_norm(r["source_id"]): dict(r) for r in rows}
     # rows served with an id that is not one ("abc"): failed, kept beside the ledger under that id
     # and a digest (migration 0013). The listing serves the same id, so it is unwritten with its
-    # reason, not missing (a fresh user's verify failed a run that had accounted for every row)
+    # reason, not missing (the run accounted for it)
     for r in tenant_unreadable(db, tenant_id, source, kind):
         entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
                                                    "record_id": None, "version": None, "deleted": None})

@@ -23,7 +23,7 @@ from engine_core.rows import excerpt, unreadable_key
 from engine_core.runlog import RunLog, failure_reason
 
 # Rows per set-based window (`TaskContext.set_window`; read when a context is made, so a test or a
-# process may set it). 500, a Pipedrive page, since issue 11's CPU work: against 100, the entity
+# process may set it). 500, a Pipedrive page: against 100, the entity
 # path's Postgres backends spent 11-13% less CPU (bench/entity_path.py --also-before window, CPU
 # medians, interleaved; 18% in an earlier session), the engine's process about the same: a fifth
 # of the claims, checkpoints and commits. A window whose rows leave more than `window` per row is
@@ -35,7 +35,7 @@ SET_WINDOW = 500
 SET_WINDOW_FALLBACK = 100
 
 Writer = Callable[[Conn, Any], str]
-# A window's set-based writer (issue 11, optimistic windows): given the window's rows to write as
+# A window's set-based writer (optimistic windows): given the window's rows to write as
 # (position in the window, row), it writes the ones it can in set-based statements and returns
 # their outcomes by position; the rows it leaves out go through the per-row savepoints. It may
 # carry `leaves(rows) -> int`: how many of such rows it would leave per row for certain, asked
@@ -49,12 +49,16 @@ class _BatchRefused(Exception):
 
 @dataclass(frozen=True)
 class PageResult:
+    """A page's outcome over its windows: rows attempted, rows failed, and rows by outcome
+    (imported, matched, skipped, ...)."""
     attempted: int
     failed: int
     outcomes: dict[str, int]
 
 
 def row_id(row: Any) -> str | None:
+    """A row's source id as the ledger keys it (text, at most 64 characters), or None when the row
+    has no readable `id` (not a dict, missing, empty, a bool)."""
     if isinstance(row, dict):
         value = row.get("id")
         if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).strip():
@@ -97,7 +101,7 @@ class Windows:
         counted; a deadlock or serialization failure loses the window and releases the task.
         A page whose every row failed raises PageFailed unless the caller judges that itself.
 
-        With `batch` (optimistic windows, issue 11; not in a dry run), windows hold `set_window`
+        With `batch` (optimistic windows; not in a dry run), windows hold `set_window`
         rows (no savepoints bound them), and each first offers its rows to write (not those
         committed before, nor a revisit's own) to `batch` in the window's transaction; the rows it
         answers for are counted with its outcomes, the rest are written per row after it. When
@@ -116,7 +120,7 @@ class Windows:
             with self.db.connection() as conn:
                 ids = [row_id(r) for r in rows[start:]]
                 mine = ledger.written_by_run(conn, self.run, kind, ids)
-                # rows this run updated in place (issue 9) count as updated again: the history keeps
+                # rows this run updated in place count as updated again: the history keeps
                 # the update, and the task's fresh counts must say so too (the rollup compares them)
                 for sid in ledger.updated_by_run(conn, self.run, kind, ids):
                     mine.setdefault(sid, ledger.UPDATED)

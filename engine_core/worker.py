@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # worker allocates tens of thousands per page (rows, their JSON, mapped values), nearly all freed by
 # reference counting; at 700 a small entity run made ~290 collections (1 in 10 a middle one, a
 # few full ones scanning the whole process), at 10,000 ~14, and the process's CPU fell ~8% (2.67 ->
-# 2.46 CPU-s, interleaved A/B of 6 runs; issue 11). With orjson and 500-row windows: 2.6-2.9 CPU-s
+# 2.46 CPU-s, interleaved A/B of 6 runs). With orjson and 500-row windows: 2.6-2.9 CPU-s
 # at 700, 2.37 at 10,000, 2.25 at 50,000 (gc.callbacks, two runs each).
 YOUNG_COLLECTION_THRESHOLD = 50_000
 
@@ -54,20 +54,29 @@ def collector_for_draining() -> None:
 
 
 def default_worker_id() -> str:
+    """This worker's name in `locked_by`: host, pid and a short random part (at most 100
+    characters), so two workers of one process differ."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"[:100]
 
 
 @dataclass
 class DrainResult:
+    """What one drain did: tasks executed by outcome, how often it deferred under database
+    pressure, and why it stopped ("idle", "phase_closed", "max_tasks", a run status, ...)."""
     executed: dict[str, int] = field(default_factory=dict)
     deferred: int = 0
     reason: str = ""
 
     def count(self, outcome: str) -> None:
+        """Count one executed task's outcome."""
         self.executed[outcome] = self.executed.get(outcome, 0) + 1
 
 
 class Worker:
+    """Runs tasks: the claim-or-exit job (`execute`), and the drain loop that claims a run's tasks
+    until none is left (`drain`). `providers` builds a run's provider (the composition
+    root's choice); the worker refuses a run whose provider reaches another source than the
+    run reads (SourceMismatch)."""
     def __init__(
         self,
         db: Database,
@@ -133,7 +142,7 @@ class Worker:
         A lock keeper keeps the task's lock fresh while it runs, whatever the provider waits on.
         A task that stops early is cancelled only when its run is being stopped; a worker that is
         merely shutting down (its cancel Event set: a sibling lane died, the process is terminated)
-        releases it with its checkpoint and the attempt refunded (issue 8). An error while settling
+        releases it with its checkpoint and the attempt refunded. An error while settling
         propagates and leaves the task running for the reaper."""
         provider = self.provider(run)
         runlog = RunLog(run.id, task.id, cap=self.settings.log_cap)
@@ -218,7 +227,7 @@ class Worker:
 
     def _finish_tx(self, ctx: TaskContext, status: str, error: str | None, outcome: TaskOutcome | None) -> str:
         """The successors, the task's status, its log entries and the lane's refill (`top_up_in`:
-        the finished task's slot and its successors go on the lane in the same commit, issue 11)
+        the finished task's slot and its successors go on the lane in the same commit)
         in one transaction."""
         enqueued: list[int] = []
         with self.db.transaction() as tx:
@@ -262,6 +271,8 @@ class Worker:
             statistics.after_advance(self.db, closed=False)  # the growth check advance_phase makes
 
     def heartbeat(self, run_id: int, force: bool = False) -> None:
+        """Mark the run alive (its heartbeat column), at most every `heartbeat_seconds` unless
+        `force`."""
         now = time.monotonic()
         if force or now - self._last_heartbeat >= self.settings.heartbeat_seconds:
             self._last_heartbeat = now

@@ -1,4 +1,4 @@
-"""The engine's write path (issue 11, "the engine owns the write"): a provider maps its source
+"""The engine's write path ("the engine owns the write"): a provider maps its source
 rows into the engine's row shape (`engine_core.rows.Mapped`); the engine resolves the page's
 references through the ledger in one query, optionally asks the provider whether missing parents
 exist at the source, then writes the page in windows with the checkpoint.
@@ -15,7 +15,7 @@ does not exist (404 by id, or absent from an `ids=` list) leaves the row importe
 product row (`dangling_refs`) and the ledger entry (`dangling`) with a reason; one that exists
 but is not written keeps the row a placeholder, saying so.
 
-Optimistic windows (issue 11). Each window's plain rows - mapped, every parent written (or gone
+Optimistic windows. Each window's plain rows - mapped, every parent written (or gone
 at the source), no written ledger entry for them when the page was read, their id once in the
 window, not a dry run, not a revisit's own rows - are written with set-based statements in a
 savepoint of the window's transaction: one match query per matched table (`crm.match_rows`, the
@@ -29,7 +29,7 @@ its savepoint is rolled back and the window is written per row, so a malformed r
 alone with its reason. `optimistic=False` keeps the per-row path alone (the baseline the bench
 and the tests compare with): the ledger and product rows are the same either way.
 
-Changes (issue 9). A written row seen again with a newer version is written over its product row
+Changes. A written row seen again with a newer version is written over its product row
 in place (`crm.update`), outcome `updated`, the previous values in the ledger's history; a matched
 row (the product's own contact, company or user) is not overwritten unless the run option
 `overwrite_matched` is true. A dry run writes nothing (the per-row savepoints roll back); a parent
@@ -53,7 +53,7 @@ from engine_core.window import PageResult, row_id
 NOT_LINKED = "not linked to any record"
 # Said of a parent the source does not have: it answered 404 to GET by id, or left the id out of
 # its v2 list asked with `ids=` (where absence is the answer). No status in the text: most are
-# proven by a list, which answers 200 (a fresh user read "(404)" for a parent the source had answered 410).
+# proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
 
@@ -406,7 +406,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs, link: Linker = app
                 skips[parts(row)[0].source_id] = (pos, reason)  # type: ignore[union-attr]
         out: dict[int, str] = {}
         if skips:
-            # the window's placeholders in one statement (issue 11: a savepoint and a statement a row)
+            # the window's placeholders in one statement (a savepoint and a statement a row)
             noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason) in skips.items()})
             for sid, (pos, _) in skips.items():
                 out[pos] = noted[sid]

@@ -10,7 +10,7 @@ through the ledger, skips, malformed rows, failing and transient pages. Options 
   fail_pages      {kind: [starts]}        pages whose task fails
   transient_pages {kind: {start: times}}  pages that raise a transient error the first N attempts
   row_delay       seconds per row write   (to give tests a mid-page moment)
-  version         source version of every row (issue 9): a run with another version sees every
+  version         source version of every row: a run with another version sees every
                   row changed (its name carries the version) and updates it in place
 
 Its rows go through the engine's write path (engine_core/write.py) like the Pipedrive provider's:
@@ -44,6 +44,9 @@ _calls_lock = threading.Lock()
 
 
 def generate(kind: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every row of `kind` as the example source serves it, from the run's options: `counts[kind]`
+    rows (default 60) with ids 1..n, a name, and the parent's id; `malformed` rows get a
+    name that is not text, `dangling` ones a parent that does not exist."""
     n = int(options.get("counts", {}).get(kind, 60))
     malformed = set(options.get("malformed", {}).get(kind, []))
     dangling = set(options.get("dangling", {}).get(kind, []))
@@ -68,6 +71,7 @@ class _Parent(rows.Ref):
     """The parent of an example row, under its ledger kind; a skip says only "not linked"."""
 
     def describe(self) -> str:
+        """Nothing: an example skip says only "not linked to any record"."""
         return ""
 
 
@@ -95,28 +99,40 @@ def mapper(tenant_id: str, kind: str, options: dict[str, Any]) -> Callable[[dict
 
 
 class ExampleProvider:
+    """The in-process example source (see the module's docstring for its options): five kinds in
+    five phases, each walked as STRIPES stripes of pages."""
     source = "example"
 
     def __init__(self, run: Run | None = None) -> None:
         self.options = dict(run.options) if run else {}
 
     def phases(self) -> list[list[str]]:
+        """One kind a phase: companies, contacts, deals, activities, notes."""
         return [list(g) for g in PHASES]
 
     def account(self) -> str:
+        """One shared budget account for every example run."""
         return "example-account"
 
     def depends_on(self, kind: str) -> tuple[str, ...]:
+        """The kind a kind's rows link to (its parent), so a retry revisits the kinds that skipped
+        rows."""
         return (PARENT[kind],) if kind in PARENT else ()
 
     def page_size(self) -> int:
+        """Rows per page: the run option `page_size`, default PAGE_SIZE."""
         return int(self.options.get("page_size", PAGE_SIZE))
 
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
+        """STRIPES tasks for the kind, starting at pages 0..STRIPES-1; each hands on the next page
+        of its stripe."""
         size = int(dict(run.options).get("page_size", PAGE_SIZE))
         return [Successor(f"{kind}:{i * size}", {"start": i * size}) for i in range(STRIPES)]
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
+        """Write one page of the task's kind through the engine's write path (`write.write_page`);
+        raises the injected failures (`fail_pages`, `transient_pages`); returns the
+        stripe's next page while the kind has more rows."""
         self.options = dict(ctx.run.options)
         kind, start, size = ctx.task.kind, int(ctx.task.cursor["start"]), self.page_size()
         if start in self.options.get("fail_pages", {}).get(kind, []):

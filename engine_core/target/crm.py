@@ -43,6 +43,7 @@ class Table:
 
     @property
     def identifier(self) -> sql.Identifier:
+        """The table's schema-qualified SQL identifier."""
         return sql.Identifier(self.schema, self.name)
 
 
@@ -135,7 +136,7 @@ def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
     return Written(TABLES[table].record_type, insert(tx, table, values))
 
 
-# --- updates in place (issue 9) --------------------------------------------------------------
+# --- updates in place ------------------------------------------------------------------------
 
 # A row's identity and owner never change in place: an update writes what the source says about
 # the record, not where it came from (a matched row - the product's own - keeps having no source).
@@ -189,7 +190,7 @@ def _update_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
 
 # The tables whose rows carry an archived flag that moves at the source (a deal or lead archived
 # or restored), and the columns that move with it: what a later sighting of an already written
-# row may change on it (issue 8, item 6), and nothing else.
+# row may change on it, and nothing else.
 ARCHIVE_COLUMNS: dict[str, tuple[str, ...]] = {
     "deals": ("archived", "archived_at", "source_updated_at"),
     "leads": ("archived", "source_updated_at"),
@@ -249,6 +250,7 @@ class FittedBody:
     original_length: int | None = None  # characters, only when truncated
 
     def columns(self) -> dict[str, Any]:
+        """The body's columns of crm.emails: body, body_truncated, body_original_length."""
         return {"body": self.body, "body_truncated": self.truncated, "body_original_length": self.original_length}
 
 
@@ -276,6 +278,8 @@ def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
 
 
 def normal_email(value: object) -> str | None:
+    """An email address as the product matches it: trimmed and lower-cased; None for a value that
+    is not text or not an address (no @, or a space in it)."""
     if not isinstance(value, str):
         return None
     text = value.strip().lower()
@@ -366,7 +370,7 @@ def write_company(tx: Conn, values: Mapping[str, Any]) -> Written:
     return write(tx, "companies", values)
 
 
-# --- a window at once (issue 11, optimistic windows) ------------------------------------------
+# --- a window at once (optimistic windows) ------------------------------------------
 #
 # The set-based forms of the writers above, for a window's plain rows: the same matches (the
 # same predicates and order, one statement per table and window), one multi-row INSERT per table
@@ -556,6 +560,7 @@ def field_definition(conn: Conn, tenant_id: str, source: str, entity: str, field
 
 
 def field_definitions(conn: Conn, tenant_id: str, source: str) -> list[dict[str, Any]]:
+    """The tenant's custom field definitions of `source`, ordered by entity and position."""
     return conn.sql(
         "SELECT entity, field_key, name, field_type, options, subfields, is_custom, position"
         "  FROM crm.custom_field_definitions WHERE tenant_id = %(t)s AND source = %(s)s"

@@ -430,7 +430,7 @@ def test_leases_stop_at_the_daily_share_counting_every_slot_since_the_report(db:
     state = waiting_state(db, "acct")
     assert state.kind == "daily_share" and state.until is not None
     # the park is the proof's bound, not the source's count: said so, with what the source reported
-    # (a fresh user read "is used" while the source reported 8% spent)
+    # (not "is used" while the source reports 8% spent)
     assert f"may be spent (the source last reported {row(db)['daily_remaining']:,} left)" in state.reason, state.reason
     # another worker parks from the row without a slot
     other = Budget(db, "pipedrive", "acct", burst_limit=80, daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)

@@ -1,4 +1,4 @@
-"""What the run shows while the budget waits (issue 11): `waiting_state(db, account)` says why the
+"""What the run shows while the budget waits: `waiting_state(db, account)` says why the
 account's workers are not calling the source and until when - our share of the daily token budget
 used, the daily budget spent (a daily 429), or a burst 429's pause - and `migrate status` prints it
 (and `--json` carries it) while the run is live. A bad MIGRATE_DAILY_TOKEN_SHARE fails at start-up

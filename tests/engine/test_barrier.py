@@ -68,7 +68,7 @@ def test_the_last_phase_finalises_the_run(db) -> None:
 
 
 def test_a_last_phase_with_a_failed_task_fails_the_run_at_that_phase(db) -> None:
-    # issue 10: a phase that closes with failed tasks fails the run there (it used to advance past
+    # a phase that closes with failed tasks fails the run there (it used to advance past
     # the plan and finalise as failed); current_phase stays on the failed phase for a retry.
     p = provider_for("counter")
     run = runs.start_run(db, p, "acme", kinds=["k0", "k1"], options={"tasks": 2}, settings=FAST)

@@ -1,4 +1,4 @@
-"""A worker's process collects cycles less often (`worker.collector_for_draining`, issue 11): at
+"""A worker's process collects cycles less often (`worker.collector_for_draining`): at
 CPython's default young threshold (700) a small entity run made ~290 collections, at 10,000 ~14 (50,000 now),
 and its process's CPU fell ~8% (2.67 -> 2.46 CPU-s, interleaved A/B, 6 runs)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Completeness is checked, not assumed (issue 8): when a phase closes, each kind's rollup compares
+"""Completeness is checked, not assumed: when a phase closes, each kind's rollup compares
 rows seen with rows accounted for (imported + matched + already here + skipped + failed), the rows
 the run claimed in the ledger with those it counted as imported or matched, and rows seen with the
 source's own count where a discovery task recorded one (`source_total`). A run whose kinds do not

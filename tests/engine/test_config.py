@@ -10,7 +10,7 @@ from engine_core.errors import ConfigError
 
 @pytest.mark.parametrize("name,value", [("MIGRATE_LANE_WIDTH", "four"), ("MIGRATE_LANE_WIDTH", "0"),
                                         ("MIGRATE_STALE_LOCK_SECONDS", "soon"), ("MIGRATE_MAX_ATTEMPTS", "-1"),
-                                        # 0 made every running task stale at once (a fresh user's find)
+                                        # 0 made every running task stale at once
                                         ("MIGRATE_STALE_LOCK_SECONDS", "0")])
 def test_bad_settings_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError, match=name):

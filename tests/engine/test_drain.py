@@ -96,9 +96,9 @@ def test_a_worker_that_reaches_another_source_claims_nothing(db) -> None:
 
 
 def test_a_tenant_stays_with_the_source_its_data_came_from(db) -> None:
-    """A fresh user's `migrate sync` with another company's settings updated the tenant's rows with
-    that company's and marked its leads deleted: each run bound its workers to its own identity,
-    but nothing bound the tenant's next run. A new run, a sync and a verify that reach another
+    """A sync with another company's settings would update the tenant's rows with that company's
+    and mark its leads deleted: each run binds its workers to its own identity, and the tenant's
+    next run is bound too. A new run, a sync and a verify that reach another
     source are refused before they read or write anything; the same company through a rotated
     token goes on, and a dry run (it wrote nothing) binds nothing."""
     import pytest
@@ -145,7 +145,7 @@ def test_an_identity_unknown_at_start_is_bound_by_the_first_worker_that_learns_i
 
 
 def test_a_lane_with_nothing_to_claim_looks_at_its_run_in_one_round_trip(db, monkeypatch) -> None:
-    """Issue 11: a lane that found nothing to claim reads the run and its task counts in one
+    """A lane that found nothing to claim reads the run and its task counts in one
     statement (`drain_look`), not two: idle lanes look after every wake-up. The run's one task is
     held by another worker, so this lane only waits, until its cancel Event is set."""
     import threading
@@ -172,8 +172,8 @@ def test_a_lane_with_nothing_to_claim_looks_at_its_run_in_one_round_trip(db, mon
 
 
 def test_a_stopped_run_is_not_reopened_by_settings_that_reach_another_source(db) -> None:
-    """A fresh user's relaunch with another company's settings flipped the tenant's stopped run to
-    running before its tasks refused to claim (SourceMismatch): status then showed it running with
+    """A relaunch with another company's settings must not flip the tenant's stopped run to
+    running before its tasks refuse to claim (SourceMismatch): status would show it running with
     an ETA and nothing working on it. resume and retry refuse first and change nothing."""
     import pytest
 

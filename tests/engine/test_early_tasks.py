@@ -1,4 +1,4 @@
-"""Issue 11: an early task of the next phase (cursor `early`: it only reads the source and hands on
+"""An early task of the next phase (cursor `early`: it only reads the source and hands on
 tasks of its own phase, like a discovery) is seeded with the phase before it and runs on a lane
 that phase's tail leaves free; what it hands on waits for the barrier like any task of its phase.
 Real Postgres, real lane threads: phase 0's one task is held open while the lanes drain.

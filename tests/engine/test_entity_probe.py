@@ -1,4 +1,4 @@
-"""Issue 11, the entity path: a page's missing parents are asked of the source a few at a time
+"""The entity path: a page's missing parents are asked of the source a few at a time
 (`writers.ask_source`, `PROBE_THREADS`), not one after another - each still once per run, and a
 question that fails propagates with the parent left to be asked again. Stages: a parent kind asked by
 id (organizations, persons and deals are asked many at a time through their lists' `ids`:

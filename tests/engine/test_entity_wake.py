@@ -1,4 +1,4 @@
-"""Issue 11, the entity path: a lane with nothing to claim is woken when its process enqueues work
+"""The entity path: a lane with nothing to claim is woken when its process enqueues work
 (`topup.WORK`), instead of sleeping out its poll interval - a discovery's walkers start together
 on the idle lanes. Real Postgres, real lane threads; the idle lanes poll every 60 s here, and the
 walkers wait for one another (a barrier that breaks after 10 s), so only the wake-up can pass."""

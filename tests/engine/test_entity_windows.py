@@ -1,4 +1,4 @@
-"""Issue 11, the entity path: a page's set-based windows hold `TaskContext.set_window` rows (no
+"""The entity path: a page's set-based windows hold `TaskContext.set_window` rows (no
 savepoints, so the subxid cache does not bound them); a window the database refuses, or one that
 leaves more than `window` rows to write per row, rolls back and goes in windows of `window` rows,
 each set-based first - so its ledger, product rows and counts are the per-row path's, and a
@@ -96,7 +96,7 @@ def test_a_big_window_of_many_per_row_rows_goes_in_small_windows_and_writes_what
 def test_a_window_notes_its_placeholders_in_one_statement_and_writes_what_the_per_row_path_writes(db, monkeypatch) -> None:
     # 40 of 100 rows point at a parent that is not written (20 the ledger never heard of, 20 whose
     # parent is itself a placeholder): each is skipped, a placeholder. The set-based window notes
-    # them in one statement (issue 11), not a savepoint each, so the window is not split either.
+    # them in one statement, not a savepoint each, so the window is not split either.
     # 4 more were written before and come again, newer, pointing at a missing parent: per row
     # (`update_skipped`), as the per-row path has it.
     orphans = {str(i): {"org": 900 + i} for i in range(0, 100, 5)} | {str(i): {"org": 700 + i} for i in range(1, 100, 5)}

@@ -1,4 +1,4 @@
-"""Issue 8 (refetches under faults): a live worker keeps its task's lock fresh whatever it waits on.
+"""A live worker keeps its task's lock fresh whatever it waits on.
 
 Pinned: a task blocked in its provider for three times MIGRATE_STALE_LOCK_SECONDS keeps its lock
 (a reaper with that threshold, sweeping all along, releases nothing) and its keeper ends with the

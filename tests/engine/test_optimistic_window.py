@@ -1,4 +1,4 @@
-"""Issue 11, optimistic windows: a window's plain rows are written with set-based statements (one
+"""Optimistic windows: a window's plain rows are written with set-based statements (one
 match query per matched table, one multi-row INSERT, one ledger claim) in a savepoint of the
 window's transaction; everything else, and the whole window when the set-based part raises, goes
 through the per-row savepoints. The per-row path (`write_page(optimistic=False)`) is the oracle:

@@ -2,7 +2,7 @@
 reasons); another returns task duration grouped by a payload stat (the seed's diagnostic query);
 explain tells one source row's story from the ledger.
 
-Issue 10, item 4: the grouped reasons come from the ledger's skipped and failed rows (every skip,
+The grouped reasons come from the ledger's skipped and failed rows (every skip,
 counted, not a log sample), failed tasks' reasons go once a retry made them succeed, and the
 duration buckets follow the payload's distribution (powers of two), not "0" and "3+"."""
 from __future__ import annotations

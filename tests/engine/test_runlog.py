@@ -56,7 +56,7 @@ def test_a_task_with_more_groups_than_the_cap_flushes_early(db) -> None:
 
 
 def test_a_duration_is_one_placeholder_in_a_reasons_shape() -> None:
-    # a fresh user saw "paused: the source failed every request for {n}m02s" in `migrate status`
+    # not "paused: the source failed every request for {n}m02s" in `migrate status`
     from engine_core.runlog import reason_shape
 
     assert reason_shape("the source failed every request for 3m02s (last: HTTP 500)") == \
@@ -66,7 +66,7 @@ def test_a_duration_is_one_placeholder_in_a_reasons_shape() -> None:
 
 
 def test_names_with_numbers_are_kept_and_a_thousands_separated_number_is_one_placeholder() -> None:
-    # a fresh user saw "UTF-{n}" and "{n},{n}" in the grouped reasons
+    # not "UTF-{n}" and "{n},{n}" in the grouped reasons
     from engine_core.runlog import reason_shape
 
     assert reason_shape("body is not UTF-8 (ISO-8859-1?)") == "body is not UTF-8 (ISO-8859-1?)"
@@ -82,7 +82,7 @@ def test_names_with_numbers_are_kept_and_a_thousands_separated_number_is_one_pla
 
 
 def test_a_served_value_at_the_end_of_a_reason_is_one_placeholder():
-    # a fresh user's badrow account had a group per row: "name is not text: {'value': 'Carla ...'}"
+    # else a malformed-row account has a group per row: "name is not text: {'value': 'Carla ...'}"
     from engine_core.runlog import reason_shape
 
     for served in ("{'value': 'Carla Pereira', 'nes...", "{'value': 'Lukas Meyer'}", "['not', 'an', 'object']",

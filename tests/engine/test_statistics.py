@@ -1,4 +1,4 @@
-"""Statistics of its own (issue 11): the engine analyzes the tables it grows, whatever the server's
+"""Statistics of its own: the engine analyzes the tables it grows, whatever the server's
 autovacuum does. A table grown past `min_rows + fraction x rows` since its last analyze is analyzed
 (pg_stat_user_tables.analyze_count moves) with autovacuum disabled for it; a table that has not
 grown that much is not; the check reads the server at most every `check_seconds`; a table another
@@ -120,7 +120,7 @@ def test_the_barrier_winner_analyzes_what_the_phase_grew(db, db_url) -> None:
 
 
 def test_a_lanes_barrier_winner_claims_on_while_the_boundarys_analyze_runs_beside_it(db, db_url, monkeypatch) -> None:
-    """Issue 11: the worker that closes a phase hands the boundary's ANALYZE to the process's
+    """The worker that closes a phase hands the boundary's ANALYZE to the process's
     statistics thread and goes on at once (its lane was busy ~0.1 s a boundary while the next
     phase's walkers waited for a lane); the ANALYZE still happens. Real threads, real Postgres."""
     import threading

@@ -48,7 +48,7 @@ def test_stop_while_a_task_runs_keeps_its_progress(db) -> None:
 
 
 def test_a_failed_phase_fails_the_run_there_and_retry_rewinds_to_it(db) -> None:
-    # issue 10 (one story): a phase that closes with a failed task fails the engine run at that
+    # a phase that closes with a failed task fails the engine run at that
     # phase - nothing later is seeded, so no drainer works on past it - and says so in the run log.
     p = provider_for("example")
     run = runs.start_run(db, p, "acme", options={**OPTS, "fail_pages": {"contacts": [10]}}, settings=FAST)
@@ -97,7 +97,7 @@ def test_draining_until_a_phase_closes_claims_nothing_of_the_next(db) -> None:
 
 
 def test_retry_after_a_failed_page_writes_the_page_and_later_phases_once(db) -> None:
-    # Since a failed phase fails the run there (issue 10), no deal is skipped behind a failed
+    # Since a failed phase fails the run there, no deal is skipped behind a failed
     # contacts page any more: deals wait for the retry and then link to every contact.
     from engine_core import rollup
     from engine_core.providers import example

@@ -68,7 +68,7 @@ class _DiedAfterFinish(Exception):
 
 
 def test_a_finished_tasks_successor_is_on_the_lane_even_if_its_worker_dies_after_the_finish(db, monkeypatch) -> None:
-    """Issue 11: the finish and the lane's refill commit together (`Worker._finish_tx`), so a
+    """The finish and the lane's refill commit together (`Worker._finish_tx`), so a
     worker that dies between its finish and anything after leaves its successor enqueued, not
     pending off the lane until a poll or the reaper finds it."""
     from engine_core.worker import Worker
@@ -93,7 +93,7 @@ def test_a_finished_tasks_successor_is_on_the_lane_even_if_its_worker_dies_after
 
 
 def test_a_task_that_does_not_close_its_phase_looks_at_its_run_once_after_it_settles(db, monkeypatch) -> None:
-    """Issue 11: after its finish a task needs one round trip (`after_task`: heartbeat, stop flag,
+    """After its finish a task needs one round trip (`after_task`: heartbeat, stop flag,
     the phase's open tasks) - not a heartbeat, a read of the run, a top-up and a barrier attempt -
     when other tasks of its phase are still open."""
     from engine_core import statistics

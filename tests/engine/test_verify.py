@@ -1,4 +1,4 @@
-"""verify (issue 9, "a proof from the source"): the source's ids per kind against the ledger and the
+"""verify ("a proof from the source"): the source's ids per kind against the ledger and the
 product's rows.
 
 * The rules, pure: a skipped/failed placeholder is accounted for (not missing); a row marked deleted

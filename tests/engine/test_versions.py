@@ -1,4 +1,4 @@
-"""Issue 9, the versioned ledger on real Postgres (engine level, the example provider's table).
+"""The versioned ledger on real Postgres (engine level, the example provider's table).
 
 `ledger.write_once` records the source version it wrote; a newer version updates the product row
 in place (same record id, never a second row) with outcome `updated` and one history row holding
@@ -263,7 +263,7 @@ def test_a_placeholder_deleted_at_the_source_and_then_written_is_no_longer_delet
     with db.transaction() as tx:
         assert ledger.mark_deleted(tx, run, KIND, ["21"]) == 1
     assert _entry(db, "21")["deleted_at_source"] is not None
-    # the takeover path of issue 8 is unchanged: a real write claims the placeholder, and it is here
+    # the placeholder takeover path is unchanged: a real write claims the placeholder, and it is here
     assert _write(db, run, "21", "Arrived", V1) == "imported"
     entry = _entry(db, "21")
     assert (entry["action"], entry["source_version"], entry["deleted_at_source"]) == ("created", V1, None)

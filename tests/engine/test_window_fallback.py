@@ -1,4 +1,4 @@
-"""Issue 11, set-based windows of 500 rows (`window.SET_WINDOW`): a big window that would leave
+"""Set-based windows of 500 rows (`window.SET_WINDOW`): a big window that would leave
 more than `window` rows per row - rows the page found written before, which the batch's `leaves`
 counts before any statement - or that the database refuses, goes again in windows of
 `window.SET_WINDOW_FALLBACK` (100) rows, and only those refused in turn in windows of `window`

@@ -1,4 +1,4 @@
-"""Issue 11, the engine's CPU: a window's new rows go to Postgres as orjson's JSON
+"""The engine's CPU: a window's new rows go to Postgres as orjson's JSON
 (`ledger.rows_json`), which Postgres must read exactly as it read the standard library's ASCII
 JSON before - non-ASCII, NUL, floats, times, decimals - and a value orjson cannot write (an integer
 beyond 64 bits, say in a custom field) must still be written by the window, through the standard
@@ -35,7 +35,7 @@ TEXTS = ["Zoë Ça va", "東京 📞 \u2028 \u00a0", "quote \" back \\ slash / t
 
 
 def before(rows: Any) -> str:
-    """The window rows' JSON before orjson (issue 11's ASCII JSON)."""
+    """The window rows' JSON before orjson (ASCII JSON)."""
     return json.dumps(rows, ensure_ascii=True, default=str)
 
 

@@ -122,7 +122,7 @@ def test_windows_are_25_rows(db, rows) -> None:
 
 
 def test_a_task_moves_its_cursor_in_one_statement_and_with_its_successors_in_one_transaction(db, monkeypatch) -> None:
-    """Issue 11: `TaskContext.move_cursor` without successors is one statement (no transaction
+    """`TaskContext.move_cursor` without successors is one statement (no transaction
     opened and committed around it: a catch-up page paid three round trips for it); with
     successors they and the move commit together, and a move whose lock is lost raises LockLost."""
     from engine_core.errors import LockLost

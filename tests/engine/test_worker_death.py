@@ -1,4 +1,4 @@
-"""Issue 8 item 1: a dying worker never cancels a task, and the barrier never walks past one.
+"""A dying worker never cancels a task, and the barrier never walks past one.
 
 Pinned here, on real Postgres with real processes:
 * a drainer process whose two idle pool backends are terminated (`pg_terminate_backend`) loses a
@@ -213,9 +213,9 @@ def test_a_sigkilled_drainer_is_finished_by_another_without_rewriting_committed_
 
 
 def test_a_relaunch_releases_a_sigkilled_drainers_tasks_at_once(db, db_url, tmp_path) -> None:
-    """A fresh user's find: the relaunch of a tenant whose `migrate run` was kill -9'd sat silent for
-    ~110 s while the dead process's task locks aged to MIGRATE_STALE_LOCK_SECONDS. `runs.prepare`
-    (every launch) now releases the tasks of workers whose process is gone from this host at once
+    """The relaunch of a tenant whose `migrate run` was kill -9'd must not sit silent (~110 s)
+    while the dead process's task locks age to MIGRATE_STALE_LOCK_SECONDS: `runs.prepare`
+    (every launch) releases the tasks of workers whose process is gone from this host at once
     (the child's threshold is 60 s here; nothing waits for it)."""
     p, run, pid, killed = _drainer_killed_mid_page(db, db_url, tmp_path)
     assert killed and all(t["locked_by"].split(":")[1] == str(pid) for t in killed)

@@ -1,4 +1,4 @@
-"""Issue 11, the email phase's optimistic windows: a window of messages is claimed and inserted in
+"""The email phase's optimistic windows: a window of messages is claimed and inserted in
 set-based statements (`writers.mail_batch` -> `write.window_batch`), and gives the ledger, the
 product rows and the counts the per-row path gives - with a message the database refuses, one the
 mapping refused, a placeholder taken over and a written message seen again at a newer version in

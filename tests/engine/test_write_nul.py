@@ -1,6 +1,6 @@
 """A mapped value Postgres cannot hold: NUL anywhere in a jsonb value (a key, a nested text, a
 list's text, a Mapping or tuple that is not a dict or list) makes the row malformed; everything
-else passes (`mapping._no_nul`, walked without recursion since issue 11's profile)."""
+else passes (`mapping._no_nul`, walked without recursion)."""
 from __future__ import annotations
 
 from collections import OrderedDict
