@@ -297,7 +297,7 @@ def test_lane_width_times_four_bodies_in_flight_overall(db) -> None:
             seed_deals_as_imported(db, tenant, truth)
         sb.configure(latency="realistic:0.05")
         started = [start(db, sb, tenant, kinds=["emails"]) for tenant in tenants]
-        lanes = [threading.Thread(target=drain_threads, args=(db, r.id), kwargs={"width": 1, "settings": FAST}) for r in started]
+        lanes = [threading.Thread(target=drain_threads, args=(db, r.id), kwargs={"width": 1, "settings": FAST, "providers": for_run}) for r in started]
         for lane in lanes:
             lane.start()
         for lane in lanes:
@@ -319,7 +319,7 @@ def test_a_stop_mid_phase_keeps_what_was_fetched_and_resume_fetches_nothing_agai
         assert migrate(db, sb, TENANT, kinds=everything_but_mail).status == "succeeded"
         sb.configure(latency="realistic:0.05")
         run = start(db, sb, TENANT, kinds=["emails"])
-        lane = threading.Thread(target=drain_threads, args=(db, run.id), kwargs={"width": 2, "settings": FAST})
+        lane = threading.Thread(target=drain_threads, args=(db, run.id), kwargs={"width": 2, "settings": FAST, "providers": for_run})
         lane.start()
         deadline = time.monotonic() + 60
         while len(ledger(db, TENANT, "emails")) < 40 and time.monotonic() < deadline:
