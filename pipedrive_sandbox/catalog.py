@@ -1,4 +1,4 @@
-"""The endpoints the sandbox serves, as data: API version, path, handler, latency class, listing.
+"""The endpoints the sandbox serves, as data: API version, path, handler, latency class, paging style.
 
 Routing, costs (costs.py), latency and stats all read this table; a new endpoint is an entry here
 and a handler method on the version's class (v1.py or v2.py).
@@ -14,14 +14,16 @@ from .costs import API_PREFIX, TOKEN_COSTS
 @dataclass(frozen=True)
 class Endpoint:
     """One served operation: `api` (v1 | v2), `spec_path` as the spec writes it, the `handler`
-    method name on that version's class, its `latency` class (list | single | body) and whether it is
-    a `listing` (counted per query in stats); `regex` matches a request path to it."""
+    method name on that version's class, its `latency` class (list | single | body) and its `paging`
+    style for a list (cursor: v2's `next_cursor`; offset: v1's `start`/`next_start`; None for a
+    single object); `regex` matches a request path to it. The style is the spec's per operation,
+    not per API version: v1's changelogs page by cursor."""
 
     api: str
     spec_path: str
     handler: str
     latency: str  # list | single | body
-    listing: bool
+    paging: str | None  # cursor | offset | None
     regex: re.Pattern[str]
 
     @property
@@ -30,56 +32,62 @@ class Endpoint:
         return TOKEN_COSTS[(self.api, self.spec_path)]
 
     @property
+    def listing(self) -> bool:
+        """Whether it serves a list (counted per query in stats)."""
+        return self.paging is not None
+
+    @property
     def template(self) -> str:
         """The full path template as requested, e.g. `/api/v2/persons/{id}` (the stats key)."""
         return API_PREFIX[self.api] + self.spec_path
 
 
-def _ep(api: str, spec_path: str, handler: str, latency: str, listing: bool) -> Endpoint:
+def _ep(api: str, spec_path: str, handler: str, latency: str, paging: str | None) -> Endpoint:
     pattern = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", spec_path)
-    return Endpoint(api, spec_path, handler, latency, listing, re.compile(f"^{pattern}$"))
+    return Endpoint(api, spec_path, handler, latency, paging, re.compile(f"^{pattern}$"))
+
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    _ep("v2", "/persons", "v2_list", "list", True),
-    _ep("v2", "/persons/{id}", "v2_single", "single", False),
-    _ep("v2", "/organizations", "v2_list", "list", True),
-    _ep("v2", "/organizations/{id}", "v2_single", "single", False),
-    _ep("v2", "/deals/archived", "v2_list", "list", True),
-    _ep("v2", "/deals", "v2_list", "list", True),
-    _ep("v2", "/deals/{id}", "v2_single", "single", False),
-    _ep("v2", "/activities", "v2_list", "list", True),
-    _ep("v2", "/activities/{id}", "v2_single", "single", False),
-    _ep("v2", "/pipelines", "v2_list", "list", True),
-    _ep("v2", "/pipelines/{id}", "v2_single", "single", False),
-    _ep("v2", "/stages", "v2_list", "list", True),
-    _ep("v2", "/stages/{id}", "v2_single", "single", False),
-    _ep("v2", "/personFields", "v2_fields", "list", True),
-    _ep("v2", "/personFields/{field_code}", "v2_field", "single", False),
-    _ep("v2", "/organizationFields", "v2_fields", "list", True),
-    _ep("v2", "/organizationFields/{field_code}", "v2_field", "single", False),
-    _ep("v2", "/dealFields", "v2_fields", "list", True),
-    _ep("v2", "/dealFields/{field_code}", "v2_field", "single", False),
-    _ep("v2", "/activityFields", "v2_fields", "list", True),
-    _ep("v2", "/activityFields/{field_code}", "v2_field", "single", False),
-    _ep("v1", "/leads/archived", "v1_leads", "list", True),
-    _ep("v1", "/leads", "v1_leads", "list", True),
-    _ep("v1", "/leads/{id}", "v1_single", "single", False),
-    _ep("v1", "/notes", "v1_notes", "list", True),
-    _ep("v1", "/notes/{id}", "v1_single", "single", False),
-    _ep("v1", "/users", "v1_users", "list", True),
-    _ep("v1", "/users/me", "v1_me", "single", False),  # before /users/{id}, which would take "me"
-    _ep("v1", "/users/{id}", "v1_single", "single", False),
-    _ep("v1", "/leadFields", "v1_fields", "list", True),
-    _ep("v1", "/noteFields", "v1_fields", "list", True),
-    _ep("v1", "/activityFields", "v1_fields", "list", True),
-    _ep("v1", "/dealFields", "v1_fields", "list", True),
-    _ep("v1", "/organizationFields", "v1_fields", "list", True),
-    _ep("v1", "/personFields", "v1_fields", "list", True),
-    _ep("v1", "/productFields", "v1_fields", "list", True),
-    _ep("v1", "/deals/summary", "v1_deals_summary", "single", False),
-    _ep("v1", "/deals/summary/archived", "v1_deals_summary", "single", False),
-    _ep("v1", "/deals/{id}/mailMessages", "v1_deal_mail", "list", True),
-    _ep("v1", "/mailbox/mailMessages/{id}", "v1_mail_message", "single", False),
+    _ep("v2", "/persons", "v2_list", "list", "cursor"),
+    _ep("v2", "/persons/{id}", "v2_single", "single", None),
+    _ep("v2", "/organizations", "v2_list", "list", "cursor"),
+    _ep("v2", "/organizations/{id}", "v2_single", "single", None),
+    _ep("v2", "/deals/archived", "v2_list", "list", "cursor"),
+    _ep("v2", "/deals", "v2_list", "list", "cursor"),
+    _ep("v2", "/deals/{id}", "v2_single", "single", None),
+    _ep("v2", "/activities", "v2_list", "list", "cursor"),
+    _ep("v2", "/activities/{id}", "v2_single", "single", None),
+    _ep("v2", "/pipelines", "v2_list", "list", "cursor"),
+    _ep("v2", "/pipelines/{id}", "v2_single", "single", None),
+    _ep("v2", "/stages", "v2_list", "list", "cursor"),
+    _ep("v2", "/stages/{id}", "v2_single", "single", None),
+    _ep("v2", "/personFields", "v2_fields", "list", "cursor"),
+    _ep("v2", "/personFields/{field_code}", "v2_field", "single", None),
+    _ep("v2", "/organizationFields", "v2_fields", "list", "cursor"),
+    _ep("v2", "/organizationFields/{field_code}", "v2_field", "single", None),
+    _ep("v2", "/dealFields", "v2_fields", "list", "cursor"),
+    _ep("v2", "/dealFields/{field_code}", "v2_field", "single", None),
+    _ep("v2", "/activityFields", "v2_fields", "list", "cursor"),
+    _ep("v2", "/activityFields/{field_code}", "v2_field", "single", None),
+    _ep("v1", "/leads/archived", "v1_leads", "list", "offset"),
+    _ep("v1", "/leads", "v1_leads", "list", "offset"),
+    _ep("v1", "/leads/{id}", "v1_single", "single", None),
+    _ep("v1", "/notes", "v1_notes", "list", "offset"),
+    _ep("v1", "/notes/{id}", "v1_single", "single", None),
+    _ep("v1", "/users", "v1_users", "list", "offset"),
+    _ep("v1", "/users/me", "v1_me", "single", None),  # before /users/{id}, which would take "me"
+    _ep("v1", "/users/{id}", "v1_single", "single", None),
+    _ep("v1", "/leadFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/noteFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/activityFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/dealFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/organizationFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/personFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/productFields", "v1_fields", "list", "offset"),
+    _ep("v1", "/deals/summary", "v1_deals_summary", "single", None),
+    _ep("v1", "/deals/summary/archived", "v1_deals_summary", "single", None),
+    _ep("v1", "/deals/{id}/mailMessages", "v1_deal_mail", "list", "offset"),
+    _ep("v1", "/mailbox/mailMessages/{id}", "v1_mail_message", "single", None),
 )
 
 V1_GONE = re.compile(r"^/(persons|organizations|deals|activities|pipelines|stages)(/archived|/\d+)?$")

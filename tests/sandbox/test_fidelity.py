@@ -107,6 +107,23 @@ def test_token_costs_equal_spec(specs: dict[str, Any]) -> None:
         assert specs[api]["paths"][path]["get"]["x-token-cost"] == cost, (api, path)
 
 
+def test_paging_style_of_each_list_is_the_specs(specs: dict[str, Any]) -> None:
+    """catalog.ENDPOINTS says how each list pages; the spec's parameters say the same: a cursor
+    list takes `cursor`, an offset list `start`, a single object neither."""
+    from pipedrive_sandbox.catalog import ENDPOINTS
+
+    # The spec documents no paging for these three; the sandbox pages them like every other v1
+    # list, and each fits one default page (100) at every scale, as the real API answers them.
+    unpaged_in_spec = {("v1", "/users"), ("v1", "/noteFields"), ("v1", "/activityFields")}
+    for ep in ENDPOINTS:
+        params = {p.get("name") for p in specs[ep.api]["paths"][ep.spec_path]["get"].get("parameters", []) if isinstance(p, dict)}
+        if (ep.api, ep.spec_path) in unpaged_in_spec:
+            assert ep.paging == "offset" and not params & {"cursor", "start"}, (ep.api, ep.spec_path)
+            continue
+        assert ("cursor" in params) == (ep.paging == "cursor"), (ep.api, ep.spec_path, ep.paging, sorted(params))
+        assert ("start" in params) == (ep.paging == "offset"), (ep.api, ep.spec_path, ep.paging, sorted(params))
+
+
 def test_every_endpoint_validates_against_its_response_schema(specs: dict[str, Any], tiny: SandboxServer, client: httpx.Client) -> None:
     truth = tiny.truth()
     tiny.reset_stats()
