@@ -12,6 +12,7 @@ from .data import Dataset
 from .envelope import envelope_error, json_response
 from .listing import Lister
 from .live import LIVE_TRUTH_KINDS
+from .live_crm import CRM_TRUTH_KINDS
 from .shapes import SHAPE_TRUTH_KINDS
 from .stats import Stats
 
@@ -53,21 +54,30 @@ class Admin(Lister):
     async def get_truth(self, request: Request) -> Response:
         """`GET /_sandbox/truth[?kind=K[&rows=1]]`: what the account holds now, for reconciliation.
 
-        Without `kind`, every part; with it, that part only (a truth kind, or deals_with_mail, malformed,
-        dangling, dangling_refs, counts, and the shapes' and live account's kinds). `rows=1` (a truth
-        kind only) adds each row exactly as the API serves it now. 400 names the valid kinds."""
+        Without `kind`, every part of the core kinds; with it, that part only (a truth kind, or
+        deals_with_mail, malformed, dangling, dangling_refs, counts, the shapes' and live account's
+        kinds, and the CRM families - products, deal_products, files, participants, followers,
+        deal_history - which only `kind=` asks for: `LiveCrm.crm_truth` says what each holds).
+        `rows=1` (a truth kind or products) adds each row exactly as the API serves it now. 400
+        names the valid kinds."""
         kind = request.query_params.get("kind") or None
         rows = request.query_params.get("rows") in ("1", "true", "yes")
-        if rows and kind not in Dataset.TRUTH_KINDS:
-            return json_response(400, envelope_error(400, f"rows=1 needs kind= one of: {', '.join(Dataset.TRUTH_KINDS)} (got {kind!r})"))
+        row_kinds = (*Dataset.TRUTH_KINDS, "products")
+        if rows and kind not in row_kinds:
+            return json_response(400, envelope_error(400, f"rows=1 needs kind= one of: {', '.join(row_kinds)} (got {kind!r})"))
         with self.state.lock:
+            if kind in CRM_TRUTH_KINDS:
+                body = self.state.live.crm_truth(kind)
+                if rows:
+                    body["rows"] = {str(ident): self._truth_row(kind, ident) for ident in body["ids"][kind]}
+                return json_response(200, body)
             try:
                 if kind in SHAPE_TRUTH_KINDS or kind in LIVE_TRUTH_KINDS:
                     body = {"scale": self.ds.scale, "seed": self.ds.seed}
                 else:
                     body = self.ds.truth(self.state.badrow, kind)
             except KeyError:
-                valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts", *SHAPE_TRUTH_KINDS, *LIVE_TRUTH_KINDS]
+                valid = list(Dataset.TRUTH_KINDS) + ["deals_with_mail", "malformed", "dangling", "dangling_refs", "counts", *SHAPE_TRUTH_KINDS, *LIVE_TRUTH_KINDS, *CRM_TRUTH_KINDS]
                 return json_response(400, envelope_error(400, f"unknown truth kind {kind!r}; one of: {', '.join(valid)}"))
             body = self.state.shapes.extend_truth(body, kind)
             body = self.state.live.extend_truth(body, kind)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from .admin import Admin
@@ -30,6 +30,7 @@ from .query import Query
 from .shapes import INVALID_UTF8_BYTES, INVALID_UTF8_MARK_BYTES
 from .state import SandboxState
 from .v1 import V1Api
+from .v1_crm import Download
 from .v2 import V2Api
 
 __all__ = ["ApiError", "SandboxApp", "create_app"]
@@ -156,6 +157,9 @@ class SandboxApp:
                     status = 200
                 except ApiError as exc:
                     status, payload = exc.status, envelope_error(exc.status, exc.message)
+                if isinstance(payload, Download):
+                    state.stats.status(template, 200)
+                    return self._download(payload, headers, fault.kind == "badjson")
                 body = dumps(payload)
             state.stats.status(template, status)
             if status == 200:
@@ -170,6 +174,24 @@ class SandboxApp:
             return Response(body, status_code=status, headers=headers, media_type=JSON_TYPE)
         finally:
             state.stats.leave(template, is_body)
+
+    def _download(self, download: Download, headers: dict[str, str], cut: bool) -> Response:
+        """A file's bytes as `application/octet-stream`, streamed chunk by chunk with its
+        Content-Length; the `badjson` fault cuts the stream at half (a download broken off)."""
+        if cut:
+            half = download.size // 2
+
+            def chunks() -> Any:
+                sent = 0
+                for chunk in download.chunks:
+                    if sent >= half:
+                        return
+                    yield chunk[: half - sent]
+                    sent += len(chunk)
+
+            return StreamingResponse(chunks(), status_code=200, headers=headers, media_type="application/octet-stream")
+        out = {**headers, "content-length": str(download.size), "content-disposition": f'attachment; filename="{download.file_name}"'}
+        return StreamingResponse(download.chunks, status_code=200, headers=out, media_type="application/octet-stream")
 
     async def _drop(self, request: Request) -> Response:
         """Close the connection without any response."""

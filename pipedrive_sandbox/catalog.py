@@ -54,7 +54,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _ep("v2", "/organizations/{id}", "v2_single", "single", None),
     _ep("v2", "/deals/archived", "v2_list", "list", "cursor"),
     _ep("v2", "/deals", "v2_list", "list", "cursor"),
+    _ep("v2", "/deals/products", "v2_deals_products", "list", "cursor"),  # before /deals/{id}
     _ep("v2", "/deals/{id}", "v2_single", "single", None),
+    _ep("v2", "/deals/{id}/products", "v2_deal_products", "list", "cursor"),
+    _ep("v2", "/deals/{id}/followers", "v2_followers", "list", "cursor"),
+    _ep("v2", "/persons/{id}/followers", "v2_followers", "list", "cursor"),
+    _ep("v2", "/organizations/{id}/followers", "v2_followers", "list", "cursor"),
+    _ep("v2", "/products", "v2_list", "list", "cursor"),
+    _ep("v2", "/products/{id}", "v2_single", "single", None),
+    _ep("v2", "/productFields", "v2_fields", "list", "cursor"),
+    _ep("v2", "/productFields/{field_code}", "v2_field", "single", None),
     _ep("v2", "/activities", "v2_list", "list", "cursor"),
     _ep("v2", "/activities/{id}", "v2_single", "single", None),
     _ep("v2", "/pipelines", "v2_list", "list", "cursor"),
@@ -88,6 +97,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     _ep("v1", "/deals/summary/archived", "v1_deals_summary", "single", None),
     _ep("v1", "/deals/{id}/mailMessages", "v1_deal_mail", "list", "offset"),
     _ep("v1", "/mailbox/mailMessages/{id}", "v1_mail_message", "single", None),
+    _ep("v1", "/files", "v1_files", "list", "offset"),
+    _ep("v1", "/files/{id}", "v1_file", "single", None),
+    _ep("v1", "/files/{id}/download", "v1_file_download", "body", None),
+    _ep("v1", "/deals/{id}/participants", "v1_participants", "list", "offset"),
+    _ep("v1", "/deals/{id}/flow", "v1_deal_flow", "list", "offset"),
+    _ep("v1", "/deals/{id}/changelog", "v1_deal_changelog", "list", "cursor"),
 )
 
 V1_GONE = re.compile(r"^/(persons|organizations|deals|activities|pipelines|stages)(/archived|/\d+)?$")
@@ -100,8 +115,9 @@ KIND_OF_V2 = {
     "activities": "activities",
     "pipelines": "pipelines",
     "stages": "stages",
+    "products": "products",
 }
-ENTITY_OF_KIND = {"persons": "person", "organizations": "organization", "deals": "deal"}
+ENTITY_OF_KIND = {"persons": "person", "organizations": "organization", "deals": "deal", "products": "product"}
 SINGULAR = {
     "persons": "Person",
     "organizations": "Organization",
@@ -113,6 +129,8 @@ SINGULAR = {
     "notes": "Note",
     "users": "User",
     "mail_messages": "Mail message",
+    "products": "Product",
+    "files": "File",
 }
 
 
@@ -167,6 +185,7 @@ V2_LISTS: dict[str, ListSpec] = {
         ),
     ),
     "/pipelines": ListSpec("pipelines", time_filters=False),
+    "/products": ListSpec("products", sorts=("id", "name", "add_time", "update_time"), filters=(("owner_id", "owner_id", "int"),), time_filters=False),
     "/stages": ListSpec("stages", sorts=("id", "update_time", "add_time", "order_nr"), filters=(("pipeline_id", "pipeline_id", "int"),), time_filters=False),
 }
 # Sort fields whose order equals index order (times grow with the index; due_date = add + 7 days).

@@ -18,6 +18,10 @@ Ops (kinds; what a consumer sees):
   update_time moves.
 * mail (deals): a new message (id above all, above the hostile_mail ids) listed under the deal's
   mailMessages with a fetchable body; the deal's update_time moves, its email_messages_count grows.
+* product_remove (deal products): one line leaves its deal's products; the deal's update_time moves.
+* file_replace (files): a file gets new bytes (a new version: file_size, sha256, update_time).
+The last two (live_crm.py) weigh 0 in the default mix, so the changes a seed draws under it do not
+depend on these families.
 """
 from __future__ import annotations
 
@@ -44,6 +48,8 @@ OP_KINDS: dict[str, tuple[tuple[str, float], ...]] = {
     "unarchive": (("deals", 2), ("leads", 1)),
     "merge": (("persons", 2), ("organizations", 1)),
     "mail": (("deals", 1),),
+    "product_remove": (("deal_products", 1),),
+    "file_replace": (("files", 1),),
 }
 TIMED_FIELDS = ("add_time", "update_time")
 S_LIVE = 60  # hash stream of the live changes, independent of the data's and the shapes' streams
@@ -267,6 +273,8 @@ class Changes:
                 f"<p>{rng.choice(('Called again', 'Emailed', 'Met', 'Reviewed'))} about {rng.choice(PRODUCTS).lower()};"
                 f" next step: {rng.choice(('quote', 'demo', 'contract', 'wait'))} (change {seq}).</p>"
             )
+        if kind == "deals":
+            self._note_deal_update(i, ts, seq, now, values)
         self._set(kind, i, ts, **values)
         return {"op": "update", "kind": kind, "id": self.ident(kind, i), "fields": sorted(values)}
 

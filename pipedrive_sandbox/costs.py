@@ -29,6 +29,15 @@ TOKEN_COSTS: dict[tuple[str, str], int] = {
     ("v2", "/dealFields/{field_code}"): 1,
     ("v2", "/activityFields"): 10,
     ("v2", "/activityFields/{field_code}"): 1,
+    ("v2", "/products"): 10,
+    ("v2", "/products/{id}"): 1,
+    ("v2", "/productFields"): 10,
+    ("v2", "/productFields/{field_code}"): 1,
+    ("v2", "/deals/products"): 10,
+    ("v2", "/deals/{id}/products"): 10,
+    ("v2", "/deals/{id}/followers"): 10,
+    ("v2", "/persons/{id}/followers"): 10,
+    ("v2", "/organizations/{id}/followers"): 10,
     # v1 (offset pagination)
     ("v1", "/leads"): 20,
     ("v1", "/leads/archived"): 40,
@@ -49,6 +58,12 @@ TOKEN_COSTS: dict[tuple[str, str], int] = {
     ("v1", "/deals/summary/archived"): 80,
     ("v1", "/deals/{id}/mailMessages"): 20,
     ("v1", "/mailbox/mailMessages/{id}"): 2,
+    ("v1", "/files"): 20,
+    ("v1", "/files/{id}"): 2,
+    ("v1", "/files/{id}/download"): 20,
+    ("v1", "/deals/{id}/participants"): 10,
+    ("v1", "/deals/{id}/flow"): 40,
+    ("v1", "/deals/{id}/changelog"): 20,
 }
 
 API_PREFIX: dict[str, str] = {"v2": "/api/v2", "v1": "/v1"}

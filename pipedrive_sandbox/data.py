@@ -61,6 +61,7 @@ from .kinds import (
     id_to_index,
     index_to_id,
 )
+from .crm import Crm
 from .records import MALFORMED_VARIANTS, Records
 from .truth import Truth
 from .vocab import (
@@ -108,6 +109,8 @@ class ScaleSpec:
     archived_deal_rate: float = 0.08
     archived_lead_rate: float = 0.2
     dangling_rate: float = 0.02
+    products: int = 0
+    files: int = 0
 
     @property
     def records(self) -> int:
@@ -119,19 +122,23 @@ SCALE_SPECS: dict[str, ScaleSpec] = {
     "tiny": ScaleSpec(
         users=4, organizations=30, persons=60, deals=50, leads=20, activities=60, notes=40,
         pipelines=2, stages_per_pipeline=4, deals_with_mail=12, messages=30, big_deal_messages=None,
-        archived_deal_rate=0.12, archived_lead_rate=0.25,
+        archived_deal_rate=0.12, archived_lead_rate=0.25, products=12, files=24,
     ),
     "small": ScaleSpec(
         users=15, organizations=600, persons=1500, deals=1200, leads=300, activities=900, notes=700,
         pipelines=3, stages_per_pipeline=5, deals_with_mail=400, messages=1000, big_deal_messages=None,
+        products=80, files=300,
     ),
     "seed-customer": ScaleSpec(
         users=60, organizations=40000, persons=110000, deals=62000, leads=18000, activities=100000, notes=70000,
         pipelines=5, stages_per_pipeline=6, deals_with_mail=30788, messages=90000, big_deal_messages=1564,
+        products=600, files=25000,
     ),
 }
 
-CUSTOM_ENTITIES: tuple[str, ...] = ("deal", "person", "organization")
+CUSTOM_ENTITIES: tuple[str, ...] = ("deal", "person", "organization", "product")
+# Products carry only the custom field types that hold no reference to another row.
+PRODUCT_FIELD_TYPES = frozenset({"varchar", "text", "double", "monetary", "date", "enum", "set"})
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ class CustomField:
     order: int
 
 
-class Dataset(Records, Truth):
+class Dataset(Records, Truth, Crm):
     """The whole account, rebuilt on demand from the seed.
 
     `badrow_rate` only changes which rows are malformed (and so truth); everything else depends on
@@ -171,6 +178,8 @@ class Dataset(Records, Truth):
             "notes": spec.notes,
             "pipelines": spec.pipelines,
             "stages": spec.pipelines * spec.stages_per_pipeline,
+            "products": spec.products,
+            "files": spec.files,
         }
         self.company_domain = self._company_domain()
         self.custom_fields: dict[str, tuple[CustomField, ...]] = {e: self._make_custom_fields(e) for e in CUSTOM_ENTITIES}
@@ -456,8 +465,10 @@ class Dataset(Records, Truth):
     # ----------------------------------------------------------------- custom fields
     def _make_custom_fields(self, entity: str) -> tuple[CustomField, ...]:
         out = []
-        base = {"deal": 100, "person": 300, "organization": 500}[entity]
+        base = {"deal": 100, "person": 300, "organization": 500, "product": 700}[entity]
         for n, (ftype, name, options) in enumerate(CUSTOM_FIELD_TEMPLATES):
+            if entity == "product" and ftype not in PRODUCT_FIELD_TYPES:
+                continue
             key = hashlib.sha1(f"{self.seed}:{entity}:{n}".encode()).hexdigest()
             opts = tuple((base + 10 * n + k, label) for k, label in enumerate(options, start=1))
             out.append(CustomField(entity, key, name, ftype, opts, n))

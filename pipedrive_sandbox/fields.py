@@ -88,6 +88,22 @@ STANDARD_V2: dict[str, tuple[tuple[str, str, str, str], ...]] = {
         ("add_time", "Add time", "date", "When the activity was created"),
         ("update_time", "Update time", "date", "When the activity was last updated"),
     ),
+    "product": (
+        ("id", "ID", "int", "The ID of the product"),
+        ("name", "Name", "varchar", "The name of the product"),
+        ("code", "Product code", "varchar", "The product code"),
+        ("description", "Description", "text", "The description of the product"),
+        ("unit", "Unit", "varchar", "The unit in which the product is sold"),
+        ("tax", "Tax", "double", "The tax percentage"),
+        ("category", "Category", "varchar_options", "The category of the product"),
+        ("owner_id", "Owner", "user", "The user who owns the product"),
+        ("is_linkable", "Linkable", "boolean", "Whether the product can be added to a deal"),
+        ("visible_to", "Visible to", "visible_to", "Visibility of the product"),
+        ("prices", "Unit prices", "price_list", "The prices of the product per currency"),
+        ("billing_frequency", "Billing frequency", "billing_frequency", "How often a customer is billed"),
+        ("add_time", "Add time", "date", "When the product was created"),
+        ("update_time", "Update time", "date", "When the product was last updated"),
+    ),
 }
 
 # v1 lead fields (standard part); custom fields come from the deal custom fields.
@@ -122,6 +138,7 @@ ENTITY_OF_V2_FIELDS = {
     "personFields": "person",
     "organizationFields": "organization",
     "activityFields": "activity",
+    "productFields": "product",
 }
 
 
@@ -134,7 +151,7 @@ def _ui_visibility(entity: str) -> dict[str, Any]:
 
 
 def v2_fields(ds: Dataset, entity: str) -> list[dict[str, Any]]:
-    """The v2 field definitions of `entity` (person | organization | deal | activity): the standard
+    """The v2 field definitions of `entity` (person | organization | deal | activity | product): the standard
     fields, then the entity's custom fields, in the v2 spec's field schema (`field_code`,
     `field_name`, `field_type`, `options`, ...)."""
     out: list[dict[str, Any]] = []
@@ -283,10 +300,18 @@ STANDARD_V1_PRODUCT: tuple[tuple[str, str, str], ...] = (
 
 def v1_entity_fields(ds: Dataset, entity: str) -> list[dict[str, Any]]:
     """`/v1/{entity}Fields`: the entity's standard fields (as the v2 list names them, typed within
-    the v1 schema) and its custom fields. Products have no custom fields in the sandbox."""
+    the v1 schema) and its custom fields. Products: their v1 standard fields, then the same custom
+    fields `/api/v2/productFields` lists."""
+    out: list[dict[str, Any]] = _v1_product_fields() if entity == "product" else []
     if entity == "product":
-        return _v1_product_fields()
-    out: list[dict[str, Any]] = []
+        base = len(out)
+        for n, f in enumerate(ds.custom_fields.get(entity, ())):
+            options = [{"id": oid, "label": label} for oid, label in f.options] or None
+            item = _v1_field(5000 + n, f.key, f.name, f.field_type, base + n, options, True)
+            if options is None:
+                item.pop("options")  # as the standard product fields: the product field schema has no null options
+            out.append(item)
+        return out
     for n, (code, name, ftype, _desc) in enumerate(STANDARD_V2[entity]):
         options = V1_ENUM_OPTIONS.get(ftype) or (V1_ENUM_OPTIONS["boolean"] if V1_TYPE_OF_V2.get(ftype) == "enum" else None)
         out.append(_v1_field(n + 1, code, name, V1_TYPE_OF_V2.get(ftype, ftype), n, options, False))

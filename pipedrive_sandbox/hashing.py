@@ -9,6 +9,7 @@ M64 = (1 << 64) - 1
 
 # Independent hash streams.
 S_RECORD, S_FLAGS, S_MALFORMED, S_VARIANT, S_NAME, S_PERSON, S_MAIL, S_TIME, S_UUID, S_FIELDS, S_DANGLE = range(1, 12)
+S_CRM = 12  # products, deal products, files, participants, followers, deal history (crm.py)
 
 
 def mix(*parts: int) -> int:

@@ -14,9 +14,15 @@ KINDS: tuple[str, ...] = (
     "mail_messages",
     "pipelines",
     "stages",
+    "products",
+    "deal_products",
+    "files",
+    "participants",
+    "followers",
+    "deal_history",
 )
 KIND_CODE: dict[str, int] = {k: i + 11 for i, k in enumerate(KINDS)}
-GAPPED_KINDS = frozenset({"organizations", "persons", "deals", "activities", "notes"})
+GAPPED_KINDS = frozenset({"organizations", "persons", "deals", "activities", "notes", "products"})
 MALFORMABLE_KINDS: tuple[str, ...] = ("organizations", "persons", "deals", "leads", "activities", "notes", "mail_messages")
 DANGLING_KINDS: tuple[str, ...] = ("persons", "deals", "leads", "activities", "notes")
 # The reference fields of each kind that can dangle: (field, parent kind).

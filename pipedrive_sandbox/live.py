@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from .changes import LIVE_KINDS, Changes
+from .live_crm import LiveCrm
 from .clock import rfc3339
 from .config import LIVE_OPS, SandboxConfig, parse_live_mix
 from .data import Dataset
@@ -35,7 +36,7 @@ from .shapes import HOSTILE_VARIANTS, Shapes, _time_text
 MAX_STEP = 100_000
 
 
-class Live(Changes):
+class Live(Changes, LiveCrm):
     """The live overlay of one server (see the module docstring).
 
     `shapes` is a callable answering the server's current `Shapes` (rebuilt when shape options
@@ -69,6 +70,7 @@ class Live(Changes):
         # Background changes.
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._init_crm()
 
     @property
     def shapes(self) -> Shapes:

@@ -19,6 +19,9 @@ shape off, `Shapes.active` is False and the application serves the generated acc
   `invalid_utf8` (the body's bytes on the wire contain 0xff 0xfe: the application replaces
   `INVALID_UTF8_MARK` after encoding).
 * `private_mail` - messages whose body fetch (`include_body=1`) answers 403 (even id) or 404 (odd).
+* `forbidden_fanout` - N deals, N persons and N organizations private to another user: listed and
+  served by GET as usual, but their per-row lists (a deal's products, participants, flow and
+  changelog; followers) answer 403, and `/api/v2/deals/products` leaves their lines out.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import random
 from typing import Any, Sequence
 
 from .config import SandboxConfig
+from .envelope import ApiError
 from .clock import iso_ms, rfc3339, v1_time
 from .data import Dataset
 from .hashing import mix
@@ -41,7 +45,8 @@ INVALID_UTF8_MARK = "\ue000\ue001invalid\ue001\ue000"
 INVALID_UTF8_MARK_BYTES = INVALID_UTF8_MARK.encode("utf-8")
 INVALID_UTF8_BYTES = b"\xff\xfe"
 LONE_SURROGATE = "\ud800"
-SHAPE_TRUTH_KINDS: tuple[str, ...] = ("null_update_time", "archive_flipped", "archive_flip_candidates", "hostile_mail", "private_mail")
+SHAPE_TRUTH_KINDS: tuple[str, ...] = ("null_update_time", "archive_flipped", "archive_flip_candidates", "hostile_mail", "private_mail", "forbidden_fanout")
+FANOUT_KINDS: tuple[str, ...] = ("deals", "persons", "organizations")
 
 S_SHAPE = 40  # hash stream of the shapes, independent of the data's streams
 
@@ -72,6 +77,9 @@ class Shapes:
         self.extra_by_deal: dict[int, list[int]] = {}
         self.private: dict[int, int] = {}  # message id -> 403 | 404
         self._huge_body: str | None = None
+        self.forbidden: dict[str, frozenset[int]] = {}
+        if config.forbidden_fanout:
+            self.forbidden = {k: frozenset(self._sample(k, config.forbidden_fanout, lambda i: True, 7)) for k in FANOUT_KINDS}
         if config.null_update_time:
             self._pick_null_times(config.null_update_time)
         if config.archive_flip:
@@ -161,6 +169,16 @@ class Shapes:
             rest = [m for m in ids if m not in set(chosen)]
             chosen += rest[: n - len(chosen)]
         self.private = {m: (403 if m % 2 == 0 else 404) for m in sorted(chosen)}
+
+    def fanout_forbidden(self, kind: str, index: int) -> bool:
+        """Whether the row's per-row lists answer 403 (the forbidden_fanout shape)."""
+        found = self.forbidden.get(kind)
+        return bool(found) and index in found
+
+    def check_fanout(self, kind: str, index: int) -> None:
+        """Raise ApiError 403 when the row's per-row lists are forbidden (the forbidden_fanout shape)."""
+        if self.fanout_forbidden(kind, index):
+            raise ApiError(403, "You do not have permission to access this item")
 
     # ------------------------------------------------------------------ listing and records
     def cap(self, limit: int) -> int:
@@ -321,6 +339,8 @@ class Shapes:
             out["archive_flip_candidates"] = {k: [ds.ident(k, i) for i in self.flip_candidates[k]] for k in FLIP_KINDS}
         if kind is None or kind == "hostile_mail":
             out["hostile_mail"] = [{"id": mid, "deal_id": index_to_id("deals", d), "variant": v} for mid, d, v in self.hostile]
+        if kind is None or kind == "forbidden_fanout":
+            out["forbidden_fanout"] = {k: [ds.ident(k, i) for i in sorted(self.forbidden.get(k, ()))] for k in FANOUT_KINDS}
         if kind is None or kind == "private_mail":
             out["private_mail"] = [
                 {"id": mid, "deal_id": index_to_id("deals", loc[0]), "status": status}

@@ -9,11 +9,11 @@ from typing import Any, Callable, Iterable
 from .catalog import SINGULAR, Endpoint, ListSpec
 from .envelope import ApiError
 from .fields import ENTITY_OF_V1_FIELDS, v1_entity_fields, v1_lead_fields, v1_note_fields
-from .listing import Lister
 from .query import Query, sort_value
+from .v1_crm import V1Crm
 
 
-class V1Api(Lister):
+class V1Api(V1Crm):
     """The `/v1/` handlers still served: leads (active and archived), notes, users, the field lists,
     the deals summary, a deal's mail messages and one mail message.
 

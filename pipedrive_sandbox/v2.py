@@ -7,12 +7,12 @@ from .catalog import ENTITY_OF_KIND, KIND_OF_V2, MONOTONIC_SORTS, SINGULAR, V2_L
 from .clock import parse_time, rfc3339
 from .envelope import ApiError
 from .fields import ENTITY_OF_V2_FIELDS, v2_fields
-from .listing import Lister
+from .v2_crm import V2Crm
 from .query import Query, decode_cursor, encode_cursor, sort_value
 from .shapes import FLIP_KINDS
 
 
-class V2Api(Lister):
+class V2Api(V2Crm):
     """The `/api/v2/` handlers: persons, organizations, deals (active and archived), activities,
     pipelines, stages, and the four field-definition lists.
 

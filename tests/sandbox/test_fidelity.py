@@ -34,11 +34,28 @@ ALLOWED_UNDECLARED_NULLS: dict[str, set[str]] = {
     "note": {"deal_id", "lead_id", "person_id", "org_id", "project_id", "task_id", "deal", "organization",
              "person", "project", "task", "user.icon_url"},
     "mail": {"from.*.linked_person_id", "from.*.linked_person_name", "to.*.linked_person_id", "to.*.linked_person_name"},
+    "file": {"deal_id", "person_id", "org_id", "product_id", "activity_id", "lead_id"},
     "none": set(),
 }
 
 
-def served_cases(truth: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+BINARY = {("v1", "/files/{id}/download")}  # application/octet-stream: checked by test_file_download_*
+
+
+def crm_examples(sb: SandboxServer) -> dict[str, Any]:
+    """Ids of rows that have each CRM family: a deal with lines, participants and history, a file."""
+    lines = sb.truth("deal_products")["deal_products"]
+    participants = sb.truth("participants")["participants"]
+    history = sb.truth("deal_history")["deal_history"]
+    files = sb.truth("files")["files"]
+    return {
+        "deal_lines": next(iter(lines)), "deals_lines": list(lines)[:5], "deal_participants": next(iter(participants)),
+        "deal_history": next(iter(history)), "file": next(f["id"] for f in files if f["download"] == 200),
+        "product": sb.truth("products")["ids"]["products"][0],
+    }
+
+
+def served_cases(truth: dict[str, Any], crm: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(api, spec path, concrete URL, kind of null allowance) for every served endpoint."""
     ids = truth["ids"]
     deal_with_mail = next(iter(truth["deals_with_mail"]))
@@ -59,16 +76,32 @@ def served_cases(truth: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("v1", "/users/{id}"): f"/v1/users/{ids['users'][0]}",
         ("v1", "/deals/{id}/mailMessages"): f"/v1/deals/{deal_with_mail}/mailMessages?limit=500",
         ("v1", "/mailbox/mailMessages/{id}"): f"/v1/mailbox/mailMessages/{message}?include_body=1",
+        ("v2", "/products/{id}"): f"/api/v2/products/{crm['product']}",
+        ("v2", "/productFields/{field_code}"): "/api/v2/productFields/name",
+        ("v2", "/deals/products"): "/api/v2/deals/products?limit=500&" + "&".join(f"deal_ids={d}" for d in crm["deals_lines"]),
+        ("v2", "/deals/{id}/products"): f"/api/v2/deals/{crm['deal_lines']}/products",
+        ("v2", "/deals/{id}/followers"): f"/api/v2/deals/{ids['deals'][0]}/followers",
+        ("v2", "/persons/{id}/followers"): f"/api/v2/persons/{ids['persons'][0]}/followers",
+        ("v2", "/organizations/{id}/followers"): f"/api/v2/organizations/{ids['organizations'][0]}/followers",
+        ("v1", "/files"): "/v1/files?limit=100",
+        ("v1", "/files/{id}"): f"/v1/files/{crm['file']}",
+        ("v1", "/deals/{id}/participants"): f"/v1/deals/{crm['deal_participants']}/participants",
+        ("v1", "/deals/{id}/flow"): f"/v1/deals/{crm['deal_history']}/flow",
+        ("v1", "/deals/{id}/changelog"): f"/v1/deals/{crm['deal_history']}/changelog",
     }
     allowance = {
         "persons": "person", "organizations": "organization", "deals": "deal", "activities": "activity",
-        "notes": "note", "mailMessages": "mail", "mailbox": "mail",
+        "notes": "note", "mailMessages": "mail", "mailbox": "mail", "files": "file",
     }
     out = []
     for (api, path) in TOKEN_COSTS:
+        if (api, path) in BINARY:
+            continue
         url = concrete.get((api, path)) or f"{API_PREFIX[api]}{path}?limit=500"
         first = path.split("/")[1]
         kind = allowance.get(path.rsplit("/", 1)[-1] if path.endswith("mailMessages") else first, "none")
+        if path.count("/") > 2 and first in ("deals", "persons", "organizations") and not path.endswith("mailMessages"):
+            kind = "none"  # a row's sub-list: products, followers, participants, history
         out.append((api, path, url, kind))
     return out
 
@@ -126,9 +159,10 @@ def test_paging_style_of_each_list_is_the_specs(specs: dict[str, Any]) -> None:
 
 def test_every_endpoint_validates_against_its_response_schema(specs: dict[str, Any], tiny: SandboxServer, client: httpx.Client) -> None:
     truth = tiny.truth()
+    crm = crm_examples(tiny)
     tiny.reset_stats()
     charged: dict[str, int] = {}
-    for api, path, url, allowance in served_cases(truth):
+    for api, path, url, allowance in served_cases(truth, crm):
         r = client.get(url)
         assert r.status_code == 200, (url, r.text[:300])
         body = r.json()
