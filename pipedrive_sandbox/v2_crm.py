@@ -27,12 +27,13 @@ def keyset_page(
     """One cursor page of `rows` (already filtered) ordered by (key(row), tie(row)) - `tie` a unique
     int per row, so a page boundary survives rows added or removed in between: the rows after the
     request's `cursor`, at most `size`, and the `next_cursor` (None on the last page). The cursor is
-    the keyset position as every v2 list encodes it; ApiError 400 for a foreign one."""
+    the keyset position as every v2 list encodes it (the empty_pages shape's start cursor resumes at
+    the first row); ApiError 400 for a foreign one."""
     direction = "desc" if desc else "asc"
     keyed = sorted(((sort_value(key(r)), tie(r), r) for r in rows), key=lambda t: (t[0], t[1]), reverse=desc)
     raw = q.get("cursor")
-    if raw is not None:
-        cur = decode_cursor(raw)
+    cur = decode_cursor(raw) if raw is not None else None
+    if cur is not None and not cur.get("start"):
         if cur.get("field") != field or cur.get("sortDirection") != direction or not isinstance(cur.get("id"), int):
             raise ApiError(400, "Invalid cursor")
         after = (sort_value(cur.get("fieldValue")), cur["id"])
@@ -68,9 +69,19 @@ class V2Crm(Lister):
         self.state.shapes.check_fanout("deals", d)
         return d
 
+    def _empty_first_page(self, q: Query, field: str, desc: bool) -> dict[str, Any] | None:
+        """The empty_pages shape: a first page (no cursor) that is empty yet says there is more."""
+        if not self.state.shapes.empty_pages or q.get("cursor") is not None:
+            return None
+        start = encode_cursor({"field": field, "fieldValue": None, "sortDirection": "desc" if desc else "asc", "id": None, "start": True})
+        return {"success": True, "data": [], "additional_data": {"next_cursor": start}}
+
     def _lines_page(self, lines: list[dict[str, Any]], q: Query, allowed: tuple[str, ...]) -> dict[str, Any]:
         sort_by, desc = self._sort(q, allowed)
         size = self.state.shapes.cap(q.limit())
+        empty = self._empty_first_page(q, sort_by, desc)
+        if empty is not None:
+            return empty
         page, next_cursor = keyset_page(lines, lambda r: r.get(sort_by), lambda r: r["id"], sort_by, q, size, desc)
         return {"success": True, "data": page, "additional_data": {"next_cursor": next_cursor}}
 
@@ -109,5 +120,8 @@ class V2Crm(Lister):
         self.state.shapes.check_fanout(kind, index)
         rows = self.state.live.followers(kind, index)
         size = self.state.shapes.cap(q.limit())
+        empty = self._empty_first_page(q, "add_time", False)
+        if empty is not None:
+            return empty
         page, next_cursor = keyset_page(rows, lambda r: r["add_time"], lambda r: r["user_id"], "add_time", q, size)
         return {"success": True, "data": page, "additional_data": {"next_cursor": next_cursor}}

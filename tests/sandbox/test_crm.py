@@ -249,6 +249,34 @@ def test_forbidden_fanout_answers_403_per_row_and_keeps_the_row_listed() -> None
                 assert c.get(f"/api/v2/{kind}/{ident}/followers").status_code == 403
 
 
+def test_page_cap_and_empty_pages_shape_the_new_v2_lists() -> None:
+    with SandboxServer(SandboxConfig(scale="tiny", burst_limit=10**6, empty_pages=True, page_cap=1)) as sb, make_client(sb.base_url) as c:
+        truth = sb.truth("deal_products")["deal_products"]
+        deal_id = next(d for d, lines in truth.items() if len(lines) >= 2)
+        first = c.get(f"/api/v2/deals/{deal_id}/products", params={"limit": 100}).json()
+        assert first["data"] == [] and first["additional_data"]["next_cursor"]
+        assert walk_cursor(c, f"/api/v2/deals/{deal_id}/products", limit=100) == truth[deal_id]
+        assert walk_cursor(c, "/api/v2/deals/products", deal_ids=list(truth), limit=100) == sorted(
+            (r for lines in truth.values() for r in lines), key=lambda r: r["id"])
+        followers = sb.truth("followers")["followers"]["deals"]
+        ident, users = max(followers.items(), key=lambda kv: len(kv[1]))
+        assert [r["user_id"] for r in walk_cursor(c, f"/api/v2/deals/{ident}/followers")] == users
+
+
+def test_rows_created_live_serve_empty_families_and_their_owner_as_follower(live_sb: SandboxServer) -> None:
+    with make_client(live_sb.base_url) as c:
+        live_sb.configure(live_mix="create:1")
+        created = [ch for ch in live_sb.live_step(20) if ch["kind"] in ("deals", "persons", "organizations")]
+        assert created
+        for ch in created:
+            row = c.get(f"/api/v2/{ch['kind']}/{ch['id']}").json()["data"]
+            assert c.get(f"/api/v2/{ch['kind']}/{ch['id']}/followers").json()["data"] == [{"user_id": row["owner_id"], "add_time": row["add_time"]}]
+            if ch["kind"] == "deals":
+                assert c.get(f"/api/v2/deals/{ch['id']}/products").json()["data"] == []
+                assert c.get(f"/v1/deals/{ch['id']}/participants").json()["data"] == []
+                assert c.get(f"/v1/deals/{ch['id']}/changelog").json()["data"] == []
+
+
 def test_the_families_are_generated_per_row_on_demand() -> None:
     """Building an account draws none of the families: a deal's lines, a file's metadata and bytes
     are made when asked for, so tests that build the small account often pay nothing for them."""
