@@ -151,11 +151,12 @@ class Crm:
         return kind, mix(self.seed, S_CRM, KIND_CODE["files"], i, 2) % self.counts[kind]
 
     def file_size(self, i: int, version: int = 0) -> int:
-        """The size in bytes of file `i` at `version`: mostly 1-200 KiB, one in 40 up to 3 MiB."""
+        """The size in bytes of file `i` at `version`: 1-256 KiB log-uniform (a mean of ~46 KiB), and
+        1-3 MiB for one file in 97 (at least one at every scale, for tests of streaming and size limits)."""
         rng = self._crm_rng("files", i, 3, version)
-        if rng.random() < 0.025:
+        if (i + self.seed) % 97 == 5:
             return rng.randrange(1 << 20, 3 << 20)
-        return rng.randrange(1024, 200 * 1024)
+        return int(1024 * 256 ** rng.random())
 
     def file_access(self, i: int) -> int:
         """The status a download of file `i` answers: 200, 403 (private to another user) or 404

@@ -132,7 +132,7 @@ SCALE_SPECS: dict[str, ScaleSpec] = {
     "seed-customer": ScaleSpec(
         users=60, organizations=40000, persons=110000, deals=62000, leads=18000, activities=100000, notes=70000,
         pipelines=5, stages_per_pipeline=6, deals_with_mail=30788, messages=90000, big_deal_messages=1564,
-        products=600, files=25000,
+        products=600, files=12000,
     ),
 }
 
