@@ -91,10 +91,9 @@ class LiveCrm:
         return {"id": u, "name": " ".join(self.ds.user_name(u)), "email": self.ds.user_email(u), "has_pic": 0, "pic_hash": None, "active_flag": True, "value": u}
 
     def _person_now(self, p: int) -> int | None:
-        """Person index `p` as it is now: itself, its survivor when merged, None when deleted."""
-        merged = self.merged.get("persons", {})
-        if p in merged:
-            return merged[p]
+        """Person index `p` as it is now: itself, or its survivor when merged; None when that one is
+        gone (deleted, possibly after the merge)."""
+        p = self.merged.get("persons", {}).get(p, p)
         return p if self.exists("persons", p) else None
 
     def participants(self, d: int) -> list[dict[str, Any]]:

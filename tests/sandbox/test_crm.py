@@ -284,3 +284,33 @@ def test_the_families_are_generated_per_row_on_demand() -> None:
     assert not any(name.startswith(("_lines", "_files", "_history")) for name in vars(ds))
     assert ds.count("files") == 300 and ds.count("products") == 80
     assert ds.deal_lines(ds.count("deals")) == [] and ds.deal_changes(-1) == []
+
+
+def test_participants_follow_person_merges_and_deletes(live_sb: SandboxServer) -> None:
+    with make_client(live_sb.base_url) as c:
+        live_sb.configure(live_mix="merge:1,delete:1")
+        live_sb.live_step(60)
+        truth = live_sb.truth()
+        gone = set(truth["deleted"]["persons"]) | {int(k) for k in truth["merged"]["persons"]}
+        persons = set(truth["ids"]["persons"])
+        assert gone
+        for deal_id, facts in live_sb.truth("participants")["participants"].items():
+            ids = [f["person_id"] for f in facts]
+            assert set(ids) <= persons and not set(ids) & gone and len(ids) == len(set(ids))
+            assert [r["person"]["id"] for r in c.get(f"/v1/deals/{deal_id}/participants").json()["data"]] == ids
+
+
+def test_the_families_depend_on_the_seed_alone() -> None:
+    def digest(ds: Dataset) -> str:
+        h = hashlib.sha256()
+        for d in range(ds.count("deals")):
+            h.update(repr((ds.deal_lines(d), ds.deal_participant_persons(d), ds.deal_changes(d))).encode())
+        for i in range(ds.count("files")):
+            h.update(repr(ds.file_record(i)).encode())
+            for chunk in ds.file_chunks(i, 0, ds.file_size(i)):
+                h.update(chunk)
+        for i in range(ds.count("products")):
+            h.update(repr(ds.record("products", i)).encode())
+        return h.hexdigest()
+
+    assert digest(Dataset("tiny", 1)) == digest(Dataset("tiny", 1)) != digest(Dataset("tiny", 2))
