@@ -1,7 +1,7 @@
 """The endpoints the sandbox serves, as data: API version, path, handler, latency class, paging style.
 
 Routing, costs (costs.py), latency and stats all read this table; a new endpoint is an entry here
-and a handler method on the version's class (v1.py or v2.py).
+and a handler method on the version's class (v1.py or v2.py, or their mixins v1_crm.py, v2_crm.py).
 """
 from __future__ import annotations
 

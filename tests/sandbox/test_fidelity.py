@@ -266,3 +266,19 @@ def test_error_envelope_on_401_and_429(specs: dict[str, Any]) -> None:
             r = c.get("/api/v2/pipelines")
             assert r.status_code == 429
             jsonschema.validate(r.json(), schema)
+
+
+def test_file_download_is_the_specs_binary_response(specs: dict[str, Any], tiny: SandboxServer, client: httpx.Client) -> None:
+    """The spec answers a download with `application/octet-stream` bytes (x-binary-response); the
+    sandbox sends exactly `file_size` of them, and the documented error envelope for 403 and 404."""
+    op = specs["v1"]["paths"]["/files/{id}/download"]["get"]
+    assert list(op["responses"]["200"]["content"]) == ["application/octet-stream"] and op.get("x-binary-response") is True
+    files = tiny.truth("files")["files"]
+    for status in (200, 403, 404):
+        fact = next(f for f in files if f["download"] == status)
+        r = client.get(f"/v1/files/{fact['id']}/download")
+        assert r.status_code == status
+        if status == 200:
+            assert r.headers["content-type"] == "application/octet-stream" and len(r.content) == fact["file_size"]
+        else:
+            jsonschema.validate(r.json(), response_schema(specs, "v1", "/leads/{id}", "404"))
