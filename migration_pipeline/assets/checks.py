@@ -193,8 +193,8 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
 
 def require_tenant(context: Any) -> None:
     """Fail the step in one line when its run has no tenant partition: every phase asset and check
-    is per tenant, and Dagster's checks tab launches "Execute" with none (a user's run failed with
-    DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
+    is per tenant, and Dagster's checks tab launches "Execute" with none (without this, the step
+    fails with DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
     if not context.has_partition_key:
         raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
                                   "this with a tenant partition (the asset's Materialize, or the launchpad's "
@@ -225,7 +225,7 @@ def can_list_ids(source: str) -> bool:
 def proof_requested(run: Any, key: AssetCheckKey) -> bool:
     """Whether a Dagster run asked for the proof `key` on its own: it materialises no asset and
     either its check selection names the check (a launch of checks alone: Dagster stores its asset
-    selection as None, a user found - the proof had been skipped there) or its asset selection
+    selection as None) or its asset selection
     is given and empty with no check selection (a job of checks).
 
     "Materialize all" on the asset graph (and a backfill) puts every check of the selected assets in

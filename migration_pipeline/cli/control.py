@@ -143,7 +143,7 @@ def check_someone_works(db: dbmod.Database, run: Any, action: str, as_json: bool
 def _reopen(action: str, tenant: str, source: str | None, as_json: bool, drain: bool) -> None:
     with open_db() as db:
         run = tenant_run(db, tenant, source)
-        if run.status == "succeeded":  # before the daemon check: a user was told about daemons
+        if run.status == "succeeded":  # before the daemon check: a succeeded run needs no daemon
             emit(as_json, {"run_id": run.id, "status": run.status, "nothing_to": action},
                   lambda: console.print(f"{run.name} succeeded: nothing to {action} (`migrate sync {run.tenant_id}` "
                                         f"brings what changed at the source since)"))

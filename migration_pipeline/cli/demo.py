@@ -139,8 +139,8 @@ def live_cost_line(full: dict[str, Any], synced: dict[str, Any]) -> str:
 
 # How long `migrate ui` gives dagster dev (webserver, daemon, code server) and the sandbox to exit
 # after Ctrl-C before it SIGKILLs what is left of their process groups; ~3-7 s is their usual exit.
-# The sandbox's options as `migrate ui --sandbox` and `migrate sandbox` take them (a user found
-# their values only in `python -m pipedrive_sandbox --help`)
+# The sandbox's options as `migrate ui --sandbox` and `migrate sandbox` take them (their values were
+# otherwise only in `python -m pipedrive_sandbox --help`)
 SANDBOX_HELP = {
     "scale": "tiny, small or seed-customer",
     "seed": "the account's seed: another seed is another company",

@@ -125,8 +125,8 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
 
 def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:
     """Before `migrate report` groups by `stat`: a stat none of the run's succeeded tasks (of `kind`)
-    counts is one line naming the stats they do count (exit 2) - a user's `--stat bogus` put
-    every task under 0. The default, "imported", always passes (a kind that imports nothing is all 0)."""
+    counts is one line naming the stats they do count (exit 2), rather than every task grouped
+    under 0. The default, "imported", always passes (a kind that imports nothing is all 0)."""
     stats = runs.task_stat_keys(db, run.id, kind)
     if stat not in stats and stat != "imported":
         of = f" {kind}" if kind else ""
@@ -201,8 +201,8 @@ EXPLAIN_OTHERS = 10  # other rows served with an unreadable row's id that `expla
 def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: str) -> list[str]:
     """The raw keys of the rows without a readable id that `explain`'s `asked` also finds (served
     with the same id, another content) besides the one it tells (`told`), the latest first, at
-    most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id")
-    and a user could not reach them; each key is one `explain` takes."""
+    most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id"),
+    and this names them; each key is one `explain` takes."""
     rows = unreadable_rows(db, tenant, kind, asked)
     return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]
 
@@ -225,9 +225,9 @@ def explain_id(text: str) -> str:
 
 
 def check_explain(db: dbmod.Database, tenant: str, kind: str | None) -> None:
-    """Before `explain` (and `report --kind`, `rows`) reads the ledger: a tenant no run has migrated, or a kind none of the
-    tenant's sources has (their providers' kinds without the catch-up phase), is one line naming
-    it and what there is (exit 2), not "not in the ledger" (a user's `explain acme contacts 7`).
+    """Before `explain` (and `report --kind`, `rows`) reads the ledger: a tenant no run has
+    migrated, or a kind none of the tenant's sources has (their providers' kinds without the
+    catch-up phase), is one line naming it and what there is (exit 2), not "not in the ledger".
     `kind` None: the tenant alone is checked."""
     tenants = runs.tenants(db)
     if tenant not in tenants:

@@ -152,11 +152,10 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
     """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
     resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
-    the run keeps what it started with (a user's options went unused without a
-    word). None when the launch starts a new run or was given none of them.
+    the run keeps what it started with, and saying so is better than silence. None when the launch starts a new run or was given none of them.
 
-    The dry-run flag is not merely ignored (a user's --dry-run resumed their stopped real run
-    #27 and imported 970 rows): a --dry-run launch that would work on a run that is not a dry run is
+    The dry-run flag is not merely ignored (a --dry-run that resumed a stopped real run would
+    write): a --dry-run launch that would work on a run that is not a dry run is
     refused in one line (`fail`: exit 2, SystemExit, nothing launched), naming the run and saying
     to finish or resume it first without --dry-run. The other way round is safe, so it is a note,
     given with or without other flags: a launch without --dry-run that works on a dry run says it

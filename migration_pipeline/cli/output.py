@@ -14,8 +14,8 @@ from engine_core import db as dbmod
 from engine_core.config import Settings
 
 
-# Not a terminal (a pipe, a log, CI): COLUMNS when set (a user's `COLUMNS=80 migrate status T |
-# less` had 150-column rows), else wide enough that the status table (updated, deleted at source and
+# Not a terminal (a pipe, a log, CI): COLUMNS when set (`COLUMNS=80 migrate status T | less`
+# wants 80-column rows), else wide enough that the status table (updated, deleted at source and
 # by catch-up beside the written columns) keeps its headers unwrapped ("would import"). Lines of text
 # are never wrapped there (soft wrap): a progress line naming a phase of four kinds with their
 # counts is ~300 characters, and a line broken in two is two lines to a grep or a log reader. Tables

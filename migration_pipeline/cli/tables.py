@@ -98,8 +98,8 @@ REASON_GROUPS_SHOWN = 20
 def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
     """Grouped reasons (`rollup.grouped_reasons`) as `status` and `report` show them: the
     REASON_GROUPS_SHOWN biggest, and a caption saying how many groups and rows are not shown and
-    where they are (`--json`, `migrate rows`): the groups past 20 had been left out silently (a
-    a user's account had 86)."""
+    where they are (`--json`, `migrate rows`): an account can have many more groups than are shown,
+    and none is left out silently."""
     rt = Table(title="grouped reasons (skipped and failed rows from the ledger, failed tasks)")
     for col in ("kind", "what", "count", "reason", "samples"):
         rt.add_column(col)

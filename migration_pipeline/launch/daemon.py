@@ -83,8 +83,8 @@ def source_identity(env: dict[str, str]) -> str:
 
 def check_same_source(lock: Path, env: dict[str, str]) -> None:
     """Raise LaunchError (one line) when the daemon holding `lock` was started with another source
-    account than `env`'s: its runs would read that other account (a user's run "succeeded"
-    with another tenant's data this way). A daemon that recorded no source is not judged."""
+    account than `env`'s: its runs would read that other account, and a run
+    could "succeed" with another tenant's data. A daemon that recorded no source is not judged."""
     info = _read_info(lock)
     theirs, ours = info.get("source"), source_identity(env)
     if theirs and theirs != ours:
@@ -350,8 +350,8 @@ class DaemonKeeper:
         """Name our stopped daemon in the lock file before letting it go, when `ensure()` never got
         to (a command signalled during its launch): the latest heartbeat is then ours, or that of a
         daemon already judged gone when ours was started, so the next command's `daemon_liveness`
-        says "has exited" instead of trusting a heartbeat under FRESH_HEARTBEAT_SECONDS old (a
-        a user's next `migrate run` waited ~90 s, queued, on no daemon)."""
+        says "has exited" instead of trusting a heartbeat under FRESH_HEARTBEAT_SECONDS old (the
+        next `migrate run` would wait ~90 s, queued, on no daemon)."""
         if self.recorded:
             return
         try:

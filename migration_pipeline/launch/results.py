@@ -66,8 +66,8 @@ def step_error_line(error: Any) -> str:
     `.cause` chain that is not Dagster's own - e.g. "engine_core.errors.SourceMismatch: run #3 reads
     company 6000003, but ...". Dagster wraps what an op raises in DagsterExecutionStepExecutionError
     ("Error occurred while executing op ...", dagster/_core/execution/plan/utils.py,
-    `op_execution_error_boundary`), which says nothing of the cause; a user saw only that, the
-    engine's error being in DAGSTER_HOME/in-process-runs.log. The wrapper's own line when no cause
+    `op_execution_error_boundary`), which says nothing of the cause, the engine's error
+    being in DAGSTER_HOME/in-process-runs.log. The wrapper's own line when no cause
     is not Dagster's (a framework error)."""
     first, seen = error, 0
     while error is not None and seen < 20:  # a cause chain is short; bounded all the same
