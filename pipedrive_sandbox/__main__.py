@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     shapes.add_argument("--hostile-mail", action="store_true", help="four extra messages: huge, NUL, lone surrogate, invalid UTF-8")
     shapes.add_argument("--private-mail", default="0", help="N messages whose body fetch answers 403 (even id) / 404 (odd id)")
     shapes.add_argument("--forbidden-fanout", default="0", help="N deals, persons and organizations whose per-row lists (products, participants, followers, flow, changelog) answer 403")
+    shapes.add_argument("--private-deal-mail", default="0", help="N deals with mail whose mail listing answers 403")
+    shapes.add_argument("--long-notes", default="0", help="N notes served with 1,500,000+ characters (HTML, inline base64 image)")
     live = p.add_argument_group("live account (off by default)")
     live.add_argument("--live", dest="live_rate", default="0", metavar="RATE", help="changes per second to the account while it serves (0 = off)")
     live.add_argument("--live-max", default="0", metavar="N", help="stop the changes after N in all (0 = no cap)")
@@ -62,6 +64,8 @@ def config_from_args(ns: argparse.Namespace) -> SandboxConfig:
         hostile_mail=ns.hostile_mail,
         private_mail=ns.private_mail,
         forbidden_fanout=ns.forbidden_fanout,
+        private_deal_mail=ns.private_deal_mail,
+        long_notes=ns.long_notes,
         live_rate=ns.live_rate,
         live_max=ns.live_max,
         live_mix=ns.live_mix,

@@ -20,8 +20,16 @@ Ops (kinds; what a consumer sees):
   mailMessages with a fetchable body; the deal's update_time moves, its email_messages_count grows.
 * product_remove (deal products): one line leaves its deal's products; the deal's update_time moves.
 * file_replace (files): a file gets new bytes (a new version: file_size, sha256, update_time).
-The last two (live_crm.py) weigh 0 in the default mix, so the changes a seed draws under it do not
-depend on these families.
+* convert (leads; Pipedrive's lead conversion): an active lead that activities or notes are attached
+  to becomes a new deal (created as by `create`, with the lead's title, person and organization);
+  the lead is gone (404, off the lists, truth `deleted` and `converted`) and its activities and
+  notes move to the deal - `deal_id` set, `lead_id` null, update_time moved.
+* unlink (deals): a deal's person is removed - `person_id` null, update_time moved.
+* rename_field / relabel_option / delete_field (the deal custom fields, which leads share): a field
+  gets a new name, an enum or set option a new label, or a field is deleted - gone from the field
+  lists and from every record's values. No record's update_time moves (truth `field_changes`).
+The last seven weigh 0 in the default mix (product_remove and file_replace live in live_crm.py),
+so the changes a seed draws under it do not depend on them.
 """
 from __future__ import annotations
 
@@ -50,6 +58,11 @@ OP_KINDS: dict[str, tuple[tuple[str, float], ...]] = {
     "mail": (("deals", 1),),
     "product_remove": (("deal_products", 1),),
     "file_replace": (("files", 1),),
+    "convert": (("leads", 1),),
+    "unlink": (("deals", 1),),
+    "rename_field": (("fields", 1),),
+    "relabel_option": (("fields", 1),),
+    "delete_field": (("fields", 1),),
 }
 TIMED_FIELDS = ("add_time", "update_time")
 S_LIVE = 60  # hash stream of the live changes, independent of the data's and the shapes' streams
@@ -345,6 +358,106 @@ class Changes:
         self.mail_by_deal.setdefault(d, []).append(mid)
         self._set("deals", d, ts)
         return {"op": "mail", "kind": "mail_messages", "id": mid, "deal_id": self.ident("deals", d)}
+
+    def _new_deal(self, ts: int, **values: Any) -> int:
+        """A deal created now (as `create` makes one), with these values on top; its index."""
+        index = self.size("deals")
+        rec = self.ds.record("deals", index, 0.0)
+        own: dict[str, Any] = {"add_time": _time_text("deals", ts)}
+        for field, parent in REF_FIELDS["deals"]:
+            resolved = self._resolve(parent, rec.get(field))
+            if resolved != rec.get(field):
+                own[field] = resolved
+        own.update(status="open", close_time=None, won_time=None, lost_time=None, lost_reason=None,
+                   stage_change_time=rfc3339(ts), is_archived=False, archive_time=None, **values)
+        self.extra["deals"] += 1
+        self._set("deals", index, ts, **own)
+        if self._refs is not None:
+            for field, parent in REF_FIELDS["deals"]:
+                now = self._refs_now("deals", index).get(field)
+                if now is not None:
+                    self._refs.setdefault((parent, now), set()).add(("deals", index, field))
+        return index
+
+    def _op_convert(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        refs = self._ref_index()
+
+        def attached(j: int, kinds: tuple[str, ...] = ("activities", "notes")) -> bool:
+            children = {c for c, ci, f in refs.get(("leads", self.ident("leads", j)), ()) if f == "lead_id" and self.exists(c, ci)}
+            return not self.is_archived("leads", j) and all(k in children for k in kinds)
+
+        # a lead with both activities and notes when there is one: the conversion moves both
+        i = self._pick("leads", rng, attached)
+        if i is None:
+            i = self._pick("leads", rng, lambda j: attached(j, ("activities",)) or attached(j, ("notes",)))
+        if i is None:
+            return None
+        lead, lead_id = self._plain("leads", i), self.ident("leads", i)
+        value = lead.get("value") if isinstance(lead.get("value"), dict) else {}
+        d = self._new_deal(ts, title=lead.get("title"), person_id=self._resolve("persons", lead.get("person_id")),
+                           org_id=self._resolve("organizations", lead.get("organization_id")),
+                           value=value.get("amount"), currency=value.get("currency"))
+        deal_id = self.ident("deals", d)
+        moved: dict[str, list[Any]] = {}
+        for child, ci, field in sorted(refs.pop(("leads", lead_id), set())):
+            if field != "lead_id" or not self.exists(child, ci):
+                continue
+            old_deal = self._refs_now(child, ci).get("deal_id")
+            if old_deal is not None:
+                refs.get(("deals", old_deal), set()).discard((child, ci, "deal_id"))
+            refs.setdefault(("deals", deal_id), set()).add((child, ci, "deal_id"))
+            self._set(child, ci, ts, lead_id=None, deal_id=deal_id)
+            if child == "notes":
+                self._set(child, ci, None, **self._note_embeds(self._plain(child, ci)))
+            moved.setdefault(child, []).append(self.ident(child, ci))
+        self.gone["leads"].add(i)
+        self.deleted["leads"].append(i)
+        self.converted[i] = d
+        return {"op": "convert", "kind": "leads", "id": lead_id, "deal_id": deal_id, "moved": moved}
+
+    def _op_unlink(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        i = self._pick("deals", rng, lambda j: self._refs_now("deals", j).get("person_id") is not None)
+        if i is None:
+            return None
+        person = self._refs_now("deals", i)["person_id"]
+        if self._refs is not None:
+            self._refs.get(("persons", person), set()).discard(("deals", i, "person_id"))
+        self._set("deals", i, ts, person_id=None)
+        return {"op": "unlink", "kind": "deals", "id": self.ident("deals", i), "fields": ["person_id"], "person_id": person}
+
+    def _live_fields(self, ok: Callable[[Any], bool] = lambda f: True) -> list[Any]:
+        gone = set(self.fields_deleted)
+        return [f for f in self.ds.custom_fields["deal"] if f.key not in gone and ok(f)]
+
+    def _op_rename_field(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        fields = self._live_fields()
+        if not fields:
+            return None
+        f = rng.choice(fields)
+        name = f"{self.field_names.get(f.key, f.name)} (renamed {seq})"
+        self.field_names[f.key] = name
+        return {"op": "rename_field", "kind": "fields", "id": f.key, "entity": f.entity, "name": name}
+
+    def _op_relabel_option(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        fields = self._live_fields(lambda f: bool(f.options))
+        if not fields:
+            return None
+        f = rng.choice(fields)
+        option, label = rng.choice(f.options)
+        labels = self.option_labels.setdefault(f.key, {})
+        labels[option] = f"{labels.get(option, label)} (relabelled {seq})"
+        return {"op": "relabel_option", "kind": "fields", "id": f.key, "entity": f.entity, "option": option,
+                "label": labels[option]}
+
+    def _op_delete_field(self, kind: str, rng: random.Random, ts: int, seq: int) -> dict[str, Any] | None:
+        if len(self._live_fields()) < 2:  # a deal keeps at least one custom field
+            return None
+        # a field no other change touched when there is one: each change stays visible on its own
+        fields = self._live_fields(lambda f: f.key not in self.field_names and f.key not in self.option_labels)
+        f = rng.choice(fields or self._live_fields())
+        self.fields_deleted.append(f.key)
+        self.version += 1
+        return {"op": "delete_field", "kind": "fields", "id": f.key, "entity": f.entity}
 
     def _new_message(self, mid: int, d: int, ts: int, rng: random.Random) -> tuple[dict[str, Any], str]:
         ds = self.ds

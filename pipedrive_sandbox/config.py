@@ -24,7 +24,8 @@ REQUEST_FAULT_KINDS: tuple[str, ...] = ("500", "502", "503", "slow", "drop", "ba
 FAULT_KINDS: tuple[str, ...] = REQUEST_FAULT_KINDS + ("badrow",)
 LATENCY_PROFILES: tuple[str, ...] = ("none", "realistic")
 # Live account: the change operations and their default weights.
-LIVE_OPS: tuple[str, ...] = ("create", "update", "delete", "archive", "unarchive", "merge", "mail", "product_remove", "file_replace")
+LIVE_OPS: tuple[str, ...] = ("create", "update", "delete", "archive", "unarchive", "merge", "mail", "product_remove", "file_replace",
+                             "convert", "unlink", "rename_field", "relabel_option", "delete_field")
 DEFAULT_LIVE_MIX = "create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2"
 
 
@@ -132,7 +133,8 @@ def parse_faults(value: str | FaultSpec | None) -> FaultSpec:
 def parse_live_mix(value: str | None) -> tuple[tuple[str, float], ...]:
     """Parse the live mode's op weights, a comma list of ``op:weight`` (``""`` = DEFAULT_LIVE_MIX).
 
-    Ops: create, update, delete, archive, unarchive, merge, mail, product_remove, file_replace; weights are finite numbers >= 0
+    Ops: create, update, delete, archive, unarchive, merge, mail, product_remove, file_replace, convert,
+    unlink, rename_field, relabel_option, delete_field (the last seven weigh 0 in the default); weights are finite numbers >= 0
     summing to > 0. Returns (op, weight) pairs in LIVE_OPS order (missing ops weigh 0).
     Raises ValueError naming the option and the bad part.
     """
@@ -242,6 +244,8 @@ class SandboxConfig:
     hostile_mail: bool = False
     private_mail: int = 0
     forbidden_fanout: int = 0
+    private_deal_mail: int = 0
+    long_notes: int = 0
     # Live account: off by default; README "Live account" says what changes and how.
     live_rate: float = 0.0
     live_max: int = 0
@@ -270,7 +274,7 @@ class SandboxConfig:
             raise ValueError(f"invalid slow_seconds {self.slow_seconds!r}: must be > 0")
         if not self.burst_window_seconds > 0:
             raise ValueError(f"invalid burst_window_seconds {self.burst_window_seconds!r}: must be > 0")
-        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail", "forbidden_fanout"):
+        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail", "forbidden_fanout", "private_deal_mail", "long_notes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"invalid {name} {value!r}: an integer >= 0 is required (0 = off)")
@@ -314,6 +318,8 @@ class SandboxConfig:
         hostile_mail: bool | str = False,
         private_mail: int | str = 0,
         forbidden_fanout: int | str = 0,
+        private_deal_mail: int | str = 0,
+        long_notes: int | str = 0,
         live_rate: float | str = 0.0,
         live_max: int | str = 0,
         live_mix: str | None = "",
@@ -345,6 +351,8 @@ class SandboxConfig:
             hostile_mail=_bool_option("hostile_mail", hostile_mail),
             private_mail=_int_option("private_mail", private_mail, minimum=0),  # type: ignore[arg-type]
             forbidden_fanout=_int_option("forbidden_fanout", forbidden_fanout, minimum=0),  # type: ignore[arg-type]
+            private_deal_mail=_int_option("private_deal_mail", private_deal_mail, minimum=0),  # type: ignore[arg-type]
+            long_notes=_int_option("long_notes", long_notes, minimum=0),  # type: ignore[arg-type]
             live_rate=_live_rate(live_rate),
             live_max=_int_option("live_max", live_max, minimum=0),  # type: ignore[arg-type]
             live_mix=_live_mix_text(live_mix),
@@ -368,13 +376,16 @@ class SandboxConfig:
         "hostile_mail",
         "private_mail",
         "forbidden_fanout",
+        "private_deal_mail",
+        "long_notes",
         # Live account: a new rate restarts the background changes from now (0 stops them).
         "live_rate",
         "live_max",
         "live_mix",
     )
     LIVE: ClassVar[tuple[str, ...]] = ("live_rate", "live_max", "live_mix")
-    SHAPES: ClassVar[tuple[str, ...]] = ("page_cap", "empty_pages", "null_update_time", "archive_flip", "hostile_mail", "private_mail", "forbidden_fanout")
+    SHAPES: ClassVar[tuple[str, ...]] = ("page_cap", "empty_pages", "null_update_time", "archive_flip", "hostile_mail", "private_mail",
+                                         "forbidden_fanout", "private_deal_mail", "long_notes")
 
     def with_changes(self, changes: Mapping[str, Any]) -> "SandboxConfig":
         """A copy with runtime-changeable options replaced (validated like from_options)."""
@@ -405,7 +416,7 @@ class SandboxConfig:
         if self.big_deal_messages is not None:
             args += ["--big-deal-messages", str(self.big_deal_messages)]
         # Shapes only when on: a default config gives the shortest command line.
-        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail", "forbidden_fanout"):
+        for name in ("page_cap", "null_update_time", "archive_flip", "private_mail", "forbidden_fanout", "private_deal_mail", "long_notes"):
             if getattr(self, name):
                 args += ["--" + name.replace("_", "-"), str(getattr(self, name))]
         for name in ("empty_pages", "hostile_mail"):

@@ -62,6 +62,11 @@ class Live(Changes, LiveCrm):
         self.mail: dict[int, tuple[int, dict[str, Any], str]] = {}  # message id -> (deal index, data, body)
         self.mail_by_deal: dict[int, list[int]] = {}
         self.lead_ids: dict[str, int] = {}  # uuid of a created lead -> index
+        self.converted: dict[int, int] = {}  # lead index -> the deal index it became
+        # field changes, by field key (keys are unique across entities)
+        self.field_names: dict[str, str] = {}
+        self.option_labels: dict[str, dict[int, str]] = {}
+        self.fields_deleted: list[str] = []
         self.first_mail_id = ds.message_total + len(HOSTILE_VARIANTS) + 1
         self.last_ts = self._account_last_ts()
         self._refs: dict[tuple[str, Any], set[tuple[str, int, str]]] | None = None
@@ -162,11 +167,48 @@ class Live(Changes, LiveCrm):
         """The row as served now (generated, malformed when drawn, shaped, then changed)."""
         ds = self.ds
         if index >= ds.count(kind):  # a created row: never malformed, no shape touches it
-            return self._apply(kind, index, ds.record(kind, index, 0.0))
+            return self._without_deleted_fields(self._apply(kind, index, ds.record(kind, index, 0.0)))
         rec = self.shapes.apply(kind, index, ds.record(kind, index, badrow))
         if not self.changed or kind not in LIVE_KINDS:
             return rec
-        return self._apply(kind, index, rec)
+        return self._without_deleted_fields(self._apply(kind, index, rec))
+
+    def _without_deleted_fields(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """The record without the values of fields deleted at the source (v2 `custom_fields`, v1
+        top-level keys and their `_currency` companions)."""
+        if not self.fields_deleted:
+            return rec
+        gone = set(self.fields_deleted)
+        out = rec
+        custom = rec.get("custom_fields")
+        if isinstance(custom, dict) and gone & set(custom):
+            out = dict(rec)
+            out["custom_fields"] = {k: v for k, v in custom.items() if k not in gone}
+        top = [k for k in rec if isinstance(k, str) and (k in gone or k.removesuffix("_currency") in gone)]
+        if top:
+            out = {k: v for k, v in out.items() if k not in top}
+        return out
+
+    def field_items(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A field list (v2 `field_code`/`field_name` or v1 `key`/`name` items) as the account has
+        it now: renamed fields, relabelled options, deleted fields gone."""
+        if not (self.field_names or self.option_labels or self.fields_deleted):
+            return items
+        gone = set(self.fields_deleted)
+        out = []
+        for item in items:
+            key = item.get("field_code", item.get("key"))
+            if key in gone:
+                continue
+            if key in self.field_names or key in self.option_labels:
+                item = dict(item)
+                name_field = "field_name" if "field_name" in item else "name"
+                item[name_field] = self.field_names.get(key, item[name_field])
+                labels = self.option_labels.get(key)
+                if labels and isinstance(item.get("options"), list):
+                    item["options"] = [{**o, "label": labels.get(o.get("id"), o.get("label"))} for o in item["options"]]
+            out.append(item)
+        return out
 
     def _apply(self, kind: str, index: int, rec: dict[str, Any]) -> dict[str, Any]:
         own = self.fields[kind].get(index)
@@ -324,6 +366,14 @@ class Live(Changes, LiveCrm):
             out["merged"] = {k: {str(self.ident(k, old)): self.ident(k, new) for old, new in sorted(v.items())} for k, v in self.merged.items()}
         if kind is None or kind == "deleted_refs":
             out["deleted_refs"] = self.deleted_refs()
+        if kind is None or kind == "converted":
+            out["converted"] = {str(self.ident("leads", i)): self.ident("deals", d) for i, d in sorted(self.converted.items())}
+        if kind is None or kind == "field_changes":
+            out["field_changes"] = {
+                "renamed": dict(self.field_names),
+                "relabelled": {k: {str(o): label for o, label in v.items()} for k, v in self.option_labels.items()},
+                "deleted": list(self.fields_deleted),
+            }
         out["changes_applied"] = self.applied
         return out
 
@@ -345,5 +395,5 @@ class Live(Changes, LiveCrm):
         return out
 
 
-LIVE_TRUTH_KINDS: tuple[str, ...] = ("deleted", "merged", "deleted_refs", "changes_applied")
+LIVE_TRUTH_KINDS: tuple[str, ...] = ("deleted", "merged", "deleted_refs", "converted", "field_changes", "changes_applied")
 __all__ = ["Live", "LIVE_KINDS", "LIVE_OPS", "LIVE_TRUTH_KINDS", "OP_KINDS"]

@@ -22,6 +22,10 @@ shape off, `Shapes.active` is False and the application serves the generated acc
 * `forbidden_fanout` - N deals, N persons and N organizations private to another user: listed and
   served by GET as usual, but their per-row lists (a deal's products, participants, flow and
   changelog; followers) answer 403, and `/api/v2/deals/products` leaves their lines out.
+* `private_deal_mail` - deals with mail whose mail listing (`/v1/deals/{id}/mailMessages`) answers
+  403: the token reads the account, but that deal's mail is private to another user.
+* `long_notes` - notes served with a content of LONG_NOTE_CHARS+ characters (HTML with an inline
+  base64 image; Pipedrive allowed notes of about 3,000,000 characters for years).
 """
 from __future__ import annotations
 
@@ -45,8 +49,10 @@ INVALID_UTF8_MARK = "\ue000\ue001invalid\ue001\ue000"
 INVALID_UTF8_MARK_BYTES = INVALID_UTF8_MARK.encode("utf-8")
 INVALID_UTF8_BYTES = b"\xff\xfe"
 LONE_SURROGATE = "\ud800"
-SHAPE_TRUTH_KINDS: tuple[str, ...] = ("null_update_time", "archive_flipped", "archive_flip_candidates", "hostile_mail", "private_mail", "forbidden_fanout")
+SHAPE_TRUTH_KINDS: tuple[str, ...] = ("null_update_time", "archive_flipped", "archive_flip_candidates", "hostile_mail", "private_mail",
+                                      "forbidden_fanout", "private_deal_mail", "long_notes")
 FANOUT_KINDS: tuple[str, ...] = ("deals", "persons", "organizations")
+LONG_NOTE_CHARS = 1_500_000
 
 S_SHAPE = 40  # hash stream of the shapes, independent of the data's streams
 
@@ -76,10 +82,13 @@ class Shapes:
         self.hostile: list[tuple[int, int, str]] = []  # (message id, deal index, variant)
         self.extra_by_deal: dict[int, list[int]] = {}
         self.private: dict[int, int] = {}  # message id -> 403 | 404
+        self.private_deals: frozenset[int] = frozenset()  # deal indexes whose mail listing answers 403
+        self.long_notes: frozenset[int] = frozenset()  # note indexes served with a long content
         self._huge_body: str | None = None
         self.forbidden: dict[str, frozenset[int]] = {}
         if config.forbidden_fanout:
             self.forbidden = {k: frozenset(self._sample(k, config.forbidden_fanout, lambda i: True, 7)) for k in FANOUT_KINDS}
+        self._long_note: str | None = None
         if config.null_update_time:
             self._pick_null_times(config.null_update_time)
         if config.archive_flip:
@@ -88,6 +97,12 @@ class Shapes:
             self._pick_hostile()
         if config.private_mail:
             self._pick_private(config.private_mail)
+        if config.private_deal_mail:
+            hosts = sorted(ds.mail_deal_index)
+            self._rng(KIND_CODE["deals"], 10).shuffle(hosts)
+            self.private_deals = frozenset(hosts[: config.private_deal_mail])
+        if config.long_notes:
+            self.long_notes = frozenset(self._sample("notes", config.long_notes, lambda i: True, 8))
 
     # ------------------------------------------------------------------ choosing rows
     def _rng(self, *parts: int) -> random.Random:
@@ -220,7 +235,16 @@ class Shapes:
             out = dict(rec)
             out["update_time"] = None
             return out
+        if kind == "notes" and index in self.long_notes and isinstance(rec.get("content"), str):
+            return {**rec, "content": self.long_note(rec["content"])}
         return rec
+
+    def long_note(self, content: str) -> str:
+        """A note's content made long: its own text, then an inline base64 image of LONG_NOTE_CHARS."""
+        if self._long_note is None:
+            raw = self._rng(KIND_CODE["notes"], 9).randbytes(LONG_NOTE_CHARS * 3 // 4)
+            self._long_note = f'<p>Chart:</p><img alt="chart" src="data:image/png;base64,{base64.b64encode(raw).decode("ascii")}"/>'
+        return content + self._long_note
 
     def served_active(self, kind: str, indexes: Sequence[int]) -> None:
         """An active-list page has just served these rows: flip the candidates among them."""
@@ -341,6 +365,15 @@ class Shapes:
             out["hostile_mail"] = [{"id": mid, "deal_id": index_to_id("deals", d), "variant": v} for mid, d, v in self.hostile]
         if kind is None or kind == "forbidden_fanout":
             out["forbidden_fanout"] = {k: [ds.ident(k, i) for i in sorted(self.forbidden.get(k, ()))] for k in FANOUT_KINDS}
+        if kind is None or kind == "private_deal_mail":
+            out["private_deal_mail"] = [
+                {"deal_id": index_to_id("deals", d), "messages": list(self.deal_message_ids(d))} for d in sorted(self.private_deals)
+            ]
+        if kind is None or kind == "long_notes":
+            out["long_notes"] = [
+                {"id": ds.ident("notes", i), "length": len(self.apply("notes", i, ds.record("notes", i))["content"])}
+                for i in sorted(self.long_notes)
+            ]
         if kind is None or kind == "private_mail":
             out["private_mail"] = [
                 {"id": mid, "deal_id": index_to_id("deals", loc[0]), "status": status}

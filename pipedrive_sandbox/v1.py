@@ -201,6 +201,7 @@ class V1Api(V1Crm):
             items = v1_note_fields(self.ds)
         else:
             items = v1_entity_fields(self.ds, ENTITY_OF_V1_FIELDS[endpoint.spec_path.strip("/")])
+        items = self.state.live.field_items(items)
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()
         size = self.state.shapes.cap(limit)
@@ -273,6 +274,9 @@ class V1Api(V1Crm):
         d = self.state.live.index_of("deals", deal_id)
         if d is None:
             raise ApiError(404, "Deal not found")
+        if d in self.state.shapes.private_deals:
+            # the token reads the account, but this deal's mail is private to another user
+            raise ApiError(403, "You do not have permission to see the mail of this deal")
         ids = self.state.live.deal_message_ids(d)
         start = q.int("start", 0, minimum=0) or 0
         limit = q.limit()

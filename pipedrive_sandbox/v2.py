@@ -39,7 +39,7 @@ class V2Api(V2Crm):
                 f = by_key.get(k)
                 if f is None or v is None or not f.options:
                     continue
-                label_of = dict(f.options)
+                label_of = {**dict(f.options), **self.state.live.option_labels.get(k, {})}
                 if f.field_type == "enum" and isinstance(v, int):
                     values[k] = {"id": v, "label": label_of.get(v)}
                 elif f.field_type == "set" and isinstance(v, list):
@@ -203,7 +203,7 @@ class V2Api(V2Crm):
         """One page of a v2 field-definition list (`/api/v2/personFields`, ...), cursor-paginated
         like the row lists, in field order."""
         entity = ENTITY_OF_V2_FIELDS[endpoint.spec_path.strip("/")]
-        items = v2_fields(self.ds, entity)
+        items = self.state.live.field_items(v2_fields(self.ds, entity))
         limit = self.state.shapes.cap(q.limit())
         start = 0
         if q.get("cursor"):
@@ -223,7 +223,7 @@ class V2Api(V2Crm):
     def v2_field(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> dict[str, Any]:
         """`GET /api/v2/{entity}Fields/{field_code}`: one field definition; ApiError 404 when unknown."""
         entity = ENTITY_OF_V2_FIELDS[endpoint.spec_path.strip("/").split("/")[0]]
-        for item in v2_fields(self.ds, entity):
+        for item in self.state.live.field_items(v2_fields(self.ds, entity)):
             if item["field_code"] == params["field_code"]:
                 return {"success": True, "data": item}
         raise ApiError(404, "Field not found")
