@@ -16,6 +16,10 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
 * **stale**: the ledger's `source_version` differs from the version the source lists now (a
   change not synced; `ledger.same_version`: one instant in the v1 and v2 time formats is one version). Ledger rows without a version (written before versions were kept) are
   counted as `unversioned` and not compared.
+* **unreachable** (not a difference): an item whose sub-resource the source refuses to this token
+  while the token reads the account (Pipedrive: a deal whose mail listing answers 403) - its
+  children cannot be listed, so they are neither missing nor, when the product holds some from
+  an earlier run, extra; named with the reason (the run told the same beside the ledger).
 * **kept** (not a difference): a row the product already had (the ledger's action `matched`: an
   existing contact or company) whose source version is newer than the one matched. The product's
   own row is not overwritten unless a run or sync has the option `overwrite_matched` (the ledger
@@ -84,6 +88,8 @@ class KindResult:
     stale: list[str] = field(default_factory=list)
     # matched rows (the product's own) whose source is newer, not overwritten: not a difference
     kept: list[str] = field(default_factory=list)
+    # items whose children the source refuses to list ("deal 12" -> reason): not a difference
+    unreachable: dict[str, str] = field(default_factory=dict)
     checked: bool = True
     note: str = ""
 
@@ -98,7 +104,7 @@ class KindResult:
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
-            "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept),
+            "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
             **{d: list(getattr(self, d)) for d in DIFFERENCES},
         }
 
@@ -148,6 +154,7 @@ class VerifyResult:
             extra = f", {k.unwritten} skipped/failed with reasons (migrate explain)" if k.unwritten else ""
             extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
             extra += f", {k.unversioned} without version" if k.unversioned else ""
+            extra += f", {len(k.unreachable)} unreachable at the source" if k.unreachable else ""
             verdict = "ok" if not k.differences else f"{k.differences} difference(s)"
             out.append(f"{k.kind}: source {k.source}, ledger {k.ledger}, product {k.product}{extra}: {verdict}")
             for d in DIFFERENCES:
@@ -155,6 +162,10 @@ class VerifyResult:
                 if ids:
                     shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
                     out.append(f"  {d} {len(ids)}: {shown}")
+            if k.unreachable:
+                items = sorted(k.unreachable, key=lambda i: (len(i), i))
+                shown = ", ".join(f"{i} ({k.unreachable[i]})" for i in items[:cap])
+                out.append(f"  unreachable {len(items)}: {shown}" + (f" ... (+{len(items) - cap})" if len(items) > cap else ""))
             if k.kept:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
@@ -258,10 +269,14 @@ def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
 
 
 def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None], ledger: dict[str, dict[str, Any]],
-            product_rows: dict[str, list[bool]], live_records: dict[str, set[int]]) -> KindResult:
+            product_rows: dict[str, list[bool]], live_records: dict[str, set[int]],
+            unreachable: dict[str, tuple[str, list[str]]] | None = None) -> KindResult:
     """The differences of one ledger kind, from what the source lists, the ledger and the product
-    rows (pure: the rules of the module docstring)."""
+    rows (pure: the rules of the module docstring). `unreachable`: items whose children the source
+    refused to list -> (reason, the children's source ids the product holds)."""
     result = KindResult(kind, tuple(listed_as), source=len(at_source))
+    result.unreachable = {item: reason for item, (reason, _) in (unreachable or {}).items()}
+    beyond_reach = {_norm(sid) for _, held in (unreachable or {}).values() for sid in held}
 
     def live_in_product(sid: str) -> bool:
         if any(product_rows.get(sid, ())):
@@ -296,7 +311,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             else:
                 result.stale.append(sid)
     for sid in set(ledger) | set(product_rows):
-        if sid in at_source:
+        if sid in at_source or sid in beyond_reach:
             continue
         entry = ledger.get(sid)
         claimed_live = entry is not None and entry["action"] in WRITTEN and entry["deleted"] is None
@@ -324,10 +339,12 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     cost = {"requests": 0, "tokens": 0}
     # another company's settings: refused before its listings spend that account's tokens
     runs.check_tenant_identity(db, tenant_id, provider.source, identity_of(provider, cost))
-    options: dict[str, Any] = {"db": db, "cost": cost}
+    unreachable: dict[str, tuple[str, list[str]]] = {}
+    options: dict[str, Any] = {"db": db, "cost": cost, "tenant_id": tenant_id, "unreachable": unreachable}
     results: list[KindResult] = []
     for lk, plan_kinds in listing_kinds(provider, kinds).items():
         at_source: dict[str, str | None] = {}
+        unreachable.clear()
         try:
             for k in plan_kinds:
                 at_source.update(list_source(provider, k, settings, options))
@@ -345,6 +362,6 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
             if e["action"] in WRITTEN and e["record_id"] is not None and e["record_type"] in tables:
                 record_ids.setdefault(e["record_type"], set()).add(int(e["record_id"]))
         product_rows, live_records = _product(db, tenant_id, provider.source, sorted(tables), record_ids)
-        results.append(compare(lk, plan_kinds, at_source, entries, product_rows, live_records))
+        results.append(compare(lk, plan_kinds, at_source, entries, product_rows, live_records, dict(unreachable)))
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
                         tokens=int(cost["tokens"]), seconds=time.monotonic() - started)

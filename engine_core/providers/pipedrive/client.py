@@ -31,7 +31,8 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -50,6 +51,7 @@ from engine_core.providers.pipedrive.errors import (
     BurstLimited,
     Cancelled,
     DailyLimitReached,
+    ItemRefused,
     NotFound,
     PipedriveError,
     RateLimited,
@@ -369,6 +371,8 @@ class PipedriveClient:
         self._cancel = cancel
         self._wall = wall_clock
         self._prefetch = prefetch
+        self._proof_lock = threading.Lock()
+        self._token_proved_at: float | None = None
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"x-api-token": token, "accept": "application/json"},
@@ -516,9 +520,40 @@ class PipedriveClient:
         cancel: threading.Event | None = None,
         reservation: SlotHolder | None = None,
     ) -> Page:
-        """A page of one deal's mail messages (no bodies); rows are the API's `{object, timestamp, data}`."""
+        """A page of one deal's mail messages (no bodies); rows are the API's `{object, timestamp, data}`.
+        Raises `ItemRefused` when the listing answers 403 or 404 (`item_list_v1`)."""
         path = f"/v1/deals/{_id(deal_id)}/mailMessages"
-        return self.list_v1(path, None, start=start, limit=limit, cancel=cancel, reservation=reservation)
+        return self.item_list_v1(path, None, start=start, limit=limit, cancel=cancel, reservation=reservation)
+
+    def item_list_v1(
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        start: int = 0,
+        limit: int = MAX_PAGE,
+        cancel: threading.Event | None = None,
+        reservation: SlotHolder | None = None,
+    ) -> Page:
+        """`list_v1` of one item's sub-resource (a deal's mail, products, followers, participants,
+        flow): a 403 (private to another user) or a 404 (the item is gone) raises `ItemRefused`,
+        the item's outcome; a 401 stays an `AuthError`. Before telling a 403 as the item's, a fan-out
+        asks `settle_refusals` whether the token itself is refused."""
+        with item_scope(path):
+            return self.list_v1(path, params, start=start, limit=limit, cancel=cancel, reservation=reservation)
+
+    def confirm_token(self, *, cancel: threading.Event | None = None) -> None:
+        """Whether the token itself is still accepted: `/v1/users/me` (the account's own identity)
+        answering is the proof; its 401 or 403 raises `AuthError`, the token's refusal. A proof is
+        kept for TOKEN_PROOF_SECONDS (by the wall clock given), so a fan-out refused on many items
+        asks once."""
+        now = self._wall()
+        with self._proof_lock:
+            if self._token_proved_at is not None and 0 <= now - self._token_proved_at < TOKEN_PROOF_SECONDS:
+                return
+        self.me(cancel=cancel)
+        with self._proof_lock:
+            self._token_proved_at = now
 
     def me(self, *, cancel: threading.Event | None = None) -> dict[str, Any]:
         """The token's user with its company (`company_id`, `company_domain`): `/v1/users/me`."""
@@ -544,12 +579,8 @@ class PipedriveClient:
         A 401 stays an `AuthError`: that is the token, not the message.
         """
         path = f"/v1/mailbox/mailMessages/{_id(message_id)}"
-        try:
+        with item_scope(path, BodyUnavailable):
             body = self._call(path, {"include_body": 1}, cancel=cancel, reservation=reservation)
-        except (AuthError, NotFound) as e:
-            if e.status in (403, 404):
-                raise BodyUnavailable(method="GET", path=path, status=e.status) from None
-            raise
         data = body.get("data")
         if not isinstance(data, dict):
             raise BadResponse("data is not a mail message", method="GET", path=path, status=200)
@@ -724,6 +755,32 @@ class PipedriveClient:
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._token, "***") if self._token else text
+
+
+ITEM_REFUSALS = frozenset({403, 404})  # an item's sub-resource: private to another user, or gone
+TOKEN_PROOF_SECONDS = 60.0  # how long `confirm_token`'s answer stands for a fan-out's later refusals
+
+
+@contextmanager
+def item_scope(path: str, kind: type[ItemRefused] = ItemRefused) -> Iterator[None]:
+    """Requests of one item's sub-resource: their 403 and 404 raise `kind` (an `ItemRefused`, with
+    the status and the server's reason), never the token's `AuthError` - one deal's mail private to
+    another user must not stop a tenant's run. A 401 (the token refused) and every other error pass."""
+    try:
+        yield
+    except (AuthError, NotFound) as e:
+        if e.status in ITEM_REFUSALS:
+            raise kind(method=e.method, path=e.path or path, status=e.status, detail=e.detail) from None
+        raise
+
+
+def settle_refusals(client: Any, refusals: Sequence[ItemRefused], *, cancel: threading.Event | None = None) -> None:
+    """The rule for a fan-out's refused items (`item_list_v1`, `mail_body`): a 404 is the item's
+    (gone since listed); a 403 is the item's unless the token itself is refused, which
+    `client.confirm_token` asks of the account's own identity - its `AuthError` propagates and
+    stops the run as any refused token does. Call it on the task's thread once a round is joined."""
+    if any(r.status == 403 for r in refusals):
+        client.confirm_token(cancel=cancel)
 
 
 def _require_prefix(path: str, prefix: str) -> None:

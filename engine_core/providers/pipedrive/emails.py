@@ -27,7 +27,10 @@ fetches nothing again on resume, one killed during a window's rounds at most tha
 
 A stop is honoured between rounds: the messages in hand are written and the progress checkpointed
 before the task stops. A message that cannot be fetched alone (a malformed answer) or cannot be
-written fails alone with its reason; the deal's other messages land.
+written fails alone with its reason; the deal's other messages land. A deal whose mail listing
+answers 403 while the token still reads the account's own identity (`client.settle_refusals`) is
+that deal's outcome - its mail told unreachable with the reason (`EmailTask._unreachable`) - and
+the task goes on; a token refused (401, or 403 on `/v1/users/me`) stops it as before.
 
 Mail the source serves but Postgres cannot hold as given is imported, never lost (issue 8, item 7):
 every string of a message - subject, snippet, addresses, names, body - loses its NUL characters and
@@ -65,8 +68,8 @@ from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.rows import excerpt
-from engine_core.providers.pipedrive.client import Page, PipedriveClient
-from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, NotFound, PipedriveError
+from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
+from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
 from engine_core.providers.pipedrive.mapping import (
     DEAL_KINDS,
     MalformedRow,
@@ -323,28 +326,39 @@ class EmailTask:
             if reservation is not None:
                 # the fetch threads' budget business (a retry's slot, a 429 for the row) runs here
                 reservation.serve(body_futures + list_futures)
-            fatal = self._join_bodies(bodies, body_futures)
-            pages, fatal = self._join_listings(listings, list_futures, fatal)
+            refused_bodies, fatal = self._join_bodies(bodies, body_futures)
+            pages, refused_deals, fatal = self._join_listings(listings, list_futures, fatal)
         finally:
             if reservation is not None:
                 reservation.release()
+        if refused_bodies or refused_deals:
+            try:
+                # one deal's private mail is that deal's outcome, unless the token itself is refused
+                settle_refusals(self.client, [e for _, e in refused_bodies] + [e for _, e in refused_deals],
+                                cancel=self.ctx.cancel)
+            except BaseException:
+                self.to_fetch.extendleft(reversed([r for r, _ in refused_bodies]))
+                self.to_list.extendleft(reversed([l for l, _ in refused_deals]))
+                self.take_pages(pages)
+                raise
+            for r, e in refused_bodies:
+                self._without_body(r, e)
+            for l, e in refused_deals:
+                self._unreachable(l, e)
+                pages.append((l, Page()))
         self.take_pages(pages)
         if fatal is not None:
             raise fatal
 
-    def _join_bodies(self, rows: list[MailRow], futures: list[Future]) -> BaseException | None:
+    def _join_bodies(self, rows: list[MailRow], futures: list[Future]) -> tuple[list[tuple[MailRow, ItemRefused]], BaseException | None]:
         fatal: BaseException | None = None
         retry: list[MailRow] = []
+        refused: list[tuple[MailRow, ItemRefused]] = []
         for r, f in zip(rows, futures):
             try:
                 message = f.result()
             except BodyUnavailable as e:
-                # private (403) or deleted since listed (404): imported without a body, and says so
-                r.fetched = True
-                r.unavailable = e.status
-                assert r.mapped is not None
-                r.mapped = _with_values(r.mapped, {"body": None, "body_unavailable": e.status})
-                self.ready_bodies.append(r)
+                refused.append((r, e))  # the message's own outcome once the token is not the cause
                 continue
             except BadResponse as e:
                 r.error = e  # this message alone
@@ -362,24 +376,56 @@ class EmailTask:
                 r.error = e
             self.ready_bodies.append(r)
         self.to_fetch.extendleft(reversed(retry))
-        return fatal
+        return refused, fatal
+
+    def _without_body(self, r: MailRow, e: ItemRefused) -> None:
+        """A body answering 403 (private) or 404 (deleted since listed): the message is imported
+        without it, and says so."""
+        r.fetched = True
+        r.unavailable = e.status
+        assert r.mapped is not None
+        r.mapped = _with_values(r.mapped, {"body": None, "body_unavailable": e.status})
+        self.ready_bodies.append(r)
 
     def _join_listings(
         self, listings: list[Listing], futures: list[Future], fatal: BaseException | None
-    ) -> tuple[list[tuple[Listing, Page]], BaseException | None]:
+    ) -> tuple[list[tuple[Listing, Page]], list[tuple[Listing, ItemRefused]], BaseException | None]:
         pages: list[tuple[Listing, Page]] = []
+        refused: list[tuple[Listing, ItemRefused]] = []
         retry: list[Listing] = []
         for l, f in zip(listings, futures):
             try:
                 pages.append((l, f.result()))
-            except NotFound:
-                self.ctx.log.note("warning", KIND, "deal not found at the source (deleted since discovery)", subject=self.deals[l.deal])
-                pages.append((l, Page()))
+            except ItemRefused as e:
+                if e.status == 404:
+                    self.ctx.log.note("warning", KIND, "deal not found at the source (deleted since discovery)",
+                                      subject=self.deals[l.deal])
+                    pages.append((l, Page()))
+                else:
+                    refused.append((l, e))
             except BaseException as e:  # noqa: BLE001
                 fatal = fatal or e
                 retry.append(l)
         self.to_list.extendleft(reversed(retry))
-        return pages, fatal
+        return pages, refused, fatal
+
+    def _unreachable(self, listing: Listing, error: ItemRefused) -> None:
+        """A deal whose mail listing the source refuses (403: the deal's mail is private to another
+        user) while the token is accepted: none of its mail can be fetched. Told like mail of a
+        deal without a readable id (`note_unreachable_mail`): kept beside the ledger under kind
+        `emails` and key "deal <id>" with the reason, so the run's grouped reasons, `migrate rows`
+        and `migrate explain emails "deal <id>"` say it; `deals_unreachable` counts such deals.
+        The deal finishes with no message; the task and the phase go on."""
+        deal = self.deals[listing.deal]
+        key = f"deal {deal}"
+        reason = (f"the deal's mail cannot be listed: the source answered HTTP {error.status}"
+                  f"{' (' + error.detail + ')' if error.detail else ''} while the token reads the account"
+                  " - the deal's mail is not visible to this token's user; none of it is fetched")
+        self.ctx.stats.bump("deals_unreachable")
+        self.ctx.log.note("error", KIND, reason, subject=key)
+        if not self.ctx.run.dry_run:
+            with self.ctx.db.transaction() as tx:
+                ledger.note_unreadable(tx, self.ctx.run, KIND, key, reason, f'{{"deal_id": {deal}}}')
 
     # -- listed pages -----------------------------------------------------------------------
     def take_pages(self, pages: list[tuple[Listing, Page]]) -> None:

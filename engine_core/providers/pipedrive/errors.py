@@ -14,8 +14,11 @@ How the worker treats them:
 * `Cancelled` is a `TaskStopped`: the run was stopped; keep the progress, stop the task.
 * `AuthError`, `NotFound`, `BadResponse`, `RequestRejected`: not retried by the client; they are
   the task's failure (a `NotFound` on one row's detail fetch is usually that row's failure).
-* `BodyUnavailable`: a mail body answered 403 (a private message) or 404 (deleted since it was
-  listed). Not retried and not a failure: the message is imported without its body and says so.
+* `ItemRefused`: one item's sub-resource (a deal's mail listing, a mail body) answered 403 (private
+  to another user) or 404 (the item is gone since it was listed). Not retried and not the task's
+  failure: it is that item's outcome, told with its reason (`client.settle_refusals` first asks
+  whether the token itself is refused). `BodyUnavailable` is the mail body's: the message is
+  imported without its body and says so.
 """
 from __future__ import annotations
 
@@ -125,7 +128,12 @@ class NotFound(PipedriveError):
     """Pipedrive has no such resource."""
 
 
-class BodyUnavailable(PipedriveError):
+class ItemRefused(PipedriveError):
+    """Pipedrive refused one item's sub-resource to this token (403: private to another user; 404:
+    the item is gone since it was listed)."""
+
+
+class BodyUnavailable(ItemRefused):
     """The mail message's body is not available to this token (private, or deleted since listed)."""
 
 

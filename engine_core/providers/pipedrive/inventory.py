@@ -77,7 +77,7 @@ run's snapshot, which the next sync lists from).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,8 +87,8 @@ from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.providers.pipedrive import mapping, writers
-from engine_core.providers.pipedrive.client import Page, PipedriveClient
-from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
+from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
 from engine_core.providers.pipedrive.mapping import ledger_kind, message_of
 from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS, rfc3339
 
@@ -210,6 +210,10 @@ class Meter:
     client: PipedriveClient
     cost: dict[str, int] = field(default_factory=dict)
     cancel: Any = None
+    # items whose sub-resource the source refused while the token reads the account: "deal 12" ->
+    # (the reason, the source ids the product holds under it), for verify to tell them unreachable
+    unreachable: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    held: Callable[[str], list[str]] | None = None  # a deal's source id -> the mail ids the product holds
 
     def _count(self, path: str) -> None:
         self.cost["requests"] = int(self.cost.get("requests", 0)) + 1
@@ -226,6 +230,11 @@ class Meter:
     def get(self, path: str) -> dict[str, Any]:
         self._count(path)
         return self.client.get(path, cancel=self.cancel)
+
+    def item_list_v1(self, path: str, params: Mapping[str, Any] | None, start: int) -> Page:
+        """A page of one item's sub-resource (`PipedriveClient.item_list_v1`: 403/404 raise `ItemRefused`)."""
+        self._count(path)
+        return self.client.item_list_v1(path, params, start=start, limit=PAGE, cancel=self.cancel)
 
 
 def row_id(row: Any) -> str | None:
@@ -351,9 +360,14 @@ def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
         start: int | None = 0
         while start is not None:
             try:
-                page = meter.list_v1(path, None, start)
-            except NotFound:
-                break  # deleted since listed
+                page = meter.item_list_v1(path, None, start)
+            except ItemRefused as e:
+                if e.status == 403:  # the deal's outcome, unless the token itself is refused
+                    settle_refusals(meter.client, [e], cancel=meter.cancel)
+                    meter.unreachable[f"deal {deal}"] = (
+                        f"the source answered HTTP {e.status} to the deal's mail listing",
+                        meter.held(str(deal)) if meter.held is not None else [])
+                break  # 404: deleted since listed
             for item in page.rows:
                 try:
                     sid = row_id(dict(message_of(item)))

@@ -406,7 +406,10 @@ class PipedriveProvider:
         """Every id the source lists now for `kind`, with its version (`inventory.source_ids`: the
         list endpoint itself, 500 rows a call, v1 walks overlapping so deletions cannot hide a row).
         `options["db"]`: requests go through the account's shared budget; `options["cost"]`: a
-        dict counting `requests` and `tokens`. NotImplementedError for `fields` and `catchup`."""
+        dict counting `requests` and `tokens`; `options["unreachable"]`: a dict that receives the
+        items whose sub-resource the source refused ("deal 12" -> (reason, the mail ids the
+        product holds under it, read with `options["tenant_id"]`)). NotImplementedError for
+        `fields` and `catchup`."""
         options = options or {}
         db = options.get("db")
         if db is not None:
@@ -416,6 +419,12 @@ class PipedriveProvider:
             client = PipedriveClient(cfg.base_url, cfg.token)
         cost = options.get("cost")
         meter = inventory.Meter(client, cost if isinstance(cost, dict) else {})
+        unreachable = options.get("unreachable")
+        if isinstance(unreachable, dict):
+            meter.unreachable = unreachable
+        tenant = options.get("tenant_id")
+        if db is not None and isinstance(tenant, str):
+            meter.held = lambda deal: held_mail(db, tenant, deal)
         return inventory.source_ids(meter, kind)
 
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
@@ -581,6 +590,14 @@ class PipedriveProvider:
 # v1 spec `getDealsSummary` / `getArchivedDealsSummary`; "all not archived" / "all archived" deals).
 SUMMARY_PATHS: dict[str, str] = {"deals": "/v1/deals/summary", "deals_archived": "/v1/deals/summary/archived"}
 PROBE_LIMIT = 5  # a probe wants one row with a time; a few in case the first have none
+
+
+def held_mail(db: Database, tenant_id: str, deal_source_id: str) -> list[str]:
+    """The source ids of the mail the product holds on one deal (`crm.emails` by its deal's source id)."""
+    rows = db.sql("SELECT e.source_id FROM crm.emails e JOIN crm.deals d ON d.id = e.deal_id"
+                  " WHERE e.tenant_id = %(t)s AND e.source = 'pipedrive' AND d.source_id = %(d)s",
+                  {"t": tenant_id, "d": deal_source_id})
+    return [str(r["source_id"]) for r in rows]
 
 
 def source_total(client: PipedriveClient, path: str, cancel: Any = None) -> int | None:
