@@ -143,10 +143,20 @@ def write(tx: Conn, table: str, values: Mapping[str, Any]) -> Written:
 IDENTITY_COLUMNS = frozenset({"tenant_id", "source", "source_id"})
 
 
+def owned_columns(table: str) -> tuple[str, ...]:
+    """The columns of crm.<table> a source row's mapping owns: every column a mapped row may fill
+    but its identity (`IDENTITY_COLUMNS`), in a stable order."""
+    return tuple(sorted(TABLES[table].columns - IDENTITY_COLUMNS))
+
+
 def update(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> dict[str, Any] | None:
     """Write a newer source version over crm.<table> row `record_id`, in place (one row, same id).
 
-    `values` are the mapped column values (as for `insert`); the identity columns (`tenant_id`,
+    `values` are the mapped column values (as for `insert`). Every column the mapping owns
+    (`owned_columns`) is set: one absent from `values` returns to its default - NULL for a
+    reference - because a mapper leaves out what the source no longer says (an activity moved
+    off its lead, a deal whose person was removed, a note moved to another parent: the cleared
+    reference must not keep pointing at the old record). The identity columns (`tenant_id`,
     `source`, `source_id`) are left as they are. Returns the row's previous values of the columns
     that changed, as JSON values ({} when nothing changed) - what the ledger's history keeps - or
     None when there is no such row (the product deleted it). Raises KeyError for a column the
@@ -156,33 +166,33 @@ def update(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> d
     if unknown:
         raise KeyError(f"crm.{table} has no column {', '.join(unknown)}")
     names = tuple(n for n in values if n not in IDENTITY_COLUMNS)
-    if not names:
+    cleared = tuple(n for n in owned_columns(table) if n not in values)
+    if not names and not cleared:
         return {}
-    statement = _update_statement(tx, table, names)
-    params = {n: (Jsonb(values[n]) if n in spec.jsonb and values[n] is not None else values[n]) for n in names}
+    statement = _update_statement(tx, table, names, cleared)
+    params: dict[str, Any] = {n: (Jsonb(values[n]) if n in spec.jsonb and values[n] is not None else values[n]) for n in names}
     params["__id"] = record_id
     rows = tx.sql(statement, params)
     if not rows:
         return None
     old, new = rows[0]["old"], rows[0]["new"]
-    return {n: old.get(n) for n in names if old.get(n) != new.get(n)}
+    return {n: old.get(n) for n in names + cleared if old.get(n) != new.get(n)}
 
 
-_UPDATES: dict[tuple[str, tuple[str, ...]], str] = {}
+_UPDATES: dict[tuple[str, tuple[str, ...], tuple[str, ...]], str] = {}
 
 
-def _update_statement(tx: Conn, table: str, names: tuple[str, ...]) -> str:
+def _update_statement(tx: Conn, table: str, names: tuple[str, ...], cleared: tuple[str, ...] = ()) -> str:
     # The self-join reads the row as it was before this statement: RETURNING gives old and new.
-    key = (table, names)
+    key = (table, names, cleared)
     text = _UPDATES.get(key)
     if text is None:
+        sets = [sql.SQL("{} = {}").format(sql.Identifier(n), sql.Placeholder(n)) for n in names]
+        sets += [sql.SQL("{} = DEFAULT").format(sql.Identifier(n)) for n in cleared]
         text = _UPDATES[key] = tx.compose(sql.SQL(
             "UPDATE {t} AS n SET {sets} FROM {t} AS o WHERE n.id = %(__id)s AND o.id = n.id"
             " RETURNING to_jsonb(o) AS old, to_jsonb(n) AS new"
-        ).format(
-            t=TABLES[table].identifier,
-            sets=sql.SQL(", ").join(sql.SQL("{} = {}").format(sql.Identifier(n), sql.Placeholder(n)) for n in names),
-        ))
+        ).format(t=TABLES[table].identifier, sets=sql.SQL(", ").join(sets)))
     return text
 
 

@@ -141,6 +141,42 @@ def failed_tasks(db: dbmod.Database, run_id: int) -> list[dict[str, Any]]:
     return db.sql("SELECT kind, cursor_key, error FROM migration_tasks WHERE migration_id = %(r)s AND status = 'failed'", {"r": run_id})
 
 
+
+# --- live changes, then a sync: the field reports' shapes ------------------------------------------
+
+
+def sync(db: dbmod.Database, sb: SandboxServer, tenant: str = "acme") -> Run:
+    """A sync of the tenant, drained by four lane threads; asserts it succeeded."""
+    opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED}
+    started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), tenant, options=opts, settings=FAST)
+    drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
+    done = runs.get_run(db, started.id)
+    assert done.status == "succeeded", failed_tasks(db, done.id)
+    return done
+
+
+def live_op(sb: SandboxServer, op: str) -> dict[str, Any]:
+    """Apply one live change of this op now (the sandbox's `live_mix` forced to it); the change."""
+    sb.configure(live_mix=f"{op}:1")
+    (change,) = sb.live_step(1)
+    assert change["op"] == op, change
+    return change
+
+
+def product_row(db: dbmod.Database, table: str, source_id: Any, tenant: str = "acme") -> dict[str, Any]:
+    """The one crm.<table> row of a source id (asserts there is exactly one)."""
+    rows = db.sql(f"SELECT * FROM crm.{table} WHERE tenant_id = %(t)s AND source = 'pipedrive' AND source_id = %(s)s",
+                  {"t": tenant, "s": str(source_id)})
+    assert len(rows) == 1, (table, source_id, rows)
+    return rows[0]
+
+
+def history(db: dbmod.Database, run_id: int, kind: str, source_id: Any, tenant: str = "acme") -> list[dict[str, Any]]:
+    """The ledger history rows a run wrote for one source row."""
+    return db.sql("SELECT h.* FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id"
+                  " WHERE h.migration_id = %(r)s AND r.tenant_id = %(t)s AND r.kind = %(k)s AND r.source_id = %(s)s",
+                  {"r": run_id, "t": tenant, "k": kind, "s": str(source_id)})
+
 # --- a worker process for the crash test ---------------------------------------------------------
 
 

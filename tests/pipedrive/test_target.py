@@ -61,3 +61,26 @@ def test_field_definitions_are_refreshed_in_place(db) -> None:
     with db.connection() as conn:
         (d,) = crm.field_definitions(conn, "t", "pipedrive")
     assert d["name"] == "Urgency" and d["options"] == [{"id": 1, "label": "Lowest"}]
+
+
+def test_an_update_in_place_sets_every_owned_column_even_to_null_and_returns_what_it_cleared(db) -> None:
+    # a lead converted to a deal: the activity comes back with deal_id set and no lead_id
+    lead = db.sql("INSERT INTO crm.leads (tenant_id, title) VALUES ('t', 'Lead') RETURNING id")[0]["id"]
+    deal = db.sql("INSERT INTO crm.deals (tenant_id, title) VALUES ('t', 'Deal') RETURNING id")[0]["id"]
+    with db.transaction() as tx:
+        act = crm.insert(tx, "activities", {"tenant_id": "t", "source": "pipedrive", "source_id": "5", "subject": "Call",
+                                            "lead_id": lead, "owner_id": None, "done": False, "participants": []})
+        before = crm.update(tx, "activities", act, {"tenant_id": "t", "source": "pipedrive", "source_id": "5",
+                                                    "subject": "Call", "deal_id": deal, "done": False, "participants": []})
+    row = db.sql("SELECT * FROM crm.activities WHERE id = %(i)s", {"i": act})[0]
+    assert (row["deal_id"], row["lead_id"]) == (deal, None), "a reference the source cleared is cleared"
+    assert before == {"deal_id": None, "lead_id": lead}, "the history keeps what the update replaced"
+    assert (row["source"], row["source_id"], row["done"]) == ("pipedrive", "5", False)
+    # a column with a default returns to it (a mail body fetched after it was unavailable)
+    with db.transaction() as tx:
+        mail = crm.insert(tx, "emails", {"tenant_id": "t", "source_id": "9", "deal_id": deal, "subject": "s",
+                                         "body_truncated": True, "body_original_length": 9, "body_unavailable": 403})
+        crm.update(tx, "emails", mail, {"tenant_id": "t", "source_id": "9", "deal_id": deal, "subject": "s", "body": "b"})
+    row = db.sql("SELECT * FROM crm.emails WHERE id = %(i)s", {"i": mail})[0]
+    assert (row["body"], row["body_truncated"], row["body_original_length"], row["body_unavailable"]) == ("b", False, None, None)
+
