@@ -25,6 +25,7 @@ from engine_core.providers.pipedrive.mapping import (
     timestamp,
     with_body,
 )
+from engine_core.target import crm
 from pipedrive_sandbox.data import HOSTILE_UNICODE, HTML_INJECTION, SQL_INJECTION, Dataset
 
 DS = Dataset("tiny", 1)
@@ -171,3 +172,15 @@ def test_a_mail_message_and_its_body() -> None:
         map_email({**item, "data": {**item["data"], "subject": {"oops": True}}}, "t", "1")
     values = apply_links(m, {Ref("to.0", "person", "61"): 42})
     assert values["recipients"]["to"][0]["contact_id"] == 42
+
+
+def test_a_long_note_is_kept_whole_and_one_beyond_the_cap_is_cut_and_flagged() -> None:
+    image = "iVBORw0KGgo" * 137_000
+    content = f'<p>Chart</p><img src="data:image/png;base64,{image}"/><p>end</p>'
+    assert len(content) > 1_500_000
+    note = map_note({**DS.record("notes", 3), "content": content}, "t", FieldBook())
+    assert note.values["content"] == content
+    assert (note.values["content_truncated"], note.values["content_original_length"]) == (False, None)
+    assert crm.NOTE_CONTENT_MAX >= 30 * 3_000_000, "far above the ~3,000,000 characters Pipedrive allowed"
+    fitted = crm.fit_text(content, 100)
+    assert fitted.truncated and fitted.original_length == len(content) and fitted.body == "<p>Chart</p>"

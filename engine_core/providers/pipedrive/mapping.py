@@ -22,11 +22,13 @@ from typing import Any
 
 from engine_core import rows
 from engine_core.ledger import content_version
-from engine_core.target.crm import normal_domain, normal_email
+from engine_core.target.crm import NOTE_CONTENT_MAX, fit_text, normal_domain, normal_email
 
 SOURCE = "pipedrive"
 TITLE_MAX = 2_000  # names, titles and subjects: longer is not a name, it is a defect
-TEXT_MAX = 1_000_000  # note contents and mail bodies
+TEXT_MAX = 1_000_000  # mail bodies and snippets (a body is cut at crm.EMAIL_BODY_MAX before this check)
+# activity notes and descriptions: kept whole up to what a note is (crm.NOTE_CONTENT_MAX)
+LONG_TEXT_MAX = NOTE_CONTENT_MAX
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
 
@@ -640,8 +642,8 @@ def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Map
         "duration": text(row, "duration"),
         "busy": flag(row, "busy"),
         "location": json_value(row, "location", (Mapping, str)),
-        "note": text(row, "note", limit=TEXT_MAX),
-        "public_description": text(row, "public_description", limit=TEXT_MAX),
+        "note": text(row, "note", limit=LONG_TEXT_MAX),
+        "public_description": text(row, "public_description", limit=LONG_TEXT_MAX),
         "participants": participants,
         "custom_fields": custom_fields_v2(book, "activity", row, links),
     }
@@ -651,6 +653,7 @@ def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Map
 
 
 PIN_FLAGS = ("deal", "lead", "person", "organization", "project", "task")
+_UNBOUNDED = 2**62  # a text checked for type and NUL only: its length is fitted afterwards
 
 
 def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
@@ -659,9 +662,13 @@ def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
     links: list[Ref] = []
     _attachments(row, parents)
     _link(links, "author_id", "user", ref_id(row, "user_id"))
+    # kept whole up to crm.NOTE_CONTENT_MAX characters, cut there beyond it and flagged: never dropped
+    fitted = fit_text(text(row, "content", required=True, limit=_UNBOUNDED), NOTE_CONTENT_MAX)
     values = {
         **_common(row, sid, tenant_id),
-        "content": text(row, "content", required=True, limit=TEXT_MAX),
+        "content": fitted.body,
+        "content_truncated": fitted.truncated,
+        "content_original_length": fitted.original_length,
         "pinned": [p for p in PIN_FLAGS if flag(row, f"pinned_to_{p}_flag")],
     }
     return Mapped("notes", sid, values, parents=parents, links=links, version=source_version(row))
