@@ -556,7 +556,8 @@ def delete_rows(tx: Conn, table: str, record_ids: Sequence[int]) -> int:
 
 
 def upsert_field_definition(tx: Conn, values: Mapping[str, Any]) -> int:
-    """Insert a field definition or refresh its name, type and option labels; returns its id."""
+    """Insert a field definition or refresh its name, type and option labels (a definition listed
+    again is no longer deleted at the source); returns its id."""
     rows = tx.sql(
         "INSERT INTO crm.custom_field_definitions"
         " (tenant_id, source, entity, field_key, name, field_type, options, subfields, is_custom, position)"
@@ -565,7 +566,7 @@ def upsert_field_definition(tx: Conn, values: Mapping[str, Any]) -> int:
         " ON CONFLICT ON CONSTRAINT custom_field_definitions_once DO UPDATE"
         "   SET name = EXCLUDED.name, field_type = EXCLUDED.field_type, options = EXCLUDED.options,"
         "       subfields = EXCLUDED.subfields, is_custom = EXCLUDED.is_custom, position = EXCLUDED.position,"
-        "       updated_at = now()"
+        "       deleted_at_source = NULL, updated_at = now()"
         " RETURNING id",
         {
             **values,

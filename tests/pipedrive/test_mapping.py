@@ -1,7 +1,8 @@
 """Field mapping without I/O: a row that cannot be imported faithfully raises MalformedRow naming
-its field; hostile but valid text passes verbatim; custom fields are stored with their names,
-types and option labels (v2 objects and v1 top-level keys alike); references become parents that
-must be here or links that are filled when found."""
+its field; hostile but valid text passes verbatim; custom fields are stored as the record says
+them - type, value (option ids), currency - with no copy of names or option labels, which change
+at the source without the record (v2 objects and v1 top-level keys alike); references become
+parents that must be here or links that are filled when found."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -85,8 +86,8 @@ def test_deal_parents_links_and_custom_fields() -> None:
     assert m.parents == [Ref("contact_id", "person", "61"), Ref("company_id", "org", "9")]
     assert Ref("owner_id", "user", "2") in m.links and Ref(f"custom_fields.{USER.key}", "user", "3") in m.links
     cf = m.values["custom_fields"]
-    assert cf[ENUM.key] == {"name": ENUM.name, "type": "enum", "value": ENUM.options[1][0], "label": ENUM.options[1][1]}
-    assert cf[SET.key]["labels"] == [SET.options[0][1], SET.options[2][1]]
+    assert cf[ENUM.key] == {"type": "enum", "value": ENUM.options[1][0]}
+    assert cf[SET.key] == {"type": "set", "value": [SET.options[0][0], SET.options[2][0]]}
     assert (cf[MONEY.key]["value"], cf[MONEY.key]["currency"]) == (1200.5, "EUR")
     assert cf["f" * 40]["type"] == "unknown" and cf["f" * 40]["value"] == "unknown field"
     # one ledger identity whichever list served a deal or lead (issue 8, item 6); the old archived
@@ -135,7 +136,7 @@ def test_leads_carry_v1_custom_values_at_the_top_level() -> None:
     assert m.source_id == lead["id"] and m.values["value"] == lead["value"]["amount"]
     cf = m.values["custom_fields"]
     assert cf[SET.key]["value"] == [SET.options[0][0], SET.options[1][0]]
-    assert cf[SET.key]["labels"] == [SET.options[0][1], SET.options[1][1]]
+    assert "labels" not in cf[SET.key] and "name" not in cf[SET.key]
     assert (cf[MONEY.key]["value"], cf[MONEY.key]["currency"]) == (99.0, "SEK")
     with pytest.raises(MalformedRow, match="not a lead uuid"):
         map_lead({**lead, "id": "abc"}, "t", book())

@@ -95,22 +95,30 @@ def test_links_custom_fields_and_definitions_are_stored_for_the_product(db) -> N
     assert row["company_source"] == str(src["org_id"]) and row["owner_source"] == str(src["owner_id"])
     assert row["email"] == (src["emails"][0]["value"].lower() if src["emails"] else None)
     fields = {f.key: f for f in ds.custom_fields["person"]}
+    # names and option labels are read through the definitions (crm.custom_field_values), never
+    # copied onto the record
+    shown = {r["field_key"]: r for r in db.sql("SELECT * FROM crm.custom_field_values WHERE record_type = 'crm.contacts'"
+                                                " AND record_id = %(i)s", {"i": row["id"]})}
     for key, value in src["custom_fields"].items():
         f = fields[key]
         if value is None:
-            assert key not in row["custom_fields"]
+            assert key not in row["custom_fields"] and key not in shown
             continue
         stored = row["custom_fields"][key]
-        assert stored["name"] == f.name and stored["type"] == f.field_type
+        assert set(stored) <= {"type", "value", "currency", "record_id"} and stored["type"] == f.field_type
+        assert shown[key]["name"] == f.name and shown[key]["field_type"] == f.field_type
         if f.field_type == "enum":
-            assert stored["label"] == dict(f.options)[value]
+            assert shown[key]["label"] == dict(f.options)[value]
         if f.field_type == "set":
-            assert stored["labels"] == [dict(f.options)[v] for v in value]
+            assert shown[key]["labels"] == [dict(f.options)[v] for v in value]
         if f.field_type == "monetary":
             assert (stored["value"], stored["currency"]) == (value["value"], value["currency"])
-    # a lead (v1: custom values at the top level, sets as "1,2"): the same shape
-    lead = db.sql("SELECT custom_fields FROM crm.leads WHERE tenant_id = %(t)s AND custom_fields <> '{}'::jsonb LIMIT 1", {"t": TENANT})[0]
-    assert all({"name", "type", "value"} <= set(v) for v in lead["custom_fields"].values())
+    # a lead (v1: custom values at the top level, sets as "1,2"): the same shape, named through the deal's fields
+    lead = db.sql("SELECT id, custom_fields FROM crm.leads WHERE tenant_id = %(t)s AND custom_fields <> '{}'::jsonb LIMIT 1",
+                  {"t": TENANT})[0]
+    assert all({"type", "value"} <= set(v) and "name" not in v for v in lead["custom_fields"].values())
+    named = db.sql("SELECT name FROM crm.custom_field_values WHERE record_type = 'crm.leads' AND record_id = %(i)s", {"i": lead["id"]})
+    assert sorted(r["name"] for r in named) == sorted(f.name for f in ds.custom_fields["deal"] if f.key in lead["custom_fields"])
     # every deal shows its pipeline and stage by name, as the source has them; a stage its pipeline
     pipelines = {str(ds.record("pipelines", i)["id"]): ds.record("pipelines", i) for i in range(ds.count("pipelines"))}
     stages = {str(ds.record("stages", i)["id"]): ds.record("stages", i) for i in range(ds.count("stages"))}

@@ -84,3 +84,37 @@ def test_an_update_in_place_sets_every_owned_column_even_to_null_and_returns_wha
     row = db.sql("SELECT * FROM crm.emails WHERE id = %(i)s", {"i": mail})[0]
     assert (row["body"], row["body_truncated"], row["body_original_length"], row["body_unavailable"]) == ("b", False, None, None)
 
+
+def test_custom_values_read_through_the_definitions_show_current_names_and_flag_deleted_fields(db) -> None:
+    key, gone = "a" * 40, "b" * 40
+    definition = {"tenant_id": "t", "source": "pipedrive", "entity": "deal", "field_key": key, "name": "Priority",
+                  "field_type": "enum", "options": [{"id": 1, "label": "Low"}, {"id": 2, "label": "Medium"}],
+                  "subfields": None, "is_custom": True, "position": 1}
+    with db.transaction() as tx:
+        crm.upsert_field_definition(tx, definition)
+        crm.upsert_field_definition(tx, {**definition, "field_key": gone, "name": "Region", "field_type": "set",
+                                         "options": [{"id": 7, "label": "North"}, {"id": 8, "label": "South"}]})
+        deal = crm.insert(tx, "deals", {"tenant_id": "t", "source": "pipedrive", "source_id": "3", "title": "D",
+                                        "custom_fields": {key: {"type": "enum", "value": 2},
+                                                          gone: {"type": "set", "value": [8, 7]}}})
+        lead = crm.insert(tx, "leads", {"tenant_id": "t", "source": "pipedrive", "source_id": "l", "title": "L",
+                                        "custom_fields": {key: {"type": "enum", "value": 1}}})
+
+    def shown() -> dict[tuple[str, str], dict]:
+        rows = db.sql("SELECT * FROM crm.custom_field_values WHERE tenant_id = 't' ORDER BY record_type, field_key")
+        return {(r["record_type"], r["field_key"]): r for r in rows}
+
+    now = shown()
+    assert (now["crm.deals", key]["name"], now["crm.deals", key]["label"]) == ("Priority", "Medium")
+    assert now["crm.deals", gone]["labels"] == ["South", "North"] and now["crm.deals", key]["record_id"] == deal
+    assert now["crm.leads", key]["label"] == "Low", "a lead's fields are the deal's"
+    with db.transaction() as tx:  # renamed and relabelled at the source; the other field deleted
+        crm.upsert_field_definition(tx, {**definition, "name": "Deal priority",
+                                         "options": [{"id": 1, "label": "Low"}, {"id": 2, "label": "Mid"}]})
+        tx.sql("UPDATE crm.custom_field_definitions SET deleted_at_source = now() WHERE field_key = %(k)s", {"k": gone})
+    now = shown()
+    assert (now["crm.deals", key]["name"], now["crm.deals", key]["label"]) == ("Deal priority", "Mid")
+    assert now["crm.deals", key]["field_deleted_at_source"] is None
+    assert now["crm.deals", gone]["field_deleted_at_source"] is not None and now["crm.deals", gone]["value"] == [8, 7]
+    assert db.sql("SELECT custom_fields FROM crm.deals WHERE id = %(i)s", {"i": deal})[0]["custom_fields"][key] == \
+        {"type": "enum", "value": 2}, "the record keeps no copy of names or labels"

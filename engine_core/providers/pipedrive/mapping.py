@@ -349,15 +349,17 @@ REF_TYPES = {"user": "user", "org": "org", "people": "person", "deal": "deal"}
 
 
 def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any] | None:
-    """One stored custom value: the field's name and type, the value, and option labels."""
+    """One stored custom value: what the record says - the type it was read as, the value (an
+    option's id, a set's ids, a linked record's source id), a monetary value's currency. No copy
+    of the field's name or option labels: those change at the source without the record changing,
+    so they are read through the definitions (the view crm.custom_field_values, migration 0015)."""
     if value is None or value == "":
         return None
-    out: dict[str, Any] = {"name": f.name, "type": f.field_type, "value": value}
+    out: dict[str, Any] = {"type": f.field_type, "value": value}
     t = f.field_type
     if t == "enum":
         option = value.get("id") if isinstance(value, Mapping) else value
         out["value"] = option
-        out["label"] = f.label(option)
     elif t == "set":
         if isinstance(value, str):  # v1: "163,165"
             items: list[Any] = [int(x) if x.strip().isdigit() else x.strip() for x in value.split(",") if x.strip()]
@@ -366,7 +368,6 @@ def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any
         else:
             raise MalformedRow(f"custom field {f.name!r} is not a set: {_describe(value)}")
         out["value"] = items
-        out["labels"] = [f.label(i) for i in items]
     elif t == "monetary":
         if isinstance(value, Mapping):  # v2: {"value", "currency"}
             out["value"] = value.get("value")

@@ -466,7 +466,7 @@ class PipedriveProvider:
         if kind == "fields":
             definitions = self.fetch_definitions(client, ctx)
             _remember_book(ctx, FieldBook(definitions))
-            writers.write_definitions(ctx, definitions)
+            writers.write_definitions(ctx, definitions, complete=True)
             return TaskOutcome()
         if kind == "emails":
             if cursor.get("discover"):

@@ -428,12 +428,16 @@ def normal_definition(entity: str, item: dict[str, Any], position: int) -> dict[
 DEFINITION_COLUMNS = ("entity", "field_key", "name", "field_type", "options", "subfields", "is_custom", "position")
 
 
-def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]]) -> PageResult:
+def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]], *, complete: bool = False) -> PageResult:
     """Store the run's field definitions: refreshed in place every run, claimed once in the ledger.
 
     A definition's version is its content's hash (`ledger.content_version` of the normalised
-    definition: definitions have no update time); a changed one counts `updated`, with the
-    previous values in the ledger's history."""
+    definition: definitions have no update time); a changed one (renamed, an option relabelled)
+    counts `updated`, with the previous values in the ledger's history - so a run or a sync
+    notices field changes although no record's update_time moved, and the product reads the new
+    names at once (records keep keys and option ids only: crm.custom_field_values). `complete`:
+    `definitions` is the source's whole listing, so a stored definition it no longer has is marked
+    deleted at the source (`mark_deleted_definitions`); one listed again is restored."""
 
     def writer(tx: Conn, d: dict[str, Any]) -> str:
         values = {k: d[k] for k in DEFINITION_COLUMNS}
@@ -446,7 +450,34 @@ def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]]) -
                                  version=ledger.content_version(values), update=lambda _record_id: before,
                                  on_event=ctx.stats.bump)
 
-    return ctx.write_rows(list(definitions), writer, kind="fields")
+    result = ctx.write_rows(list(definitions), writer, kind="fields")
+    if complete and not ctx.run.dry_run:
+        counted = ctx.stats.copy()
+        try:
+            with ctx.db.transaction() as tx:
+                gone = mark_deleted_definitions(tx, ctx.run, {d["id"] for d in definitions})
+                if gone:  # counted with the marks it counts
+                    ctx.stats.bump("fields_deleted_at_source", gone)
+                    ctx.checkpoint(tx, len(definitions))
+        except BaseException:
+            ctx.stats = counted
+            raise
+        if gone:
+            ctx.log.note("warning", "fields", f"{gone} field definition(s) no longer listed by the source: marked deleted "
+                         "at the source, their values kept on the records (crm.custom_field_values.field_deleted_at_source)")
+    return result
+
+
+def mark_deleted_definitions(tx: Conn, run: Run, listed: set[str]) -> int:
+    """Mark the tenant's stored field definitions the source's listing no longer has (`listed`:
+    ids "<entity>:<field_key>") deleted at the source, through the ledger (`ledger.mark_deleted`:
+    the definition's `deleted_at_source` and a `deleted` history row). Their values stay on the
+    records, flagged by the view. Returns how many were marked now."""
+    stored = tx.sql("SELECT entity, field_key FROM crm.custom_field_definitions"
+                    " WHERE tenant_id = %(t)s AND source = %(s)s AND deleted_at_source IS NULL",
+                    {"t": run.tenant_id, "s": run.source})
+    gone = [f"{r['entity']}:{r['field_key']}" for r in stored if f"{r['entity']}:{r['field_key']}" not in listed]
+    return ledger.mark_deleted(tx, run, "fields", gone)
 
 
 def book_from_db(conn: Conn, run: Run) -> FieldBook:
