@@ -387,3 +387,15 @@ def advisory_lock(db: Database, key: tuple[int, int]) -> Iterator[None]:
             yield
         finally:
             conn.sql("SELECT pg_advisory_unlock(%s, %s)", key)
+
+
+def stream(db: Database, statement: str, params: dict[str, Any] | None, *, page: int,
+           name: str = "stream") -> Iterator[dict[str, Any]]:
+    """The rows of `statement` through a server-side cursor `name`, `page` rows a round trip: a
+    result of any size is never held in memory. The cursor lives in a transaction on one pooled
+    connection, held until the iterator is exhausted or closed."""
+    with db.connection() as conn, conn.transaction():
+        with conn.raw.cursor(name=name) as cur:
+            cur.itersize = page
+            cur.execute(statement, params)
+            yield from cur

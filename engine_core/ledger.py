@@ -36,7 +36,7 @@ import orjson
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from engine_core.db import Conn, Database, query
+from engine_core.db import Conn, Database, query, stream
 from engine_core.models import Run
 
 IMPORTED = "imported"
@@ -695,12 +695,7 @@ def tenant_rows(db: Database, tenant: str, kind: str | None = None, actions: tup
     a tenant with 100k failed rows is never held in memory; the connection is held until the
     iterator is exhausted or closed."""
     params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id, "limit": limit}
-    with db.connection() as conn, conn.transaction():
-        # a named (server-side) cursor lives in a transaction; the port has no streaming helper
-        with conn.raw.cursor(name="migrate_rows") as cur:
-            cur.itersize = ROWS_PAGE
-            cur.execute(ROWS_SQL, params)
-            yield from cur
+    yield from stream(db, ROWS_SQL, params, page=ROWS_PAGE, name="migrate_rows")
 
 
 def tenant_row_counts(db: Database, tenant: str, kind: str | None = None,
@@ -852,11 +847,3 @@ def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[di
     """Every ledger entry of one source row (`kind`, `source_id` of `tenant`, from every source),
     with its run's "run_status" and "run_dry_run"; ordered by source."""
     return db.fetch_all("explain_story", {"tenant_id": tenant, "kind": kind, "source_id": str(source_id)})
-
-
-def unreadable_rows(db: Database, tenant: str, kind: str, raw_key: str, source: str | None = None) -> list[dict[str, Any]]:
-    """The rows kept without a readable id under `raw_key` (the whole key, or its id part alone:
-    "abc" finds "abc sha256:..."), of `source` (None: any), the latest first, each with its run's
-    "run_status" and "run_dry_run"."""
-    return db.fetch_all("explain_unreadable", {"tenant_id": tenant, "kind": kind, "raw_key": raw_key,
-                                               "source": source})

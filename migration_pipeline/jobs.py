@@ -42,7 +42,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
-from engine_core.ledger import ledger_kinds, row_entries, unreadable_rows
+from engine_core.ledger import explain_unreadable, ledger_kinds, row_entries
 from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
@@ -287,7 +287,7 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
         entries = [e for e in entries if e["source"] == config.source]
     title = f"### {config.kind} {config.source_id} of tenant {config.tenant}"
     if not entries:
-        unread = unreadable_rows(db, config.tenant, config.kind, str(config.source_id), config.source or None)
+        unread = explain_unreadable(db, config.tenant, config.kind, str(config.source_id), config.source or None)
         if unread:  # rows without a readable id (migration 0013): kept apart under their id as served
             lines = [title, ""]
             for u in unread:

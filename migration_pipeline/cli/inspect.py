@@ -17,7 +17,7 @@ from engine_core import runs
 from engine_core.budget import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger import source_listing, tenant_row_counts, tenant_rows, unreadable_rows
+from engine_core.ledger import explain_unreadable, source_listing, tenant_row_counts, tenant_rows
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
@@ -203,7 +203,7 @@ def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: s
     with the same id, another content) besides the one it tells (`told`), the latest first, at
     most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id"),
     and this names them; each key is one `explain` takes."""
-    rows = unreadable_rows(db, tenant, kind, asked)
+    rows = explain_unreadable(db, tenant, kind, asked, None)
     return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]
 
 
