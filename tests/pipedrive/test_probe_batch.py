@@ -1,5 +1,5 @@
 """Issue 11, the entity path: a page's missing parents of one kind are asked of the source together,
-through the kind's v2 list's `ids` (`writers.BATCH_PATHS`: up to 100 ids a request; an id that does
+through the kind's v2 list's `ids` (`kinds.BATCH_PATHS`: up to 100 ids a request; an id that does
 not exist is simply absent, per the spec), not by one `GET` each - with the answers `GET` by id
 gives. Over the sandbox (a real socket, the real client):
 * a page whose parents are existing, deleted (the sandbox's purged ids) and never-existing ids of

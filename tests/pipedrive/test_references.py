@@ -35,7 +35,7 @@ COLUMN = {"org_id": "company_id", "organization_id": "company_id", "person_id": 
           "lead_id": "lead_id"}
 TABLE = {"persons": "contacts", "deals": "deals", "leads": "leads", "activities": "activities", "notes": "notes"}
 SINGLE = ("/api/v2/organizations/{id}", "/api/v2/persons/{id}", "/api/v2/deals/{id}", "/v1/leads/{id}")
-# the lists a missing parent is asked of first, many at a time (`writers.BATCH_PATHS`)
+# the lists a missing parent is asked of first, many at a time (`kinds.BATCH_PATHS`)
 BATCHED = {"/api/v2/organizations": "organizations", "/api/v2/persons": "persons", "/api/v2/deals": "deals"}
 
 

@@ -89,8 +89,11 @@ from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
-from engine_core.providers.pipedrive.mapping import ledger_kind, message_of
-from engine_core.providers.pipedrive.stripes import PAGE, V1_PATHS, V2_PATHS, rfc3339
+from engine_core.providers.pipedrive.kinds import (LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS, TOKEN_COSTS,
+                                                   V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)
+from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
+from engine_core.providers.pipedrive.mapping import message_of
+from engine_core.providers.pipedrive.stripes import rfc3339
 
 CATCHUP = "catchup"
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
@@ -100,40 +103,6 @@ DEALS_PER_TASK = 10
 # small account's chain, whose 11 pages took two tasks at 10: A/B of full small runs, catch-up phase
 # median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
 PAGES_PER_TASK = 25
-
-# The order the catch-up walks the kinds in: parents before the rows that link to them.
-ORDER: tuple[str, ...] = ("users", "pipelines", "stages", "organizations", "persons", "deals", "deals_archived",
-                          "leads", "leads_archived", "activities", "notes")
-# The walk's last level: lists no other list links to (activities and notes point at deals, leads,
-# persons and organizations; nothing points at them), so once the lists before them are walked,
-# each is walked at once in a task of its own, on its own lane (issue 11: the catch-up was one
-# sequential chain of every list while the other lanes waited).
-LAST_LEVEL: frozenset[str] = frozenset({"activities", "notes"})
-# Extra listing parameters: deals carry their mail count (for the mail catch-up and `emails`).
-PARAMS: dict[str, dict[str, str]] = {
-    "deals": {"include_fields": "email_messages_count"},
-    "deals_archived": {"include_fields": "email_messages_count"},
-}
-VERSION_FIELD: dict[str, str] = {"users": "modified"}
-# Lists that take `updated_since` (a sync with detect_deletes false asks only for what changed).
-SINCE_KINDS = frozenset({"organizations", "persons", "deals", "deals_archived", "activities", "leads", "notes"})
-# GET by id, to tell a deletion from a row that moved between lists while the inventory walked.
-SINGLE_PATHS: dict[str, str] = {
-    **writers.PARENT_PATHS,
-    "users": "/v1/users/{}",
-    "activities": "/api/v2/activities/{}",
-    "notes": "/v1/notes/{}",
-}
-
-# Tokens per request (the published specs' `x-token-cost`; shared/pipedrive-openapi).
-TOKEN_COSTS: dict[str, int] = {
-    "/api/v2/persons": 10, "/api/v2/organizations": 10, "/api/v2/deals": 10, "/api/v2/deals/archived": 20,
-    "/api/v2/activities": 10, "/api/v2/pipelines": 5, "/api/v2/stages": 5,
-    "/api/v2/personFields": 10, "/api/v2/organizationFields": 10, "/api/v2/dealFields": 10, "/api/v2/activityFields": 10,
-    "/v1/leads": 20, "/v1/leads/archived": 40, "/v1/notes": 20, "/v1/users": 20,
-    "/v1/leadFields": 20, "/v1/noteFields": 20, "/v1/deals/summary": 40, "/v1/deals/summary/archived": 80,
-    "mailMessages": 20, "v2 single": 1, "v1 single": 2,
-}
 
 
 def token_cost(path: str) -> int:

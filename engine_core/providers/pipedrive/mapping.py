@@ -39,15 +39,6 @@ _FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
 # rolling upgrade (after the fold) still resolve; nothing new is written under them.
 DEAL_KINDS = ("deals", "deals_archived")
 LEAD_KINDS = ("leads", "leads_archived")
-LEDGER_KIND = {"deals_archived": "deals", "leads_archived": "leads"}
-
-
-def ledger_kind(task_kind: str) -> str:
-    """The ledger kind a task kind writes: `deals_archived` -> `deals`, `leads_archived` ->
-    `leads`, every other kind itself."""
-    return LEDGER_KIND.get(task_kind, task_kind)
-
-
 PERSON_KINDS = ("persons",)
 ORG_KINDS = ("organizations",)
 USER_KINDS = ("users",)
@@ -55,19 +46,6 @@ KINDS_OF_REF = {"deal": DEAL_KINDS, "lead": LEAD_KINDS, "person": PERSON_KINDS, 
                 "pipeline": ("pipelines",), "stage": ("stages",)}
 REF_WORD = {"deal": "deal", "lead": "lead", "person": "person", "org": "organization", "user": "user",
             "pipeline": "pipeline", "stage": "stage"}
-
-# The entity whose field definitions describe a kind's custom fields (leads inherit the deal's).
-ENTITY_OF_KIND = {
-    "organizations": "organization",
-    "persons": "person",
-    "deals": "deal",
-    "deals_archived": "deal",
-    "leads": "lead",
-    "leads_archived": "lead",
-    "activities": "activity",
-    "notes": "note",
-}
-
 
 # The engine's row shape (engine_core/rows.py); Pipedrive's references have words of their own.
 MalformedRow = rows.MalformedRow
@@ -673,21 +651,6 @@ def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
         "pinned": [p for p in PIN_FLAGS if flag(row, f"pinned_to_{p}_flag")],
     }
     return Mapped("notes", sid, values, parents=parents, links=links, version=source_version(row))
-
-
-MAPPERS = {
-    "users": map_user,
-    "pipelines": map_pipeline,
-    "stages": map_stage,
-    "organizations": map_organization,
-    "persons": map_person,
-    "deals": map_deal,
-    "deals_archived": lambda row, tenant_id, book: map_deal(row, tenant_id, book, archived_kind=True),
-    "leads": map_lead,
-    "leads_archived": lambda row, tenant_id, book: map_lead(row, tenant_id, book, archived_kind=True),
-    "activities": map_activity,
-    "notes": map_note,
-}
 
 
 # --- mail ------------------------------------------------------------------------------------

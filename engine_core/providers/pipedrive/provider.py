@@ -69,10 +69,11 @@ from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.pipedrive import emails, inventory, mapping, stripes, writers
+from engine_core.providers.pipedrive import emails, inventory, kinds, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
+from engine_core.providers.pipedrive.kinds import SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 
 SOURCE = "pipedrive"
@@ -89,14 +90,6 @@ MAX_FETCH_THREADS = 64
 MAX_BURST_LIMIT = 1_000_000
 SECRET_OPTIONS = ("token", "api_token", "pipedrive_api_token", "apitoken")
 
-# Field definitions: v2 lists (cursor) for the entities that have them, v1 (offset) for the rest.
-V2_FIELD_LISTS = {
-    "deal": "/api/v2/dealFields",
-    "person": "/api/v2/personFields",
-    "organization": "/api/v2/organizationFields",
-    "activity": "/api/v2/activityFields",
-}
-V1_FIELD_LISTS = {"lead": "/v1/leadFields", "note": "/v1/noteFields"}
 
 
 @dataclass(frozen=True)
@@ -295,7 +288,7 @@ def snapshot_bound(run: Run) -> str | None:
 
 class PipedriveProvider:
     source = SOURCE
-    ledger_kind = staticmethod(mapping.ledger_kind)  # archived deals/leads share their kind's identities
+    ledger_kind = staticmethod(kinds.ledger_kind)  # archived deals/leads share their kind's identities
     catchup_kind = CATCHUP
 
     def __init__(
@@ -490,8 +483,8 @@ class PipedriveProvider:
     # -- listing kinds --------------------------------------------------------------------
     def _mapper(self, ctx: TaskContext) -> writers.Mapper:
         kind, tenant = ctx.task.kind, ctx.run.tenant_id
-        book = self.book(ctx) if kind in mapping.ENTITY_OF_KIND else FieldBook()
-        fn = mapping.MAPPERS[kind]
+        book = self.book(ctx) if kind in kinds.ENTITY_OF_KIND else FieldBook()
+        fn = kinds.MAPPERS[kind]
         return lambda row: fn(row, tenant, book)
 
     def _mapper_of(self, ctx: TaskContext) -> Any:
@@ -499,8 +492,8 @@ class PipedriveProvider:
         tenant = ctx.run.tenant_id
 
         def of(kind: str) -> writers.Mapper:
-            book = self.book(ctx) if kind in mapping.ENTITY_OF_KIND else FieldBook()
-            fn = mapping.MAPPERS[kind]
+            book = self.book(ctx) if kind in kinds.ENTITY_OF_KIND else FieldBook()
+            fn = kinds.MAPPERS[kind]
             return lambda row: fn(row, tenant, book)
 
         return of
@@ -588,7 +581,6 @@ class PipedriveProvider:
 
 # The source's own count, where the API gives one: only the deals summaries do (`data.total_count`,
 # v1 spec `getDealsSummary` / `getArchivedDealsSummary`; "all not archived" / "all archived" deals).
-SUMMARY_PATHS: dict[str, str] = {"deals": "/v1/deals/summary", "deals_archived": "/v1/deals/summary/archived"}
 PROBE_LIMIT = 5  # a probe wants one row with a time; a few in case the first have none
 
 

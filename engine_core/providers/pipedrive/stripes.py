@@ -66,27 +66,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from engine_core.models import Successor
+from engine_core.providers.pipedrive.kinds import PAGE, UNSTRIPED, V1_PATHS, V2_PATHS  # noqa: F401 - read by the listing
 
 STRIPES = 4
-PAGE = 500  # the API's largest page: one listing call either way, so never smaller
-
-V1_PATHS: dict[str, str] = {
-    "users": "/v1/users",
-    "leads": "/v1/leads",
-    "leads_archived": "/v1/leads/archived",
-    "notes": "/v1/notes",
-}
-V2_PATHS: dict[str, str] = {
-    "organizations": "/api/v2/organizations",
-    "persons": "/api/v2/persons",
-    "deals": "/api/v2/deals",
-    "deals_archived": "/api/v2/deals/archived",
-    "activities": "/api/v2/activities",
-    "pipelines": "/api/v2/pipelines",
-    "stages": "/api/v2/stages",
-}
-# v2 lists that take no time filter (and are a page or two long): one walker from the start.
-UNSTRIPED: frozenset[str] = frozenset({"pipelines", "stages"})
 
 
 # --- v1: page arithmetic ---------------------------------------------------------------------

@@ -24,7 +24,7 @@ that failed or was skipped, and a parent of a kind the run does not import, stay
 without a request. Owners stay soft references.
 
 One identity per source record (issue 8, item 6): the archived lists' tasks write ledger kind
-`deals` / `leads` (`mapping.ledger_kind`), so a deal listed by `/api/v2/deals` and again, archived
+`deals` / `leads` (`kinds.ledger_kind`), so a deal listed by `/api/v2/deals` and again, archived
 since, by `/api/v2/deals/archived` is one ledger entry and one product row. Archiving moves a
 record's update time, so its second sighting is a newer version: `updated` in place (below), with
 `archived_updated` in the task's stats; a sighting whose version cannot be ordered against the
@@ -55,7 +55,8 @@ from engine_core.window import Batch, PageResult
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, apply_links, ledger_kind, sound_id,
+from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
+from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, apply_links, sound_id,
                                                      unreadable_key)
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -69,18 +70,6 @@ from engine_core.write import (  # noqa: F401 - the engine's names, as this modu
     lookup,
     missing_parents,
 )
-
-# How to ask the source whether a parent exists: one record by id, per parent ledger kind.
-# Users (owners) are soft references and never asked about.
-PARENT_PATHS: dict[str, str] = {
-    "organizations": "/api/v2/organizations/{}",
-    "persons": "/api/v2/persons/{}",
-    "deals": "/api/v2/deals/{}",
-    "leads": "/v1/leads/{}",
-    "pipelines": "/api/v2/pipelines/{}",
-    "stages": "/api/v2/stages/{}",
-}
-
 
 class Getter(Protocol):
     """What the parent probe needs of the provider's client (`PipedriveClient.get`)."""
@@ -173,11 +162,6 @@ PROBE_THREADS = 4  # questions one page sends at once (each a request through th
 # in no normal list (since 2025-07-15) while `GET /api/v2/deals/{id}` answers them: the ids the
 # active list leaves out are asked of the archived list before they count as gone. Leads (v1 only),
 # pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`).
-BATCH_PATHS: dict[str, tuple[str, ...]] = {
-    "organizations": ("/api/v2/organizations",),
-    "persons": ("/api/v2/persons",),
-    "deals": ("/api/v2/deals", "/api/v2/deals/archived"),
-}
 IDS_MAX = 100  # the spec's cap on `ids` (the sandbox answers 400 beyond it, as a request the API refuses)
 # A kind's parents asked by one `ids=` list rather than by id from this many on. Tokens: a list
 # request costs 10 (`/deals/archived` 20), a record by id 1, so a batch of n < 10 spends more
@@ -381,7 +365,7 @@ def write_page(
     """Map a page, resolve its references in one query, write it in the engine's windows
     (`write.write_page`).
 
-    `kind`: the ledger kind (default: the task kind's, `mapping.ledger_kind`). With a `client`, the
+    `kind`: the ledger kind (default: the task kind's, `kinds.ledger_kind`). With a `client`, the
     page's parents that the ledger does not know are asked of the source first (`ask_source`).
     `optimistic=False`: every row per row (the baseline)."""
     return write.write_page(ctx, rows, mapper, kind=kind or ledger_kind(ctx.task.kind),
