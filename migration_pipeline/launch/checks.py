@@ -183,6 +183,6 @@ def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIME
         # account has GET /v1/users/me, and it answers JSON.
         what = "HTTP 404" if isinstance(e, NotFound) else "no Pipedrive user (a body that is not its JSON)"
         raise ConfigError(f"{base_env} {shown} is not a Pipedrive API: GET /v1/users/me answered {what} "
-                          f"(the base URL is the company's, e.g. https://<company>.pipedrive.com)") from None
+                          f"(Pipedrive's API is at https://api.pipedrive.com)") from None
     except PipedriveError:
         return  # not a verdict on the token: the run's retry policy meets it

@@ -454,6 +454,8 @@ def test_a_server_that_is_no_pipedrive_api_is_one_line_naming_the_base_url_befor
         line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme"], env), "PIPEDRIVE_BASE_URL", url,
                                "is not a Pipedrive API")
         assert "tok-5e1f" not in line
+        # the hint names the base URL the client and the README use, not a per-company host
+        assert "https://api.pipedrive.com" in line and "<company>" not in line, line
     finally:
         server.shutdown()
     _nothing_launched(db_url)
