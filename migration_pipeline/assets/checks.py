@@ -47,12 +47,13 @@ from dagster import (AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database, snapshot
-from engine_core.errors import RunNotFound
+from engine_core.errors import ConfigError, RunNotFound
 from engine_core.ledger import duplicate_claims, ledger_vs_target
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import verify
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
+from migration_pipeline.launch.checks import check_tenant
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, SourceResource
 
@@ -192,13 +193,20 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
 
 
 def require_tenant(context: Any) -> None:
-    """Fail the step in one line when its run has no tenant partition: every phase asset and check
+    """Fail the step in one line when its run has no tenant partition, or one that is no valid tenant
+    name (`check_tenant`: the UI's "Add a partition" accepts names the CLI refuses, and a tenant the
+    CLI cannot name could never be synced), before anything is written: every phase asset and check
     is per tenant, and Dagster's checks tab launches "Execute" with none (without this, the step
     fails with DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
     if not context.has_partition_key:
         raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
                                   "this with a tenant partition (the asset's Materialize, or the launchpad's "
                                   "partition), or `migrate verify TENANT`", allow_retries=False)
+    try:
+        check_tenant(context.partition_key, "the tenant partition")
+    except ConfigError as e:
+        raise Failure(description=f"{e}; nothing was written - add the tenant under a valid name",
+                      allow_retries=False) from None
 
 
 def require_run(db: Database, tenant: str, spec: PhaseSpec) -> None:

@@ -38,10 +38,13 @@ SOURCE_ENV: dict[str, tuple[str, ...]] = {"pipedrive": ("PIPEDRIVE_BASE_URL", "P
 
 # A tenant name: it is a Dagster partition key (shown in the UI, typed into its partition selector
 # and backfill ranges, where "," and "..." separate keys and control characters are refused), the
-# engine's tenant_id, and a word in run names and logs. Letters, digits, ".", "_", "-", starting
-# with a letter or digit, at most 63 characters (a Postgres identifier's length, room for a prefix).
+# engine's tenant_id, and a word in run names and logs. ASCII letters, digits, ".", "_", "-",
+# starting with a letter or digit, no "..", at most 63 characters (a Postgres identifier's length,
+# room for a prefix). Every door checks it: the CLI, and the phase op for a partition added in the UI
+# (Dagster's "Add a partition" dialog takes any key without a "," or control character).
 TENANT_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-TENANT_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit, at most 63 characters"
+TENANT_RULE = ("ASCII letters (A-Z, a-z), digits (0-9), '.', '_' or '-', starting with a letter or digit, "
+               "no '..', at most 63 characters")
 
 
 def check_tenant(tenant: str, given_as: str = "--tenant") -> str:

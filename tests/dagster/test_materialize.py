@@ -212,6 +212,19 @@ def test_a_termination_between_starting_the_engine_run_and_tagging_it_stops_that
     assert run.cancel_requested and run.status in ("stopping", "stopped"), run
 
 
+def test_a_partition_the_cli_could_never_name_is_refused_in_one_line_before_anything_is_written(instance, engine_url,
+                                                                                                 db):
+    """The UI's "Add a partition" takes "café"; the phase op refuses it by the CLI's rule, naming
+    the characters, and no engine run is started for it."""
+    result = materialize_tenant(instance, "café", resources(engine_url, options=SMALL))
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][:1]
+    message = failure.event_specific_data.error.message
+    assert "'café' is not a valid tenant name" in message and "ASCII letters (A-Z, a-z)" in message, message
+    assert "nothing was written" in message and "\n" not in message.strip(), message
+    assert db.sql("SELECT id FROM migrations WHERE tenant_id = 'café'") == []
+
+
 def test_phase_metadata_carries_grouped_reasons_and_a_capped_table_of_skipped_and_failed_rows(instance, engine_url, db):
     from migration_pipeline.assets import metadata
 
