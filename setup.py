@@ -32,6 +32,7 @@ setup(
             "pytest-timeout>=2.3",
             "pytest-xdist>=3.8",  # `make test` runs the suite on two workers (tests/conftest.py groups them)
             "jsonschema>=4.20",
+            "import-linter>=2.16",  # tests/test_architecture.py: the layer contracts in .importlinter
             "playwright==1.65.2",  # tests/ui drives Debian's chromium with it (never its own browser downloads)
             # tests/deploy: the cross-host test (celery executor) and the documented launchers' configs
             "dagster-celery==0.29.27",

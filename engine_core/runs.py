@@ -18,10 +18,9 @@ provider has no catch-up phase: its source holds still, so its runs are their sn
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from psycopg import errors as pg_errors
@@ -37,15 +36,10 @@ from engine_core.barrier import advance_phase, seed_phase
 from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
 from engine_core.runlog import RunLog
-from engine_core.source import Provider, catchup_kind, dependents, identity_of, source_time
+from engine_core.source import (MAX_MARGIN_SECONDS, SNAPSHOT_MARGIN_SECONDS, Provider, catchup_kind,  # noqa: F401
+                                dependents, identity_of, margin_option, snapshot_margin, source_time)
 
 MODES = ("full", "sync")
-# How far before a snapshot a listing by update time starts (run option `snapshot_margin_seconds`):
-# rows stamped by a source server whose clock lags, or committed a moment after their stamp, are
-# listed again rather than missed. Listing them twice costs nothing: the ledger has their version.
-SNAPSHOT_MARGIN_SECONDS = 300
-# A margin beyond a year is no clock's skew; far beyond it timedelta overflows (1e15 s: a traceback).
-MAX_MARGIN_SECONDS = 365 * 24 * 3600
 
 
 class RunStillStopping(EngineError):
@@ -99,30 +93,6 @@ def _refuse(db: Database, tenant_id: str, source: str) -> AdmissionRefused:
     if other is None:
         return AdmissionRefused(f"another run of {source} for tenant {tenant_id!r}")
     return AdmissionRefused(other.name, other.id)
-
-
-def snapshot_margin(run: Run) -> timedelta:
-    """The run's margin before a snapshot (option `snapshot_margin_seconds`, default 300 s)."""
-    return margin_option(run.options)
-
-
-def margin_option(options: Mapping[str, Any]) -> timedelta:
-    """The option `snapshot_margin_seconds` of `options` (default 300 s). Raises ConfigError (one
-    line naming it) for anything but a finite number of seconds from 0 to MAX_MARGIN_SECONDS (not
-    NaN, Infinity or a boolean)."""
-    raw = options.get("snapshot_margin_seconds", SNAPSHOT_MARGIN_SECONDS)
-    try:
-        seconds = float(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"snapshot_margin_seconds must be a number of seconds, got {raw!r}") from None
-    # NaN and Infinity (Python's json reads both) and 1e400 (read as inf) ended in timedelta's traceback
-    if isinstance(raw, bool) or not math.isfinite(seconds):
-        raise ConfigError(f"snapshot_margin_seconds must be a number of seconds, got {raw!r}")
-    if seconds < 0:
-        raise ConfigError(f"snapshot_margin_seconds must be >= 0, got {seconds}")
-    if seconds > MAX_MARGIN_SECONDS:
-        raise ConfigError(f"snapshot_margin_seconds must be at most {MAX_MARGIN_SECONDS} (a year), got {raw!r}")
-    return timedelta(seconds=seconds)
 
 
 def run_plan(provider: Provider, kinds: Iterable[str] | None = None) -> list[list[str]]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine_core.errors import ConfigError
@@ -19,6 +20,38 @@ if TYPE_CHECKING:
     from engine_core.context import TaskContext
 
 log = logging.getLogger(__name__)
+
+
+# How far before a snapshot a listing by update time starts (run option `snapshot_margin_seconds`):
+# rows stamped by a source server whose clock lags, or committed a moment after their stamp, are
+# listed again rather than missed. Listing them twice costs nothing: the ledger has their version.
+SNAPSHOT_MARGIN_SECONDS = 300
+# A margin beyond a year is no clock's skew; far beyond it timedelta overflows (1e15 s: a traceback).
+MAX_MARGIN_SECONDS = 365 * 24 * 3600
+
+
+def snapshot_margin(run: Run) -> timedelta:
+    """The run's margin before a snapshot (option `snapshot_margin_seconds`, default 300 s)."""
+    return margin_option(run.options)
+
+
+def margin_option(options: Mapping[str, Any]) -> timedelta:
+    """The option `snapshot_margin_seconds` of `options` (default 300 s). Raises ConfigError (one
+    line naming it) for anything but a finite number of seconds from 0 to MAX_MARGIN_SECONDS (not
+    NaN, Infinity or a boolean)."""
+    raw = options.get("snapshot_margin_seconds", SNAPSHOT_MARGIN_SECONDS)
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"snapshot_margin_seconds must be a number of seconds, got {raw!r}") from None
+    # NaN and Infinity (Python's json reads both) and 1e400 (read as inf) ended in timedelta's traceback
+    if isinstance(raw, bool) or not math.isfinite(seconds):
+        raise ConfigError(f"snapshot_margin_seconds must be a number of seconds, got {raw!r}")
+    if seconds < 0:
+        raise ConfigError(f"snapshot_margin_seconds must be >= 0, got {seconds}")
+    if seconds > MAX_MARGIN_SECONDS:
+        raise ConfigError(f"snapshot_margin_seconds must be at most {MAX_MARGIN_SECONDS} (a year), got {raw!r}")
+    return timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)

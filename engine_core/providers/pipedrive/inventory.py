@@ -86,6 +86,7 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
+from engine_core.source import snapshot_margin
 from engine_core.providers.pipedrive import mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
@@ -362,8 +363,6 @@ def changed_since(run: Run) -> str | None:
     """`updated_since` of a sync that does not detect deletes: its `since` minus the margin."""
     if detect_deletes(run) or run.since is None:
         return None
-    from engine_core.runs import snapshot_margin
-
     return rfc3339(run.since - snapshot_margin(run))
 
 

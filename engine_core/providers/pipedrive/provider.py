@@ -69,6 +69,7 @@ from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
+from engine_core.source import margin_option
 from engine_core.providers.pipedrive import emails, inventory, kinds, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
@@ -162,9 +163,7 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
                   token: str | None = None) -> None:
     """Refuse, with ConfigError (one line naming the option), a run option a Pipedrive run does
     not take (`OPTIONS`; a token among them is named as such) or a value the run would refuse
-    later (`SourceConfig.load`, the booleans, `runs.margin_option`). Sends nothing."""
-    from engine_core.runs import margin_option
-
+    later (`SourceConfig.load`, the booleans, `source.margin_option`). Sends nothing."""
     if not isinstance(options, Mapping):
         raise ConfigError(f"run options must be a JSON object, got {type(options).__name__}")
     unknown = sorted(k for k in options if k not in OPTIONS and str(k).lower() not in SECRET_OPTIONS)
