@@ -14,7 +14,6 @@ from engine_core.providers.pipedrive.mapping import (
     MalformedRow,
     Ref,
     apply_links,
-    ledger_kind,
     map_activity,
     map_deal,
     map_email,
@@ -26,6 +25,7 @@ from engine_core.providers.pipedrive.mapping import (
     timestamp,
     with_body,
 )
+from engine_core.providers.pipedrive.kinds import ledger_kind
 from engine_core.target import crm
 from pipedrive_sandbox.data import HOSTILE_UNICODE, HTML_INJECTION, SQL_INJECTION, Dataset
 
