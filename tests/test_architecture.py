@@ -80,13 +80,9 @@ def test_no_import_cycle_among_project_modules():
 
 CONTRACTS = ("engine-alone", "engine-no-provider", "providers-no-run-machinery", "face-through-registry",
              "sandbox-alone")
-# The face still imports the Pipedrive provider directly (launch checks, resources) until its
-# composition root goes through the registry.
-FACE_PENDING = pytest.mark.xfail(reason="the face reaches the Pipedrive provider directly", strict=False)
 
 
-@pytest.mark.parametrize("contract", [pytest.param(c, marks=FACE_PENDING) if c == "face-through-registry" else c
-                                      for c in CONTRACTS])
+@pytest.mark.parametrize("contract", CONTRACTS)
 def test_layer_contract_holds(contract: str) -> None:
     """A contract of `.importlinter` at the repository root: the engine imports no Dagster, no
     sandbox and (outside its providers) no provider; providers import no run machinery, ledger or

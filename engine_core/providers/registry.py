@@ -6,6 +6,8 @@ source is one entry in `SHIPPED`, not an edit to the engine.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from engine_core.errors import ConfigError
 from engine_core.models import Run
 from engine_core.providers.example import ExampleProvider
@@ -25,14 +27,16 @@ def register(source: str, factory: ProviderFactory) -> None:
     _REGISTRY[source] = factory
 
 
-def provider_for(source: str, run: Run | None = None) -> Provider:
+def provider_for(source: str, run: Run | None = None, **settings: Any) -> Provider:
     """The provider of `source` for `run` (None: for phases and listings without a run).
-    Raises ConfigError naming the known sources for an unknown one."""
+    `settings` are handed to the factory as keywords: the values a deployment resolved for this run
+    (Pipedrive: base_url, token), which win over the process environment. Raises ConfigError naming
+    the known sources for an unknown one."""
     try:
         factory = _REGISTRY[source]
     except KeyError:
         raise ConfigError(f"unknown source {source!r}; known: {sorted(_REGISTRY)}") from None
-    return factory(run)
+    return factory(run, **settings) if settings else factory(run)
 
 
 def for_run(run: Run) -> Provider:

@@ -135,7 +135,7 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     if callable(check_options):  # the run options: names and values (runs.start_run checks them too)
         check_options(options or {})
     check_source_reachable(source, env)
-    check_source_token(source, provider)
+    check_source_token(provider)
 
 
 def check_tenant_source(db: Any, tenant: str, source: str) -> None:
@@ -150,42 +150,11 @@ def check_tenant_source(db: Any, tenant: str, source: str) -> None:
     runs.check_tenant_identity(db, tenant, source, identity_of(provider_for(source)))
 
 
-# The variable naming each source's credential, asked about by one authenticated request before a
-# launch (`check_source_token`): a wrong token used to pass every check, start the run and fail it
-# later with AuthError, leaving a failed partition behind.
-SOURCE_TOKEN_ENV: dict[str, str] = {"pipedrive": "PIPEDRIVE_API_TOKEN"}
-
-
-def check_source_token(source: str, provider: Any, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
-    """One request with the source's credential: for Pipedrive `GET /v1/users/me` through the
-    provider's own client (engine_core.providers.pipedrive.client), with no retry (2 of the
-    account's daily tokens, nothing else). Raises ConfigError (one line naming SOURCE_TOKEN_ENV's
-    variable and the base URL, never the token) when the source refuses it (401/403), and naming
-    the base URL's variable when the server there is no Pipedrive API (404, or a 200 whose body is
-    not a Pipedrive user). Any other failure (a 5xx, a 429, a timeout) is left to the run's own retry policy. Sources without a
-    token variable are not checked."""
-    name = SOURCE_TOKEN_ENV.get(source)
-    if name is None:
-        return
-    # Pipedrive's own client, for a Pipedrive source only: the face loads no provider at module level
-    from engine_core.providers.pipedrive.client import PipedriveClient
-    from engine_core.providers.pipedrive.errors import AuthError, BadResponse, NotFound, PipedriveError
-    from engine_core.providers.pipedrive.provider import ENV_BASE_URL as base_env
-
-    cfg = provider.config()
-    shown = shown_url(cfg.base_url)
-    try:
-        with PipedriveClient(cfg.base_url, cfg.token, timeout=timeout, max_retries=0) as client:
-            client.me()
-    except AuthError as e:
-        raise ConfigError(f"{name} was refused by {shown} (HTTP {e.status or '401'} on GET /v1/users/me): "
-                          f"set it to the account's API token") from None
-    except (NotFound, BadResponse, ValueError) as e:
-        # A server that answers but is no Pipedrive API (a host that answers 404
-        # to everything let the launch through; its tasks then failed on 404s): every Pipedrive
-        # account has GET /v1/users/me, and it answers JSON.
-        what = "HTTP 404" if isinstance(e, NotFound) else "no Pipedrive user (a body that is not its JSON)"
-        raise ConfigError(f"{base_env} {shown} is not a Pipedrive API: GET /v1/users/me answered {what} "
-                          f"(Pipedrive's API is at https://api.pipedrive.com)") from None
-    except PipedriveError:
-        return  # not a verdict on the token: the run's retry policy meets it
+def check_source_token(provider: Any, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
+    """One request with the source's credential, through the provider's `check_credentials` port
+    (Pipedrive: `GET /v1/users/me`, 2 of the account's daily tokens, no retry). Raises ConfigError
+    in one line naming the variable to fix (never the token); a provider without the port (the
+    example source) has no credential to check."""
+    check = getattr(provider, "check_credentials", None)
+    if callable(check):
+        check(timeout)

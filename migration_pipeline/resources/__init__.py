@@ -84,11 +84,8 @@ class PipedriveSource(SourceResource):
         over the process environment); a run of another source gets that source's provider."""
         if run is not None and run.source != self.source:
             return provider_for(run.source, run)  # the reaper sweeps every source's runs
-        # the provider's own class, for a Pipedrive source only: the face loads no provider at module level
-        from engine_core.providers.pipedrive.provider import PipedriveProvider
-
         # the values Dagster resolved for this run win over the process environment
-        return PipedriveProvider(run, base_url=self.base_url, token=self.api_token)
+        return provider_for(self.source, run, base_url=self.base_url, token=self.api_token)
 
 
 def source_resource(source: str) -> SourceResource:

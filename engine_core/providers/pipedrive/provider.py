@@ -70,7 +70,7 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
-from engine_core.providers.pipedrive import emails, inventory, kinds, mapping, stripes, writers
+from engine_core.providers.pipedrive import credentials, emails, inventory, kinds, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
@@ -317,6 +317,12 @@ class PipedriveProvider:
         """`check_options` (module level) with this provider's environment, base URL and token."""
         env = os.environ if self._env is None else self._env
         check_options(options, env, base_url=self._base_url, token=self._token)
+
+    def check_credentials(self, timeout: float) -> None:
+        """The launch's token check (`credentials.check_token`): one `GET /v1/users/me`, no retry.
+        Raises ConfigError naming PIPEDRIVE_API_TOKEN or PIPEDRIVE_BASE_URL when either is wrong."""
+        cfg = self.config()
+        credentials.check_token(cfg.base_url, cfg.token, timeout, token_env=ENV_TOKEN, base_env=ENV_BASE_URL)
 
     def config(self) -> SourceConfig:
         if self._config is None:
