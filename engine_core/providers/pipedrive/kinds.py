@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from engine_core.providers.pipedrive import mapping
+from engine_core.providers.pipedrive import mapping, products
 
 V1, V2 = "v1", "v2"
 OFFSET, CURSOR, FIELDS, FAN_OUT = "offset", "cursor", "fields", "fan-out"
@@ -84,6 +84,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("organizations", "/api/v2/organizations", V2, CURSOR, 10, phase=1, table="companies",
          entity="organization", mapper=mapping.map_organization, since=True, by_id="/api/v2/organizations/{}",
          probed=True, batch_paths=("/api/v2/organizations",), catchup=3),
+    Kind("products", "/api/v2/products", V2, CURSOR, 10, phase=1, table="products", entity="product",
+         mapper=products.map_product, striped=False, by_id="/api/v2/products/{}", probed=True,
+         batch_paths=("/api/v2/products",), catchup=11, last_level=True),
     Kind("stages", "/api/v2/stages", V2, CURSOR, 5, phase=1, table="stages", depends_on=("pipelines",),
          mapper=mapping.map_stage, striped=False, by_id="/api/v2/stages/{}", probed=True, catchup=2),
     Kind("persons", "/api/v2/persons", V2, CURSOR, 10, phase=2, table="contacts", depends_on=("organizations",),
@@ -118,11 +121,12 @@ V2_FIELD_LISTS: dict[str, str] = {
     "person": "/api/v2/personFields",
     "organization": "/api/v2/organizationFields",
     "activity": "/api/v2/activityFields",
+    "product": "/api/v2/productFields",
 }
 V1_FIELD_LISTS: dict[str, str] = {"lead": "/v1/leadFields", "note": "/v1/noteFields"}
 FIELD_LIST_COSTS: dict[str, int] = {
     "/api/v2/personFields": 10, "/api/v2/organizationFields": 10, "/api/v2/dealFields": 10,
-    "/api/v2/activityFields": 10, "/v1/leadFields": 20, "/v1/noteFields": 20,
+    "/api/v2/activityFields": 10, "/api/v2/productFields": 10, "/v1/leadFields": 20, "/v1/noteFields": 20,
 }
 
 CATCHUP = "catchup"
