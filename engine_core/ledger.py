@@ -847,3 +847,28 @@ def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[di
     """Every ledger entry of one source row (`kind`, `source_id` of `tenant`, from every source),
     with its run's "run_status" and "run_dry_run"; ordered by source."""
     return db.fetch_all("explain_story", {"tenant_id": tenant, "kind": kind, "source_id": str(source_id)})
+
+
+BAD_ROWS_SQL = """
+SELECT kind, count(*) FILTER (WHERE action = 'skipped') AS skipped, count(*) FILTER (WHERE action = 'failed') AS failed
+  FROM migration_records
+ WHERE tenant_id = %(t)s AND action IN ('skipped', 'failed') AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))
+ GROUP BY kind
+UNION ALL
+SELECT kind, 0, count(*) FROM migration_unreadable
+ WHERE tenant_id = %(t)s AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))
+ GROUP BY kind
+"""
+
+
+def bad_row_counts(db: Database | Conn, tenant: str, kinds: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+    """The tenant's skipped and failed rows now, per kind: {kind: {"skipped", "failed"}}, failed
+    counting the rows without a readable id; only `kinds` (None: every kind), kinds with none left
+    out. The same rows `migrate rows` lists (`tenant_rows`, every run), so the figures the UI and
+    `migrate status` show beside success agree with that list."""
+    out: dict[str, dict[str, int]] = {}
+    for r in db.sql(BAD_ROWS_SQL, {"t": tenant, "k": list(kinds) if kinds is not None else None}):
+        got = out.setdefault(r["kind"], {"skipped": 0, "failed": 0})
+        got["skipped"] += int(r["skipped"])
+        got["failed"] += int(r["failed"])
+    return {k: v for k, v in out.items() if v["skipped"] or v["failed"]}

@@ -14,6 +14,9 @@
   count for their kinds' phases (`KindRollup.caught_up`), so a correct run on a changing account
   passes. Fails (severity ERROR) naming each kind that does not add up.
 
+* `all_rows_landed`: fails (severity WARN) when the tenant has skipped or failed rows of the
+  phase's kinds (`landed_check`), so bad rows show where success does.
+
 * `matches_source` ("a proof from the source"): the phase's kinds proved against the source
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
@@ -48,7 +51,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database, snapshot
 from engine_core.errors import ConfigError, RunNotFound
-from engine_core.ledger import duplicate_claims, ledger_vs_target
+from engine_core.ledger import bad_row_counts, duplicate_claims, ledger_vs_target
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import verify
@@ -123,10 +126,30 @@ def completeness_check(db: Database, tenant: str, source: str, spec: PhaseSpec) 
 LEDGER_MATCHES_TARGET = "ledger_matches_target"
 NO_DUPLICATE_CLAIMS = "no_duplicate_claims"
 KINDS_ADD_UP = "kinds_add_up"
+ALL_ROWS_LANDED = "all_rows_landed"
+
+
+def landed_check(db: Database, tenant: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
+    """The `all_rows_landed` check of a phase's `kinds`: (passed, metadata). Fails (severity WARN)
+    when the tenant has skipped or failed rows of those kinds now (`ledger.bad_row_counts`, the
+    rows `migrate rows` lists): a phase that closed with bad rows is a success with a warning in
+    the asset graph and the partition list, not plain green."""
+    bad = bad_row_counts(db, tenant, kinds)
+    skipped = sum(v["skipped"] for v in bad.values())
+    failed = sum(v["failed"] for v in bad.values())
+    md: dict[str, Any] = {"skipped": MetadataValue.int(skipped), "failed": MetadataValue.int(failed)}
+    for kind, v in sorted(bad.items()):
+        md[f"{kind}/skipped"] = MetadataValue.int(v["skipped"])
+        md[f"{kind}/failed"] = MetadataValue.int(v["failed"])
+    if bad:
+        md["where"] = MetadataValue.md("\n".join(f"- `migrate rows {tenant} --kind {k}`" for k in sorted(bad))
+                                       + "\n- the phase's materialization: grouped reasons")
+    return not bad, md
+
 
 
 def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
-    """The phase's three ledger checks, each its own AssetCheckSpec on the phase's tenant partitions
+    """The phase's ledger checks, each its own AssetCheckSpec on the phase's tenant partitions
     (the UI lists, selects and shows them one by one). They are evaluated by the phase asset's own op
     right after it materialises (phases._phase_asset; one step per phase, not two), and on
     their own when a run selects only them."""
@@ -139,6 +162,9 @@ def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
                            description=f"Ledger ids = target rows, per kind ({', '.join(kinds)})."),
             AssetCheckSpec(NO_DUPLICATE_CLAIMS, asset=spec.key, partitions_def=tenants,
                            description="No target row claimed twice or written without its claim; no source id written twice."),
+            AssetCheckSpec(ALL_ROWS_LANDED, asset=spec.key, partitions_def=tenants,
+                           description="Every row of the phase's kinds landed: fails (WARN) when the tenant has "
+                                       "skipped or failed rows of them, as `migrate rows` lists them."),
             AssetCheckSpec(KINDS_ADD_UP, asset=spec.key, partitions_def=tenants,
                            description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
                                        "where it gives one (the engine's completeness check at phase close)."),
@@ -146,8 +172,8 @@ def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
 
 
 def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected: set[str]) -> list[AssetCheckResult]:
-    """The selected ones of the phase's three ledger checks (names: LEDGER_MATCHES_TARGET,
-    NO_DUPLICATE_CLAIMS, KINDS_ADD_UP), all read from one snapshot (`snapshot`): the engine may be
+    """The selected ones of the phase's ledger checks (names: LEDGER_MATCHES_TARGET,
+    NO_DUPLICATE_CLAIMS, KINDS_ADD_UP, ALL_ROWS_LANDED), all read from one snapshot (`snapshot`): the engine may be
     writing meanwhile (the next phases, the catch-up's rows of this phase's kinds)."""
     kinds = list(spec.kinds)
     results = []
@@ -164,6 +190,10 @@ def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected:
             passed, md = completeness_check(snap, tenant, spec.source, spec)
             results.append(AssetCheckResult(asset_key=spec.key, check_name=KINDS_ADD_UP, passed=passed, metadata=md,
                                             severity=AssetCheckSeverity.ERROR))
+        if ALL_ROWS_LANDED in selected:
+            passed, md = landed_check(snap, tenant, kinds)
+            results.append(AssetCheckResult(asset_key=spec.key, check_name=ALL_ROWS_LANDED, passed=passed,
+                                            metadata=md, severity=AssetCheckSeverity.WARN))
     return results
 
 

@@ -167,13 +167,16 @@ def phase_status(tasks: dict[str, int]) -> str:
 
 
 def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
-    """A closed phase's materialisation metadata: `phase_status` ("closed" / "closed with N failed
+    """A closed phase's materialisation metadata: grouped reasons first, then `phase_status` ("closed" / "closed with N failed
     task(s)"), the engine run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the
     run's status when this phase closed, "running" for every phase but the last), counts in total
     and per kind, tasks, rows/s, duration by payload, grouped reasons, a capped table of skipped
     and failed rows, completeness."""
     s = phase_summary(db, r, phase)
     md: dict[str, Any] = {
+        # first: the UI lists metadata in this order, and the grouped reasons are what a phase
+        # with skipped or failed rows needs read first
+        "reasons": MetadataValue.md(reasons_table(s["reasons"])),
         "engine_run": MetadataValue.text(r.name),
         "engine_run_id": MetadataValue.int(r.run_id),
         # what this materialisation says: the phase closed (a key `engine_run_status` said
@@ -212,7 +215,6 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, 
         schema=PER_KIND_SCHEMA,
     )
     md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
-    md["reasons"] = MetadataValue.md(reasons_table(s["reasons"]))
     rows = phase_rows(db, r.run_id, s["names"])
     not_landed = int(s["totals"]["skipped"]) + int(s["totals"]["failed"])
     md["skipped_and_failed_rows"] = MetadataValue.table(

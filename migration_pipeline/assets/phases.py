@@ -424,7 +424,7 @@ def phase_step(
 
 
 def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition:
-    """The phase's asset, with its three ledger checks (checks.ledger_check_specs) evaluated in the
+    """The phase's asset, with its ledger checks (checks.ledger_check_specs) evaluated in the
     same op: their queries start when the phase is seen closed, their results follow the
     materialisation. One step per phase, not two: a separate checks step per phase (its own start
     and success events, inputs' data versions, partition lookups) cost ~0.1 s a phase of a small

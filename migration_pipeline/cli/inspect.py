@@ -17,7 +17,7 @@ from engine_core import runs
 from engine_core.budget import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger import explain_unreadable, source_listing, tenant_row_counts, tenant_rows
+from engine_core.ledger import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
@@ -32,16 +32,20 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at",
     "idle_seconds" (a live run's seconds since anything worked on it, `run_idle_seconds`; else None),
     "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
-    drains it, as `migrate status TENANT` says)}, by tenant."""
+    drains it, as `migrate status TENANT` says), "skipped", "failed" (the tenant's rows now, as
+    `migrate rows TENANT` counts them: a run that succeeded with bad rows is not plain
+    "succeeded")}, by tenant."""
     overview = []
     for r, tasks in runs.latest_runs(db, source):
+        bad = bad_row_counts(db, r.tenant_id).values()
         idle = (round(runs.idle_seconds(db, r.id), 1)
                 if r.status in ("running", "stopping") else None)
         overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
                          "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
                          "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at,
                          "idle_seconds": idle,
-                         "unattended": stale_after is not None and idle is not None and idle > stale_after})
+                         "unattended": stale_after is not None and idle is not None and idle > stale_after,
+                         "skipped": sum(b["skipped"] for b in bad), "failed": sum(b["failed"] for b in bad)})
     return overview
 
 

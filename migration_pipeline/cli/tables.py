@@ -121,23 +121,25 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
-    """The overview as a table; a run no worker drains ("unattended") has "idle 10m05s" beside its
+    """The overview as a table, with each tenant's skipped and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" beside its
     status and a line under the table says what that means and what resumes it (the overview had
     shown a dead run as plainly "running")."""
     if not overview:
         console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
         return
     columns = [("tenant", "left"), ("source", "left"), ("run", "right"), ("status", "left"), ("phase", "right"),
-               ("tasks", "left"), ("started (UTC)", "left"), ("finished (UTC)", "left")]
+               ("skipped", "right"), ("failed", "right"), ("tasks", "left"), ("started (UTC)", "left"),
+               ("finished (UTC)", "left")]
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
              o["status"] + (f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
              + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
-             o["phase"], ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
+             o["phase"], str(o.get("skipped", 0)), str(o.get("failed", 0)),
+             ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
             for o in overview]
     # an 80-column terminal had cut every cell short: names and tasks fold,
     # and the times go first when it is still too narrow
-    table = fitted_table("tenants (each one's latest run; `migrate status TENANT` for its kinds and reasons)",
+    table = fitted_table("tenants (each one's latest run; skipped and failed: the rows `migrate rows TENANT` lists)",
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
                          drop=("finished (UTC)", "started (UTC)"))
     console.print(table, soft_wrap=False)

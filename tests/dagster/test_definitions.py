@@ -50,7 +50,7 @@ def test_defs_load_on_the_example_source():
     ]
     assert {"migrate_tenant", "drain_tenant", "__ASSET_JOB"} <= set(got["jobs"])
     assert got["sensors"] == {"reaper": 300, "lane_poller": 15}
-    assert got["checks"] == 3 * 5  # per phase: rows written once, ledger = target, kinds add up
+    assert got["checks"] == 4 * 5  # per phase: rows written once, ledger = target, kinds add up, all rows landed
 
 
 def test_an_unknown_source_falls_back_to_the_example_provider():

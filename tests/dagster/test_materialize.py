@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance, instance_for_test
+from dagster import AssetCheckSeverity, DagsterInstance, instance_for_test
 
 from engine_core import db as dbmod
 from engine_core import runs
+from engine_core.ledger import tenant_row_counts
 from engine_core.providers import example
 from migration_pipeline.instance import to_url
 from tests.conftest import _with_dbname
@@ -245,6 +246,26 @@ def test_phase_metadata_carries_grouped_reasons_and_a_capped_table_of_skipped_an
     assert rows == [("4", "failed"), ("9", "failed")]
     assert "| contacts | failed | 2 |" in contacts["reasons"].value
     assert contacts["complete"].value is True
+
+    # bad rows show where success does: the grouped reasons come first on the materialization, and
+    # the all_rows_landed check fails (WARN) on each phase with skipped or failed rows, by the
+    # counts `migrate rows` gives
+    assert list(deals)[0] == "reasons" and list(contacts)[0] == "reasons"
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+    for asset, kind, skipped, failed in (("phase_2_contacts", "contacts", 0, 2), ("phase_3_deals", "deals", 50, 0)):
+        landed = checks[(asset, "all_rows_landed")]
+        assert not landed.passed and landed.severity == AssetCheckSeverity.WARN, landed
+        rows = tenant_row_counts(db, "why", kind)
+        assert (landed.metadata["skipped"].value, landed.metadata["failed"].value) == (skipped, failed)
+        assert (rows["skipped"], rows["failed"]) == (skipped, failed)
+    assert checks[("phase_1_companies", "all_rows_landed")].passed
+    # and `migrate status`'s tenants overview carries them beside "succeeded", by the same count
+    from migration_pipeline.cli.inspect import tenant_overview
+
+    (why,) = [o for o in tenant_overview(db) if o["tenant"] == "why"]
+    every = tenant_row_counts(db, "why")
+    assert (why["status"], why["skipped"], why["failed"]) == ("succeeded", every["skipped"], every["failed"]), why
+    assert every["skipped"] >= 50 and every["failed"] == 2, every
 
 
 def test_kinds_add_up_fails_as_an_asset_check_when_a_ledger_row_is_lost(instance, engine_url, db, monkeypatch):

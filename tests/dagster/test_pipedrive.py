@@ -78,7 +78,10 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
         assert len({r["source_id"] for r in rows}) == len(rows), f"crm.{table} has duplicates"
 
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    assert len(checks) == 3 * 8 and all(checks.values()), checks  # 8 phases with the catch-up
+    ledger_checks = {k: v for k, v in checks.items() if k[1] != "all_rows_landed"}
+    assert len(ledger_checks) == 3 * 8 and all(ledger_checks.values()), checks  # 8 phases with the catch-up
+    # all_rows_landed (WARN) fails exactly where the ledger holds skipped rows of the phase's kinds
+    assert len(checks) == 4 * 8
     assert TOKEN not in _event_text(instance, result.run_id)
     assert TOKEN not in json.dumps(instance.get_run_by_id(result.run_id).run_config, default=str)
 

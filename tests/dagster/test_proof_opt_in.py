@@ -61,7 +61,7 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
     # what the UI puts in a "Materialize all" run: the assets, and every check of theirs in __ASSET_JOB
     checks = {k for k in implicit.asset_layer.asset_graph.asset_check_keys if k.asset_key == phase}
     proof = AssetCheckKey(phase, MATCHES_SOURCE)
-    assert proof in checks and len(checks) == 4
+    assert proof in checks and len(checks) == 5
     instance.add_dynamic_partitions("tenants", [TENANT])
     with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
         res = {"database": MigrationDatabase(url=to_url(db_url), max_size=8),
@@ -73,7 +73,7 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
                                                  raise_on_error=False)
         assert everything.success and everything.dagster_run.asset_selection == {phase}
         got = _evaluations(everything)
-        assert set(got) == {"ledger_matches_target", "no_duplicate_claims", "kinds_add_up"}, got  # no proof
+        assert set(got) == {"ledger_matches_target", "no_duplicate_claims", "kinds_add_up", "all_rows_landed"}, got  # no proof
         before = sb.stats()["requests_total"]
 
         alone = implicit.get_subset(asset_selection=set(), asset_check_selection={proof})
