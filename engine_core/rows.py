@@ -75,21 +75,29 @@ def excerpt(row: Any) -> str:
 class Ref:
     """A reference to another source record: the column it fills and where the ledger keeps it.
 
-    `ref` names the record's ledger kind (`"companies"`); a provider whose references have words
-    of their own (Pipedrive's `"org"` -> `organizations`) subclasses this and overrides `kinds`
-    and `describe`. `column` is a column of the target table, or `<jsonb column>.<key>` for a
-    reference inside a JSON object of the row (a custom field: its entry gets `record_id`).
-    `source_field` is the source row's field holding the id (`org_id`), for words only."""
+    `ref` names the record's ledger kind (`"companies"`) or a provider's word for it (Pipedrive's
+    `"org"`); `lookup`: the ledger kinds the record may be kept under, first the current one
+    (empty: `ref` itself); `noun`: the record's name in a skip's reason (empty: `ref`). `column`
+    is a column of the target table, or `<jsonb column>.<key>` for a reference inside a JSON
+    object of the row (a custom field: its entry gets `record_id`). `path`, when given, says where
+    instead: the object at values[path[0]][path[1]]... (an int indexes a list) gets the local id
+    under `into` (a mail party: `("recipients", "to", 1)`, `into="contact_id"`). `source_field` is
+    the source row's field holding the id (`org_id`). All plain data: the engine never calls back
+    to resolve it."""
 
     column: str
     ref: str
     source_id: str
     source_field: str = field(default="", compare=False)
+    lookup: tuple[str, ...] = field(default=(), compare=False)
+    noun: str = field(default="", compare=False)
+    path: tuple[str | int, ...] = field(default=(), compare=False)
+    into: str = field(default="record_id", compare=False)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """The ledger kinds the referenced record may be written under, first the current one."""
-        return (self.ref,)
+        return self.lookup or (self.ref,)
 
     @property
     def parent_kind(self) -> str:
@@ -99,7 +107,7 @@ class Ref:
     def describe(self) -> str:
         """Why a row is not linked, in words (`"companies 42 is not here"`); "" says nothing more
         than the skip's reason itself."""
-        return f"{self.ref} {self.source_id} is not here"
+        return f"{self.noun or self.ref} {self.source_id} is not here"
 
     def dangling(self) -> dict[str, str]:
         """What the product row and the ledger keep of a reference whose parent does not exist at
@@ -128,17 +136,39 @@ class Mapped:
 def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:
     """The row's column values with resolved references filled in: a plain column gets the local
     record id (None when not found), `<column>.<key>` sets `record_id` on the key's entry of the
-    JSON object in `<column>` (an entry absent from it is left absent). The row's own values are
-    not changed."""
+    JSON object in `<column>`, a reference with a `path` sets `into` on the object it leads to
+    (an entry or index absent from the row is left absent). The row's own values are not changed:
+    every container on the way is copied."""
     values = dict(mapped.values)
     for ref in mapped.refs():
         record_id = found.get(ref)
-        if "." in ref.column:
+        if ref.path:
+            _set_at(values, ref.path, ref.into, record_id)
+        elif "." in ref.column:
             column, key = ref.column.split(".", 1)
-            inner = dict(values.get(column) or {})
-            if key in inner:
-                inner[key] = {**inner[key], "record_id": record_id}
-                values[column] = inner
+            _set_at(values, (column, key), "record_id", record_id)
         else:
             values[ref.column] = record_id
     return values
+
+
+def _set_at(values: dict[str, Any], path: tuple[str | int, ...], into: str, value: Any) -> None:
+    """Set `into` on the object at `path` in `values`, copying each container on the way; nothing
+    when a step is absent."""
+    chain: list[Any] = [values]
+    for step in path:
+        here = chain[-1]
+        if isinstance(here, dict) and step in here and here[step] is not None:
+            chain.append(here[step])
+        elif isinstance(here, list) and isinstance(step, int) and 0 <= step < len(here):
+            chain.append(here[step])
+        else:
+            return
+    if not isinstance(chain[-1], dict):
+        return
+    inner: Any = {**chain[-1], into: value}
+    for parent, step in zip(reversed(chain[:-1]), reversed(path)):
+        copy: Any = dict(parent) if isinstance(parent, dict) else list(parent)
+        copy[step] = inner
+        inner = copy
+    values.update(inner)

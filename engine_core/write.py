@@ -63,8 +63,6 @@ Pair = tuple[str, str]  # (ledger kind, source id)
 # The provider's question to its source: of these missing parents the ledger knows nothing about,
 # which exist ({pair: True}), which do not ({pair: False}); pairs it leaves out stay placeholders.
 Probe = Callable[[list[Pair]], Mapping[Pair, bool]]
-# Fills a row's resolved references into its values (`rows.apply_links`, or a provider's own).
-Linker = Callable[[Mapped, Mapping[Ref, "int | None"]], dict[str, Any]]
 
 # How an optimistic window writes its product rows: "claimed" - inserted by the window's ledger
 # claim itself, one statement per table and column set (`ledger.claim_window` with
@@ -159,7 +157,7 @@ def _dangling_reason(refs: list[dict[str, str]]) -> str | None:
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
     dry: Collection[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
-    on_event: Event | None = None, held: ledger.Held | None = None, link: Linker = apply_links,
+    on_event: Event | None = None, held: ledger.Held | None = None,
 ) -> str:
     """One row, per row: link, then write once through the ledger: imported, matched,
     already_here, updated or skipped.
@@ -171,7 +169,8 @@ def write_mapped(
     `update_skipped` (a written row's newer version whose parents are not here: outcome skipped,
     the product row keeps its version; a retry's revisit of the task tries it again) (stats of
     the task). `held`: the row's ledger entry as its page read it (`ledger.held`), so a row
-    already here at this version costs no write. `link`: fills resolved references into values.
+    already here at this version costs no write. Resolved references fill the values as plain
+    data says (`rows.apply_links`).
     """
     exists = exists or {}
     resolved: dict[Ref, int | None] = {}
@@ -204,7 +203,7 @@ def write_mapped(
     spec = crm.TABLES[mapped.table]
     if pending:
         return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(spec.record_type, None))
-    values = link(mapped, resolved)
+    values = apply_links(mapped, resolved)
     refs = [ref.dangling() for ref in dangling]
     if refs:
         values["dangling_refs"] = refs
@@ -272,35 +271,52 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     return PageRefs(found, dry, held, exists)
 
 
-def write_page(
-    ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, probe: Probe | None = None,
-    link: Linker = apply_links, malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
-    raw_id: Callable[[Any], str | None] = row_id, optimistic: bool = True,
-    raw_key: Callable[[Any], str] = unreadable_key,
-) -> PageResult:
-    """Map a page, resolve its references in one query, write it in the engine's windows.
+def map_page(
+    rows: Sequence[Any], mapper: Mapper, *, start: int = 0,
+    malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
+    raw_id: Callable[[Any], str | None] = row_id, raw_key: Callable[[Any], str] = unreadable_key,
+) -> list[Prepared]:
+    """A page in the engine's row shape (`Prepared.of` per row), for a source to apply before it
+    hands the page over (`write_mapped_page`). Rows before `start` (a window committed them:
+    the task's offset) are not mapped again and stand as empty rows."""
+    return [Prepared.of(row, mapper, malformed=malformed, raw_id=raw_id, raw_key=raw_key) if i >= start
+            else Prepared(id=None, mapped=None, error=None) for i, row in enumerate(rows)]
 
-    `kind`: the ledger kind (default: the task's kind). `probe`: the provider's question about
-    missing parents (see the module's docstring). `link`, `malformed`, `raw_id`: how the
-    provider's rows fill their references, which mapper errors mean a malformed row and the id
-    a malformed row is recorded under; `raw_key`: the key of one whose id is unreadable
-    (`rows.unreadable_key`). `optimistic`: plain rows in set-based statements per window
-    (False: every row through the per-row savepoints, today's path kept as the baseline). Rows a
-    window committed before (the task's offset) are not mapped again."""
+
+def write_mapped_page(
+    ctx: TaskContext, prepared: Sequence[Prepared], *, kind: str | None = None, probe: Probe | None = None,
+    optimistic: bool = True,
+) -> PageResult:
+    """Write a mapped page (`map_page`): resolve its references in one query, ask `probe` about
+    missing parents the ledger does not know (once per page), write it in the engine's windows.
+
+    `kind`: the ledger kind (default: the task's kind). `optimistic`: plain rows in set-based
+    statements per window (False: every row through the per-row savepoints, the baseline). The
+    engine calls no source code per row: references, key rules and versions are plain data."""
     kind = kind or ctx.task.kind
-    start = ctx.offset
-    prepared = [Prepared.of(row, mapper, malformed=malformed, raw_id=raw_id, raw_key=raw_key) if i >= start
-                else Prepared(id=None, mapped=None, error=None) for i, row in enumerate(rows)]
-    page = resolve_page(ctx, kind, prepared[start:], probe)
+    page = resolve_page(ctx, kind, prepared[ctx.offset:], probe)
 
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:
             raise row["error"]
         return write_mapped(tx, ctx.run, kind, row["mapped"], page.found, page.dry, exists=page.exists,
-                            on_event=ctx.stats.bump, held=page.held.get(row["id"]), link=link)
+                            on_event=ctx.stats.bump, held=page.held.get(row["id"]))
 
-    batch = window_batch(ctx, kind, page, link) if optimistic and not ctx.run.dry_run else None
-    return ctx.write_rows(prepared, writer, kind=kind, batch=batch)
+    batch = window_batch(ctx, kind, page) if optimistic and not ctx.run.dry_run else None
+    return ctx.write_rows(list(prepared), writer, kind=kind, batch=batch)
+
+
+def write_page(
+    ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, probe: Probe | None = None,
+    malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,
+    raw_id: Callable[[Any], str | None] = row_id, optimistic: bool = True,
+    raw_key: Callable[[Any], str] = unreadable_key,
+) -> PageResult:
+    """Map a page (`map_page`) and write it (`write_mapped_page`): `malformed`, `raw_id`,
+    `raw_key`: which mapper errors mean a malformed row, the id it is recorded under, the key of
+    one whose id is unreadable (`rows.unreadable_key`)."""
+    prepared = map_page(rows, mapper, start=ctx.offset, malformed=malformed, raw_id=raw_id, raw_key=raw_key)
+    return write_mapped_page(ctx, prepared, kind=kind, probe=probe, optimistic=optimistic)
 
 
 # --- optimistic windows ----------------------------------------------------------------------
@@ -323,7 +339,7 @@ def _prepared_parts(row: Any) -> tuple[Mapped | None, BaseException | None]:
     return row["mapped"], row["error"]
 
 
-def _plain(row: Any, page: PageRefs, link: Linker, parts: Parts = _prepared_parts) -> _Plain | None:
+def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> _Plain | None:
     """The row as the set-based part writes it, or None when it goes per row."""
     m, error = parts(row)
     if m is None or error is not None or m.source_id in page.held or m.table not in crm.TABLES:
@@ -338,7 +354,7 @@ def _plain(row: Any, page: PageRefs, link: Linker, parts: Parts = _prepared_part
             dangling.append(ref)
     for ref in m.links:
         resolved[ref] = lookup(page.found, ref)
-    values = link(m, resolved)
+    values = apply_links(m, resolved)
     if values.get("source_id") != m.source_id:
         return None  # the set-based insert finds its rows by source id
     refs = [ref.dangling() for ref in dangling]
@@ -380,7 +396,7 @@ def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dic
     return out
 
 
-def window_batch(ctx: TaskContext, kind: str, page: PageRefs, link: Linker = apply_links,
+def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                  parts: Parts = _prepared_parts) -> Callable[[Conn, list[tuple[int, Any]]], dict[int, str]]:
     """The optimistic windows' set-based part (`TaskContext.write_rows`'s `batch`) for rows whose
     references `page` resolved: the module's docstring says which rows it writes and how. `parts`
@@ -396,7 +412,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs, link: Linker = app
         for pos, row in todo:
             if row["id"] is None or counts[row["id"]] > 1:
                 continue  # a duplicate id in the window: per row, in order
-            p = _plain(row, page, link, parts)
+            p = _plain(row, page, parts)
             if p is not None:
                 p.pos = pos
                 plain.append(p)

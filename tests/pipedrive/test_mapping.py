@@ -13,7 +13,7 @@ from engine_core.providers.pipedrive.mapping import (
     FieldBook,
     MalformedRow,
     Ref,
-    apply_links,
+    ref_to,
     map_activity,
     map_deal,
     map_email,
@@ -26,6 +26,7 @@ from engine_core.providers.pipedrive.mapping import (
     with_body,
 )
 from engine_core.providers.pipedrive.kinds import ledger_kind
+from engine_core.rows import apply_links
 from engine_core.target import crm
 from pipedrive_sandbox.data import HOSTILE_UNICODE, HTML_INJECTION, SQL_INJECTION, Dataset
 
@@ -92,7 +93,7 @@ def test_deal_parents_links_and_custom_fields() -> None:
     assert cf["f" * 40]["type"] == "unknown" and cf["f" * 40]["value"] == "unknown field"
     # one ledger identity whichever list served a deal or lead (issue 8, item 6); the old archived
     # kinds are read after it (entries an older worker wrote), never written
-    assert Ref("deal_id", "deal", "5").kinds[0] == "deals" and Ref("lead_id", "lead", "x").parent_kind == "leads"
+    assert ref_to("deal_id", "deal", "5").kinds[0] == "deals" and ref_to("lead_id", "lead", "x").parent_kind == "leads"
     assert (ledger_kind("deals_archived"), ledger_kind("leads_archived"), ledger_kind("deals")) == ("deals", "leads", "deals")
     # the source field a parent came from is kept for words (a dangling reference names it)
     assert [r.dangling() for r in m.parents] == [

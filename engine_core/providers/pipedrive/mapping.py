@@ -52,17 +52,17 @@ MalformedRow = rows.MalformedRow
 Mapped = rows.Mapped
 
 
-@dataclass(frozen=True)
-class Ref(rows.Ref):
-    """A Pipedrive reference: `ref` is a word (deal | lead | person | org | user | pipeline |
-    stage), looked up under the ledger kinds of `KINDS_OF_REF` (an archived list's old kind too)."""
+Ref = rows.Ref
 
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return KINDS_OF_REF[self.ref]
 
-    def describe(self) -> str:
-        return f"{REF_WORD[self.ref]} {self.source_id} is not here"
+def ref_to(column: str, ref: str, source_id: str, source_field: str = "", *,
+           path: tuple[str | int, ...] = (), into: str = "record_id") -> Ref:
+    """A Pipedrive reference as plain data: `ref` is a word (deal | lead | person | org | user |
+    pipeline | stage), looked up under the ledger kinds of `KINDS_OF_REF` (an archived list's
+    old kind too) and named in a skip's reason by `REF_WORD`; `path`/`into`: where inside the
+    row's JSON the local id goes (`rows.Ref`). Raises KeyError for another word."""
+    return Ref(column, ref, source_id, source_field, lookup=KINDS_OF_REF[ref], noun=REF_WORD[ref],
+               path=path, into=into)
 
 
 def source_version(row: Mapping[str, Any], name: str = "update_time") -> str:
@@ -127,6 +127,8 @@ def row_source_id(row: Any, kind: str) -> str:
 
 
 def text(row: Mapping[str, Any], name: str, *, required: bool = False, limit: int = TITLE_MAX) -> str | None:
+    """The text field `name` (None when absent or, unless `required`, empty). Raises MalformedRow
+    naming the field when it is missing but required, not text, holds NUL or is over `limit` characters."""
     value = row.get(name)
     if value is None or (not required and value == ""):
         if required:
@@ -144,6 +146,8 @@ def text(row: Mapping[str, Any], name: str, *, required: bool = False, limit: in
 
 
 def ref_id(row: Mapping[str, Any], name: str, *, uuid: bool = False) -> str | None:
+    """The id in field `name` as the ledger keys it (a v1 `{value: id}` object unwrapped; `uuid`: a
+    lead's, lowercased), None when absent. Raises MalformedRow naming the field for anything else."""
     value = row.get(name)
     if value is None:
         return None
@@ -176,6 +180,8 @@ def timestamp(row: Mapping[str, Any], name: str) -> datetime | None:
 
 
 def day(row: Mapping[str, Any], name: str) -> date | None:
+    """The date in field `name` (ISO, time of day ignored), None when absent or empty. Raises
+    MalformedRow naming the field when it is not a date."""
     value = row.get(name)
     if value is None or value == "":
         return None
@@ -188,6 +194,8 @@ def day(row: Mapping[str, Any], name: str) -> date | None:
 
 
 def number(row: Mapping[str, Any], name: str) -> float | None:
+    """The number in field `name` as a float (Pipedrive serves some as strings), None when absent
+    or empty. Raises MalformedRow naming the field when it is not a number."""
     value = row.get(name)
     if value is None or value == "":
         return None
@@ -199,6 +207,8 @@ def number(row: Mapping[str, Any], name: str) -> float | None:
 
 
 def flag(row: Mapping[str, Any], name: str) -> bool | None:
+    """The boolean in field `name` (v1 serves 0/1 and "0"/"1"), None when absent. Raises
+    MalformedRow naming the field for anything else."""
     value = row.get(name)
     if value is None:
         return None
@@ -249,11 +259,14 @@ def _no_nul(value: Any, name: str) -> None:
 
 
 def labels(row: Mapping[str, Any], name: str = "label_ids") -> list[Any]:
+    """The list in field `name` (label ids), [] when absent. Raises MalformedRow when not a list."""
     value = json_value(row, name, list)
     return list(value or [])
 
 
 def visible_to(row: Mapping[str, Any]) -> str | None:
+    """The row's visibility group as text (`"3"`), None when absent. Raises MalformedRow naming
+    the field when it is neither a number nor text."""
     value = row.get("visible_to")
     if value is None:
         return None
@@ -274,7 +287,7 @@ def _common(row: Mapping[str, Any], sid: str, tenant_id: str, created: str = "ad
 
 def _link(refs: list[Ref], column: str, ref: str, source_id: str | None, field: str = "") -> None:
     if source_id is not None:
-        refs.append(Ref(column, ref, source_id, field))
+        refs.append(ref_to(column, ref, source_id, field))
 
 
 # --- custom fields ---------------------------------------------------------------------------
@@ -282,6 +295,8 @@ def _link(refs: list[Ref], column: str, ref: str, source_id: str | None, field: 
 
 @dataclass(frozen=True)
 class FieldDef:
+    """One field definition: `entity` (deal | person | ...), its 40-hex `key`, display `name`,
+    `field_type` (Pipedrive's), `options` as (id, label) pairs, and whether it is custom."""
     entity: str
     key: str
     name: str
@@ -290,6 +305,7 @@ class FieldDef:
     is_custom: bool = True
 
     def label(self, option_id: Any) -> str | None:
+        """The label of option `option_id` (compared as text), None when the field has no such option."""
         for oid, label in self.options:
             if str(oid) == str(option_id):
                 return label
@@ -320,6 +336,7 @@ class FieldBook:
         return self._custom.get(entity, {})
 
     def get(self, entity: str, key: str) -> FieldDef | None:
+        """The definition of `key` on `entity`'s custom fields, None when the book has none."""
         return self.custom(entity).get(key)
 
 
@@ -369,6 +386,8 @@ def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any
 
 
 def custom_fields_v2(book: FieldBook, entity: str, row: Mapping[str, Any], links: list[Ref]) -> dict[str, Any]:
+    """v2 rows carry custom values under `custom_fields`: {key: stored value} with each
+    reference to a record added to `links`. Raises MalformedRow when it is not an object."""
     raw = row.get("custom_fields")
     if raw is None:
         return {}
@@ -406,13 +425,14 @@ def _custom_link(f: FieldDef, stored: dict[str, Any], key: str, links: list[Ref]
     ref = REF_TYPES.get(f.field_type)
     value = stored.get("value")
     if ref and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        links.append(Ref(f"custom_fields.{key}", ref, str(value)))
+        links.append(ref_to(f"custom_fields.{key}", ref, str(value)))
 
 
 # --- the mappers -----------------------------------------------------------------------------
 
 
 def map_user(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """A `/v1/users` row -> a `users` row (version: `modified`, users have no update_time)."""
     sid = row_source_id(row, "users")
     access = row.get("access")
     admin = any(isinstance(a, Mapping) and a.get("admin") is True for a in access) if isinstance(access, list) else False
@@ -437,6 +457,7 @@ def _position(row: Mapping[str, Any]) -> int | None:
 
 
 def map_pipeline(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """A pipeline -> a `pipelines` row."""
     sid = row_source_id(row, "pipelines")
     values = {
         **_common(row, sid, tenant_id),
@@ -469,6 +490,7 @@ def map_stage(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped
 
 
 def map_organization(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """An organization -> a `companies` row; its owner and record-valued custom fields are links."""
     sid = row_source_id(row, "organizations")
     links: list[Ref] = []
     _link(links, "owner_id", "user", ref_id(row, "owner_id"))
@@ -505,6 +527,8 @@ def _emails(row: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def map_person(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """A person -> a `contacts` row: its organization a parent, its owner a link, its emails
+    matched against contacts already in the product (`match_emails`)."""
     sid = row_source_id(row, "persons")
     parents: list[Ref] = []
     links: list[Ref] = []
@@ -534,6 +558,8 @@ def map_person(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mappe
 
 
 def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
+    """A deal -> a `deals` row: person and organization parents, pipeline, stage and owner links
+    (source ids kept beside them); `archived_kind`: served by the archived list."""
     sid = row_source_id(row, "deals")
     parents: list[Ref] = []
     links: list[Ref] = []
@@ -570,6 +596,8 @@ def map_deal(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archive
 
 
 def map_lead(row: Mapping[str, Any], tenant_id: str, book: FieldBook, *, archived_kind: bool = False) -> Mapped:
+    """A lead (uuid id) -> a `leads` row: person and organization parents, owner a link;
+    `archived_kind`: served by the archived list."""
     sid = row_source_id(row, "leads")
     parents: list[Ref] = []
     links: list[Ref] = []
@@ -604,6 +632,8 @@ def _attachments(row: Mapping[str, Any], parents: list[Ref]) -> None:
 
 
 def map_activity(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """An activity -> an `activities` row: the records it is attached to (deal, lead, person,
+    organization) its parents, its owner a link, participants kept as served."""
     sid = row_source_id(row, "activities")
     parents: list[Ref] = []
     links: list[Ref] = []
@@ -636,6 +666,8 @@ _UNBOUNDED = 2**62  # a text checked for type and NUL only: its length is fitted
 
 
 def map_note(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:
+    """A note -> a `notes` row: deal, lead, person and organization parents; its content kept
+    whole up to NOTE_CONTENT_MAX (`content_truncated` past it), pin flags as a list."""
     sid = row_source_id(row, "notes")
     parents: list[Ref] = []
     links: list[Ref] = []
@@ -676,7 +708,9 @@ def _parties(message: Mapping[str, Any], name: str, links: list[Ref], role: str)
             raise MalformedRow(f"{name} has a non-text address: {_describe(email)}")
         person = ref_id(party, "linked_person_id")
         out.append({"email": email, "name": party.get("name") or None, "contact_id": None})
-        _link(links, f"{role}.{n}", "person", person)
+        if person is not None:
+            where = ("sender", n) if role == "sender" else ("recipients", role, n)
+            links.append(ref_to(f"{role}.{n}", "person", person, path=where, into="contact_id"))
     return out
 
 
@@ -685,7 +719,7 @@ def map_email(item: Any, tenant_id: str, deal_source_id: str) -> Mapped:
     the deal whose listing it came from."""
     message = message_of(item)
     sid = row_source_id(message, "emails")
-    parents: list[Ref] = [Ref("deal_id", "deal", deal_source_id, "deal_id")]
+    parents: list[Ref] = [ref_to("deal_id", "deal", deal_source_id, "deal_id")]
     links: list[Ref] = []
     sender = _parties(message, "from", links, "sender")
     recipients = {k: _parties(message, k, links, k) for k in ("to", "cc", "bcc")}
@@ -716,35 +750,3 @@ def with_body(mapped: Mapped, message: Any) -> Mapped:
             raise MalformedRow(f"body is {len(body):,} characters long (at most {TEXT_MAX:,})")
     return Mapped(mapped.table, mapped.source_id, {**mapped.values, "body": body}, mapped.parents, mapped.links,
                   version=mapped.version)
-
-
-def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:
-    """Column values with resolved references filled in: mail parties (`sender.0`, `to.1`, ...:
-    the party's `contact_id`) here, columns and custom fields by the engine (`rows.apply_links`)."""
-    if not any(_party(r) for r in mapped.parents) and not any(_party(r) for r in mapped.links):
-        return rows.apply_links(mapped, found)  # no mail parties (every row but an email's)
-    values = rows.apply_links(Mapped(mapped.table, mapped.source_id, mapped.values,
-                                     [r for r in mapped.parents if not _party(r)],
-                                     [r for r in mapped.links if not _party(r)]), found)
-    for ref in mapped.refs():
-        if not _party(ref):
-            continue
-        record_id = found.get(ref)
-        role, n = ref.column.split(".", 1)
-        if role == "sender":
-            parties = [dict(p) for p in values["sender"]]
-            parties[int(n)]["contact_id"] = record_id
-            values["sender"] = parties
-        else:
-            recipients = {k: [dict(p) for p in v] for k, v in values["recipients"].items()}
-            recipients[role][int(n)]["contact_id"] = record_id
-            values["recipients"] = recipients
-    return values
-
-
-def _party(ref: Ref) -> bool:
-    """A mail party's reference (`sender.0`, `to.1`, `cc.0`, `bcc.2`)."""
-    return ref.column.startswith(_PARTY_PREFIXES)
-
-
-_PARTY_PREFIXES = ("sender.", "to.", "cc.", "bcc.")

@@ -130,12 +130,15 @@ def v1_after(
 
 
 def v2_seeds(kind: str) -> list[Successor]:
+    """A v2 kind's first tasks: one walker over the whole list for a list without time filters
+    (`UNSTRIPED`), else its discovery task `kind:discover` (it seeds the stripes)."""
     if kind in UNSTRIPED:
         return v2_stripe_seeds(kind, [(None, None)])
     return [Successor(f"{kind}:discover", {"discover": True})]
 
 
 def rfc3339(moment: datetime) -> str:
+    """`moment` in UTC as the v2 time filters take it: `2024-01-02T03:04:05Z` (seconds)."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -202,6 +205,7 @@ def v2_next(kind: str, cursor: dict[str, Any], next_cursor: str) -> Successor:
 
 
 def is_null_walker(cursor: dict[str, Any]) -> bool:
+    """Whether the cursor is the null walker's (rows whose `update_time` is null)."""
     return cursor.get("stripe") == NULLS
 
 
@@ -212,6 +216,8 @@ def has_null_time(row: Any) -> bool:
 
 
 def v2_params(cursor: dict[str, Any]) -> dict[str, str]:
+    """The time filters of a v2 walker's cursor: `updated_since` (inclusive) and `updated_until`
+    (exclusive) for the bounds it has (none: the unfiltered list)."""
     params: dict[str, str] = {}
     if cursor.get("since"):
         params["updated_since"] = cursor["since"]
@@ -237,6 +243,8 @@ def email_seeds() -> list[Successor]:
 
 
 def email_discovery_next(cursor: dict[str, Any], next_cursor: str) -> Successor:
+    """The email discovery's next page of the deal list it walks (`source`: active or
+    archived), keyed by page number so a retried page finds its successor already there."""
     page = int(cursor.get("page", 0)) + 1
     source = cursor["discover"]
     return Successor(f"emails:discover:{source}:p{page}", {"discover": source, "cursor": next_cursor, "page": page})

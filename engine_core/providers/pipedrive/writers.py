@@ -56,7 +56,7 @@ from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
-from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, apply_links, sound_id,
+from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -74,21 +74,13 @@ from engine_core.write import (  # noqa: F401 - the engine's names, as this modu
 class Getter(Protocol):
     """What the parent probe needs of the provider's client (`PipedriveClient.get`)."""
 
-    def get(self, path: str, params: Mapping[str, Any] | None = None, *, cancel: Any = None) -> dict[str, Any]: ...
+    def get(self, path: str, params: Mapping[str, Any] | None = None, *, cancel: Any = None) -> dict[str, Any]:
+        """GET `path` with `params`; the response's JSON body. Raises NotFound for a 404."""
+        ...
 
 
 # A malformed row is recorded in the ledger under its id only when the id itself is sound.
 _raw_id = sound_id
-
-
-class Prepared(write.Prepared):
-    """A Pipedrive row ready for its window (`write.Prepared`): a malformed row is recorded under
-    its id only when the id itself is sound; one without a readable id under
-    `mapping.unreadable_key`."""
-
-    @classmethod
-    def of(cls, row: Any, mapper: Mapper, **_: Any) -> Prepared:  # type: ignore[override]
-        return super().of(row, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)  # type: ignore[return-value]
 
 
 # --- parents deleted at the source -------------------------------------------------------------
@@ -128,11 +120,14 @@ class SourceAnswers:
             asking.set()
 
     def get(self, key: tuple[str, int], pairs: Iterable[Pair]) -> dict[Pair, bool]:
+        """What this run (`key`: database url, run id) already heard about `pairs`: {pair: exists}."""
         with self._lock:
             known = self._by_run.get(key, {})
             return {p: known[p] for p in pairs if p in known}
 
     def put(self, key: tuple[str, int], pair: Pair, exists: bool) -> None:
+        """Remember the source's answer about `pair` for the run `key` (the oldest run forgotten
+        past RUNS_KEPT)."""
         with self._lock:
             self._by_run.setdefault(key, {})[pair] = exists
             self._by_run.move_to_end(key)
@@ -342,36 +337,35 @@ def write_mapped(
     dry: set[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
     on_event: Event | None = None, held: ledger.Held | None = None,
 ) -> str:
-    """One Pipedrive row, per row (`write.write_mapped` with Pipedrive's `apply_links`: mail
-    parties); the email phase writes its messages through this."""
-    return write.write_mapped(tx, run, kind, mapped, found, dry, exists=exists, on_event=on_event, held=held,
-                              link=apply_links)
+    """One mapped Pipedrive row, per row (`write.write_mapped`); the email phase writes its
+    messages through this."""
+    return write.write_mapped(tx, run, kind, mapped, found, dry, exists=exists, on_event=on_event, held=held)
 
 
 def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
-    """The email phase's optimistic windows (`write.window_batch` with Pipedrive's `apply_links`):
+    """The email phase's optimistic windows (`write.window_batch`):
     a window's messages mapped, their deal written and no written ledger entry for them are
     claimed and inserted in set-based statements; `written`: the ids the ledger holds written (a
     newer version: updated in place, per row). The rows are the phase's `MailRow`s (`.mapped`,
     `.error`). Not for a dry run."""
     page = write.PageRefs(found=found, held=dict.fromkeys(written))
-    return write.window_batch(ctx, kind, page, apply_links, parts=lambda row: (row.mapped, row.error))
+    return write.window_batch(ctx, kind, page, parts=lambda row: (row.mapped, row.error))
 
 
 def write_page(
     ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, client: Getter | None = None,
     optimistic: bool = True,
 ) -> PageResult:
-    """Map a page, resolve its references in one query, write it in the engine's windows
-    (`write.write_page`).
+    """Map a page here (`write.map_page` with Pipedrive's mappers and key rules), then hand it to
+    the engine once (`write.write_mapped_page`): references resolved in one query, windows.
 
     `kind`: the ledger kind (default: the task kind's, `kinds.ledger_kind`). With a `client`, the
     page's parents that the ledger does not know are asked of the source first (`ask_source`).
     `optimistic=False`: every row per row (the baseline)."""
-    return write.write_page(ctx, rows, mapper, kind=kind or ledger_kind(ctx.task.kind),
-                            probe=probe_of(ctx, client) if client is not None else None, link=apply_links,
-                            malformed=MalformedRow, raw_id=_raw_id, optimistic=optimistic,
-                            raw_key=unreadable_key)
+    prepared = write.map_page(rows, mapper, start=ctx.offset, malformed=MalformedRow, raw_id=_raw_id,
+                              raw_key=unreadable_key)
+    return write.write_mapped_page(ctx, prepared, kind=kind or ledger_kind(ctx.task.kind),
+                                   probe=probe_of(ctx, client) if client is not None else None, optimistic=optimistic)
 
 
 def write_listed_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, client: Getter) -> PageResult:
@@ -465,4 +459,5 @@ def mark_deleted_definitions(tx: Conn, run: Run, listed: set[str]) -> int:
 
 
 def book_from_db(conn: Conn, run: Run) -> FieldBook:
+    """The run's field definitions as the product keeps them (crm.custom_field_definitions)."""
     return FieldBook(crm.field_definitions(conn, run.tenant_id, run.source))
