@@ -19,6 +19,7 @@ from engine_core.providers.pipedrive.mapping import (
     Mapped,
     MalformedRow,
     Ref,
+    ref_to,
     _link,
     flag,
     ref_id,
@@ -53,7 +54,7 @@ def map_participant(row: Mapping[str, Any], tenant_id: str, deal_source_id: str)
         "contact_ref": person,
         "active": flag(row, "active_flag") is not False,
     }
-    parents = [Ref("deal_id", "deal", deal_source_id, "deal_id"), Ref("contact_id", "person", person, "person_id")]
+    parents = [ref_to("deal_id", "deal", deal_source_id, "deal_id"), ref_to("contact_id", "person", person, "person_id")]
     return Mapped("deal_participants", sid, values, parents=parents, links=links, version=source_version(row))
 
 
@@ -72,7 +73,7 @@ def map_follower(row: Mapping[str, Any], tenant_id: str, kind: str, record_sourc
     _link(links, "user_id", "user", user)
     added = timestamp(row, "add_time")
     values = {**_base(sid, tenant_id, added, added), "user_ref": user}
-    parents = [Ref(column, word, record_source_id, "id")]
+    parents = [ref_to(column, word, record_source_id, "id")]
     return Mapped("followers", sid, values, parents=parents, links=links, version=source_version(row))
 
 
@@ -113,5 +114,5 @@ def map_deal_change(row: Mapping[str, Any], tenant_id: str, deal_source_id: str)
         "changed_at": changed,
         "change_source": text(row, "change_source"),
     }
-    return Mapped("deal_history", sid, values, parents=[Ref("deal_id", "deal", deal_source_id, "deal_id")],
+    return Mapped("deal_history", sid, values, parents=[ref_to("deal_id", "deal", deal_source_id, "deal_id")],
                   links=links, version=source_version(row, "time"))

@@ -16,6 +16,7 @@ from engine_core.providers.pipedrive.mapping import (
     Mapped,
     MalformedRow,
     Ref,
+    ref_to,
     _common,
     _link,
     custom_fields_v2,
@@ -86,7 +87,7 @@ def map_deal_product(row: Mapping[str, Any], tenant_id: str, book: FieldBook | N
     if deal is None:
         raise MalformedRow("deal_id is missing")
     product = ref_id(row, "product_id")
-    parents: list[Ref] = [Ref("deal_id", "deal", deal, "deal_id")]
+    parents: list[Ref] = [ref_to("deal_id", "deal", deal, "deal_id")]
     links: list[rows.Ref] = []
     if product is not None:
         links.append(rows.Ref("product_id", "products", product, "product_id"))
