@@ -199,11 +199,18 @@ class Page:
 class SlotBudget(Protocol):
     """What the client needs from `engine_core.budget.Budget`."""
 
-    def acquire(self, cancel: threading.Event | None = None) -> None: ...
+    def acquire(self, cancel: threading.Event | None = None) -> None:
+        """Take one request slot, blocking until its time; raises BudgetCancelled when `cancel` is
+        set, RateLimitParked when the daily budget is parked."""
+        ...
 
-    def observe(self, seen: RateObservation) -> None: ...
+    def observe(self, seen: RateObservation) -> None:
+        """Keep what a response's rate-limit headers said (`x-ratelimit-*`, `x-daily-requests-left`)."""
+        ...
 
-    def note_rate_limited(self, scope: Scope, retry_after: float) -> None: ...
+    def note_rate_limited(self, scope: Scope, retry_after: float) -> None:
+        """A 429 or a spent daily budget: every worker sharing the account pauses `retry_after` seconds."""
+        ...
 
 
 class SlotHolder(SlotBudget, Protocol):
@@ -211,7 +218,9 @@ class SlotHolder(SlotBudget, Protocol):
     with one asks it, not the client's budget, for everything else too (a retry's slot, what the
     headers said, a 429), so a fetch thread never reaches the database itself."""
 
-    def spend(self, cancel: threading.Event | None = None) -> None: ...
+    def spend(self, cancel: threading.Event | None = None) -> None:
+        """Spend one reserved slot (a fresh one from the budget when none is left); raises as `acquire`."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -225,7 +234,7 @@ class _Failure:
 
 
 class Prefetch:
-    """Listing pages asked ahead (issue 11): a task that knows the request its successor will make
+    """Listing pages asked ahead: a task that knows the request its successor will make
     (the walk's next page) asks it on a background thread while it writes its own page, and the
     successor's identical request takes the answer instead of going to the source.
 
@@ -249,6 +258,8 @@ class Prefetch:
 
     @staticmethod
     def key(path: str, query: Mapping[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """A request's identity: its path and its query as sorted (name, value) strings, so two
+        equal queries built in another order find the same page."""
         return path, tuple(sorted((str(k), str(v)) for k, v in query.items()))
 
     def ask(self, client: PipedriveClient, path: str, query: Mapping[str, Any]) -> None:
@@ -332,7 +343,7 @@ def tls_context() -> ssl.SSLContext:
     """The process's TLS context for the source, built once the way httpx builds its default
     (`httpx.create_ssl_context()`: certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR). Building one
     reads the CA bundle - about 15 ms of CPU - and every client made one: a client per lane per run,
-    plus one per identity and snapshot request (issue 11). A context is safe to share across threads."""
+    plus one per identity and snapshot request. A context is safe to share across threads."""
     global _TLS
     with _TLS_LOCK:
         if _TLS is None:
@@ -388,6 +399,7 @@ class PipedriveClient:
         return f"PipedriveClient(base_url={self.base_url!r})"
 
     def close(self) -> None:
+        """Close the HTTP connection pool; the client sends nothing after."""
         self._http.close()
 
     def __enter__(self) -> PipedriveClient:
@@ -893,7 +905,7 @@ def _decode_json(content: bytes) -> tuple[Any, int]:
     replacement characters decoding added (those already in the text, encoded, are not counted).
     Raises ValueError when the decoded text is not JSON (a cut-off read: worth a retry).
 
-    Read by orjson first (issue 11: `json.loads` of the pages was ~12% of the engine's GIL time on
+    Read by orjson first (`json.loads` of the pages was ~12% of the engine's GIL time on
     the entity path; orjson reads them in half the time), and by the standard library, exactly as
     before, whenever orjson refuses the body: bytes that are not UTF-8, a byte-order mark, a lone
     surrogate escape, `NaN`/`Infinity`, too deep, not JSON. A body with a run of 19 digits goes to
@@ -925,7 +937,7 @@ def stdlib_decode_json(content: bytes) -> tuple[Any, int]:
 
 def _short(error: PipedriveError) -> str:
     """An error as a retry's log line names it: "429 burst", "invalid JSON (HTTP 200)" (a cut-off
-    or garbled body: it had said only "HTTP 200", a fresh user's find), "HTTP 503", else its detail."""
+    or garbled body: "HTTP 200" alone would hide why it is retried), "HTTP 503", else its detail."""
     if isinstance(error, RateLimited):
         return f"429 {error.scope}"
     if isinstance(error, BadResponse) and error.malformed:

@@ -32,7 +32,7 @@ answers 403 while the token still reads the account's own identity (`client.sett
 that deal's outcome - its mail told unreachable with the reason (`EmailTask._unreachable`) - and
 the task goes on; a token refused (401, or 403 on `/v1/users/me`) stops it as before.
 
-Mail the source serves but Postgres cannot hold as given is imported, never lost (issue 8, item 7):
+Mail the source serves but Postgres cannot hold as given is imported, never lost:
 every string of a message - subject, snippet, addresses, names, body - loses its NUL characters and
 has lone UTF-16 surrogates replaced by U+FFFD (`clean_strings`); the client decodes invalid UTF-8
 once, with U+FFFD (a deterministic property of the data, never retried); a body longer than
@@ -106,7 +106,7 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         count = row.get("email_messages_count") if isinstance(row, dict) else None
         if not isinstance(ident, int) or isinstance(ident, bool) or ident <= 0:
             # a malformed deal: the deals phase records it; no mail of it can be reached - said
-            # here, with the count the list reports (a fresh user's find: its mail was told nowhere)
+            # here, with the count the list reports, so its mail is told somewhere
             if not (isinstance(count, int) and not isinstance(count, bool) and count <= 0):
                 unreachable.append((row, count))
             continue
@@ -224,6 +224,12 @@ class Tally:
 
 
 class EmailTask:
+    """One mail task: for its deals (`cursor["deals"]`, source ids), list each deal's messages
+    (`GET /v1/deals/{id}/mailMessages`), fetch the bodies of those that will be written
+    (`GET /v1/mailbox/mailMessages/{id}?include_body=1`, `fetch_threads` at a time within the
+    budget's lease) and write them in windows of `ctx.window` rows. The offset is the first deal
+    not finished, so a resumed task lists no finished deal again."""
+
     def __init__(
         self,
         ctx: TaskContext,
@@ -241,7 +247,7 @@ class EmailTask:
         if budget is not None:
             self.per_round = max(1, min(fetch_threads, budget.lease_size()))
         self.deals = [int(d) for d in ctx.task.cursor.get("deals", [])]
-        # a catch-up's mail task (issue 9): this run's own placeholders are taken over too - mail
+        # a catch-up's mail task: this run's own placeholders are taken over too - mail
         # skipped earlier in the run because its deal was not written yet (the catch-up wrote it)
         self.retake = bool(ctx.task.cursor.get("retake"))
         self.offset = min(ctx.offset, len(self.deals))
@@ -268,6 +274,9 @@ class EmailTask:
 
     # -- the task ---------------------------------------------------------------------------
     def run(self) -> TaskOutcome:
+        """Run the task to its end. Raises TaskStopped, RateLimitParked or PipedriveError after
+        writing what is in hand; PageFailed when all of at least `SYSTEMIC_FAILURE_MIN` messages
+        failed (a broken task, not bad rows)."""
         try:
             while self.to_list or self.to_fetch or self.in_hand:
                 if self.in_hand >= self.ctx.window or (self.in_hand and not self.to_fetch and not self.to_list):
@@ -289,9 +298,12 @@ class EmailTask:
 
     @property
     def in_hand(self) -> int:
+        """Messages ready for a window (with their bodies, or needing none)."""
         return len(self.ready_bodies) + len(self.ready_other)
 
     def first_unfinished(self) -> int:
+        """Index in `deals` of the first deal not yet listed or with messages not yet written
+        (`len(deals)` when all are): the task's checkpoint offset."""
         for j in range(self.offset, len(self.deals)):
             if not self.listed[j] or self.outstanding[j]:
                 return j
@@ -466,7 +478,7 @@ class EmailTask:
                 self.dry |= ledger.dry_written(conn, run, every_ref)
         for r in rows:
             state = states.get(r["id"]) if r["id"] is not None else None
-            # a written message listed with a newer version (issue 9) is fetched and written again,
+            # a written message listed with a newer version is fetched and written again,
             # in place; one written before versions (None) is not: that would fetch every body again
             held = versions.get(r["id"]) if r["id"] is not None else None
             changed = held is not None and r.mapped is not None and ledger.newer(r.mapped.version, held)
@@ -493,6 +505,8 @@ class EmailTask:
 
     # -- writing ------------------------------------------------------------------------------
     def write_window(self) -> None:
+        """Write up to `ctx.window` messages in hand (bodies first) in one transaction, with the
+        counts and the offset of the deals they finish; a window that fails restores the counts."""
         ctx = self.ctx
         rows = [self.ready_bodies.popleft() for _ in range(min(ctx.window, len(self.ready_bodies)))]
         rows += [self.ready_other.popleft() for _ in range(min(ctx.window - len(rows), len(self.ready_other)))]
@@ -513,7 +527,7 @@ class EmailTask:
         try:
             # a window whose every message failed (often a window of one) is not a broken task:
             # each message failed alone; the task-level judgement is the tally's
-            # plain messages in set-based statements (issue 11, optimistic windows), the rest per row
+            # plain messages in set-based statements (optimistic windows: one round trip for many rows), the rest per row
             batch = None if ctx.run.dry_run else mail_batch(ctx, KIND, self.found, self.written)
             result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after,
                                     fail_if_all_failed=False, batch=batch)
@@ -646,5 +660,7 @@ def _sound_id(item: Any) -> str | None:
 
 
 def run_email_task(ctx: TaskContext, client: PipedriveClient, budget: Budget | None, *, fetch_threads: int = FETCH_THREADS) -> TaskOutcome:
+    """Run one mail task (`EmailTask`) with its own pool of `fetch_threads` body fetchers; raises as
+    `EmailTask.run`."""
     with ThreadPoolExecutor(max_workers=fetch_threads, thread_name_prefix=f"mail-{ctx.task.id}") as pool:
         return EmailTask(ctx, client, budget, pool, fetch_threads=fetch_threads).run()

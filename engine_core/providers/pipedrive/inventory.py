@@ -1,4 +1,4 @@
-"""The source's inventory (issue 9): every id Pipedrive lists now, and the catch-up phase built on it.
+"""The source's inventory: every id Pipedrive lists now, and the catch-up phase built on it.
 
 `source_ids(provider, settings, kind, options)` walks a kind's cheapest full listing - the list
 endpoint itself, 500 rows a call (Pipedrive has no id-only listing: v1 and v2 lists both carry
@@ -134,18 +134,23 @@ class CountingClient:
             self.tokens += token_cost(path)
 
     def get(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        """`PipedriveClient.get`, counted; raises as it does."""
         self._count(path)
         return self._client.get(path, params, **kw)
 
     def list_v1(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> Page:
+        """`PipedriveClient.list_v1` (one offset-paged v1 page), counted; raises as it does."""
         self._count(path)
         return self._client.list_v1(path, params, **kw)
 
     def list_v2(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> Page:
+        """`PipedriveClient.list_v2` (one cursor-paged v2 page), counted; raises as it does."""
         self._count(path)
         return self._client.list_v2(path, params, **kw)
 
     def iter_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0, **kw: Any) -> Iterator[Page]:
+        """Every v1 page from offset `start` on, following `additional_data.pagination`
+        (`next_start`) until `more_items_in_collection` is false; each page counted."""
         while True:
             page = self.list_v1(path, params, start=start, **kw)
             yield page
@@ -154,6 +159,8 @@ class CountingClient:
             start = page.next_start
 
     def iter_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None, **kw: Any) -> Iterator[Page]:
+        """Every v2 page from `cursor` on, following `additional_data.next_cursor` until it is
+        null; each page counted."""
         while True:
             page = self.list_v2(path, params, cursor=cursor, **kw)
             yield page
@@ -162,10 +169,13 @@ class CountingClient:
             cursor = page.next_cursor
 
     def mail_messages(self, deal_id: int, *args: Any, **kw: Any) -> Page:
+        """`PipedriveClient.mail_messages` (a page of a deal's mail listing), counted at its
+        token cost (`TOKEN_COSTS["mailMessages"]`)."""
         self._count("/mailMessages")
         return self._client.mail_messages(deal_id, *args, **kw)
 
     def mail_body(self, message_id: int, *args: Any, **kw: Any) -> Any:
+        """`PipedriveClient.mail_body` (one message with its body), counted."""
         self._count("/v1/mailbox/mailMessages/{id}")
         return self._client.mail_body(message_id, *args, **kw)
 
@@ -190,14 +200,17 @@ class Meter:
         self.cost["tokens"] = int(self.cost.get("tokens", 0)) + token_cost(path)
 
     def list_v1(self, path: str, params: Mapping[str, Any] | None, start: int) -> Page:
+        """One v1 page of `PAGE` rows from offset `start`, counted into `cost`."""
         self._count(path)
         return self.client.list_v1(path, params, start=start, limit=PAGE, cancel=self.cancel)
 
     def list_v2(self, path: str, params: Mapping[str, Any] | None, cursor: str | None) -> Page:
+        """One v2 page of `PAGE` rows from `cursor` (None: the first), counted into `cost`."""
         self._count(path)
         return self.client.list_v2(path, params, cursor=cursor, limit=PAGE, cancel=self.cancel)
 
     def get(self, path: str) -> dict[str, Any]:
+        """One GET of `path` (a record by id), counted into `cost`."""
         self._count(path)
         return self.client.get(path, cancel=self.cancel)
 
@@ -208,6 +221,9 @@ class Meter:
 
 
 def row_id(row: Any) -> str | None:
+    """A listed row's source id as the ledger keys it: an integer id as its decimal string, a
+    string id (a lead's UUID) stripped and lower-cased; None when the row has no usable id
+    (missing, empty, a boolean, not a dict)."""
     value = row.get("id") if isinstance(row, dict) else None
     if value is None or isinstance(value, bool) or str(value).strip() == "":
         return None
@@ -269,10 +285,15 @@ def v2_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mappi
 
 
 def path_of(kind: str) -> str:
+    """The list endpoint of `kind`: its v2 path when the v2 API has one, else its v1 path;
+    raises KeyError for a kind with neither."""
     return V2_PATHS[kind] if kind in V2_PATHS else V1_PATHS[kind]
 
 
 def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None = None) -> Step:
+    """One page of `kind`'s inventory walk from position `at` (a v2 cursor or a v1 offset), with
+    the kind's fixed query (`PARAMS`) and `updated_since=since` where the list takes it
+    (`SINCE_KINDS`, RFC 3339 UTC); raises as the client does."""
     params = dict(PARAMS.get(kind) or {})
     if since and kind in SINCE_KINDS:
         params["updated_since"] = since
@@ -283,7 +304,7 @@ def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None 
 
 def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None = None) -> None:
     """Ask now, in the background, for the page `list_step(.., kind, at, since)` will ask for
-    (issue 11, `client.Prefetch`: the catch-up's next task takes it while this one writes)."""
+    (`client.Prefetch`: the catch-up's next task takes it while this one writes)."""
     params = dict(PARAMS.get(kind) or {})
     if since and kind in SINCE_KINDS:
         params["updated_since"] = since
@@ -384,6 +405,8 @@ def catchup_seeds(run: Run) -> list[Successor]:
 
 
 def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
+    """The catch-up task that walks `kind`'s list from page number `page` at position `at`; its
+    id (`catchup:<kind>:p<page>`) is unique in a run, so a task is never made twice."""
     return Successor(f"{CATCHUP}:{kind}:p{page}", {"list": kind, "page": page, **at})
 
 
@@ -427,8 +450,8 @@ def needs_write(entry: Mapping[str, Any] | None, version: str, run: Run | None =
 
 def _remember_and_compare(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Record the ids as seen by this run's inventory (`migration_inventory`) and return their
-    ledger entries by source id, in one statement: one round trip a page (issue 11: it was four -
-    begin, insert, select, commit); both happen or neither."""
+    ledger entries by source id, in one statement: one round trip a page, not four (begin,
+    insert, select, commit); both happen or neither."""
     if not ids:
         return {}
     rows = conn.sql(
@@ -467,6 +490,8 @@ def _mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[i
 
 
 def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
+    """Mail tasks for the deals (source ids) a catch-up page found with mail to fetch,
+    `DEALS_PER_TASK` deals each, retaking this run's own placeholders (`retake`)."""
     return [
         Successor(f"{CATCHUP}:mail:{kind}:p{page}:c{j // DEALS_PER_TASK}",
                   {"deals": list(deals[j : j + DEALS_PER_TASK]), "retake": True})
@@ -482,7 +507,7 @@ PER_KIND = frozenset({"seen", "imported", "matched", "already_here", "updated", 
 class PerKindStats(Stats):
     """A catch-up task's stats while it writes rows of one listing kind: every row outcome (and
     `seen`) is counted twice, under its own name and as "<counter>@<kind>" (e.g. `imported@deals`),
-    so the rollup can credit the rows the catch-up wrote to the kind they belong to (issue 9: a
+    so the rollup can credit the rows the catch-up wrote to the kind they belong to (a
     source's count is met by the kind's phase plus the catch-up; the ledger's claims of a kind =
     its phase's + the catch-up's). Both counts land in the same window's checkpoint."""
 
@@ -491,11 +516,13 @@ class PerKindStats(Stats):
         self.kind = kind
 
     def bump(self, key: str, n: int = 1) -> None:
+        """Add `n` to `key`, and to `key@kind` too when `key` is a row outcome (`PER_KIND`)."""
         super().bump(key, n)
         if key in PER_KIND:
             super().bump(f"{key}@{self.kind}", n)
 
     def copy(self) -> PerKindStats:
+        """An independent copy (the values before a window, restored when it fails)."""
         return PerKindStats(dict(self.values), self.kind)
 
 
@@ -541,9 +568,8 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
 
 def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
     """Pages of the catch-up's inventory walk (module docstring): up to `PAGES_PER_TASK` pages in
-    one task, walking on from a list's last page to the next list's first (issue 11: the catch-up
-    was a chain of one task a page, each paying a claim, a finish, a top-up and the barrier's
-    check). After each page but the task's last, the task moves its own cursor to the next page
+    one task, walking on from a list's last page to the next list's first (a task a page would
+    pay a claim, a finish, a top-up and the barrier's check per page). After each page but the task's last, the task moves its own cursor to the next page
     (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
     kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
     one it finished, and the page it was on is listed and compared again (never skipped by offset)."""

@@ -23,7 +23,7 @@ Tasks and cursors (details in `stripes.py`):
   its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
   fetches bodies in rounds of four on four threads holding no database connection (`emails.py`).
-* `catchup` (issue 9) - the last phase: a run records its snapshot moment (the source's `Date`,
+* `catchup` - the last phase: a run records its snapshot moment (the source's `Date`,
   `source_time`); the v2 spans end at it, and the catch-up walks each kind's whole list once,
   parents first, writing what the ledger lacks or holds at an older version (a row that moved
   between spans, offsets or lists while the run walked; changes since), marking what a GET
@@ -104,6 +104,9 @@ class SourceConfig:
 
     @property
     def account(self) -> str:
+        """The rate-limit account: `<host>#<first 12 hex of the token's SHA-256>`. Pipedrive's
+        limits are per token, so runs with one token share one budget; the token itself is never
+        shown (a fingerprint, not the secret)."""
         host = urlsplit(self.base_url).netloc or self.base_url
         fingerprint = hashlib.sha256(self.token.encode()).hexdigest()[:12]
         return f"{host}#{fingerprint}"
@@ -188,7 +191,7 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
 
 def check_base_url(url: str, named: str) -> None:
     """Refuse, with ConfigError naming `named` (the option or the variable), a base URL that is not
-    http(s) or that carries a query or a fragment (a fresh user's `...?api_token=...` answered 404 to
+    http(s) or that carries a query or a fragment (a `...?api_token=...` URL would answer 404 to
     every task: the client appends paths to the base URL). Neither the query nor credentials are
     shown."""
     if not url.startswith(("http://", "https://")):
@@ -258,6 +261,8 @@ _budgets_lock = threading.Lock()
 
 
 def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
+    """The process's one `Budget` for `account` in `db` (made again when `burst_limit`, requests
+    per burst window, changed), so every lane thread paces against the same limits."""
     with _budgets_lock:
         per_db = _budgets.setdefault(db, {})
         budget = per_db.get(account)
@@ -280,12 +285,16 @@ def _ask_identity(cfg: SourceConfig) -> str:
 
 
 def snapshot_bound(run: Run) -> str | None:
-    """`updated_until` of a full run's v2 spans (issue 9): the run's snapshot, whole seconds,
+    """`updated_until` of a full run's v2 spans: the run's snapshot, whole seconds,
     exclusive - what changed after it is the catch-up phase's. None for a run from before snapshots."""
     return stripes.rfc3339(run.snapshot_at) if run.snapshot_at is not None else None
 
 
 class PipedriveProvider:
+    """The engine's provider for Pipedrive (module docstring): a run's kinds and phases, its
+    tasks' seeds and their work against the source. Reads its configuration (base URL, token)
+    lazily from the run's options and the environment; the token stays out of its repr."""
+
     source = SOURCE
     ledger_kind = staticmethod(kinds.ledger_kind)  # archived deals/leads share their kind's identities
     catchup_kind = CATCHUP
@@ -325,12 +334,16 @@ class PipedriveProvider:
         credentials.check_token(cfg.base_url, cfg.token, timeout, token_env=ENV_TOKEN, base_env=ENV_BASE_URL)
 
     def config(self) -> SourceConfig:
+        """The source's configuration, read once (`SourceConfig.load`); raises ConfigError naming
+        the option or variable that is missing or wrong."""
         if self._config is None:
             env = os.environ if self._env is None else self._env
             self._config = SourceConfig.load(self._options, env, base_url=self._base_url, token=self._token)
         return self._config
 
     def client(self, db: Database) -> PipedriveClient:
+        """The provider's client for `db`, made once per database: paced by `budget(db)`, sharing
+        the run's pages asked ahead (`client.Prefetch`) in this process."""
         with self._lock:
             if self._client is None or self._client_db is not db:
                 cfg = self.config()
@@ -341,24 +354,27 @@ class PipedriveProvider:
             return self._client
 
     def budget(self, db: Database) -> Budget:
+        """The token's rate-limit budget in `db` (`budget_for`), shared by the process's lanes."""
         cfg = self.config()
         return budget_for(db, cfg.account, cfg.burst_limit)
 
     # -- the provider protocol ------------------------------------------------------------
     def phases(self) -> list[list[str]]:
-        """The data phases (`plan.PHASES`), then the catch-up phase (issue 9)."""
+        """The data phases (`plan.PHASES`), then the catch-up phase."""
         return [list(group) for group in PHASES] + [[CATCHUP]]
 
     def depends_on(self, kind: str) -> tuple[str, ...]:
+        """The kinds whose rows `kind`'s rows link to (`plan.DEPENDS_ON`; none for an unknown
+        kind), so a retry revisits the kinds that skipped rows for want of a parent."""
         return DEPENDS_ON.get(kind, ())
 
     def account(self) -> str:
+        """The rate-limit account (`SourceConfig.account`): no secret in it."""
         return self.config().account
 
     def identity(self, cost: dict[str, int] | None = None) -> str:
         """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider, and
-        once per run, base URL and token in a process: a run's lanes start together and each asked,
-        issue 11): what a run's data belongs to. Two tokens of one company are one source; another
+        once per run, base URL and token in a process, since a run's lanes start together): what a run's data belongs to. Two tokens of one company are one source; another
         company is not. `cost` (verify's counter: `requests`, `tokens`) counts the request when
         one is made (2 tokens: a v1 single)."""
         if self._identity is None:
@@ -426,6 +442,10 @@ class PipedriveProvider:
         return inventory.source_ids(meter, kind)
 
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
+        """The first tasks of `kind` in `run`: the v1 stripes, the v2 discoveries (their spans
+        bounded by the run's snapshot), the mail discovery, the catch-up's first pages; none
+        for a sync's data phases (its catch-up does their work). Raises ConfigError for a kind
+        this provider does not have."""
         if kind == "fields":
             return [Successor("fields:all", {})]
         if run.is_sync and kind != CATCHUP:
@@ -440,7 +460,7 @@ class PipedriveProvider:
             if kind not in stripes.UNSTRIPED and upper:
                 seeds = [Successor(s.cursor_key, {**s.cursor, "until": upper}) for s in seeds]
             # a discovery only reads the source and seeds its own phase's walkers: it runs early,
-            # while the phase before it ends (issue 11, `barrier.seed_phase`)
+            # while the phase before it ends (`barrier.seed_phase`)
             return [Successor(s.cursor_key, {**s.cursor, "early": True}) if s.cursor.get("discover") is True else s
                     for s in seeds]
         if kind == "emails":
@@ -527,7 +547,7 @@ class PipedriveProvider:
             else:
                 ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
         seeds = discovery_seeds(kind, found, lower, upper)
-        # the walkers' first pages are asked now (issue 11, `client.Prefetch`): a discovery run early
+        # the walkers' first pages are asked now (`client.Prefetch`): a discovery run early
         # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
         # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
         ask_ahead(client, kind, tuple(seeds))
@@ -548,6 +568,9 @@ class PipedriveProvider:
 
     # -- field definitions ----------------------------------------------------------------
     def fetch_definitions(self, client: PipedriveClient, ctx: TaskContext | None = None) -> list[dict[str, Any]]:
+        """Every field definition the source serves, normalized (`writers.normal_definition`),
+        numbered in each entity's order: the v2 field lists (`/api/v2/dealFields` ...) and the v1
+        ones where v2 has none (`/v1/leadFields`, `/v1/noteFields`). Raises as the client does."""
         cancel = ctx.cancel if ctx is not None else None
         out: list[dict[str, Any]] = []
         for entity, path in V2_FIELD_LISTS.items():
@@ -568,7 +591,7 @@ class PipedriveProvider:
         """The run's field definitions, read once per run: kept in this process by the fields task,
         else from the CRM (another process stored them), else - a run without the fields kind and
         none stored yet - from the source. One lane of the process reads them; the others wait for
-        its book (issue 11: a phase's four walkers each asked the source for all six lists)."""
+        its book (rather than each of a phase's walkers asking the source for every list)."""
         book = _recall_book(ctx)
         if book is not None:
             return book
@@ -625,6 +648,7 @@ class Discovery:
 
     @property
     def spans(self) -> list[tuple[str | None, str | None]]:
+        """[since, until) RFC 3339 spans covering the found update times (`stripes.time_spans`)."""
         return stripes.time_spans(self.oldest, self.newest)
 
 
@@ -660,8 +684,8 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Map
     the server), so they come before any timed row in one of the two probes (`stripes` docstring).
     A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot."""
     probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
-    # the descending probe's first page is asked at once with the ascending one (issue 11: a
-    # discovery on the phase's critical path waited for one round trip after the other); for a list
+    # the descending probe's first page is asked at once with the ascending one (a discovery is
+    # on the phase's critical path: one round trip, not two in a row); for a list
     # found empty that page is one request more (`client.Prefetch`: without a store, nothing asked)
     client.prefetch_v2(path, {"sort_by": "update_time", "sort_direction": "desc", **probe_bounds}, limit=PROBE_LIMIT)
     oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel, probe_bounds)
@@ -692,8 +716,8 @@ class Listed:
 
 
 def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None:
-    """Ask for the successor walker's page now, while this task writes its own (issue 11,
-    `client.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
+    """Ask for the successor walker's page now, while this task writes its own
+    (`client.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
     for s in successors:
         if kind in stripes.V1_PATHS:
             start, _ = stripes.v1_span(s.cursor)
