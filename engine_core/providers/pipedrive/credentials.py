@@ -1,7 +1,7 @@
 """The launch's token check: one cheap authenticated request before anything is placed.
 
-A wrong token used to pass every check, start the run and fail it later with AuthError, leaving a
-failed partition behind; `GET /v1/users/me` costs 2 of the account's daily tokens (the spec's
+Without it a wrong token would pass every check, start the run and fail it later with AuthError,
+leaving a failed partition behind; `GET /v1/users/me` costs 2 of the account's daily tokens (the spec's
 x-token-cost) and every Pipedrive account answers it with JSON.
 """
 from __future__ import annotations

@@ -33,7 +33,7 @@ _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4
 _FIELD_KEY = re.compile(r"^[0-9a-f]{40}$")
 
 # Where a reference may be found in the ledger. A source record has one identity whichever list
-# served it (issue 8, item 6): the archived lists' tasks (`deals_archived`, `leads_archived`) write
+# served it: the archived lists' tasks (`deals_archived`, `leads_archived`) write
 # ledger kind `deals` / `leads`, and migration 0008 folded the entries older code kept apart. The
 # old kinds are still read, after the new one, so that entries an older worker writes during a
 # rolling upgrade (after the fold) still resolve; nothing new is written under them.
@@ -321,7 +321,7 @@ class FieldBook:
             options = tuple((o.get("id"), str(o.get("label"))) for o in (d.get("options") or []) if isinstance(o, Mapping))
             f = FieldDef(d["entity"], d["field_key"], d["name"], d["field_type"], options, bool(d.get("is_custom", True)))
             self._by.setdefault(f.entity, {})[f.key] = f
-        # each entity's custom fields, once (issue 11: built again for every row, it was 3-4% of the
+        # each entity's custom fields, once (built again for every row, it was 3-4% of the
         # entity path's mapping); a lead's are the deal's when the book has none of its own
         self._custom = {e: {k: f for k, f in defs.items() if f.is_custom} for e, defs in self._by.items()}
         if "lead" not in self._custom:
@@ -374,7 +374,7 @@ def custom_value(f: FieldDef, value: Any, currency: Any = None) -> dict[str, Any
             value = value.get("value", value.get("id"))
         out["value"] = value
     # the keys are the literals above; texts and numbers are checked here, nested values walked
-    # (issue 11: walking the whole dict for every custom value was a third of a person's mapping)
+    # (walking the whole dict for every custom value was a third of a person's mapping)
     for v in out.values():
         t = type(v)
         if t is str:

@@ -117,8 +117,8 @@ class SourceConfig:
         caller passes (`base_url`, `token`: the deployment's, e.g. the Dagster resource's EnvVar
         values). The base URL is `base_url`, else PIPEDRIVE_BASE_URL, else the run's option
         `base_url`: a worker reaches the source its deployment is configured with, and a
-        run's option that disagrees with it is refused before the run exists (`check_options`; it
-        had started runs whose workers reached another company and stopped every one of them:
+        run's option that disagrees with it is refused before the run exists (`check_options`; else
+        the run's workers would reach another company and every one would stop with
         SourceMismatch). The token is `token`, else PIPEDRIVE_API_TOKEN, never an option. Raises
         ConfigError (one line naming where the bad value came from: the option or the variable)
         for a missing or malformed value."""
@@ -150,7 +150,7 @@ class SourceConfig:
 
 # The run options a Pipedrive run takes (`migrate run --options`, the launchpad's `options_json`),
 # each with what it means; anything else is refused before the run exists (`check_options`): a typo
-# had been ignored silently, and a bad value stored with the run failed every one of its tasks.
+# would be ignored silently, and a bad value stored with the run would fail every one of its tasks.
 OPTIONS: dict[str, str] = {
     "base_url": f"the API's base URL where no {ENV_BASE_URL} is configured (refused when it disagrees with it)",
     "burst_limit": f"requests per 2 s burst window, 2 to {MAX_BURST_LIMIT:,} (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
@@ -205,8 +205,8 @@ def check_base_url(url: str, named: str) -> None:
 def _positive(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
     """`value` as an integer from `minimum` to `maximum`: an int, an integral float (4.0) or a
     string of digits ("4", from the environment). Raises ConfigError (one line naming `name`) for
-    anything else: a boolean (true had been read as 1), a fraction (1.5 had been cut to 1), NaN or
-    Infinity (json reads both; 1e400 is read as inf: int() of them had been a traceback)."""
+    anything else: a boolean (int() reads true as 1), a fraction (int() cuts 1.5 to 1), NaN or
+    Infinity (json reads both; 1e400 is read as inf: int() of them raises a traceback)."""
     if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     try:

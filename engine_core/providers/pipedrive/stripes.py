@@ -21,8 +21,8 @@ already there. Keys never collide: a sub-page starts strictly inside its span, n
 of 500. Cost: a server that caps at c rows a page costs 500 / c tasks a span instead of one.
 
 Offsets shift: a row deleted before a span's start while the stripes walk moves every later row
-one place back, so the row at the span's first offset is on neither span (issue 9: "699 of 700
-notes"). The walks do not try to repair that; the run's catch-up phase walks each list again,
+one place back, so the row at the span's first offset is on neither span (a run can land 699 of
+700 notes). The walks do not try to repair that; the run's catch-up phase walks each list again,
 sequentially and overlapping (`inventory.v1_step`), and writes whatever the ledger lacks.
 
 Cursor-paginated (v2) kinds - organizations, persons, deals, deals_archived, activities - have no
@@ -33,12 +33,11 @@ page arithmetic: a v2 cursor is opaque and only reachable by walking. They are s
 an update time or the end), cuts [oldest, newest] into four equal spans and seeds one walker per
 span (`kind:s<stripe>:p0`); each walker lists its span page by page in id order, carrying the v2
 cursor, and creates its own next page (`kind:s<stripe>:p<n+1>`). The first span is open below
-and the last ends at the run's snapshot (`bounded_spans`, issue 9), so every row WITH an update time before the snapshot falls into exactly
+and the last ends at the run's snapshot (`bounded_spans`), so every row WITH an update time before the snapshot falls into exactly
 one span, even one outside [oldest, newest]. A row updated while the run walks gets an update time
 after the snapshot and leaves every span - it is in the catch-up phase's inventory walk
-(`inventory.py`), which writes it as it is then (before issue 9 it moved into the open-ended last
-stripe and was lost whenever that walker had passed its id: "a later run catches it", and a later
-run only found it "already here"). Ids were the alternative, but v2 lists take no id
+(`inventory.py`), which writes it as it is then (in an open-ended last stripe it would be lost
+whenever that walker had passed its id, and a later run would find it only "already here"). Ids were the alternative, but v2 lists take no id
 range (only `ids=` lists of 100), and time spans need no knowledge of the id space. Equal spans
 are equal work when records arrive evenly; an account that grew fast recently has a heavier last
 stripe, which still walks alongside the other three rather than after them.
@@ -162,7 +161,7 @@ def time_spans(oldest: datetime | None, newest: datetime | None, stripes: int = 
 
 
 def bounded_spans(spans: list[tuple[str | None, str | None]], lower: str | None, upper: str | None) -> list[tuple[str | None, str | None]]:
-    """`spans` held inside a run's bounds (issue 9): the first span starts at `lower` (a sync's
+    """`spans` held inside a run's bounds: the first span starts at `lower` (a sync's
     `since` minus the margin; None: open below) and the last ends at `upper` (the run's snapshot,
     exclusive; None: open above); cuts outside (lower, upper) are dropped. A row updated after the
     snapshot is in no span: the catch-up phase lists it (so a row updated while the walkers walk

@@ -1,5 +1,5 @@
-"""Writing a page of Pipedrive rows through the engine's write path (`engine_core/write.py`, issue
-11): the provider maps its rows (`mapping`) and says how to ask the source about missing parents
+"""Writing a page of Pipedrive rows through the engine's write path (`engine_core/write.py`):
+the provider maps its rows (`mapping`) and says how to ask the source about missing parents
 (`ask_source`, the probe); the engine resolves the page's references in one ledger query and
 writes it in windows (set-based statements for plain rows, a savepoint a row for the rest).
 
@@ -8,7 +8,7 @@ placeholder that a later run importing the parent takes over. Owners, the people
 custom fields that point at records and a deal's pipeline and stage are softer references: linked
 when found, empty when not.
 
-Parents deleted at the source (issue 8, item 5). Pipedrive keeps a child's `org_id` after the
+Parents deleted at the source. Pipedrive keeps a child's `org_id` after the
 organization was permanently deleted, and such a parent is never listed. The proof that a parent
 does not exist is the source itself: for each missing parent the ledger knows nothing about
 (no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
@@ -23,7 +23,7 @@ written (it failed, or its listing missed it), so the row stays a placeholder, s
 that failed or was skipped, and a parent of a kind the run does not import, stay placeholders
 without a request. Owners stay soft references.
 
-One identity per source record (issue 8, item 6): the archived lists' tasks write ledger kind
+One identity per source record: the archived lists' tasks write ledger kind
 `deals` / `leads` (`kinds.ledger_kind`), so a deal listed by `/api/v2/deals` and again, archived
 since, by `/api/v2/deals/archived` is one ledger entry and one product row. Archiving moves a
 record's update time, so its second sighting is a newer version: `updated` in place (below), with
@@ -31,7 +31,7 @@ record's update time, so its second sighting is a newer version: `updated` in pl
 written one (equal times) is `already_here` and only brings the archived flag up
 (`crm.refresh_archived`).
 
-Changes (issue 9). Every row carries its source version (`Mapped.version`: `update_time` as
+Changes. Every row carries its source version (`Mapped.version`: `update_time` as
 served, or a content hash); a written row seen again with a newer version is written over its
 product row in place (`crm.update`, same record id, never a second row), outcome `updated`, the
 previous values in the ledger's history (`ledger.write_once`). A matched row (the product's own
@@ -150,7 +150,7 @@ def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[
 
 PROBE_THREADS = 4  # questions one page sends at once (each a request through the budgeted client)
 
-# Parents asked many at a time (issue 11): the v2 lists that take `ids` - "comma separated string
+# Parents asked many at a time: the v2 lists that take `ids` - "comma separated string
 # array of up to 100 entity ids to fetch ... If any of the requested entities do not exist or are not
 # visible, they are not included in the response" (shared/pipedrive-openapi, v2 `GET /persons`,
 # `/organizations`, `/deals`, `/deals/archived`). A deal may be archived, and archived deals are
@@ -165,7 +165,7 @@ BATCH_MIN = 2
 
 
 def _batchable(pair: Pair) -> bool:
-    # only canonical positive integer ids go into `ids=` (any other id is asked by id, as before:
+    # only canonical positive integer ids go into `ids=` (any other id is asked by id on its own:
     # the source's answer to it stays its own, never a whole batch refused)
     kind, sid = pair
     return kind in BATCH_PATHS and sid.isdigit() and sid == str(int(sid)) and int(sid) > 0
@@ -202,8 +202,8 @@ def ask_source(client: Getter, pairs: Iterable[Pair], key: tuple[str, int], canc
     and the page is retried like any failed fetch; the parents of a failed question are left to be
     asked again. Never call this holding a database connection or transaction.
 
-    Up to `threads` (default `PROBE_THREADS`) questions are sent at once (issue 11: a page of notes
-    pointing at 25 deleted parents waited for 25 round trips one after another), paced by the
+    Up to `threads` (default `PROBE_THREADS`) questions are sent at once (a page of notes
+    pointing at 25 deleted parents would otherwise wait for 25 round trips in a row), paced by the
     same budget. When one question fails, the questions not yet sent are not sent and the first
     failure propagates."""
     pairs = list(pairs)
