@@ -406,7 +406,7 @@ def catchup_seeds(run: Run) -> list[Successor]:
 
 def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
     """The catch-up task that walks `kind`'s list from page number `page` at position `at`; its
-    id (`catchup:<kind>:p<page>`) is unique in a run, so a task is never made twice."""
+    id is `catchup:<kind>:p<page>`."""
     return Successor(f"{CATCHUP}:{kind}:p{page}", {"list": kind, "page": page, **at})
 
 
