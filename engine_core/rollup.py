@@ -27,15 +27,17 @@ counters, outside the sum.
 """
 from __future__ import annotations
 
+import socket
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from engine_core import ledger
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
+from engine_core.reaper import process_alive
 from engine_core.runlog import reason_shape
 
 # A row's outcomes, each seen row has exactly one (their sum is `accounted`).
@@ -445,3 +447,34 @@ def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int) -> list[
     failed first (those without a readable id among them, under their raw key), then by kind and
     id. Each {"kind", "source_id", "action", "reason", "created_at"}."""
     return db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})
+
+
+CLAIMED_OF_LIVE_RUN = """
+SELECT t.locked_by FROM migration_tasks t JOIN migrations m ON m.id = t.migration_id
+ WHERE m.id = %(run_id)s AND m.status IN ('running', 'stopping') AND t.status = 'running'
+"""
+
+
+def no_live_worker_since(db: Database, run_id: int) -> datetime | None:
+    """When run `run_id` was last worked on (UTC: its heartbeat, a task's checkpoint, a lock
+    renewed), if it is live (running or stopping), has claimed tasks, and every claimed task's
+    worker ("<host>:<pid>:<n>", `worker.default_worker_id`) is a process of this host that no longer
+    exists; else None. A worker of another host, of another id form, or whose pid runs (perhaps
+    reused) counts as live: those are left to the stale-lock threshold. Why: after a `kill -9` of
+    `migrate run` its tasks stay "running" until their locks age, and a status reading them
+    would promise an ETA no process is working towards."""
+    here = socket.gethostname() + ":"
+    workers = [r["locked_by"] or "" for r in db.sql(CLAIMED_OF_LIVE_RUN, {"run_id": run_id})]
+    if not workers:
+        return None
+    for w in workers:
+        if not w.startswith(here):
+            return None
+        try:
+            pid = int(w[len(here):].split(":", 1)[0])
+        except ValueError:
+            return None
+        if pid <= 0 or process_alive(pid):
+            return None
+    idle = float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"])
+    return (datetime.now(timezone.utc) - timedelta(seconds=idle)).replace(microsecond=0)

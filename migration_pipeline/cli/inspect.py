@@ -32,7 +32,9 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     phase of the run's plan), "tasks" ({status: count}), "started_at", "finished_at",
     "idle_seconds" (a live run's seconds since anything worked on it, `run_idle_seconds`; else None),
     "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
-    drains it, as `migrate status TENANT` says), "skipped", "failed" (the tenant's rows now, as
+    drains it, as `migrate status TENANT` says; also at once when "no_live_worker_since" is set),
+    "no_live_worker_since" (UTC, `rollup.no_live_worker_since`: every claimed task's worker process
+    on this host is gone; else None), "skipped", "failed" (the tenant's rows now, as
     `migrate rows TENANT` counts them: a run that succeeded with bad rows is not plain
     "succeeded")}, by tenant."""
     overview = []
@@ -40,13 +42,26 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
         bad = bad_row_counts(db, r.tenant_id).values()
         idle = (round(runs.idle_seconds(db, r.id), 1)
                 if r.status in ("running", "stopping") else None)
+        dead_since = rollups.no_live_worker_since(db, r.id) if idle is not None else None
         overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
                          "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
                          "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at,
                          "idle_seconds": idle,
-                         "unattended": stale_after is not None and idle is not None and idle > stale_after,
+                         "unattended": dead_since is not None or (stale_after is not None and idle is not None
+                                                                  and idle > stale_after),
+                         "no_live_worker_since": dead_since,
                          "skipped": sum(b["skipped"] for b in bad), "failed": sum(b["failed"] for b in bad)})
     return overview
+
+
+def no_live_worker_line(progress: dict[str, Any]) -> str:
+    """`status_line` for a run whose workers are all gone (`progress["no_live_worker_since"]`, UTC):
+    "40% done; no live worker since 2026-12-03 21:10:04 UTC ...; phase 2 (...)", with no ETA."""
+    since = progress["no_live_worker_since"]
+    head, _, tail = status_line({**progress, "eta_seconds": None, "idle_seconds": None}).partition("% done")
+    said = (f"no live worker since {since:%Y-%m-%d %H:%M:%S} UTC (the process that claimed its tasks is gone: a "
+            "killed command or daemon)")
+    return f"{head}% done; {said}{tail}" if head else said
 
 
 @click.command()
@@ -70,6 +85,10 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 
         stale_after = check_environment().stale_lock_seconds
         done = run_progress(db, r.run_id, stale_after)  # percent and ETA (engine_core.progress)
+        dead_since = rollups.no_live_worker_since(db, r.run_id)
+        done = {**done, "no_live_worker_since": dead_since}
+        if dead_since is not None:  # no process works towards an ETA: what resumes it is what counts
+            done.update(eta_seconds=None, unattended=True)
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
@@ -77,7 +96,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 
         def render() -> None:
             print_rollup(r)
-            console.print(status_line(done, stale_after))
+            console.print(no_live_worker_line(done) if dead_since is not None else status_line(done, stale_after))
             if unattended:
                 console.print(f"[yellow]`migrate run --tenant {tenant}` resumes it here; `migrate ui` (a daemon) "
                               "runs it in the background[/yellow]")

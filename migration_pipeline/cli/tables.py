@@ -121,7 +121,8 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
-    """The overview as a table, with each tenant's skipped and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" beside its
+    """The overview as a table, with each tenant's skipped and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04",
+    UTC, when its workers' processes are gone) beside its
     status and a line under the table says what that means and what resumes it (the overview had
     shown a dead run as plainly "running")."""
     if not overview:
@@ -131,7 +132,8 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
                ("skipped", "right"), ("failed", "right"), ("tasks", "left"), ("started (UTC)", "left"),
                ("finished (UTC)", "left")]
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
-             o["status"] + (f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
+             o["status"] + (f" (no live worker since {o['no_live_worker_since']:%H:%M:%S})" if o.get("no_live_worker_since")
+                            else f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
              + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
              o["phase"], str(o.get("skipped", 0)), str(o.get("failed", 0)),
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
@@ -146,8 +148,8 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     idle = [o["tenant"] for o in overview if o.get("unattended")]
     if idle:
         who = idle[0] if len(idle) == 1 else "T"
-        console.print(f"[yellow]idle: nothing has worked on the run for longer than MIGRATE_STALE_LOCK_SECONDS, no "
-                      f"worker is draining it; `migrate run --tenant {who}` resumes it here, `migrate ui` (a daemon) "
+        console.print(f"[yellow]idle: nothing has worked on the run for longer than MIGRATE_STALE_LOCK_SECONDS, or the "
+                      f"process that claimed its tasks is gone; no worker is draining it; `migrate run --tenant {who}` resumes it here, `migrate ui` (a daemon) "
                       f"in the background[/yellow]")
 
 
