@@ -32,7 +32,7 @@ from pathlib import Path
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
-from dagster._core.storage.tags import GRPC_INFO_TAG
+from dagster._core.storage.tags import GRPC_INFO_TAG, MAX_RETRIES_TAG
 
 # The process executing a run in-process, as "<host>:<pid>:<start>" (`process_identity`): set by
 # `migrate run` when it marks the run STARTING (launch.mark_starting). <start> is the process's
@@ -87,9 +87,19 @@ def executor_gone(identity: str) -> str | None:
             f"(killed, or its host restarted); relaunching the partition resumes its engine run from checkpoints")
 
 
+def never_retried(instance: DagsterInstance, run_id: str) -> None:
+    """Tag run `run_id` `dagster/max_retries=0` before it is failed for a gone in-process executor:
+    Dagster's run retries (dagster.yaml `run_retries`) would re-execute it whenever a daemon next
+    reads the failure, perhaps long after the user resumed, stopped or finished the tenant by hand.
+    The engine run is left resumable; `migrate run` / `migrate resume`, or a daemon's drainers (the
+    sensors), resume it from its checkpoints."""
+    instance.add_run_tags(run_id, {MAX_RETRIES_TAG: "0"})
+
+
 def fail_runs_of_dead_processes(instance: DagsterInstance) -> list[str]:
     """End every run in progress whose in-process executor is known to be gone (`executor_gone`):
-    FAILURE with the reason (CANCELED when it was already CANCELING). Returns their run ids.
+    FAILURE with the reason (CANCELED when it was already CANCELING), never retried by Dagster
+    (`never_retried`). Returns their run ids.
     `migrate run` calls it under the lane lock before it counts the lane."""
     ended = []
     active = instance.get_runs(RunsFilter(statuses=list(IN_PROCESS_STATES) + [DagsterRunStatus.STARTING]))
@@ -97,6 +107,7 @@ def fail_runs_of_dead_processes(instance: DagsterInstance) -> list[str]:
         why = executor_gone(run.tags[IN_PROCESS_TAG]) if IN_PROCESS_TAG in run.tags else None
         if why is None:
             continue
+        never_retried(instance, run.run_id)
         if run.status == DagsterRunStatus.CANCELING:
             instance.report_run_canceled(run, message=why)
         else:
@@ -129,10 +140,12 @@ class MigrationRunLauncher(DefaultRunLauncher):
         return True
 
     def check_run_worker_health(self, run: DagsterRun) -> CheckRunHealthResult:
-        """For Dagster's run monitoring: FAILED (with the reason) for a run whose in-process
-        executor is known to be gone; RUNNING otherwise - a run a code server's worker executes is
+        """For Dagster's run monitoring: FAILED (with the reason, and tagged never to be retried:
+        `never_retried`) for a run whose in-process executor is known to be gone; RUNNING otherwise - a run a code server's worker executes is
         not checked, as with DefaultRunLauncher (run monitoring's timeouts still apply)."""
         why = executor_gone(run.tags[IN_PROCESS_TAG]) if IN_PROCESS_TAG in run.tags else None
         if why is not None:
+            if self.has_instance:
+                never_retried(self._instance, run.run_id)
             return CheckRunHealthResult(WorkerStatus.FAILED, why)
         return CheckRunHealthResult(WorkerStatus.RUNNING)
