@@ -394,9 +394,13 @@ class Changes:
             return None
         lead, lead_id = self._plain("leads", i), self.ident("leads", i)
         value = lead.get("value") if isinstance(lead.get("value"), dict) else {}
+        # A lead without a value becomes a deal worth 0 in the deal's usual currency: a deal's value
+        # is a number in Pipedrive's deal schema (the summary adds them up), never null.
+        money: dict[str, Any] = {"value": value.get("amount") or 0}
+        if value.get("currency"):
+            money["currency"] = value["currency"]
         d = self._new_deal(ts, title=lead.get("title"), person_id=self._resolve("persons", lead.get("person_id")),
-                           org_id=self._resolve("organizations", lead.get("organization_id")),
-                           value=value.get("amount"), currency=value.get("currency"))
+                           org_id=self._resolve("organizations", lead.get("organization_id")), **money)
         deal_id = self.ident("deals", d)
         moved: dict[str, list[Any]] = {}
         for child, ci, field in sorted(refs.pop(("leads", lead_id), set())):

@@ -82,6 +82,19 @@ def test_a_lead_conversion_moves_its_activities_and_notes_to_a_new_deal() -> Non
         assert deal["add_time"] is not None
 
 
+def test_a_lead_without_a_value_converts_to_a_deal_worth_zero_and_the_summary_still_adds_up() -> None:
+    """Converted leads without a value (seed 1's 4th and 5th conversions) made deals of value None,
+    and /v1/deals/summary then answered 500 on every call."""
+    with served() as (sb, c):
+        deals = []
+        for _ in range(5):
+            deals.append(c.get(f"/api/v2/deals/{force(sb, 'convert')['deal_id']}").json()["data"])
+        assert all(isinstance(d["value"], (int, float)) and d["currency"] for d in deals), deals
+        assert any(d["value"] == 0 for d in deals)
+        r = c.get("/v1/deals/summary")
+        assert r.status_code == 200 and r.json()["success"] is True
+
+
 def test_a_deal_whose_person_is_removed_serves_none() -> None:
     with served() as (sb, c):
         change = force(sb, "unlink")
