@@ -36,7 +36,8 @@ def tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
                                             "its lock is MIGRATE_STALE_LOCK_SECONDS old")
 @click.option("--json", "as_json", is_flag=True)
 def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
-    """Stop TENANT's live run: no new claims; running tasks keep their checkpoints.
+    """Stop TENANT's live run: no new claims; running tasks keep their checkpoints. A succeeded or
+    stopped run has nothing to stop: one line says so, with its state.
 
     The run is `stopping` until its running tasks reach a stop point. A task whose worker died
     (kill -9) never does: its lock goes stale MIGRATE_STALE_LOCK_SECONDS (120 s) after the last
@@ -44,7 +45,12 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
     30 s), so the run ends `stopped`; without it a still-stopping run says what it waits for."""
     settings = Settings.from_env()
     with open_db() as db:
-        run_id = tenant_run(db, tenant, source).id
+        latest = tenant_run(db, tenant, source)
+        if latest.status in ("succeeded", "stopped"):
+            emit(as_json, {"run_id": latest.id, "status": latest.status, "running_tasks": 0, "nothing_to": "stop"},
+                  lambda: console.print(f"{latest.name} {latest.status}: nothing to stop"))
+            return
+        run_id = latest.id
         if force:
             end_dead_process_runs(as_json)  # a killed `migrate run`'s Dagster run, shown in progress
             said: list[str] = []

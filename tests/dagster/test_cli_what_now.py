@@ -1,0 +1,68 @@
+"""What a newcomer reads after a command ends:
+
+* `migrate stop T` on a succeeded or stopped tenant says "nothing to stop" with its state, and
+  changes nothing;
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine_core import db as dbmod
+from engine_core import runs
+from engine_core.config import Settings
+from engine_core.providers.registry import for_run, provider_for
+from engine_core.worker import drain_threads
+from migration_pipeline.instance import STORAGE_URL_ENV, to_url
+
+pytestmark = pytest.mark.timeout(300)
+
+MIGRATE = str(Path(sys.executable).parent / "migrate")
+# the demo's example options, smaller: two malformed contacts fail, two dangling notes are skipped
+SMALL = {"page_size": 20, "counts": {"companies": 20, "contacts": 30, "deals": 10, "activities": 10, "notes": 20},
+         "malformed": {"contacts": [3, 7]}, "dangling": {"notes": [5, 9]}}
+
+
+@pytest.fixture
+def env(db_url, tmp_path) -> dict[str, str]:
+    """A `migrate` subprocess's environment on the test database, the example source."""
+    out = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
+    out.update(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="example",
+               MIGRATE_LANE_INTERVAL_SECONDS="3600", MIGRATE_REAPER_INTERVAL_SECONDS="3600",
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    return out
+
+
+def _migrate(args: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([MIGRATE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _migrated(db: dbmod.Database, tenant: str) -> runs.Run:
+    run = runs.start_run(db, provider_for("example"), tenant, options=SMALL)
+    drain_threads(db, run.id, width=2, providers=for_run)
+    assert runs.get_run(db, run.id).status == "succeeded"
+    return runs.get_run(db, run.id)
+
+
+@pytest.mark.parametrize("state", ["succeeded", "stopped"])
+def test_stop_on_a_finished_tenant_says_nothing_to_stop(env, db_url, state):
+    with dbmod.Database(db_url, max_size=6) as db:
+        if state == "succeeded":
+            run = _migrated(db, "finished")
+        else:
+            run = runs.start_run(db, provider_for("example"), "finished", options=SMALL)
+            runs.stop(db, run.id, Settings.from_env())
+            run = runs.get_run(db, run.id)
+            assert run.status == "stopped"
+        out = _migrate(["stop", "finished"], env, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == f"{run.name} {state}: nothing to stop", out.stdout
+        assert runs.get_run(db, run.id).status == state
+        as_json = json.loads(_migrate(["stop", "finished", "--json"], env, timeout=60).stdout)
+        assert as_json == {"run_id": run.id, "status": state, "running_tasks": 0, "nothing_to": "stop"}
