@@ -141,11 +141,24 @@ def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_ru
             latest = runs.latest_run(db, tenant, source)
         except EngineError:  # no run yet: a new one starts
             return
+        migrated_by = latest if latest.mode != "sync" else migrating_run(db, latest)
     if latest.status == "succeeded" and runs.covered_by(latest, provider_for(source, latest),
                                                         {"kinds": kinds, "dry_run": dry_run}):
-        fail(f"tenant {tenant!r} is already migrated by {latest.name}{' (a dry run)' if latest.dry_run else ''}: "
+        synced = f" and synced by {latest.name}" if migrated_by is not latest else ""
+        fail(f"tenant {tenant!r} is already migrated by {migrated_by.name}"
+              f"{' (a dry run)' if migrated_by.dry_run else ''}{synced}: "
               f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
               f"migrates it again from scratch")
+
+
+def migrating_run(db: dbmod.Database, sync: Any) -> Any:
+    """The full run a sync brings changes onto: the tenant's latest succeeded run of the sync's
+    source that is neither a sync nor a dry run and came before it (`sync` itself when there is none). A refusal to
+    migrate again names that run: the sync only brought changes over."""
+    rows = db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND mode <> 'sync'"
+                  " AND status = 'succeeded' AND NOT dry_run AND id < %(id)s ORDER BY id DESC LIMIT 1",
+                  {"t": sync.tenant_id, "s": sync.source, "id": sync.id})
+    return runs.get_run(db, rows[0]["id"]) if rows else sync
 
 
 def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:

@@ -2,6 +2,8 @@
 
 * `migrate stop T` on a succeeded or stopped tenant says "nothing to stop" with its state, and
   changes nothing;
+* after a sync, `migrate run` refuses the migrated tenant naming the run that migrated it (not the
+  sync's number) and pointing to `migrate sync`.
 """
 from __future__ import annotations
 
@@ -66,3 +68,16 @@ def test_stop_on_a_finished_tenant_says_nothing_to_stop(env, db_url, state):
         assert runs.get_run(db, run.id).status == state
         as_json = json.loads(_migrate(["stop", "finished", "--json"], env, timeout=60).stdout)
         assert as_json == {"run_id": run.id, "status": state, "running_tasks": 0, "nothing_to": "stop"}
+
+
+def test_run_after_a_sync_names_the_run_that_migrated_the_tenant(env, db_url):
+    with dbmod.Database(db_url, max_size=6) as db:
+        first = _migrated(db, "synced")
+        sync = runs.start_sync(db, provider_for("example"), "synced")
+        drain_threads(db, sync.id, width=2, providers=for_run)
+        assert runs.get_run(db, sync.id).status == "succeeded" and sync.id != first.id
+    out = _migrate(["run", "--tenant", "synced"], env, timeout=120)
+    assert out.returncode == 2, (out.stdout[-2000:], out.stderr[-2000:])
+    line = out.stderr.strip()
+    assert f"already migrated by {first.name}" in line and f"synced by {sync.name}" in line, line
+    assert "`migrate sync synced`" in line, line
