@@ -16,14 +16,14 @@ import click
 import httpx
 
 from engine_core import db as dbmod
-from engine_core import runs
+from engine_core import ledger, runs
 from engine_core.config import check_environment, migrate_home
 from engine_core.providers.registry import provider_for
 from migration_pipeline import stack
 from migration_pipeline.cli.control import drain_and_report
 from migration_pipeline.cli.launching import launch_through_dagster, new_config, source_for
 from migration_pipeline.cli.options import RATE
-from migration_pipeline.cli.output import console, fail, open_db
+from migration_pipeline.cli.output import console, fail, open_db, what_now
 from migration_pipeline.cli.run import run_verify
 from migration_pipeline.cli.tables import print_verify
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
@@ -59,7 +59,11 @@ def demo(scale: str, in_process: bool, live: bool, live_rate: float) -> None:
         with open_db() as db:
             run = runs.start_run(db, provider_for("example"), tenant, options=DEMO_OPTIONS)
             console.print(f"started {run.name}: {len(run.plan)} phases")
-            sys.exit(drain_and_report(db, run.id, False))
+            code = drain_and_report(db, run.id, False)
+            done = runs.get_run(db, run.id)
+            for line in what_now(tenant, f"{done.name} {done.status}", ledger.bad_row_counts(db, tenant), None):
+                console.print(line, highlight=False)
+            sys.exit(code)
     if not _pipedrive_ready():
         console.print("source: example (in-memory rows; malformed rows fail alone, dangling notes are skipped)")
         sys.exit(launch_through_dagster(tenant, "example", new_config(DEMO_OPTIONS), False))

@@ -19,12 +19,13 @@ from typing import Any
 import click
 
 from engine_core import db as dbmod
+from engine_core import ledger
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
+from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone, what_now
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
 from migration_pipeline import tags
@@ -351,6 +352,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 with open_db() as db:
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
                     cost = runs.run_cost(db, int(engine_id)) if engine_id else None
+                    bad = ledger.bad_row_counts(db, tenant)
             except Interrupted as signalled:
                 with signals_held():
                     progress.close()
@@ -381,6 +383,10 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
+            verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}" if r is not None
+                       else f"Dagster run {dagster_run.status.value}")
+            for line in what_now(tenant, verdict, bad, live.address if live.alive else None):
+                console.print(line, highlight=False)
 
         return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
     except (LaunchError, TimeoutError) as e:

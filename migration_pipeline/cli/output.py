@@ -88,3 +88,23 @@ def fail(e: Exception | str) -> None:
     message = " ".join(str(e).split()) or type(e).__name__
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None) -> list[str]:
+    """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
+    succeeded") with the tenant's skipped and failed rows (`bad`: `ledger.bad_row_counts`, the rows
+    `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
+    when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
+    (the README's "Where the data lands"): the tables alone do not say what to look at next."""
+    skipped = sum(v["skipped"] for v in bad.values())
+    failed = sum(v["failed"] for v in bad.values())
+    lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
+    if ui_address:
+        lines.append(f"  the Dagster UI: {ui_address} (each phase asset's partition {tenant!r})")
+    if skipped or failed:
+        lines.append(f"  migrate rows {tenant}        the skipped and failed rows with their reasons")
+    lines.append(f"  migrate status {tenant}      its runs and counts")
+    query = (f"SELECT kind, action, count(*) FROM migration_records WHERE tenant_id = '{tenant}' "
+             "GROUP BY 1, 2 ORDER BY 1, 2")
+    lines.append(f"  psql \"$(migrate db url)\" -c \"{query}\"")
+    return lines

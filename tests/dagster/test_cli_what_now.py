@@ -1,5 +1,9 @@
 """What a newcomer reads after a command ends:
 
+* `migrate run` (and `sync`, `demo`: the same ending) ends with a short "what now": the verdict
+  with the tenant's skipped and failed rows (as `migrate rows` counts them), `migrate rows T` when
+  there are any, `migrate status T` and a psql line with a query for the tenant; under --json
+  stdout stays one JSON document;
 * `migrate stop T` on a succeeded or stopped tenant says "nothing to stop" with its state, and
   changes nothing;
 * after a sync, `migrate run` refuses the migrated tenant naming the run that migrated it (not the
@@ -13,13 +17,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from engine_core import db as dbmod
-from engine_core import runs
+from engine_core import ledger, runs
 from engine_core.config import Settings
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
+from migration_pipeline.cli.output import what_now
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -81,3 +87,38 @@ def test_run_after_a_sync_names_the_run_that_migrated_the_tenant(env, db_url):
     line = out.stderr.strip()
     assert f"already migrated by {first.name}" in line and f"synced by {sync.name}" in line, line
     assert "`migrate sync synced`" in line, line
+
+
+def test_what_now_names_the_tenant_its_bad_rows_and_where_to_look():
+    bad = {"contacts": {"skipped": 0, "failed": 2}, "notes": {"skipped": 3, "failed": 0}}
+    lines = what_now("acme", "run #4 (example for tenant 'acme') succeeded", bad, "http://127.0.0.1:3000")
+    assert lines[0] == "what now: tenant 'acme': run #4 (example for tenant 'acme') succeeded, 3 row(s) skipped, 2 failed"
+    text = "\n".join(lines)
+    assert "http://127.0.0.1:3000" in text and "migrate rows acme" in text and "migrate status acme" in text
+    assert 'psql "$(migrate db url)" -c "SELECT' in text and "tenant_id = 'acme'" in text
+    clean = "\n".join(what_now("acme", "run #4 succeeded", {}, None))
+    assert "migrate rows" not in clean and "UI" not in clean and "0 row(s) skipped, 0 failed" in clean
+
+
+def test_run_ends_with_what_now_and_json_stays_clean(env, db_url):
+    out = _migrate(["run", "--tenant", "newcomer", "--options", json.dumps(SMALL), "--timeout", "200"], env)
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
+    with dbmod.Database(db_url, max_size=2) as db:
+        bad = ledger.bad_row_counts(db, "newcomer")
+        run = runs.latest_run(db, "newcomer")
+    skipped = sum(v["skipped"] for v in bad.values())
+    failed = sum(v["failed"] for v in bad.values())
+    assert skipped and failed, bad
+    tail = out.stdout[out.stdout.index("what now: "):].splitlines()
+    assert tail[0] == f"what now: tenant 'newcomer': {run.name} succeeded, {skipped} row(s) skipped, {failed} failed", tail
+    assert any("migrate rows newcomer" in ln for ln in tail) and any("migrate status newcomer" in ln for ln in tail)
+    (psql,) = [ln for ln in tail if "psql" in ln and "tenant_id = 'newcomer'" in ln]
+    query = psql.split(' -c "', 1)[1].rstrip('"')
+    with psycopg.connect(db_url) as c:  # the printed query runs and counts the tenant's bad rows as above
+        counted = {(kind, action): n for kind, action, n in c.execute(query).fetchall()}
+    assert sum(n for (_, action), n in counted.items() if action == "skipped") == skipped, counted
+    # a sync ends the same way; under --json stdout is the JSON document alone
+    synced = _migrate(["sync", "newcomer", "--json", "--timeout", "200"], env)
+    assert synced.returncode == 0, (synced.stdout[-2000:], synced.stderr[-3000:])
+    assert json.loads(synced.stdout)["engine"]["status"] == "succeeded"
+    assert "what now" not in synced.stdout + synced.stderr
