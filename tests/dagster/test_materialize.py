@@ -89,7 +89,7 @@ def test_materialize_all_phases_reconciles_and_reports_per_kind_counts(acme):
         assert md["per_kind"].value.records[0].data["kind"] == kind
 
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
-    assert len(checks) == 15 and all(checks.values()), checks
+    assert len(checks) == 20 and all(checks.values()), checks
 
     # the Dagster run remembers the engine run it worked on
     assert instance.get_run_by_id(result.run_id).tags["migration/run_id"] == str(run.id)
