@@ -1,9 +1,27 @@
-"""The plan is data: a provider declares its phases as an ordered list of kind groups."""
+"""The plan is data: a provider declares its phases as an ordered list of kind groups.
+
+Some kinds are opt-in (a provider's `opt_in_kinds`): their cost grows with the account (one call
+per deal, per record, per file), so a run takes them only when asked. What a run is asked for is
+a kinds choice (`choose_kinds`):
+
+* nothing: the default kinds - every kind but the opt-in ones;
+* `+name` / `-name` entries: the defaults with those kinds added or removed (`+deal_history`);
+* plain names: exactly those kinds (an opt-in kind named is taken);
+* `all`: every kind, the opt-in ones too.
+
+Plain names and `+`/`-` entries do not mix: "persons,+deal_history" could mean either.
+"""
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from engine_core.errors import ConfigError
+from engine_core.models import Run
+from engine_core.source import catchup_kind, opt_in_kinds
+
+ALL = "all"
+OPT_IN = "opt-in"
+NOT_CHOSEN = "not chosen"
 
 
 def plan_for(phases: Sequence[Sequence[str]], kinds: Iterable[str] | None = None) -> list[list[str]]:
@@ -17,3 +35,69 @@ def plan_for(phases: Sequence[Sequence[str]], kinds: Iterable[str] | None = None
         raise ConfigError(f"unknown kinds {unknown}; this source has {sorted(known)}")
     limited = [[k for k in group if k in wanted] for group in phases]
     return [group for group in limited if group]
+
+
+def choose_kinds(phases: Sequence[Sequence[str]], choice: Iterable[str] | None,
+                 opt_in: Collection[str] = ()) -> list[str] | None:
+    """The kinds a run takes, in plan order, for a kinds `choice` (see the module: None, `+`/`-`
+    entries, plain names, `all`); None when that is every kind (no opt-in kind, nothing chosen).
+
+    Raises ConfigError (one line) naming every unknown kind with the kinds there are, or when plain
+    names and `+`/`-` entries are mixed, or when the choice leaves no kind."""
+    every = [k for group in phases for k in group]
+    entries = [str(e).strip() for e in (choice or ()) if str(e).strip()]
+    if not entries:
+        return [k for k in every if k not in opt_in] if opt_in else None
+    signed = [e for e in entries if e[0] in "+-"]
+    if signed and len(signed) != len(entries):
+        plain = [e for e in entries if e[0] not in "+-"]
+        raise ConfigError(f"kinds {', '.join(plain)} and {', '.join(signed)}: give either plain kinds (exactly those) "
+                          "or +kind/-kind (the defaults with those added or removed), not both")
+    names = [e.lstrip("+-").strip() for e in entries]
+    unknown = [n for n in dict.fromkeys(names) if n not in every and n != ALL]
+    if unknown:
+        shown = ", ".join(every + [ALL])
+        raise ConfigError(f"unknown kind{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"this source has {shown}")
+    if not signed:
+        chosen = set(every) if ALL in names else set(names)
+    else:
+        chosen = {k for k in every if k not in opt_in}
+        for entry, name in zip(entries, names):
+            group = set(every) if name == ALL else {name}
+            chosen = chosen | group if entry[0] == "+" else chosen - group
+    if not chosen:
+        raise ConfigError(f"kinds {', '.join(entries)} leave no kind to migrate")
+    return [k for k in every if k in chosen]
+
+
+def left_out(phases: Sequence[Sequence[str]], taken: Iterable[str], opt_in: Collection[str] = ()) -> dict[str, str]:
+    """The kinds of `phases` a run did not take (`taken`: its plan's kinds), in plan order, each
+    with why: "opt-in" (a kind a run takes only when asked) or "not chosen" (the run named other
+    kinds)."""
+    have = set(taken)
+    return {k: (OPT_IN if k in opt_in else NOT_CHOSEN) for group in phases for k in group if k not in have}
+
+
+def left_out_line(left: dict[str, str]) -> str | None:
+    """`left_out` as one line, e.g. "left out: followers, participants (opt-in; add them with
+    --kinds +followers,+participants); notes (not chosen)"; None when nothing was left out."""
+    if not left:
+        return None
+    parts = []
+    optional = [k for k, why in left.items() if why == OPT_IN]
+    if optional:
+        how = ",".join("+" + k for k in optional)
+        parts.append(f"{', '.join(optional)} ({OPT_IN}; add {'it' if len(optional) == 1 else 'them'} with --kinds {how})")
+    others = [k for k, why in left.items() if why != OPT_IN]
+    if others:
+        parts.append(f"{', '.join(others)} ({NOT_CHOSEN})")
+    return "left out: " + "; ".join(parts)
+
+
+def kinds_left_out(provider: object, run: Run) -> dict[str, str]:
+    """The kinds of `provider` (its `phases()`) that `run` did not take, each with why (`left_out`);
+    the catch-up kind is never left out."""
+    ck = catchup_kind(provider)
+    phases = [[k for k in group if k != ck] for group in provider.phases()]  # type: ignore[attr-defined]
+    return left_out(phases, run.kinds, opt_in_kinds(provider))

@@ -31,13 +31,13 @@ from engine_core.db import Database
 from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound,
                                 SourceMismatch, TenantSourceMismatch)
 from engine_core.models import Run
-from engine_core.plan import plan_for
+from engine_core.plan import choose_kinds, plan_for
 from engine_core.barrier import advance_phase, seed_phase
 from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
 from engine_core.runlog import RunLog
 from engine_core.source import (MAX_MARGIN_SECONDS, SNAPSHOT_MARGIN_SECONDS, Provider, catchup_kind,  # noqa: F401
-                                dependents, identity_of, margin_option, snapshot_margin, source_time)
+                                dependents, identity_of, margin_option, opt_in_kinds, snapshot_margin, source_time)
 
 MODES = ("full", "sync")
 
@@ -96,9 +96,11 @@ def _refuse(db: Database, tenant_id: str, source: str) -> AdmissionRefused:
 
 
 def run_plan(provider: Provider, kinds: Iterable[str] | None = None) -> list[list[str]]:
-    """The phases a run needs (`plan_for`), with the provider's catch-up phase kept last even when
-    `kinds` leaves it out (a run limited to notes still catches up on the notes)."""
-    plan = plan_for(provider.phases(), kinds)
+    """The phases a run needs for a kinds choice (`plan.choose_kinds`: None takes the default
+    kinds, `+name`/`-name` adjust them, plain names are exactly those), with the provider's
+    catch-up phase kept last even when `kinds` leaves it out (a run limited to notes still catches
+    up on the notes). Raises ConfigError naming unknown kinds."""
+    plan = plan_for(provider.phases(), choose_kinds(provider.phases(), kinds, opt_in_kinds(provider)))
     ck = catchup_kind(provider)
     if ck is not None and not any(ck in group for group in plan):
         plan.append([ck])
@@ -200,13 +202,28 @@ def last_snapshot(db: Database, tenant_id: str, source: str) -> datetime | None:
     return rows[0]["at"] if rows else None
 
 
+def synced_kinds(db: Database, tenant_id: str, provider: Provider) -> list[str] | None:
+    """The kinds a sync takes when it names none: those of the tenant's last succeeded (not dry) run
+    or sync, catch-up kind aside (an opt-in kind taken stays in sync); None (the defaults): none."""
+    rows = db.sql(
+        "SELECT plan FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND status = 'succeeded'"
+        " AND NOT dry_run ORDER BY COALESCE(snapshot_at, started_at) DESC LIMIT 1",
+        {"t": tenant_id, "s": provider.source})
+    if not rows:
+        return None
+    ck = catchup_kind(provider)
+    known = {k for group in provider.phases() for k in group}
+    kinds = [k for group in rows[0]["plan"] for k in group if k != ck and k in known]
+    return kinds or None
+
+
 def start_sync(db: Database, provider: Provider, tenant_id: str, **options: Any) -> Run:
     """Start a sync of the tenant (mode 'sync'): the same phases, claims, windows, budget and
     stop/retry/resume as a run, listing only what changed since the last succeeded run's or sync's
     snapshot (`last_snapshot`), plus the id listings deletions need (the catch-up phase).
 
-    `options`: `start_run`'s keywords (kinds, dry_run, options, settings). Returns the new Run.
-    Raises NothingToSync (one line, names the tenant) when the tenant has no succeeded run or sync
+    `options`: `start_run`'s keywords (kinds, dry_run, options, settings); without kinds, those
+    of the run it syncs from (`synced_kinds`). Returns the new Run. Raises NothingToSync (one line, names the tenant) when the tenant has no succeeded run or sync
     of this source; AdmissionRefused when another run of the tenant is live."""
     options.pop("mode", None)
     options.pop("since", None)
@@ -214,6 +231,7 @@ def start_sync(db: Database, provider: Provider, tenant_id: str, **options: Any)
     if since is None:
         raise NothingToSync(f"tenant {tenant_id!r} has no succeeded {provider.source} run or sync to sync from; "
                             "run a full migration first")
+    options["kinds"] = options.get("kinds") or synced_kinds(db, tenant_id, provider)
     return start_run(db, provider, tenant_id, mode="sync", since=since, **options)
 
 

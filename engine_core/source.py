@@ -103,6 +103,9 @@ class Provider(Protocol):
     # source since the run's snapshot (rows created, changed, deleted) under the other kinds' ledger
     # identities. A run limited to some kinds keeps it (`runs.start_run`); verify skips it.
 
+    # Optional: `opt_in_kinds: frozenset[str]`, kinds a run takes only when asked (`plan.choose_kinds`):
+    # a run that names no kinds leaves them out and says so (`plan.left_out`).
+
     # Optional: `source_time() -> datetime | None`, the source's clock now (aware, UTC),
     # for the run's snapshot moment; None or absent: the database's clock stands in.
 
@@ -158,6 +161,12 @@ def catchup_kind(provider: object) -> str | None:
     """The provider's catch-up kind, or None when it has no catch-up phase."""
     kind = getattr(provider, "catchup_kind", None)
     return kind if isinstance(kind, str) and kind else None
+
+
+def opt_in_kinds(provider: object) -> frozenset[str]:
+    """The provider's opt-in kinds (`opt_in_kinds`), empty when it has none."""
+    kinds = getattr(provider, "opt_in_kinds", None)
+    return frozenset(kinds) if kinds else frozenset()
 
 
 def source_time(provider: object) -> datetime | None:

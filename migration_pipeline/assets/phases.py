@@ -51,6 +51,7 @@ from engine_core.budget import waiting_state
 from engine_core.db import Database
 from engine_core.errors import AdmissionRefused, NothingToSync
 from engine_core.models import Run
+from engine_core.plan import kinds_left_out, left_out_line
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
@@ -255,21 +256,24 @@ def planned_after(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> 
             if later.run_phase(run) is not None and (selection is None or later.key in selection)]
 
 
-def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> MaterializeResult | None:
+def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run, provider: Any = None) -> MaterializeResult | None:
     """A phase the engine run does not plan (a run limited to some kinds) claims no success
     (every phase went green). It is not materialised - the partition keeps its last real
     materialisation, or stays missing - unless a later phase of this Dagster run is planned: Dagster
     skips every step downstream of an output that was not yielded (`ActiveExecution._should_skip_step`;
     `AssetSpec.skippable`: "causing downstream dependencies to skip"), so there the phase yields a
-    materialisation that says `phase_status: not in this run's plan` and carries no counts."""
+    materialisation that says `phase_status: not in this run's plan` and carries no counts, but
+    `left_out` (`provider`'s kinds the run did not take: opt-in or not chosen)."""
     what = f"phase {spec.index + 1} ({', '.join(spec.kinds)}) is not in {run.name}'s plan ({', '.join(run.kinds)})"
     later = planned_after(context, spec, run)
     if not later:
         context.log.info(f"{what}: not materialised")
         return None
     context.log.info(f"{what}: materialised as not planned, for {later[0].key.to_user_string()} after it to run")
+    left = kinds_left_out(provider, run) if provider is not None else {}
     return MaterializeResult(metadata={
         "phase_status": MetadataValue.text("not in this run's plan"),
+        **({"left_out": MetadataValue.text(left_out_line(left))} if left else {}),
         "engine_run": MetadataValue.text(run.name),
         "engine_run_id": MetadataValue.int(run.id),
         "note": MetadataValue.text(
@@ -325,7 +329,7 @@ def _materialize_phase(
     attached.append(run)
     phase = spec.run_phase(run)
     if phase is None:
-        return not_in_plan(context, spec, run)
+        return not_in_plan(context, spec, run, source.provider(run))
     run = prepare_run(context, db, source, run, lane, run_tags)
     attached.append(run)
     if run.status == "running" and run.current_phase < phase:
@@ -370,6 +374,9 @@ def _materialize_phase(
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
     metadata = phase_metadata(db, r, phase)
+    left = left_out_line(kinds_left_out(source.provider(run), run))
+    if left:  # what the run did not take, on every phase it materialises: the UI's first answer to "is that all?"
+        metadata["left_out"] = MetadataValue.text(left)
     failed_tasks = int(metadata["failed_tasks"].value)  # the phase's summary, as phase_metadata read it
     if failed_tasks:
         raise Failure(

@@ -21,6 +21,8 @@ from engine_core.ledger import bad_row_counts, explain_unreadable, source_listin
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
+from engine_core.plan import left_out_line
+from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.tables import outcome_counts, print_overview, print_rollup, reasons_table
 from migration_pipeline.launch.checks import pickable_kinds
 
@@ -94,8 +96,12 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
         unattended = done["unattended"]
 
+        left = left_out_of(run)  # the kinds this run did not take: opt-in ones, or not chosen
+
         def render() -> None:
             print_rollup(r)
+            if left:
+                console.print(left_out_line(left), highlight=False)
             console.print(no_live_worker_line(done) if dead_since is not None else status_line(done, stale_after))
             if unattended:
                 console.print(f"[yellow]`migrate run --tenant {tenant}` resumes it here; `migrate ui` (a daemon) "
@@ -103,7 +109,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
-        emit(as_json, {**r.as_dict(), "progress": done, "waiting": wait_json}, render)
+        emit(as_json, {**r.as_dict(), "left_out": left, "progress": done, "waiting": wait_json}, render)
 
 
 @click.command()

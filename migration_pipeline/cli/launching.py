@@ -24,8 +24,10 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
+from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone, what_now
+from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
 from migration_pipeline import tags
@@ -353,6 +355,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
                     cost = runs.run_cost(db, int(engine_id)) if engine_id else None
                     bad = ledger.bad_row_counts(db, tenant)
+                    left = left_out_of(runs.get_run(db, int(engine_id))) if engine_id else {}
             except Interrupted as signalled:
                 with signals_held():
                     progress.close()
@@ -366,7 +369,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
-                   "dry_run": dry_run,
+                   "dry_run": dry_run, "left_out": left,
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
                               for p in results],
@@ -385,7 +388,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
             verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
-            for line in what_now(tenant, verdict, bad, live.address if live.alive else None):
+            for line in what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left)):
                 console.print(line, highlight=False)
 
         return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)

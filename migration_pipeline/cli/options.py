@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from engine_core.plan import kinds_left_out
+from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import fail
 
 
@@ -56,3 +58,32 @@ def typed_options(options: dict[str, Any]) -> dict[str, Any]:
             value = float(text) if "." in text else int(text)
         typed[key] = value
     return typed
+
+
+KINDS_HELP = ("which kinds a new run takes: nothing = the defaults (every kind but the opt-in ones); "
+              "+kind/-kind = the defaults with kinds added or removed, e.g. +deal_history,+participants; "
+              "plain names = exactly those, e.g. persons,deals; all = every kind. The catch-up phase always "
+              "runs last; it is not a kind to pick")
+
+
+def kinds_choice(value: str | None) -> list[str] | None:
+    """`--kinds` as a list of entries (`engine_core.plan.choose_kinds` judges them), None when it
+    was not given; `fail` (one line) when it names nothing (`--kinds ""` must not mean the
+    defaults)."""
+    if value is None:
+        return None
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if not entries:
+        fail(f"--kinds names no kind ({value!r}); leave it out to migrate the default kinds")
+    return entries
+
+
+def left_out_of(run: Any) -> dict[str, str]:
+    """The kinds `run` left out, each with why ("opt-in" or "not chosen";
+    `engine_core.plan.kinds_left_out`), by its source's provider; {} when the provider no longer
+    loads."""
+    try:
+        provider = provider_for(run.source)
+    except Exception:  # noqa: BLE001 - a source that no longer loads: nothing to say about it
+        return {}
+    return kinds_left_out(provider, run)

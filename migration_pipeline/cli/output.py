@@ -90,15 +90,20 @@ def fail(e: Exception | str) -> None:
     sys.exit(2)
 
 
-def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None) -> list[str]:
+def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
+             left_out: str | None = None) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
     succeeded") with the tenant's skipped and failed rows (`bad`: `ledger.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
     when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
-    (the README's "Where the data lands"): the tables alone do not say what to look at next."""
+    (the README's "Where the data lands"): the tables alone do not say what to look at next.
+    `left_out` (`engine_core.plan.left_out_line`), when given, follows the verdict: the kinds the
+    run did not take and how to add them."""
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())
     lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
+    if left_out:
+        lines.append(f"  {left_out}")
     if ui_address:
         lines.append(f"  the Dagster UI: {ui_address} (each phase asset's partition {tenant!r})")
     if skipped or failed:

@@ -16,7 +16,7 @@ from engine_core.verify import verify
 from migration_pipeline.cli.control import tenant_run
 from migration_pipeline.cli.launching import (before_launch, collector_paused, exit_launched, launch_through_dagster,
                                               new_config, source_for)
-from migration_pipeline.cli.options import SECONDS, typed_options
+from migration_pipeline.cli.options import KINDS_HELP, SECONDS, kinds_choice, typed_options
 from migration_pipeline.cli.output import emit, fail, open_db
 from migration_pipeline.cli.tables import print_verify
 from migration_pipeline.launch.checks import check_tenant, new_run_config
@@ -25,8 +25,7 @@ from migration_pipeline.launch.checks import check_tenant, new_run_config
 @click.command("run")
 @click.option("--tenant", required=True)
 @click.option("--source", default=None, help="default: MIGRATE_SOURCE, else pipedrive (example if it is unavailable)")
-@click.option("--kinds", default=None, help="comma-separated kinds to limit a new run to, e.g. persons,deals "
-                                            "(the catch-up phase always runs last; it is not a kind to pick)")
+@click.option("--kinds", default=None, help=KINDS_HELP)
 @click.option("--dry-run", is_flag=True)
 @click.option("--options", "options_json", default=None, help="provider options as JSON (a new run only)")
 @click.option("--timeout", default=None, type=SECONDS, help="give up waiting after this many seconds")
@@ -49,9 +48,7 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
         if not isinstance(options, dict):
             fail(f"--options must be a JSON object, got {options_json!r}")
         options = typed_options(options)
-        wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds is not None else None
-        if wanted == []:  # `--kinds ""` must not mean every kind
-            fail(f"--kinds names no kind ({kinds!r}); leave it out to migrate every kind")
+        wanted = kinds_choice(kinds)
         config = new_run_config(wanted, dry_run, options)
         with collector_paused():  # without a source named, the Dagster definitions are loaded (see collector_paused)
             src = source_for(source)

@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 from engine_core import runs
 from engine_core.config import shown_url
 from engine_core.errors import ConfigError
-from engine_core.plan import plan_for
+from engine_core.plan import choose_kinds
 from engine_core.providers.registry import provider_for
-from engine_core.source import catchup_kind, identity_of
+from engine_core.source import catchup_kind, identity_of, opt_in_kinds
 
 
 class LaunchError(RuntimeError):
@@ -100,16 +100,17 @@ def pickable_kinds(provider: Any) -> list[list[str]]:
 
 
 def check_kinds(provider: Any, kinds: list[str]) -> None:
-    """`--kinds` against the provider's pickable kinds (`pickable_kinds`). Raises ConfigError (one
-    line naming the option, the unknown kinds and the kinds there are)."""
+    """`--kinds` (a kinds choice, `engine_core.plan.choose_kinds`: plain names, `+name`/`-name`,
+    `all`) against the provider's pickable kinds (`pickable_kinds`). Raises ConfigError (one line
+    naming the option, the unknown kinds and the kinds there are)."""
     ck = catchup_kind(provider)
     phases = pickable_kinds(provider)
-    if ck is not None and ck in kinds:
+    if ck is not None and ck in [str(k).lstrip("+-").strip() for k in kinds]:
         known = sorted(k for group in phases for k in group)
         raise ConfigError(f"--kinds: {ck!r} is the catch-up phase every run ends with, not a kind to pick; "
                           f"kinds: {', '.join(known)}")
     try:
-        plan_for(phases, kinds)
+        choose_kinds(phases, kinds, opt_in_kinds(provider))
     except ConfigError as e:
         raise ConfigError(f"--kinds: {e}") from None
 

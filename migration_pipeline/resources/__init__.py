@@ -126,6 +126,9 @@ class LaneSettings(ConfigurableResource):
 class NewRunOptions(ConfigurableResource):
     """What a newly started run is limited to; ignored when the tenant's run already exists.
 
+    `kinds`: the kinds choice (`engine_core.plan.choose_kinds`), e.g. ["+deal_history", "+participants"]
+    (the defaults with those opt-in kinds added), ["persons", "deals"] (exactly those), ["all"];
+    empty: the default kinds. Unknown names fail the run's start in one line naming them.
     `start_new`: start a new engine run even when the tenant's latest run succeeded (a migration
     from scratch; the same as the run tag `migration/new_run=true`). Without it such a launch is
     refused (`engine_core.runs.AlreadyMigrated`) and points to the sync job.
@@ -145,7 +148,7 @@ class NewRunOptions(ConfigurableResource):
         return value
 
     def start_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments `runs.start_run` takes for a new run: kinds (None: all), dry_run, options."""
+        """The keyword arguments `runs.start_run` takes for a new run: kinds (None: the defaults), dry_run, options."""
         return {"kinds": list(self.kinds) or None, "dry_run": self.dry_run, "options": self.options()}
 
 

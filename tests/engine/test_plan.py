@@ -5,7 +5,7 @@ import pytest
 
 from engine_core import runs
 from engine_core.errors import ConfigError
-from engine_core.plan import plan_for
+from engine_core.plan import choose_kinds, left_out, left_out_line, plan_for
 from engine_core.providers.registry import provider_for
 from engine_core.providers.pipedrive.plan import PHASES as PIPEDRIVE_PHASES
 from tests.engine.support import FAST
@@ -27,3 +27,45 @@ def test_notes_and_activities_only_run_has_two_phases(db) -> None:
     assert [list(g) for g in run.plan] == [["activities"], ["notes"]]
     assert {r["phase"] for r in db.sql("SELECT DISTINCT phase FROM migration_tasks WHERE migration_id = %(r)s", {"r": run.id})} == {0}
     assert plan_for(PIPEDRIVE_PHASES, ["notes", "activities"]) == [["activities"], ["notes"]]
+
+
+PHASES = [["users"], ["persons", "files"], ["deals"], ["deal_history", "participants"], ["catchup"]]
+OPT_IN = {"files", "deal_history", "participants"}
+
+
+def test_no_choice_takes_the_default_kinds_and_leaves_the_opt_in_ones_out() -> None:
+
+
+    assert choose_kinds(PHASES, None) is None  # no opt-in kind: every kind, as before
+    taken = choose_kinds(PHASES, None, OPT_IN)
+    assert taken == ["users", "persons", "deals", "catchup"]
+    left = left_out(PHASES, taken, OPT_IN)
+    assert left == {"files": "opt-in", "deal_history": "opt-in", "participants": "opt-in"}
+    assert left_out_line(left) == ("left out: files, deal_history, participants (opt-in; add them with "
+                                   "--kinds +files,+deal_history,+participants)")
+
+
+def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() -> None:
+
+
+    assert choose_kinds(PHASES, ["+deal_history"], OPT_IN) == ["users", "persons", "deals", "deal_history", "catchup"]
+    assert choose_kinds(PHASES, ["+all", "-files"], OPT_IN) == [k for g in PHASES for k in g if k != "files"]
+    assert choose_kinds(PHASES, ["-persons"], OPT_IN) == ["users", "deals", "catchup"]
+    assert choose_kinds(PHASES, ["deals", "participants"], OPT_IN) == ["deals", "participants"]
+    assert choose_kinds(PHASES, ["all"], OPT_IN) == [k for g in PHASES for k in g]
+    left = left_out(PHASES, ["deals", "participants"], OPT_IN)
+    assert left_out_line(left) == ("left out: files, deal_history (opt-in; add them with --kinds +files,+deal_history); "
+                                   "users, persons, catchup (not chosen)")
+
+
+@pytest.mark.parametrize("choice, needles", [
+    (["+histroy", "+particpants"], ("unknown kinds 'histroy', 'particpants'", "deal_history")),
+    (["deals", "+files"], ("deals and +files", "not both")),
+    (["-all"], ("leave no kind",)),
+])
+def test_a_bad_choice_is_one_line_naming_what_was_wrong(choice, needles) -> None:
+
+
+    with pytest.raises(ConfigError) as e:
+        choose_kinds(PHASES, choice, OPT_IN)
+    assert "\n" not in str(e.value) and all(n in str(e.value) for n in needles), str(e.value)

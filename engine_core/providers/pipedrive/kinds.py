@@ -41,7 +41,10 @@ class Kind:
     a parent the engine asks the source about when it is missing; `batch_paths`: v2 lists whose
     `ids` answer many parents at once; `summary`: the source's own count of the list;
     `catchup`: position in the catch-up walk (parents first; None: not walked); `last_level`:
-    nothing links to it, so the catch-up walks it in a task of its own."""
+    nothing links to it, so the catch-up walks it in a task of its own; `default`: a run that
+    names no kinds takes it (False: opt-in - its cost grows with the account's deals, records or
+    file bytes, so a run takes it only when asked, `--kinds +name`; the costs are in the README's
+    "Choosing the kinds")."""
 
     name: str
     path: str
@@ -65,6 +68,7 @@ class Kind:
     summary: tuple[str, int] | None = None
     catchup: int | None = None
     last_level: bool = False
+    default: bool = True
 
     def __post_init__(self) -> None:
         if not self.ledger:
@@ -175,6 +179,7 @@ PARENT_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.probed and k
 SINGLE_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.by_id}
 BATCH_PATHS: dict[str, tuple[str, ...]] = {k.name: k.batch_paths for k in KINDS if k.batch_paths}
 SUMMARY_PATHS: dict[str, str] = {k.name: k.summary[0] for k in KINDS if k.summary}
+OPT_IN: frozenset[str] = frozenset(k.name for k in KINDS if not k.default)
 
 # Tokens per request: each kind's list, the field lists, the deal summaries, a deal's mail listing,
 # and one record by id (v2: 1, v1: 2).

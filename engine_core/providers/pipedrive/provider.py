@@ -298,6 +298,7 @@ class PipedriveProvider:
     source = SOURCE
     ledger_kind = staticmethod(kinds.ledger_kind)  # archived deals/leads share their kind's identities
     catchup_kind = CATCHUP
+    opt_in_kinds = kinds.OPT_IN  # taken only when a run asks (`plan.choose_kinds`)
 
     def __init__(
         self,
