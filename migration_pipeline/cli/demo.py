@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -34,6 +35,36 @@ DEMO_OPTIONS = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "
                 "malformed": {"contacts": [13, 77]}, "dangling": {"notes": [5, 9]}}
 
 
+def demo_tenant(taken: list[str], base: str = "demo") -> tuple[str, list[str]]:
+    """The tenant a demo migrates, named so a newcomer finds it again: the first of `base`,
+    `base`-2, `base`-3, ... that is not in `taken` (the tenants some run was started for,
+    `runs.tenants`), and the earlier demos of that family in `taken` ("demo", "demo-2"; not
+    "demo-live": another family), in number order. A demo never reuses a tenant: the earlier ones
+    are kept as they are."""
+    family = re.compile(rf"{re.escape(base)}(?:-([0-9]+))?")
+    earlier = sorted((t for t in taken if family.fullmatch(t)), key=lambda t: int(family.fullmatch(t)[1] or 1))
+    used = set(taken)
+    n = 1
+    while (name := base if n == 1 else f"{base}-{n}") in used:
+        n += 1
+    return name, earlier
+
+
+def pick_demo_tenant(db: dbmod.Database, base: str = "demo") -> str:
+    """`demo_tenant` on the database's tenants; prints which tenant this demo migrates and what it did
+    with the earlier demos (kept, each with its latest run's status; the first three named)."""
+    tenant, earlier = demo_tenant(runs.tenants(db), base)
+    if not earlier:
+        console.print(f"tenant: {tenant!r} (a later demo keeps it and migrates {demo_tenant([tenant], base)[0]!r})",
+                      highlight=False)
+        return tenant
+    shown = ", ".join(f"{t!r} {runs.latest_run(db, t).status}" for t in earlier[:3])
+    more = f" and {len(earlier) - 3} more" if len(earlier) > 3 else ""
+    console.print(f"tenant: {tenant!r}; the earlier demo tenant(s) are kept as they were ({shown}{more}): "
+                  f"`migrate status` lists them", highlight=False)
+    return tenant
+
+
 def _pipedrive_ready() -> bool:
     return source_for("pipedrive") == "pipedrive" and importlib.util.find_spec("pipedrive_sandbox.server") is not None
 
@@ -49,12 +80,13 @@ def demo(scale: str, in_process: bool, live: bool, live_rate: float) -> None:
     account when the provider is available, else the in-memory example source. With --live the
     account changes while the run walks; then the changes stop, a sync brings them over and
     verify proves the tenant from the source (exit 0 when it passes)."""
-    tenant = f"demo-{os.getpid()}"
     console.print(f"database: {dbmod.redact(dbmod.database_url())}")
+    if live and (in_process or not _pipedrive_ready()):
+        fail("--live needs the pipedrive provider and its sandbox through Dagster (not --in-process)")
+    with open_db() as db:
+        tenant = pick_demo_tenant(db, "demo-live" if live else "demo")
     if live:
-        if in_process or not _pipedrive_ready():
-            fail("--live needs the pipedrive provider and its sandbox through Dagster (not --in-process)")
-        sys.exit(live_demo(f"demo-live-{os.getpid()}", scale, live_rate))
+        sys.exit(live_demo(tenant, scale, live_rate))
     if in_process:
         with open_db() as db:
             run = runs.start_run(db, provider_for("example"), tenant, options=DEMO_OPTIONS)
@@ -110,21 +142,33 @@ def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token"
     console.print(f"source: live pipedrive sandbox ({scale}, {rate:g} changes/s) at {base_url}")
     try:
         full: dict[str, Any] = {}
-        code = launch_through_dagster(tenant, "pipedrive", new_config({}), False, env_overrides=env, outcome=full)
+        code = launch_through_dagster(tenant, "pipedrive", new_config({}), False, env_overrides=env, outcome=full,
+                                      ends_with_what_now=False)
         _sandbox_call(base_url, "POST", "/_sandbox/live/stop")
         changes = _sandbox_call(base_url, "GET", "/_sandbox/live")
         console.print(f"the account changed {changes.get('applied', '?')} times during the run; changes stopped")
         if code != 0:
             console.print("[red]the migration did not succeed; not syncing[/red]")
+            with open_db() as db:
+                bad = ledger.bad_row_counts(db, tenant)
+            for line in what_now(tenant, f"{full.get('name') or 'the run'} did not succeed", bad, full.get("ui")):
+                console.print(line, highlight=False)
             return code
         console.print(f"syncing {tenant!r}: the changes since the run's snapshot")
         synced: dict[str, Any] = {}
         code = launch_through_dagster(tenant, "pipedrive", new_config({}), False, env_overrides=env, job=SYNC_JOB,
-                                      outcome=synced)
+                                      outcome=synced, ends_with_what_now=False)
         with open_db() as db:
             result = run_verify(db, tenant, "pipedrive")
+            sync = runs.get_run(db, synced["engine_run_id"]) if synced.get("engine_run_id") else None
+            bad = ledger.bad_row_counts(db, tenant)
         console.print(live_cost_line(full, synced))
         print_verify(result)
+        verdict = (f"run #{full.get('engine_run_id')} succeeded, "
+                   f"{f'sync #{sync.id} {sync.status}' if sync else 'the sync failed'}, "
+                   f"verify {'passed' if result.passed else 'failed'}")
+        for line in what_now(tenant, verdict, bad, synced.get("ui") or full.get("ui")):
+            console.print(line, highlight=False)
         return 0 if code == 0 and result.passed else 1
     finally:
         proc.terminate()

@@ -273,7 +273,7 @@ def collector_paused() -> Iterator[None]:
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
                            env_overrides: dict[str, str] | None = None, timeout: float | None = None,
                            job: str | None = None, outcome: dict[str, Any] | None = None,
-                           new_run: bool = False) -> int:
+                           new_run: bool = False, ends_with_what_now: bool = True) -> int:
     """Check, add the partition, create the tenant job's run (or `job`'s: the sync job), execute it
     in this process when no daemon serves the instance and the lane has room (MIGRATE_RUN_IN_PROCESS
     =0: never), else queue it and keep a daemon alive (the UI's, or one for the duration) and wait
@@ -282,7 +282,9 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     ({"requests", "tokens"}: what the engine run's own tasks counted, `run_cost`). `new_run`: the
     tenant job starts a new engine run even when the tenant's latest run succeeded (run tag
     `migration/new_run=true`); without it such a tenant is refused before launching
-    (`check_not_migrated`)."""
+    (`check_not_migrated`). `ends_with_what_now=False` leaves the "what now" lines out (a command that
+    launches twice, `demo --live`, prints them once at its end; `outcome` then carries "ui", the UI's
+    address or None)."""
     with before_launch(), collector_paused():  # on again, with what was built frozen, before the run starts
         # Dagster (~2 s of imports), paused collector: only a launch needs it
         from migration_pipeline.jobs import TENANT_JOB
@@ -364,7 +366,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 sys.exit(signalled.exit_code)
         if outcome is not None:
             outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
-                           cost={k: int(v) for k, v in cost.items()} if cost else {"requests": 0, "tokens": 0})
+                           cost={k: int(v) for k, v in cost.items()} if cost else {"requests": 0, "tokens": 0},
+                           ui=live.address if live.alive else None)
         dry_run = bool(r.dry_run) if r is not None else bool(new_cfg.get("dry_run"))
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
@@ -388,7 +391,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
             verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
-            for line in what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left)):
+            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left))
+                         if ends_with_what_now else ()):
                 console.print(line, highlight=False)
 
         return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)

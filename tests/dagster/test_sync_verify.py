@@ -250,6 +250,9 @@ def test_demo_live_prints_each_runs_own_cost_not_the_sandboxs_counters(db_url, t
                       r"sync #(\d+): (\d+) requests, (\d+) tokens", text)
     assert found, (out.returncode, out.stdout[-3000:], out.stderr[-2000:])
     full_id, full_req, full_tok, sync_id, sync_req, sync_tok = map(int, found.groups())
+    # one "what now", at the end (after the sync and the verify), for the demo's named tenant
+    assert text.count("what now:") == 1 and text.index("what now:") > found.end(), text[-3000:]
+    assert f"what now: tenant 'demo-live': run #{full_id} succeeded, " in text and f"sync #{sync_id} succeeded, verify passed" in text
     with psycopg.connect(db_url) as c:
         def cost(run_id: int) -> tuple[int, int]:
             return tuple(int(v) for v in c.execute(
