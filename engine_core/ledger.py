@@ -58,6 +58,9 @@ Update = Callable[[int], "Mapping[str, Any] | None"]
 PRODUCT_TABLES: dict[str, tuple[str, str]] = {
     **{f"crm.{t}": ("crm", t) for t in ("users", "pipelines", "stages", "companies", "contacts", "deals", "leads",
                                         "activities", "notes", "emails", "custom_field_definitions")},
+    # the further families (migration 0017 gave each deleted_at_source)
+    **{f"crm.{t}": ("crm", t) for t in ("products", "deal_products", "files", "deal_participants", "followers",
+                                        "deal_history")},
     "example_items": ("public", "example_items"),
 }
 

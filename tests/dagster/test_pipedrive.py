@@ -89,7 +89,7 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
 def test_a_failed_phase_is_retried_by_rerunning_the_partition_without_fetching_twice(instance, db_url, db):
     keys = [AssetKey(["pipedrive", spec]) for spec in
             ("phase_1_fields_users_pipelines", "phase_2_organizations_products_stages", "phase_3_persons",
-             "phase_4_deals_deals_archived_leads_leads_archived", "phase_5_activities")]
+             "phase_4_deals_deals_archived_leads_leads_archived", "phase_5_activities_deal_products")]
     with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
         first = _materialize(instance, _resources(db_url, sb.base_url), selection=keys)
         assert first.success

@@ -87,7 +87,7 @@ from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import mapping, writers
+from engine_core.providers.pipedrive import lines, mapping, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
 from engine_core.providers.pipedrive.kinds import (LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS, TOKEN_COSTS,
@@ -331,12 +331,31 @@ def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
     if kind == "emails":
         yield from _mail_ids(meter)
         return
+    if kind == lines.KIND:
+        yield from _line_ids(meter)
+        return
     if kind not in V2_PATHS and kind not in V1_PATHS:
         raise NotImplementedError(f"the pipedrive provider has no id listing for {kind!r}")
     for row in walk(meter, kind):
         sid = row_id(row)
         if sid is not None:
             yield sid, version_of(kind, row)
+
+
+def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
+    """Every deal product line the source serves now, with its version: both deal lists walked
+    for the deal ids, then their lines `lines.IDS_PER_CALL` deals a call (cursor pages)."""
+    deals = sorted({row["id"] for kind in ("deals", "deals_archived") for row in walk(meter, kind)
+                    if isinstance(row.get("id"), int) and not isinstance(row.get("id"), bool)})
+    for j in range(0, len(deals), lines.IDS_PER_CALL):
+        at: dict[str, Any] | None = {}
+        while at is not None:
+            step = v2_step(meter, lines.PATH, {"deal_ids": deals[j : j + lines.IDS_PER_CALL]}, at)
+            for row in step.rows:
+                sid = row_id(row)
+                if sid is not None:
+                    yield sid, version_of(lines.KIND, row)
+            at = step.after
 
 
 def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
@@ -605,6 +624,9 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
             if deals:
                 ctx.stats.bump("mail_deals", len(deals))
                 successors.extend(mail_tasks(kind, page, deals))
+        if lk == "deals" and written and lines.KIND in ctx.run.kinds:
+            # a deal's products changed with it: its lines are listed again (lines.py)
+            successors.extend(lines.catchup_tasks(kind, page, lines.written_deals(written)))
         if step.after is None:
             after = _after_list(ctx.run, kind)
             first = next((s for s in after if s.cursor.get("list") is not None), None)

@@ -20,6 +20,7 @@ from engine_core.providers.pipedrive import mapping, products
 
 V1, V2 = "v1", "v2"
 OFFSET, CURSOR, FIELDS, FAN_OUT = "offset", "cursor", "fields", "fan-out"
+BATCH = "batch"  # a v2 list asked for many parents at once (`deal_ids`): lines.py
 PAGE = 500  # the API's largest page: one listing call either way, so never smaller
 
 
@@ -29,7 +30,8 @@ class Kind:
 
     `path`: its list endpoint (`/v1/...` or `/api/v2/...`; a fan-out's per-deal path with `{}`);
     `api`: "v1" | "v2"; `paging`: "offset" (v1 `start`/`limit`), "cursor" (v2 `cursor`),
-    "fields" (the field definitions task) or "fan-out" (one listing per deal); `cost`: tokens per
+    "fields" (the field definitions task), "fan-out" (one listing per deal) or "batch" (one
+    listing per 100 deals the ledger holds, `lines.py`); `cost`: tokens per
     list request; `phase`: index of its phase in the plan; `table`: the product table its rows go
     to; `ledger`: the ledger kind its rows are kept under (an archived list shares its kind's
     identities); `depends_on`: the kinds its rows must link to (or be skipped as not linked);
@@ -116,6 +118,9 @@ KINDS: tuple[Kind, ...] = (
          depends_on=(*_DEALS, *_LEADS, "persons", "organizations"), entity="note", mapper=mapping.map_note,
          since=True, by_id="/v1/notes/{}", catchup=10, last_level=True),
     Kind("emails", "/v1/deals/{}/mailMessages", V1, FAN_OUT, 20, phase=6, table="emails", depends_on=_DEALS),
+    # the further families: a deal's product lines, by the deals the ledger holds (lines.py)
+    Kind("deal_products", "/api/v2/deals/products", V2, BATCH, 10, phase=4, table="deal_products",
+         depends_on=(*_DEALS, "products"), mapper=products.map_deal_product),
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
 
@@ -184,7 +189,7 @@ OPT_IN: frozenset[str] = frozenset(k.name for k in KINDS if not k.default)
 # Tokens per request: each kind's list, the field lists, the deal summaries, a deal's mail listing,
 # and one record by id (v2: 1, v1: 2).
 TOKEN_COSTS: dict[str, Any] = {
-    **{k.path: k.cost for k in KINDS if k.paging in (OFFSET, CURSOR)},
+    **{k.path: k.cost for k in KINDS if k.paging in (OFFSET, CURSOR, BATCH)},
     **FIELD_LIST_COSTS,
     **{path: cost for k in KINDS if k.summary for path, cost in [k.summary]},
     "mailMessages": BY_NAME["emails"].cost, "v2 single": 1, "v1 single": 2,

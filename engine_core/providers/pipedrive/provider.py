@@ -70,7 +70,7 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
-from engine_core.providers.pipedrive import credentials, emails, inventory, kinds, mapping, stripes, writers
+from engine_core.providers.pipedrive import credentials, emails, inventory, kinds, lines, mapping, stripes, writers
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
@@ -466,6 +466,8 @@ class PipedriveProvider:
                     for s in seeds]
         if kind == "emails":
             return stripes.email_seeds()
+        if kind == lines.KIND:
+            return lines.seeds()
         if kind == CATCHUP:
             return inventory.catchup_seeds(run)
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
@@ -487,6 +489,10 @@ class PipedriveProvider:
             _remember_book(ctx, FieldBook(definitions))
             writers.write_definitions(ctx, definitions, complete=True)
             return TaskOutcome()
+        if kind == lines.KIND:
+            if cursor.get("discover"):
+                return lines.discover(ctx)
+            return lines.run_task(ctx, client, self._mapper(ctx), cursor["deals"])
         if kind == "emails":
             if cursor.get("discover"):
                 return emails.discover(ctx, client)
@@ -498,6 +504,9 @@ class PipedriveProvider:
                 return self._v2_discover(ctx, client)
             return self._v2_page(ctx, client)
         if kind == CATCHUP:
+            if cursor.get("lines"):  # a changed deal's lines, listed again: counted as deal products
+                mapper = self._mapper_of(ctx)(lines.KIND)
+                return inventory.counted_as(ctx, lines.KIND, lambda: lines.run_task(ctx, client, mapper, cursor["lines"]))
             if cursor.get("deals"):  # the catch-up's mail: counted as emails too (the rollup credits them)
                 return inventory.counted_as(ctx, "emails", lambda: emails.run_email_task(
                     ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
