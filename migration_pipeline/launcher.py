@@ -21,6 +21,11 @@ monitoring (`check_run_worker_health`, every `run_monitoring.poll_interval_secon
 runs) and by every `migrate run` before it counts the lane (`fail_runs_of_dead_processes`). Only
 the host that ran the process can tell (another host's runs are left as they are).
 
+Dagster's run retries (dagster.yaml `run_retries`) re-execute a failed run whenever a daemon next
+reads its failure, which may be long after it died (no daemon ran meanwhile). `launch_run` does not
+launch such an automatic retry once the tenant was taken in hand since (`retry_superseded`): it
+ends CANCELED with the reason, and the engine run is left as the user left it.
+
 dagster.yaml names it in `run_launcher:`; every Dagster process of the project imports this module
 from the installed project, as it does `migration_pipeline.storage`.
 """
@@ -30,9 +35,14 @@ import socket
 from pathlib import Path
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
-from dagster._core.launcher import DefaultRunLauncher
+from dagster._core.launcher import DefaultRunLauncher, LaunchRunContext
 from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
-from dagster._core.storage.tags import GRPC_INFO_TAG, MAX_RETRIES_TAG
+from dagster._core.storage.tags import GRPC_INFO_TAG, MAX_RETRIES_TAG, RETRY_NUMBER_TAG
+
+from engine_core import db as dbmod
+from engine_core import runs
+from engine_core.errors import EngineError
+from migration_pipeline import tags
 
 # The process executing a run in-process, as "<host>:<pid>:<start>" (`process_identity`): set by
 # `migrate run` when it marks the run STARTING (launch.mark_starting). <start> is the process's
@@ -116,6 +126,39 @@ def fail_runs_of_dead_processes(instance: DagsterInstance) -> list[str]:
     return ended
 
 
+def retry_superseded(instance: DagsterInstance, db: dbmod.Database, run: DagsterRun) -> str | None:
+    """Why `run`, an automatic retry (Dagster's `dagster/retry_number` tag and a parent run), must not
+    execute (one line), or None (it is not one, or nothing happened to its tenant since its parent
+    failed: the retry resumes the engine run from its checkpoints, what run retries are for):
+
+    * the engine run its parent attached (`migration/run_id`) has ended or is stopping: succeeded,
+      stopped or failed since, by hand or by other workers;
+    * a run of the tenant's partition was launched after the parent, outside the retry's own run
+      group (a `migrate run`, `resume` or a launch from the UI: the tenant was resumed by hand).
+      The sensors' drainer runs do not count: they only help whatever run is live."""
+    if RETRY_NUMBER_TAG not in run.tags or not run.parent_run_id:
+        return None
+    parent = instance.get_run_record_by_id(run.parent_run_id)
+    tenant = run.tags.get(tags.PARTITION)
+    if parent is None or not tenant:
+        return None
+    engine_id = parent.dagster_run.tags.get(tags.ENGINE_RUN)
+    if engine_id:
+        try:
+            engine = runs.get_run(db, int(engine_id))
+        except (EngineError, ValueError):
+            engine = None
+        if engine is not None:
+            if engine.status != "running":  # a later engine run of the tenant needs this one ended
+                return f"{engine.name} is {engine.status} since run {run.parent_run_id} failed"
+    group = {run.root_run_id, run.parent_run_id, run.run_id}
+    later = [r for r in instance.get_runs(RunsFilter(tags={tags.PARTITION: tenant}, created_after=parent.create_timestamp))
+             if r.run_id not in group and r.root_run_id not in group and r.tags.get(tags.ROLE) != tags.DRAINER]
+    if later:
+        return f"tenant {tenant!r} was launched again since (Dagster run {later[0].run_id})"
+    return None
+
+
 class MigrationRunLauncher(DefaultRunLauncher):
     """DefaultRunLauncher whose `terminate` answers True for a run executed in its own process.
 
@@ -133,6 +176,25 @@ class MigrationRunLauncher(DefaultRunLauncher):
         self._instance.report_run_canceling(run)
         self._instance.report_engine_event(message=DELIVERED, dagster_run=run, cls=self.__class__)
         return True
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        """Launch the run as DefaultRunLauncher does, except an automatic retry whose tenant was taken
+        in hand since its parent failed (`retry_superseded`): that one ends CANCELED with the reason,
+        unexecuted. When the engine database cannot be read the retry is launched, as Dagster would."""
+        run = context.dagster_run
+        why = None
+        if RETRY_NUMBER_TAG in run.tags and self.has_instance:
+            try:
+                with dbmod.connect(max_size=1, apply=False) as db:
+                    why = retry_superseded(self._instance, db, run)
+            except Exception as e:  # noqa: BLE001 - the guard must not stop Dagster's own launch
+                self._instance.report_engine_event(f"could not read the engine run before this retry: "
+                                                   f"{type(e).__name__}: {e}", dagster_run=run, cls=self.__class__)
+        if why is None:
+            super().launch_run(context)
+            return
+        message = f"not re-executed: {why}; the automatic retry of run {run.parent_run_id} is cancelled"
+        self._instance.report_run_canceled(run, message=message)
 
     @property
     def supports_check_run_worker_health(self) -> bool:
