@@ -87,7 +87,7 @@ FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
     "MIGRATE_REAPER_INTERVAL_SECONDS": (int, 300, 1),
     "MIGRATE_LANE_INTERVAL_SECONDS": (int, 15, 1),
     "MIGRATE_QUEUE_TIMEOUT_SECONDS": (float, 1800.0, 0.0),
-    # lane threads of a launch's phase op (migration_pipeline.assets.phases.launch_threads): checked
+    # lane threads of a launch's phase op (migration_pipeline.lane.threads.launch_threads): checked
     # at the launch, else a bad value fails the launched run with its reason only in the daemon's log
     "MIGRATE_LAUNCH_THREADS": (int, 0, 1),  # 0 (unset): the lane width, capped by the fair share
 }
@@ -106,7 +106,7 @@ def number(name: str, env: dict[str, str] | None = None) -> float:
 # The Dagster face's on/off switches, checked by `check_environment` with the numbers: name ->
 # (default, what it switches on).
 FACE_SWITCHES: dict[str, tuple[bool, str]] = {
-    # migration_pipeline.launch.run_in_process
+    # migration_pipeline.launch.in_process.run_in_process
     "MIGRATE_RUN_IN_PROCESS": (True, "execute `migrate run`'s Dagster run in its own process when no daemon "
                                      "serves the instance"),
 }
