@@ -53,7 +53,7 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version, tenant_entries, tenant_unreadable
-from engine_core.source import Provider, catchup_kind, identity_of, source_ids
+from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
@@ -66,6 +66,7 @@ DEFAULT_TABLES: dict[str, str] = {
     "organizations": "crm.companies", "companies": "crm.companies",
     "persons": "crm.contacts", "contacts": "crm.contacts", "deals": "crm.deals", "leads": "crm.leads",
     "activities": "crm.activities", "notes": "crm.notes", "emails": "crm.emails",
+    "participants": "crm.deal_participants", "followers": "crm.followers", "deal_history": "crm.deal_history",
 }
 
 
@@ -149,7 +150,7 @@ class VerifyResult:
         out = []
         for k in self.kinds:
             if not k.checked:
-                out.append(f"{k.kind}: not checked ({k.note})")
+                out.append(f"{k.kind}: {k.note}" if k.note.startswith("left out") else f"{k.kind}: not checked ({k.note})")
                 continue
             extra = f", {k.unwritten} skipped/failed with reasons (migrate explain)" if k.unwritten else ""
             extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
@@ -323,6 +324,21 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
     return result
 
 
+def left_out_kinds(db: Database, provider: Provider, tenant_id: str) -> dict[str, str]:
+    """The provider's opt-in kinds (`source.opt_in_kinds`) no run of the tenant took (dry runs
+    aside), each with the note verify shows for it: such a kind is left out, not missing - the
+    proof lists nothing for it and it does not decide the verdict."""
+    optional = opt_in_kinds(provider)
+    if not optional:
+        return {}
+    rows = db.sql("SELECT DISTINCT k.kind FROM migrations m, jsonb_array_elements(m.plan) g,"
+                  " jsonb_array_elements_text(g) AS k(kind)"
+                  " WHERE m.tenant_id = %(t)s AND m.source = %(s)s AND NOT m.dry_run", {"t": tenant_id, "s": provider.source})
+    taken = {r["kind"] for r in rows}
+    return {k: f"left out (opt-in): no run of the tenant took it; `migrate run --kinds +{k}` migrates it"
+            for k in sorted(optional - taken)}
+
+
 def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings | None = None,
            kinds: Iterable[str] | None = None) -> VerifyResult:
     """Prove the tenant's ledger and product rows against what the source lists now.
@@ -342,7 +358,11 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     unreachable: dict[str, tuple[str, list[str]]] = {}
     options: dict[str, Any] = {"db": db, "cost": cost, "tenant_id": tenant_id, "unreachable": unreachable}
     results: list[KindResult] = []
+    left = left_out_kinds(db, provider, tenant_id)
     for lk, plan_kinds in listing_kinds(provider, kinds).items():
+        if all(k in left for k in plan_kinds):  # no request: the tenant was never migrated with it
+            results.append(KindResult(lk, tuple(plan_kinds), checked=False, note=left[plan_kinds[0]]))
+            continue
         at_source: dict[str, str | None] = {}
         unreachable.clear()
         try:

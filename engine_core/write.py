@@ -285,16 +285,21 @@ def map_page(
 
 def write_mapped_page(
     ctx: TaskContext, prepared: Sequence[Prepared], *, kind: str | None = None, probe: Probe | None = None,
-    optimistic: bool = True,
+    optimistic: bool = True, resume_from: int | None = None, offset_after: Callable[[int], int] | None = None,
+    fail_if_all_failed: bool = True,
 ) -> PageResult:
     """Write a mapped page (`map_page`): resolve its references in one query, ask `probe` about
     missing parents the ledger does not know (once per page), write it in the engine's windows.
 
     `kind`: the ledger kind (default: the task's kind). `optimistic`: plain rows in set-based
     statements per window (False: every row through the per-row savepoints, the baseline). The
-    engine calls no source code per row: references, key rules and versions are plain data."""
+    engine calls no source code per row: references, key rules and versions are plain data.
+    `resume_from`, `offset_after`, `fail_if_all_failed`: as `Windows.write_rows` (a task whose
+    offset counts something else than the page's rows - a fan-out's records - says where the page
+    starts and what each window checkpoints)."""
     kind = kind or ctx.task.kind
-    page = resolve_page(ctx, kind, prepared[ctx.offset:], probe)
+    start = ctx.offset if resume_from is None else resume_from
+    page = resolve_page(ctx, kind, prepared[start:], probe)
 
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:
@@ -303,7 +308,8 @@ def write_mapped_page(
                             on_event=ctx.stats.bump, held=page.held.get(row["id"]))
 
     batch = window_batch(ctx, kind, page) if optimistic and not ctx.run.dry_run else None
-    return ctx.write_rows(list(prepared), writer, kind=kind, batch=batch)
+    return ctx.write_rows(list(prepared), writer, kind=kind, batch=batch, resume_from=resume_from,
+                          offset_after=offset_after, fail_if_all_failed=fail_if_all_failed)
 
 
 def write_page(

@@ -53,7 +53,11 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
     assert run.status == "succeeded"
 
     metadata = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
-    assert len(metadata) == len(PHASES) + 1 == 8  # the data phases and the catch-up (issue 9)
+    assert len(metadata) == len(PHASES) + 1 == 9  # the data phases and the catch-up (issue 9)
+    # the opt-in phase, not taken: materialised as not planned, saying what the run left out
+    (opt_in,) = [md for name, md in metadata.items() if name.startswith("phase_8_")]
+    assert opt_in["phase_status"].value == "not in this run's plan", opt_in
+    assert opt_in["left_out"].value.startswith("left out: participants, followers, deal_history (opt-in"), opt_in
     per_kind: dict[str, dict[str, float]] = {}
     for md in metadata.values():
         for key, value in md.items():
@@ -79,9 +83,9 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
 
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
     ledger_checks = {k: v for k, v in checks.items() if k[1] != "all_rows_landed"}
-    assert len(ledger_checks) == 3 * 8 and all(ledger_checks.values()), checks  # 8 phases with the catch-up
+    assert len(ledger_checks) == 3 * 9 and all(ledger_checks.values()), checks  # 9 phases with the catch-up
     # all_rows_landed (WARN) fails exactly where the ledger holds skipped rows of the phase's kinds
-    assert len(checks) == 4 * 8
+    assert len(checks) == 4 * 9
     assert TOKEN not in _event_text(instance, result.run_id)
     assert TOKEN not in json.dumps(instance.get_run_by_id(result.run_id).run_config, default=str)
 

@@ -41,8 +41,9 @@ def _base(sid: str, tenant_id: str, created: Any = None, updated: Any = None) ->
 
 def map_participant(row: Mapping[str, Any], tenant_id: str, deal_source_id: str) -> Mapped:
     """One entry of a deal's participants as a crm.deal_participants row: the deal and the person
-    are parents (a participant whose person is gone is not written). Raises MalformedRow naming
-    the field."""
+    are parents (a participant whose person is gone is not written). Its version is its update
+    time, or a digest of its own fields (id, person, active flag, times, who added it) - not of the
+    person and deal the source embeds. Raises MalformedRow naming the field."""
     sid = row_source_id(row, "deal_participants")
     person = ref_id(row, "person_id") or ref_id(row.get("person") or {}, "id")
     if person is None:
@@ -55,7 +56,11 @@ def map_participant(row: Mapping[str, Any], tenant_id: str, deal_source_id: str)
         "active": flag(row, "active_flag") is not False,
     }
     parents = [ref_to("deal_id", "deal", deal_source_id, "deal_id"), ref_to("contact_id", "person", person, "person_id")]
-    return Mapped("deal_participants", sid, values, parents=parents, links=links, version=source_version(row))
+    # the version of what the row says, not of the person, deal and user it embeds (a person renamed
+    # is not a participant changed)
+    own = {"id": sid, "person_id": person, "active_flag": row.get("active_flag"), "add_time": row.get("add_time"),
+           "update_time": row.get("update_time"), "added_by_user_id": ref_id(row, "added_by_user_id")}
+    return Mapped("deal_participants", sid, values, parents=parents, links=links, version=source_version(own))
 
 
 def map_follower(row: Mapping[str, Any], tenant_id: str, kind: str, record_source_id: str) -> Mapped:

@@ -87,11 +87,11 @@ from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import lines, mapping, writers
+from engine_core.providers.pipedrive import lines, mapping, record_lists, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
-from engine_core.providers.pipedrive.kinds import (LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS, TOKEN_COSTS,
-                                                   V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)
+from engine_core.providers.pipedrive.kinds import (FAN_OUT_COSTS, LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS,
+                                                   TOKEN_COSTS, V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)
 from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
 from engine_core.providers.pipedrive.mapping import message_of
 from engine_core.providers.pipedrive.stripes import rfc3339
@@ -113,6 +113,9 @@ def token_cost(path: str) -> int:
         return TOKEN_COSTS[path]
     if path.endswith("/mailMessages"):
         return TOKEN_COSTS["mailMessages"]
+    for suffix, cost in FAN_OUT_COSTS.items():  # a record's participants, followers, changelog
+        if path.endswith(suffix):
+            return cost
     return TOKEN_COSTS["v2 single"] if path.startswith("/api/v2/") else TOKEN_COSTS["v1 single"]
 
 
@@ -209,10 +212,11 @@ class Meter:
         self._count(path)
         return self.client.list_v2(path, params, cursor=cursor, limit=PAGE, cancel=self.cancel)
 
-    def get(self, path: str) -> dict[str, Any]:
-        """One GET of `path` (a record by id), counted into `cost`."""
+    def get(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+        """One GET of `path` (a record by id, a record's list), counted into `cost`."""
         self._count(path)
-        return self.client.get(path, cancel=self.cancel)
+        kw["cancel"] = kw.get("cancel") or self.cancel
+        return self.client.get(path, params, **kw)
 
     def item_list_v1(self, path: str, params: Mapping[str, Any] | None, start: int) -> Page:
         """A page of one item's sub-resource (`PipedriveClient.item_list_v1`: 403/404 raise `ItemRefused`)."""
@@ -333,6 +337,12 @@ def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
         return
     if kind == lines.KIND:
         yield from _line_ids(meter)
+        return
+    if kind in record_lists.FAMILIES:  # every record's list: as costly as the kind's phase
+        listed_as = {"deals": ("deals", "deals_archived")}
+        records = ((of, row["id"]) for of in record_lists.FAMILIES[kind].of for k in listed_as.get(of, (of,))
+                   for row in walk(meter, k) if isinstance(row.get("id"), int) and not isinstance(row.get("id"), bool))
+        yield from record_lists.source_ids(meter, kind, records)
         return
     if kind not in V2_PATHS and kind not in V1_PATHS:
         raise NotImplementedError(f"the pipedrive provider has no id listing for {kind!r}")
@@ -627,6 +637,7 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         if lk == "deals" and written and lines.KIND in ctx.run.kinds:
             # a deal's products changed with it: its lines are listed again (lines.py)
             successors.extend(lines.catchup_tasks(kind, page, lines.written_deals(written)))
+        successors.extend(record_lists.catchup_tasks(ctx.run.kinds, lk, kind, page, written))
         if step.after is None:
             after = _after_list(ctx.run, kind)
             first = next((s for s in after if s.cursor.get("list") is not None), None)
@@ -676,6 +687,7 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
         write_changed(ctx, client, mapper_of, lk, lk, present)
     if gone:
         with ctx.db.transaction() as tx:
+            record_lists.mark_dependents_deleted(tx, ctx.run, lk, list(gone))  # a deal's participants, ...
             ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, ctx.run, lk, list(gone))
 
 

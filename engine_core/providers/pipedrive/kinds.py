@@ -121,6 +121,13 @@ KINDS: tuple[Kind, ...] = (
     # the further families: a deal's product lines, by the deals the ledger holds (lines.py)
     Kind("deal_products", "/api/v2/deals/products", V2, BATCH, 10, phase=4, table="deal_products",
          depends_on=(*_DEALS, "products"), mapper=products.map_deal_product),
+    # per-record lists (record_lists.py), opt-in: their cost grows with the account's records
+    Kind("participants", "/v1/deals/{}/participants", V1, FAN_OUT, 10, phase=7, table="deal_participants",
+         depends_on=(*_DEALS, "persons"), default=False),
+    Kind("followers", "/api/v2/{}/{}/followers", V2, FAN_OUT, 10, phase=7, table="followers",
+         depends_on=(*_DEALS, "persons", "organizations"), default=False),
+    Kind("deal_history", "/v1/deals/{}/changelog", V1, FAN_OUT, 20, phase=7, table="deal_history",
+         depends_on=_DEALS, default=False),
 )
 BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
 
@@ -185,6 +192,9 @@ SINGLE_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.by_id}
 BATCH_PATHS: dict[str, tuple[str, ...]] = {k.name: k.batch_paths for k in KINDS if k.batch_paths}
 SUMMARY_PATHS: dict[str, str] = {k.name: k.summary[0] for k in KINDS if k.summary}
 OPT_IN: frozenset[str] = frozenset(k.name for k in KINDS if not k.default)
+
+# Tokens per request of a fan-out's per-record list, by the path's last segment ("/participants").
+FAN_OUT_COSTS: dict[str, int] = {k.path.rsplit("}", 1)[1]: k.cost for k in KINDS if k.paging == FAN_OUT}
 
 # Tokens per request: each kind's list, the field lists, the deal summaries, a deal's mail listing,
 # and one record by id (v2: 1, v1: 2).

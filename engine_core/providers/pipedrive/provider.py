@@ -70,7 +70,8 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
-from engine_core.providers.pipedrive import credentials, emails, inventory, kinds, lines, mapping, stripes, writers
+from engine_core.providers.pipedrive import (credentials, emails, inventory, kinds, lines, mapping, record_lists,
+                                             stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
@@ -470,6 +471,8 @@ class PipedriveProvider:
             return lines.seeds()
         if kind == CATCHUP:
             return inventory.catchup_seeds(run)
+        if kind in record_lists.FAMILIES:
+            return record_lists.seeds(kind)
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
@@ -503,10 +506,17 @@ class PipedriveProvider:
             if cursor.get("discover"):
                 return self._v2_discover(ctx, client)
             return self._v2_page(ctx, client)
+        if kind in record_lists.FAMILIES:
+            if cursor.get("discover"):
+                return record_lists.discover(ctx)
+            return record_lists.run_list_task(ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads)
         if kind == CATCHUP:
             if cursor.get("lines"):  # a changed deal's lines, listed again: counted as deal products
                 mapper = self._mapper_of(ctx)(lines.KIND)
                 return inventory.counted_as(ctx, lines.KIND, lambda: lines.run_task(ctx, client, mapper, cursor["lines"]))
+            if cursor.get("fanout"):  # a changed record's lists read again: counted as their kind too
+                return inventory.counted_as(ctx, cursor["fanout"], lambda: record_lists.run_list_task(
+                    ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
             if cursor.get("deals"):  # the catch-up's mail: counted as emails too (the rollup credits them)
                 return inventory.counted_as(ctx, "emails", lambda: emails.run_email_task(
                     ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))

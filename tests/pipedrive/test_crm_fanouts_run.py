@@ -1,0 +1,122 @@
+"""The per-record kinds through the engine: a whole (tiny) account migrated with participants,
+followers and deal history taken (`--kinds +...`), reconciled with the sandbox's truth row by row
+(`/_sandbox/truth?kind=participants|followers|deal_history`), the forbidden records
+(`forbidden_fanout`) kept with their reason and told unreachable by verify; a run without them
+leaves them out and says so; a sync brings a changed deal's new history."""
+from __future__ import annotations
+
+from typing import Any
+
+from engine_core import rollup, runs
+from engine_core.plan import kinds_left_out
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.verify import verify
+from tests.pipedrive.support import FAST, failed_tasks, live_op, migrate, sandbox, sync
+
+TENANT = "acme"
+OPT_IN = ["+participants", "+followers", "+deal_history"]
+FAMILIES = ("participants", "followers", "deal_history")
+WORD = {"deals": "deal", "persons": "person", "organizations": "organization"}
+
+
+def forbidden_of(truth: dict[str, Any]) -> dict[str, set[str]]:
+    return {k: {str(i) for i in v} for k, v in truth["forbidden_fanout"].items()}
+
+
+def reconcile(db, sb, forbidden: dict[str, set[str]]) -> None:
+    """Every live row of the three tables against the sandbox's truth now, row by row."""
+    participants = sb.truth("participants")["participants"]
+    want = {(d, str(p["id"]), str(p["person_id"])) for d, rows in participants.items() if d not in forbidden["deals"]
+            for p in rows}
+    got = db.sql("SELECT d.source_id AS deal, p.source_id, p.contact_ref FROM crm.deal_participants p"
+                 " JOIN crm.deals d ON d.id = p.deal_id WHERE p.tenant_id = %(t)s AND p.deleted_at_source IS NULL",
+                 {"t": TENANT})
+    got_p = {(g["deal"], g["source_id"], g["contact_ref"]) for g in got}
+    assert want and got_p == want and len(got) == len(want), (sorted(got_p - want), sorted(want - got_p))
+    followers = sb.truth("followers")["followers"]
+    want_f = {f"{kind}:{sid}:{u}" for kind, by in followers.items() for sid, users in by.items()
+              if sid not in forbidden.get(kind, set()) for u in users}
+    got_f = [r["source_id"] for r in db.sql("SELECT source_id FROM crm.followers WHERE tenant_id = %(t)s"
+                                             " AND deleted_at_source IS NULL", {"t": TENANT})]
+    assert want_f and sorted(got_f) == sorted(want_f), sorted(set(got_f) ^ want_f)[:10]
+    history = sb.truth("deal_history")["deal_history"]
+    want_h = sorted((d, h["field_key"], h["old_value"], h["new_value"]) for d, rows in history.items()
+                    if d not in forbidden["deals"] for h in rows)
+    got_h = db.sql("SELECT d.source_id AS deal, h.field_key, h.old_value, h.new_value FROM crm.deal_history h"
+                   " JOIN crm.deals d ON d.id = h.deal_id WHERE h.tenant_id = %(t)s AND h.deleted_at_source IS NULL",
+                   {"t": TENANT})
+    assert want_h and sorted((g["deal"], g["field_key"], g["old_value"], g["new_value"]) for g in got_h) == want_h
+
+
+def test_a_whole_account_with_the_opt_in_kinds_matches_the_truth_row_by_row(db) -> None:
+    with sandbox(forbidden_fanout=2) as sb:
+        truth = sb.truth()
+        forbidden = forbidden_of(truth)
+        run = migrate(db, sb, TENANT, kinds=OPT_IN)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        assert {"participants", "followers", "deal_history"} <= set(run.kinds)
+        assert kinds_left_out(PipedriveProvider(base_url=sb.base_url), run) == {}
+        reconcile(db, sb, forbidden)
+        # the forbidden records: kept beside the ledger with the reason, per kind, never a failed run
+        told = db.sql("SELECT kind, raw_key, reason FROM migration_unreadable WHERE migration_id = %(r)s"
+                      " AND kind = ANY(%(k)s)", {"r": run.id, "k": list(FAMILIES)})
+        want = {(k, f"deal {d}") for k in FAMILIES for d in forbidden["deals"]}
+        want |= {("followers", f"{WORD[of]} {i}") for of in ("persons", "organizations") for i in forbidden[of]}
+        assert {(t["kind"], t["raw_key"]) for t in told} == want and all("HTTP 403" in t["reason"] for t in told)
+        assert len(forbidden["deals"]) == 2 and forbidden["persons"] and forbidden["organizations"]
+        # each kind adds up in the engine's own completeness check
+        for c in rollup.rollup(db, run.id).completeness:
+            assert not c["problems"], c
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=list(FAMILIES))
+    assert proof.passed, proof.lines()
+    by_kind = {k.kind: k for k in proof.kinds}
+    assert set(by_kind["followers"].unreachable) == {k for kind, k in want if kind == "followers"}
+    assert set(by_kind["participants"].unreachable) == {f"deal {d}" for d in forbidden["deals"]}
+    # time in stage: the view chains each deal's stays from the history
+    stays = db.sql("SELECT count(*) AS n, count(*) FILTER (WHERE left_at IS NULL) AS open FROM crm.deal_stage_periods"
+                   " WHERE tenant_id = %(t)s", {"t": TENANT})[0]
+    assert stays["n"] > stays["open"] > 0
+
+
+def test_a_run_without_them_leaves_them_out_and_says_so(db) -> None:
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT)
+        provider = PipedriveProvider(base_url=sb.base_url)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        asked = sb.stats()["requests_by_path"] if "requests_by_path" in sb.stats() else {}
+        proof = verify(db, provider, TENANT, FAST)
+    assert not set(FAMILIES) & set(run.kinds)
+    assert kinds_left_out(provider, run) == {k: "opt-in" for k in FAMILIES}
+    for table in ("deal_participants", "followers", "deal_history"):
+        assert db.sql(f"SELECT count(*) AS n FROM crm.{table}")[0]["n"] == 0
+    assert not any(p.endswith(("/participants", "/followers", "/changelog")) for p in asked), asked
+    by_kind = {k.kind: k for k in proof.kinds}
+    for k in FAMILIES:  # left out, not missing: no listing, no difference
+        assert not by_kind[k].checked and by_kind[k].note.startswith("left out (opt-in)"), by_kind[k].as_dict()
+        assert any(line.startswith(f"{k}: left out (opt-in)") for line in proof.lines())
+    assert proof.passed, proof.lines()
+
+
+def test_a_sync_reads_a_changed_deals_lists_again(db) -> None:
+    with sandbox(forbidden_fanout=1) as sb:
+        forbidden = forbidden_of(sb.truth())
+        first = migrate(db, sb, TENANT, kinds=OPT_IN)
+        assert first.status == "succeeded", failed_tasks(db, first.id)
+        changed = [c for c in (live_op(sb, "update") for _ in range(12)) if c["kind"] == "deals"]
+        changed += [live_op(sb, "create") for _ in range(3)]
+        deleted = [live_op(sb, "delete") for _ in range(8)]
+        assert {c["kind"] for c in deleted} >= {"persons", "deals"}, deleted
+        assert any("stage_id" in c.get("fields", ()) for c in changed), changed
+        done = sync(db, sb, TENANT)
+        assert set(FAMILIES) <= set(done.kinds), "a sync keeps the kinds the tenant was migrated with"
+        reconcile(db, sb, forbidden)
+        marked = db.sql("SELECT kind, count(*) AS n FROM migration_records WHERE tenant_id = %(t)s"
+                        " AND deleted_at_source IS NOT NULL AND kind = ANY(%(k)s) GROUP BY kind",
+                        {"t": TENANT, "k": list(FAMILIES)})
+        assert marked, "rows of deleted records are marked deleted at the source"
+        again = db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND cursor ? 'fanout'",
+                       {"r": done.id})[0]["n"]
+        assert again > 0
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=list(FAMILIES))
+    assert proof.passed, proof.lines()
+    assert runs.get_run(db, done.id).status == "succeeded"
