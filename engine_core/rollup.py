@@ -68,11 +68,16 @@ class KindRollup:
     # "updated": 1, "listed": 45, "unchanged": 42} ("listed"/"unchanged": a full listing of the kind)
     caught_up: dict[str, int] = field(default_factory=dict)
     handed_over: dict[str, int] = field(default_factory=dict)
+    # failed records the run keeps under this kind that no task counted as a row seen (the mail of
+    # a deal no listing can serve, kept as one record): part of `failed`, not of `seen` (`kept_apart`)
+    kept_apart: int = 0
 
     @property
     def accounted(self) -> int:
-        """Rows with an outcome: imported + matched + already here + updated + skipped + failed."""
-        return self.imported + self.matched + self.already_here + self.updated + self.skipped + self.failed
+        """Rows seen with an outcome: imported + matched + already here + updated + skipped + failed
+        (less `kept_apart`: those records are failed but were never rows seen)."""
+        return (self.imported + self.matched + self.already_here + self.updated + self.skipped + self.failed
+                - self.kept_apart)
 
     @property
     def written(self) -> int:
@@ -198,6 +203,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         if kr is None:  # a kind no task kind of the plan is named after: the carrier's phase
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind) if _in_plan(run, kind) else r["phase"])
         kr.caught_up[counter] = kr.caught_up.get(counter, 0) + int(r["n"])
+    kept_apart(db, run, kinds)
     changes = ledger.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
@@ -225,6 +231,43 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         completeness=completeness(db, run, kind_list),
         problems=run_problems(run, kind_list, changes),
     )
+
+
+# The failed records a run holds, per ledger kind: failed placeholders and the records kept apart
+# without a readable id (migration 0013), the rows `migrate rows` lists as failed.
+_LEDGER_FAILED = """
+SELECT kind, sum(n)::bigint AS n FROM (
+    SELECT kind, count(*) AS n FROM migration_records
+     WHERE migration_id = %(run_id)s AND action = 'failed' GROUP BY kind
+    UNION ALL
+    SELECT kind, count(*) FROM migration_unreadable WHERE migration_id = %(run_id)s GROUP BY kind
+) failed GROUP BY kind
+"""
+
+
+def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
+    """Count into each kind's `failed` (and `kept_apart`) the failed records the run holds under it
+    beyond those its own tasks counted as failed rows (a row the catch-up failed first is one of
+    them, as the ledger has it; one it failed again is not a second record): a
+    provider keeps a record for rows no listing can serve (Pipedrive: a deal's mail when the deal
+    has no readable id or its mail is refused), which no task saw as rows. So a kind's failed
+    figure is the ledger's, as `migrate rows` and `ledger.bad_row_counts` count them, while
+    `seen` = `accounted` still holds. A dry run keeps no records: nothing is added."""
+    if run.dry_run:
+        return
+    held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_FAILED, {"run_id": run.id})}
+    # per phase: a task kind may write under another kind's ledger identity in its phase (archived
+    # deals under `deals`), so only the phase's whole excess is the records no task counted
+    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
+    for kr in kinds.values():
+        by_phase[kr.phase].append(kr)
+    for mine in by_phase.values():
+        excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed") for kr in mine}
+        extra = sum(excess.values())
+        if extra > 0:  # the kind holding the most records beyond its tasks' count holds them
+            kr = next(k for k in mine if k.kind == max(excess, key=excess.__getitem__))
+            kr.kept_apart = extra
+            kr.failed += extra
 
 
 def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str, int]]) -> list[str]:
