@@ -168,7 +168,9 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
     """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
     resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
-    the run keeps what it started with, and saying so is better than silence. None when the launch starts a new run or was given none of them.
+    the run keeps what it started with, and saying so is better than silence. Without them, a launch that joins a
+    running run says so (two `migrate run` of one tenant at once: the second joins the first's run). None when the
+    launch starts a new run, or retries or resumes one without them.
 
     The dry-run flag is not merely ignored (a --dry-run that resumed a stopped real run would
     write): a --dry-run launch that would work on a run that is not a dry run is
@@ -198,7 +200,8 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
                 f"succeeded, `migrate run --tenant {tenant}` starts a run that writes")
         return line + (f"; {' and '.join(given)} ignored: it keeps {keeps}" if given else "")
     if not given:
-        return None
+        return (f"note: this launch joins the running {run.name}, which another launch or worker drives: "
+                f"it works on that run and waits for it to end" if how == "joins" else None)
     return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
             f"a run with others can start once it has succeeded (--new-run)")
 

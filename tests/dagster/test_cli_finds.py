@@ -47,8 +47,10 @@ def test_options_given_to_a_relaunch_of_an_existing_run_are_said_to_be_ignored(d
         assert line is not None and "\n" not in line
         assert line.startswith("note: --options ignored: this launch joins the running run #")
         assert '"page_size": 20' in line  # the options it keeps
-        assert ignored_on_relaunch(db, "t1", "example", _cfg()) is None  # nothing given, nothing to say
+        # nothing given: a join is still said (two launches at once), nothing ignored
+        assert ignored_on_relaunch(db, "t1", "example", _cfg()).startswith(f"note: this launch joins the running {run.name}")
         runs.stop(db, run.id)
+        assert ignored_on_relaunch(db, "t1", "example", _cfg()) is None  # a resume without flags: nothing to say
         line = ignored_on_relaunch(db, "t1", "example", _cfg(kinds=["notes"], options={"page_size": 5}))
         assert "--options and --kinds ignored: this launch resumes the stopped run #" in line
 
@@ -82,7 +84,9 @@ def test_a_dry_run_launch_never_resumes_retries_or_joins_a_run_that_writes(db_ur
 def test_a_launch_that_writes_on_a_dry_run_says_it_writes_nothing(db_url):
     with dbmod.Database(db_url, max_size=4) as db:
         dry = runs.start_run(db, provider_for("example"), "t3", options=EXAMPLE, dry_run=True)
-        assert ignored_on_relaunch(db, "t3", "example", _cfg(dry_run=True)) is None  # what it asked for
+        # what it asked for: only the join is said
+        assert ignored_on_relaunch(db, "t3", "example", _cfg(dry_run=True)).startswith(
+            f"note: this launch joins the running run #{dry.id} ")
         line = ignored_on_relaunch(db, "t3", "example", _cfg())  # no flag given: still said
         assert line is not None and "\n" not in line
         assert line.startswith(f"note: this launch joins the running run #{dry.id} ") and "a dry run: it writes nothing" in line
