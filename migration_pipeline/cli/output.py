@@ -2,9 +2,13 @@
 pipe, JSON or a rendering (`emit`), an error as one line and exit 2 (`fail`), a reader that went away."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -113,3 +117,50 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
              "GROUP BY 1, 2 ORDER BY 1, 2")
     lines.append(f"  psql \"$(migrate db url)\" -c \"{query}\"")
     return lines
+
+
+class RetryTally(logging.Handler):
+    """A logging handler that counts the source client's retry warnings by their cause (records whose
+    template has "; retry %d/%d", the cause their second argument: "HTTP 503", "429 burst") and
+    passes every other record on as Python's last-resort handler would (its message on stderr)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.causes: Counter[str] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Count a retry warning; write any other record's message to stderr."""
+        args = record.args if isinstance(record.args, tuple) else ()
+        if "; retry %d/%d" in str(record.msg) and len(args) >= 2:
+            self.causes[str(args[1])] += 1
+            return
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:  # noqa: BLE001 - as logging's own handlers: a log line never ends the command
+            self.handleError(record)
+
+    def line(self) -> str | None:
+        """"the source was retried 165 times (HTTP 503 x 120, 429 burst x 45)", most frequent cause
+        first; None when nothing was retried."""
+        total = sum(self.causes.values())
+        if not total:
+            return None
+        causes = ", ".join(f"{cause} x {n}" for cause, n in self.causes.most_common())
+        return f"the source was retried {total} time(s) ({causes}); each retried request was tried again after a backoff"
+
+
+@contextlib.contextmanager
+def retries_summarised(logger: str = "engine_core") -> Iterator[RetryTally]:
+    """For the block, the engine's retry warnings are counted rather than printed one a line
+    (`RetryTally`; a `verify` over a flaky source printed 165 of them before its result); the
+    tally is yielded so the command can print its one line."""
+    tally = RetryTally()
+    target = logging.getLogger(logger)
+    propagated = target.propagate
+    target.addHandler(tally)
+    target.propagate = False  # the tally prints what it does not count: nothing is printed twice
+    try:
+        yield tally
+    finally:
+        target.removeHandler(tally)
+        target.propagate = propagated

@@ -17,7 +17,7 @@ from migration_pipeline.cli.control import tenant_run
 from migration_pipeline.cli.launching import (before_launch, collector_paused, exit_launched, launch_through_dagster,
                                               new_config, source_for)
 from migration_pipeline.cli.options import KINDS_HELP, SECONDS, kinds_choice, typed_options
-from migration_pipeline.cli.output import emit, fail, open_db
+from migration_pipeline.cli.output import emit, fail, open_db, retries_summarised
 from migration_pipeline.cli.tables import print_verify
 from migration_pipeline.launch.checks import check_tenant, new_run_config
 
@@ -78,8 +78,10 @@ def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool
     them with the ledger and the product's rows, name every difference (missing, extra, duplicated,
     stale version) and the requests and tokens it cost. Exit 1 on differences, 2 on errors."""
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
-    with open_db() as db:
+    with open_db() as db, retries_summarised() as retried:
         result = run_verify(db, tenant, source, wanted)
+    if retried.line():  # one line, not one per retry; stderr: --json stays one document
+        click.echo(retried.line(), err=True)
     if not any(k.checked for k in result.kinds):  # a source without id listings: nothing to prove
         fail(f"the {result.source} source cannot list its ids ({result.kinds[0].note if result.kinds else 'no kinds'}); "
               "nothing to verify")
