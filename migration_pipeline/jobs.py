@@ -12,7 +12,9 @@ partition's last phase stayed red), unless the phase is already materialised sin
 # No `from __future__ import annotations`: Dagster reads the context and resource annotations
 # of op, asset and sensor functions at definition time.
 
+import os
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -34,9 +36,11 @@ from dagster import (
     define_asset_job,
     job,
     op,
+    resource,
 )
 
 from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES as IN_PROGRESS
+from pydantic import Field
 
 from engine_core import rollup as rollups
 from engine_core import runs
@@ -271,12 +275,28 @@ def drainer_job() -> JobDefinition:
 
 class ExplainRowConfig(Config):
     """The row to explain (the launchpad's `ops: explain: config:`): the tenant partition's key,
-    the kind as the ledger names it (e.g. `deals`, `persons`, `emails`), the source's own id."""
+    the kind as the ledger names it (e.g. `deals`, `persons`, `emails`), the source's own id. Each
+    field carries its description, which the launchpad shows beside it."""
 
-    tenant: str
-    kind: str
-    source_id: str
-    source: str = ""  # empty: every source the tenant was migrated from
+    tenant: str = Field(description="the tenant (its partition key), e.g. acme")
+    kind: str = Field(description="the kind as the ledger names it, e.g. deals, persons, emails")
+    source_id: str = Field(description="the row's id at the source, as `migrate rows` shows it")
+    source: str = Field(default="", description="the source the row came from (e.g. pipedrive); empty: every "
+                                                "source the tenant was migrated from")
+
+
+@resource(description="The engine's Postgres, as the other jobs reach it (DATABASE_URL, else the embedded "
+                      "server under MIGRATE_HOME); nothing to set.")
+def _explain_database(_: Any) -> Iterator[MigrationDatabase]:
+    """The explain job's database resource: fully set from the environment, so its launchpad scaffold
+    holds only the row to explain (MigrationDatabase's own fields, url and max_size, appeared there
+    pre-filled and unexplained)."""
+    database = MigrationDatabase(url=os.environ.get("DATABASE_URL", "").strip(), max_size=2)
+    try:
+        yield database
+    finally:
+        if database._db is not None:
+            database._db.close()
 
 
 def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[str, Any]]]:
@@ -339,7 +359,7 @@ def explain_job() -> JobDefinition:
     """The `explain_row` job: one source row's story from the ledger, launched from the launchpad."""
     @job(name=EXPLAIN_JOB, description="What happened to one source row: launch with tenant, kind and source_id "
                                         "(ops -> explain -> config) and read the step's log or metadata.",
-         tags={tags.ROLE: "explain"})
+         tags={tags.ROLE: "explain"}, resource_defs={"database": _explain_database})
     def explain_row():
         explain_op()
 
