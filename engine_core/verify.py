@@ -91,6 +91,8 @@ class KindResult:
     kept: list[str] = field(default_factory=list)
     # items whose children the source refuses to list ("deal 12" -> reason): not a difference
     unreachable: dict[str, str] = field(default_factory=dict)
+    # source ids that are not ids of the kind ("abc"): among `source` and `unwritten`, said apart
+    not_ids: list[str] = field(default_factory=list)
     checked: bool = True
     note: str = ""
 
@@ -106,6 +108,7 @@ class KindResult:
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
             "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
+            "not_ids": list(self.not_ids),
             **{d: list(getattr(self, d)) for d in DIFFERENCES},
         }
 
@@ -167,6 +170,11 @@ class VerifyResult:
                 items = sorted(k.unreachable, key=lambda i: (len(i), i))
                 shown = ", ".join(f"{i} ({k.unreachable[i]})" for i in items[:cap])
                 out.append(f"  unreachable {len(items)}: {shown}" + (f" ... (+{len(items) - cap})" if len(items) > cap else ""))
+            if k.not_ids:
+                shown = ", ".join(repr(i) for i in k.not_ids[:cap]) + (f" ... (+{len(k.not_ids) - cap})"
+                                                                     if len(k.not_ids) > cap else "")
+                out.append(f"  not an id {len(k.not_ids)}: {shown}: served by the source as a row's id, which it is "
+                           f"not; counted in the source's {k.source} and kept as failed (`migrate rows`)")
             if k.kept:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
@@ -240,7 +248,8 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     # reason, not missing (the run accounted for it)
     for r in tenant_unreadable(db, tenant_id, source, kind):
         entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
-                                                   "record_id": None, "version": None, "deleted": None})
+                                                   "record_id": None, "version": None, "deleted": None,
+                                                   "not_an_id": True})
     return entries
 
 
@@ -302,6 +311,8 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             if entry is not None and entry["action"] in PLACEHOLDERS:
                 result.unwritten += 1
                 result.unwritten_ids.append(sid)
+                if entry.get("not_an_id"):
+                    result.not_ids.append(sid)
             else:
                 result.missing.append(sid)
             continue
@@ -319,7 +330,7 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
         if claimed_live or sid in live:
             result.extra.append(sid)
     result.duplicated = [sid for sid, rows in product_rows.items() if len(rows) > 1]
-    for d in (*DIFFERENCES, "unwritten_ids", "kept"):
+    for d in (*DIFFERENCES, "unwritten_ids", "kept", "not_ids"):
         getattr(result, d).sort(key=lambda s: (len(s), s))
     return result
 
