@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import SandboxConfig
+from .config import DEFAULT_LIVE_MIX, LIVE_OPS, SandboxConfig
 from .server import serve
 
 
@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     live = p.add_argument_group("live account (off by default)")
     live.add_argument("--live", dest="live_rate", default="0", metavar="RATE", help="changes per second to the account while it serves (0 = off)")
     live.add_argument("--live-max", default="0", metavar="N", help="stop the changes after N in all (0 = no cap)")
-    live.add_argument("--live-mix", default="", metavar="MIX", help="op weights, e.g. create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2")
+    live.add_argument("--live-mix", default="", metavar="MIX",
+                      help=f"op weights 'op:weight,...' over the ops {', '.join(LIVE_OPS)} (default {DEFAULT_LIVE_MIX}; "
+                           "an op left out weighs 0)")
     return p
 
 

@@ -64,6 +64,29 @@ SOURCE_URL_ENV: dict[str, str] = {"pipedrive": "PIPEDRIVE_BASE_URL"}
 CONNECT_TIMEOUT_SECONDS = 5.0
 
 
+# API version paths a source's client adds itself: a base URL ending in one (Pipedrive's
+# https://api.pipedrive.com/v1, as its API reference writes URLs) doubles it, and every request
+# answered 404.
+SOURCE_URL_VERSION_PATHS: dict[str, tuple[str, ...]] = {"pipedrive": ("/api/v1", "/api/v2", "/v1", "/v2")}  # longest first
+
+
+def check_source_url_path(source: str, env: dict[str, str] | None = None) -> None:
+    """The source's base URL (SOURCE_URL_ENV) must not end in an API version path the client adds
+    itself (SOURCE_URL_VERSION_PATHS). Raises ConfigError (one line naming the variable, the URL
+    without any user:password part, and the URL to give instead)."""
+    name = SOURCE_URL_ENV.get(source)
+    url = (dict(os.environ if env is None else env).get(name or "", "") or "").strip()
+    if not name or not url:
+        return
+    path = urlsplit(url).path.rstrip("/")
+    suffix = next((v for v in SOURCE_URL_VERSION_PATHS.get(source, ()) if path.lower().endswith(v)), None)
+    if suffix is not None:
+        shown = shown_url(url)
+        fixed = shown.rstrip("/")[: -len(suffix)]
+        raise ConfigError(f"{name}={shown} ends in {suffix}, which the client adds itself (every request would "
+                          f"answer 404): drop it, {name}={fixed}")
+
+
 def check_source_reachable(source: str, env: dict[str, str] | None = None,
                            timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:
     """A TCP connect to the host and port of the source's base URL (SOURCE_URL_ENV), within
@@ -135,6 +158,7 @@ def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] |
     check_options = getattr(provider, "check_options", None)
     if callable(check_options):  # the run options: names and values (runs.start_run checks them too)
         check_options(options or {})
+    check_source_url_path(source, env)
     check_source_reachable(source, env)
     check_source_token(provider)
 
