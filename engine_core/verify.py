@@ -134,9 +134,16 @@ class VerifyResult:
         return sum(k.differences for k in self.kinds)
 
     @property
+    def left_out(self) -> bool:
+        """True when every kind asked for is an opt-in kind no run of the tenant took
+        (`left_out_kinds`): nothing to prove, and nothing missing."""
+        return bool(self.kinds) and all(not k.checked and k.note.startswith("left out") for k in self.kinds)
+
+    @property
     def passed(self) -> bool:
-        """True when the source could list at least one kind and nothing differs."""
-        return any(k.checked for k in self.kinds) and self.differences == 0
+        """True when the source could list at least one kind and nothing differs, or when every
+        kind asked for was left out (`left_out`)."""
+        return (any(k.checked for k in self.kinds) or self.left_out) and self.differences == 0
 
     def as_dict(self) -> dict[str, Any]:
         """The result as a plain dict (`migrate verify --json`, Dagster metadata)."""

@@ -59,7 +59,7 @@ def test_an_unknown_source_falls_back_to_the_example_provider():
 
 def test_one_asset_per_phase_of_the_pipedrive_plan_chained_by_deps():
     assets = build_phase_assets("pipedrive", phases=PIPEDRIVE_PHASES)
-    assert len(assets) == len(PIPEDRIVE_PHASES) == 7
+    assert len(assets) == len(PIPEDRIVE_PHASES) == 8
     keys = [a.key for a in assets]
     assert keys[0] == AssetKey(["pipedrive", "phase_1_fields_users_pipelines"])
     for previous, current in zip(assets, assets[1:]):

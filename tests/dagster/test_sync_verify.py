@@ -146,7 +146,7 @@ def test_the_sync_job_schedule_and_the_proof_are_wired_as_documented(instance, d
     sync = repo.get_job("sync_tenant")
     assert sync.tags.get(tags.MODE) == tags.SYNC and sync.partitions_def is not None
     proofs = {c.name for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE}
-    assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == 7
+    assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == 8
     assert repo.get_job(VERIFY_JOB).partitions_def is not None  # the proof alone, from the launchpad
     for name in ("migrate_tenant", "sync_tenant"):
         in_job = {c.name for c in repo.get_job(name).asset_layer.asset_graph.asset_check_keys}
@@ -210,7 +210,7 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         proved = _prove(assets, checks, proofs, instance, res)
         assert proved.success
         evaluations = {e.asset_key.path[-1]: e for e in _evaluations(proved)}
-        assert len(evaluations) == 7 and all(e.check_name == MATCHES_SOURCE and e.partition == TENANT
+        assert len(evaluations) == 8 and all(e.check_name == MATCHES_SOURCE and e.partition == TENANT
                                              for e in evaluations.values())
         assert all(e.passed for e in evaluations.values()), {k: e.metadata.get("verdict") for k, e in evaluations.items()}
         assert sum(e.metadata["tokens"].value for e in evaluations.values()) > 0

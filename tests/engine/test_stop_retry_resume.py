@@ -135,7 +135,8 @@ def test_dependents_follow_the_providers_links_transitively() -> None:
 
     every = [k for g in PHASES for k in g]
     assert dependents(P(), {"notes"}, every) == set()
-    assert dependents(P(), {"deals"}, every) == {"activities", "notes", "emails"}
+    assert dependents(P(), {"deals"}, every) == {"activities", "notes", "emails", "deal_products", "participants",
+                                                 "followers", "deal_history"}
     assert dependents(P(), {"organizations"}, every) == set(every) - {"fields", "users", "pipelines", "stages", "organizations", "products"}
     assert dependents(P(), {"pipelines"}, every) == {"stages"}  # deals link to stages softly
     assert dependents(object(), {"notes"}, every) == set(every) - {"notes"}  # no links declared: all

@@ -85,6 +85,8 @@ def test_a_run_without_them_leaves_them_out_and_says_so(db) -> None:
         assert run.status == "succeeded", failed_tasks(db, run.id)
         asked = sb.stats()["requests_by_path"] if "requests_by_path" in sb.stats() else {}
         proof = verify(db, provider, TENANT, FAST)
+        only = verify(db, provider, TENANT, FAST, kinds=list(FAMILIES))  # the phase's matches_source check
+    assert only.left_out and only.passed and only.differences == 0, only.lines()
     assert not set(FAMILIES) & set(run.kinds)
     assert kinds_left_out(provider, run) == {k: "opt-in" for k in FAMILIES}
     for table in ("deal_participants", "followers", "deal_history"):
