@@ -51,7 +51,7 @@ from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
-from migration_pipeline.assets.metadata import phase_metadata, phase_summary
+from migration_pipeline.assets.metadata import busy_windows, phase_metadata, phase_summary
 from migration_pipeline.assets.phases import cancel_this_run
 from migration_pipeline.assets.specs import phase_specs
 from migration_pipeline.lane.fair import lane_picture
@@ -248,7 +248,7 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
             continue
         if _materialized_since(context, spec.key, run.tenant_id, run.id, last_finished.get(phase)):
             continue
-        metadata = phase_metadata(db, r, phase)
+        metadata = phase_metadata(db, r, phase, busy_windows(context.instance, run.id))
         metadata["materialized_by"] = MetadataValue.text(f"drainer run {context.run_id} (the phase closed in its turn)")
         context.log.info(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed: materialising "
                          f"{spec.key.to_user_string()}")

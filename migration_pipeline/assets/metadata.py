@@ -1,15 +1,17 @@
 """A closed phase as Dagster metadata: the engine's rollup, formatted. Presentation only."""
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
-from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
+from dagster import MetadataValue, RunsFilter, TableColumn, TableRecord, TableSchema
 
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
+from migration_pipeline import tags
 
 COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
 # per kind beside the row outcomes: rows marked deleted at the source by the run (ledger
@@ -47,8 +49,37 @@ def _tasks_text(tasks: dict[str, int]) -> str:
     return ", ".join(f"{n} {s}" for s, n in sorted(tasks.items())) or "none"
 
 
-def phase_seconds(db: Database, run_id: int, kinds: set[str]) -> float | None:
-    """From the phase's first task start to its last finish (the engine's rollup_tasks rows)."""
+def busy_windows(instance: Any, run_id: int) -> list[tuple[float, float]]:
+    """When Dagster runs worked on engine run `run_id` (tagged `migration/run_id` with it): each
+    run's (start, end) in epoch seconds, the end now for a run still in progress; runs that never
+    started are left out. The time outside them is time the engine run was stopped or paused."""
+    now = time.time()
+    return sorted((rec.start_time, rec.end_time or now)
+                  for rec in instance.get_run_records(RunsFilter(tags={tags.ENGINE_RUN: str(run_id)}))
+                  if rec.start_time is not None)
+
+
+def _covered(start: float, end: float, windows: list[tuple[float, float]]) -> float:
+    """Seconds of [start, end] inside the union of `windows` (sorted by start)."""
+    total, reach = 0.0, start
+    for a, b in windows:
+        a, b = max(a, reach), min(b, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+def _inside(t: float, windows: list[tuple[float, float]], slack: float = 5.0) -> bool:
+    return any(a - slack <= t <= b + slack for a, b in windows)
+
+
+def phase_seconds(db: Database, run_id: int, kinds: set[str],
+                  windows: list[tuple[float, float]] | None = None) -> float | None:
+    """From the phase's first task start to its last finish (the engine's rollup_tasks rows), less
+    the time no Dagster run worked on the engine run (`windows`, `busy_windows`: a stop or pause
+    and its resume), so rows/s is over the time the phase was worked on. Without windows, or when
+    the phase began or ended outside them (drained by the engine's own command), the whole span."""
     starts: list[datetime] = []
     ends: list[datetime] = []
     for r in runs.task_groups(db, run_id):
@@ -59,7 +90,10 @@ def phase_seconds(db: Database, run_id: int, kinds: set[str]) -> float | None:
                 ends.append(r["last_finished"])
     if not starts or not ends:
         return None
-    return max(0.0, (max(ends) - min(starts)).total_seconds())
+    first, last = min(starts).timestamp(), max(ends).timestamp()
+    if windows and _inside(first, windows) and _inside(last, windows):
+        return max(0.0, _covered(first, last, windows))
+    return max(0.0, last - first)
 
 
 def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
@@ -135,8 +169,10 @@ def _extra(k: rollups.KindRollup, name: str) -> int:
     return int(k.deleted_at_source) if name == "deleted_at_source" else int(k.caught_up.get("seen", 0))
 
 
-def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
-    """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds."""
+def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
+                  windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds; its seconds and
+    rows/s over the time Dagster runs worked on it (`windows`, `phase_seconds`)."""
     kinds = r.phase_kinds(phase)
     names = [k.kind for k in kinds]
     totals = {c: sum(getattr(k, c) for k in kinds) for c in COUNTS}
@@ -146,7 +182,7 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, A
         for s, n in k.tasks.items():
             tasks[s] = tasks.get(s, 0) + n
     seen = sum(k.seen for k in kinds)
-    seconds = phase_seconds(db, r.run_id, set(names))
+    seconds = phase_seconds(db, r.run_id, set(names), windows)
     return {
         "kinds": kinds,
         "names": names,
@@ -166,13 +202,15 @@ def phase_status(tasks: dict[str, int]) -> str:
     return f"closed with {failed} failed task(s)" if failed else "closed"
 
 
-def phase_metadata(db: Database, r: rollups.RunRollup, phase: int) -> dict[str, Any]:
+def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
+                   windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """A closed phase's materialisation metadata: grouped reasons first, then `phase_status` ("closed" / "closed with N failed
     task(s)"), the engine run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the
     run's status when this phase closed, "running" for every phase but the last), counts in total
     and per kind, tasks, rows/s, duration by payload, grouped reasons, a capped table of skipped
-    and failed rows, completeness."""
-    s = phase_summary(db, r, phase)
+    and failed rows, completeness. `windows`: when Dagster runs worked on the engine run
+    (`busy_windows`), so rows/s leaves out the time it was stopped or paused."""
+    s = phase_summary(db, r, phase, windows)
     md: dict[str, Any] = {
         # first: the UI lists metadata in this order, and the grouped reasons are what a phase
         # with skipped or failed rows needs read first

@@ -56,7 +56,7 @@ from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant
-from migration_pipeline.assets.metadata import phase_metadata, progress_metadata
+from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.lane.terminate import hold_interrupts
@@ -373,7 +373,7 @@ def _materialize_phase(
     if reporter.reports:
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
-    metadata = phase_metadata(db, r, phase)
+    metadata = phase_metadata(db, r, phase, busy_windows(context.instance, run.id))
     left = left_out_line(kinds_left_out(source.provider(run), run))
     if left:  # what the run did not take, on every phase it materialises: the UI's first answer to "is that all?"
         metadata["left_out"] = MetadataValue.text(left)
