@@ -64,6 +64,19 @@ def test_a_whole_account_with_the_opt_in_kinds_matches_the_truth_row_by_row(db) 
         want |= {("followers", f"{WORD[of]} {i}") for of in ("persons", "organizations") for i in forbidden[of]}
         assert {(t["kind"], t["raw_key"]) for t in told} == want and all("HTTP 403" in t["reason"] for t in told)
         assert len(forbidden["deals"]) == 2 and forbidden["persons"] and forbidden["organizations"]
+        # frugal: one request per record (every list fits a page), at the spec's token cost - the
+        # arithmetic of the README's "Choosing the kinds" - and discovery asks nothing
+        written = {lk: int(db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = %(t)s AND kind = %(k)s"
+                                  " AND action IN ('created', 'matched')", {"t": TENANT, "k": lk})[0]["n"])
+                   for lk in ("deals", "persons", "organizations")}
+        spent = {r["kind"]: (int(r["requests"]), int(r["tokens"])) for r in db.sql(
+            "SELECT kind, sum((stats->>'requests')::int) AS requests, sum((stats->>'tokens')::int) AS tokens"
+            " FROM migration_tasks WHERE migration_id = %(r)s AND kind = ANY(%(k)s) GROUP BY kind",
+            {"r": run.id, "k": list(FAMILIES)})}
+        records = sum(written.values())
+        assert spent == {"participants": (written["deals"], 10 * written["deals"]),
+                         "followers": (records, 10 * records),
+                         "deal_history": (written["deals"], 20 * written["deals"])}, (spent, written)
         # each kind adds up in the engine's own completeness check
         for c in rollup.rollup(db, run.id).completeness:
             assert not c["problems"], c
@@ -122,3 +135,16 @@ def test_a_sync_reads_a_changed_deals_lists_again(db) -> None:
         proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=list(FAMILIES))
     assert proof.passed, proof.lines()
     assert runs.get_run(db, done.id).status == "succeeded"
+
+
+def test_a_dry_run_lists_them_and_writes_nothing(db) -> None:
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT, kinds=OPT_IN, dry_run=True)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    seen = {r["kind"]: int(r["n"]) for r in db.sql(
+        "SELECT kind, sum((stats->>'seen')::int) AS n FROM migration_tasks WHERE migration_id = %(r)s"
+        " AND kind = ANY(%(k)s) GROUP BY kind", {"r": run.id, "k": list(FAMILIES)})}
+    assert set(seen) == set(FAMILIES) and all(seen.values()), seen  # the would-be deals were fanned out over
+    for table in ("deal_participants", "followers", "deal_history"):
+        assert db.sql(f"SELECT count(*) AS n FROM crm.{table}")[0]["n"] == 0
+    assert db.sql("SELECT count(*) AS n FROM migration_records WHERE kind = ANY(%(k)s)", {"k": list(FAMILIES)})[0]["n"] == 0
