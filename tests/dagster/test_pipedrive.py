@@ -120,3 +120,22 @@ def test_a_failed_phase_is_retried_by_rerunning_the_partition_without_fetching_t
     assert twice == {}, f"listings served twice: {twice}"
     assert stats["bodies_fetched"] and max(stats["bodies_fetched"].values()) == 1
     assert len(ledger(db, TENANT, "notes")) == 40
+
+
+def test_the_launchpads_kinds_take_an_opt_in_kind_and_the_phase_says_what_it_left_out(instance, db_url, db):
+    # the launchpad's run config: resources.new_run.config.kinds, the same choice as `--kinds`
+    with sandbox(token=TOKEN, burst_limit=UNLIMITED) as sb:
+        res = {**_resources(db_url, sb.base_url),
+               "new_run": NewRunOptions(options_json=json.dumps({"burst_limit": UNLIMITED}), kinds=["+deal_history"])}
+        result = _materialize(instance, res)
+        history = sb.truth("deal_history")["deal_history"]
+    assert result.success
+    run = runs.latest_run(db, TENANT, "pipedrive")
+    assert run.status == "succeeded" and "deal_history" in run.kinds and "followers" not in run.kinds
+    metadata = {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+    (phase,) = [md for name, md in metadata.items() if name.startswith("phase_8_")]
+    assert phase["phase_status"].value == "closed" and phase["deal_history/imported"].value == sum(map(len, history.values()))
+    assert phase["left_out"].value.startswith("left out: participants, followers (opt-in; add them with --kinds "
+                                              "+participants,+followers)"), phase["left_out"].value
+    checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    assert all(v for (name, check), v in checks.items() if name.startswith("phase_8_") and check != "all_rows_landed")
