@@ -132,7 +132,9 @@ def retry_superseded(instance: DagsterInstance, db: dbmod.Database, run: Dagster
     failed: the retry resumes the engine run from its checkpoints, what run retries are for):
 
     * the engine run its parent attached (`migration/run_id`) has ended or is stopping: succeeded,
-      stopped or failed since, by hand or by other workers;
+      stopped or failed since, by hand or by other workers - except a stop the parent's own
+      interruption made (`migration/stopped_engine_run` on the parent: the worker was shut down),
+      which the retry resumes; that engine run found running again was resumed by hand;
     * a run of the tenant's partition was launched after the parent, outside the retry's own run
       group (a `migrate run`, `resume` or a launch from the UI: the tenant was resumed by hand).
       The sensors' drainer runs do not count: they only help whatever run is live."""
@@ -148,8 +150,13 @@ def retry_superseded(instance: DagsterInstance, db: dbmod.Database, run: Dagster
             engine = runs.get_run(db, int(engine_id))
         except (EngineError, ValueError):
             engine = None
+        own_stop = parent.dagster_run.tags.get(tags.STOPPED_ENGINE) == engine_id
         if engine is not None:
-            if engine.status != "running":  # a later engine run of the tenant needs this one ended
+            if own_stop and engine.status in ("stopping", "stopped"):
+                pass  # the parent's own interruption stopped it: the retry resumes it
+            elif own_stop and engine.status == "running":
+                return f"{engine.name} was resumed since run {run.parent_run_id} stopped it"
+            elif engine.status != "running":  # a later engine run of the tenant needs this one ended
                 return f"{engine.name} is {engine.status} since run {run.parent_run_id} failed"
     group = {run.root_run_id, run.parent_run_id, run.run_id}
     later = [r for r in instance.get_runs(RunsFilter(tags={tags.PARTITION: tenant}, created_after=parent.create_timestamp))

@@ -15,6 +15,9 @@ SYNC = "sync"
 # A launch that asks for a new engine run explicitly (launchpad: Edit tags, `migration/new_run: true`;
 # `migrate run --new-run`): without it a tenant whose latest run succeeded gets no new full run.
 NEW_RUN = "migration/new_run"
+# Set on a Dagster run whose own interruption (a terminate, its worker's shutdown) set the stop flag
+# of its engine run (the engine run's id): a retry of it resumes that stop, not one made by hand.
+STOPPED_ENGINE = "migration/stopped_engine_run"
 
 
 def read_run_tags(context: Any) -> dict[str, str]:

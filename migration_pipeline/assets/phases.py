@@ -190,6 +190,7 @@ def stop_after_termination(context: AssetExecutionContext, db: Database, source:
                 run = runs.get_run(db, run.id)
                 if not run.terminal and not run.cancel_requested:
                     run = runs.stop(db, run.id)
+                    context.instance.add_run_tags(context.run_id, {tags.STOPPED_ENGINE: str(run.id)})
                     context.log.warning(f"terminated: stop requested for {run.name}")
         except Exception:  # the termination itself matters more
             context.log.exception("could not set the engine run's stop flag after a termination")

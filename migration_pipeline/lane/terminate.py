@@ -67,6 +67,7 @@ def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None) -> int 
             stopped = runs.stop(db, int(engine_run))
         finally:
             db.close()
+        instance.add_run_tags(dagster_run_id, {tags.STOPPED_ENGINE: engine_run})
         if log is not None:
             log.warning(f"terminated: stop requested for {stopped.name}; the steps on the worker hosts stop at "
                         "their next task boundary and keep their checkpoints")

@@ -1,6 +1,7 @@
 """Dagster's automatic retry of a dead tenant run does not execute once the tenant was taken in hand
 since: its engine run stopped, succeeded (or failed) since, a later engine run, or a run of the
-tenant launched by hand (a sensor's drainer does not count). The retry reaches the instance's run
+tenant launched by hand (a sensor's drainer does not count); a stop its parent's own interruption
+made is resumed by the retry, unless the tenant was resumed by hand since. The retry reaches the instance's run
 launcher (`MigrationRunLauncher.launch_run`, through `instance.launch_run` as the run queue launches
 it) and ends CANCELED with the reason, unexecuted. With nothing done since, the retry is launched
 (the control: run retries resume a dead run from its checkpoints)."""
@@ -19,6 +20,7 @@ from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline import tags
 from migration_pipeline.instance import to_url
+from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launcher import retry_superseded
 
 SMALL = {"page_size": 20, "counts": {"companies": 5, "contacts": 5, "deals": 5, "activities": 5, "notes": 5}}
@@ -80,3 +82,21 @@ def test_a_drainer_or_another_tenant_is_not_a_hand_on_the_tenant(db_url, monkeyp
                                      root_run_id=parent.run_id, tags={tags.PARTITION: "t2"})
         runs.stop(db, engine.id, Settings.from_env())
         assert retry_superseded(instance, db, instance.get_run_by_id(manual.run_id)) is None
+
+
+def test_a_retry_resumes_the_stop_its_parents_own_interruption_made_not_a_later_resume(db_url, monkeypatch):
+    # `make ui` stopped while a run was going: its run worker was interrupted, the executor set the
+    # engine run's stop flag and tagged the run; the next daemon's retry resumes it - unless the
+    # tenant was resumed by hand meanwhile
+    monkeypatch.setenv("DATABASE_URL", to_url(db_url))
+    with instance_for_test(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
+        engine = runs.start_run(db, provider_for("example"), "t3", options=SMALL)
+        parent, retry = _dead_run_and_its_retry(instance, "t3", engine.id)
+        assert stop_engine_run(instance, parent.run_id) == engine.id  # what the interrupted worker does
+        assert instance.get_run_by_id(parent.run_id).tags[tags.STOPPED_ENGINE] == str(engine.id)
+        assert runs.get_run(db, engine.id).status in ("stopping", "stopped")
+        assert retry_superseded(instance, db, instance.get_run_by_id(retry.run_id)) is None
+        runs.stop_until_settled(db, engine.id, Settings.from_env())
+        runs.resume(db, engine.id, provider_for("example"))  # `migrate resume t3` by hand
+        why = retry_superseded(instance, db, instance.get_run_by_id(retry.run_id))
+        assert why and "was resumed since" in why, why
