@@ -568,12 +568,15 @@ class PipedriveClient:
             self._token_proved_at = now
 
     def me(self, *, cancel: threading.Event | None = None) -> dict[str, Any]:
-        """The token's user with its company (`company_id`, `company_domain`): `/v1/users/me`."""
+        """The token's user with its company (`company_id`, `company_domain`): `/v1/users/me`.
+        The dict also carries `_date`: the response's `Date` header (the source's clock when it
+        answered; None when absent), so one request serves both the identity and a snapshot."""
         path = "/v1/users/me"
-        data = self._call(path, None, cancel=cancel).get("data")
+        body = self._call(path, None, cancel=cancel)
+        data = body.get("data")
         if not isinstance(data, dict) or not isinstance(data.get("company_id"), int):
             raise BadResponse("data has no company_id", method="GET", path=path, status=200)
-        return data
+        return {**data, "_date": getattr(body, "date", None)}
 
     def mail_body(
         self,
@@ -701,6 +704,7 @@ class PipedriveClient:
             )
         envelope = Envelope(body)
         envelope.invalid_utf8 = invalid
+        envelope.date = response.headers.get("date")
         return envelope
 
     # --- collaborators ------------------------------------------------------------------------
@@ -831,6 +835,7 @@ class Envelope(dict):
     says how many invalid UTF-8 sequences the decoder replaced (`invalid_utf8`, 0 when none)."""
 
     invalid_utf8: int = 0
+    date: str | None = None  # the response's `Date` header as served (the source's clock), or None
 
 
 class MailMessage(dict):

@@ -53,12 +53,13 @@ import hashlib
 import math
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -72,7 +73,7 @@ from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
 from engine_core.providers.pipedrive import (credentials, emails, inventory, kinds, lines, mapping, record_lists,
                                              stripes, writers)
-from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store, tls_context
+from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
 from engine_core.providers.pipedrive.kinds import SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
@@ -272,17 +273,33 @@ def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
         return budget
 
 
-# The company a run's (base URL, token) reaches, as `/v1/users/me` said (`identity`), per run: the
-# run's lanes in this process ask once. A few runs are kept.
+# The company a (base URL, token) reaches, as `/v1/users/me` said (`identity`): a Pipedrive token
+# belongs to one user of one company for its whole life, so the process asks once per base URL and
+# account (the token's fingerprint) - the run's start, its lanes and later runs alike. A few are kept.
 IDENTITIES_KEPT = 32
-_identities: OrderedDict[tuple[str, str, int], str] = OrderedDict()
+# The `Date` of the identity's answer stands for the source's clock (`source_time`) this long after.
+CLOCK_FRESH_SECONDS = 5.0
+_identities: OrderedDict[tuple[str, str], str] = OrderedDict()
 _identities_lock = threading.Lock()
-_asking_identity: dict[tuple[str, str, int], threading.Lock] = {}
+_asking_identity: dict[tuple[str, str], threading.Lock] = {}
 
 
-def _ask_identity(cfg: SourceConfig) -> str:
-    me = PipedriveClient(cfg.base_url, cfg.token).me()  # one unpaced request
-    return f"pipedrive company {me['company_id']}"
+def _ask_identity(cfg: SourceConfig) -> tuple[str, datetime | None]:
+    """(the company's identity, the source's clock when it answered) from one unpaced `/v1/users/me`."""
+    with PipedriveClient(cfg.base_url, cfg.token) as client:
+        me = client.me()
+    return f"pipedrive company {me['company_id']}", _http_date(me.get("_date"))
+
+
+def _http_date(raw: str | None) -> datetime | None:
+    """An HTTP `Date` header as an aware datetime (UTC when it names no zone); None when absent or unreadable."""
+    if not raw:
+        return None
+    try:
+        moment = parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def snapshot_bound(run: Run) -> str | None:
@@ -318,6 +335,7 @@ class PipedriveProvider:
         self._client: PipedriveClient | None = None
         self._client_db: Database | None = None
         self._identity: str | None = None
+        self._clock: tuple[float, datetime | None] = (0.0, None)  # (monotonic when asked, the source's Date)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -375,26 +393,24 @@ class PipedriveProvider:
         return self.config().account
 
     def identity(self, cost: dict[str, int] | None = None) -> str:
-        """The Pipedrive company the token reaches (`/v1/users/me`, asked once per provider, and
-        once per run, base URL and token in a process, since a run's lanes start together): what a run's data belongs to. Two tokens of one company are one source; another
-        company is not. `cost` (verify's counter: `requests`, `tokens`) counts the request when
-        one is made (2 tokens: a v1 single)."""
+        """The Pipedrive company the token reaches (`/v1/users/me`, asked once per base URL and
+        account in a process: a token never changes company): what a run's data belongs to. Two
+        tokens of one company are one source; another company is not. `cost` (verify's counter:
+        `requests`, `tokens`) counts the request when one is made (2 tokens: a v1 single)."""
         if self._identity is None:
             cfg = self.config()
-            if self._run_id is None:
-                self._identity = _ask_identity(cfg)
-                if cost is not None:
-                    cost["requests"] = int(cost.get("requests", 0)) + 1
-                    cost["tokens"] = int(cost.get("tokens", 0)) + inventory.token_cost("/v1/users/me")
-                return self._identity
-            key = (cfg.base_url, cfg.account, self._run_id)
+            key = (cfg.base_url, cfg.account)
             with _identities_lock:
                 asking = _asking_identity.setdefault(key, threading.Lock())
-            with asking:  # one lane asks; the others wait for its answer
+            with asking:  # one thread asks; the others wait for its answer
                 with _identities_lock:
                     known = _identities.get(key)
                 if known is None:
-                    known = _ask_identity(cfg)
+                    known, clock = _ask_identity(cfg)
+                    self._clock = (time.monotonic(), clock)
+                    if cost is not None:
+                        cost["requests"] = int(cost.get("requests", 0)) + 1
+                        cost["tokens"] = int(cost.get("tokens", 0)) + inventory.token_cost("/v1/users/me")
                     with _identities_lock:
                         _identities[key] = known
                         while len(_identities) > IDENTITIES_KEPT:
@@ -404,19 +420,18 @@ class PipedriveProvider:
         return self._identity
 
     def source_time(self) -> datetime | None:
-        """The source's clock now: the `Date` header of one `/v1/users/me` (2 tokens, unpaced, as
-        `identity`), for the run's snapshot moment. None when the answer carries no date."""
-        import httpx
-
+        """The source's clock now: the `Date` of this provider's identity request when it was made
+        within `CLOCK_FRESH_SECONDS` (a run's start asks for both, one after the other), else of
+        one `/v1/users/me` asked now (2 tokens, unpaced, as `identity`; it also tells the identity).
+        None when the answer carries no date."""
+        asked, clock = self._clock
+        if clock is not None and time.monotonic() - asked <= CLOCK_FRESH_SECONDS:
+            return clock + timedelta(seconds=time.monotonic() - asked)
         cfg = self.config()
-        with httpx.Client(base_url=cfg.base_url, headers={"x-api-token": cfg.token}, timeout=30.0,
-                          verify=tls_context()) as http:
-            response = http.get("/v1/users/me")
-        raw = response.headers.get("date")
-        if not raw:
-            return None
-        moment = parsedate_to_datetime(raw)
-        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+        known, clock = _ask_identity(cfg)
+        with _identities_lock:
+            _identities[(cfg.base_url, cfg.account)] = known
+        return clock
 
     def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
         """Every id the source lists now for `kind`, with its version (`inventory.source_ids`: the
