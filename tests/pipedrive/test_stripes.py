@@ -123,7 +123,7 @@ def test_the_provider_seeds_every_kind_without_io() -> None:
               plan=tuple(tuple(g) for g in PHASES), options={}, dry_run=False, cancel_requested=False)
     keys = {k: [s.cursor_key for s in provider.seed_cursors(run, k)] for g in PHASES for k in g}
     assert keys["fields"] == ["fields:all"]
-    assert keys["users"] == ["users:0", "users:500", "users:1000", "users:1500"]
+    assert keys["users"] == ["users:0"]  # the other stripes only when its first page says more
     assert keys["organizations"] == ["organizations:discover"]
     assert keys["emails"] == ["emails:discover:deals:p0", "emails:discover:deals_archived:p0"]
     # the data phases, then the catch-up (issue 9): the last phase of every run

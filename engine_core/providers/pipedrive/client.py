@@ -194,6 +194,7 @@ class Page:
     next_cursor: str | None = None
     next_start: int | None = None
     more: bool = False
+    kept: bool = False  # served from an answer another task already paid for (`Prefetch.hold`)
 
 
 class SlotBudget(Protocol):
@@ -251,7 +252,7 @@ class Prefetch:
         self.keep = keep
         self.ttl = ttl
         self.clock = clock
-        self.asked = self.taken = 0
+        self.asked = self.taken = self.held = 0
         self._lock = threading.Lock()
         self._pages: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Future]] = OrderedDict()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prefetch")
@@ -285,6 +286,24 @@ class Prefetch:
         except BaseException as e:  # noqa: BLE001 - kept for the taker, who asks again
             future.set_exception(e)
 
+    def hold(self, path: str, query: Mapping[str, Any], body: dict[str, Any]) -> None:
+        """Hold `body`, an answer already received and paid for, for one later identical request
+        (a discovery's page that is the whole list, for the walker it seeds). The taker's page
+        says `kept` (its task does not count the request again); expires like any page."""
+        kept = Envelope(body)
+        kept.kept = True
+        future: Future = Future()
+        future.set_result(kept)
+        with self._lock:
+            self._expire()
+            self._pages[self.key(path, query)] = (self.clock(), future)
+            self.held += 1
+
+    def forget(self, path: str, query: Mapping[str, Any]) -> None:
+        """Drop the page held or asked for this request, if any."""
+        with self._lock:
+            self._pages.pop(self.key(path, query), None)
+
     def take(self, path: str, query: Mapping[str, Any], cancel: threading.Event | None) -> dict[str, Any] | None:
         """The answer asked ahead for this exact request (waiting for it while in flight), once;
         None when none was asked, it expired, it failed, or `cancel` was set while waiting."""
@@ -304,8 +323,9 @@ class Prefetch:
                 continue
             except BaseException:  # noqa: BLE001 - the taker asks the source itself
                 return None
-            with self._lock:
-                self.taken += 1
+            if not getattr(body, "kept", False):
+                with self._lock:
+                    self.taken += 1
             return body
 
     def _expire(self) -> None:
@@ -430,10 +450,15 @@ class PipedriveClient:
         limit: int = MAX_PAGE,
         cancel: threading.Event | None = None,
         reservation: SlotHolder | None = None,
+        keep: bool = False,
     ) -> Page:
-        """One page of a v2 listing (cursor pagination: `additional_data.next_cursor`)."""
+        """One page of a v2 listing (cursor pagination: `additional_data.next_cursor`). `keep`:
+        the answer is also held for the next identical request (`Prefetch.hold`; without a store,
+        nothing is held; `forget_v2` drops it)."""
         query = _v2_query(path, params, cursor, limit)
         body = self._call(path, query, cancel=cancel, reservation=reservation)
+        if keep and self._prefetch is not None:
+            self._prefetch.hold(path, query, body)
         rows = _rows(body, path)
         extra = body.get("additional_data")
         next_cursor = extra.get("next_cursor") if isinstance(extra, dict) else None
@@ -441,7 +466,7 @@ class PipedriveClient:
             raise BadResponse("next_cursor is not a string", method="GET", path=path, status=200)
         if next_cursor and next_cursor == cursor:
             raise BadResponse("the next cursor repeats this page's", method="GET", path=path, status=200)
-        return Page(rows=rows, next_cursor=next_cursor or None, more=bool(next_cursor))
+        return Page(rows=rows, next_cursor=next_cursor or None, more=bool(next_cursor), kept=bool(getattr(body, "kept", False)))
 
     def list_v1(
         self,
@@ -477,6 +502,13 @@ class PipedriveClient:
         (`Prefetch`); nothing without a store. Raises ValueError on arguments `list_v2` refuses."""
         if self._prefetch is not None:
             self._prefetch.ask(self, path, _v2_query(path, params, cursor, limit))
+
+    def forget_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None,
+                  limit: int = MAX_PAGE) -> None:
+        """Drop the answer held for the request `list_v2` with these arguments makes (`keep`):
+        nobody will ask it."""
+        if self._prefetch is not None:
+            self._prefetch.forget(path, _v2_query(path, params, cursor, limit))
 
     def prefetch(self, path: str, params: Mapping[str, Any] | None = None) -> None:
         """`prefetch_v2` for the request `get(path, params)` will make."""
@@ -832,9 +864,11 @@ def _rows(body: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
 
 class Envelope(dict):
     """A decoded response envelope (`success`, `data`, ...), a plain dict to every caller, that also
-    says how many invalid UTF-8 sequences the decoder replaced (`invalid_utf8`, 0 when none)."""
+    says how many invalid UTF-8 sequences the decoder replaced (`invalid_utf8`, 0 when none) and
+    whether it was held for this request after another task paid for it (`kept`, `Prefetch.hold`)."""
 
     invalid_utf8: int = 0
+    kept: bool = False
     date: str | None = None  # the response's `Date` header as served (the source's clock), or None
 
 

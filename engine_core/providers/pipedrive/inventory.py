@@ -131,10 +131,10 @@ class CountingClient:
         self.requests = 0
         self.tokens = 0
 
-    def _count(self, path: str) -> None:
+    def _count(self, path: str, n: int = 1) -> None:
         with self._lock:
-            self.requests += 1
-            self.tokens += token_cost(path)
+            self.requests += n
+            self.tokens += n * token_cost(path)
 
     def get(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         """`PipedriveClient.get`, counted; raises as it does."""
@@ -147,9 +147,13 @@ class CountingClient:
         return self._client.list_v1(path, params, **kw)
 
     def list_v2(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> Page:
-        """`PipedriveClient.list_v2` (one cursor-paged v2 page), counted; raises as it does."""
+        """`PipedriveClient.list_v2` (one cursor-paged v2 page), counted - unless the page was
+        held for this request after another task paid for it (`Page.kept`); raises as it does."""
         self._count(path)
-        return self._client.list_v2(path, params, **kw)
+        page = self._client.list_v2(path, params, **kw)
+        if page.kept:
+            self._count(path, -1)
+        return page
 
     def iter_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0, **kw: Any) -> Iterator[Page]:
         """Every v1 page from offset `start` on, following `additional_data.pagination`

@@ -41,7 +41,10 @@ class Kind:
     `updated_since`; `params`: extra list parameters; `version_field`: the row's version field;
     `by_id`: GET of one record (`{}` is the id), for the probe and the deletion check; `probed`:
     a parent the engine asks the source about when it is missing; `batch_paths`: v2 lists whose
-    `ids` answer many parents at once; `summary`: the source's own count of the list;
+    `ids` answer many parents at once; `summary`: the source's own count of the list (asked only when
+    the discovery's first page did not hold the whole list; never a deprecated endpoint: archived
+    deals have none); `counted`: the discovery records the source's count (`source_total`: the
+    summary's, or the rows of a list its first page held);
     `catchup`: position in the catch-up walk (parents first; None: not walked); `last_level`:
     nothing links to it, so the catch-up walks it in a task of its own; `default`: a run that
     names no kinds takes it (False: opt-in - its cost grows with the account's deals, records or
@@ -68,6 +71,7 @@ class Kind:
     probed: bool = False
     batch_paths: tuple[str, ...] = ()
     summary: tuple[str, int] | None = None
+    counted: bool = False
     catchup: int | None = None
     last_level: bool = False
     default: bool = True
@@ -101,11 +105,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("deals", "/api/v2/deals", V2, CURSOR, 10, phase=3, table="deals", depends_on=("persons", "organizations"),
          entity="deal", mapper=mapping.map_deal, since=True, params=_MAIL_COUNT, by_id="/api/v2/deals/{}",
          probed=True, batch_paths=("/api/v2/deals", "/api/v2/deals/archived"),
-         summary=("/v1/deals/summary", 40), catchup=5),
+         summary=("/v1/deals/summary", 40), counted=True, catchup=5),
     Kind("deals_archived", "/api/v2/deals/archived", V2, CURSOR, 20, phase=3, table="deals", ledger="deals",
          depends_on=("persons", "organizations"), entity="deal",
          mapper=partial(mapping.map_deal, archived_kind=True), since=True, params=_MAIL_COUNT,
-         summary=("/v1/deals/summary/archived", 80), catchup=6),
+         counted=True, catchup=6),
     Kind("leads", "/v1/leads", V1, OFFSET, 20, phase=3, table="leads", depends_on=("persons", "organizations"),
          entity="lead", mapper=mapping.map_lead, since=True, by_id="/v1/leads/{}", probed=True, catchup=7),
     Kind("leads_archived", "/v1/leads/archived", V1, OFFSET, 40, phase=3, table="leads", ledger="leads",
@@ -191,6 +195,7 @@ PARENT_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.probed and k
 SINGLE_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.by_id}
 BATCH_PATHS: dict[str, tuple[str, ...]] = {k.name: k.batch_paths for k in KINDS if k.batch_paths}
 SUMMARY_PATHS: dict[str, str] = {k.name: k.summary[0] for k in KINDS if k.summary}
+COUNTED: frozenset[str] = frozenset(k.name for k in KINDS if k.counted)
 OPT_IN: frozenset[str] = frozenset(k.name for k in KINDS if not k.default)
 
 # Tokens per request of a fan-out's per-record list, by the path's last segment ("/participants").

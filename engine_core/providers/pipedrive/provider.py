@@ -11,14 +11,17 @@ Tasks and cursors (details in `stripes.py`):
   crm.custom_field_definitions so the product can show custom values by name and option label;
   the other tasks read them from there once per run.
 * v1 kinds (users, leads, leads_archived, notes) - offset pages striped by page arithmetic: four
-  stripes own spans of 500 from 0, 500, 1000, 1500; a page that reaches its span's end creates
+  stripes own spans of 500 from 0, 500, 1000, 1500 (the last three seeded by the first page when
+  the API says there is more); a page that reaches its span's end creates
   span + 4 x 500, a shorter page the API says is not the last goes on at its `next_start`.
 * v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
   ranges of `update_time`: a discovery task finds the oldest and newest update (walking past
   empty pages) and seeds four walkers over four equal spans (the first and last open-ended), plus
   one over the unfiltered list for rows whose `update_time` is null when there are any; each
-  creates its next page. The deal lists' discovery records the source's own count
-  (`source_total`, from `/v1/deals/summary[/archived]`) in its task stats.
+  creates its next page - a list of fewer than `STRIPE_MIN_ROWS` rows has one walker instead, from
+  the discovery's own first page (`discover`). The deal lists' discovery records the source's own
+  count (`source_total`: the rows of a list its first page held, else `/v1/deals/summary`) in its
+  task stats.
   Pipelines and stages (short v2 lists without time filters) have one walker each; a deal links to
   its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
@@ -76,7 +79,7 @@ from engine_core.providers.pipedrive import (credentials, emails, inventory, kin
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
-from engine_core.providers.pipedrive.kinds import SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
+from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 
 SOURCE = "pipedrive"
@@ -470,7 +473,7 @@ class PipedriveProvider:
             # change and deletion since the last run; the other phases seed nothing and close at once
             return []
         if kind in stripes.V1_PATHS:
-            return stripes.v1_seeds(kind)
+            return stripes.v1_first(kind)
         if kind in stripes.V2_PATHS:
             seeds = stripes.v2_seeds(kind)
             upper = snapshot_bound(run)
@@ -566,21 +569,24 @@ class PipedriveProvider:
 
     def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         """Probe both ends of `update_time` (`discover`), cut four spans, seed their walkers and,
-        when null-time rows exist, their walker. Deal lists also record the source's own count
-        (`source_total`, from the deals summary) for the rollup to compare at phase close."""
+        when null-time rows exist, their walker - or, when the first probe's page held the whole
+        list, seed one walker that takes that page. Deal lists also record the source's own
+        count (`source_total`) for the rollup to compare at phase close: the rows of a list that
+        fit the first page, else the deals summary where there is one (archived deals have none
+        but a deprecated one, 80 tokens: their count is only known when it fit a page)."""
         kind = ctx.task.kind
-        summary = SUMMARY_PATHS.get(kind)
-        if summary is not None:
-            client.prefetch(summary)  # asked at once with the probes (`discover`): one round trip, not three
         cursor = ctx.task.cursor
         lower, upper = cursor.get("since"), cursor.get("until")
         found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
-        if summary is not None:
+        summary = SUMMARY_PATHS.get(kind)
+        if kind in COUNTED and found.whole is not None:
+            ctx.stats.values["source_total"] = found.whole  # set, not added: a retried discovery asks again
+        elif kind in COUNTED and summary is not None:
             total = source_total(client, summary, ctx.cancel)
             if total is None:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
             else:
-                ctx.stats.values["source_total"] = total  # set, not added: a retried discovery asks again
+                ctx.stats.values["source_total"] = total
         seeds = discovery_seeds(kind, found, lower, upper)
         # the walkers' first pages are asked now (`client.Prefetch`): a discovery run early
         # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
@@ -597,8 +603,9 @@ class PipedriveProvider:
         ask_ahead(client, ctx.task.kind, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
         if listed.passed:
-            # counted after the page is written, so a page retried after a crash counts once
-            ctx.stats.bump("covered_by_spans", listed.passed)
+            # counted after the page is written, so a page retried after a crash counts once; a
+            # whole-list walker's rows updated after the snapshot are the catch-up's
+            ctx.stats.bump("after_snapshot" if ctx.task.cursor.get("sorted") else "covered_by_spans", listed.passed)
         return TaskOutcome(listed.successors)
 
     # -- field definitions ----------------------------------------------------------------
@@ -671,15 +678,19 @@ def source_total(client: PipedriveClient, path: str, cancel: Any = None) -> int 
 
 @dataclass(frozen=True)
 class Discovery:
-    """What the two `update_time` probes of a v2 list found: the oldest and newest update time
-    (None when no row has one), whether the list has any row, whether a probe met a row whose
-    `update_time` is null, and the requests made."""
+    """What the `update_time` probes of a v2 list found: the oldest and newest update time (None
+    when no row has one), whether the list has any row, whether a probe met a row whose
+    `update_time` is null, the requests made, `whole`: the number of rows when the first probe's
+    page (sorted, `PAGE` rows) held the whole list (None when it went on), and `walk`: the list is
+    too short to stripe, one walker goes on from that page (`STRIPE_MIN_ROWS`)."""
 
     oldest: datetime | None
     newest: datetime | None
     rows: bool
     nulls: bool
     requests: int
+    whole: int | None = None
+    walk: bool = False
 
     @property
     def spans(self) -> list[tuple[str | None, str | None]]:
@@ -687,26 +698,36 @@ class Discovery:
         return stripes.time_spans(self.oldest, self.newest)
 
 
+def _first_time(rows: Any) -> tuple[datetime | None, bool]:
+    """(the update time of the first row that has one, whether a null-time row came before it)."""
+    nulls = False
+    for row in rows:
+        if stripes.has_null_time(row):
+            nulls = True
+            continue
+        moment = _time(row)
+        if moment is not None:
+            return moment, nulls
+    return None, nulls
+
+
 def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None,
-          bounds: Mapping[str, str] | None = None) -> tuple[datetime | None, bool, bool, int]:
-    """Walk a v2 list sorted by `update_time` in `direction` until a row with an update time, or
-    the end: (that time or None, any row seen, a null-time row seen, requests). Empty pages with a
-    `next_cursor` are walked through: only a null `next_cursor` ends a list. `bounds`: the run's
-    `updated_since` / `updated_until` (a bounded probe meets no null-time row)."""
-    cursor: str | None = None
+          bounds: Mapping[str, str] | None = None, *, cursor: str | None = None) -> tuple[datetime | None, bool, bool, int]:
+    """Walk a v2 list sorted by `update_time` in `direction` (from `cursor`: None, its start)
+    until a row with an update time, or the end: (that time or None, any row seen, a null-time
+    row seen, requests). Empty pages with a `next_cursor` are walked through: only a null
+    `next_cursor` ends a list. `bounds`: the run's `updated_since` / `updated_until` (a bounded
+    probe meets no null-time row)."""
     limit, requests, seen, nulls = PROBE_LIMIT, 0, False, False
     params = {"sort_by": "update_time", "sort_direction": direction, **(bounds or {})}
     while True:
         page = client.list_v2(path, params, cursor=cursor, limit=limit, cancel=cancel)
         requests += 1
-        for row in page.rows:
-            seen = True
-            if stripes.has_null_time(row):
-                nulls = True
-                continue
-            moment = _time(row)
-            if moment is not None:
-                return moment, seen, nulls, requests
+        seen = seen or bool(page.rows)
+        moment, met = _first_time(page.rows)
+        nulls = nulls or met
+        if moment is not None:
+            return moment, seen, nulls, requests
         if not page.more or not page.next_cursor:
             return None, seen, nulls, requests
         cursor = page.next_cursor
@@ -714,28 +735,71 @@ def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None
             limit = stripes.PAGE  # a page without a timed row: walk on in the largest pages
 
 
+# A v2 list is striped from this many rows (estimated from the discovery's first page) on: four
+# walkers then each have pages of their own to walk. Below it, one walker walks the list in the
+# discovery's order from the discovery's own first page: every page full but the last (stripes
+# cost a partial page each, and each page asks its own missing parents). Measured with
+# bench/requests.py on the small account (sandbox counters): organizations (600 rows) 6 -> 2
+# requests, persons (1,500) 10 -> 6, deals (1,200) 14 -> 9, activities (900) 15 -> 9; the run 92 -> 73.
+STRIPE_MIN_ROWS = 2000
+
+
+def estimate_rows(rows: Any, oldest: datetime, upto: datetime) -> int | None:
+    """The rows of a list whose first page sorted by `update_time` (`rows`, from `oldest`) holds
+    `len(rows)` rows up to the page's last update time, if the rest arrive at that page's pace up to
+    `upto` (the run's snapshot: no row is newer). An overestimate when the list's newest row is
+    older than `upto`. None when the page spans no time (its rows tell no pace)."""
+    last = next((t for t in (_time(r) for r in reversed(rows) if not stripes.has_null_time(r)) if t is not None), None)
+    if last is None or last <= oldest:
+        return None
+    return math.ceil(len(rows) * max((upto - oldest).total_seconds(), 0.0) / (last - oldest).total_seconds())
+
+
 def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Mapping[str, str] | None = None) -> Discovery:
     """Both ends of a v2 list's `update_time`. Null-time rows sort at one end (which one depends on
     the server), so they come before any timed row in one of the two probes (`stripes` docstring).
-    A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot."""
+    A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot.
+
+    The ascending probe asks a whole page (`PAGE` rows: a list call costs the same tokens at any
+    limit), held for a walker that asks the same (`stripes.v2_whole_seed`). When that page is the
+    list's last, it is the whole list: `whole` is its row count. When the list is estimated below
+    `STRIPE_MIN_ROWS` (`estimate_rows`, up to `bounds`' `updated_until` or now), `walk`: one walker
+    goes on from that page. Either way no descending probe is made; else the page is dropped and
+    the descending probe finds the newest update for the stripes."""
     probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
-    # the descending probe's first page is asked at once with the ascending one (a discovery is
-    # on the phase's critical path: one round trip, not two in a row); for a list
-    # found empty that page is one request more (`client.Prefetch`: without a store, nothing asked)
-    client.prefetch_v2(path, {"sort_by": "update_time", "sort_direction": "desc", **probe_bounds}, limit=PROBE_LIMIT)
-    oldest, seen_a, nulls_a, req_a = probe(client, path, "asc", cancel, probe_bounds)
-    if not seen_a:
-        return Discovery(None, None, rows=False, nulls=False, requests=req_a)
-    newest, seen_d, nulls_d, req_d = probe(client, path, "desc", cancel, probe_bounds)
+    asked = {**stripes.SORTED, **probe_bounds}
+    first = client.list_v2(path, asked, limit=stripes.PAGE, cancel=cancel, keep=True)
+    if not first.more or not first.next_cursor:
+        oldest, nulls = _first_time(first.rows)
+        return Discovery(oldest, None, rows=bool(first.rows), nulls=nulls, requests=1, whole=len(first.rows))
+    oldest, nulls_a = _first_time(first.rows)
+    if oldest is not None:
+        until = (bounds or {}).get("updated_until")
+        upto = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else datetime.now(timezone.utc)
+        estimate = estimate_rows(first.rows, oldest, upto)
+        if estimate is not None and estimate < STRIPE_MIN_ROWS:
+            return Discovery(oldest, None, rows=True, nulls=nulls_a, requests=1, walk=True)
+    client.forget_v2(path, asked, limit=stripes.PAGE)
+    req_a = 1
+    if oldest is None:  # a first page without a timed row (empty, or null-time rows): walk on to one
+        oldest, seen, more_nulls, more_requests = probe(client, path, "asc", cancel, probe_bounds, cursor=first.next_cursor)
+        nulls_a, req_a = nulls_a or more_nulls, req_a + more_requests
+        if not seen and not first.rows:
+            return Discovery(None, None, rows=False, nulls=False, requests=req_a)
+    newest, _, nulls_d, req_d = probe(client, path, "desc", cancel, probe_bounds)
     return Discovery(oldest, newest, rows=True, nulls=nulls_a or nulls_d, requests=req_a + req_d)
 
 
 def discovery_seeds(kind: str, found: Discovery, lower: str | None = None, upper: str | None = None) -> list[Successor]:
-    """The walkers a discovery seeds: none for a list empty to its end, else one per span (held
-    inside the run's bounds, `stripes.bounded_spans`) and the null walker when a probe met a
-    null-time row and the run is not a sync (`stripes.v2_stripe_seeds`)."""
+    """The walkers a discovery seeds: none for a list empty to its end; one walker in the
+    discovery's order from its first page for a list that page held or that is too short to
+    stripe (`Discovery.whole`, `.walk`); else one per span (held inside the run's bounds,
+    `stripes.bounded_spans`) and the null walker when a probe met a null-time row and the run is
+    not a sync (`stripes.v2_stripe_seeds`)."""
     if not found.rows:
         return []
+    if found.whole is not None or found.walk:
+        return [stripes.v2_whole_seed(kind, lower, upper)]
     spans = stripes.bounded_spans(found.spans, lower, upper) if (lower or upper) else found.spans
     return stripes.v2_stripe_seeds(kind, spans, nulls=found.nulls and lower is None)
 
@@ -763,11 +827,13 @@ def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
-    (`stripes.v1_after`), never by the number of rows that came back."""
+    (`stripes.v1_after`), never by the number of rows that came back; the list's first task also
+    seeds the other stripes when there is more (`stripes.v1_fan_out`)."""
     start, _ = stripes.v1_span(cursor)
     page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
     after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
-    return Listed(page.rows, 0, (after,) if after is not None else ())
+    fan_out = stripes.v1_fan_out(kind, cursor, more=page.more)  # the other stripes, for a list of more than a page
+    return Listed(page.rows, 0, (*fan_out, *((after,) if after is not None else ())))
 
 
 def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
@@ -777,6 +843,8 @@ def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], can
     rows = page.rows
     if stripes.is_null_walker(cursor):
         rows = tuple(r for r in page.rows if stripes.has_null_time(r))
+    elif cursor.get("sorted"):
+        rows = tuple(r for r in page.rows if stripes.is_before(r, cursor.get("before")))
     successors = (stripes.v2_next(kind, cursor, page.next_cursor),) if page.more and page.next_cursor else ()
     return Listed(rows, len(page.rows) - len(rows), successors)
 

@@ -326,10 +326,16 @@ def _served(client: Getter, path: str, ids: set[str], cancel: Any) -> tuple[set[
         params = {**params, "cursor": cursor}
 
 
+CATCHUP_KIND = "catchup"
+
+
 def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
     """The engine's probe for a Pipedrive page: parents unknown to the ledger, of kinds this run
-    imports and the source answers by id, asked once per run through the budgeted `client`."""
-    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (ctx.db.url, ctx.run.id), ctx.cancel)
+    imports and the source answers by id, asked once per run through the budgeted `client` - and
+    once more in the catch-up: "exists" is only true when asked (a parent created and deleted while
+    the run walked answered it, and a row the catch-up writes must not stay a placeholder on it)."""
+    scope = f"{ctx.db.url}#{CATCHUP_KIND}" if ctx.task.kind == CATCHUP_KIND else ctx.db.url
+    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (scope, ctx.run.id), ctx.cancel)
 
 
 def write_mapped(
