@@ -9,8 +9,9 @@ each task counts what it asked (`requests` / `tokens` in its stats) and the tabl
 task kind, with `start` = what the sandbox charged outside any task (the company's identity and
 the snapshot's clock before the run's first task; pages asked ahead nobody took).
 
-The floor of a kind (issue 25) is one list call per 500 rows (100 for files), at the list's
-`x-token-cost`, at least one call per list; `fields` is the seven field lists once; `start` the
+The run's kinds are the default ones (opt-in kinds left out), mail only with `--mail`. The floor
+of a kind (issue 25) is one list call per 500 rows (100 for files), at the list's `x-token-cost`,
+at least one call per list (deal products: one call per 100 deals, the `deal_ids` cap); `fields` is the seven field lists once; `start` the
 identity once (`/v1/users/me`, 2 tokens); `catchup` one call per listed kind (a quiet account's
 catch-up: nothing changed while the run walked); `emails` one mail listing per deal with mail and
 one body per message. The ratio is ours / floor (1.00 = at the floor).
@@ -76,6 +77,10 @@ def floor(kinds: list[str], counts: dict[str, int]) -> dict[str, tuple[int, int]
         elif name == "fields":
             paths = [*pd_kinds.V2_FIELD_LISTS.values(), *pd_kinds.V1_FIELD_LISTS.values()]
             out[name] = (len(paths), sum(pd_kinds.FIELD_LIST_COSTS[p] for p in paths))
+        elif k.paging == pd_kinds.BATCH:  # lines of up to 100 parents a call (`deal_ids`)
+            deals = counts.get("deals", 0) + counts.get("deals_archived", 0)
+            calls = max(1, math.ceil(deals / 100))
+            out[name] = (calls, calls * k.cost)
         elif name == "emails":
             mail_deals, messages = counts.get("deals_with_mail", 0), counts.get("mail_messages", 0)
             out[name] = (mail_deals + messages, mail_deals * k.cost + messages * MAIL_BODY_TOKENS)
@@ -162,7 +167,7 @@ def main() -> None:
     if args.seed_divisor < 1:
         raise SystemExit(f"--seed-divisor must be at least 1, got {args.seed_divisor}")
     scaled_seed(args.seed_divisor)
-    kinds = [k.name for k in pd_kinds.KINDS if args.mail or k.name != "emails"]
+    kinds = [k.name for k in pd_kinds.KINDS if k.default and (args.mail or k.name != "emails")]
     databases = Databases("requests")
     print(f"requests per kind against the floor; {server_facts(databases.server)}")
     lines = []
