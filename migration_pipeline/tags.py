@@ -18,6 +18,9 @@ NEW_RUN = "migration/new_run"
 # Set on a Dagster run whose own interruption (a terminate, its worker's shutdown) set the stop flag
 # of its engine run (the engine run's id): a retry of it resumes that stop, not one made by hand.
 STOPPED_ENGINE = "migration/stopped_engine_run"
+# "true" on a Dagster run whose first phase op joined an engine run another launch had started
+# (two launches of one tenant at once): its results are that run's.
+JOINED = "migration/joined"
 
 
 def read_run_tags(context: Any) -> dict[str, str]:

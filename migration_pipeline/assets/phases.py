@@ -116,6 +116,8 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
         raise Failure(str(e), allow_retries=False) from None
     if got.message:
         context.log.info(got.message)
+    if got.action == "joined" and not run_tags.get(tags.JOINED):
+        run_tags.add({tags.JOINED: "true"})
     _tag_engine_run(context, got.run, source.source, run_tags)
     return got.run
 

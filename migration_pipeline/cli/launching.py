@@ -392,7 +392,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
-            verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}" if r is not None
+            joined = " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else ""
+            verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
             for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left))
                          if ends_with_what_now else ()):

@@ -1,6 +1,7 @@
 """Two `migrate run` of one tenant at once: the second joins the first's engine run (the engine's
-admission: one live run per tenant and source) and says so on stderr when it launches; both end
-with the same run succeeded, every row written once."""
+admission: one live run per tenant and source) and says so on stderr when it launches and in its
+"what now" (its first phase op tags its Dagster run `migration/joined`); both end with the same run
+succeeded, every row written once."""
 from __future__ import annotations
 
 import json
@@ -33,7 +34,10 @@ def test_a_second_run_of_a_running_tenant_says_it_joined(env, db_url):  # noqa: 
             out, err = first.communicate(timeout=240)
             assert first.returncode == 0 and second.returncode == 0, (err[-2000:], second.stderr[-2000:])
             assert f"note: this launch joins the running {live.name}" in second.stderr, second.stderr[-2000:]
-            assert "joins" not in err, err[-2000:]  # the first started it
+            assert "joins" not in err and "(joined" not in out, err[-2000:]  # the first started it
+            # and its ending says so too (also when both launched before either had an engine run)
+            assert f"what now: tenant 'twice': {live.name} succeeded (joined: another launch had started it)" \
+                in second.stdout, second.stdout[-2000:]
             assert runs.get_run(db, live.id).status == "succeeded"
             assert [r["id"] for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'twice'")] == [live.id]
             dup = db.sql("SELECT kind, source_id FROM migration_records WHERE tenant_id = 'twice'"
