@@ -67,7 +67,12 @@ DEFAULT_TABLES: dict[str, str] = {
     "persons": "crm.contacts", "contacts": "crm.contacts", "deals": "crm.deals", "leads": "crm.leads",
     "activities": "crm.activities", "notes": "crm.notes", "emails": "crm.emails",
     "participants": "crm.deal_participants", "followers": "crm.followers", "deal_history": "crm.deal_history",
+    # the further families (file contents are claimed on their file's metadata row)
+    "products": "crm.products", "deal_products": "crm.deal_products", "files": "crm.files", "file_contents": "crm.files",
 }
+# A ledger kind whose product rows are live only in a state of their own: a file's content is in
+# the product when its metadata row says it is stored (the row itself is the `files` kind's).
+LIVE_WHEN: dict[str, sql.Composable] = {"file_contents": sql.SQL("x.content_status = 'stored'")}
 
 
 @dataclass
@@ -261,9 +266,10 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
 
 
 def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
-             record_ids: dict[str, set[int]]) -> tuple[dict[str, list[bool]], dict[str, set[int]]]:
+             record_ids: dict[str, set[int]], when: sql.Composable | None = None) -> tuple[dict[str, list[bool]], dict[str, set[int]]]:
     """Per table: the product rows carrying this source's ids (source id -> [live?] per row), and
-    which of the ledger's record ids exist and are live (for matched rows, which carry no source)."""
+    which of the ledger's record ids exist and are live (for matched rows, which carry no source);
+    `when`: a further condition for a row to be live (`LIVE_WHEN`)."""
     by_sid: dict[str, list[bool]] = {}
     live_ids: dict[str, set[int]] = {}
     for table in tables:
@@ -271,6 +277,8 @@ def _product(db: Database, tenant_id: str, source: str, tables: Iterable[str],
         schema, _, name = table.rpartition(".")
         ident = sql.Identifier(schema, name)
         live = sql.SQL("x.deleted_at_source IS NULL") if "deleted_at_source" in cols else sql.SQL("true")
+        if when is not None:
+            live = sql.SQL("({} AND {})").format(live, when)
         with db.connection() as c:
             if {"source", "source_id", "tenant_id"} <= cols:
                 q = sql.SQL("SELECT x.source_id, {live} AS live FROM {t} x"
@@ -399,7 +407,7 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
         for e in entries.values():
             if e["action"] in WRITTEN and e["record_id"] is not None and e["record_type"] in tables:
                 record_ids.setdefault(e["record_type"], set()).add(int(e["record_id"]))
-        product_rows, live_records = _product(db, tenant_id, provider.source, sorted(tables), record_ids)
+        product_rows, live_records = _product(db, tenant_id, provider.source, sorted(tables), record_ids, LIVE_WHEN.get(lk))
         results.append(compare(lk, plan_kinds, at_source, entries, product_rows, live_records, dict(unreachable)))
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
                         tokens=int(cost["tokens"]), seconds=time.monotonic() - started)

@@ -57,7 +57,7 @@ def test_a_tiny_account_reconciles_through_the_phase_assets(instance, db_url, db
     # the opt-in phase, not taken: materialised as not planned, saying what the run left out
     (opt_in,) = [md for name, md in metadata.items() if name.startswith("phase_8_")]
     assert opt_in["phase_status"].value == "not in this run's plan", opt_in
-    assert opt_in["left_out"].value.startswith("left out: participants, followers, deal_history (opt-in"), opt_in
+    assert opt_in["left_out"].value.startswith("left out: file_contents, participants, followers, deal_history (opt-in"), opt_in
     per_kind: dict[str, dict[str, float]] = {}
     for md in metadata.values():
         for key, value in md.items():
@@ -102,11 +102,11 @@ def test_a_failed_phase_is_retried_by_rerunning_the_partition_without_fetching_t
         revoked = _materialize(instance, _resources(db_url, sb.base_url, token="revoked-token"))
         assert not revoked.success
         failed_steps = [e.step_key for e in revoked.all_events if e.event_type_value == "STEP_FAILURE"]
-        assert failed_steps == ["pipedrive__phase_6_notes"]
+        assert failed_steps == ["pipedrive__phase_6_notes_files"]
         run = runs.latest_run(db, TENANT, "pipedrive")
         errors = db.sql("SELECT DISTINCT kind, split_part(error, ':', 1) AS e FROM migration_tasks"
                         " WHERE migration_id = %(r)s AND status = 'failed'", {"r": run.id})
-        assert errors == [{"kind": "notes", "e": "AuthError"}]
+        assert sorted(errors, key=lambda e: e["kind"]) == [{"kind": "files", "e": "AuthError"}, {"kind": "notes", "e": "AuthError"}]
 
         # a good token again, and the partition is rerun: the engine retries the failed tasks
         rerun = _materialize(instance, _resources(db_url, sb.base_url))

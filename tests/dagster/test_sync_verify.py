@@ -29,6 +29,7 @@ from dagster import AssetSelection, Definitions, build_schedule_context, materia
 
 from engine_core import runs
 from engine_core.providers.registry import provider_for
+from engine_core.providers.pipedrive.plan import PHASES
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, build_source_checks
 from migration_pipeline.assets.phases import build_phase_assets
@@ -146,7 +147,7 @@ def test_the_sync_job_schedule_and_the_proof_are_wired_as_documented(instance, d
     sync = repo.get_job("sync_tenant")
     assert sync.tags.get(tags.MODE) == tags.SYNC and sync.partitions_def is not None
     proofs = {c.name for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE}
-    assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == 8
+    assert proofs and len([c for c in repo.asset_graph.asset_check_keys if c.name == MATCHES_SOURCE]) == len(PHASES)
     assert repo.get_job(VERIFY_JOB).partitions_def is not None  # the proof alone, from the launchpad
     for name in ("migrate_tenant", "sync_tenant"):
         in_job = {c.name for c in repo.get_job(name).asset_layer.asset_graph.asset_check_keys}
@@ -210,7 +211,7 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         proved = _prove(assets, checks, proofs, instance, res)
         assert proved.success
         evaluations = {e.asset_key.path[-1]: e for e in _evaluations(proved)}
-        assert len(evaluations) == 8 and all(e.check_name == MATCHES_SOURCE and e.partition == TENANT
+        assert len(evaluations) == len(PHASES) and all(e.check_name == MATCHES_SOURCE and e.partition == TENANT
                                              for e in evaluations.values())
         assert all(e.passed for e in evaluations.values()), {k: e.metadata.get("verdict") for k, e in evaluations.items()}
         assert sum(e.metadata["tokens"].value for e in evaluations.values()) > 0
@@ -221,9 +222,9 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         db.sql("DELETE FROM crm.notes WHERE id = %(id)s RETURNING id", {"id": notes["record_id"]})
         again = _prove(assets, checks, proofs, instance, res)
     failed = {e.asset_key.path[-1]: e for e in _evaluations(again) if not e.passed}
-    assert list(failed) == ["phase_6_notes"]
-    assert failed["phase_6_notes"].metadata["notes/missing"].value == 1
-    assert notes["source_id"] in failed["phase_6_notes"].metadata["verdict"].value
+    assert list(failed) == ["phase_6_notes_files"]
+    assert failed["phase_6_notes_files"].metadata["notes/missing"].value == 1
+    assert notes["source_id"] in failed["phase_6_notes_files"].metadata["verdict"].value
     updated = db.sql("SELECT count(*) AS n FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id"
                      " WHERE r.tenant_id = %(t)s AND r.source_id = %(s)s AND h.action = 'updated' AND h.migration_id = %(m)s",
                      {"t": TENANT, "s": str(changed["id"]).lower(), "m": sync.id})[0]["n"]

@@ -9,7 +9,7 @@ from typing import Any
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
 
-from .support import FAST, failed_tasks, ledger, live_op, migrate, sandbox, sync
+from .support import FAST, failed_tasks, history, ledger, live_op, migrate, sandbox, sync
 
 TENANT = "acme"
 
@@ -66,3 +66,89 @@ def test_a_run_imports_every_deal_line_and_a_sync_marks_a_removed_one(db) -> Non
     marked = db.sql("SELECT count(*) AS n FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id"
                     " WHERE h.migration_id = %(r)s AND r.kind = 'deal_products' AND h.action = 'deleted'", {"r": synced.id})
     assert marked[0]["n"] == 1, "exactly the removed line is marked, by the sync"
+
+
+# --- files: metadata, then (opt-in) every file's bytes --------------------------------------------
+
+LIMIT = 1_000_000  # MIGRATE_FILE_MAX_BYTES for the test: the tiny account has files above and below it
+LINKS = (("deal_id", "deals", "deal_id"), ("contact_id", "contacts", "person_id"), ("company_id", "companies", "org_id"),
+         ("activity_id", "activities", "activity_id"))
+STATUS = {403: "forbidden", 404: "missing"}
+
+
+def reconcile_files(db, truth: list[dict[str, Any]]) -> None:
+    """Every file the source lists is one crm.files row with its metadata and links (through the
+    ledger: the parent's product row when the product holds it), and its content as the source
+    serves it now: stored under its sha256 (the store's bytes hashed again), or the reason it is
+    not (403/404/over the limit) on the row and as a skipped ledger entry of file_contents."""
+    import hashlib
+
+    from engine_core.target.files import PostgresFileStore
+
+    rows = {r["source_id"]: r for r in db.sql("SELECT * FROM crm.files WHERE tenant_id = %(t)s", {"t": TENANT})}
+    assert sorted(rows, key=int) == [str(f["id"]) for f in truth]
+    entries = ledger(db, TENANT, "file_contents")
+    for f in truth:
+        sid, mine = str(f["id"]), rows[str(f["id"])]
+        assert (mine["file_name"], mine["file_size"]) == (f["file_name"], f["file_size"]), sid
+        for column, table, field in LINKS:
+            want = db.sql(f"SELECT id FROM crm.{table} WHERE tenant_id = %(t)s AND source_id = %(s)s",
+                          {"t": TENANT, "s": str(f[field])}) if f[field] is not None else []
+            assert mine[column] == (want[0]["id"] if want else None), (sid, column)
+        entry = entries[sid]
+        if f["download"] == 200 and f["file_size"] <= LIMIT:
+            assert (mine["content_status"], mine["content_sha256"]) == ("stored", f["sha256"]), sid
+            assert entry["action"] in ("created", "matched") and entry["record_id"] == mine["id"], entry
+            with db.transaction() as tx:
+                digest = hashlib.sha256(b"".join(PostgresFileStore().read(tx, TENANT, f["sha256"]))).hexdigest()
+            assert digest == f["sha256"], sid
+        else:
+            status = STATUS.get(f["download"], "too_large")
+            assert (mine["content_status"], entry["action"]) == (status, "skipped"), (sid, mine["content_status"], entry)
+            assert entry["reason"] and ("HTTP" in entry["reason"] or "MIGRATE_FILE_MAX_BYTES" in entry["reason"]), entry
+    blobs = [b["sha256"] for b in db.sql("SELECT sha256 FROM crm.file_blobs WHERE tenant_id = %(t)s", {"t": TENANT})]
+    held = {r["content_sha256"] for r in rows.values() if r["content_sha256"]}
+    # one copy per content, none partial; a replaced file's earlier bytes stay (its history names them)
+    assert None not in blobs and len(blobs) == len(set(blobs)) and held <= set(blobs), (len(blobs), len(held))
+
+
+def downloads(sb) -> int:
+    return sum(n for path, n in sb.stats()["requests"].items() if path.endswith("/download"))
+
+
+def test_files_and_their_contents_reconcile_by_sha256_and_a_replaced_file_is_fetched_again(db, monkeypatch) -> None:
+    monkeypatch.setenv("MIGRATE_FILE_MAX_BYTES", str(LIMIT))
+    with sandbox() as sb:
+        truth = sb.truth("files")["files"]
+        assert {f["download"] for f in truth} >= {200, 403, 404} and any(f["file_size"] > LIMIT for f in truth)
+        sb.reset_stats()
+        run = migrate(db, sb, TENANT, kinds=["+file_contents"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        assert downloads(sb) == len(truth), "each file's bytes are asked once"
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["files", "file_contents"])
+        assert proof.passed and all(k.checked for k in proof.kinds), proof.lines()
+        reconcile_files(db, truth)
+
+        change = live_op(sb, "file_replace")
+        sb.reset_stats()
+        synced = sync(db, sb)
+        replaced = downloads(sb)
+        after = sb.truth("files")["files"]
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["files", "file_contents"])
+    assert proof.passed, proof.lines()
+    reconcile_files(db, after)
+    pending = [f for f in truth if f["download"] == 200 and f["file_size"] > LIMIT]
+    assert replaced == 1, ("the sync downloads the replaced file alone", replaced, change)
+    assert [h["action"] for h in history(db, synced.id, "file_contents", change["id"])] == ["updated"]
+    assert pending, "a file over the limit stays metadata with its reason"
+
+
+def test_a_run_without_file_contents_keeps_the_metadata_and_downloads_nothing(db) -> None:
+    with sandbox() as sb:
+        sb.reset_stats()
+        run = migrate(db, sb, TENANT, kinds=["files", "deals", "persons", "organizations", "activities", "users"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        assert downloads(sb) == 0 and "file_contents" not in run.kinds
+        listed = len(sb.truth("files")["files"])
+    statuses = db.sql("SELECT content_status, count(*) AS n FROM crm.files WHERE tenant_id = %(t)s GROUP BY 1", {"t": TENANT})
+    assert [(s["content_status"], s["n"]) for s in statuses] == [("pending", listed)]

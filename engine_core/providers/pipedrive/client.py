@@ -63,6 +63,7 @@ from engine_core.providers.pipedrive.errors import (
 log = logging.getLogger(__name__)
 
 MAX_PAGE = 500  # the API's largest page, v1 and v2 alike
+DOWNLOAD_CHUNK = 1 << 20  # bytes a streamed download hands over at a time (the file store's chunk)
 RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
 DEFAULT_BURST_WAIT = 2.0  # one burst window, when a 429 names no wait at all
 MAX_BURST_WAIT = 30.0  # a burst window is 2 s; anything longer is a confused header, not a plan
@@ -634,6 +635,72 @@ class PipedriveClient:
         message = MailMessage(data)
         message.invalid_utf8 = getattr(body, "invalid_utf8", 0)
         return message
+
+    # --- a file's bytes ----------------------------------------------------------------------
+
+    @contextmanager
+    def download(self, path: str, *, cancel: threading.Event | None = None,
+                 chunk_bytes: int = DOWNLOAD_CHUNK) -> Iterator[Iterator[bytes]]:
+        """A file's bytes, streamed: `with client.download("/v1/files/12/download") as chunks:`
+        yields an iterator of byte chunks (at most `chunk_bytes` each) read from the connection as
+        the caller asks for them, never the whole body in memory. Paced and retried like any
+        request until the answer's status is known (429, 5xx, a connection lost before the
+        body); a connection lost while the body is read raises TransientHTTPError from the
+        iterator (the caller decides whether to ask again). 403 and 404 raise ItemRefused
+        (`item_scope`: the file's outcome, not the token's), 401 AuthError."""
+        _require_prefix(path, "/v1/")
+        response = self._open_stream(path, cancel or self._cancel)
+        try:
+            yield self._stream_chunks(response, path, chunk_bytes)
+        finally:
+            response.close()
+
+    def _open_stream(self, path: str, cancel: threading.Event | None) -> httpx.Response:
+        """The open 200 response of a streamed GET, after the retry policy; raises as `_call`."""
+        attempt = 0
+        with item_scope(path):
+            while True:
+                self._check_cancel(cancel, path)
+                self._take_slot(path, cancel, None, first=attempt == 0)
+                error: PipedriveError | None = None
+                try:
+                    response = self._http.send(self._http.build_request("GET", path, headers={"accept": "*/*"}),
+                                               stream=True)
+                except TRANSIENT_TRANSPORT as e:
+                    error = TransientHTTPError(method="GET", path=path, detail=type(e).__name__)
+                else:
+                    if response.status_code == 200:
+                        self._observe(response.headers)
+                        source_metrics.request(ok=True, rate_limited=False)
+                        return response
+                    try:
+                        response.read()
+                        self._interpret(response, path)
+                        error = BadResponse(f"unexpected status {response.status_code}", method="GET", path=path,
+                                            status=response.status_code)
+                    except DailyLimitReached:
+                        raise
+                    except (RateLimited, TransientHTTPError, BadResponse) as e:
+                        error = e
+                    finally:
+                        self._observe(response.headers)
+                        response.close()
+                source_metrics.request(ok=False, rate_limited=isinstance(error, RateLimited))
+                if not should_retry(error, attempt, self.max_retries):
+                    raise error
+                wait = (min(max(error.retry_after, 0.0), self.max_burst_wait) if isinstance(error, RateLimited)
+                        else backoff(attempt, jitter=self._rng()))
+                log.warning("GET %s failed (%s); retry %d/%d in %.2fs", path, _short(error), attempt + 1,
+                            self.max_retries, wait)
+                self._wait(wait, cancel, path)
+                attempt += 1
+
+    @staticmethod
+    def _stream_chunks(response: httpx.Response, path: str, chunk_bytes: int) -> Iterator[bytes]:
+        try:
+            yield from response.iter_bytes(chunk_bytes)
+        except TRANSIENT_TRANSPORT as e:
+            raise TransientHTTPError(method="GET", path=path, detail=f"{type(e).__name__} while reading the body") from e
 
     # --- the request loop ---------------------------------------------------------------------
 

@@ -76,6 +76,7 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,12 +88,13 @@ from engine_core.db import Conn, query
 from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import lines, mapping, record_lists, writers
+from engine_core.providers.pipedrive import contents, lines, mapping, record_lists, writers
 from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
 from engine_core.providers.pipedrive.kinds import (FAN_OUT_COSTS, LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS,
                                                    TOKEN_COSTS, V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)
 from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
+from engine_core.providers.pipedrive.kinds import page_of
 from engine_core.providers.pipedrive.mapping import message_of
 from engine_core.providers.pipedrive.stripes import rfc3339
 
@@ -116,6 +118,8 @@ def token_cost(path: str) -> int:
     for suffix, cost in FAN_OUT_COSTS.items():  # a record's participants, followers, changelog
         if path.endswith(suffix):
             return cost
+    if path.endswith("/download"):
+        return TOKEN_COSTS["download"]
     return TOKEN_COSTS["v2 single"] if path.startswith("/api/v2/") else TOKEN_COSTS["v1 single"]
 
 
@@ -181,6 +185,11 @@ class CountingClient:
         self._count("/mailMessages")
         return self._client.mail_messages(deal_id, *args, **kw)
 
+    def download(self, path: str, **kw: Any) -> Any:
+        """`PipedriveClient.download` (a file's bytes, streamed), counted at its token cost."""
+        self._count(path)
+        return self._client.download(path, **kw)
+
     def mail_body(self, message_id: int, *args: Any, **kw: Any) -> Any:
         """`PipedriveClient.mail_body` (one message with its body), counted."""
         self._count("/v1/mailbox/mailMessages/{id}")
@@ -206,10 +215,10 @@ class Meter:
         self.cost["requests"] = int(self.cost.get("requests", 0)) + 1
         self.cost["tokens"] = int(self.cost.get("tokens", 0)) + token_cost(path)
 
-    def list_v1(self, path: str, params: Mapping[str, Any] | None, start: int) -> Page:
-        """One v1 page of `PAGE` rows from offset `start`, counted into `cost`."""
+    def list_v1(self, path: str, params: Mapping[str, Any] | None, start: int, limit: int = PAGE) -> Page:
+        """One v1 page of `limit` rows (default `PAGE`) from offset `start`, counted into `cost`."""
         self._count(path)
-        return self.client.list_v1(path, params, start=start, limit=PAGE, cancel=self.cancel)
+        return self.client.list_v1(path, params, start=start, limit=limit, cancel=self.cancel)
 
     def list_v2(self, path: str, params: Mapping[str, Any] | None, cursor: str | None) -> Page:
         """One v2 page of `PAGE` rows from `cursor` (None: the first), counted into `cost`."""
@@ -263,12 +272,12 @@ def v1_asked(at: Mapping[str, Any]) -> tuple[int, int]:
     return (max(0, start - overlap) if tail else start), overlap
 
 
-def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any]) -> Step:
+def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mapping[str, Any], size: int = PAGE) -> Step:
     """One overlapping page of a v1 walk (module docstring). `at`: {"start": offset after the
-    rows served so far, "tail": the last OVERLAP ids served}."""
+    rows served so far, "tail": the last OVERLAP ids served}; `size`: rows a page asks for."""
     tail = list(at.get("tail") or [])
     asked, overlap = v1_asked(at)
-    page = meter.list_v1(path, params, asked)
+    page = meter.list_v1(path, params, asked, size)
     ids = [mapping.sound_id(r) for r in page.rows]  # only sound ids line the pages up (`mapping.sound_id`)
     new = list(page.rows)
     if tail:
@@ -276,7 +285,7 @@ def v1_step(meter: Meter, path: str, params: Mapping[str, Any] | None, at: Mappi
         found = max((i for i, sid in enumerate(ids) if sid in seen), default=None)
         if found is None and asked > 0:
             # more rows vanished before the offset than the overlap holds: look a page earlier
-            return Step((), {"start": max(0, asked - PAGE + overlap), "tail": tail, "served": at.get("served", PAGE)})
+            return Step((), {"start": max(0, asked - size + overlap), "tail": tail, "served": at.get("served", size)})
         if found is not None:
             new = new[found + 1 :]
     if not page.more:
@@ -307,7 +316,7 @@ def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None 
         params["updated_since"] = since
     if kind in V2_PATHS:
         return v2_step(meter, V2_PATHS[kind], params, at)
-    return v1_step(meter, V1_PATHS[kind], params, at)
+    return v1_step(meter, V1_PATHS[kind], params, at, page_of(kind))
 
 
 def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None = None) -> None:
@@ -319,7 +328,7 @@ def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None =
     if kind in V2_PATHS:
         client.prefetch_v2(V2_PATHS[kind], params, cursor=at.get("cursor"), limit=PAGE)
     else:
-        client.prefetch_v1(V1_PATHS[kind], params, start=v1_asked(at)[0], limit=PAGE)
+        client.prefetch_v1(V1_PATHS[kind], params, start=v1_asked(at)[0], limit=page_of(kind))
 
 
 def walk(meter: Meter, kind: str) -> Iterator[dict[str, Any]]:
@@ -348,6 +357,9 @@ def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
                    for row in walk(meter, k) if isinstance(row.get("id"), int) and not isinstance(row.get("id"), bool))
         yield from record_lists.source_ids(meter, kind, records)
         return
+    if kind == contents.KIND:
+        yield from _content_ids(meter)
+        return
     if kind not in V2_PATHS and kind not in V1_PATHS:
         raise NotImplementedError(f"the pipedrive provider has no id listing for {kind!r}")
     for row in walk(meter, kind):
@@ -370,6 +382,30 @@ def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
                 if sid is not None:
                     yield sid, version_of(lines.KIND, row)
             at = step.after
+
+
+def _content_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
+    """Every file whose bytes the source serves now, with "sha256:<hex>" of them as its version
+    (the ledger's `file_contents` version): the files list walked, each file downloaded and
+    hashed as it streams (20 tokens a file: the kind is opt-in, and so is proving it). A file
+    the source refuses (403 private, 404 purged) has no content to compare: it is told unreachable
+    (`meter.unreachable`, "file <id>"), neither missing nor extra."""
+    for row in walk(meter, "files"):
+        sid = row_id(row)
+        if sid is None or not sid.isdigit():
+            continue
+        path = contents.DOWNLOAD_PATH.format(sid)
+        meter._count(path)
+        digest = hashlib.sha256()
+        try:
+            with meter.client.download(path, cancel=meter.cancel) as chunks:
+                for chunk in chunks:
+                    digest.update(chunk)
+        except ItemRefused as e:
+            settle_refusals(meter.client, [e], cancel=meter.cancel)
+            meter.unreachable[f"file {sid}"] = (f"the source answered HTTP {e.status} to the file's download", [sid])
+            continue
+        yield sid, f"sha256:{digest.hexdigest()}"
 
 
 def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
@@ -638,6 +674,9 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
             if deals:
                 ctx.stats.bump("mail_deals", len(deals))
                 successors.extend(mail_tasks(kind, page, deals))
+        if kind == "files" and step.after is None and contents.KIND in ctx.run.kinds and not ctx.run.dry_run:
+            # the files list walked: the contents still to fetch (changed files, failed downloads)
+            successors.append(Successor(contents.CATCHUP_DISCOVERY, {"contents": "discover"}))
         if lk == "deals" and written and lines.KIND in ctx.run.kinds:
             # a deal's products changed with it: its lines are listed again (lines.py)
             successors.extend(lines.catchup_tasks(kind, page, lines.written_deals(written)))

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from engine_core.providers.pipedrive import mapping, products
+from engine_core.providers.pipedrive import files, mapping, products
 
 V1, V2 = "v1", "v2"
 OFFSET, CURSOR, FIELDS, FAN_OUT = "offset", "cursor", "fields", "fan-out"
 BATCH = "batch"  # a v2 list asked for many parents at once (`deal_ids`): lines.py
+DOWNLOAD = "download"  # one file's bytes per request (contents.py)
 PAGE = 500  # the API's largest page: one listing call either way, so never smaller
 
 
@@ -30,8 +31,9 @@ class Kind:
 
     `path`: its list endpoint (`/v1/...` or `/api/v2/...`; a fan-out's per-deal path with `{}`);
     `api`: "v1" | "v2"; `paging`: "offset" (v1 `start`/`limit`), "cursor" (v2 `cursor`),
-    "fields" (the field definitions task), "fan-out" (one listing per deal) or "batch" (one
-    listing per 100 deals the ledger holds, `lines.py`); `cost`: tokens per
+    "fields" (the field definitions task), "fan-out" (one listing per deal), "batch" (one
+    listing per 100 deals the ledger holds, `lines.py`) or "download" (a file's bytes a request,
+    `contents.py`); `page_size`: rows a list request asks for (the API's cap for the list); `cost`: tokens per
     list request; `phase`: index of its phase in the plan; `table`: the product table its rows go
     to; `ledger`: the ledger kind its rows are kept under (an archived list shares its kind's
     identities); `depends_on`: the kinds its rows must link to (or be skipped as not linked);
@@ -125,6 +127,11 @@ KINDS: tuple[Kind, ...] = (
     # the further families: a deal's product lines, by the deals the ledger holds (lines.py)
     Kind("deal_products", "/api/v2/deals/products", V2, BATCH, 10, phase=4, table="deal_products",
          depends_on=(*_DEALS, "products"), mapper=products.map_deal_product),
+    # files: the metadata (`/v1/files` pages at most 100 rows), then - opt-in - every file's bytes
+    Kind("files", "/v1/files", V1, OFFSET, 20, phase=5, table="files", mapper=files.map_file, page_size=100,
+         by_id="/v1/files/{}", catchup=12, last_level=True),
+    Kind("file_contents", "/v1/files/{}/download", V1, DOWNLOAD, 20, phase=6, table="files", depends_on=("files",),
+         default=False),
     # per-record lists (record_lists.py), opt-in: their cost grows with the account's records
     Kind("participants", "/v1/deals/{}/participants", V1, FAN_OUT, 10, phase=7, table="deal_participants",
          depends_on=(*_DEALS, "persons"), default=False),
@@ -197,6 +204,12 @@ BATCH_PATHS: dict[str, tuple[str, ...]] = {k.name: k.batch_paths for k in KINDS 
 SUMMARY_PATHS: dict[str, str] = {k.name: k.summary[0] for k in KINDS if k.summary}
 COUNTED: frozenset[str] = frozenset(k.name for k in KINDS if k.counted)
 OPT_IN: frozenset[str] = frozenset(k.name for k in KINDS if not k.default)
+PAGE_SIZES: dict[str, int] = {k.name: k.page_size for k in KINDS if k.page_size != PAGE}
+
+
+def page_of(kind: str) -> int:
+    """Rows a list request of `kind` asks for: its `page_size` (PAGE unless the API caps it lower)."""
+    return PAGE_SIZES.get(kind, PAGE)
 
 # Tokens per request of a fan-out's per-record list, by the path's last segment ("/participants").
 FAN_OUT_COSTS: dict[str, int] = {k.path.rsplit("}", 1)[1]: k.cost for k in KINDS if k.paging == FAN_OUT}
@@ -207,5 +220,5 @@ TOKEN_COSTS: dict[str, Any] = {
     **{k.path: k.cost for k in KINDS if k.paging in (OFFSET, CURSOR, BATCH)},
     **FIELD_LIST_COSTS,
     **{path: cost for k in KINDS if k.summary for path, cost in [k.summary]},
-    "mailMessages": BY_NAME["emails"].cost, "v2 single": 1, "v1 single": 2,
+    "mailMessages": BY_NAME["emails"].cost, "download": BY_NAME["file_contents"].cost, "v2 single": 1, "v1 single": 2,
 }

@@ -74,8 +74,8 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
-from engine_core.providers.pipedrive import (credentials, emails, inventory, kinds, lines, mapping, record_lists,
-                                             stripes, writers)
+from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines, mapping,
+                                             record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
@@ -487,6 +487,8 @@ class PipedriveProvider:
             return stripes.email_seeds()
         if kind == lines.KIND:
             return lines.seeds()
+        if kind == contents.KIND:
+            return contents.seeds()
         if kind == CATCHUP:
             return inventory.catchup_seeds(run)
         if kind in record_lists.FAMILIES:
@@ -510,6 +512,10 @@ class PipedriveProvider:
             _remember_book(ctx, FieldBook(definitions))
             writers.write_definitions(ctx, definitions, complete=True)
             return TaskOutcome()
+        if kind == contents.KIND:
+            if cursor.get("discover"):
+                return contents.discover(ctx)
+            return contents.run_task(ctx, client, cursor["files"])
         if kind == lines.KIND:
             if cursor.get("discover"):
                 return lines.discover(ctx)
@@ -529,6 +535,10 @@ class PipedriveProvider:
                 return record_lists.discover(ctx)
             return record_lists.run_list_task(ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads)
         if kind == CATCHUP:
+            if cursor.get("contents"):  # the files' contents still to fetch: counted as file contents
+                if cursor["contents"] == "discover":
+                    return contents.discover(ctx, prefix="catchup:file_contents")
+                return inventory.counted_as(ctx, contents.KIND, lambda: contents.run_task(ctx, client, cursor["files"]))
             if cursor.get("lines"):  # a changed deal's lines, listed again: counted as deal products
                 mapper = self._mapper_of(ctx)(lines.KIND)
                 return inventory.counted_as(ctx, lines.KIND, lambda: lines.run_task(ctx, client, mapper, cursor["lines"]))
@@ -819,8 +829,9 @@ def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None
     (`client.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
     for s in successors:
         if kind in stripes.V1_PATHS:
-            start, _ = stripes.v1_span(s.cursor)
-            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor))
+            size = kinds.page_of(kind)
+            start, _ = stripes.v1_span(s.cursor, size)
+            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size))
         elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
             client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"), limit=stripes.PAGE)
 
@@ -828,11 +839,13 @@ def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
     (`stripes.v1_after`), never by the number of rows that came back; the list's first task also
-    seeds the other stripes when there is more (`stripes.v1_fan_out`)."""
-    start, _ = stripes.v1_span(cursor)
-    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor), cancel=cancel)
-    after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start)
-    fan_out = stripes.v1_fan_out(kind, cursor, more=page.more)  # the other stripes, for a list of more than a page
+    seeds the other stripes when there is more (`stripes.v1_fan_out`). Pages are the kind's
+    `page_size` (`kinds.page_of`)."""
+    size = kinds.page_of(kind)
+    start, _ = stripes.v1_span(cursor, size)
+    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor, size), cancel=cancel)
+    after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start, page=size)
+    fan_out = stripes.v1_fan_out(kind, cursor, more=page.more, page=size)  # the other stripes, for a list of more than a page
     return Listed(page.rows, 0, (*fan_out, *((after,) if after is not None else ())))
 
 

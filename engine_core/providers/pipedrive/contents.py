@@ -1,0 +1,200 @@
+"""File contents as a kind of the run (`file_contents`, opt-in): each file's bytes downloaded once
+(`/v1/files/{id}/download`, 20 tokens), streamed, checksummed (sha256) and kept in the file store
+(`engine_core.target.files`: Postgres by default, a directory with MIGRATE_FILE_STORE, content-
+addressed, one copy per distinct content a tenant has).
+
+Which files: those whose metadata the product holds with `content_status` 'pending' - written by
+the `files` kind and not downloaded since (a file whose metadata changes at the source is written
+again with its status back to 'pending': its new bytes are fetched once more). The discovery
+(`file_contents:discover`; in the catch-up, seeded when the files list has been walked) reads them
+in id order and seeds tasks of `FILES_PER_TASK`; a task's offset is the index of its first file not
+yet settled, each file settled in a transaction of its own with the checkpoint.
+
+A file, in order: the download goes to a temporary file (`tempfile.SpooledTemporaryFile`: at most
+`SPOOL_BYTES` in memory, the rest on disk), hashed and counted as it passes and given up as soon as
+it passes the store's size limit - all outside any database transaction; then one short
+transaction stores the bytes from the temporary file (unless the tenant has that content
+already), sets crm.files' `content_status` 'stored' and `content_sha256`, and claims the file in
+the ledger under kind `file_contents` (record crm.files, version "sha256:<hex>": a later content
+is an update in place, the same one already here).
+
+A file whose bytes are not kept keeps its metadata row and says why, never failing the run:
+`content_status` 'forbidden' (403: private to another user, once the token itself reads the
+account: `client.settle_refusals`), 'missing' (404: purged from the source's storage while still
+listed) or 'too_large' (past MIGRATE_FILE_MAX_BYTES), and the ledger holds the file under
+`file_contents` as skipped with the reason, so `migrate rows` and `migrate explain file_contents
+<id>` tell it like any skipped row. A download that fails otherwise (the client's retries spent, a
+connection lost mid-body) is skipped with that reason and stays 'pending': the next run or sync
+asks again. A dry run downloads nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from engine_core import ledger
+from engine_core.context import TaskContext
+from engine_core.db import Conn
+from engine_core.models import Run, Successor, TaskOutcome
+from engine_core.providers.pipedrive.client import settle_refusals
+from engine_core.providers.pipedrive.errors import (AuthError, Cancelled, DailyLimitReached, ItemRefused,
+                                                    PipedriveError)
+from engine_core.providers.pipedrive.files import content_status
+from engine_core.target.files import CHUNK_BYTES, FileStore, store_from_env
+
+KIND = "file_contents"
+FILES_PER_TASK = 20  # downloads a task settles: a task's claim costs less than one download
+SPOOL_BYTES = CHUNK_BYTES  # a download's bytes held in memory before its temporary file goes to disk
+DOWNLOAD_PATH = "/v1/files/{}/download"
+CATCHUP_DISCOVERY = "catchup:file_contents:discover"
+
+
+def pending_files(conn: Any, run: Run) -> list[int]:
+    """The source ids (integers, ascending) of the tenant's files whose content is still to fetch:
+    crm.files rows with `content_status` 'pending', not deleted at the source."""
+    rows = conn.sql("SELECT source_id FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
+                    " AND content_status = 'pending' AND deleted_at_source IS NULL AND source_id ~ '^[0-9]{1,18}$'",
+                    {"t": run.tenant_id, "s": run.source})
+    return sorted(int(r["source_id"]) for r in rows)
+
+
+def seeds() -> list[Successor]:
+    """The phase's first task: the discovery."""
+    return [Successor(f"{KIND}:discover", {"discover": True})]
+
+
+def discover(ctx: TaskContext, prefix: str = KIND) -> TaskOutcome:
+    """Tasks of `FILES_PER_TASK` pending files (module docstring), keyed `<prefix>:f<index>`; none
+    in a dry run (nothing is downloaded)."""
+    if ctx.run.dry_run:
+        ctx.log.note("info", KIND, "a dry run downloads no file content")
+        return TaskOutcome()
+    with ctx.db.connection() as conn:
+        files = pending_files(conn, ctx.run)
+    ctx.stats.values["files_pending"] = len(files)
+    catchup = prefix != KIND
+    return TaskOutcome(tuple(
+        Successor(f"{prefix}:f{i}", {"contents": "files", "files": files[i : i + FILES_PER_TASK]} if catchup
+                  else {"files": files[i : i + FILES_PER_TASK]})
+        for i in range(0, len(files), FILES_PER_TASK)))
+
+
+@dataclass
+class Fetched:
+    """A download's outcome: its bytes in `spool` (sha256 hex, size), or why there are none
+    (`status`: a crm.files content_status other than 'stored' and `reason`)."""
+
+    spool: IO[bytes] | None = None
+    sha256: str | None = None
+    size: int = 0
+    status: str = "stored"
+    reason: str | None = None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def fetch(client: Any, file_id: int, max_bytes: int, cancel: Any = None) -> Fetched:
+    """Download one file into a spooled temporary file (module docstring), holding no database
+    connection. The token's refusal (401, a 403 the account's identity shares), a stop, a daily
+    limit raise; the file's own outcomes are returned."""
+    path = DOWNLOAD_PATH.format(int(file_id))
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with client.download(path, cancel=cancel) as chunks:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    raise _TooLarge()
+                digest.update(chunk)
+                spool.write(chunk)
+    except ItemRefused as e:
+        spool.close()
+        settle_refusals(client, [e], cancel=cancel)  # a 403 is the file's unless the token is refused
+        why = "private to another user" if e.status == 403 else "purged from the source's storage while still listed"
+        return Fetched(status=content_status(e.status or 404),
+                       reason=f"file content not downloaded: the source answered HTTP {e.status} ({why})")
+    except _TooLarge:
+        spool.close()
+        return Fetched(status="too_large", size=size,
+                       reason=f"file content not kept: larger than MIGRATE_FILE_MAX_BYTES ({max_bytes:,} bytes)")
+    except (AuthError, Cancelled, DailyLimitReached):
+        spool.close()
+        raise
+    except PipedriveError as e:
+        spool.close()
+        return Fetched(status="pending", reason=f"file content download failed ({e}); the next run or sync asks again"[:500])
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return Fetched(spool=spool, sha256=digest.hexdigest(), size=size)
+
+
+def _chunks(spool: IO[bytes]) -> Iterator[bytes]:
+    while piece := spool.read(CHUNK_BYTES):
+        yield piece
+
+
+def settle(tx: Conn, run: Run, store: FileStore, file_id: int, got: Fetched) -> str:
+    """Record one download in the caller's transaction (module docstring): the content stored
+    (unless the tenant has it) with crm.files' status and checksum and the ledger's claim, or the
+    status and the ledger's skip with the reason. Returns the ledger outcome; raises KeyError
+    when the product holds no metadata row for the file."""
+    sid = str(file_id)
+    rows = tx.sql("SELECT id, content_sha256 FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
+                  " AND source_id = %(f)s", {"t": run.tenant_id, "s": run.source, "f": sid})
+    if not rows:
+        raise KeyError(f"no crm.files row for file {sid}")
+    record, before = int(rows[0]["id"]), rows[0]["content_sha256"]
+    if got.spool is None:
+        tx.sql("UPDATE crm.files SET content_status = %(c)s WHERE id = %(i)s", {"c": got.status, "i": record})
+        return ledger.skip(tx, run, KIND, sid, got.reason or got.status)
+    assert got.sha256 is not None
+    have = tx.sql("SELECT 1 FROM crm.file_blobs WHERE tenant_id = %(t)s AND sha256 = %(s)s",
+                  {"t": run.tenant_id, "s": got.sha256})
+    if not have:
+        stored = store.put(tx, run.tenant_id, _chunks(got.spool), expected_size=got.size)
+        assert stored.sha256 == got.sha256, "the store hashed other bytes than the download"
+    tx.sql("UPDATE crm.files SET content_status = 'stored', content_sha256 = %(h)s WHERE id = %(i)s",
+           {"h": got.sha256, "i": record})
+    return ledger.write_once(tx, run, KIND, sid, lambda: ledger.Written("crm.files", record),
+                             version=f"sha256:{got.sha256}", update=lambda _: {"content_sha256": before})
+
+
+def run_task(ctx: TaskContext, client: Any, files: Sequence[int], store: FileStore | None = None) -> TaskOutcome:
+    """A task's files from its offset on, one download and one transaction each (module
+    docstring); a stop is honoured between files. Raises what `fetch` raises."""
+    store = store or store_from_env()
+    ids = [int(f) for f in files]
+    at = min(ctx.offset, len(ids))
+    while at < len(ids):
+        ctx.stop_point()
+        got = fetch(client, ids[at], store.max_bytes, ctx.cancel)
+        try:
+            counted = ctx.stats.copy()
+            try:
+                with ctx.db.transaction() as tx:
+                    outcome = settle(tx, ctx.run, store, ids[at], got)
+                    ctx.stats.bump("seen")
+                    ctx.stats.bump(outcome)
+                    if got.spool is not None:
+                        ctx.stats.bump("bytes_downloaded", got.size)
+                    else:
+                        ctx.stats.bump(f"content_{got.status}")
+                    ctx.checkpoint(tx, at + 1)
+            except BaseException:
+                ctx.stats = counted
+                raise
+        finally:
+            if got.spool is not None:
+                got.spool.close()
+        if got.reason:
+            ctx.log.note("warning", KIND, got.reason, subject=str(ids[at]))
+        at += 1
+    return TaskOutcome()
