@@ -1,7 +1,9 @@
-"""Deal products are a kind of the run: a whole tiny account's deal lines reach crm.deal_products
-through the ledger (their deal and product linked through it), row by row against the sandbox's
-truth; a product removed from a deal at the source is marked deleted at the source by the next
-sync, and `verify` proves the kind before and after."""
+"""Deal products, files and file contents are kinds of the run: a whole tiny account's deal lines
+reach crm.deal_products and its files crm.files through the ledger (their deal, product, person,
+organization and activity linked through it), row by row against the sandbox's truth, and each
+file's bytes the file store by sha256 (403, 404 and over the size limit kept as metadata with the
+reason); a product removed from a deal and a file replaced at the source are caught up by the next
+sync, and `verify` proves the kinds before and after. A dry run lists the lines and writes none."""
 from __future__ import annotations
 
 from typing import Any
@@ -116,7 +118,7 @@ def downloads(sb) -> int:
     return sum(n for path, n in sb.stats()["requests"].items() if path.endswith("/download"))
 
 
-def test_files_and_their_contents_reconcile_by_sha256_and_a_replaced_file_is_fetched_again(db, monkeypatch) -> None:
+def test_a_whole_account_with_file_contents_reconciles_and_a_sync_brings_a_removed_line_and_a_replaced_file(db, monkeypatch) -> None:
     monkeypatch.setenv("MIGRATE_FILE_MAX_BYTES", str(LIMIT))
     with sandbox() as sb:
         truth = sb.truth("files")["files"]
@@ -129,14 +131,21 @@ def test_files_and_their_contents_reconcile_by_sha256_and_a_replaced_file_is_fet
         assert proof.passed and all(k.checked for k in proof.kinds), proof.lines()
         reconcile_files(db, truth)
 
+        reconcile_lines(db, sb.truth("deal_products")["deal_products"])
+
+        removed = live_op(sb, "product_remove")
         change = live_op(sb, "file_replace")
         sb.reset_stats()
         synced = sync(db, sb)
         replaced = downloads(sb)
         after = sb.truth("files")["files"]
-        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["files", "file_contents"])
+        lines_after = sb.truth("deal_products")["deal_products"]
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST,
+                       kinds=["deal_products", "files", "file_contents"])
     assert proof.passed, proof.lines()
     reconcile_files(db, after)
+    reconcile_lines(db, lines_after)
+    assert str(removed["id"]) not in lines_held(db)
     pending = [f for f in truth if f["download"] == 200 and f["file_size"] > LIMIT]
     assert replaced == 1, ("the sync downloads the replaced file alone", replaced, change)
     assert [h["action"] for h in history(db, synced.id, "file_contents", change["id"])] == ["updated"]
@@ -152,3 +161,16 @@ def test_a_run_without_file_contents_keeps_the_metadata_and_downloads_nothing(db
         listed = len(sb.truth("files")["files"])
     statuses = db.sql("SELECT content_status, count(*) AS n FROM crm.files WHERE tenant_id = %(t)s GROUP BY 1", {"t": TENANT})
     assert [(s["content_status"], s["n"]) for s in statuses] == [("pending", listed)]
+
+
+def test_a_dry_run_lists_every_deal_line_and_writes_none(db) -> None:
+    with sandbox() as sb:
+        truth = sb.truth("deal_products")["deal_products"]
+        run = migrate(db, sb, TENANT, dry_run=True)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    stats = db.sql("SELECT sum(coalesce((stats->>'lines_listed')::int, 0)) AS listed,"
+                   " sum(coalesce((stats->>'imported')::int, 0)) AS imported FROM migration_tasks"
+                   " WHERE migration_id = %(r)s AND kind = 'deal_products'", {"r": run.id})[0]
+    lines = sum(map(len, truth.values()))
+    assert (stats["listed"], stats["imported"]) == (lines, lines), "the dry run says it would import every line"
+    assert not db.sql("SELECT 1 FROM crm.deal_products") and not ledger(db, TENANT, "deal_products")
