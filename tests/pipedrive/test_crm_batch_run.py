@@ -174,3 +174,22 @@ def test_a_dry_run_lists_every_deal_line_and_writes_none(db) -> None:
     lines = sum(map(len, truth.values()))
     assert (stats["listed"], stats["imported"]) == (lines, lines), "the dry run says it would import every line"
     assert not db.sql("SELECT 1 FROM crm.deal_products") and not ledger(db, TENANT, "deal_products")
+
+
+def test_a_deal_deleted_at_the_source_takes_its_lines_with_it(db) -> None:
+    with sandbox() as sb:
+        run = migrate(db, sb, TENANT)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        held = {str(d) for d, lines in sb.truth("deal_products")["deal_products"].items() if lines}
+        for _ in range(60):  # the delete op picks its kind by weight: until a deal with lines goes
+            change = live_op(sb, "delete")
+            if change["kind"] == "deals" and str(change["id"]) in held:
+                break
+        else:
+            raise AssertionError("no deal with lines was deleted")
+        sync(db, sb)
+        after = sb.truth("deal_products")["deal_products"]
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["deals", "deal_products"])
+    assert str(change["id"]) not in after
+    assert proof.passed, proof.lines()
+    reconcile_lines(db, after)

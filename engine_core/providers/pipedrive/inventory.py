@@ -731,6 +731,8 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
     if gone:
         with ctx.db.transaction() as tx:
             record_lists.mark_dependents_deleted(tx, ctx.run, lk, list(gone))  # a deal's participants, ...
+            if lk == "deals":
+                lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
             ctx.stats.values["deleted_at_source"] = ledger.mark_deleted(tx, ctx.run, lk, list(gone))
 
 

@@ -18,7 +18,8 @@ at the source and is marked deleted there (`ledger.mark_deleted`, in the chunk's
 transaction). The catch-up (`inventory.run_page`) lists again the lines of the deals it wrote (new,
 or at a newer version: Pipedrive moves a deal's `update_time` when its products change) in tasks
 `catchup:lines:...` of up to `IDS_PER_CALL` deals, through the same code, so a sync finds a line
-added, changed or removed since.
+added, changed or removed since; a deal the catch-up finds deleted takes its lines with it
+(`mark_lines_of_deleted_deals`).
 
 A deal the token may not read (private to another user) is left out of the batched answer by the
 source itself: none of its lines is listed, and lines the product holds of it from an earlier run
@@ -120,6 +121,14 @@ def removed(held: dict[str, str], rows: Sequence[Any]) -> list[str]:
     deal at the source."""
     served = {sid for sid in (sound_id(r) for r in rows) if sid is not None}
     return sorted(sid for sid in held if sid not in served)
+
+
+def mark_lines_of_deleted_deals(tx: Conn, run: Run, deals: Sequence[object]) -> int:
+    """Before the catch-up marks deals deleted at the source (404): their lines, which the source
+    no longer lists either, marked deleted too (`ledger.mark_deleted`). Returns how many."""
+    ids = [int(str(d)) for d in deals if str(d).isdigit()]
+    held = held_lines(tx, run, ids) if ids else {}
+    return ledger.mark_deleted(tx, run, KIND, sorted(held)) if held else 0
 
 
 def write_chunk(ctx: TaskContext, client: Any, mapper: Mapper, rows: Sequence[Any], deals: Sequence[int],
