@@ -193,3 +193,20 @@ def test_a_deal_deleted_at_the_source_takes_its_lines_with_it(db) -> None:
     assert str(change["id"]) not in after
     assert proof.passed, proof.lines()
     reconcile_lines(db, after)
+
+
+def test_a_bad_file_store_setting_refuses_the_run_in_one_line_naming_it(db, monkeypatch) -> None:
+    import pytest
+
+    from engine_core.errors import ConfigError
+
+    from .support import start
+
+    with sandbox() as sb:
+        for name, value in (("MIGRATE_FILE_MAX_BYTES", "10MB"), ("MIGRATE_FILE_STORE", "relative/dir")):
+            with monkeypatch.context() as m:
+                m.setenv(name, value)
+                with pytest.raises(ConfigError, match=name) as refused:
+                    start(db, sb, TENANT)
+            assert "\n" not in str(refused.value)
+    assert not db.sql("SELECT 1 FROM migrations WHERE tenant_id = %(t)s", {"t": TENANT}), "refused before the run exists"
