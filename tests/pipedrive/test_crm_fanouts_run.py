@@ -68,6 +68,11 @@ def test_a_whole_account_with_the_opt_in_kinds_matches_the_truth_row_by_row(db) 
         want |= {("followers", f"{WORD[of]} {i}") for of in ("persons", "organizations") for i in forbidden[of]}
         assert {(t["kind"], t["raw_key"]) for t in told} == want and all("HTTP 403" in t["reason"] for t in told)
         assert len(forbidden["deals"]) == 2 and forbidden["persons"] and forbidden["organizations"]
+        for kind, key in want:  # explained and grouped like any row kept with its reason
+            story = rollup.explain(db, TENANT, kind, key)
+            assert story is not None and story["action"] == "failed" and "HTTP 403" in story["reason"], story
+        groups = {g["kind"]: g["count"] for g in rollup.grouped_reasons(db, run.id) if "HTTP 403" in g["reason"]}
+        assert groups == {k: sum(1 for kind, _ in want if kind == k) for k in FAMILIES}, groups
         # frugal: one request per record (every list fits a page), at the spec's token cost - the
         # arithmetic of the README's "Choosing the kinds" - and discovery asks nothing
         written = {lk: int(db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = %(t)s AND kind = %(k)s"
