@@ -12,7 +12,8 @@ yet settled, each file settled in a transaction of its own with the checkpoint.
 
 A file, in order: the download goes to a temporary file (`tempfile.SpooledTemporaryFile`: at most
 `SPOOL_BYTES` in memory, the rest on disk), hashed and counted as it passes and given up as soon as
-it passes the store's size limit - all outside any database transaction; then one short
+it passes the store's size limit, and asked again when it breaks off (fewer bytes than the file's
+`file_size`: a cut body can end cleanly) - all outside any database transaction; then one short
 transaction stores the bytes from the temporary file (unless the tenant has that content
 already), sets crm.files' `content_status` 'stored' and `content_sha256`, and claims the file in
 the ledger under kind `file_contents` (record crm.files, version "sha256:<hex>": a later content
@@ -41,11 +42,12 @@ from engine_core.db import Conn
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.pipedrive.client import settle_refusals
 from engine_core.providers.pipedrive.errors import (AuthError, Cancelled, DailyLimitReached, ItemRefused,
-                                                    PipedriveError)
+                                                    PipedriveError, TransientHTTPError)
 from engine_core.providers.pipedrive.files import content_status
 from engine_core.target.files import CHUNK_BYTES, FileStore, store_from_env
 
 KIND = "file_contents"
+DOWNLOAD_TRIES = 3  # a download broken off is asked again, at most this many times in all
 FILES_PER_TASK = 20  # downloads a task settles: a task's claim costs less than one download
 SPOOL_BYTES = CHUNK_BYTES  # a download's bytes held in memory before its temporary file goes to disk
 DOWNLOAD_PATH = "/v1/files/{}/download"
@@ -59,6 +61,14 @@ def pending_files(conn: Any, run: Run) -> list[int]:
                     " AND content_status = 'pending' AND deleted_at_source IS NULL AND source_id ~ '^[0-9]{1,18}$'",
                     {"t": run.tenant_id, "s": run.source})
     return sorted(int(r["source_id"]) for r in rows)
+
+
+def file_sizes(conn: Any, run: Run, files: Sequence[int]) -> dict[int, int]:
+    """The `file_size` crm.files holds for these files (source ids): what a whole download has."""
+    rows = conn.sql("SELECT source_id, file_size FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
+                    " AND source_id = ANY(%(f)s::text[]) AND file_size IS NOT NULL",
+                    {"t": run.tenant_id, "s": run.source, "f": [str(f) for f in files]})
+    return {int(r["source_id"]): int(r["file_size"]) for r in rows}
 
 
 def seeds() -> list[Successor]:
@@ -92,16 +102,36 @@ class Fetched:
     size: int = 0
     status: str = "stored"
     reason: str | None = None
+    cut: bool = False  # the download broke off (asked again)
 
 
 class _TooLarge(Exception):
     pass
 
 
-def fetch(client: Any, file_id: int, max_bytes: int, cancel: Any = None) -> Fetched:
+def fetch(client: Any, file_id: int, max_bytes: int, expected: int | None = None, cancel: Any = None) -> Fetched:
     """Download one file into a spooled temporary file (module docstring), holding no database
-    connection. The token's refusal (401, a 403 the account's identity shares), a stop, a daily
-    limit raise; the file's own outcomes are returned."""
+    connection; a download broken off - the connection lost mid-body, or fewer or more bytes than
+    `expected` (the file's `file_size`; a body cut short can end cleanly without a length) - is
+    asked again, `DOWNLOAD_TRIES` times in all, then returned 'pending' with the reason. The
+    token's refusal (401, a 403 the account's identity shares), a stop and a daily limit raise;
+    the file's own outcomes are returned."""
+    reason = ""
+    for _ in range(DOWNLOAD_TRIES):
+        got = _fetch_once(client, file_id, max_bytes, cancel)
+        if got.spool is not None and expected is not None and got.size != expected:
+            got.spool.close()
+            reason = (f"file content download failed: {got.size:,} bytes came, the file's metadata says "
+                      f"{expected:,} (cut short, or the file changed since it was listed)")
+            continue
+        if got.status == "pending" and got.reason and got.cut:
+            reason = got.reason
+            continue
+        return got
+    return Fetched(status="pending", reason=f"{reason}; asked {DOWNLOAD_TRIES} times, the next run or sync asks again"[:500])
+
+
+def _fetch_once(client: Any, file_id: int, max_bytes: int, cancel: Any = None) -> Fetched:
     path = DOWNLOAD_PATH.format(int(file_id))
     spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
     digest, size = hashlib.sha256(), 0
@@ -128,7 +158,8 @@ def fetch(client: Any, file_id: int, max_bytes: int, cancel: Any = None) -> Fetc
         raise
     except PipedriveError as e:
         spool.close()
-        return Fetched(status="pending", reason=f"file content download failed ({e}); the next run or sync asks again"[:500])
+        return Fetched(status="pending", reason=f"file content download failed ({e})"[:400],
+                       cut=isinstance(e, TransientHTTPError))
     except BaseException:
         spool.close()
         raise
@@ -172,10 +203,12 @@ def run_task(ctx: TaskContext, client: Any, files: Sequence[int], store: FileSto
     docstring); a stop is honoured between files. Raises what `fetch` raises."""
     store = store or store_from_env()
     ids = [int(f) for f in files]
+    with ctx.db.connection() as conn:
+        sizes = file_sizes(conn, ctx.run, ids)
     at = min(ctx.offset, len(ids))
     while at < len(ids):
         ctx.stop_point()
-        got = fetch(client, ids[at], store.max_bytes, ctx.cancel)
+        got = fetch(client, ids[at], store.max_bytes, sizes.get(ids[at]), ctx.cancel)
         try:
             counted = ctx.stats.copy()
             try:
