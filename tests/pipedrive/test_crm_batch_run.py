@@ -223,3 +223,15 @@ def test_downloads_broken_off_are_asked_again_and_no_cut_content_is_stored(db, m
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert cut, "the sandbox broke some requests off"
     reconcile_files(db, truth)
+
+
+def test_file_contents_run_alone_on_a_migrated_tenant_fetches_every_file_once(db, monkeypatch) -> None:
+    monkeypatch.setenv("MIGRATE_FILE_MAX_BYTES", str(LIMIT))
+    with sandbox() as sb:
+        truth = sb.truth("files")["files"]
+        first = migrate(db, sb, TENANT)
+        assert first.status == "succeeded" and downloads(sb) == 0, failed_tasks(db, first.id)
+        run = migrate(db, sb, TENANT, kinds=["file_contents"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        assert downloads(sb) == len(truth)
+    reconcile_files(db, truth)
