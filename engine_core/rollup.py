@@ -22,7 +22,7 @@ catch-up's, or by the catch-up's whole listing of the kind with every row given 
 catch-up), a source count not yet met is no verdict.
 
 Rows deleted at the source are not rows seen (no listing serves them): `deleted_at_source` and
-`restored` per kind come from the ledger history of the run (`ledger.history_counts`), beside the
+`restored` per kind come from the ledger history of the run (`ledger_reads.history_counts`), beside the
 counters, outside the sum.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from engine_core import ledger
+from engine_core import ledger_reads
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
@@ -204,7 +204,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind) if _in_plan(run, kind) else r["phase"])
         kr.caught_up[counter] = kr.caught_up.get(counter, 0) + int(r["n"])
     kept_apart(db, run, kinds)
-    changes = ledger.history_counts(db, run_id)
+    changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
         if kr is None:  # a ledger kind no task kind of the plan is named after
@@ -251,7 +251,7 @@ def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
     them, as the ledger has it; one it failed again is not a second record): a
     provider keeps a record for rows no listing can serve (Pipedrive: a deal's mail when the deal
     has no readable id or its mail is refused), which no task saw as rows. So a kind's failed
-    figure is the ledger's, as `migrate rows` and `ledger.bad_row_counts` count them, while
+    figure is the ledger's, as `migrate rows` and `ledger_reads.bad_row_counts` count them, while
     `seen` = `accounted` still holds. A dry run keeps no records: nothing is added."""
     if run.dry_run:
         return
@@ -320,7 +320,7 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
 
     A dry run writes no ledger rows, so only its stats and source counts are compared."""
     written = {r["kind"]: int(r["created"]) + int(r["matched"])
-               for r in ledger.written_by_kind(db, run.id)}
+               for r in ledger_reads.written_by_kind(db, run.id)}
     out: list[dict[str, Any]] = []
     closed = closed_phases(run, kinds)
     # a run with a snapshot ends with a catch-up that brings the rows a phase's walk left
@@ -391,9 +391,9 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
             if len(g["samples"]) < SAMPLES and str(sample) not in g["samples"]:
                 g["samples"].append(str(sample))
 
-    for r in ledger.reasons(db, run_id):
+    for r in ledger_reads.reasons(db, run_id):
         add(r["kind"], r["action"], r["reason"] or "unknown", int(r["n"]), list(r["samples"] or []))
-    for r in ledger.unreadable_reasons(db, run_id):  # rows without a readable id (0013)
+    for r in ledger_reads.unreadable_reasons(db, run_id):  # rows without a readable id (0013)
         add(r["kind"], r["action"], r["reason"], int(r["n"]), list(r["samples"] or []))
     for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
         add(r["kind"], "task failed", r["reason"], int(r["n"]), [])
@@ -421,7 +421,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
     is found by its raw key (`rows.unreadable_key`: whole, or the id as served alone), as failed,
     with `unreadable` true, `excerpt` (the row as served, cut) and `matches` (rows served with
     that id: the latest is told)."""
-    row = ledger.explain(db, tenant_id, kind, str(source_id), source)
+    row = ledger_reads.explain(db, tenant_id, kind, str(source_id), source)
     if row is None:
         return _explain_unreadable(db, tenant_id, kind, str(source_id), source)
     return {
@@ -444,7 +444,7 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
 
 
 def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, source: str | None) -> dict[str, Any] | None:
-    rows = ledger.explain_unreadable(db, tenant_id, kind, raw_key, source)
+    rows = ledger_reads.explain_unreadable(db, tenant_id, kind, raw_key, source)
     if not rows:
         return None
     row = rows[0]

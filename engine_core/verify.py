@@ -52,7 +52,8 @@ from engine_core import runs
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
-from engine_core.ledger import newer, same_version, tenant_entries, tenant_unreadable
+from engine_core.ledger import newer, same_version
+from engine_core.ledger_reads import tenant_entries, tenant_unreadable
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
@@ -251,7 +252,7 @@ def _columns(db: Database, table: str) -> set[str]:
 
 def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, dict[str, Any]]:
     """source id -> {action, record_type, record_id, version, deleted}: the tenant's ledger for a kind,
-    placeholders included. The version and the deleted mark are what `ledger.ledger_index` reads
+    placeholders included. The version and the deleted mark are what `ledger_reads.ledger_index` reads
     (migration 0010); the action and the record say whether and where the product holds the row."""
     rows = tenant_entries(db, tenant_id, source, kind)
     entries = {_norm(r["source_id"]): dict(r) for r in rows}

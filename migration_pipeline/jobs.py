@@ -43,10 +43,10 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES as IN_PRO
 from pydantic import Field
 
 from engine_core import rollup as rollups
-from engine_core import runs
+from engine_core import runs, runs_reads
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
-from engine_core.ledger import explain_unreadable, ledger_kinds, row_entries
+from engine_core.ledger_reads import explain_unreadable, ledger_kinds, row_entries
 from engine_core.models import Run
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
@@ -233,7 +233,7 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
         return  # the tenant's own launch is still on it: its phase ops materialise what they close
     r = rollups.rollup(db, run.id)
     last_finished: dict[int, datetime] = {}
-    for t in runs.task_groups(db, run.id):
+    for t in runs_reads.task_groups(db, run.id):
         if t["last_finished"] is not None:
             last_finished[t["phase"]] = max(last_finished.get(t["phase"], t["last_finished"]), t["last_finished"])
     for spec in phase_specs(source):

@@ -13,7 +13,7 @@ import os
 
 from dagster import DefaultScheduleStatus, RunRequest, ScheduleDefinition, ScheduleEvaluationContext, SkipReason, schedule
 
-from engine_core import runs
+from engine_core import runs_reads
 from migration_pipeline.partitions import TENANTS
 from migration_pipeline.resources import MigrationDatabase
 
@@ -26,7 +26,7 @@ def syncable_tenants(db, source: str, tenants: list[str]) -> list[str]:
     """Of `tenants`, those whose latest (non-dry) run of `source` succeeded, in the given order."""
     if not tenants:
         return []
-    latest = runs.latest_statuses(db, source, tenants)
+    latest = runs_reads.latest_statuses(db, source, tenants)
     ok = {t for t, status in latest.items() if status == "succeeded"}
     return [t for t in tenants if t in ok]
 

@@ -51,7 +51,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.db import Database, snapshot
 from engine_core.errors import ConfigError, RunNotFound
-from engine_core.ledger import bad_row_counts, duplicate_claims, ledger_vs_target
+from engine_core.ledger_reads import bad_row_counts, duplicate_claims, ledger_vs_target
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import left_out_kinds, verify
@@ -131,7 +131,7 @@ ALL_ROWS_LANDED = "all_rows_landed"
 
 def landed_check(db: Database, tenant: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
     """The `all_rows_landed` check of a phase's `kinds`: (passed, metadata). Fails (severity WARN)
-    when the tenant has skipped or failed rows of those kinds now (`ledger.bad_row_counts`, the
+    when the tenant has skipped or failed rows of those kinds now (`ledger_reads.bad_row_counts`, the
     rows `migrate rows` lists): a phase that closed with bad rows is a success with a warning in
     the asset graph and the partition list, not plain green."""
     bad = bad_row_counts(db, tenant, kinds)

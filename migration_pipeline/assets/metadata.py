@@ -8,7 +8,7 @@ from typing import Any
 from dagster import MetadataValue, RunsFilter, TableColumn, TableRecord, TableSchema
 
 from engine_core import rollup as rollups
-from engine_core import runs
+from engine_core import runs_reads
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 from migration_pipeline import tags
@@ -82,7 +82,7 @@ def phase_seconds(db: Database, run_id: int, kinds: set[str],
     the phase began or ended outside them (drained by the engine's own command), the whole span."""
     starts: list[datetime] = []
     ends: list[datetime] = []
-    for r in runs.task_groups(db, run_id):
+    for r in runs_reads.task_groups(db, run_id):
         if r["kind"] in kinds:
             if r["first_started"]:
                 starts.append(r["first_started"])

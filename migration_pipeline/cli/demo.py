@@ -17,7 +17,7 @@ import click
 import httpx
 
 from engine_core import db as dbmod
-from engine_core import ledger, runs
+from engine_core import ledger_reads, runs, runs_reads
 from engine_core.config import check_environment, migrate_home
 from engine_core.providers.registry import provider_for
 from migration_pipeline import stack
@@ -38,7 +38,7 @@ DEMO_OPTIONS = {"page_size": 50, "counts": {"companies": 300, "contacts": 800, "
 def demo_tenant(taken: list[str], base: str = "demo") -> tuple[str, list[str]]:
     """The tenant a demo migrates, named so a newcomer finds it again: the first of `base`,
     `base`-2, `base`-3, ... that is not in `taken` (the tenants some run was started for,
-    `runs.tenants`), and the earlier demos of that family in `taken` ("demo", "demo-2"; not
+    `runs_reads.tenants`), and the earlier demos of that family in `taken` ("demo", "demo-2"; not
     "demo-live": another family), in number order. A demo never reuses a tenant: the earlier ones
     are kept as they are."""
     family = re.compile(rf"{re.escape(base)}(?:-([0-9]+))?")
@@ -53,7 +53,7 @@ def demo_tenant(taken: list[str], base: str = "demo") -> tuple[str, list[str]]:
 def pick_demo_tenant(db: dbmod.Database, base: str = "demo") -> str:
     """`demo_tenant` on the database's tenants; prints which tenant this demo migrates and what it did
     with the earlier demos (kept, each with its latest run's status; the first three named)."""
-    tenant, earlier = demo_tenant(runs.tenants(db), base)
+    tenant, earlier = demo_tenant(runs_reads.tenants(db), base)
     if not earlier:
         console.print(f"tenant: {tenant!r} (a later demo keeps it and migrates {demo_tenant([tenant], base)[0]!r})",
                       highlight=False)
@@ -93,7 +93,7 @@ def demo(scale: str, in_process: bool, live: bool, live_rate: float) -> None:
             console.print(f"started {run.name}: {len(run.plan)} phases")
             code = drain_and_report(db, run.id, False)
             done = runs.get_run(db, run.id)
-            for line in what_now(tenant, f"{done.name} {done.status}", ledger.bad_row_counts(db, tenant), None):
+            for line in what_now(tenant, f"{done.name} {done.status}", ledger_reads.bad_row_counts(db, tenant), None):
                 console.print(line, highlight=False)
             sys.exit(code)
     if not _pipedrive_ready():
@@ -150,7 +150,7 @@ def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token"
         if code != 0:
             console.print("[red]the migration did not succeed; not syncing[/red]")
             with open_db() as db:
-                bad = ledger.bad_row_counts(db, tenant)
+                bad = ledger_reads.bad_row_counts(db, tenant)
             for line in what_now(tenant, f"{full.get('name') or 'the run'} did not succeed", bad, full.get("ui")):
                 console.print(line, highlight=False)
             return code
@@ -161,7 +161,7 @@ def live_demo(tenant: str, scale: str, rate: float, token: str = "sandbox-token"
         with open_db() as db:
             result = run_verify(db, tenant, "pipedrive")
             sync = runs.get_run(db, synced["engine_run_id"]) if synced.get("engine_run_id") else None
-            bad = ledger.bad_row_counts(db, tenant)
+            bad = ledger_reads.bad_row_counts(db, tenant)
         console.print(live_cost_line(full, synced))
         print_verify(result)
         verdict = (f"run #{full.get('engine_run_id')} succeeded, "

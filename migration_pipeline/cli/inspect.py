@@ -13,11 +13,11 @@ from rich.table import Table
 
 from engine_core import db as dbmod
 from engine_core import rollup as rollups
-from engine_core import runs
+from engine_core import runs, runs_reads
 from engine_core.budget import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows
+from engine_core.ledger_reads import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
@@ -42,7 +42,7 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     overview = []
     for r, tasks in runs.latest_runs(db, source):
         bad = bad_row_counts(db, r.tenant_id).values()
-        idle = (round(runs.idle_seconds(db, r.id), 1)
+        idle = (round(runs_reads.idle_seconds(db, r.id), 1)
                 if r.status in ("running", "stopping") else None)
         dead_since = rollups.no_live_worker_since(db, r.id) if idle is not None else None
         overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
@@ -156,7 +156,7 @@ def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> Non
     """Before `migrate report` groups by `stat`: a stat none of the run's succeeded tasks (of `kind`)
     counts is one line naming the stats they do count (exit 2), rather than every task grouped
     under 0. The default, "imported", always passes (a kind that imports nothing is all 0)."""
-    stats = runs.task_stat_keys(db, run.id, kind)
+    stats = runs_reads.task_stat_keys(db, run.id, kind)
     if stat not in stats and stat != "imported":
         of = f" {kind}" if kind else ""
         fail(f"unknown --stat {stat!r}: {run.name}'s succeeded{of} tasks count "
@@ -258,13 +258,13 @@ def check_explain(db: dbmod.Database, tenant: str, kind: str | None) -> None:
     migrated, or a kind none of the tenant's sources has (their providers' kinds without the
     catch-up phase), is one line naming it and what there is (exit 2), not "not in the ledger".
     `kind` None: the tenant alone is checked."""
-    tenants = runs.tenants(db)
+    tenants = runs_reads.tenants(db)
     if tenant not in tenants:
         shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
         fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
     if kind is None:
         return
-    sources = runs.tenant_sources(db, tenant)
+    sources = runs_reads.tenant_sources(db, tenant)
     kinds: list[str] = []
     for source in sources:
         try:

@@ -19,9 +19,9 @@ from typing import Any
 import click
 
 from engine_core import db as dbmod
-from engine_core import ledger
+from engine_core import ledger_reads
 from engine_core import rollup as rollups
-from engine_core import runs
+from engine_core import runs, runs_reads
 from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
 from engine_core.plan import left_out_line
@@ -358,8 +358,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 engine_id = dagster_run.tags.get("migration/run_id")
                 with open_db() as db:
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
-                    cost = runs.run_cost(db, int(engine_id)) if engine_id else None
-                    bad = ledger.bad_row_counts(db, tenant)
+                    cost = runs_reads.run_cost(db, int(engine_id)) if engine_id else None
+                    bad = ledger_reads.bad_row_counts(db, tenant)
                     left = left_out_of(runs.get_run(db, int(engine_id))) if engine_id else {}
             except Interrupted as signalled:
                 with signals_held():

@@ -97,7 +97,7 @@ def fail(e: Exception | str) -> None:
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
              left_out: str | None = None) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
-    succeeded") with the tenant's skipped and failed rows (`bad`: `ledger.bad_row_counts`, the rows
+    succeeded") with the tenant's skipped and failed rows (`bad`: `ledger_reads.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
     when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
     (the README's "Where the data lands"): the tables alone do not say what to look at next.

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine_core import reaper, runs
+from engine_core import reaper, runs, runs_reads
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.models import Run
@@ -34,12 +34,12 @@ def claimable(db: Database, run_id: int, settings: Settings) -> bool:
     """Whether the run has a task a worker could claim now: an enqueued pending task, or a pending
     one the lane's top-up enqueues (`topup.top_up`). False when every open task is held by
     another worker (running) - a slot that waits on them holds the lane for nothing."""
-    counts = runs.open_task_counts(db, run_id)
+    counts = runs_reads.open_task_counts(db, run_id)
     if counts.get("enqueued"):
         return True
     if counts.get("pending"):
         top_up(db, run_id, settings)
-        counts = runs.open_task_counts(db, run_id)
+        counts = runs_reads.open_task_counts(db, run_id)
         return bool(counts.get("enqueued"))
     return not counts.get("running")  # nothing open at all: let the worker close the phase
 

@@ -30,7 +30,7 @@ from dagster import (
     sensor,
 )
 
-from engine_core import reaper, runs
+from engine_core import reaper, runs, runs_reads
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
@@ -94,7 +94,7 @@ def drainer_requests(
         if not same_source(context, run):
             why.append(f"{run.name}: read with other source settings, its own launch drains it")
             continue
-        counts = runs.open_task_counts(db, run_id)
+        counts = runs_reads.open_task_counts(db, run_id)
         missing = picture.missing(run.tenant_id)
         if missing <= 0:
             slots = picture.tenants.get(run.tenant_id)

@@ -82,13 +82,13 @@ def test_rows_of_an_unknown_tenant_kind_or_run_is_one_line(migrated, db_url):  #
 
 
 def test_rows_are_streamed_through_a_server_side_cursor(migrated, db_url, monkeypatch):  # noqa: F811
-    from engine_core import ledger
+    from engine_core import ledger_reads
 
     with dbmod.Database(db_url, max_size=2) as db:
         db.sql("UPDATE migration_records SET action = 'failed', reason = 'x' WHERE tenant_id = 'done' RETURNING 1")
         total = db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = 'done'")[0]["n"]
-        monkeypatch.setattr(ledger, "ROWS_PAGE", 7)
-        found = ledger.tenant_rows(db, "done")
+        monkeypatch.setattr(ledger_reads, "ROWS_PAGE", 7)
+        found = ledger_reads.tenant_rows(db, "done")
         first = next(found)
         assert first["action"] == "failed"
         with psycopg.connect(db_url) as c:  # the cursor's session fetches pages of 7

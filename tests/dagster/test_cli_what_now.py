@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from engine_core import db as dbmod
-from engine_core import ledger, runs
+from engine_core import ledger_reads, runs
 from engine_core.config import Settings
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
@@ -104,7 +104,7 @@ def test_run_ends_with_what_now_and_json_stays_clean(env, db_url):
     out = _migrate(["run", "--tenant", "newcomer", "--options", json.dumps(SMALL), "--timeout", "200"], env)
     assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-3000:])
     with dbmod.Database(db_url, max_size=2) as db:
-        bad = ledger.bad_row_counts(db, "newcomer")
+        bad = ledger_reads.bad_row_counts(db, "newcomer")
         run = runs.latest_run(db, "newcomer")
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine_core import db as dbmod
-from engine_core import runs
+from engine_core import runs, runs_reads
 from migration_pipeline.cli.demo import demo_tenant
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
@@ -51,4 +51,4 @@ def test_a_second_demo_keeps_the_first_and_says_so(db_url, tmp_path):
     assert "what now: tenant 'demo-2':" in second
     with dbmod.Database(db_url, max_size=2) as db:
         assert runs.latest_run(db, "demo").id == kept.id  # untouched: no run of the second demo on it
-        assert runs.tenants(db) == ["demo", "demo-2"]
+        assert runs_reads.tenants(db) == ["demo", "demo-2"]

@@ -18,7 +18,7 @@ from dagster import AssetCheckSeverity, DagsterInstance, instance_for_test
 
 from engine_core import db as dbmod
 from engine_core import runs
-from engine_core.ledger import tenant_row_counts
+from engine_core.ledger_reads import tenant_row_counts
 from engine_core.providers import example
 from migration_pipeline.instance import to_url
 from tests.conftest import _with_dbname

@@ -10,7 +10,7 @@ import time
 import pytest
 from dagster import AssetKey, DagsterRunStatus
 
-from engine_core import runs
+from engine_core import runs, runs_reads
 from tests.dagster.support import materialize_tenant, resources
 from tests.dagster.test_ui_leftovers import TINY, _runs_of, _terminate_while_draining
 
@@ -36,7 +36,7 @@ def test_rows_per_second_leaves_out_the_time_the_run_was_stopped(instance, engin
     (contacts,) = [m for m in again.asset_materializations_for_node("example__phase_2_contacts")
                    if m.asset_key == AssetKey(["example", "phase_2_contacts"])]
     md = contacts.metadata
-    groups = [g for g in runs.task_groups(db, run_id) if g["kind"] == "contacts"]
+    groups = [g for g in runs_reads.task_groups(db, run_id) if g["kind"] == "contacts"]
     span = (max(g["last_finished"] for g in groups) - min(g["first_started"] for g in groups)).total_seconds()
     assert span > STOPPED_SECONDS, span
     seconds = md["phase_seconds"].value

@@ -1,5 +1,5 @@
 """The per-kind skipped and failed figures of `migrate status T` agree with `migrate rows` and the
-tenants overview (`ledger.bad_row_counts`): the mail of a deal no listing can serve (a deal without
+tenants overview (`ledger_reads.bad_row_counts`): the mail of a deal no listing can serve (a deal without
 a readable id, or whose mail the source refuses) is kept as one failed record per deal, which no
 email task counted as a row; the rollup counts it into the kind's failed figure (`kept_apart`),
 and its completeness (rows seen = rows accounted for) still holds. On a sandbox with malformed rows
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from engine_core import ledger, rollup
+from engine_core import ledger_reads, rollup
 from migration_pipeline.instance import to_url
 from tests.dagster.test_cli_errors import _migrate_in_process
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
@@ -25,7 +25,7 @@ def test_status_rows_and_overview_count_the_same_failed_mail(db, db_url) -> None
                   " AND raw_key LIKE 'deal %%'", {"r": run.id})
     private = {f"deal {d['deal_id']}" for d in truth["private_deal_mail"]}
     assert private < {k["raw_key"] for k in kept} and len(kept) > len(private), kept  # both shapes are here
-    bad = ledger.bad_row_counts(db, TENANT)
+    bad = ledger_reads.bad_row_counts(db, TENANT)
     r = rollup.rollup(db, run.id)
     assert r.complete, r.incomplete
     # per ledger kind (the catch-up's own row counts rows of the other kinds again, as their carrier)

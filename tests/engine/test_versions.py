@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from engine_core import db as dbmod
-from engine_core import ledger, rollup, runs
+from engine_core import ledger, ledger_reads, rollup, runs
 from engine_core.context import TaskContext
 from engine_core.models import Stats, Task
 from engine_core.providers.registry import provider_for, for_run
@@ -147,7 +147,7 @@ def test_mark_deleted_soft_deletes_and_a_row_seen_again_is_restored(db) -> None:
         assert _entry(db, sid)["deleted_at_source"] == at
         assert [r["deleted_at_source"] for r in _items(db, sid)] == [at], "the product row stays, marked"
     assert _entry(db, "3")["deleted_at_source"] is None and _items(db, "3")[0]["deleted_at_source"] is None
-    assert ledger.ledger_index(db, "acme", "example", KIND)["1"] == (V1, at)
+    assert ledger_reads.ledger_index(db, "acme", "example", KIND)["1"] == (V1, at)
     assert ledger.versions(db, run, KIND, ["1", "3", "404"]) == {"1": V1, "3": V1}
     # seen again: restored (same version), or restored and updated (newer version)
     events: list[str] = []
@@ -159,7 +159,7 @@ def test_mark_deleted_soft_deletes_and_a_row_seen_again_is_restored(db) -> None:
     assert [(h["action"], h["version_before"], h["version_after"]) for h in _history(db, "2")] == [
         ("deleted", V1, V1), ("restored", V1, V2)]
     assert _items(db, "2")[0]["payload"] == {"name": "Row 2 again"}
-    assert ledger.history_counts(db, run.id) == {KIND: {"updated": 0, "deleted": 2, "restored": 2}}
+    assert ledger_reads.history_counts(db, run.id) == {KIND: {"updated": 0, "deleted": 2, "restored": 2}}
 
 
 def test_two_workers_writing_the_same_changed_row_at_once_make_one_update(db_url) -> None:

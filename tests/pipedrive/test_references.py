@@ -4,7 +4,7 @@ Pipedrive keeps a child's `org_id` (`person_id`, `deal_id`, `lead_id`) after the
 permanently deleted; the sandbox's purged ids answer 404. Pinned here:
 * every row whose parent does not exist at the source is imported with that link empty, and the
   dangling reference is kept on the product row (`dangling_refs`) and on its ledger entry
-  (`dangling`); `ledger.dangling_counts` per kind equals the sandbox's `truth["dangling"]` exactly,
+  (`dangling`); `ledger_reads.dangling_counts` per kind equals the sandbox's `truth["dangling"]` exactly,
   and `explain` says "imported; org_id 42 does not exist at the source";
 * the dependents of such rows (a deal on a person whose organization was deleted, the activities,
   notes and emails of a deal whose person was deleted) are imported and linked;
@@ -23,7 +23,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from engine_core import ledger, rollup
+from engine_core import ledger_reads, rollup
 from engine_core.providers.pipedrive.writers import DANGLING, NOT_LINKED, NOT_WRITTEN
 from tests.pipedrive.support import actions, failed_tasks, migrate, sandbox
 
@@ -73,7 +73,7 @@ def test_rows_on_deleted_parents_are_imported_with_the_link_empty_and_the_id_kep
         requests = stats["requests"]
     assert run.status == "succeeded", failed_tasks(db, run.id)
     expected = {k: {str(i).lower() for i in ids} for k, ids in truth["dangling"].items()}
-    assert ledger.dangling_counts(db, run.id) == {k: len(v) for k, v in expected.items() if v}
+    assert ledger_reads.dangling_counts(db, run.id) == {k: len(v) for k, v in expected.items() if v}
     asked: set[tuple[str, str]] = set()
     for kind, ids in expected.items():
         entries = _dangling_entries(db, kind)
@@ -153,7 +153,7 @@ def test_a_parent_kind_the_run_does_not_import_stays_a_placeholder_and_is_not_as
     with_org = {str(p["id"]) for p in _source_persons(truth, sb_seed=7) if p.get("org_id") is not None}
     assert with_org and actions(persons, "skipped") == with_org
     assert sum(requests.get(path, 0) for path in SINGLE) == 0 and not _asked_in_lists(stats["listings"])
-    assert ledger.dangling_counts(db, run.id) == {}
+    assert ledger_reads.dangling_counts(db, run.id) == {}
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from engine_core import ledger, rollup
+from engine_core import ledger, ledger_reads, rollup
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
 from engine_core.providers.pipedrive import kinds, mapping, writers
@@ -266,7 +266,7 @@ def test_rows_deleted_at_the_source_are_soft_deleted_and_restored_when_seen_agai
             assert sum(ledger.mark_deleted(tx, run, kind, ids) for kind, ids in deleted.items()) == 0
         for kind, ids in deleted.items():
             entries, records = _entries(db, kind), _records(db, TABLE[kind])
-            index = ledger.ledger_index(db, TENANT, "pipedrive", kind)
+            index = ledger_reads.ledger_index(db, TENANT, "pipedrive", kind)
             for sid in ids:
                 if entries[sid]["action"] != "created":
                     continue

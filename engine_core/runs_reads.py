@@ -1,0 +1,67 @@
+"""A run read after the fact, for the face: `migrate status`, `report` and `explain`, the tenants
+overview, the sensors' and lanes' progress, the schedules.
+
+Read-only queries over the run and task tables (`migrations`, `migration_tasks`); a run's life
+(admission, start, stop, retry, resume, attach) is in `runs.py`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from engine_core.db import Database
+
+
+def tenants(db: Database) -> list[str]:
+    """Every tenant some run (of any source, any mode) was started for, sorted."""
+    return [r["tenant_id"] for r in db.sql("SELECT DISTINCT tenant_id FROM migrations ORDER BY 1")]
+
+
+def tenant_sources(db: Database, tenant: str) -> list[str]:
+    """The sources `tenant`'s runs were started from, sorted."""
+    return [r["source"] for r in db.sql("SELECT DISTINCT source FROM migrations WHERE tenant_id = %(t)s ORDER BY 1",
+                                        {"t": tenant})]
+
+
+def task_stat_keys(db: Database, run_id: int, kind: str | None = None) -> list[str]:
+    """The stats `migrate report --stat` can group run `run_id`'s succeeded tasks (of `kind`) by:
+    the keys of their `stats` whose every value is a whole number, sorted ("imported", "requests",
+    "seen", ...; the catch-up's "imported@deals" too)."""
+    return [r["key"] for r in db.sql(
+        "SELECT s.key FROM migration_tasks t, jsonb_each(t.stats) s"
+        " WHERE t.migration_id = %(r)s AND (%(k)s::text IS NULL OR t.kind = %(k)s) AND t.status = 'succeeded'"
+        " GROUP BY s.key HAVING bool_and(jsonb_typeof(s.value) = 'number' AND s.value::text ~ '^-?[0-9]+$')"
+        " ORDER BY 1", {"r": run_id, "k": kind})]
+
+
+def task_groups(db: Database, run_id: int) -> list[dict[str, Any]]:
+    """Run `run_id`'s tasks grouped by (phase, kind, status), in that order: {"phase", "kind",
+    "status", "n", the summed row outcomes "imported", "matched", "already_here", "updated",
+    "skipped", "failed", "seen", "source_total" (the largest a task recorded), "first_started",
+    "last_finished"} (named query `rollup_tasks`)."""
+    return db.fetch_all("rollup_tasks", {"run_id": run_id})
+
+
+def open_task_counts(db: Database, run_id: int) -> dict[str, int]:
+    """Run `run_id`'s open tasks: {"running", "enqueued" (pending and enqueued: claimable now),
+    "pending" (enqueued or not)}; zeros when it has none."""
+    row = db.fetch_one("inflight_count", {"run_id": run_id}) or {}
+    return {k: int(row.get(k) or 0) for k in ("running", "enqueued", "pending")}
+
+
+def idle_seconds(db: Database, run_id: int) -> float:
+    """Seconds since anything worked on run `run_id`: its heartbeat, its tasks' checkpoints and
+    finishes, the lock keeper's renewals (named query `run_idle_seconds`)."""
+    return float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"])
+
+
+def run_cost(db: Database, run_id: int) -> dict[str, int]:
+    """What run `run_id` spent at the source, as its tasks counted it: {"requests", "tokens"}."""
+    row = db.fetch_one("run_cost", {"run_id": run_id}) or {}
+    return {"requests": int(row.get("requests") or 0), "tokens": int(row.get("tokens") or 0)}
+
+
+def latest_statuses(db: Database, source: str, tenants: list[str]) -> dict[str, str]:
+    """Each of `tenants`' latest run of `source` that is not a dry run: {tenant: its status}; a
+    tenant without one is absent."""
+    return {r["tenant_id"]: r["status"] for r in db.fetch_all("latest_status_per_tenant",
+                                                              {"source": source, "tenants": tenants})}
