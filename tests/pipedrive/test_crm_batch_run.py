@@ -78,7 +78,7 @@ LINKS = (("deal_id", "deals", "deal_id"), ("contact_id", "contacts", "person_id"
 STATUS = {403: "forbidden", 404: "missing"}
 
 
-def reconcile_files(db, truth: list[dict[str, Any]]) -> None:
+def reconcile_files(db, truth: list[dict[str, Any]], store: Any = None) -> None:
     """Every file the source lists is one crm.files row with its metadata and links (through the
     ledger: the parent's product row when the product holds it), and its content as the source
     serves it now: stored under its sha256 (the store's bytes hashed again), or the reason it is
@@ -102,7 +102,7 @@ def reconcile_files(db, truth: list[dict[str, Any]]) -> None:
             assert (mine["content_status"], mine["content_sha256"]) == ("stored", f["sha256"]), sid
             assert entry["action"] in ("created", "matched") and entry["record_id"] == mine["id"], entry
             with db.transaction() as tx:
-                digest = hashlib.sha256(b"".join(PostgresFileStore().read(tx, TENANT, f["sha256"]))).hexdigest()
+                digest = hashlib.sha256(b"".join((store or PostgresFileStore()).read(tx, TENANT, f["sha256"]))).hexdigest()
             assert digest == f["sha256"], sid
         else:
             status = STATUS.get(f["download"], "too_large")
@@ -235,3 +235,18 @@ def test_file_contents_run_alone_on_a_migrated_tenant_fetches_every_file_once(db
         assert run.status == "succeeded", failed_tasks(db, run.id)
         assert downloads(sb) == len(truth)
     reconcile_files(db, truth)
+
+
+def test_file_contents_go_to_a_directory_store_when_asked(db, monkeypatch, tmp_path) -> None:
+    from engine_core.target.files import DirectoryFileStore
+
+    monkeypatch.setenv("MIGRATE_FILE_MAX_BYTES", str(LIMIT))
+    monkeypatch.setenv("MIGRATE_FILE_STORE", str(tmp_path))
+    with sandbox() as sb:
+        truth = sb.truth("files")["files"]
+        run = migrate(db, sb, TENANT, kinds=["+file_contents"])
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    reconcile_files(db, truth, DirectoryFileStore(tmp_path))
+    assert not db.sql("SELECT 1 FROM crm.file_blob_chunks"), "no bytes in the database"
+    kept = {p.name for p in (tmp_path / TENANT).rglob("*") if p.is_file()}
+    assert kept == {f["sha256"] for f in truth if f["download"] == 200 and f["file_size"] <= LIMIT}
