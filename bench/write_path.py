@@ -55,7 +55,7 @@ from engine_core import statistics, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.context import TaskContext  # noqa: E402
 from engine_core.models import Run, Task  # noqa: E402
-from engine_core.providers.pipedrive import mapping, writers  # noqa: E402
+from engine_core.providers.pipedrive import fields, mappers, mapping, writers  # noqa: E402
 from engine_core.runlog import RunLog  # noqa: E402
 
 PAGE = 500
@@ -121,15 +121,15 @@ def one_write(db: dbmod.Database, data: Data, variant: str, keeper: statistics.S
               fresh_stats: bool) -> tuple[float, str]:
     """Load the tenant's organizations (untimed), then time its persons; returns (rows/s, tenant)."""
     tenant = f"bench-{variant.split()[0]}-{uuid.uuid4().hex[:6]}"
-    book = mapping.FieldBook()
+    book = fields.FieldBook()
     orgs_ctx = new_context(db, tenant, "organizations")
-    write_per_row(orgs_ctx, data.orgs, lambda r: mapping.map_organization(r, tenant, book))  # the baseline's way
+    write_per_row(orgs_ctx, data.orgs, lambda r: mappers.map_organization(r, tenant, book))  # the baseline's way
     if keeper is not None:
         keeper.at_boundary()  # what the barrier's winner does between the two phases
     if fresh_stats:
         analyze_all(db)
     ctx = new_context(db, tenant, KIND, orgs_ctx.run)
-    mapper = lambda r: mapping.map_person(r, tenant, book)  # noqa: E731
+    mapper = lambda r: mappers.map_person(r, tenant, book)  # noqa: E731
     after = keeper.maybe_refresh if keeper is not None else None
     t = Timer()
     if variant.startswith("per_row"):

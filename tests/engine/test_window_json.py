@@ -23,7 +23,8 @@ from engine_core import ledger, write
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
 from engine_core.providers.pipedrive import client
-from engine_core.providers.pipedrive.mapping import FieldBook, map_deal
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mappers import map_deal
 from engine_core.rows import Mapped
 from engine_core.runlog import RunLog
 from tests.engine.support import FAST

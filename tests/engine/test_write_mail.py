@@ -15,7 +15,8 @@ from engine_core import ledger
 from engine_core.models import Run, Task
 from engine_core.providers.pipedrive import emails
 from engine_core.providers.pipedrive.emails import EmailTask, MailRow
-from engine_core.providers.pipedrive.mapping import MalformedRow, map_email, with_body
+from engine_core.providers.pipedrive.mail import map_email, with_body
+from engine_core.providers.pipedrive.mapping import MalformedRow
 from engine_core.runlog import RunLog
 from engine_core.context import TaskContext
 from tests.engine.support import FAST

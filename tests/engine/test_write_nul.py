@@ -8,7 +8,8 @@ from types import MappingProxyType
 
 import pytest
 
-from engine_core.providers.pipedrive.mapping import FieldDef, MalformedRow, _no_nul, custom_value
+from engine_core.providers.pipedrive.fields import FieldDef, custom_value
+from engine_core.providers.pipedrive.mapping import MalformedRow, _no_nul
 
 
 class Text(str):

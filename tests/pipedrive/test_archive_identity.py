@@ -21,7 +21,7 @@ import pytest
 
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
-from engine_core.providers.pipedrive import kinds, mapping, writers
+from engine_core.providers.pipedrive import fields, kinds, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.runlog import RunLog
 from pipedrive_sandbox.config import SandboxConfig
@@ -46,7 +46,7 @@ def _sight(db, run: Run, task_kind: str, rows: list[dict[str, Any]], client: Pip
     task = Task.from_row(row)
     ctx = TaskContext(db=db, run=run, task=task, worker=WORKER, settings=FAST, log=RunLog(run.id, task.id))
     mapper = kinds.MAPPERS[task_kind]
-    writers.write_listed_page(ctx, rows, lambda r: mapper(r, TENANT, mapping.FieldBook()), client)
+    writers.write_listed_page(ctx, rows, lambda r: mapper(r, TENANT, fields.FieldBook()), client)
     return ctx
 
 

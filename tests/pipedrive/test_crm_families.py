@@ -12,7 +12,8 @@ import pytest
 
 from engine_core.providers.pipedrive import fanouts
 from engine_core.providers.pipedrive.files import content_status, map_file
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mapping import MalformedRow
 from engine_core.providers.pipedrive.products import map_deal_product, map_product
 from engine_core.target import crm
 from engine_core.target.files import PostgresFileStore

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine_core.providers.pipedrive import kinds
-from engine_core.providers.pipedrive.mapping import FieldBook
+from engine_core.providers.pipedrive.fields import FieldBook
 
 
 def test_every_listed_kind_maps_into_its_declared_table() -> None:

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from engine_core.providers.pipedrive import mapping
+from engine_core.providers.pipedrive import mail, mapping
 from engine_core.providers.pipedrive.emails import clean_strings, clean_text
 from engine_core.providers.pipedrive.kinds import OPT_IN
 from engine_core.providers.pipedrive.plan import PHASES
@@ -106,8 +106,8 @@ def test_lone_surrogates_and_nul_in_every_string_of_a_message_become_storable_te
     assert clean_strings(item["data"]["cc"])[0] is item["data"]["cc"], "untouched values are not copied"
 
     deal = db.sql("INSERT INTO crm.deals (tenant_id, title, source, source_id) VALUES ('t', 'D', 'pipedrive', '1') RETURNING id")[0]["id"]
-    mapped = mapping.map_email(cleaned, "t", "1")
-    values = {**mapping.with_body(mapped, {"body": "ok"}).values, "deal_id": deal}
+    mapped = mail.map_email(cleaned, "t", "1")
+    values = {**mail.with_body(mapped, {"body": "ok"}).values, "deal_id": deal}
     with db.transaction() as tx:
         crm.insert(tx, "emails", values)  # Postgres takes every string: text and jsonb alike
     stored = db.sql("SELECT subject, snippet, sender, recipients FROM crm.emails WHERE tenant_id = 't'")[0]

@@ -9,22 +9,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from engine_core.providers.pipedrive.mapping import (
-    FieldBook,
-    MalformedRow,
-    Ref,
-    ref_to,
-    map_activity,
-    map_deal,
-    map_email,
-    map_lead,
-    map_note,
-    map_person,
-    map_pipeline,
-    map_stage,
-    timestamp,
-    with_body,
-)
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mail import map_email, with_body
+from engine_core.providers.pipedrive.mappers import (map_activity, map_deal, map_lead, map_note, map_person, map_pipeline,
+                                                     map_stage)
+from engine_core.providers.pipedrive.mapping import MalformedRow, Ref, ref_to, timestamp
 from engine_core.providers.pipedrive.kinds import ledger_kind
 from engine_core.rows import apply_links
 from engine_core.target import crm

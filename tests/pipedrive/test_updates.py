@@ -24,7 +24,7 @@ from typing import Any
 from engine_core import ledger, ledger_reads, rollup
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
-from engine_core.providers.pipedrive import kinds, mapping, writers
+from engine_core.providers.pipedrive import fields, kinds, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.runlog import RunLog
 from engine_core.providers.registry import for_run
@@ -55,7 +55,7 @@ def _sight(db, run: Run, task_kind: str, rows: list[dict[str, Any]], client: Pip
     task = Task.from_row(row)
     ctx = TaskContext(db=db, run=run, task=task, worker=WORKER, settings=FAST, log=RunLog(run.id, task.id))
     mapper = kinds.MAPPERS[task_kind]
-    writers.write_listed_page(ctx, rows, lambda r: mapper(r, TENANT, mapping.FieldBook()), client)
+    writers.write_listed_page(ctx, rows, lambda r: mapper(r, TENANT, fields.FieldBook()), client)
     return ctx
 
 

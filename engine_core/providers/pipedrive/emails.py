@@ -74,12 +74,10 @@ from engine_core.providers.pipedrive.mapping import (
     DEAL_KINDS,
     MalformedRow,
     Mapped,
-    map_email,
-    message_of,
     row_source_id,
     unreadable_key,
-    with_body,
 )
+from engine_core.providers.pipedrive.mail import map_email, message_of, with_body
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import ledger_refs, mail_batch, write_mapped
 from engine_core.target import crm

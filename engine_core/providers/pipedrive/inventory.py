@@ -95,7 +95,7 @@ from engine_core.providers.pipedrive.kinds import (FAN_OUT_COSTS, LAST_LEVEL, PA
                                                    TOKEN_COSTS, V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)
 from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
 from engine_core.providers.pipedrive.kinds import page_of
-from engine_core.providers.pipedrive.mapping import message_of
+from engine_core.providers.pipedrive.mail import message_of
 from engine_core.providers.pipedrive.stripes import rfc3339
 
 CATCHUP = "catchup"

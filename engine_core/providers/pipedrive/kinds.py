@@ -5,7 +5,7 @@ The rest of the provider reads these entries: the plan (`plan.PHASES`, `plan.DEP
 listing (`stripes`: offset pages for v1, `update_time` stripes for v2), the parent probe
 (`writers`: by id, or many at a time through a v2 list's `ids`), the catch-up (`inventory`:
 its walk order, `updated_since`, GET by id) and the cost meter (`TOKEN_COSTS`). Adding a kind is
-an entry here, a mapping function in `mapping.py` and a table in `target/`.
+an entry here, a mapping function in `mappers.py` and a table in `target/`.
 
 Token costs are the published specs' `x-token-cost` (shared/pipedrive-openapi).
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from engine_core.providers.pipedrive import files, mapping, products
+from engine_core.providers.pipedrive import files, mappers, mapping, products
 
 V1, V2 = "v1", "v2"
 OFFSET, CURSOR, FIELDS, FAN_OUT = "offset", "cursor", "fields", "fan-out"
@@ -89,39 +89,39 @@ _MAIL_COUNT = {"include_fields": "email_messages_count"}  # for the mail catch-u
 
 KINDS: tuple[Kind, ...] = (
     Kind("fields", "", V2, FIELDS, 0, phase=0, table="custom_field_definitions"),
-    Kind("users", "/v1/users", V1, OFFSET, 20, phase=0, table="users", mapper=mapping.map_user,
+    Kind("users", "/v1/users", V1, OFFSET, 20, phase=0, table="users", mapper=mappers.map_user,
          version_field="modified", by_id="/v1/users/{}", catchup=0),
-    Kind("pipelines", "/api/v2/pipelines", V2, CURSOR, 5, phase=0, table="pipelines", mapper=mapping.map_pipeline,
+    Kind("pipelines", "/api/v2/pipelines", V2, CURSOR, 5, phase=0, table="pipelines", mapper=mappers.map_pipeline,
          striped=False, by_id="/api/v2/pipelines/{}", probed=True, catchup=1),
     Kind("organizations", "/api/v2/organizations", V2, CURSOR, 10, phase=1, table="companies",
-         entity="organization", mapper=mapping.map_organization, since=True, by_id="/api/v2/organizations/{}",
+         entity="organization", mapper=mappers.map_organization, since=True, by_id="/api/v2/organizations/{}",
          probed=True, batch_paths=("/api/v2/organizations",), catchup=3),
     Kind("products", "/api/v2/products", V2, CURSOR, 10, phase=1, table="products", entity="product",
          mapper=products.map_product, striped=False, by_id="/api/v2/products/{}", probed=True,
          batch_paths=("/api/v2/products",), catchup=11, last_level=True),
     Kind("stages", "/api/v2/stages", V2, CURSOR, 5, phase=1, table="stages", depends_on=("pipelines",),
-         mapper=mapping.map_stage, striped=False, by_id="/api/v2/stages/{}", probed=True, catchup=2),
+         mapper=mappers.map_stage, striped=False, by_id="/api/v2/stages/{}", probed=True, catchup=2),
     Kind("persons", "/api/v2/persons", V2, CURSOR, 10, phase=2, table="contacts", depends_on=("organizations",),
-         entity="person", mapper=mapping.map_person, since=True, by_id="/api/v2/persons/{}", probed=True,
+         entity="person", mapper=mappers.map_person, since=True, by_id="/api/v2/persons/{}", probed=True,
          batch_paths=("/api/v2/persons",), catchup=4),
     Kind("deals", "/api/v2/deals", V2, CURSOR, 10, phase=3, table="deals", depends_on=("persons", "organizations"),
-         entity="deal", mapper=mapping.map_deal, since=True, params=_MAIL_COUNT, by_id="/api/v2/deals/{}",
+         entity="deal", mapper=mappers.map_deal, since=True, params=_MAIL_COUNT, by_id="/api/v2/deals/{}",
          probed=True, batch_paths=("/api/v2/deals", "/api/v2/deals/archived"),
          summary=("/v1/deals/summary", 40), counted=True, catchup=5),
     Kind("deals_archived", "/api/v2/deals/archived", V2, CURSOR, 20, phase=3, table="deals", ledger="deals",
          depends_on=("persons", "organizations"), entity="deal",
-         mapper=partial(mapping.map_deal, archived_kind=True), since=True, params=_MAIL_COUNT,
+         mapper=partial(mappers.map_deal, archived_kind=True), since=True, params=_MAIL_COUNT,
          counted=True, catchup=6),
     Kind("leads", "/v1/leads", V1, OFFSET, 20, phase=3, table="leads", depends_on=("persons", "organizations"),
-         entity="lead", mapper=mapping.map_lead, since=True, by_id="/v1/leads/{}", probed=True, catchup=7),
+         entity="lead", mapper=mappers.map_lead, since=True, by_id="/v1/leads/{}", probed=True, catchup=7),
     Kind("leads_archived", "/v1/leads/archived", V1, OFFSET, 40, phase=3, table="leads", ledger="leads",
          depends_on=("persons", "organizations"), entity="lead",
-         mapper=partial(mapping.map_lead, archived_kind=True), catchup=8),
+         mapper=partial(mappers.map_lead, archived_kind=True), catchup=8),
     Kind("activities", "/api/v2/activities", V2, CURSOR, 10, phase=4, table="activities",
          depends_on=(*_DEALS, *_LEADS, "persons", "organizations"), entity="activity",
-         mapper=mapping.map_activity, since=True, by_id="/api/v2/activities/{}", catchup=9, last_level=True),
+         mapper=mappers.map_activity, since=True, by_id="/api/v2/activities/{}", catchup=9, last_level=True),
     Kind("notes", "/v1/notes", V1, OFFSET, 20, phase=5, table="notes",
-         depends_on=(*_DEALS, *_LEADS, "persons", "organizations"), entity="note", mapper=mapping.map_note,
+         depends_on=(*_DEALS, *_LEADS, "persons", "organizations"), entity="note", mapper=mappers.map_note,
          since=True, by_id="/v1/notes/{}", catchup=10, last_level=True),
     Kind("emails", "/v1/deals/{}/mailMessages", V1, FAN_OUT, 20, phase=6, table="emails", depends_on=_DEALS),
     # the further families: a deal's product lines, by the deals the ledger holds (lines.py)

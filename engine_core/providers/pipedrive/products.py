@@ -11,15 +11,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine_core import rows
+from engine_core.providers.pipedrive.fields import FieldBook, custom_fields_v2
 from engine_core.providers.pipedrive.mapping import (
-    FieldBook,
     Mapped,
     MalformedRow,
     Ref,
     ref_to,
     _common,
     _link,
-    custom_fields_v2,
     day,
     flag,
     json_value,

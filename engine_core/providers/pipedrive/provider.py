@@ -79,7 +79,8 @@ from engine_core.providers.pipedrive import (contents, credentials, emails, inve
                                              record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.mapping import FieldBook, MalformedRow
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mapping import MalformedRow
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 

@@ -56,7 +56,8 @@ from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
-from engine_core.providers.pipedrive.mapping import (FieldBook, MalformedRow, Mapped, sound_id,
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
 from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
