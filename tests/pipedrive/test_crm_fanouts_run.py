@@ -5,17 +5,19 @@ followers and deal history taken (`--kinds +...`), reconciled with the sandbox's
 leaves them out and says so; a sync brings a changed deal's new history."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import threading
 import time
 from typing import Any
 
-from engine_core import rollup, runs
+from engine_core import reaper, rollup, runs
 from engine_core.plan import kinds_left_out
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
 from engine_core.providers.registry import for_run
 from engine_core.worker import drain_threads
-from tests.pipedrive.support import FAST, failed_tasks, kind_counts, ledger, live_op, migrate, sandbox, start, sync
+from tests.pipedrive.support import (FAST, failed_tasks, kill, kind_counts, ledger, live_op, migrate, sandbox, start,
+                                     sync)
 
 TENANT = "acme"
 OPT_IN = ["+participants", "+followers", "+deal_history"]
@@ -198,3 +200,55 @@ def reconcile_followers(db, sb) -> None:
     want = {f"{kind}:{sid}:{u}" for kind, by in followers.items() for sid, users in by.items() for u in users}
     got = [r["source_id"] for r in db.sql("SELECT source_id FROM crm.followers WHERE tenant_id = %(t)s", {"t": TENANT})]
     assert sorted(got) == sorted(want)
+
+
+def lists_worker_that_pauses(url: str, run_id: int, after_commits: int, ready: Any) -> None:
+    """Drain a run in this (child) process; once a fan-out task has committed `after_commits`
+    runs of records (its offset moved past them), signal `ready` and wait to be SIGKILLed there."""
+    from engine_core import db as dbmod
+    from engine_core.providers.pipedrive import record_lists
+    from engine_core.worker import Worker
+
+    original = record_lists.RecordListTask.commit
+    seen = {"commits": 0}
+
+    def commit(self: record_lists.RecordListTask) -> None:
+        before = self.offset
+        original(self)
+        if self.offset > before and 0 < self.offset < len(self.records):
+            seen["commits"] += 1
+            if seen["commits"] >= after_commits:
+                ready.set()
+                time.sleep(600)  # the parent SIGKILLs us here
+
+    record_lists.RecordListTask.commit = commit  # type: ignore[method-assign]
+    Worker(dbmod.Database(url, max_size=4), settings=FAST, providers=for_run).drain(run_id)
+
+
+def test_a_worker_killed_mid_task_resumes_at_its_offset_and_loses_or_doubles_nothing(db, db_url) -> None:
+    with sandbox(forbidden_fanout=1) as sb:
+        forbidden = forbidden_of(sb.truth())
+        assert migrate(db, sb, TENANT).status == "succeeded"
+        sb.reset_stats()
+        run = start(db, sb, TENANT, kinds=["participants"], options={"fetch_threads": 1})
+        spawn = mp.get_context("spawn")
+        paused = spawn.Event()
+        proc = spawn.Process(target=lists_worker_that_pauses, args=(db_url, run.id, 3, paused))
+        proc.start()
+        assert paused.wait(120), "the worker never committed mid-task"
+        kill(proc.pid)
+        proc.join()
+        (task,) = db.sql("SELECT * FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running'", {"r": run.id})
+        assert 0 < task["processed_offset"] < len(task["cursor"]["records"]), "killed between its records"
+        assert reaper.release_stale(db, 0) == [task["id"]]
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
+        listings = {k: v for k, v in sb.stats()["listings"].items() if "/participants" in k}
+        participants = sb.truth("participants")["participants"]
+        want = {str(p["id"]) for d, rows in participants.items() if d not in forbidden["deals"] for p in rows}
+    assert runs.get_run(db, run.id).status == "succeeded", failed_tasks(db, run.id)
+    assert listings and set(listings.values()) == {1}, {k: v for k, v in listings.items() if v != 1}
+    rows = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM crm.deal_participants"
+                  " WHERE tenant_id = %(t)s", {"t": TENANT})[0]
+    assert rows["n"] == rows["d"] == len(want) and set(ledger(db, TENANT, "participants")) == want
+    counts = kind_counts(db, run.id)["participants"]
+    assert counts["imported"] == counts["seen"] == len(want), counts
