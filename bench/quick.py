@@ -1,7 +1,7 @@
 """`make bench`: the quick benches one after another (each a minute or two on an idle two-core
 machine), their output streamed, and every bench's closing RATIOS block repeated at the end.
 
-    python bench/quick.py [--only write_path,task_overhead,entity_path,email_phase]
+    python bench/quick.py [--only write_path,task_overhead,entity_path,email_phase,requests]
 
 A bench that fails (non-zero exit) is named at the end and makes this exit non-zero; the others
 still run. The seed-customer bench (bench/seed_customer.py) is not quick and not run here.
@@ -22,6 +22,7 @@ QUICK: dict[str, list[str]] = {
     "task_overhead": ["--tasks", "100", "--reps", "3"],
     "entity_path": ["--scale", "small", "--reps", "3"],
     "email_phase": ["--scale", "small", "--latency", "realistic:0.05", "--burst-limit", "600"],
+    "requests": ["--scales", "tiny,small,seed"],
 }
 
 

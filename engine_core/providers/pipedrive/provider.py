@@ -68,19 +68,21 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine_core.budget import Budget
-from engine_core.config import shown_url
+from engine_core.config import daily_token_share, shown_url
 from engine_core.context import TaskContext
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
 from engine_core.target.files import store_from_env
+from engine_core.providers.pipedrive import estimate as costs
 from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines, mapping,
                                              record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mapping import MalformedRow
+from engine_core.providers.pipedrive.stripes import STRIPE_MIN_ROWS, estimate_rows, first_time as _first_time  # noqa: F401 - the discovery's rules
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 
@@ -309,6 +311,11 @@ def _http_date(raw: str | None) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
+def kinds_module_default() -> list[kinds.Kind]:
+    """The kinds a run takes by default (every kind but the opt-in ones), in declaration order."""
+    return [k for k in kinds.KINDS if k.default]
+
+
 def snapshot_bound(run: Run) -> str | None:
     """`updated_until` of a full run's v2 spans: the run's snapshot, whole seconds,
     exclusive - what changed after it is the catch-up phase's. None for a run from before snapshots."""
@@ -439,6 +446,19 @@ class PipedriveProvider:
         with _identities_lock:
             _identities[(cfg.base_url, cfg.account)] = known
         return clock
+
+    def estimate(self, kinds: list[str] | None = None, *, share: float | None = None) -> Any:
+        """What a full run of `kinds` (None: the default kinds) will cost at the source
+        (`estimate.estimate`, an `Estimate`): counted with a few cheap calls through an unpaced
+        client, at the account's daily token limit and burst limit as its headers say (the
+        configured burst limit where they say none) and the engine's daily share (`share`, default
+        MIGRATE_DAILY_TOKEN_SHARE). Raises ConfigError for a bad configuration, else as the client does."""
+        cfg = self.config()
+        planned = list(kinds) if kinds is not None else [k.name for k in kinds_module_default()]
+        daily, burst = costs.observed_limits(cfg.base_url, cfg.token)
+        with PipedriveClient(cfg.base_url, cfg.token) as client:
+            return costs.estimate(client, kinds=planned, share=daily_token_share() if share is None else share,
+                                  burst_limit=burst or cfg.burst_limit, daily_limit=daily)
 
     def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
         """Every id the source lists now for `kind`, with its version (`inventory.source_ids`: the
@@ -712,19 +732,6 @@ class Discovery:
         return stripes.time_spans(self.oldest, self.newest)
 
 
-def _first_time(rows: Any) -> tuple[datetime | None, bool]:
-    """(the update time of the first row that has one, whether a null-time row came before it)."""
-    nulls = False
-    for row in rows:
-        if stripes.has_null_time(row):
-            nulls = True
-            continue
-        moment = _time(row)
-        if moment is not None:
-            return moment, nulls
-    return None, nulls
-
-
 def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None,
           bounds: Mapping[str, str] | None = None, *, cursor: str | None = None) -> tuple[datetime | None, bool, bool, int]:
     """Walk a v2 list sorted by `update_time` in `direction` (from `cursor`: None, its start)
@@ -747,26 +754,6 @@ def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None
         cursor = page.next_cursor
         if page.rows:
             limit = stripes.PAGE  # a page without a timed row: walk on in the largest pages
-
-
-# A v2 list is striped from this many rows (estimated from the discovery's first page) on: four
-# walkers then each have pages of their own to walk. Below it, one walker walks the list in the
-# discovery's order from the discovery's own first page: every page full but the last (stripes
-# cost a partial page each, and each page asks its own missing parents). Measured with
-# bench/requests.py on the small account (sandbox counters): organizations (600 rows) 6 -> 2
-# requests, persons (1,500) 10 -> 6, deals (1,200) 14 -> 9, activities (900) 15 -> 9; the run 92 -> 73.
-STRIPE_MIN_ROWS = 2000
-
-
-def estimate_rows(rows: Any, oldest: datetime, upto: datetime) -> int | None:
-    """The rows of a list whose first page sorted by `update_time` (`rows`, from `oldest`) holds
-    `len(rows)` rows up to the page's last update time, if the rest arrive at that page's pace up to
-    `upto` (the run's snapshot: no row is newer). An overestimate when the list's newest row is
-    older than `upto`. None when the page spans no time (its rows tell no pace)."""
-    last = next((t for t in (_time(r) for r in reversed(rows) if not stripes.has_null_time(r)) if t is not None), None)
-    if last is None or last <= oldest:
-        return None
-    return math.ceil(len(rows) * max((upto - oldest).total_seconds(), 0.0) / (last - oldest).total_seconds())
 
 
 def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Mapping[str, str] | None = None) -> Discovery:

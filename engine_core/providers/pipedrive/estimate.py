@@ -1,0 +1,353 @@
+"""What a full run will cost at the source, before it starts (`migrate plan TENANT`).
+
+`estimate(client, kinds=..., share=..., burst_limit=...)` counts each list's rows with a few cheap
+calls, then applies the engine's own listing rules to those counts:
+
+Counting (what the plan itself spends: `Estimate.spent`). A v2 list: one page of 500 sorted by
+`update_time` (`provider.discover`'s first request): when it is the list's last, the count is
+exact; else the descending probe's newest update and the page's pace give an estimate
+(`stripes.estimate_rows`, up to the newest update instead of now). A v1 list: its first page;
+when there is more, pages of one row at offsets 500 x 2^k find the last page, and that page read
+whole gives the exact count (about 2 log2(pages) calls of the list's cost). Mail: the two deal lists
+walked with `email_messages_count` (deals with mail and their messages, exact; only when `emails`
+is planned). Opt-in kinds (participants, followers, deal history): one call per record they fan
+out over, from the counts above.
+
+The engine's requests per kind, from those counts (`stripes.STRIPE_MIN_ROWS`): a list
+its first page holds, 1; a v2 list below STRIPE_MIN_ROWS, one call per 500 rows; a striped one,
+two probes, one call per 500 rows and a partial page per stripe (4); a v1 list longer than a page,
+one call per 500 rows and the three stripes' empty last pages; the deals summary when deals do
+not fit a page; field lists 7, the company once; deal products one call per 100 deals; the
+catch-up one walk of every list; mail one listing per deal with mail and one body per message
+(plus the discovery's walk of both deal lists). Parent probes: one request a page per parent kind
+the page links to (`Kind.depends_on` among the probed kinds) - an upper estimate that holds on an
+account with deleted parents (the sandbox's 2%); an account without any spends none.
+
+Tokens are each request's `x-token-cost` (`kinds.TOKEN_COSTS`). Days: tokens / (the account's
+`x-daily-ratelimit-token-limit` x the engine's daily share), per kind and in total (None when the
+source sends no daily limit). Wall time: requests / (burst limit per 2 s), the burst floor.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from engine_core.providers.pipedrive import kinds as K
+from engine_core.providers.pipedrive import stripes, writers
+from engine_core.providers.pipedrive.client import rate_observation, tls_context
+from engine_core.providers.pipedrive.inventory import token_cost
+from engine_core.providers.pipedrive.fields import FieldBook
+from engine_core.providers.pipedrive.mapping import MalformedRow
+
+PAGE = K.PAGE
+IDS_PER_CALL = 100  # `deal_ids` / `ids` cap
+BODY_TOKENS = 2  # a mail body by id (v1 single)
+V1_EMPTY_ENDS = 3  # a v1 list longer than a page: the three other stripes each end on an empty page
+STRIPE_PARTIALS = 4  # a striped v2 list: each stripe ends on a partial page
+PROBES = 2  # a striped v2 list's discovery: the two probes
+BURST_WINDOW_SECONDS = 2.0
+
+
+@dataclass
+class KindCost:
+    """One kind's figures: `rows` (counted or estimated: `exact`), the run's `requests` and
+    `tokens` at the source, `days` at the engine's daily share (None: no daily limit known), and
+    `opt_in` (a kind a run leaves out unless asked)."""
+
+    kind: str
+    rows: int
+    exact: bool
+    requests: int = 0
+    tokens: int = 0
+    days: float | None = None
+    opt_in: bool = False
+
+
+@dataclass
+class Estimate:
+    """A run's cost before it starts: per kind (`kinds`, planned; `opt_in`, each opt-in kind's
+    price if it were added), the totals of the planned kinds, days at the daily share, wall
+    seconds at the burst limit, and what counting cost (`spent`: requests, tokens)."""
+
+    kinds: list[KindCost]
+    opt_in: list[KindCost]
+    daily_limit: int | None
+    share: float
+    burst_limit: int
+    spent: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> int:
+        """Requests of the planned kinds."""
+        return sum(k.requests for k in self.kinds)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of the planned kinds."""
+        return sum(k.tokens for k in self.kinds)
+
+    @property
+    def days(self) -> float | None:
+        """Days of the planned kinds' tokens at the daily share (None: no daily limit known)."""
+        return days_of(self.tokens, self.daily_limit, self.share)
+
+    @property
+    def wall_seconds(self) -> float:
+        """Seconds the planned requests take at the burst limit (the burst floor)."""
+        return self.requests * BURST_WINDOW_SECONDS / max(self.burst_limit, 1)
+
+
+def days_of(tokens: int, daily_limit: int | None, share: float) -> float | None:
+    """`tokens` in days of `daily_limit` x `share`; None without a limit."""
+    if not daily_limit or share <= 0:
+        return None
+    return tokens / (daily_limit * share)
+
+
+class Counter:
+    """The client the counting goes through, counting its own requests and tokens and keeping the
+    last daily limit and burst limit the source's headers said (`observe`, as a budget would)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.requests = 0
+        self.tokens = 0
+
+    def list_v2(self, path: str, params: dict[str, Any], **kw: Any) -> Any:
+        """One v2 page, counted."""
+        self.requests += 1
+        self.tokens += K.TOKEN_COSTS[path]
+        return self.client.list_v2(path, params, **kw)
+
+    def get(self, path: str, params: Any = None, **kw: Any) -> Any:
+        """One GET (a parent by id, or a list's `ids=`), counted at its cost."""
+        self.requests += 1
+        self.tokens += token_cost(path)
+        return self.client.get(path, params, **kw)
+
+    def list_v1(self, path: str, params: dict[str, Any] | None = None, **kw: Any) -> Any:
+        """One v1 page, counted."""
+        self.requests += 1
+        self.tokens += K.TOKEN_COSTS[path]
+        return self.client.list_v1(path, params, **kw)
+
+
+def count_v2(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
+    """(rows of a v2 list, exact, its first page's rows): exact when its first sorted page holds
+    it, else estimated from that page's pace up to the newest update (module docstring)."""
+    first = c.list_v2(path, dict(stripes.SORTED), limit=PAGE)
+    if not first.more or not first.next_cursor:
+        return len(first.rows), True, first.rows
+    oldest, _ = stripes.first_time(first.rows)
+    newest_page = c.list_v2(path, {"sort_by": "update_time", "sort_direction": "desc"}, limit=5)
+    newest, _ = stripes.first_time(newest_page.rows)
+    if oldest is None or newest is None:
+        return len(first.rows) + 1, False, first.rows
+    rows = stripes.estimate_rows(first.rows, oldest, newest)
+    return max(rows or 0, len(first.rows) + 1), False, first.rows
+
+
+def count_v1(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
+    """(rows of a v1 list, exact, its first page's rows): the first page, then one-row pages at 500 x 2^k to find the last
+    page, bisected, and that page read whole."""
+    first = c.list_v1(path, start=0, limit=PAGE)
+    if not first.more:
+        return len(first.rows), True, first.rows
+
+    def has(page: int) -> bool:
+        return bool(c.list_v1(path, start=page * PAGE, limit=1).rows)
+
+    low, high = 1, 2  # page `low` has rows (page 1: the first said more); find a page without
+    while has(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if has(mid) else (low, mid)
+    last = c.list_v1(path, start=low * PAGE, limit=PAGE)
+    return low * PAGE + len(last.rows), True, first.rows
+
+
+def count_mail(c: Counter) -> tuple[int, int]:
+    """(deals with mail, their messages) from both deal lists' `email_messages_count`."""
+    deals = messages = 0
+    for path in (K.BY_NAME["deals"].path, K.BY_NAME["deals_archived"].path):
+        cursor = None
+        while True:
+            page = c.list_v2(path, {"include_fields": "email_messages_count"}, cursor=cursor, limit=PAGE)
+            for row in page.rows:
+                n = row.get("email_messages_count") if isinstance(row, dict) else None
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    deals += 1
+                    messages += n
+            if not page.more or not page.next_cursor:
+                break
+            cursor = page.next_cursor
+    return deals, messages
+
+
+def pages(rows: int, per: int = PAGE) -> int:
+    """List calls for `rows` (at least one)."""
+    return max(1, math.ceil(rows / per))
+
+
+def listing(kind: K.Kind, rows: int) -> int:
+    """The requests the engine's listing of a kind makes for `rows` (module docstring)."""
+    n = pages(rows)
+    if rows <= PAGE:
+        return 1
+    if kind.api == K.V1:
+        return n + V1_EMPTY_ENDS
+    if not kind.striped or rows < stripes.STRIPE_MIN_ROWS:
+        return n
+    return PROBES + n + STRIPE_PARTIALS
+
+
+SAMPLE_IDS = 300  # parent ids the samples ask about, per parent kind (`ids=` lists of 100; by id for leads: 40)
+SAMPLE_GETS = 40
+
+
+def parent_refs(kind: str, rows: Sequence[Any]) -> tuple[int, dict[str, set[str]]]:
+    """(rows mapped, the parents they name per parent ledger kind) of a sample of `kind`'s rows, as
+    the engine's mapper reads them (`Mapped.parents`)."""
+    mapper = K.MAPPERS.get(kind)
+    out: dict[str, set[str]] = {}
+    mapped = 0
+    if mapper is None:
+        return 0, out
+    book = FieldBook()
+    for row in rows:
+        try:
+            m = mapper(row, "plan", book)
+        except (MalformedRow, KeyError, TypeError, ValueError):
+            continue
+        mapped += 1
+        for ref in m.parents:
+            out.setdefault(ref.parent_kind, set()).add(ref.source_id)
+    return mapped, out
+
+
+def missing_ids(c: Counter, parent: str, ids: set[str]) -> set[str]:
+    """Which of `ids` (a sample, capped) the source does not have, asked as the engine's probe
+    asks (`writers.questions`: an `ids=` list, or by id)."""
+    kind = K.BY_NAME.get(parent)
+    if kind is None or parent not in K.PARENT_PATHS or not ids:
+        return set()
+    cap = SAMPLE_IDS if kind.batch_paths else SAMPLE_GETS
+    pairs = [(parent, sid) for sid in sorted(ids)[:cap]]
+    answers: dict[tuple[str, str], bool] = {}
+    for question in writers.questions(pairs):
+        answers.update(writers._request(c, question, None))
+    return {sid for (_, sid), exists in answers.items() if not exists}
+
+
+def probe_cost(kind: K.Kind, rows: int, sample: tuple[int, dict[str, set[str]]], missing: dict[str, set[str]],
+               asked: dict[str, set[str]], planned: Sequence[str]) -> tuple[int, int]:
+    """(requests, tokens) of a kind's parent probes over its pages. The run asks each missing parent
+    once (`writers.SourceAnswers`): of the parents the kind's sample names that the source lacks
+    (`missing`), those no earlier kind asked (`asked`, updated here), scaled from the sample to the
+    kind's rows, are asked page by page - one `ids=` list a page for two or more (two for deals:
+    the archived list too), a GET by id for one (leads always by id); a page's count is taken as
+    Poisson with the kind's mean per page."""
+    mapped, refs = sample
+    if not mapped:
+        return 0, 0
+    requests = tokens = 0.0
+    n_pages = pages(rows)
+    for parent, ids in refs.items():
+        entry = K.BY_NAME.get(parent)
+        if entry is None or parent not in planned or parent not in K.PARENT_PATHS:
+            continue
+        gone = ids & missing.get(parent, set())
+        new = gone - asked.setdefault(parent, set())
+        asked[parent] |= gone
+        total = len(new) * max(rows, mapped) / mapped  # the kind's new missing parents, scaled to its rows
+        if total <= 0:
+            continue
+        single = K.TOKEN_COSTS["v1 single" if entry.api == K.V1 else "v2 single"]
+        if not entry.batch_paths:
+            requests += total
+            tokens += total * single
+            continue
+        # a page's new missing parents of this kind, Poisson with the page's mean: one by id, or a list
+        mean = total / n_pages
+        one = mean * math.exp(-mean)
+        more = max(0.0, 1.0 - math.exp(-mean) - one)
+        requests += n_pages * (one + more * len(entry.batch_paths))
+        tokens += n_pages * (one * single + more * sum(K.TOKEN_COSTS[p] for p in entry.batch_paths))
+    return round(requests), round(tokens)
+
+
+def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: int,
+             daily_limit: int | None = None) -> Estimate:
+    """The cost of a full run of `kinds` (module docstring). `client`: the provider's
+    `PipedriveClient` (its requests are the counting's, `Estimate.spent`); `share`: the engine's
+    daily share (MIGRATE_DAILY_TOKEN_SHARE); `burst_limit`: requests per 2 s; `daily_limit`: the
+    account's `x-daily-ratelimit-token-limit` (None: not known). Raises as the client does."""
+    c = Counter(client)
+    planned = list(kinds)
+    rows: dict[str, tuple[int, bool]] = {}
+    listed = [k for k in K.KINDS if k.paging in (K.OFFSET, K.CURSOR)]
+    samples: dict[str, tuple[int, dict[str, set[str]]]] = {}
+    for k in listed:
+        n, exact, first = count_v2(c, k.path) if k.api == K.V2 else count_v1(c, k.path)
+        rows[k.name] = (n, exact)
+        samples[k.name] = parent_refs(k.name, first)
+    named: dict[str, set[str]] = {}
+    for name, (_, refs) in samples.items():
+        if name in planned:
+            for parent, ids in refs.items():
+                named.setdefault(parent, set()).update(ids)
+    missing = {parent: missing_ids(c, parent, ids) for parent, ids in named.items() if parent in planned}
+    asked: dict[str, set[str]] = {}
+    mail_deals, messages = count_mail(c) if "emails" in planned else (0, 0)
+    deal_count = rows["deals"][0] + rows["deals_archived"][0]
+    out: list[KindCost] = [KindCost("start", 1, True, 1, K.TOKEN_COSTS["v1 single"])]
+    field_paths = [*K.V2_FIELD_LISTS.values(), *K.V1_FIELD_LISTS.values()]
+    costs: dict[str, KindCost] = {}
+    for k in K.KINDS:
+        if k.name == "fields":
+            costs[k.name] = KindCost(k.name, len(field_paths), True, len(field_paths),
+                                     sum(K.FIELD_LIST_COSTS[p] for p in field_paths))
+        elif k.name in rows:
+            n, exact = rows[k.name]
+            req = listing(k, n)
+            tok = req * k.cost
+            if k.name in K.SUMMARY_PATHS and n > PAGE:
+                req, tok = req + 1, tok + K.TOKEN_COSTS[K.SUMMARY_PATHS[k.name]]
+            preq, ptok = probe_cost(k, n, samples[k.name], missing, asked, planned)
+            costs[k.name] = KindCost(k.name, n, exact, req + preq, tok + ptok)
+        elif k.paging == K.BATCH:
+            req = pages(deal_count, IDS_PER_CALL)
+            costs[k.name] = KindCost(k.name, deal_count, rows["deals"][1], req, req * k.cost)
+        elif k.name == "emails":
+            walk = pages(rows["deals"][0]) + pages(rows["deals_archived"][0])
+            req = walk + mail_deals + messages
+            tok = (pages(rows["deals"][0]) * K.BY_NAME["deals"].cost + pages(rows["deals_archived"][0])
+                   * K.BY_NAME["deals_archived"].cost + mail_deals * k.cost + messages * BODY_TOKENS)
+            costs[k.name] = KindCost(k.name, messages, True, req, tok)
+        elif k.paging == K.FAN_OUT:  # an opt-in per-record list: one call per record it fans out over
+            over = deal_count if k.name != "followers" else deal_count + rows["persons"][0] + rows["organizations"][0]
+            costs[k.name] = KindCost(k.name, over, False, over, over * k.cost)
+        costs[k.name].opt_in = not k.default if k.name in costs else False
+    catchup_kinds = [n for n in K.CATCHUP_ORDER if n in planned and n in rows]
+    catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds), all(rows[n][1] for n in catchup_kinds))
+    for n in catchup_kinds:
+        catchup.requests += pages(rows[n][0])
+        catchup.tokens += pages(rows[n][0]) * K.BY_NAME[n].cost
+    out += [costs[n] for n in planned if n in costs] + [catchup]
+    opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]
+    for kc in (*out, *opt_in):
+        kc.days = days_of(kc.tokens, daily_limit, share)
+    return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens})
+
+
+def observed_limits(base_url: str, token: str) -> tuple[int | None, int | None]:
+    """(daily token limit, burst limit) the source's headers say, from one `/v1/users/me` (2
+    tokens): `x-daily-ratelimit-token-limit`, `x-ratelimit-limit`; None where a header is absent."""
+    with httpx.Client(base_url=base_url, headers={"x-api-token": token}, timeout=30.0, verify=tls_context()) as http:
+        seen = rate_observation(http.get("/v1/users/me").headers)
+    return seen.daily_limit, seen.limit

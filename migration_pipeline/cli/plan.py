@@ -1,0 +1,80 @@
+"""`migrate plan TENANT`: what a full run will cost at the source before it starts - requests,
+tokens and days of the daily budget per kind, the total, the wall time at the burst limit, and
+each opt-in kind's price. The figures are the provider's (`PipedriveProvider.estimate`); this
+module only shows them."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from engine_core.plan import choose_kinds
+from engine_core.providers.registry import provider_for
+from engine_core.source import opt_in_kinds
+from migration_pipeline.cli.options import KINDS_HELP, kinds_choice
+from migration_pipeline.cli.output import emit, fail
+from migration_pipeline.launch.checks import check_tenant
+
+
+def _days(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _wall(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def plan_lines(est: Any) -> list[str]:
+    """The plan as lines of text: a row per kind, the total, the burst floor, the opt-in kinds."""
+    lines = [f"{'kind':<16}{'rows':>10}  {'requests':>9}{'tokens':>11}{'days':>8}"]
+    for k in est.kinds:
+        rows = f"{'' if k.exact else '~'}{k.rows:,}"
+        lines.append(f"{k.kind:<16}{rows:>10}  {k.requests:>9,}{k.tokens:>11,}{_days(k.days):>8}")
+    lines.append(f"{'total':<16}{'':>10}  {est.requests:>9,}{est.tokens:>11,}{_days(est.days):>8}")
+    limit = (f"{est.daily_limit:,} tokens a day (x-daily-ratelimit-token-limit) x {est.share:.0%} share"
+             if est.daily_limit else "no daily token limit reported by the source: days not known")
+    lines.append(f"budget: {limit}; wall time at the burst limit ({est.burst_limit} per 2 s): "
+                 f"{_wall(est.wall_seconds)}")
+    for k in est.opt_in:
+        lines.append(f"opt-in {k.kind}: +{k.requests:,} requests, +{k.tokens:,} tokens, +{_days(k.days)} days "
+                     f"(add with --kinds +{k.kind})")
+    lines.append(f"this plan asked {est.spent.get('requests', 0)} requests ({est.spent.get('tokens', 0)} tokens) "
+                 "to count; ~ marks an estimated count")
+    return lines
+
+
+@click.command("plan")
+@click.argument("tenant")
+@click.option("--kinds", default=None, help=KINDS_HELP)
+@click.option("--json", "as_json", is_flag=True)
+def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
+    """What migrating TENANT will cost at the source (Pipedrive, from the environment's settings),
+    before any run: per kind the rows, requests, tokens and days of the daily budget, the total,
+    and the wall time at the burst limit; opt-in kinds with their price."""
+    check_tenant(tenant, "TENANT")
+    provider = provider_for("pipedrive")
+    phases = [k for group in provider.phases() for k in group if k != "catchup"]
+    chosen = choose_kinds([phases], kinds_choice(kinds), opt_in_kinds(provider))
+    planned = chosen if chosen is not None else phases
+    provider.config()  # a missing or bad setting: one line naming it (ConfigError)
+    try:
+        est = provider.estimate(planned)
+    except Exception as e:  # noqa: BLE001 - the source's own errors: one line, never a traceback
+        fail(f"plan {tenant!r}: the pipedrive source failed: {type(e).__name__}: {e}")
+    payload = {"tenant": tenant, "requests": est.requests, "tokens": est.tokens, "days": est.days,
+               "wall_seconds": est.wall_seconds, "daily_limit": est.daily_limit, "share": est.share,
+               "burst_limit": est.burst_limit, "spent": est.spent,
+               "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in]}
+
+    def render() -> None:
+        click.echo(f"plan for {tenant}: a full run of "
+                   f"{', '.join(k.kind for k in est.kinds if k.kind not in ('start', 'catchup'))}")
+        for line in plan_lines(est):
+            click.echo(line)
+
+    emit(as_json, payload, render)

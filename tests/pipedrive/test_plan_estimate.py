@@ -1,0 +1,67 @@
+"""`migrate plan`'s estimate (`PipedriveProvider.estimate`) against what a real run then spends,
+by the sandbox's own counters, at three sizes: tiny and small with mail, and a stand-in of the seed
+customer (its counts divided by 40, lists of several pages that stripe) without. Requests and
+tokens within 10% of the run's; the CLI prints the same figures."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine_core.providers.pipedrive import kinds as pd_kinds
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from tests.pipedrive.support import failed_tasks, migrate, sandbox
+
+SEED_DIVISOR = 40
+
+
+@pytest.fixture
+def scaled_seed(monkeypatch):
+    """The seed customer's spec with every count divided by SEED_DIVISOR, for this test only (the
+    process's cached datasets are dropped before and after, so no other test meets the stand-in)."""
+    from pipedrive_sandbox import data
+
+    spec = data.SCALE_SPECS["seed-customer"]
+    counts = {f.name: max(1, getattr(spec, f.name) // SEED_DIVISOR) for f in dataclasses.fields(spec)
+              if f.type in ("int", int) and f.name not in ("pipelines", "stages_per_pipeline")}
+    monkeypatch.setitem(data.SCALE_SPECS, "seed-customer",
+                        dataclasses.replace(spec, **counts, big_deal_messages=spec.big_deal_messages // SEED_DIVISOR))
+    data.dataset_for.cache_clear()
+    yield
+    data.dataset_for.cache_clear()
+
+
+@pytest.mark.parametrize("scale, mail", [("tiny", True), ("small", True), ("seed-customer", False)])
+def test_the_plan_is_within_ten_percent_of_the_runs_spend(db, request, scale: str, mail: bool) -> None:
+    if scale == "seed-customer":
+        request.getfixturevalue("scaled_seed")
+    kinds = [k.name for k in pd_kinds.KINDS if k.default and (mail or k.name != "emails")]
+    with sandbox(scale=scale, daily_budget=10_000_000) as sb:
+        est = PipedriveProvider(base_url=sb.base_url).estimate(kinds, share=0.8)
+        sb.reset_stats()
+        run = migrate(db, sb, kinds=kinds)
+        spent = sb.stats()
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    requests, tokens = spent["requests_total"], spent["tokens_total"]
+    assert abs(est.requests - requests) <= 0.1 * requests, (est.requests, requests, [vars(k) for k in est.kinds])
+    assert abs(est.tokens - tokens) <= 0.1 * tokens, (est.tokens, tokens, [vars(k) for k in est.kinds])
+    assert est.daily_limit == 10_000_000 and est.days == pytest.approx(est.tokens / 8_000_000)
+    assert est.burst_limit > 0 and est.wall_seconds == pytest.approx(est.requests * 2 / est.burst_limit)
+    assert {k.kind for k in est.opt_in} == {k.name for k in pd_kinds.KINDS if not k.default}
+    assert all(k.requests > 0 and k.tokens > 0 for k in est.opt_in)
+
+
+def test_migrate_plan_prints_the_figures_per_kind_with_the_opt_in_prices(monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli.main import main
+
+    with sandbox(daily_budget=1_000_000) as sb:
+        result = CliRunner().invoke(main, ["plan", "acme"], catch_exceptions=False)
+        bad = CliRunner().invoke(main, ["plan", "no/such"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert any(line.startswith("persons ") for line in lines) and any(line.startswith("total ") for line in lines)
+    assert "1,000,000 tokens a day" in result.output and "80% share" in result.output
+    assert "opt-in deal_history: +" in result.output and "--kinds +deal_history" in result.output
+    assert bad.exit_code == 2 and "TENANT" in bad.output
