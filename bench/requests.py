@@ -109,8 +109,10 @@ def measure(scale: str, db_url: str, kinds: list[str]) -> dict[str, Any]:
         os.environ[ENV_BASE_URL], os.environ[ENV_TOKEN] = sb.base_url, TOKEN
         truth = sb.truth()
         counts = dict(truth["counts"])
-        if "products" in kinds:
+        if "products" in kinds:  # the CRM families' truth is asked by kind
             counts["products"] = len(sb.truth("products")["ids"]["products"])
+        if "files" in kinds:
+            counts["files"] = len(sb.truth("files")["files"])
         sb.reset_stats()
         db = dbmod.Database(db_url, max_size=8)
         try:

@@ -13,7 +13,7 @@ from tests.pipedrive.support import failed_tasks, ledger, ledger_truth, migrate,
 # probes' parents asked through `ids=` lists or by id as `writers.questions` decides. A kind whose
 # pages probe parents may ask one more: which page asks a parent first depends on the lanes' timing
 # (the split of a page's parents into a list or gets by id follows what is answered already).
-PROBING = {"persons", "deals", "deals_archived", "leads", "leads_archived", "activities", "notes"}
+PROBING = {"persons", "deals", "deals_archived", "leads", "leads_archived", "activities", "notes", "catchup"}
 # files: 300 rows in pages of 100 (the spec's cap), four stripes: pages 0-200 and three past the end
 # (300, 400, 500: the stripes' page arithmetic); the catch-up walks them again (3 pages).
 PINNED = {"fields": 7, "users": 1, "pipelines": 1, "stages": 1, "products": 1, "organizations": 2, "persons": 6,

@@ -10,8 +10,8 @@ exact; else the descending probe's newest update and the page's pace give an est
 when there is more, pages of one row at offsets 500 x 2^k find the last page, and that page read
 whole gives the exact count (about 2 log2(pages) calls of the list's cost). Mail: the two deal lists
 walked with `email_messages_count` (deals with mail and their messages, exact; only when `emails`
-is planned). Opt-in kinds (participants, followers, deal history): one call per record they fan
-out over, from the counts above.
+is planned). Opt-in kinds (participants, followers, deal history, file contents): one call per
+record they fan out over, from the counts above.
 
 The engine's requests per kind, from those counts (`stripes.STRIPE_MIN_ROWS`): a list
 its first page holds, 1; a v2 list below STRIPE_MIN_ROWS, one call per 500 rows; a striped one,
@@ -19,7 +19,8 @@ two probes, one call per 500 rows and a partial page per stripe (4); a v1 list l
 one call per 500 rows and the three stripes' empty last pages; the deals summary when deals do
 not fit a page; field lists 7, the company once; deal products one call per 100 deals; the
 catch-up one walk of every list; mail one listing per deal with mail and one body per message
-(plus the discovery's walk of both deal lists). Parent probes: one request a page per parent kind
+(plus the discovery's walk of both deal lists); file contents one download per file (files are
+listed 100 a call). Parent probes: one request a page per parent kind
 the page links to (`Kind.depends_on` among the probed kinds) - an upper estimate that holds on an
 account with deleted parents (the sandbox's 2%); an account without any spends none.
 
@@ -151,15 +152,15 @@ def count_v2(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
     return max(rows or 0, len(first.rows) + 1), False, first.rows
 
 
-def count_v1(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
+def count_v1(c: Counter, path: str, size: int = PAGE) -> tuple[int, bool, tuple[Any, ...]]:
     """(rows of a v1 list, exact, its first page's rows): the first page, then one-row pages at 500 x 2^k to find the last
     page, bisected, and that page read whole."""
-    first = c.list_v1(path, start=0, limit=PAGE)
+    first = c.list_v1(path, start=0, limit=size)
     if not first.more:
         return len(first.rows), True, first.rows
 
     def has(page: int) -> bool:
-        return bool(c.list_v1(path, start=page * PAGE, limit=1).rows)
+        return bool(c.list_v1(path, start=page * size, limit=1).rows)
 
     low, high = 1, 2  # page `low` has rows (page 1: the first said more); find a page without
     while has(high):
@@ -167,8 +168,8 @@ def count_v1(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (mid, high) if has(mid) else (low, mid)
-    last = c.list_v1(path, start=low * PAGE, limit=PAGE)
-    return low * PAGE + len(last.rows), True, first.rows
+    last = c.list_v1(path, start=low * size, limit=size)
+    return low * size + len(last.rows), True, first.rows
 
 
 def count_mail(c: Counter) -> tuple[int, int]:
@@ -196,8 +197,9 @@ def pages(rows: int, per: int = PAGE) -> int:
 
 def listing(kind: K.Kind, rows: int) -> int:
     """The requests the engine's listing of a kind makes for `rows` (module docstring)."""
-    n = pages(rows)
-    if rows <= PAGE:
+    size = K.page_of(kind.name)
+    n = pages(rows, size)
+    if rows <= size:
         return 1
     if kind.api == K.V1:
         return n + V1_EMPTY_ENDS
@@ -293,7 +295,7 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     listed = [k for k in K.KINDS if k.paging in (K.OFFSET, K.CURSOR)]
     samples: dict[str, tuple[int, dict[str, set[str]]]] = {}
     for k in listed:
-        n, exact, first = count_v2(c, k.path) if k.api == K.V2 else count_v1(c, k.path)
+        n, exact, first = count_v2(c, k.path) if k.api == K.V2 else count_v1(c, k.path, K.page_of(k.name))
         rows[k.name] = (n, exact)
         samples[k.name] = parent_refs(k.name, first)
     named: dict[str, set[str]] = {}
@@ -329,6 +331,9 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
             tok = (pages(rows["deals"][0]) * K.BY_NAME["deals"].cost + pages(rows["deals_archived"][0])
                    * K.BY_NAME["deals_archived"].cost + mail_deals * k.cost + messages * BODY_TOKENS)
             costs[k.name] = KindCost(k.name, messages, True, req, tok)
+        elif k.paging == K.DOWNLOAD:  # file contents: one download per file
+            files = rows.get("files", (0, True))
+            costs[k.name] = KindCost(k.name, files[0], files[1], files[0], files[0] * k.cost)
         elif k.paging == K.FAN_OUT:  # an opt-in per-record list: one call per record it fans out over
             over = deal_count if k.name != "followers" else deal_count + rows["persons"][0] + rows["organizations"][0]
             costs[k.name] = KindCost(k.name, over, False, over, over * k.cost)
@@ -336,8 +341,8 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     catchup_kinds = [n for n in K.CATCHUP_ORDER if n in planned and n in rows]
     catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds), all(rows[n][1] for n in catchup_kinds))
     for n in catchup_kinds:
-        catchup.requests += pages(rows[n][0])
-        catchup.tokens += pages(rows[n][0]) * K.BY_NAME[n].cost
+        catchup.requests += pages(rows[n][0], K.page_of(n))
+        catchup.tokens += pages(rows[n][0], K.page_of(n)) * K.BY_NAME[n].cost
     out += [costs[n] for n in planned if n in costs] + [catchup]
     opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]
     for kc in (*out, *opt_in):
