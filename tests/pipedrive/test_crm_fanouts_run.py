@@ -252,3 +252,19 @@ def test_a_worker_killed_mid_task_resumes_at_its_offset_and_loses_or_doubles_not
     assert rows["n"] == rows["d"] == len(want) and set(ledger(db, TENANT, "participants")) == want
     counts = kind_counts(db, run.id)["participants"]
     assert counts["imported"] == counts["seen"] == len(want), counts
+
+
+def test_request_faults_lose_and_double_nothing(db) -> None:
+    with sandbox(forbidden_fanout=1, faults="500:0.05,502:0.03,503:0.05,drop:0.03,badjson:0.03", seed=3) as sb:
+        forbidden = forbidden_of(sb.truth())
+        run = migrate(db, sb, TENANT, kinds=OPT_IN)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        faults, codes = sb.stats()["faults"], sb.stats()["status_codes"]
+        sb.configure(faults="")
+        reconcile(db, sb, forbidden)
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=list(FAMILIES))
+    assert sum(faults.values()) > 20, faults
+    hit = {t: c for t, c in codes.items() if any(s in t for s in ("/participants", "/followers", "/changelog"))
+           and set(c) & {"500", "502", "503"}}
+    assert len(hit) >= 3, codes  # the fan-outs' own requests met the faults too
+    assert proof.passed, proof.lines()
