@@ -129,3 +129,18 @@ def test_the_provider_seeds_every_kind_without_io() -> None:
     # the data phases, then the catch-up (issue 9): the last phase of every run
     assert provider.phases() == [list(g) for g in PHASES] + [["catchup"]]
     assert [s.cursor_key for s in provider.seed_cursors(run, "catchup")], "the catch-up seeds its tasks"
+
+
+def test_a_v1_list_seeds_its_other_stripes_only_as_it_proves_long() -> None:
+    """Span 0's first page seeds span 1 only; span 1's first page the other stripes and stripe 0's
+    next span; a list that ends within two pages asks two (no empty pages of idle stripes)."""
+    def keys(cursor, more, next_start):
+        return [s.cursor_key for s in stripes.v1_successors("notes", cursor, more=more, next_start=next_start)]
+
+    assert keys({"start": 0}, True, 500) == ["notes:500"]
+    assert keys({"start": 500}, False, None) == []
+    assert keys({"start": 500}, True, 1000) == ["notes:1000", "notes:1500", "notes:2000", "notes:2500"]
+    assert keys({"start": 1000}, True, 1500) == ["notes:3000"]
+    # a capped server's sub-pages: span 0 goes on inside itself, its end hands on to nothing
+    assert keys({"start": 0}, True, 15) == ["notes:500", "notes:15"]
+    assert keys({"start": 485, "span": 0}, True, 500) == []

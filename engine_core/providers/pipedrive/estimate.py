@@ -15,8 +15,8 @@ record they fan out over, from the counts above.
 
 The engine's requests per kind, from those counts (`stripes.STRIPE_MIN_ROWS`): a list
 its first page holds, 1; a v2 list below STRIPE_MIN_ROWS, one call per 500 rows; a striped one,
-two probes, one call per 500 rows and a partial page per stripe (4); a v1 list longer than a page,
-one call per 500 rows and the three stripes' empty last pages; the deals summary when deals do
+two probes, one call per 500 rows and a partial page per stripe (4); a v1 list of two pages, two
+calls, a longer one one call per 500 rows and the three stripes' empty last pages; the deals summary when deals do
 not fit a page; field lists 7, the company once; deal products one call per 100 deals; the
 catch-up one walk of every list; mail one listing per deal with mail and one body per message
 (plus the discovery's walk of both deal lists); file contents one download per file (files are
@@ -47,7 +47,7 @@ from engine_core.providers.pipedrive.mapping import MalformedRow
 PAGE = K.PAGE
 IDS_PER_CALL = 100  # `deal_ids` / `ids` cap
 BODY_TOKENS = 2  # a mail body by id (v1 single)
-V1_EMPTY_ENDS = 3  # a v1 list longer than a page: the three other stripes each end on an empty page
+V1_EMPTY_ENDS = 3  # a v1 list of three pages or more: three of its four stripes end on an empty page
 STRIPE_PARTIALS = 4  # a striped v2 list: each stripe ends on a partial page
 PROBES = 2  # a striped v2 list's discovery: the two probes
 BURST_WINDOW_SECONDS = 2.0
@@ -202,7 +202,7 @@ def listing(kind: K.Kind, rows: int) -> int:
     if rows <= size:
         return 1
     if kind.api == K.V1:
-        return n + V1_EMPTY_ENDS
+        return n if n == 2 else n + V1_EMPTY_ENDS  # two pages: span 1 ends it before the others start
     if not kind.striped or rows < stripes.STRIPE_MIN_ROWS:
         return n
     return PROBES + n + STRIPE_PARTIALS

@@ -11,8 +11,8 @@ Tasks and cursors (details in `stripes.py`):
   crm.custom_field_definitions so the product can show custom values by name and option label;
   the other tasks read them from there once per run.
 * v1 kinds (users, leads, leads_archived, notes) - offset pages striped by page arithmetic: four
-  stripes own spans of 500 from 0, 500, 1000, 1500 (the last three seeded by the first page when
-  the API says there is more); a page that reaches its span's end creates
+  stripes own spans of 500 from 0, 500, 1000, 1500 (500 seeded by the first page when the API
+  says there is more, the others by span 500's first page); a page that reaches its span's end creates
   span + 4 x 500, a shorter page the API says is not the last goes on at its `next_start`.
 * v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
   ranges of `update_time`: a discovery task finds the oldest and newest update (walking past
@@ -829,15 +829,13 @@ def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
-    (`stripes.v1_after`), never by the number of rows that came back; the list's first task also
-    seeds the other stripes when there is more (`stripes.v1_fan_out`). Pages are the kind's
+    (`stripes.v1_successors`), never by the number of rows that came back; the list's first spans
+    seed the other stripes as it proves long (`stripes.v1_fan_out`). Pages are the kind's
     `page_size` (`kinds.page_of`)."""
     size = kinds.page_of(kind)
     start, _ = stripes.v1_span(cursor, size)
     page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor, size), cancel=cancel)
-    after = stripes.v1_after(kind, cursor, more=page.more, next_start=page.next_start, page=size)
-    fan_out = stripes.v1_fan_out(kind, cursor, more=page.more, page=size)  # the other stripes, for a list of more than a page
-    return Listed(page.rows, 0, (*fan_out, *((after,) if after is not None else ())))
+    return Listed(page.rows, 0, stripes.v1_successors(kind, cursor, more=page.more, next_start=page.next_start, page=size))
 
 
 def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:

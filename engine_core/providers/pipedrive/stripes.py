@@ -5,9 +5,10 @@ The rule every walk obeys: the API's own pagination fields decide whether there 
 decide who walks which part; they never end a walk the API says goes on. A page shorter than asked
 (a server capping `limit`), or with no rows at all, is not the end while those fields say more.
 
-Stripe only a list large enough to gain, decided by the first page asked anyway. A v1 list starts
-with span 0 alone and seeds the other three stripes only when that page says there is more
-(`v1_first`, `v1_fan_out`). A v2 discovery's ascending probe asks a whole page (`provider.discover`):
+Stripe only a list large enough to gain, decided by the first pages asked anyway. A v1 list starts
+with span 0 alone; when that page says there is more it seeds span 1 (500), and only when span 1
+says more does it seed the other stripes (`v1_first`, `v1_fan_out`, `v1_successors`): a list of
+two pages costs two calls, not five (three stripes' empty pages). A v2 discovery's ascending probe asks a whole page (`provider.discover`):
 when that page is the list's last it is the whole list, and when the list is estimated below
 `STRIPE_MIN_ROWS` rows from that page's pace, it is too short to stripe; either way one
 walker (`v2_whole_seed`) takes that very page (kept by `client.Prefetch.hold`) and goes on in its
@@ -93,17 +94,33 @@ def v1_seeds(kind: str, stripes: int = STRIPES, page: int = PAGE) -> list[Succes
 
 
 def v1_first(kind: str) -> list[Successor]:
-    """A v1 kind's first task: span 0 alone (`kind:0`). The other stripes start only when its
-    first page says there is more (`v1_fan_out`): a list of one page costs one call."""
+    """A v1 kind's first task: span 0 alone (`kind:0`). The other stripes start only as the list
+    proves long enough (`v1_successors`): a list of one page costs one call, of two pages two."""
     return v1_seeds(kind)[:1]
 
 
 def v1_fan_out(kind: str, cursor: dict[str, Any], *, more: bool, stripes: int = STRIPES, page: int = PAGE) -> list[Successor]:
-    """The other stripes' first spans (`kind:500`, `kind:1000`, `kind:1500`), seeded by the list's
-    very first task (cursor `{"start": 0}`) when the API says there is more; none otherwise."""
-    if not more or cursor.get("start") != 0 or cursor.get("span", 0) != 0:
+    """The stripes a list's first spans seed as it proves long (none when the API says no more):
+    span 0's first task seeds span 1 (`kind:500`); span 1's first task seeds the other stripes'
+    first spans and stripe 0's second (`kind:1000`, `kind:1500`, `kind:2000`), after which every
+    stripe hands on by page arithmetic. A sub-page seeds nothing."""
+    if not more or "span" in cursor or cursor.get("start") not in (0, page):
         return []
-    return v1_seeds(kind, stripes, page)[1:]
+    if cursor["start"] == 0:
+        return v1_seeds(kind, stripes, page)[1:2]
+    return [*v1_seeds(kind, stripes, page)[2:], v1_next(kind, 0, stripes, page)]
+
+
+def v1_successors(kind: str, cursor: dict[str, Any], *, more: bool, next_start: int | None,
+                  stripes: int = STRIPES, page: int = PAGE) -> tuple[Successor, ...]:
+    """Every task a v1 page hands on to: its own (`v1_after`) - except span 0's next span, which
+    span 1 seeds once the list reaches it (`v1_fan_out`) - and the stripes it seeds."""
+    after = v1_after(kind, cursor, more=more, next_start=next_start, stripes=stripes, page=page)
+    _, span = v1_span(cursor, page)
+    if after is not None and span == 0 and "span" not in after.cursor:
+        after = None  # stripe 0's second span: seeded by span 1's first task when the list goes on
+    fan_out = v1_fan_out(kind, cursor, more=more, stripes=stripes, page=page)
+    return (*fan_out, *((after,) if after is not None else ()))
 
 
 def v1_next(kind: str, start: int, stripes: int = STRIPES, page: int = PAGE) -> Successor:
