@@ -157,7 +157,11 @@ PROBE_THREADS = 4  # questions one page sends at once (each a request through th
 # `/organizations`, `/deals`, `/deals/archived`). A deal may be archived, and archived deals are
 # in no normal list (since 2025-07-15) while `GET /api/v2/deals/{id}` answers them: the ids the
 # active list leaves out are asked of the archived list before they count as gone. Leads (v1 only),
-# pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`).
+# pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`). For leads that is also
+# the cheapest: the only other proof is listing both lead lists (20 + 40 tokens a page of 500, 2
+# requests on the small account) against 2 tokens a GET (the small account's run asks 1-3 leads,
+# 2-6 tokens), and a listing taken earlier proves nothing about a lead created since (uuids: no
+# order to bound it by), so it would have to be taken again for later pages.
 IDS_MAX = 100  # the spec's cap on `ids` (the sandbox answers 400 beyond it, as a request the API refuses)
 # A kind's parents asked by one `ids=` list rather than by id from this many on. Tokens: a list
 # request costs 10 (`/deals/archived` 20), a record by id 1, so a batch of n < 10 spends more
