@@ -268,3 +268,31 @@ def test_request_faults_lose_and_double_nothing(db) -> None:
            and set(c) & {"500", "502", "503"}}
     assert len(hit) >= 3, codes  # the fan-outs' own requests met the faults too
     assert proof.passed, proof.lines()
+
+
+def test_a_recheck_marks_a_row_the_changed_deals_list_no_longer_serves(db) -> None:
+    with sandbox() as sb:
+        first = migrate(db, sb, TENANT, kinds=["+participants"])
+        assert first.status == "succeeded", failed_tasks(db, first.id)
+        change = next(c for c in (live_op(sb, "update") for _ in range(30)) if c["kind"] == "deals")
+        deal = str(change["id"])
+        # a participant the deal had when it was migrated, removed at the source since (no live op
+        # removes one alone): its product row and ledger claim as the first run wrote them
+        (local,) = db.sql("SELECT id FROM crm.deals WHERE tenant_id = %(t)s AND source_id = %(d)s", {"t": TENANT, "d": deal})
+        row = db.sql("INSERT INTO crm.deal_participants (tenant_id, deal_id, source, source_id)"
+                     " VALUES (%(t)s, %(d)s, 'pipedrive', '999999') RETURNING id", {"t": TENANT, "d": local["id"]})[0]
+        db.sql("INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, record_type, record_id,"
+               " action) VALUES (%(r)s, %(t)s, 'pipedrive', 'participants', '999999', 'crm.deal_participants', %(id)s,"
+               " 'created') RETURNING id", {"r": first.id, "t": TENANT, "id": row["id"]})
+        done = sync(db, sb, TENANT)
+        reconcile_participants = sb.truth("participants")["participants"]
+    gone = db.sql("SELECT deleted_at_source FROM crm.deal_participants WHERE id = %(id)s", {"id": row["id"]})[0]
+    assert gone["deleted_at_source"] is not None, "the changed deal's list was read again and no longer serves it"
+    entry = ledger(db, TENANT, "participants")["999999"]
+    assert entry["action"] == "created" and db.sql(
+        "SELECT deleted_at_source FROM migration_records WHERE kind = 'participants' AND source_id = '999999'"
+    )[0]["deleted_at_source"] is not None
+    live = {r["source_id"] for r in db.sql("SELECT source_id FROM crm.deal_participants WHERE tenant_id = %(t)s"
+                                            " AND deleted_at_source IS NULL", {"t": TENANT})}
+    assert live == {str(p["id"]) for rows in reconcile_participants.values() for p in rows}
+    assert done.status == "succeeded"
