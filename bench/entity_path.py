@@ -17,7 +17,7 @@ paginator (`start`/`limit`, `more_items_in_collection`), pages of 500, `x-api-to
 keeps no ledger, no checkpoints and no references: it is the floor a data engineer would reach for.
 
 `--also-before` runs the engine a second way in the same rounds with issue 11's earlier CPU
-choices put back: `json` - the standard library's json for the responses (`client._decode_json`)
+choices put back: `json` - the standard library's json for the responses (`decode._decode_json`)
 and the windows' new rows (`ledger.rows_json`) instead of orjson; `window` - set-based windows of
 100 rows (`window.SET_WINDOW`) instead of 500; `gc` - Python's default young collection threshold
 (700) instead of the engine's (`worker.YOUNG_COLLECTION_THRESHOLD`); `all` - the three. Every
@@ -47,7 +47,7 @@ from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, p
 from engine_core import db as dbmod  # noqa: E402
 from engine_core import ledger, runs, window, worker, write  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
-from engine_core.providers.pipedrive import client, writers  # noqa: E402
+from engine_core.providers.pipedrive import client, decode, writers  # noqa: E402
 from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 from engine_core.providers.registry import for_run
@@ -80,7 +80,7 @@ def put_back(parts: tuple[str, ...]) -> dict[tuple[Any, str], Any]:
         setattr(module, name, value)
 
     if "json" in parts:
-        swap(client, "_decode_json", client.stdlib_decode_json)  # every body read as before orjson
+        swap(client, "_decode_json", decode.stdlib_decode_json)  # every body read as before orjson
         if hasattr(ledger, "rows_json"):
             swap(ledger, "rows_json", _stdlib_rows_json)
     if "window" in parts:

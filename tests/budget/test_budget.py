@@ -17,7 +17,8 @@ import pytest
 from engine_core.budget import Budget, BudgetCancelled, waiting_state
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked
-from engine_core.providers.pipedrive.client import PipedriveClient, rate_observation
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.retry import rate_observation
 from engine_core.providers.pipedrive.errors import Cancelled
 from engine_core.source import RateObservation
 

@@ -1,5 +1,5 @@
 """Issue 11, the engine's CPU: response bodies are read by orjson, and by the standard library
-whenever orjson would refuse them or read them otherwise (`client._decode_json`). The reading before
+whenever orjson would refuse them or read them otherwise (`decode._decode_json`). The reading before
 orjson is the oracle: the same values, the same counts of repaired UTF-8, the same errors - an
 integer beyond 64 bits stays that integer (orjson would make it a float), a NaN or an infinity
 is read as before (a float; `NonFinite`, so the window's encoder writes it as before), a body that
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine_core.providers.pipedrive import client
+from engine_core.providers.pipedrive import decode
 from engine_core.providers.pipedrive.errors import BadResponse
 from tests.client.support import Script, make_client
 
@@ -60,20 +60,20 @@ BODIES = [
 
 @pytest.mark.parametrize("body", BODIES)
 def test_a_body_reads_as_it_read_before(body: bytes) -> None:
-    got, want = client._decode_json(body), before(body)
+    got, want = decode._decode_json(body), before(body)
     assert same(got[0], want[0]) and got[1] == want[1]
 
 
 @pytest.mark.parametrize("number", [2**64, 10**30, -(2**63) - 1, -(10**25), 123456789012345678901234567890])
 def test_an_integer_beyond_64_bits_stays_that_integer(number: int) -> None:
     body = b'{"success": true, "data": [{"id": 1, "custom_fields": {"f": %d}}]}' % number
-    value = client._decode_json(body)[0]["data"][0]["custom_fields"]["f"]
+    value = decode._decode_json(body)[0]["data"][0]["custom_fields"]["f"]
     assert type(value) is int and value == number
 
 
 def test_nan_and_infinities_read_as_before_and_say_so() -> None:
     body = b'{"data": [NaN, Infinity, -Infinity, 1e400, -1e999, 1.5]}'
-    got, want = client._decode_json(body)[0]["data"], before(body)[0]["data"]
+    got, want = decode._decode_json(body)[0]["data"], before(body)[0]["data"]
     assert same(got, want) and math.isnan(got[0]) and got[1:5] == [math.inf, -math.inf, math.inf, -math.inf]
     assert [type(v).__name__ for v in got] == ["NonFinite"] * 5 + ["float"]
 
@@ -84,7 +84,7 @@ def test_a_body_that_is_not_json_is_one_line_and_retried(content: bytes) -> None
     with pytest.raises(ValueError):
         before(content)
     with pytest.raises(ValueError):
-        client._decode_json(content)
+        decode._decode_json(content)
     script = Script([httpx.Response(200, content=content), httpx.Response(200, content=b'{"success": true, "data": []}')])
     c, sleeps = make_client(script)
     assert c.get("/v1/deals")["data"] == [] and len(script.requests) == 2 and len(sleeps) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine_core.providers.pipedrive.client import settle_refusals
+from engine_core.providers.pipedrive.paging import settle_refusals
 from engine_core.providers.pipedrive.errors import AuthError, BodyUnavailable, ItemRefused
 from tests.client.support import Script, make_client, ok, status
 

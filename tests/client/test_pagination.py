@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine_core.providers.pipedrive.client import Page
+from engine_core.providers.pipedrive.paging import Page
 from engine_core.providers.pipedrive.errors import BadResponse
 from tests.client.support import Script, make_client, ok
 

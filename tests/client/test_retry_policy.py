@@ -10,7 +10,7 @@ import email.utils
 import httpx
 import pytest
 
-from engine_core.providers.pipedrive.client import (
+from engine_core.providers.pipedrive.retry import (
     backoff,
     parse_daily_wait,
     parse_retry_after,

@@ -11,7 +11,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from engine_core.providers.pipedrive.client import PipedriveClient, Prefetch, prefetch_store
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.prefetch import Prefetch, prefetch_store
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.models import Run
 

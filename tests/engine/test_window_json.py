@@ -2,7 +2,7 @@
 (`ledger.rows_json`), which Postgres must read exactly as it read the standard library's ASCII
 JSON before - non-ASCII, NUL, floats, times, decimals - and a value orjson cannot write (an integer
 beyond 64 bits, say in a custom field) must still be written by the window, through the standard
-library. A NaN the Pipedrive client read (`client.NonFinite`) is written `NaN` as before (refused
+library. A NaN the Pipedrive client read (`decode.NonFinite`) is written `NaN` as before (refused
 by Postgres: the window goes per row), not as orjson's null.
 
 The oracle is the encoding before orjson (`json.dumps(rows, ensure_ascii=True, default=str)`):
@@ -22,7 +22,7 @@ from engine_core import db as dbmod
 from engine_core import ledger, write
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
-from engine_core.providers.pipedrive import client
+from engine_core.providers.pipedrive import client, decode
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mappers import map_deal
 from engine_core.rows import Mapped
@@ -140,7 +140,7 @@ def test_a_value_orjson_refuses_is_written_by_the_standard_library(value) -> Non
 
 
 def test_a_nonfinite_float_the_client_read_is_written_as_before() -> None:
-    rows = [{"source_id": "1", "value": client.NonFinite("nan"), "custom_fields": {"k": client.NonFinite("-inf")}}]
+    rows = [{"source_id": "1", "value": decode.NonFinite("nan"), "custom_fields": {"k": decode.NonFinite("-inf")}}]
     assert ledger.rows_json(rows) == before(rows) == '[{"source_id": "1", "value": NaN, "custom_fields": {"k": -Infinity}}]'
 
 
@@ -189,7 +189,7 @@ def test_a_nan_the_client_read_goes_per_row_as_before(db, claims, monkeypatch) -
             b' "update_time": "2024-01-02T03:04:05Z"},'
             b' {"id": 8, "title": "Infinite", "value": -Infinity, "update_time": "2024-01-02T03:04:05Z"},'
             b' {"id": 9, "title": "Plain", "value": 1.5, "update_time": "2024-01-02T03:04:05Z"}]}')
-    data, _ = client._decode_json(body)
+    data, _ = decode._decode_json(body)
 
     def deals(tenant: str) -> Any:
         run = _run(db, tenant)

@@ -6,7 +6,8 @@ import json
 
 import httpx
 
-from engine_core.providers.pipedrive.client import PipedriveClient, Prefetch
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.prefetch import Prefetch
 from engine_core.providers.pipedrive import stripes
 from engine_core.providers.pipedrive.provider import discover, discovery_seeds
 

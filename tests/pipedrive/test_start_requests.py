@@ -41,7 +41,7 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     with its page in hand (`client.Prefetch`); every page asked ahead is taken, none asked twice
     (the sandbox's count of list requests is unchanged). Persons' discovery runs early, in the
     organizations' tail: its pages are taken once the barrier lets the walkers run."""
-    from engine_core.providers.pipedrive.client import prefetch_store
+    from engine_core.providers.pipedrive.prefetch import prefetch_store
 
     with sandbox() as sb:
         sb.reset_stats()

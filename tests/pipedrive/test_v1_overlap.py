@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine_core.providers.pipedrive import inventory
-from engine_core.providers.pipedrive.client import Page
+from engine_core.providers.pipedrive.paging import Page
 
 
 class _Listing:

@@ -40,7 +40,7 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run, Successor, TaskOutcome
-from engine_core.providers.pipedrive.client import settle_refusals
+from engine_core.providers.pipedrive.paging import settle_refusals
 from engine_core.providers.pipedrive.errors import (AuthError, Cancelled, DailyLimitReached, ItemRefused,
                                                     PipedriveError, TransientHTTPError)
 from engine_core.providers.pipedrive.files import content_status

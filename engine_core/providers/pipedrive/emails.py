@@ -68,7 +68,8 @@ from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.rows import excerpt
-from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
 from engine_core.providers.pipedrive.mapping import (
     DEAL_KINDS,

@@ -89,7 +89,8 @@ from engine_core.errors import PageFailed
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
 from engine_core.providers.pipedrive import contents, lines, mapping, record_lists, writers
-from engine_core.providers.pipedrive.client import Page, PipedriveClient, settle_refusals
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import ItemRefused, NotFound
 from engine_core.providers.pipedrive.kinds import (FAN_OUT_COSTS, LAST_LEVEL, PAGE, PARAMS, SINCE_KINDS, SINGLE_PATHS,
                                                    TOKEN_COSTS, V1_PATHS, V2_PATHS, VERSION_FIELD, ledger_kind)

@@ -78,7 +78,8 @@ from engine_core.target.files import store_from_env
 from engine_core.providers.pipedrive import estimate as costs
 from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines, mapping,
                                              record_lists, stripes, writers)
-from engine_core.providers.pipedrive.client import PipedriveClient, prefetch_store
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.prefetch import prefetch_store
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mapping import MalformedRow

@@ -58,7 +58,7 @@ from engine_core.context import TaskContext
 from engine_core.errors import RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.providers.pipedrive import fanouts, writers
-from engine_core.providers.pipedrive.client import Page, item_scope, settle_refusals
+from engine_core.providers.pipedrive.paging import Page, item_scope, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, ItemRefused, PipedriveError
 from engine_core.providers.pipedrive.kinds import CURSOR, OFFSET, PAGE, kind as kind_entry
 from engine_core.providers.pipedrive.mapping import KINDS_OF_REF, MalformedRow, Mapped, sound_id, unreadable_key
