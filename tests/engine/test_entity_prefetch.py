@@ -1,4 +1,4 @@
-"""The entity path: a walk's next page asked ahead (`client.Prefetch`) while the current
+"""The entity path: a walk's next page asked ahead (`prefetch.Prefetch`) while the current
 one is written. Only a cache: the successor's identical request takes the answer once, a retried
 one asks the source again, an answer asked ahead that failed or expired is asked again, and a page
 never crosses runs (one store per database and run). Real HTTP (a local server); the budget on real Postgres."""

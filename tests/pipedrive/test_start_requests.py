@@ -38,7 +38,7 @@ def test_clients_share_one_tls_context() -> None:
 
 def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     """Issue 11: a discovery asks its walkers' first pages as it seeds them, so each walker starts
-    with its page in hand (`client.Prefetch`); every page asked ahead is taken, none asked twice
+    with its page in hand (`prefetch.Prefetch`); every page asked ahead is taken, none asked twice
     (the sandbox's count of list requests is unchanged). Persons' discovery runs early, in the
     organizations' tail: its pages are taken once the barrier lets the walkers run."""
     from engine_core.providers.pipedrive.prefetch import prefetch_store

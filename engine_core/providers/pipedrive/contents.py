@@ -21,7 +21,7 @@ is an update in place, the same one already here).
 
 A file whose bytes are not kept keeps its metadata row and says why, never failing the run:
 `content_status` 'forbidden' (403: private to another user, once the token itself reads the
-account: `client.settle_refusals`), 'missing' (404: purged from the source's storage while still
+account: `paging.settle_refusals`), 'missing' (404: purged from the source's storage while still
 listed) or 'too_large' (past MIGRATE_FILE_MAX_BYTES), and the ledger holds the file under
 `file_contents` as skipped with the reason, so `migrate rows` and `migrate explain file_contents
 <id>` tell it like any skipped row. A download that fails otherwise (the client's retries spent, a

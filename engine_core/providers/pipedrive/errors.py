@@ -16,7 +16,7 @@ How the worker treats them:
   the task's failure (a `NotFound` on one row's detail fetch is usually that row's failure).
 * `ItemRefused`: one item's sub-resource (a deal's mail listing, a mail body) answered 403 (private
   to another user) or 404 (the item is gone since it was listed). Not retried and not the task's
-  failure: it is that item's outcome, told with its reason (`client.settle_refusals` first asks
+  failure: it is that item's outcome, told with its reason (`paging.settle_refusals` first asks
   whether the token itself is refused). `BodyUnavailable` is the mail body's: the message is
   imported without its body and says so.
 """
