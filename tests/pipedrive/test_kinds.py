@@ -6,7 +6,8 @@ from engine_core.providers.pipedrive.fields import FieldBook
 
 
 def test_every_listed_kind_maps_into_its_declared_table() -> None:
-    row = {"id": 1, "name": "n", "title": "t", "subject": "s", "content": "c", "pipeline_id": 1,
+    row = {"id": 1, "name": "n", "title": "t", "subject": "s", "content": "c", "pipeline_id": 1, "deal_id": 1, "product_id": 1,
+           "file_name": "f.pdf",
            "add_time": "2024-01-01T00:00:00Z", "update_time": "2024-01-02T00:00:00Z"}
     for k in kinds.KINDS:
         if k.mapper is None:

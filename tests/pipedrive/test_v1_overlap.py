@@ -16,9 +16,9 @@ class _Listing:
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
 
-    def list_v1(self, path: str, params: Any, start: int) -> Page:
-        rows = tuple(self.rows[start : start + inventory.PAGE])
-        more = start + inventory.PAGE < len(self.rows)
+    def list_v1(self, path: str, params: Any, start: int, limit: int = inventory.PAGE) -> Page:
+        rows = tuple(self.rows[start : start + limit])
+        more = start + limit < len(self.rows)
         return Page(rows=rows, next_start=start + len(rows) if more else None, more=more)
 
 
