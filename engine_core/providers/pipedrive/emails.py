@@ -28,7 +28,7 @@ fetches nothing again on resume, one killed during a window's rounds at most tha
 A stop is honoured between rounds: the messages in hand are written and the progress checkpointed
 before the task stops. A message that cannot be fetched alone (a malformed answer) or cannot be
 written fails alone with its reason; the deal's other messages land. A deal whose mail listing
-answers 403 while the token still reads the account's own identity (`client.settle_refusals`) is
+answers 403 while the token still reads the account's own identity (`paging.settle_refusals`) is
 that deal's outcome - its mail told unreachable with the reason (`EmailTask._unreachable`) - and
 the task goes on; a token refused (401, or 403 on `/v1/users/me`) stops it as before.
 

@@ -322,7 +322,7 @@ def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None 
 
 def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None = None) -> None:
     """Ask now, in the background, for the page `list_step(.., kind, at, since)` will ask for
-    (`client.Prefetch`: the catch-up's next task takes it while this one writes)."""
+    (`prefetch.Prefetch`: the catch-up's next task takes it while this one writes)."""
     params = dict(PARAMS.get(kind) or {})
     if since and kind in SINCE_KINDS:
         params["updated_since"] = since

@@ -378,11 +378,11 @@ class PipedriveProvider:
 
     def client(self, db: Database) -> PipedriveClient:
         """The provider's client for `db`, made once per database: paced by `budget(db)`, sharing
-        the run's pages asked ahead (`client.Prefetch`) in this process."""
+        the run's pages asked ahead (`prefetch.Prefetch`) in this process."""
         with self._lock:
             if self._client is None or self._client_db is not db:
                 cfg = self.config()
-                # a run's pages asked ahead are shared by its lanes in this process (`client.Prefetch`)
+                # a run's pages asked ahead are shared by its lanes in this process (`prefetch.Prefetch`)
                 ahead = prefetch_store((db.url, self._run_id)) if self._run_id is not None else None
                 self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db), prefetch=ahead)
                 self._client_db = db
@@ -623,7 +623,7 @@ class PipedriveProvider:
             else:
                 ctx.stats.values["source_total"] = total
         seeds = discovery_seeds(kind, found, lower, upper)
-        # the walkers' first pages are asked now (`client.Prefetch`): a discovery run early
+        # the walkers' first pages are asked now (`prefetch.Prefetch`): a discovery run early
         # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
         # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
         ask_ahead(client, kind, tuple(seeds))
@@ -818,7 +818,7 @@ class Listed:
 
 def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None:
     """Ask for the successor walker's page now, while this task writes its own
-    (`client.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
+    (`prefetch.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
     for s in successors:
         if kind in stripes.V1_PATHS:
             size = kinds.page_of(kind)

@@ -27,7 +27,7 @@ fetch threads that hold no database connection; a round is joined before anythin
 records finished in a row from the offset are then written as one page through the engine's one
 write path (`write.write_mapped_page`: references through the ledger, windows, the checkpoint -
 the index after them - inside the last window). A record whose list answers 403 while the token
-reads the account (`client.settle_refusals`) is that record's outcome: kept beside the ledger
+reads the account (`paging.settle_refusals`) is that record's outcome: kept beside the ledger
 under its kind and key "deal <id>" ("person <id>", "organization <id>") with the reason, counted
 `records_unreachable`; the run goes on. 404 (the record deleted since it was written): no rows,
 a warning; the catch-up marks the record itself. An answer that cannot be read is kept the same
@@ -133,7 +133,7 @@ def page_of(body: Any, path: str, paging: str, position: Any) -> Page:
 def fetch_page(client: Any, family: Family, of: str, record: int, position: Any = None, *,
                cancel: Any = None, reservation: Any = None) -> Page:
     """One page of a record's list (`position`: the offset or cursor; None: the first page),
-    `PAGE` rows. 403/404 raise `ItemRefused` (`client.item_scope`: the record's, once
+    `PAGE` rows. 403/404 raise `ItemRefused` (`paging.item_scope`: the record's, once
     `settle_refusals` has cleared the token); other errors as the client raises them."""
     path = family.path(of, record)
     params: dict[str, Any] = {"limit": PAGE}

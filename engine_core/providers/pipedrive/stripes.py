@@ -11,7 +11,7 @@ says more does it seed the other stripes (`v1_first`, `v1_fan_out`, `v1_successo
 two pages costs two calls, not five (three stripes' empty pages). A v2 discovery's ascending probe asks a whole page (`provider.discover`):
 when that page is the list's last it is the whole list, and when the list is estimated below
 `STRIPE_MIN_ROWS` rows from that page's pace, it is too short to stripe; either way one
-walker (`v2_whole_seed`) takes that very page (kept by `client.Prefetch.hold`) and goes on in its
+walker (`v2_whole_seed`) takes that very page (kept by `prefetch.Prefetch.hold`) and goes on in its
 order, with no descending probe, no stripes and no null walker. Measured with `bench/requests.py`
 (sandbox counters, no latency, every kind but mail): the tiny account's run went from 77 requests /
 1,180 tokens to 35 / 464, the small one's from 110 / 1,482 to 73 / 875 (archived deals 10 -> 2
@@ -264,7 +264,7 @@ def has_null_time(row: Any) -> bool:
 def v2_whole_seed(kind: str, since: str | None, before: str | None = None) -> Successor:
     """The one walker of a list its discovery's first page held, or too short to stripe
     (`kind:s0:p0`): it asks exactly the discovery's request (sorted by `update_time` ascending,
-    from `since`), so it takes the page the discovery kept (`client.Prefetch.hold`) instead of
+    from `since`), so it takes the page the discovery kept (`prefetch.Prefetch.hold`) instead of
     asking again, and follows that order's cursor; null-time rows are in it (an unfiltered list)
     and no other walker is needed. `before`: the run's
     snapshot - rows updated at or after it are left to the catch-up (`is_before`), as a span's."""

@@ -17,7 +17,7 @@ source once - organizations, persons and deals many at a time through their v2 l
 provider's budgeted client, before the page's windows open and holding no database connection -
 and remembers the answer for the run (`SourceAnswers`). 404 (or absent from the lists): the row is imported with that link empty, and the
 dangling reference is kept on the product row (`dangling_refs`) and on its ledger entry
-(`dangling`, counted per kind by `ledger.dangling_counts`), with a reason `migrate explain` shows
+(`dangling`, counted per kind by `ledger_reads.dangling_counts`), with a reason `migrate explain` shows
 ("imported; org_id 42 does not exist at the source"). 200: the parent exists but is not
 written (it failed, or its listing missed it), so the row stays a placeholder, saying so. A parent
 that failed or was skipped, and a parent of a kind the run does not import, stay placeholders
