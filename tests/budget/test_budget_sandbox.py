@@ -110,7 +110,10 @@ def test_two_processes_never_spend_more_than_their_share_of_a_day(db_url: str, s
     poller = threading.Thread(target=poll)
     poller.start()
     try:
-        options = {"burst_limit": 80, "daily_share": share, "max_cost": 5}
+        # the engine's burst limit sits a quarter under the sandbox's: this test is about the day's
+        # share (the burst window has its own test), and requests a loaded machine delays arrive
+        # bunched (one burst 429 seen in a full suite beside other work at the shared limit)
+        options = {"burst_limit": 60, "daily_share": share, "max_cost": 5}
         reports = run_workers(db_url, sandbox, 2, options, 4, 2.5 * day, calls=("pipelines",), day=(anchor, day))
     finally:
         done.set()
