@@ -111,11 +111,21 @@ def test_two_tenants_across_hosts_survive_a_worker_host_dying(tmp_path):
                 run_ids[tenant] = launch_phases(dep.ui, tenant)
             instance = dep.instance()
 
-            # worker-a dies while it holds an engine task past the first phase
+            # worker-a dies while it holds an engine task past the first phase AND runs the Dagster
+            # step of that task's phase for its tenant: worker-a's lane threads also drain tasks of
+            # steps running on worker-b, and a kill then finds no step of its own to move
             victim: list[dict] = []
             deadline = time.monotonic() + 240
+            tenant_runs = dict(run_ids)
+
+            def step_here(row: dict) -> bool:
+                placed = celery_hosts(instance, tenant_runs[row["tenant_id"]]) if row["tenant_id"] in tenant_runs else []
+                return bool(placed) and placed[-1][2].startswith("worker-a") and \
+                    f"phase_{row['phase'] + 1}_" in placed[-1][1]
+
             while not victim and time.monotonic() < deadline:
-                victim = [r for r in sampler.running if r["locked_by"].startswith("worker-a:") and r["phase"] >= 1]
+                victim = [r for r in sampler.running if r["locked_by"].startswith("worker-a:") and r["phase"] >= 1
+                          and step_here(r)]
                 if all(instance.get_run_by_id(r).status in FINISHED for r in run_ids.values()):
                     break
                 time.sleep(0.1)
