@@ -203,17 +203,16 @@ def last_snapshot(db: Database, tenant_id: str, source: str) -> datetime | None:
 
 
 def synced_kinds(db: Database, tenant_id: str, provider: Provider) -> list[str] | None:
-    """The kinds a sync takes when it names none: those of the tenant's last succeeded (not dry) run
-    or sync, catch-up kind aside (an opt-in kind taken stays in sync); None (the defaults): none."""
+    """The kinds a sync takes when it names none: every kind any succeeded (not dry) run or sync of
+    the tenant took, catch-up kind aside, in plan order - an opt-in kind taken stays in sync, and a
+    kind run alone later (`--kinds deal_history`, as the README says) does not drop the rest; None
+    (the defaults): no such run."""
     rows = db.sql(
         "SELECT plan FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND status = 'succeeded'"
-        " AND NOT dry_run ORDER BY COALESCE(snapshot_at, started_at) DESC LIMIT 1",
-        {"t": tenant_id, "s": provider.source})
-    if not rows:
-        return None
+        " AND NOT dry_run", {"t": tenant_id, "s": provider.source})
+    taken = {k for row in rows for group in row["plan"] for k in group}
     ck = catchup_kind(provider)
-    known = {k for group in provider.phases() for k in group}
-    kinds = [k for group in rows[0]["plan"] for k in group if k != ck and k in known]
+    kinds = [k for group in provider.phases() for k in group if k in taken and k != ck]
     return kinds or None
 
 
