@@ -59,7 +59,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
     with sandbox(scale="tiny", live_mix="create:3,update:6,delete:1,archive:1,unarchive:0.5,merge:0.5,mail:2") as sb:
         opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED}
         run = start(db, sb, TENANT)
-        sb.configure(live_rate=25.0, live_max=120)  # a steady stream of changes while the run walks
+        sb.configure(live_rate=60.0, live_max=120)  # a steady stream of changes while the (short) run walks
         drain_threads(db, run.id, width=4, settings=FAST, providers=for_run)
         run = runs.get_run(db, run.id)
         assert run.status == "succeeded", failed_tasks(db, run.id)
