@@ -192,11 +192,14 @@ def check_tenant_identity(db: Database, tenant_id: str, source: str, identity: s
 
 def last_snapshot(db: Database, tenant_id: str, source: str) -> datetime | None:
     """The snapshot moment of the tenant's last succeeded (not dry) run or sync of `source`: what a
-    sync starts from. A run from before snapshots were kept counts with its start time."""
+    sync starts from. A run from before snapshots were kept counts with its start time. "Last" is
+    by start, not by snapshot: a snapshot is the source's `Date` (whole seconds, and a server may
+    serve one up to a second old) or that plus the time since it was asked, so a sync's snapshot
+    can sort before the run it synced when both fall in one second."""
     rows = db.sql(
         "SELECT COALESCE(snapshot_at, started_at) AS at FROM migrations"
         " WHERE tenant_id = %(t)s AND source = %(s)s AND status = 'succeeded' AND NOT dry_run"
-        " ORDER BY COALESCE(snapshot_at, started_at) DESC LIMIT 1",
+        " ORDER BY started_at DESC, id DESC LIMIT 1",
         {"t": tenant_id, "s": source},
     )
     return rows[0]["at"] if rows else None
