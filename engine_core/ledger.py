@@ -25,11 +25,10 @@ run's `updated` outcomes always equal its `updated` + `restored` history rows (t
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -38,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn, Database, query
 from engine_core.models import Run
+from engine_core.rows import content_version as content_version, newer as newer, same_version as same_version
 
 IMPORTED = "imported"
 MATCHED = "matched"
@@ -82,58 +82,6 @@ class Written:
     record_type: str
     record_id: int | None
     matched: bool = False
-
-
-# --- versions --------------------------------------------------------------------------------
-
-
-def content_version(row: Any) -> str:
-    """The version of a row without an update time: "sha256:" + the hex digest of its canonical
-    JSON (sorted keys, no spaces; values JSON cannot hold are written with `str`)."""
-    text = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _moment(version: str) -> datetime | None:
-    """A version that is a time (RFC 3339 with or without milliseconds, or `YYYY-MM-DD HH:MM:SS`,
-    UTC when it carries no offset), else None."""
-    if not version or version.startswith("sha256:"):
-        return None
-    raw = version.strip()
-    if raw.endswith(("Z", "z")):
-        raw = raw[:-1] + "+00:00"
-    try:
-        parsed = datetime.fromisoformat(raw.replace(" ", "T", 1))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
-def newer(version: str | None, written: str | None) -> bool:
-    """Whether a sighting's `version` supersedes the `written` one. None (the writer knows no
-    version) never does; a written None (an entry from before versions) always is superseded; two
-    times compare as times (the same instant in v1 and v2 formats is one version; an older one is
-    a stale sighting); anything else (content hashes) supersedes when it differs."""
-    if version is None:
-        return False
-    if written is None:
-        return True
-    a, b = _moment(version), _moment(written)
-    if a is not None and b is not None:
-        return a > b
-    return version != written
-
-
-def same_version(a: str | None, b: str | None) -> bool:
-    """Whether two versions are the same: equal texts, or two times of the same instant (a v1
-    `YYYY-MM-DD HH:MM:SS` and a v2 RFC 3339 text, with or without milliseconds). None is only
-    the same as None. For comparing the ledger with a listing's versions (verify, catch-up)."""
-    if a is None or b is None:
-        return a is b
-    if a == b:
-        return True
-    x, y = _moment(a), _moment(b)
-    return x is not None and x == y
 
 
 def overwrite_matched(run: Run) -> bool:

@@ -11,6 +11,11 @@ query per page), claims, writes and checkpoints; the row flows one way.
 
 A mapper that cannot map a row raises `MalformedRow` (or a subclass) with a reason naming the
 field: the row then fails alone, with that reason, in its window.
+
+The rules on values that both a provider's mappers and the engine's writers follow live here too,
+pure (no I/O), so that neither side imports the other's tables: source versions (`content_version`,
+`newer`, `same_version`), long text cut for the product (`fit_text`, `fit_email_body` and their
+limits) and the keys the product matches rows by (`normal_email`, `normal_domain`).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from engine_core.errors import EngineError
@@ -172,3 +178,145 @@ def _set_at(values: dict[str, Any], path: tuple[str | int, ...], into: str, valu
         copy[step] = inner
         inner = copy
     values.update(inner)
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+def content_version(row: Any) -> str:
+    """The version of a row without an update time: "sha256:" + the hex digest of its canonical
+    JSON (sorted keys, no spaces; values JSON cannot hold are written with `str`)."""
+    text = json.dumps(row, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _moment(version: str) -> datetime | None:
+    """A version that is a time (RFC 3339 with or without milliseconds, or `YYYY-MM-DD HH:MM:SS`,
+    UTC when it carries no offset), else None."""
+    if not version or version.startswith("sha256:"):
+        return None
+    raw = version.strip()
+    if raw.endswith(("Z", "z")):
+        raw = raw[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(raw.replace(" ", "T", 1))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def newer(version: str | None, written: str | None) -> bool:
+    """Whether a sighting's `version` supersedes the `written` one. None (the writer knows no
+    version) never does; a written None (an entry from before versions) always is superseded; two
+    times compare as times (the same instant in v1 and v2 formats is one version; an older one is
+    a stale sighting); anything else (content hashes) supersedes when it differs."""
+    if version is None:
+        return False
+    if written is None:
+        return True
+    a, b = _moment(version), _moment(written)
+    if a is not None and b is not None:
+        return a > b
+    return version != written
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    """Whether two versions are the same: equal texts, or two times of the same instant (a v1
+    `YYYY-MM-DD HH:MM:SS` and a v2 RFC 3339 text, with or without milliseconds). None is only
+    the same as None. For comparing the ledger with a listing's versions (verify, catch-up)."""
+    if a is None or b is None:
+        return a is b
+    if a == b:
+        return True
+    x, y = _moment(a), _moment(b)
+    return x is not None and x == y
+
+
+# --- mail bodies -----------------------------------------------------------------------------
+
+# The longest mail body stored, in characters. Postgres holds a text value up to 1 GB, so the cap
+# is the product's, not the database's: the product shows a body in one view, and a body past a
+# million characters is an inline base64 image or an attachment pasted as text (a 1,200,000-
+# character HTML body with an inline image is the real case), not anything a reader scrolls.
+# One million characters is at most ~4 MB of UTF-8 (TOAST-compressed on disk), and it equals the
+# mapping's `TEXT_MAX`, which must stay at least this (with_body rejects longer bodies).
+# A longer body is cut here, never dropped: the row says `body_truncated` and keeps the
+# source's length in `body_original_length`.
+EMAIL_BODY_MAX = 1_000_000
+
+
+@dataclass(frozen=True)
+class FittedBody:
+    """A mail body as stored: the text, whether it was cut, and the source's length if it was."""
+
+    body: str | None
+    truncated: bool = False
+    original_length: int | None = None  # characters, only when truncated
+
+    def columns(self) -> dict[str, Any]:
+        """The body's columns of crm.emails: body, body_truncated, body_original_length."""
+        return {"body": self.body, "body_truncated": self.truncated, "body_original_length": self.original_length}
+
+
+def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
+    """A (sanitised) mail body cut to `limit` characters (`EMAIL_BODY_MAX`) when it is longer.
+
+    The cut never ends inside an HTML tag (it backs up to the tag's `<` when the last tag opened
+    in the kept text has no `>` after it; a bare "a < b" is text, not a tag), so the stored prefix
+    still renders - a body made huge by an inline base64 image keeps the text before the image; `original_length` keeps the
+    source's length in characters. Raises ValueError for a limit below 1.
+    """
+    return fit_text(body, limit)
+
+
+# The longest note content stored, in characters. Pipedrive allowed notes of about 3,000,000
+# characters for years (today's spec says 100,000), HTML with inline base64 images among them, so
+# a note is kept whole far beyond that; the cap is what Postgres always holds: a text value takes
+# up to 1 GB, and 100,000,000 characters are at most 400 MB of UTF-8. A longer note is cut here,
+# never dropped: the row says `content_truncated` with the source's `content_original_length`.
+NOTE_CONTENT_MAX = 100_000_000
+
+
+def fit_text(text: str | None, limit: int) -> FittedBody:
+    """A long HTML or plain text cut to `limit` characters when it is longer, never inside a tag
+    (the rule of `fit_email_body`, which is this for mail bodies). Raises ValueError for a limit
+    below 1."""
+    body = text
+    if limit < 1:
+        raise ValueError(f"the body limit must be at least 1 character, got {limit}")
+    if body is None or len(body) <= limit:
+        return FittedBody(body)
+    kept = body[:limit]
+    open_tag = kept.rfind("<")
+    tag_start = kept[open_tag + 1 : open_tag + 2]
+    if open_tag > 0 and (tag_start.isalpha() or tag_start in ("/", "!")) and kept.find(">", open_tag) < 0:
+        kept = kept[:open_tag]  # a tag cut open (often the inline image itself) cannot render
+    return FittedBody(kept, truncated=True, original_length=len(body))
+
+
+# --- already here ----------------------------------------------------------------------------
+
+
+def normal_email(value: object) -> str | None:
+    """An email address as the product matches it: trimmed and lower-cased; None for a value that
+    is not text or not an address (no @, or a space in it)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    return text if "@" in text and " " not in text else None
+
+
+def normal_domain(value: object) -> str | None:
+    """`https://www.Acme.example/about` -> `acme.example`."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    text = value.strip().lower()
+    if "@" in text:
+        text = text.rsplit("@", 1)[1]
+    for prefix in ("https://", "http://"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    text = text.split("/", 1)[0].split(":", 1)[0]
+    if text.startswith("www."):
+        text = text[4:]
+    return text if "." in text and " " not in text else None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
@@ -24,6 +23,15 @@ from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn
 from engine_core.ledger import NewRows, Written
+from engine_core.rows import (  # noqa: F401 - the product's value rules, kept in the pure row module
+    EMAIL_BODY_MAX,
+    NOTE_CONTENT_MAX,
+    FittedBody,
+    fit_email_body,
+    fit_text,
+    normal_domain,
+    normal_email,
+)
 from engine_core.target.tables import TABLES, Table as Table
 
 
@@ -160,96 +168,6 @@ def refresh_archived(tx: Conn, table: str, record_id: int, values: Mapping[str, 
         ),
     )
     return bool(tx.sql(statement, params))
-
-
-# --- mail bodies -----------------------------------------------------------------------------
-
-# The longest mail body stored, in characters. Postgres holds a text value up to 1 GB, so the cap
-# is the product's, not the database's: the product shows a body in one view, and a body past a
-# million characters is an inline base64 image or an attachment pasted as text (a 1,200,000-
-# character HTML body with an inline image is the real case), not anything a reader scrolls.
-# One million characters is at most ~4 MB of UTF-8 (TOAST-compressed on disk), and it equals the
-# mapping's `TEXT_MAX`, which must stay at least this (with_body rejects longer bodies).
-# A longer body is cut here, never dropped: the row says `body_truncated` and keeps the
-# source's length in `body_original_length`.
-EMAIL_BODY_MAX = 1_000_000
-
-
-@dataclass(frozen=True)
-class FittedBody:
-    """A mail body as stored: the text, whether it was cut, and the source's length if it was."""
-
-    body: str | None
-    truncated: bool = False
-    original_length: int | None = None  # characters, only when truncated
-
-    def columns(self) -> dict[str, Any]:
-        """The body's columns of crm.emails: body, body_truncated, body_original_length."""
-        return {"body": self.body, "body_truncated": self.truncated, "body_original_length": self.original_length}
-
-
-def fit_email_body(body: str | None, limit: int = EMAIL_BODY_MAX) -> FittedBody:
-    """A (sanitised) mail body cut to `limit` characters (`EMAIL_BODY_MAX`) when it is longer.
-
-    The cut never ends inside an HTML tag (it backs up to the tag's `<` when the last tag opened
-    in the kept text has no `>` after it; a bare "a < b" is text, not a tag), so the stored prefix
-    still renders - a body made huge by an inline base64 image keeps the text before the image; `original_length` keeps the
-    source's length in characters. Raises ValueError for a limit below 1.
-    """
-    return fit_text(body, limit)
-
-
-# The longest note content stored, in characters. Pipedrive allowed notes of about 3,000,000
-# characters for years (today's spec says 100,000), HTML with inline base64 images among them, so
-# a note is kept whole far beyond that; the cap is what Postgres always holds: a text value takes
-# up to 1 GB, and 100,000,000 characters are at most 400 MB of UTF-8. A longer note is cut here,
-# never dropped: the row says `content_truncated` with the source's `content_original_length`.
-NOTE_CONTENT_MAX = 100_000_000
-
-
-def fit_text(text: str | None, limit: int) -> FittedBody:
-    """A long HTML or plain text cut to `limit` characters when it is longer, never inside a tag
-    (the rule of `fit_email_body`, which is this for mail bodies). Raises ValueError for a limit
-    below 1."""
-    body = text
-    if limit < 1:
-        raise ValueError(f"the body limit must be at least 1 character, got {limit}")
-    if body is None or len(body) <= limit:
-        return FittedBody(body)
-    kept = body[:limit]
-    open_tag = kept.rfind("<")
-    tag_start = kept[open_tag + 1 : open_tag + 2]
-    if open_tag > 0 and (tag_start.isalpha() or tag_start in ("/", "!")) and kept.find(">", open_tag) < 0:
-        kept = kept[:open_tag]  # a tag cut open (often the inline image itself) cannot render
-    return FittedBody(kept, truncated=True, original_length=len(body))
-
-
-# --- already here ----------------------------------------------------------------------------
-
-
-def normal_email(value: object) -> str | None:
-    """An email address as the product matches it: trimmed and lower-cased; None for a value that
-    is not text or not an address (no @, or a space in it)."""
-    if not isinstance(value, str):
-        return None
-    text = value.strip().lower()
-    return text if "@" in text and " " not in text else None
-
-
-def normal_domain(value: object) -> str | None:
-    """`https://www.Acme.example/about` -> `acme.example`."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    text = value.strip().lower()
-    if "@" in text:
-        text = text.rsplit("@", 1)[1]
-    for prefix in ("https://", "http://"):
-        if text.startswith(prefix):
-            text = text[len(prefix):]
-    text = text.split("/", 1)[0].split(":", 1)[0]
-    if text.startswith("www."):
-        text = text[4:]
-    return text if "." in text and " " not in text else None
 
 
 def match_contact(tx: Conn, tenant_id: str, source: str, emails: Iterable[str]) -> int | None:

@@ -1,4 +1,5 @@
-"""The file store port: where a migrated file's bytes go, content-addressed by sha256.
+"""The file stores behind the port (`engine_core.store`): where a migrated file's bytes go,
+content-addressed by sha256.
 
 A provider streams a file's bytes (an iterable of chunks, as a download yields them) into a
 `FileStore`; the store hashes them as they pass, keeps each tenant's content once (two files with
@@ -18,55 +19,21 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from engine_core.db import Conn
-from engine_core.errors import ConfigError, EngineError
+from engine_core.errors import ConfigError
+from engine_core.store import (  # noqa: F401 - the port's names, where the stores have always offered them
+    CHUNK_BYTES,
+    FILE_MAX_BYTES,
+    ContentMismatch,
+    FileStore,
+    Stored,
+    TooLarge,
+)
 
-# Bytes per stored chunk row and per read: 1 MiB keeps a row well under Postgres's 1 GB field
-# limit and TOAST's sweet spot, and bounds what a worker holds per file.
-CHUNK_BYTES = 1 << 20
-# The default size limit (MIGRATE_FILE_MAX_BYTES): 100 MiB, far above the largest file the seeded
-# accounts hold (3 MiB) - a bigger one is recorded `too_large` with its metadata, not stored.
-FILE_MAX_BYTES = 100 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-
-
-class TooLarge(EngineError):
-    """A file's bytes passed the store's size limit."""
-
-
-class ContentMismatch(EngineError):
-    """A stream's length differs from the size its source announced."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One stored content: its sha256 (64 lowercase hex), size in bytes, and whether this put
-    added it (False: the tenant already had these bytes)."""
-
-    sha256: str
-    size: int
-    added: bool
-
-
-class FileStore(Protocol):
-    """Where file contents go (module docstring). `put` raises TooLarge past `max_bytes` and
-    ContentMismatch when `expected_size` is given and the stream's length differs from it."""
-
-    max_bytes: int
-
-    def put(self, tx: Conn, tenant_id: str, chunks: Iterable[bytes], *, expected_size: int | None = None) -> Stored:
-        """Store a stream's bytes for `tenant_id`; returns what was stored."""
-        ...
-
-    def read(self, tx: Conn, tenant_id: str, sha256: str) -> Iterator[bytes]:
-        """The stored bytes of `sha256`, chunk by chunk; KeyError when the tenant has none."""
-        ...
-
 
 def _rechunk(chunks: Iterable[bytes], max_bytes: int) -> Iterator[bytes]:
     """`chunks` as pieces of exactly CHUNK_BYTES (the last shorter); raises TooLarge as soon as

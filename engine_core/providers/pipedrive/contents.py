@@ -44,7 +44,8 @@ from engine_core.providers.pipedrive.paging import settle_refusals
 from engine_core.providers.pipedrive.errors import (AuthError, Cancelled, DailyLimitReached, ItemRefused,
                                                     PipedriveError, TransientHTTPError)
 from engine_core.providers.pipedrive.files import content_status
-from engine_core.target.files import CHUNK_BYTES, FileStore, store_from_env
+from engine_core.store import CHUNK_BYTES, FileStore
+from engine_core.target.files import store_from_env
 
 KIND = "file_contents"
 DOWNLOAD_TRIES = 3  # a download broken off is asked again, at most this many times in all

@@ -36,7 +36,7 @@ Mail the source serves but Postgres cannot hold as given is imported, never lost
 every string of a message - subject, snippet, addresses, names, body - loses its NUL characters and
 has lone UTF-16 surrogates replaced by U+FFFD (`clean_strings`); the client decodes invalid UTF-8
 once, with U+FFFD (a deterministic property of the data, never retried); a body longer than
-`crm.EMAIL_BODY_MAX` is cut there and the row says `body_truncated` with its original length; a
+`EMAIL_BODY_MAX` is cut there and the row says `body_truncated` with its original length; a
 body answering 403 (private) or 404 (deleted since listed) leaves the message without a body,
 `body_unavailable` = the status, and a grouped warning in the run log. The stats count them:
 `sanitized` (messages with any text repaired), `bodies_truncated`, `bodies_unavailable`.
@@ -67,7 +67,7 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
-from engine_core.rows import excerpt
+from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
@@ -81,7 +81,6 @@ from engine_core.providers.pipedrive.mapping import (
 from engine_core.providers.pipedrive.mail import map_email, message_of, with_body
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import ledger_refs, mail_batch, write_mapped
-from engine_core.target import crm
 
 KIND = "emails"
 DONE_MASK = "deals_done_mask"  # a stats entry: bit j set = deal j of the task is finished and counted
@@ -582,20 +581,20 @@ class EmailTask:
                 log.note("warning", KIND, f"imported without its body: the source answered HTTP {r.unavailable} ({why})",
                          subject=r["id"])
             if r.truncated:
-                log.note("warning", KIND, f"body cut at {crm.EMAIL_BODY_MAX:,} characters (body_truncated)", subject=r["id"])
+                log.note("warning", KIND, f"body cut at {EMAIL_BODY_MAX:,} characters (body_truncated)", subject=r["id"])
             if r.repaired:
                 log.note("info", KIND, "text repaired: NUL removed, lone surrogates or invalid UTF-8 replaced with U+FFFD",
                          subject=r["id"])
 
     def _with_body(self, r: MailRow, message: Any) -> Mapped:
-        """The fetched body made storable: text repaired, cut at `crm.EMAIL_BODY_MAX`, flags set."""
+        """The fetched body made storable: text repaired, cut at `EMAIL_BODY_MAX`, flags set."""
         assert r.mapped is not None
         body = message.get("body") if isinstance(message, dict) else None
         r.repaired += int(getattr(message, "invalid_utf8", 0) or 0)
         if isinstance(body, str):
             body, repaired = clean_text(body)
             r.repaired += repaired
-        fitted = crm.fit_email_body(body) if isinstance(body, str) else crm.FittedBody(body)
+        fitted = fit_email_body(body) if isinstance(body, str) else FittedBody(body)
         r.truncated = fitted.truncated
         mapped = with_body(r.mapped, {"body": fitted.body})  # its checks: a body that is not text
         return _with_values(mapped, {"body_truncated": fitted.truncated, "body_original_length": fitted.original_length})

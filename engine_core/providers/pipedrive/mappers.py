@@ -17,7 +17,7 @@ from engine_core.providers.pipedrive.fields import FieldBook, custom_fields_v1, 
 from engine_core.providers.pipedrive.mapping import (LONG_TEXT_MAX, MalformedRow, Mapped, Ref, _common, _describe,
                                                      _link, day, flag, json_value, labels, number, ref_id,
                                                      row_source_id, source_version, text, timestamp, visible_to)
-from engine_core.target.crm import NOTE_CONTENT_MAX, fit_text, normal_domain, normal_email
+from engine_core.rows import NOTE_CONTENT_MAX, fit_text, normal_domain, normal_email
 
 
 def map_user(row: Mapping[str, Any], tenant_id: str, book: FieldBook) -> Mapped:

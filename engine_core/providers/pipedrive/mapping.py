@@ -19,12 +19,11 @@ from datetime import date, datetime, timezone
 from typing import Any
 
 from engine_core import rows
-from engine_core.ledger import content_version
-from engine_core.target.crm import NOTE_CONTENT_MAX
+from engine_core.rows import NOTE_CONTENT_MAX, content_version
 
 SOURCE = "pipedrive"
 TITLE_MAX = 2_000  # names, titles and subjects: longer is not a name, it is a defect
-TEXT_MAX = 1_000_000  # mail bodies and snippets (a body is cut at crm.EMAIL_BODY_MAX before this check)
+TEXT_MAX = 1_000_000  # mail bodies and snippets (a body is cut at rows.EMAIL_BODY_MAX before this check)
 # activity notes and descriptions: kept whole up to what a note is (crm.NOTE_CONTENT_MAX)
 LONG_TEXT_MAX = NOTE_CONTENT_MAX
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
@@ -65,7 +64,7 @@ def ref_to(column: str, ref: str, source_id: str, source_field: str = "", *,
 def source_version(row: Mapping[str, Any], name: str = "update_time") -> str:
     """A row's source version as the ledger keeps it (migration 0010): its update time exactly as
     served (`update_time`; users: `modified`), or for a row without one "sha256:" + the hex digest
-    of the row's canonical JSON (`ledger.content_version`)."""
+    of the row's canonical JSON (`rows.content_version`)."""
     value = row.get(name)
     if isinstance(value, str) and value.strip():
         return value

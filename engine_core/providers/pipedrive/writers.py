@@ -54,6 +54,7 @@ from engine_core.context import TaskContext
 from engine_core.window import Batch, PageResult
 from engine_core.db import Conn
 from engine_core.models import Run
+from engine_core.rows import content_version
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
 from engine_core.providers.pipedrive.fields import FieldBook
@@ -436,7 +437,7 @@ def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]], *
         def_id = crm.upsert_field_definition(tx, {"tenant_id": ctx.run.tenant_id, "source": ctx.run.source, **values})
         before = {k: old[k] for k in DEFINITION_COLUMNS if old is not None and old[k] != values[k]}
         return ledger.write_once(tx, ctx.run, "fields", d["id"], lambda: ledger.Written("crm.custom_field_definitions", def_id),
-                                 version=ledger.content_version(values), update=lambda _record_id: before,
+                                 version=content_version(values), update=lambda _record_id: before,
                                  on_event=ctx.stats.bump)
 
     result = ctx.write_rows(list(definitions), writer, kind="fields")
