@@ -76,7 +76,6 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -388,25 +387,52 @@ def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
 def _content_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
     """Every file whose bytes the source serves now, with "sha256:<hex>" of them as its version
     (the ledger's `file_contents` version): the files list walked, each file downloaded and
-    hashed as it streams (20 tokens a file: the kind is opt-in, and so is proving it). A file
-    the source refuses (403 private, 404 purged) has no content to compare: it is told unreachable
-    (`meter.unreachable`, "file <id>"), neither missing nor extra."""
+    hashed as the migration downloads it (`contents.fetch`: 20 tokens a try, a body broken off or
+    of another length than the listed `file_size` asked again) - the kind is opt-in, and so is
+    proving it. A file the source refuses (403 private, 404 purged) has no content to compare, nor
+    has one whose every try broke off: it is told unreachable (`meter.unreachable`, "file <id>")
+    with the reason, neither missing nor extra nor stale."""
     for row in walk(meter, "files"):
         sid = row_id(row)
         if sid is None or not sid.isdigit():
             continue
-        path = contents.DOWNLOAD_PATH.format(sid)
-        meter._count(path)
-        digest = hashlib.sha256()
-        try:
-            with meter.client.download(path, cancel=meter.cancel) as chunks:
-                for chunk in chunks:
-                    digest.update(chunk)
-        except ItemRefused as e:
-            settle_refusals(meter.client, [e], cancel=meter.cancel)
-            meter.unreachable[f"file {sid}"] = (f"the source answered HTTP {e.status} to the file's download", [sid])
+        size = row.get("file_size")
+        expected = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+        got = contents.fetch(_Downloads(meter), int(sid), UNLIMITED_BYTES, expected, meter.cancel)
+        if got.spool is not None:
+            got.spool.close()
+        if got.sha256 is None:
+            meter.unreachable[f"file {sid}"] = (_download_failure(got), [sid])
             continue
-        yield sid, f"sha256:{digest.hexdigest()}"
+        yield sid, f"sha256:{got.sha256}"
+
+
+UNLIMITED_BYTES = 1 << 62  # verify hashes a file of any size (the store's limit is the migration's choice)
+
+
+def _download_failure(got: contents.Fetched) -> str:
+    """Why verify has no content for a file: the HTTP status the source refused it with, or
+    the download's last failure."""
+    refused = {"forbidden": 403, "missing": 404}.get(got.status)
+    if refused is not None:
+        return f"the source answered HTTP {refused} to the file's download"
+    return got.reason or f"the file's download ended {got.status}"
+
+
+@dataclass
+class _Downloads:
+    """The meter as `contents.fetch` uses it: every download try counted into the meter's cost."""
+
+    meter: Meter
+
+    def download(self, path: str, **kw: Any) -> Any:
+        """`PipedriveClient.download` (a file's bytes, streamed), counted at its token cost."""
+        self.meter._count(path)
+        return self.meter.client.download(path, **kw)
+
+    def confirm_token(self, **kw: Any) -> Any:
+        """`PipedriveClient.confirm_token`: a 403 is the file's only while the token reads the account."""
+        return self.meter.client.confirm_token(**kw)
 
 
 def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
