@@ -122,8 +122,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | None, as_json: bool) -> None:
     """Task duration grouped by the task's own payload (group by payload before blaming anything).
-    The latest run of TENANT, or --run N: after a sync, the full run before it (a fresh user could
-    not reach it)."""
+    The latest run of TENANT, or --run N: after a sync the latest run is the sync, so --run is
+    how the full run before it is reached."""
     with open_db() as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
             check_explain(db, tenant, kind)
