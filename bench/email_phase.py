@@ -41,7 +41,8 @@ from engine_core import runs  # noqa: E402
 from engine_core.budget import Budget  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.plan import PHASES  # noqa: E402
-from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
+from engine_core.providers.pipedrive.provider import PipedriveProvider  # noqa: E402
+from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_TOKEN  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig  # noqa: E402

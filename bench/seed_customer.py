@@ -35,7 +35,8 @@ from engine_core import db as dbmod  # noqa: E402
 from engine_core import runs  # noqa: E402
 from engine_core.config import Settings  # noqa: E402
 from engine_core.providers.pipedrive.plan import PHASES  # noqa: E402
-from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider  # noqa: E402
+from engine_core.providers.pipedrive.provider import PipedriveProvider  # noqa: E402
+from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_TOKEN  # noqa: E402
 from engine_core.worker import drain_threads  # noqa: E402
 from engine_core.providers.registry import for_run
 

@@ -13,7 +13,8 @@ from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.config import Settings
 from engine_core.models import Run
-from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_TOKEN
 from engine_core.worker import Worker, drain_threads
 from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig

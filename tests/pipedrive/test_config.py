@@ -10,7 +10,8 @@ import pytest
 
 from engine_core import runs
 from engine_core.errors import ConfigError
-from engine_core.providers.pipedrive.provider import ENV_BASE_URL, ENV_TOKEN, PipedriveProvider, SourceConfig
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_TOKEN, SourceConfig
 from tests.pipedrive.support import FAST, TOKEN, failed_tasks, migrate, sandbox
 
 SECRET = "pd-SECRET-token-5c2e9a71b0d4"

@@ -9,7 +9,7 @@ import httpx
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.prefetch import Prefetch
 from engine_core.providers.pipedrive import stripes
-from engine_core.providers.pipedrive.provider import discover, discovery_seeds
+from engine_core.providers.pipedrive.listing import discover, discovery_seeds
 
 TIMES = {"asc": "2024-01-02T03:04:05Z", "desc": "2025-06-07T08:09:10Z"}
 

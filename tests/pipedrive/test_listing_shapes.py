@@ -29,7 +29,7 @@ from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse
 from engine_core.providers.pipedrive.kinds import ledger_kind
 from engine_core.providers.pipedrive.kinds import page_of
-from engine_core.providers.pipedrive.provider import discover, discovery_seeds, list_v1_task, list_v2_task, source_total
+from engine_core.providers.pipedrive.listing import discover, discovery_seeds, list_v1_task, list_v2_task, source_total
 from pipedrive_sandbox.config import SandboxConfig
 from tests.client.support import Script, make_client, ok, status
 from tests.pipedrive.support import TOKEN, failed_tasks, ledger, migrate, sandbox

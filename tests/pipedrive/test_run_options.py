@@ -8,7 +8,8 @@ import pytest
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.errors import ConfigError
-from engine_core.providers.pipedrive.provider import OPTIONS, PipedriveProvider
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.providers.pipedrive.settings import OPTIONS
 
 
 @pytest.mark.parametrize("options, message", [
@@ -54,7 +55,7 @@ def test_a_number_that_is_not_a_sound_value_is_one_line(options, message):
 
 
 def test_integral_floats_and_digit_strings_are_integers():
-    from engine_core.providers.pipedrive.provider import SourceConfig
+    from engine_core.providers.pipedrive.settings import SourceConfig
 
     cfg = SourceConfig.load({"burst_limit": 40.0, "fetch_threads": "4"}, {}, base_url="http://127.0.0.1:9", token="tok")
     assert (cfg.burst_limit, cfg.fetch_threads) == (40, 4)
@@ -68,7 +69,7 @@ def test_a_base_url_option_serves_only_where_the_deployment_has_none_and_is_refu
     # (SourceMismatch) for good. The workers reach the deployment's source; a disagreeing option is
     # refused before the run exists.
     from engine_core.models import Run
-    from engine_core.providers.pipedrive.provider import ENV_BASE_URL, SourceConfig
+    from engine_core.providers.pipedrive.settings import ENV_BASE_URL, SourceConfig
 
     env = {ENV_BASE_URL: "http://env.example"}
     assert SourceConfig.load({"base_url": "http://option.example"}, {}, token="tok").base_url == "http://option.example"

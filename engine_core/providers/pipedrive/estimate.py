@@ -4,7 +4,7 @@
 calls, then applies the engine's own listing rules to those counts:
 
 Counting (what the plan itself spends: `Estimate.spent`). A v2 list: one page of 500 sorted by
-`update_time` (`provider.discover`'s first request): when it is the list's last, the count is
+`update_time` (`listing.discover`'s first request): when it is the list's last, the count is
 exact; else the descending probe's newest update and the page's pace give an estimate
 (`stripes.estimate_rows`, up to the newest update instead of now). A v1 list: its first page;
 when there is more, pages of one row at offsets 500 x 2^k find the last page, and that page read

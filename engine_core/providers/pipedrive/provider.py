@@ -34,38 +34,20 @@ Tasks and cursors (details in `stripes.py`):
   (`inventory.py`). A sync (mode 'sync') seeds only the field definitions and its catch-up.
   `source_ids` is the same listing, for verify.
 
-Configuration comes from the environment: `PIPEDRIVE_BASE_URL` (a run's `base_url` option serves
-where it is not set - tests and benches against the sandbox - and is refused where it disagrees with
-it: the workers reach the deployment's source) and `PIPEDRIVE_API_TOKEN`. A missing variable
-fails at start-up (`account()`, which starting a run calls) with the variable's name. The token is
-held in memory only: it is not in run options, the database, logs, exceptions or `repr()`. The
-account key the rate-limit budget is shared on is the host and a short one-way fingerprint of the
-token (two tenants importing one account share its budget; the token cannot be recovered from it).
-What a run's data belongs to is the company the token reaches (`identity()`, `/v1/users/me`): the
-engine records it and refuses workers that reach another company, while a rotated token of the same
-company (another account key) carries on.
-
-Run options: `base_url`, `burst_limit` (the plan's burst limit per 2 s; `PIPEDRIVE_BURST_LIMIT`,
-default 80 - lowered automatically when the source's headers report less), `fetch_threads` (body
-fetches in flight per email task, default 4, at most 64), `snapshot_margin_seconds` (default 300, at most a year),
-`detect_deletes` (a sync's, default true: false lists only rows updated since, no deletions).
+Configuration (base URL, token, burst limit) and the run options it takes: `settings.py`. How a
+listing task reads its page (discovery probes, walkers, pages asked ahead): `listing.py`.
 """
 from __future__ import annotations
 
-import hashlib
-import math
 import os
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from engine_core.budget import Budget
 from engine_core.config import daily_token_share, shown_url
@@ -76,100 +58,19 @@ from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
 from engine_core.target.files import store_from_env
 from engine_core.providers.pipedrive import estimate as costs
-from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines, mapping,
+from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines,
                                              record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.prefetch import prefetch_store
-from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.fields import FieldBook
-from engine_core.providers.pipedrive.mapping import MalformedRow
-from engine_core.providers.pipedrive.stripes import STRIPE_MIN_ROWS, estimate_rows, first_time as _first_time  # noqa: F401 - the discovery's rules
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
+from engine_core.providers.pipedrive.listing import (ask_ahead, discover, discovery_seeds, list_v1_task,
+                                                     list_v2_task, source_total)
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
+from engine_core.providers.pipedrive.settings import (BOOLEAN_WORDS, ENV_BASE_URL, ENV_TOKEN, OPTIONS,
+                                                      SECRET_OPTIONS, SourceConfig, check_base_url)
 
 SOURCE = "pipedrive"
-ENV_BASE_URL = "PIPEDRIVE_BASE_URL"
-ENV_TOKEN = "PIPEDRIVE_API_TOKEN"
-ENV_BURST_LIMIT = "PIPEDRIVE_BURST_LIMIT"
-DEFAULT_BURST_LIMIT = 80
-# Mail fetches at once per email task (`fetch_threads`): each is a thread, and the burst window
-# (120 per 2 s at most on Pipedrive's plans) cannot feed more; a typo's 4000 would start 4000 threads.
-MAX_FETCH_THREADS = 64
-# The plans' largest burst limit is 120 per 2 s (480 with OAuth; shared/pipedrive-openapi) and the
-# source's headers lower a larger one anyway; a sandbox serves any (tests and benches run at 100,000
-# and 1,000,000). Beyond this the budget's row (an integer column) refused 1e20 in every task.
-MAX_BURST_LIMIT = 1_000_000
-SECRET_OPTIONS = ("token", "api_token", "pipedrive_api_token", "apitoken")
-
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """Where the source is and how to reach it; the token never leaves this object."""
-
-    base_url: str
-    token: str = field(repr=False)
-    burst_limit: int = DEFAULT_BURST_LIMIT
-    fetch_threads: int = emails.FETCH_THREADS
-
-    @property
-    def account(self) -> str:
-        """The rate-limit account: `<host>#<first 12 hex of the token's SHA-256>`. Pipedrive's
-        limits are per token, so runs with one token share one budget; the token itself is never
-        shown (a fingerprint, not the secret)."""
-        host = urlsplit(self.base_url).netloc or self.base_url
-        fingerprint = hashlib.sha256(self.token.encode()).hexdigest()[:12]
-        return f"{host}#{fingerprint}"
-
-    @classmethod
-    def load(cls, options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None, token: str | None = None) -> SourceConfig:
-        """The source's configuration from a run's `options`, the environment `env` and what the
-        caller passes (`base_url`, `token`: the deployment's, e.g. the Dagster resource's EnvVar
-        values). The base URL is `base_url`, else PIPEDRIVE_BASE_URL, else the run's option
-        `base_url`: a worker reaches the source its deployment is configured with, and a
-        run's option that disagrees with it is refused before the run exists (`check_options`; else
-        the run's workers would reach another company and every one would stop with
-        SourceMismatch). The token is `token`, else PIPEDRIVE_API_TOKEN, never an option. Raises
-        ConfigError (one line naming where the bad value came from: the option or the variable)
-        for a missing or malformed value."""
-        for key in options:
-            if key.lower() in SECRET_OPTIONS:
-                raise ConfigError(f"the API token comes from {ENV_TOKEN}, never from run options (found option {key!r})")
-        option = options.get("base_url")
-        if option is not None and not isinstance(option, str):
-            raise ConfigError(f"the option base_url must be an http(s) URL, got {option!r}")
-        # the deployment's URL first (the caller's, else the variable), the run's option where it has none
-        url, named = next(((u.strip(), n) for u, n in ((base_url, ENV_BASE_URL), (env.get(ENV_BASE_URL), ENV_BASE_URL),
-                                                        (option, "the option base_url")) if u and u.strip()),
-                          ("", ENV_BASE_URL))
-        if not url:
-            raise ConfigError(f"{ENV_BASE_URL} is not set (the Pipedrive API's base URL, e.g. https://api.pipedrive.com)")
-        check_base_url(url, named)
-        secret = (token if token is not None else env.get(ENV_TOKEN, "")).strip()
-        if not secret:
-            raise ConfigError(f"{ENV_TOKEN} is not set (the Pipedrive API token)")
-        if any(c.isspace() for c in secret):
-            raise ConfigError(f"{ENV_TOKEN} must not contain whitespace")
-        burst_from = "burst_limit" if "burst_limit" in options else ENV_BURST_LIMIT  # named where it came from
-        burst = _positive(options.get("burst_limit", env.get(ENV_BURST_LIMIT) or DEFAULT_BURST_LIMIT), burst_from, minimum=2,
-                          maximum=MAX_BURST_LIMIT)
-        threads = _positive(options.get("fetch_threads", emails.FETCH_THREADS), "fetch_threads", minimum=1,
-                            maximum=MAX_FETCH_THREADS)
-        return cls(url.rstrip("/"), secret, burst, threads)
-
-
-# The run options a Pipedrive run takes (`migrate run --options`, the launchpad's `options_json`),
-# each with what it means; anything else is refused before the run exists (`check_options`): a typo
-# would be ignored silently, and a bad value stored with the run would fail every one of its tasks.
-OPTIONS: dict[str, str] = {
-    "base_url": f"the API's base URL where no {ENV_BASE_URL} is configured (refused when it disagrees with it)",
-    "burst_limit": f"requests per 2 s burst window, 2 to {MAX_BURST_LIMIT:,} (default {ENV_BURST_LIMIT}, else {DEFAULT_BURST_LIMIT})",
-    "fetch_threads": f"mail fetches at once per lane thread, 1 to {MAX_FETCH_THREADS}",
-    "detect_deletes": "a sync lists every id to find deletions (true/false; default true)",
-    "overwrite_matched": "a changed source row overwrites the product row it was matched to (true/false; default false)",
-    "snapshot_margin_seconds": "seconds before the run's snapshot a sync lists from (>= 0; default 300)",
-}
-BOOLEAN_WORDS = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
 def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_url: str | None = None,
@@ -199,37 +100,6 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
             raise ConfigError(f"{name} must be true or false, got {value!r}")
     margin_option(options)
     store_from_env(dict(env))  # the file store's variables (MIGRATE_FILE_STORE, MIGRATE_FILE_MAX_BYTES), named when bad
-
-
-def check_base_url(url: str, named: str) -> None:
-    """Refuse, with ConfigError naming `named` (the option or the variable), a base URL that is not
-    http(s) or that carries a query or a fragment (a `...?api_token=...` URL would answer 404 to
-    every task: the client appends paths to the base URL). Neither the query nor credentials are
-    shown."""
-    if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"{named} must be an http(s) URL, got {shown_url(url)!r}")
-    parts = urlsplit(url)
-    if parts.query or parts.fragment or url.endswith(("?", "#")):
-        raise ConfigError(f"{named} must be a base URL without a query or fragment, got {shown_url(url)!r}"
-                          " followed by one")
-
-
-def _positive(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
-    """`value` as an integer from `minimum` to `maximum`: an int, an integral float (4.0) or a
-    string of digits ("4", from the environment). Raises ConfigError (one line naming `name`) for
-    anything else: a boolean (int() reads true as 1), a fraction (int() cuts 1.5 to 1), NaN or
-    Infinity (json reads both; 1e400 is read as inf: int() of them raises a traceback)."""
-    if isinstance(value, bool) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if number < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {number}")
-    if maximum is not None and number > maximum:
-        raise ConfigError(f"{name} must be at most {maximum}, got {number}")
-    return number
 
 
 # The run's field definitions, shared by every provider instance of this process: read once per
@@ -684,178 +554,9 @@ class PipedriveProvider:
         return book
 
 
-# The source's own count, where the API gives one: only the deals summaries do (`data.total_count`,
-# v1 spec `getDealsSummary` / `getArchivedDealsSummary`; "all not archived" / "all archived" deals).
-PROBE_LIMIT = 5  # a probe wants one row with a time; a few in case the first have none
-
-
 def held_mail(db: Database, tenant_id: str, deal_source_id: str) -> list[str]:
     """The source ids of the mail the product holds on one deal (`crm.emails` by its deal's source id)."""
     rows = db.sql("SELECT e.source_id FROM crm.emails e JOIN crm.deals d ON d.id = e.deal_id"
                   " WHERE e.tenant_id = %(t)s AND e.source = 'pipedrive' AND d.source_id = %(d)s",
                   {"t": tenant_id, "d": deal_source_id})
     return [str(r["source_id"]) for r in rows]
-
-
-def source_total(client: PipedriveClient, path: str, cancel: Any = None) -> int | None:
-    """`data.total_count` of a deals summary (an int >= 0); None when the source does not serve the
-    summary (404). Raises BadResponse when it answers without a sound `total_count`."""
-    try:
-        body = client.get(path, cancel=cancel)
-    except NotFound:
-        return None
-    data = body.get("data")
-    total = data.get("total_count") if isinstance(data, dict) else None
-    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
-        raise BadResponse("data.total_count is not a count", method="GET", path=path, status=200)
-    return total
-
-
-@dataclass(frozen=True)
-class Discovery:
-    """What the `update_time` probes of a v2 list found: the oldest and newest update time (None
-    when no row has one), whether the list has any row, whether a probe met a row whose
-    `update_time` is null, the requests made, `whole`: the number of rows when the first probe's
-    page (sorted, `PAGE` rows) held the whole list (None when it went on), and `walk`: the list is
-    too short to stripe, one walker goes on from that page (`STRIPE_MIN_ROWS`)."""
-
-    oldest: datetime | None
-    newest: datetime | None
-    rows: bool
-    nulls: bool
-    requests: int
-    whole: int | None = None
-    walk: bool = False
-
-    @property
-    def spans(self) -> list[tuple[str | None, str | None]]:
-        """[since, until) RFC 3339 spans covering the found update times (`stripes.time_spans`)."""
-        return stripes.time_spans(self.oldest, self.newest)
-
-
-def probe(client: PipedriveClient, path: str, direction: str, cancel: Any = None,
-          bounds: Mapping[str, str] | None = None, *, cursor: str | None = None) -> tuple[datetime | None, bool, bool, int]:
-    """Walk a v2 list sorted by `update_time` in `direction` (from `cursor`: None, its start)
-    until a row with an update time, or the end: (that time or None, any row seen, a null-time
-    row seen, requests). Empty pages with a `next_cursor` are walked through: only a null
-    `next_cursor` ends a list. `bounds`: the run's `updated_since` / `updated_until` (a bounded
-    probe meets no null-time row)."""
-    limit, requests, seen, nulls = PROBE_LIMIT, 0, False, False
-    params = {"sort_by": "update_time", "sort_direction": direction, **(bounds or {})}
-    while True:
-        page = client.list_v2(path, params, cursor=cursor, limit=limit, cancel=cancel)
-        requests += 1
-        seen = seen or bool(page.rows)
-        moment, met = _first_time(page.rows)
-        nulls = nulls or met
-        if moment is not None:
-            return moment, seen, nulls, requests
-        if not page.more or not page.next_cursor:
-            return None, seen, nulls, requests
-        cursor = page.next_cursor
-        if page.rows:
-            limit = stripes.PAGE  # a page without a timed row: walk on in the largest pages
-
-
-def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Mapping[str, str] | None = None) -> Discovery:
-    """Both ends of a v2 list's `update_time`. Null-time rows sort at one end (which one depends on
-    the server), so they come before any timed row in one of the two probes (`stripes` docstring).
-    A full run's probes are unbounded (they must meet the null-time rows), whatever its snapshot.
-
-    The ascending probe asks a whole page (`PAGE` rows: a list call costs the same tokens at any
-    limit), held for a walker that asks the same (`stripes.v2_whole_seed`). When that page is the
-    list's last, it is the whole list: `whole` is its row count. When the list is estimated below
-    `STRIPE_MIN_ROWS` (`estimate_rows`, up to `bounds`' `updated_until` or now), `walk`: one walker
-    goes on from that page. Either way no descending probe is made; else the page is dropped and
-    the descending probe finds the newest update for the stripes."""
-    probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
-    asked = {**stripes.SORTED, **probe_bounds}
-    first = client.list_v2(path, asked, limit=stripes.PAGE, cancel=cancel, keep=True)
-    if not first.more or not first.next_cursor:
-        oldest, nulls = _first_time(first.rows)
-        return Discovery(oldest, None, rows=bool(first.rows), nulls=nulls, requests=1, whole=len(first.rows))
-    oldest, nulls_a = _first_time(first.rows)
-    if oldest is not None:
-        until = (bounds or {}).get("updated_until")
-        upto = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else datetime.now(timezone.utc)
-        estimate = estimate_rows(first.rows, oldest, upto)
-        if estimate is not None and estimate < STRIPE_MIN_ROWS:
-            return Discovery(oldest, None, rows=True, nulls=nulls_a, requests=1, walk=True)
-    client.forget_v2(path, asked, limit=stripes.PAGE)
-    req_a = 1
-    if oldest is None:  # a first page without a timed row (empty, or null-time rows): walk on to one
-        oldest, seen, more_nulls, more_requests = probe(client, path, "asc", cancel, probe_bounds, cursor=first.next_cursor)
-        nulls_a, req_a = nulls_a or more_nulls, req_a + more_requests
-        if not seen and not first.rows:
-            return Discovery(None, None, rows=False, nulls=False, requests=req_a)
-    newest, _, nulls_d, req_d = probe(client, path, "desc", cancel, probe_bounds)
-    return Discovery(oldest, newest, rows=True, nulls=nulls_a or nulls_d, requests=req_a + req_d)
-
-
-def discovery_seeds(kind: str, found: Discovery, lower: str | None = None, upper: str | None = None) -> list[Successor]:
-    """The walkers a discovery seeds: none for a list empty to its end; one walker in the
-    discovery's order from its first page for a list that page held or that is too short to
-    stripe (`Discovery.whole`, `.walk`); else one per span (held inside the run's bounds,
-    `stripes.bounded_spans`) and the null walker when a probe met a null-time row and the run is
-    not a sync (`stripes.v2_stripe_seeds`)."""
-    if not found.rows:
-        return []
-    if found.whole is not None or found.walk:
-        return [stripes.v2_whole_seed(kind, lower, upper)]
-    spans = stripes.bounded_spans(found.spans, lower, upper) if (lower or upper) else found.spans
-    return stripes.v2_stripe_seeds(kind, spans, nulls=found.nulls and lower is None)
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One listing task's page, decided but not written: the rows the task writes, how many rows it
-    listed but leaves to other walkers (the null walker's timed rows), and the task it hands on to."""
-
-    rows: tuple[dict[str, Any], ...]
-    passed: int
-    successors: tuple[Successor, ...]
-
-
-def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None:
-    """Ask for the successor walker's page now, while this task writes its own
-    (`prefetch.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
-    for s in successors:
-        if kind in stripes.V1_PATHS:
-            size = kinds.page_of(kind)
-            start, _ = stripes.v1_span(s.cursor, size)
-            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size))
-        elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
-            client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"), limit=stripes.PAGE)
-
-
-def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
-    """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
-    (`stripes.v1_successors`), never by the number of rows that came back; the list's first spans
-    seed the other stripes as it proves long (`stripes.v1_fan_out`). Pages are the kind's
-    `page_size` (`kinds.page_of`)."""
-    size = kinds.page_of(kind)
-    start, _ = stripes.v1_span(cursor, size)
-    page = client.list_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(cursor, size), cancel=cancel)
-    return Listed(page.rows, 0, stripes.v1_successors(kind, cursor, more=page.more, next_start=page.next_start, page=size))
-
-
-def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
-    """A v2 walker's page; a page with no rows and a `next_cursor` is not the end. The null walker
-    lists the whole collection and keeps only its null-time rows (the rest are the spans')."""
-    page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=cancel)
-    rows = page.rows
-    if stripes.is_null_walker(cursor):
-        rows = tuple(r for r in page.rows if stripes.has_null_time(r))
-    elif cursor.get("sorted"):
-        rows = tuple(r for r in page.rows if stripes.is_before(r, cursor.get("before")))
-    successors = (stripes.v2_next(kind, cursor, page.next_cursor),) if page.more and page.next_cursor else ()
-    return Listed(rows, len(page.rows) - len(rows), successors)
-
-
-def _time(row: Any) -> datetime | None:
-    try:
-        return mapping.timestamp(row, "update_time")
-    except MalformedRow:
-        return None
-
-
