@@ -88,9 +88,10 @@ F = ceil((1 - share) * limit), `limit` being the observed `daily_limit`.
 * A daily 429 (the budget spent by everyone together) parks every worker with the exact wait
   (`Retry-After`, `daily_reason = 'spent'`). A parked worker raises `RateLimitParked` at once and
   its task parks until the reset instead of burning attempts on a wait measured in hours;
-  `waiting_state(db, account)` says why and until when, for the run's status.
+  `budget_waiting.waiting_state(db, account)` says why and until when, for the run's status.
 
-Statements on the row: one per C requests, plus one per burst 429 or daily park.
+Statements on the row (`budget_row.py`): one per C requests, plus one per burst 429 or daily park.
+A fetch round's reserved slots: `budget_reservation.py`; what status shows: `budget_waiting.py`.
 """
 from __future__ import annotations
 
@@ -99,15 +100,16 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
+from engine_core.budget_reservation import Reservation
+from engine_core.budget_row import CREATE_SQL, LEASE_SQL, PARK_SQL, PAUSE_SQL, PendingNote
 from engine_core.config import daily_token_share
 from engine_core.db import Database
-from engine_core.errors import RateLimitParked, TaskStopped
+from engine_core.errors import BudgetCancelled, RateLimitParked
 from engine_core.source import RateObservation
 
 log = logging.getLogger(__name__)
@@ -116,10 +118,6 @@ POLL = 0.1  # how often a waiter looks at its cancel event
 OFFSET_MEMORY = 10.0  # seconds of lease round trips that bound this process's clock offset
 CLOCK_DRIFT = 5e-4  # the most two clocks drift apart per second (NTP slews at most 500 ppm)
 MAX_TOKEN_COST = 80  # the largest x-token-cost in Pipedrive's spec (/v1/deals/summary/archived)
-
-
-class BudgetCancelled(TaskStopped):
-    """The wait for a rate-limit slot was abandoned because the task was asked to stop."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ class BudgetStats:
 
 
 @dataclass(frozen=True)
-class _Slot:
+class Slot:
     """One scheduled slot on this process's monotonic clock: send within [valid_from, expires_at]."""
 
     valid_from: float
@@ -149,189 +147,6 @@ def seconds_to_utc_midnight(now: float) -> float:
     moment = datetime.fromtimestamp(now, tz=timezone.utc)
     midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     return max(1.0, midnight.timestamp() - now)
-
-
-# The statements on the row. They live here, beside the proof they implement.
-LEASE_SQL = """
-WITH locked AS (
-    SELECT * FROM source_budgets
-     WHERE source = %(source)s AND account = %(account)s
-       FOR UPDATE
-), stamped AS (
-    -- clock_timestamp() after the lock is held: a waiter must not start from the time it queued
-    SELECT locked.*, clock_timestamp() AS now FROM locked
-), day AS (
-    -- a parked day whose reset has passed: its numbers are forgotten
-    SELECT s.*, (s.daily_reset_at IS NOT NULL AND s.daily_reset_at <= s.now) AS new_day FROM stamped s
-), report AS (
-    SELECT d.*,
-           -- a report from a slot leased before the day's reset is the old day's (no slot is
-           -- granted while parked, so the slots leased when the new day is seen are all older);
-           -- the floor is kept in daily_seq until the new day's first report
-           (%(rem)s::bigint IS NOT NULL AND %(seq)s::bigint IS NOT NULL AND CASE
-                WHEN d.new_day THEN %(seq)s::bigint >= d.slots_leased
-                WHEN d.daily_remaining IS NULL THEN d.daily_seq IS NULL OR %(seq)s::bigint >= d.daily_seq
-                ELSE %(seq)s::bigint > d.daily_seq + %(lag)s
-                  OR %(rem)s::bigint + %(max_cost)s * %(seq)s::bigint < d.daily_remaining + %(max_cost)s * d.daily_seq
-           END) AS take
-      FROM day d
-), known AS (
-    SELECT r.*,
-           CASE WHEN r.take THEN %(rem)s::bigint WHEN r.new_day THEN NULL ELSE r.daily_remaining END AS rem,
-           CASE WHEN r.take THEN %(seq)s::bigint WHEN r.new_day THEN r.slots_leased ELSE r.daily_seq END AS kseq,
-           COALESCE(%(daily_limit)s::bigint, r.daily_limit) AS lim,
-           CASE WHEN r.new_day THEN NULL ELSE r.daily_reset_at END AS reset_at,
-           LEAST(1.0, r.rate_scale + %(recovery)s * GREATEST(0.0,
-                 EXTRACT(EPOCH FROM r.now - COALESCE(r.last_burst_at, r.now))::float8)) AS scale
-      FROM report r
-), plan AS (
-    SELECT k.*,
-           GREATEST(k.now, k.tat, COALESCE(k.paused_until, k.now)) AS start,
-           %(spacing)s::float8 / k.scale AS slot_spacing,
-           (k.reset_at IS NOT NULL AND k.reset_at > k.now) AS parked_before,
-           (%(share)s::float8 < 1.0 AND k.rem IS NOT NULL AND k.kseq IS NOT NULL AND k.lim IS NOT NULL
-            AND k.rem - %(max_cost)s * (k.slots_leased + %(chunk)s - k.kseq + %(lag)s)
-                < CEIL((1.0 - %(share)s::float8) * k.lim)) AS share_reached
-      FROM known k
-), decided AS (
-    SELECT p.*,
-           (NOT p.parked_before AND NOT p.share_reached
-            AND p.start <= p.now + make_interval(secs => %(max_ahead)s)) AS grant_it,
-           (NOT p.parked_before AND p.share_reached) AS park_now
-      FROM plan p
-), written AS (
-    UPDATE source_budgets b
-       SET tat = CASE WHEN d.grant_it
-                      THEN d.start + make_interval(secs => d.slot_spacing * %(chunk)s + 0.000001)
-                      ELSE b.tat END,
-           burst_limit = %(burst_limit)s,
-           daily_remaining = d.rem,
-           daily_seq = d.kseq,
-           daily_limit = d.lim,
-           daily_reset_at = CASE WHEN d.park_now THEN d.now + make_interval(secs => %(daily_wait)s)
-                                 ELSE d.reset_at END,
-           daily_reason = CASE WHEN d.park_now THEN 'share'
-                               WHEN d.reset_at IS NULL THEN NULL ELSE b.daily_reason END,
-           leases = b.leases + CASE WHEN d.grant_it THEN 1 ELSE 0 END,
-           slots_leased = b.slots_leased + CASE WHEN d.grant_it THEN %(chunk)s ELSE 0 END,
-           updated_at = d.now
-      FROM decided d
-     WHERE b.source = d.source AND b.account = d.account
-    RETURNING b.daily_reset_at, b.daily_reason
-)
-SELECT EXTRACT(EPOCH FROM d.start - d.now)::float8 AS delay,
-       EXTRACT(EPOCH FROM d.now)::float8 AS db_now,
-       EXTRACT(EPOCH FROM d.start)::float8 AS db_start,
-       d.slot_spacing,
-       d.slots_leased AS first_seq,
-       d.grant_it AS granted,
-       (d.parked_before OR d.park_now) AS parked,
-       EXTRACT(EPOCH FROM w.daily_reset_at - d.now)::float8 AS daily_wait,
-       w.daily_reason AS reason
-  FROM decided d, written w
-"""
-
-CREATE_SQL = """
-INSERT INTO source_budgets (source, account, burst_limit, window_seconds)
-VALUES (%(source)s, %(account)s, %(burst_limit)s, %(window_seconds)s)
-ON CONFLICT (source, account) DO NOTHING
-"""
-
-# A burst 429: no slot starts before the window has emptied, whoever leases it (a later pause
-# wins), and the rate in force drops to `factor` (3/4) of what it was (recovering from now). A full
-# window reported with a 200 ("near"): no pause, the rate drops to 0.9 of what it was.
-PAUSE_SQL = """
-UPDATE source_budgets
-   SET paused_until = CASE WHEN %(pause)s
-                           THEN GREATEST(paused_until, clock_timestamp() + make_interval(secs => %(wait)s))
-                           ELSE paused_until END,
-       rate_scale = GREATEST(%(min_scale)s::float8, %(factor)s * LEAST(1.0, rate_scale + %(recovery)s * GREATEST(0.0,
-                    EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(last_burst_at, clock_timestamp()))::float8))),
-       last_burst_at = clock_timestamp(),
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s
-"""
-
-# A daily 429 ('spent') or our share used ('share'): every worker sharing the account parks until
-# the reset. A stale reset from an
-# earlier day is replaced; a later one recorded by another worker is kept.
-PARK_SQL = """
-UPDATE source_budgets
-   SET daily_reset_at = CASE
-           WHEN daily_reset_at IS NULL OR daily_reset_at <= clock_timestamp()
-           THEN clock_timestamp() + make_interval(secs => %(wait)s)
-           ELSE GREATEST(daily_reset_at, clock_timestamp() + make_interval(secs => %(wait)s))
-       END,
-       daily_reason = %(reason)s,
-       daily_remaining = CASE WHEN %(reason)s = 'spent' THEN 0 ELSE daily_remaining END,
-       daily_seq = CASE WHEN %(reason)s = 'spent' THEN slots_leased ELSE daily_seq END,
-       updated_at = clock_timestamp()
- WHERE source = %(source)s AND account = %(account)s
-"""
-
-WAITING_SQL = """
-SELECT clock_timestamp() AS now, paused_until, daily_reset_at, daily_reason, daily_limit, daily_remaining
-  FROM source_budgets WHERE source = %(source)s AND account = %(account)s
-"""
-
-
-# "may be spent": the park is the proof's bound (module docstring), not the source's count - a fresh
-# user read "is used" while the source reported 8% spent (a small day, requests counted at max_cost)
-WAITING_SHARE = ("waiting on the daily token budget: our {share:.0%} share{of} may be spent{left}; the requests "
-                 "since are counted at the most a request can cost")
-WAITING_SPENT = "waiting on the daily token budget: the source says it is spent"
-WAITING_BURST = "waiting on the burst window: the source answered 429"
-
-
-class WaitingState(NamedTuple):
-    """What an account's budget is waiting on: `reason` (None when nothing) and `until` (a UTC
-    datetime, None when nothing); unpacks as `(reason, until)`."""
-
-    reason: str | None
-    until: datetime | None
-
-    @property
-    def kind(self) -> str | None:
-        """'daily_share' | 'daily_spent' | 'burst' | None, for code that branches on it."""
-        if self.reason is None:
-            return None
-        if self.reason == WAITING_SPENT:
-            return "daily_spent"
-        if self.reason == WAITING_BURST:
-            return "burst"
-        return "daily_share"
-
-
-def waiting_state(db: Database, account: str, source: str = "pipedrive") -> WaitingState:
-    """Why the account's workers are not calling the source right now, and until when.
-
-    Reads the account's budget row (no lock, one statement): a parked daily budget first (our
-    share of the day is used up, or the source answered a daily 429), then a burst pause (a 429).
-    Returns `WaitingState(None, None)` when neither holds or the account has no row yet. The share
-    named is this process's MIGRATE_DAILY_TOKEN_SHARE. `migrate status` prints it while the run is
-    live, e.g. "waiting on the daily token budget: our 80% share of 150,000 tokens may be spent (the
-    source last reported 31,200 left); the requests since are counted at the most a request can
-    cost, until 2026-12-02 00:00:00 UTC"; `--json` carries {"reason", "until"} as "waiting".
-    """
-    rows = db.sql(WAITING_SQL, {"source": source, "account": account})
-    if not rows:
-        return WaitingState(None, None)
-    row = rows[0]
-    now = row["now"]
-    reset = row["daily_reset_at"]
-    if reset is not None and reset > now:
-        if row["daily_reason"] == "share":
-            share = daily_token_share()
-            limit = row["daily_limit"]
-            of = f" of {limit:,} tokens" if limit else ""
-            remaining = row["daily_remaining"]
-            left = f" (the source last reported {remaining:,} left)" if remaining is not None else ""
-            return WaitingState(WAITING_SHARE.format(share=share, of=of, left=left), reset.astimezone(timezone.utc))
-        return WaitingState(WAITING_SPENT, reset.astimezone(timezone.utc))
-    paused = row["paused_until"]
-    if paused is not None and paused > now:
-        return WaitingState(WAITING_BURST, paused.astimezone(timezone.utc))
-    return WaitingState(None, None)
 
 
 class Budget:
@@ -399,7 +214,7 @@ class Budget:
         self._wall = wall_clock
         self._cond = threading.Condition(threading.Lock())
         self._local = threading.local()  # .seq: the slot this thread's last request used
-        self._slots: list[_Slot] = []  # held, sorted by valid_from
+        self._slots: list[Slot] = []  # held, sorted by valid_from
         self._leasing = False
         self._reported_limit: int | None = None
         self._paused_until = -math.inf  # local: no slot is spent before this
@@ -478,11 +293,22 @@ class Budget:
         """`acquire`, returning the slot's sequence number (also kept for this thread's `observe`)."""
         while True:
             (slot,) = self._take(1, cancel)
-            if self._wait_for(slot, cancel):
-                with self._cond:
-                    self._slots_spent += 1
-                self._local.seq = slot.seq
+            if self.spend_slot(slot, cancel):
                 return slot.seq
+
+    def spend_slot(self, slot: Slot, cancel: threading.Event | None = None) -> bool:
+        """Wait for `slot`'s time, count it spent and tie this thread's next `observe` to it; False
+        when it lapsed unsent. Raises BudgetCancelled on a stop, RateLimitParked when parked."""
+        if not self._wait_for(slot, cancel):
+            return False
+        with self._cond:
+            self._slots_spent += 1
+        self.mark_seq(slot.seq)
+        return True
+
+    def mark_seq(self, seq: int) -> None:
+        """Make slot number `seq` this thread's: the daily report of its next `observe` is tied to it."""
+        self._local.seq = seq
 
     def reserve(self, n: int, *, cancel: threading.Event | None = None, deferred: bool = False) -> Reservation:
         """Hold n scheduled slots for a fetch round, so the fetch threads spend them with no database.
@@ -492,7 +318,7 @@ class Budget:
         """
         return Reservation(self, self._take(n, cancel), deferred=deferred)
 
-    def _wait_for(self, slot: _Slot, cancel: threading.Event | None) -> bool:
+    def _wait_for(self, slot: Slot, cancel: threading.Event | None) -> bool:
         """Wait until the slot's time (and any pause); True when it is then still valid to send."""
         while True:
             with self._cond:
@@ -514,11 +340,11 @@ class Budget:
             else:
                 time.sleep(wait)
 
-    def _take(self, n: int, cancel: threading.Event | None) -> list[_Slot]:
+    def _take(self, n: int, cancel: threading.Event | None) -> list[Slot]:
         """Take the n earliest held slots (valid now or later), leasing chunks as needed."""
         if not 1 <= n <= self.lease_size():
             raise ValueError(f"can hold 1..{self.lease_size()} slots at once, asked for {n}")
-        taken: list[_Slot] = []
+        taken: list[Slot] = []
         try:
             while len(taken) < n:
                 i_lease = False
@@ -547,7 +373,7 @@ class Budget:
                         self._leasing = False
                         self._cond.notify_all()
         except BaseException:
-            self._give_back(taken)
+            self.give_back(taken)
             raise
         return taken
 
@@ -560,7 +386,8 @@ class Budget:
         self._slots_expired += len(self._slots) - len(kept)
         self._slots = kept
 
-    def _give_back(self, slots: list[_Slot]) -> None:
+    def give_back(self, slots: list[Slot]) -> None:
+        """Take unspent `slots` back into this process's held ones (a lapsed one counts as expired)."""
         if not slots:
             return
         with self._cond:
@@ -651,7 +478,7 @@ class Budget:
             if hi - lo > self.lease_ttl / 2:
                 log.debug("budget lease for %s/%s: clock offset known to %.3fs of a %.3fs ttl", self.source, self.account, hi - lo, self.lease_ttl)
             for j in range(size):
-                self._slots.append(_Slot(start + j * g + hi, start + j * g + lo + self.lease_ttl, first + j))
+                self._slots.append(Slot(start + j * g + hi, start + j * g + lo + self.lease_ttl, first + j))
             self._slots.sort(key=lambda s: s.valid_from)
 
     def _offset(self, before: float, after: float, db_now: float) -> tuple[float, float]:
@@ -771,185 +598,3 @@ class Budget:
         self._run(note.statement, {"source": self.source, "account": self.account, "wait": wait, **note.params})
         with self._cond:
             self._writes += 1
-
-
-@dataclass(frozen=True)
-class PendingNote:
-    """A rate-limit note owed to the shared row: the statement (PAUSE_SQL or PARK_SQL), until when
-    it holds on the local clock, and its parameters. Made by `note_locally` on any thread,
-    written by `write_note` on a thread that may use the database."""
-    statement: str  # PAUSE_SQL | PARK_SQL
-    until: float  # local clock
-    params: dict[str, Any]
-
-
-class _Reply:
-    """A fetch thread's request to the reservation's owner, answered."""
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-
-    def ok(self) -> None:
-        """Mark the call done."""
-        self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        """Mark the call failed with `error`, raised to its waiter."""
-        self._error = error
-        self._done.set()
-
-    def wait(self) -> None:
-        """Wait for the call; re-raises the error it failed with."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-
-
-class Reservation:
-    """Scheduled slots held for a fetch round: spending one is local (the fetch thread waits for the
-    slot's time); unspent ones go back on `release()`.
-
-    It is also the fetch threads' only door to the budget, so that they never touch the database.
-    What needs it - a slot beyond the reserved ones (a retried request, or held slots that lapsed)
-    and telling the other workers of a 429 - is handed to the thread that made the reservation (the
-    task's), which `serve`s such requests while it joins the round; a 429's pause takes effect in
-    this process at once, and the row hears of it from the task's thread moments later. A
-    reservation made `deferred` holds such requests from the start (a fetch thread may need one
-    before its owner reaches `serve`); otherwise, and on the owner's own thread, the budget is
-    called directly.
-    """
-
-    def __init__(self, budget: Budget, slots: list[_Slot], *, deferred: bool = False) -> None:
-        self._budget = budget
-        self._slots = sorted(slots, key=lambda s: s.valid_from)
-        self._lock = threading.Lock()
-        self._owner = threading.get_ident()
-        self._serving = deferred
-        self._requests: deque[tuple[Callable[[], None], _Reply | None]] = deque()
-        self._requests_cond = threading.Condition(threading.Lock())
-
-    @property
-    def held(self) -> int:
-        """Slots this reservation still holds, unspent."""
-        with self._lock:
-            return len(self._slots)
-
-    def spend(self, cancel: threading.Event | None = None) -> None:
-        """Spend one held slot - the earliest, waiting for its time; when none is left valid, take a
-        fresh one from the budget (through the owner's thread)."""
-        budget = self._budget
-        while True:
-            with self._lock:
-                slot = self._slots.pop(0) if self._slots else None
-            if slot is None:
-                self.acquire(cancel)
-                return
-            if budget._wait_for(slot, cancel):
-                with budget._cond:
-                    budget._slots_spent += 1
-                budget._local.seq = slot.seq
-                return
-
-    # --- what the client asks of its budget, from a fetch thread -------------------------------
-
-    def acquire(self, cancel: threading.Event | None = None) -> None:
-        """A slot beyond the reserved ones (a retry): leased by the owner's thread if need be."""
-        got: list[int] = []
-        self._on_owner(lambda: got.append(self._budget.acquire_seq(cancel)), wait=True)
-        if got:
-            self._budget._local.seq = got[0]
-
-    def observe(self, seen: RateObservation) -> None:
-        """`Budget.observe` from a fetch thread: a note it owes is written by the owner's thread."""
-        self._budget.observe(seen, note=self.note_rate_limited)
-
-    def note_rate_limited(self, scope: Literal["burst", "near", "daily", "share"], retry_after: float) -> None:
-        """`Budget.note_rate_limited` from a fetch thread: this process pauses at once, and the row
-        write owed to the other workers is left to the owner's thread."""
-        pending = self._budget.note_locally(scope, retry_after)
-        if pending is not None:
-            self._on_owner(lambda: self._budget.write_note(pending), wait=False)
-
-    def _on_owner(self, fn: Callable[[], None], *, wait: bool) -> None:
-        reply = _Reply() if wait else None
-        with self._requests_cond:
-            direct = threading.get_ident() == self._owner or not self._serving
-            if not direct:
-                self._requests.append((fn, reply))
-                self._requests_cond.notify_all()
-        if direct:
-            fn()
-        elif reply is not None:
-            reply.wait()
-
-    # --- on the owner's thread -----------------------------------------------------------------
-
-    def serve(self, futures: Sequence[Future[Any]], poll: float = 0.05) -> None:
-        """Run the fetch threads' budget requests here until every future is done."""
-        with self._requests_cond:
-            self._serving = True
-        for f in futures:  # a finished fetch wakes the owner at once, not at its next poll
-            f.add_done_callback(self._wake)
-        failed: BaseException | None = None
-        try:
-            while True:
-                with self._requests_cond:
-                    if not self._requests:
-                        if all(f.done() for f in futures):
-                            break
-                        self._requests_cond.wait(poll)
-                        continue
-                    fn, reply = self._requests.popleft()
-                self._run_request(fn, reply)
-        except BaseException as e:
-            failed = e
-            raise
-        finally:
-            self._stop_serving(failed is not None)
-
-    def _stop_serving(self, failed: bool) -> None:
-        """No more deferring: what is queued runs now (the notes), or - when the owner failed -
-        the waiting fetch threads are let go with BudgetCancelled."""
-        with self._requests_cond:
-            self._serving = False
-            left, self._requests = list(self._requests), deque()
-        for fn, reply in left:
-            if failed and reply is not None:
-                reply.fail(BudgetCancelled())  # nobody will serve it: let the fetch thread unwind
-            else:
-                self._run_request(fn, reply)
-
-    def _wake(self, _future: Future[Any]) -> None:
-        with self._requests_cond:
-            self._requests_cond.notify_all()
-
-    @staticmethod
-    def _run_request(fn: Callable[[], None], reply: _Reply | None) -> None:
-        try:
-            fn()
-        except BaseException as e:  # noqa: BLE001 - handed back to the fetch thread that asked
-            if reply is None:
-                log.warning("could not tell the other workers of a rate limit: %s", type(e).__name__)
-            else:
-                reply.fail(e)
-            if not isinstance(e, Exception):
-                raise
-        else:
-            if reply is not None:
-                reply.ok()
-
-    def release(self) -> None:
-        """Give the unspent slots back to the budget (they are not lost rate) and stop serving
-        fetch threads; idempotent."""
-        if self._serving:  # deferred but never served (the round failed before): let go
-            self._stop_serving(True)
-        with self._lock:
-            slots, self._slots = self._slots, []
-        self._budget._give_back(slots)
-
-    def __enter__(self) -> Reservation:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

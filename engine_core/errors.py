@@ -91,5 +91,9 @@ class TaskStopped(EngineError):
     """The run was asked to stop while this task ran; its progress is kept."""
 
 
+class BudgetCancelled(TaskStopped):
+    """The wait for a rate-limit slot was abandoned because the task was asked to stop."""
+
+
 class PageFailed(EngineError):
     """Every row of the page failed."""

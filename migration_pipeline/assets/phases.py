@@ -47,7 +47,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 
 from engine_core import rollup as rollups
 from engine_core import runs
-from engine_core.budget import waiting_state
+from engine_core.budget_waiting import waiting_state
 from engine_core.db import Database
 from engine_core.errors import AdmissionRefused, NothingToSync
 from engine_core.models import Run
@@ -239,7 +239,7 @@ class PhaseReporter:
 
     def waiting(self) -> str | None:
         """What the account's budget waits on now, with until when ("waiting on the daily token
-        budget: ..., until 2026-12-02 00:00:00 UTC"; engine_core.budget.waiting_state), or None.
+        budget: ..., until 2026-12-02 00:00:00 UTC"; engine_core.budget_waiting.waiting_state), or None.
         A wait of the workers is never silent in the run's events; a failure to read it is not
         the phase's failure."""
         if not self.account:

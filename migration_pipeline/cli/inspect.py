@@ -14,7 +14,7 @@ from rich.table import Table
 from engine_core import db as dbmod
 from engine_core import rollup as rollups
 from engine_core import runs, runs_reads
-from engine_core.budget import waiting_state
+from engine_core.budget_waiting import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
 from engine_core.ledger_reads import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows

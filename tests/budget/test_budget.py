@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from engine_core.budget import Budget, BudgetCancelled, waiting_state
+from engine_core.budget import Budget, BudgetCancelled
+from engine_core.budget_waiting import waiting_state
 from engine_core.db import Database
 from engine_core.errors import RateLimitParked
 from engine_core.providers.pipedrive.client import PipedriveClient

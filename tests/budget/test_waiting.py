@@ -12,7 +12,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from engine_core import runs
-from engine_core.budget import Budget, waiting_state
+from engine_core.budget import Budget
+from engine_core.budget_waiting import waiting_state
 from engine_core.config import ConfigError, check_environment, daily_token_share
 from engine_core.db import Database
 from engine_core.providers.registry import provider_for
