@@ -37,14 +37,17 @@ from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn, Database, query
 from engine_core.models import Run
-from engine_core.rows import content_version as content_version, newer as newer, same_version as same_version
-
-IMPORTED = "imported"
-MATCHED = "matched"
-ALREADY_HERE = "already_here"
-UPDATED = "updated"
-SKIPPED = "skipped"
-FAILED = "failed"
+from engine_core.rows import (  # noqa: F401 - the outcomes' names and the version rules, pure in rows.py
+    ALREADY_HERE,
+    FAILED,
+    IMPORTED,
+    MATCHED,
+    SKIPPED,
+    UPDATED,
+    content_version,
+    newer,
+    same_version,
+)
 
 WRITTEN_ACTIONS = ("created", "matched")
 Event = Callable[[str], None]

@@ -30,6 +30,15 @@ from typing import Any
 from engine_core.errors import EngineError
 
 
+# A row's outcome, as a write reports it and the task's stats count it.
+IMPORTED = "imported"
+MATCHED = "matched"
+ALREADY_HERE = "already_here"
+UPDATED = "updated"
+SKIPPED = "skipped"
+FAILED = "failed"
+
+
 class MalformedRow(EngineError):
     """The source row is malformed."""
 

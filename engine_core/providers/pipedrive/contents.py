@@ -1,6 +1,6 @@
 """File contents as a kind of the run (`file_contents`, opt-in): each file's bytes downloaded once
 (`/v1/files/{id}/download`, 20 tokens), streamed, checksummed (sha256) and kept in the file store
-(`engine_core.target.files`: Postgres by default, a directory with MIGRATE_FILE_STORE, content-
+(`engine_core.file_contents`, the store port `engine_core.store`: Postgres by default, a directory with MIGRATE_FILE_STORE, content-
 addressed, one copy per distinct content a tenant has).
 
 Which files: those whose metadata the product holds with `content_status` 'pending' - written by
@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from engine_core import ledger
+from engine_core import file_contents
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run, Successor, TaskOutcome
@@ -45,7 +45,6 @@ from engine_core.providers.pipedrive.errors import (AuthError, Cancelled, DailyL
                                                     PipedriveError, TransientHTTPError)
 from engine_core.providers.pipedrive.files import content_status
 from engine_core.store import CHUNK_BYTES, FileStore
-from engine_core.target.files import store_from_env
 
 KIND = "file_contents"
 DOWNLOAD_TRIES = 3  # a download broken off is asked again, at most this many times in all
@@ -53,23 +52,6 @@ FILES_PER_TASK = 20  # downloads a task settles: a task's claim costs less than 
 SPOOL_BYTES = CHUNK_BYTES  # a download's bytes held in memory before its temporary file goes to disk
 DOWNLOAD_PATH = "/v1/files/{}/download"
 CATCHUP_DISCOVERY = "catchup:file_contents:discover"
-
-
-def pending_files(conn: Any, run: Run) -> list[int]:
-    """The source ids (integers, ascending) of the tenant's files whose content is still to fetch:
-    crm.files rows with `content_status` 'pending', not deleted at the source."""
-    rows = conn.sql("SELECT source_id FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
-                    " AND content_status = 'pending' AND deleted_at_source IS NULL AND source_id ~ '^[0-9]{1,18}$'",
-                    {"t": run.tenant_id, "s": run.source})
-    return sorted(int(r["source_id"]) for r in rows)
-
-
-def file_sizes(conn: Any, run: Run, files: Sequence[int]) -> dict[int, int]:
-    """The `file_size` crm.files holds for these files (source ids): what a whole download has."""
-    rows = conn.sql("SELECT source_id, file_size FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
-                    " AND source_id = ANY(%(f)s::text[]) AND file_size IS NOT NULL",
-                    {"t": run.tenant_id, "s": run.source, "f": [str(f) for f in files]})
-    return {int(r["source_id"]): int(r["file_size"]) for r in rows}
 
 
 def seeds() -> list[Successor]:
@@ -84,7 +66,7 @@ def discover(ctx: TaskContext, prefix: str = KIND) -> TaskOutcome:
         ctx.log.note("info", KIND, "a dry run downloads no file content")
         return TaskOutcome()
     with ctx.db.connection() as conn:
-        files = pending_files(conn, ctx.run)
+        files = file_contents.pending_files(conn, ctx.run)
     ctx.stats.values["files_pending"] = len(files)
     catchup = prefix != KIND
     return TaskOutcome(tuple(
@@ -168,44 +150,21 @@ def _fetch_once(client: Any, file_id: int, max_bytes: int, cancel: Any = None) -
     return Fetched(spool=spool, sha256=digest.hexdigest(), size=size)
 
 
-def _chunks(spool: IO[bytes]) -> Iterator[bytes]:
-    while piece := spool.read(CHUNK_BYTES):
-        yield piece
-
-
 def settle(tx: Conn, run: Run, store: FileStore, file_id: int, got: Fetched) -> str:
-    """Record one download in the caller's transaction (module docstring): the content stored
-    (unless the tenant has it) with crm.files' status and checksum and the ledger's claim, or the
-    status and the ledger's skip with the reason. Returns the ledger outcome; raises KeyError
-    when the product holds no metadata row for the file."""
-    sid = str(file_id)
-    rows = tx.sql("SELECT id, content_sha256 FROM crm.files WHERE tenant_id = %(t)s AND source = %(s)s"
-                  " AND source_id = %(f)s", {"t": run.tenant_id, "s": run.source, "f": sid})
-    if not rows:
-        raise KeyError(f"no crm.files row for file {sid}")
-    record, before = int(rows[0]["id"]), rows[0]["content_sha256"]
-    if got.spool is None:
-        tx.sql("UPDATE crm.files SET content_status = %(c)s WHERE id = %(i)s", {"c": got.status, "i": record})
-        return ledger.skip(tx, run, KIND, sid, got.reason or got.status)
-    assert got.sha256 is not None
-    have = tx.sql("SELECT 1 FROM crm.file_blobs WHERE tenant_id = %(t)s AND sha256 = %(s)s",
-                  {"t": run.tenant_id, "s": got.sha256})
-    if not have:
-        stored = store.put(tx, run.tenant_id, _chunks(got.spool), expected_size=got.size)
-        assert stored.sha256 == got.sha256, "the store hashed other bytes than the download"
-    tx.sql("UPDATE crm.files SET content_status = 'stored', content_sha256 = %(h)s WHERE id = %(i)s",
-           {"h": got.sha256, "i": record})
-    return ledger.write_once(tx, run, KIND, sid, lambda: ledger.Written("crm.files", record),
-                             version=f"sha256:{got.sha256}", update=lambda _: {"content_sha256": before})
+    """Hand one download to the engine in the caller's transaction (`file_contents.settle`: the
+    content stored, crm.files' status and checksum, the ledger's claim or skip). Returns the
+    ledger outcome; raises KeyError when the product holds no metadata row for the file."""
+    return file_contents.settle(tx, run, store, KIND, file_id, spool=got.spool, sha256=got.sha256, size=got.size,
+                                status=got.status, reason=got.reason)
 
 
 def run_task(ctx: TaskContext, client: Any, files: Sequence[int], store: FileStore | None = None) -> TaskOutcome:
     """A task's files from its offset on, one download and one transaction each (module
     docstring); a stop is honoured between files. Raises what `fetch` raises."""
-    store = store or store_from_env()
+    store = store or file_contents.file_store()
     ids = [int(f) for f in files]
     with ctx.db.connection() as conn:
-        sizes = file_sizes(conn, ctx.run, ids)
+        sizes = file_contents.file_sizes(conn, ctx.run, ids)
     at = min(ctx.offset, len(ids))
     while at < len(ids):
         ctx.stop_point()

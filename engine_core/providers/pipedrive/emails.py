@@ -61,13 +61,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from engine_core import ledger
+from engine_core import holdings
 from engine_core.budget import Budget
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
-from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body
+from engine_core.marks import Marks, Unreadable, write_marks
+from engine_core.rows import ALREADY_HERE, EMAIL_BODY_MAX, IMPORTED, MATCHED, FittedBody, excerpt, fit_email_body, newer
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
@@ -80,7 +81,8 @@ from engine_core.providers.pipedrive.mapping import (
 )
 from engine_core.providers.pipedrive.mail import map_email, message_of, with_body
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
-from engine_core.providers.pipedrive.writers import ledger_refs, mail_batch, write_mapped
+from engine_core.providers.pipedrive.writers import mail_batch
+from engine_core.write import ledger_refs, write_mapped
 
 KIND = "emails"
 DONE_MASK = "deals_done_mask"  # a stats entry: bit j set = deal j of the task is finished and counted
@@ -144,8 +146,7 @@ def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) ->
         ctx.log.note("error", KIND, reason, subject=key)
     if not ctx.run.dry_run:
         with ctx.db.transaction() as tx:
-            for key, row, reason in told:
-                ledger.note_unreadable(tx, ctx.run, KIND, key, reason, excerpt(row))
+            write_marks(tx, ctx.run, Marks(unreadable=[Unreadable(KIND, key, reason, excerpt(row)) for key, row, reason in told]))
 
 
 # --- the task of ten deals -------------------------------------------------------------------
@@ -435,7 +436,7 @@ class EmailTask:
         self.ctx.log.note("error", KIND, reason, subject=key)
         if not self.ctx.run.dry_run:
             with self.ctx.db.transaction() as tx:
-                ledger.note_unreadable(tx, self.ctx.run, KIND, key, reason, f'{{"deal_id": {deal}}}')
+                write_marks(tx, self.ctx.run, Marks(unreadable=[Unreadable(KIND, key, reason, f'{{"deal_id": {deal}}}')]))
 
     # -- listed pages -----------------------------------------------------------------------
     def take_pages(self, pages: list[tuple[Listing, Page]]) -> None:
@@ -468,18 +469,17 @@ class EmailTask:
         ids = [r["id"] for r in rows if r["id"] is not None]
         refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
         with ctx.db.connection() as conn:
-            states = _ledger_states(conn, run, ids)
-            versions = ledger.versions(conn, run, KIND, ids)
-            every_ref = refs + ledger_refs(r.mapped for r in rows)
-            self.found.update(ledger.resolve(conn, run, every_ref))
-            if self.dry is not None:
-                self.dry |= ledger.dry_written(conn, run, every_ref)
+            seen = holdings.seen(conn, run, KIND, ids, refs + ledger_refs(r.mapped for r in rows))
+        states, versions = seen.states, seen.versions
+        self.found.update(seen.found)
+        if self.dry is not None:
+            self.dry |= seen.dry
         for r in rows:
             state = states.get(r["id"]) if r["id"] is not None else None
             # a written message listed with a newer version is fetched and written again,
             # in place; one written before versions (None) is not: that would fetch every body again
             held = versions.get(r["id"]) if r["id"] is not None else None
-            changed = held is not None and r.mapped is not None and ledger.newer(r.mapped.version, held)
+            changed = held is not None and r.mapped is not None and newer(r.mapped.version, held)
             if state is not None and not changed:
                 ours, written = state["migration_id"] == run.id, state["action"] in ("created", "matched")
                 if ours and not ctx.revisit and (written or not self.retake):
@@ -487,7 +487,7 @@ class EmailTask:
                 if written:
                     # never fetched again; counted when its deal finishes (a retry's fresh counts
                     # see its own run's rows as imported/matched)
-                    outcome = ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
+                    outcome = ALREADY_HERE if not ours else (IMPORTED if state["action"] == "created" else MATCHED)
                     self.deferred.setdefault(r.deal, Counter())[outcome] += 1
                     continue
             if state is not None and state["action"] in ("created", "matched"):
@@ -631,15 +631,6 @@ class EmailTask:
 def _with_values(mapped: Mapped, values: dict[str, Any]) -> Mapped:
     return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links,
                   version=mapped.version)
-
-
-def _ledger_states(conn: Conn, run: Any, ids: list[str]) -> dict[str, dict[str, Any]]:
-    """Listed message ids -> their ledger row (`migration_id`, `action`), any action, one query."""
-    if not ids:
-        return {}
-    rows = conn.fetch_all("ledger_states", {"tenant_id": run.tenant_id, "source": run.source, "kind": KIND,
-                                            "source_ids": [str(i) for i in ids]})
-    return {r["source_id"]: r for r in rows}
 
 
 def _message_or_item(item: Any) -> Any:

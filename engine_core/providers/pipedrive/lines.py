@@ -14,7 +14,7 @@ chunk's last commit moves the offset past it.
 Changes and removals through the same versioned ledger: a line served again at a newer
 `update_time` is updated in place (`ledger.write_once`); a line the ledger holds for a deal whose
 lines were just listed in full, and that the listing no longer serves, was removed from its deal
-at the source and is marked deleted there (`ledger.mark_deleted`, in the chunk's last
+at the source and is marked deleted there (`marks.mark_gone`, in the chunk's last
 transaction). The catch-up (`inventory.run_page`) lists again the lines of the deals it wrote (new,
 or at a newer version: Pipedrive moves a deal's `update_time` when its products change) in tasks
 `catchup:lines:...` of up to `IDS_PER_CALL` deals, through the same code, so a sync finds a line
@@ -31,9 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine_core import ledger, write
+from engine_core import holdings, write
 from engine_core.context import TaskContext
 from engine_core.db import Conn
+from engine_core.marks import mark_gone
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.providers.pipedrive import kinds
 from engine_core.providers.pipedrive.mapping import MalformedRow, sound_id, unreadable_key
@@ -106,14 +107,8 @@ def list_lines(client: Any, deals: Sequence[int], cancel: Any = None) -> list[di
 
 def held_lines(conn: Any, run: Run, deals: Sequence[int]) -> dict[str, str]:
     """The live lines (written, not deleted at the source) the ledger holds for these deals:
-    line source id -> its deal's source id."""
-    rows = conn.sql(
-        "SELECT r.source_id, d.source_id AS deal FROM migration_records r"
-        " JOIN crm.deal_products l ON l.id = r.record_id JOIN crm.deals d ON d.id = l.deal_id"
-        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.record_type = 'crm.deal_products'"
-        " AND r.action IN ('created', 'matched') AND r.deleted_at_source IS NULL AND d.source_id = ANY(%(d)s::text[])",
-        {"t": run.tenant_id, "s": run.source, "k": KIND, "d": [str(d) for d in deals]})
-    return {r["source_id"]: r["deal"] for r in rows}
+    line source id -> its deal's source id (`holdings.held_under`)."""
+    return holdings.held_under(conn, run, KIND, "deal_products", "deal_id", "deals", deals)
 
 
 def removed(held: dict[str, str], rows: Sequence[Any]) -> list[str]:
@@ -125,10 +120,10 @@ def removed(held: dict[str, str], rows: Sequence[Any]) -> list[str]:
 
 def mark_lines_of_deleted_deals(tx: Conn, run: Run, deals: Sequence[object]) -> int:
     """Before the catch-up marks deals deleted at the source (404): their lines, which the source
-    no longer lists either, marked deleted too (`ledger.mark_deleted`). Returns how many."""
+    no longer lists either, marked deleted too (`marks.mark_gone`). Returns how many."""
     ids = [int(str(d)) for d in deals if str(d).isdigit()]
     held = held_lines(tx, run, ids) if ids else {}
-    return ledger.mark_deleted(tx, run, KIND, sorted(held)) if held else 0
+    return mark_gone(tx, run, KIND, sorted(held))
 
 
 def write_chunk(ctx: TaskContext, client: Any, mapper: Mapper, rows: Sequence[Any], deals: Sequence[int],
@@ -153,7 +148,7 @@ def write_chunk(ctx: TaskContext, client: Any, mapper: Mapper, rows: Sequence[An
     with ctx.db.transaction() as tx:
         gone = removed(held_lines(tx, ctx.run, deals), rows)
         if gone:
-            marked = ledger.mark_deleted(tx, ctx.run, KIND, gone)
+            marked = mark_gone(tx, ctx.run, KIND, gone)
             ctx.stats.bump("deleted_at_source", marked)
         ctx.stats.bump("deals", after - at)
         ctx.checkpoint(tx, after)

@@ -36,7 +36,7 @@ way with its reason. A token refused (401, or 403 on `/v1/users/me`) stops the t
 **The catch-up** (`catchup_tasks`): records the catch-up writes because they changed (created, or
 a newer `update_time`) get their lists read again in tasks of its own (`{"fanout": kind, "recheck":
 true}`), in runs and syncs that take the kind. A recheck also marks the rows the record's list no
-longer serves deleted at the source (`ledger.mark_deleted`: a participant removed, a user who
+longer serves deleted at the source (`marks.Marks`: a participant removed, a user who
 stopped following). What it does not see: a list that changes without its record's `update_time`
 moving (Pipedrive does not move a deal's update time when a follower is added) waits for a change
 of the record, or a run of the kind.
@@ -50,12 +50,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg import sql
-
-from engine_core import ledger
+from engine_core import holdings
 from engine_core.budget import Budget
 from engine_core.context import TaskContext
 from engine_core.errors import RateLimitParked, TaskStopped
+from engine_core.marks import Marks, Unreadable, write_marks
 from engine_core.models import Successor, TaskOutcome
 from engine_core.providers.pipedrive import fanouts, writers
 from engine_core.providers.pipedrive.paging import Page, item_scope, settle_refusals
@@ -361,44 +360,32 @@ class RecordListTask:
 
     def _settle(self, start: int, end: int, served: dict[int, set[str]]) -> None:
         """Before the rows of records start..end are written: the refused records kept with their
-        reason (`ledger.note_unreadable`, kind and key "deal <id>"), and on a recheck the rows a
+        reason (`marks.Unreadable`, kind and key "deal <id>"), and on a recheck the rows a
         listed record no longer serves marked deleted at the source, in one transaction."""
         ctx, run = self.ctx, self.ctx.run
         refused = {i: why for i, why in self.refused.items() if start <= i < end}
         for i, why in refused.items():
             ctx.log.note("error", self.kind, why, subject=f"{WORD[self.of]} {self.records[i]}")
         listed = [i for i in range(start, end) if i not in refused]
+        marks = Marks(unreadable=[Unreadable(self.kind, f"{WORD[self.of]} {self.records[i]}", why,
+                                             f'{{"{self.of}_id": {self.records[i]}}}') for i, why in refused.items()])
         with ctx.db.transaction() as tx:
-            for i, why in refused.items():
-                ctx.stats.bump("records_unreachable")
-                if not run.dry_run:
-                    ledger.note_unreadable(tx, run, self.kind, f"{WORD[self.of]} {self.records[i]}", why,
-                                           f'{{"{self.of}_id": {self.records[i]}}}')
+            if refused:
+                ctx.stats.bump("records_unreachable", len(refused))
             if self.recheck and listed:
                 held = held_rows(tx, run, self.family, self.of, [str(self.records[i]) for i in listed])
-                gone = [s for i in listed for s in held.get(str(self.records[i]), ()) if s not in served[i]]
-                if gone:
-                    marked = ledger.mark_deleted(tx, run, self.kind, gone)
-                    ctx.stats.bump("deleted_at_source", marked)
+                marks.add_gone(self.kind, [s for i in listed for s in held.get(str(self.records[i]), ()) if s not in served[i]])
+            marked = write_marks(tx, run, marks)
+            if marks.gone.get(self.kind):
+                ctx.stats.bump("deleted_at_source", marked)
 
 
 def held_rows(conn: Any, run: Any, family: Family, of: str, records: Sequence[str]) -> dict[str, list[str]]:
     """Record source id -> the source ids of the family's live rows (not marked deleted at the
     source) the product holds under it, found through the ledger's record and the table's parent
-    column (`fanouts.FOLLOWED`)."""
+    column (`fanouts.FOLLOWED`, `holdings.rows_under`)."""
     column, word = fanouts.FOLLOWED[of]
-    pairs = [(k, sid) for sid in records for k in KINDS_OF_REF[word]]
-    found = ledger.resolve(conn, run, pairs)
-    local = {found[(k, sid)]: sid for sid in records for k in KINDS_OF_REF[word] if (k, sid) in found}
-    if not local:
-        return {}
-    q = sql.SQL("SELECT {c} AS record, source_id FROM {t} WHERE tenant_id = %(t)s AND source = %(s)s"
-                " AND {c} = ANY(%(ids)s) AND deleted_at_source IS NULL").format(
-        c=sql.Identifier(column), t=sql.Identifier("crm", family.table))
-    out: dict[str, list[str]] = {}
-    for r in conn.sql(q, {"t": run.tenant_id, "s": run.source, "ids": sorted(local)}):
-        out.setdefault(local[r["record"]], []).append(r["source_id"])
-    return out
+    return holdings.rows_under(conn, run, family.table, column, KINDS_OF_REF[word], records)
 
 
 def _bound(family: Family, tenant: str, of: str, sid: str) -> Callable[[Any], Mapped]:
@@ -456,18 +443,12 @@ def mark_dependents_deleted(tx: Any, run: Any, of: str, records: Sequence[str]) 
     """Before the catch-up marks records of ledger kind `of` deleted at the source (404): the
     per-record rows that go with them - a deal's participants, followers and history, a person's
     participations and followers, an organization's followers - marked deleted too
-    (`ledger.mark_deleted`), as the source no longer lists them. Returns how many were marked."""
+    (`marks.write_marks`), as the source no longer lists them. Returns how many were marked."""
     if of not in DEPENDENTS or not records:
         return 0
     word = fanouts.FOLLOWED[of][1]
-    pairs = [(k, str(sid)) for sid in records for k in KINDS_OF_REF[word]]
-    local = sorted(set(ledger.resolve(tx, run, pairs).values()))
-    if not local:
-        return 0
-    marked = 0
+    marks = Marks()
     for kind, table, column in DEPENDENTS[of]:
-        q = sql.SQL("SELECT source_id FROM {t} WHERE tenant_id = %(t)s AND source = %(s)s AND {c} = ANY(%(ids)s)"
-                    " AND deleted_at_source IS NULL").format(t=sql.Identifier("crm", table), c=sql.Identifier(column))
-        gone = [r["source_id"] for r in tx.sql(q, {"t": run.tenant_id, "s": run.source, "ids": local})]
-        marked += ledger.mark_deleted(tx, run, kind, gone) if gone else 0
-    return marked
+        under = holdings.rows_under(tx, run, table, column, KINDS_OF_REF[word], [str(sid) for sid in records])
+        marks.add_gone(kind, [sid for rows in under.values() for sid in rows])
+    return write_marks(tx, run, marks)

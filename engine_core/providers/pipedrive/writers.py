@@ -49,18 +49,16 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine_core import ledger, write
+from engine_core import definitions as engine_definitions, write
 from engine_core.context import TaskContext
 from engine_core.window import Batch, PageResult
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import content_version
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
-from engine_core.target import crm
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
     DANGLING,
     NOT_LINKED,
@@ -344,16 +342,6 @@ def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
     return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (scope, ctx.run.id), ctx.cancel)
 
 
-def write_mapped(
-    tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
-    dry: set[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
-    on_event: Event | None = None, held: ledger.Held | None = None,
-) -> str:
-    """One mapped Pipedrive row, per row (`write.write_mapped`); the email phase writes its
-    messages through this."""
-    return write.write_mapped(tx, run, kind, mapped, found, dry, exists=exists, on_event=on_event, held=held)
-
-
 def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
     """The email phase's optimistic windows (`write.window_batch`):
     a window's messages mapped, their deal written and no written ledger entry for them are
@@ -415,61 +403,12 @@ def normal_definition(entity: str, item: dict[str, Any], position: int) -> dict[
     }
 
 
-DEFINITION_COLUMNS = ("entity", "field_key", "name", "field_type", "options", "subfields", "is_custom", "position")
-
-
 def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]], *, complete: bool = False) -> PageResult:
-    """Store the run's field definitions: refreshed in place every run, claimed once in the ledger.
-
-    A definition's version is its content's hash (`ledger.content_version` of the normalised
-    definition: definitions have no update time); a changed one (renamed, an option relabelled)
-    counts `updated`, with the previous values in the ledger's history - so a run or a sync
-    notices field changes although no record's update_time moved, and the product reads the new
-    names at once (records keep keys and option ids only: crm.custom_field_values). `complete`:
-    `definitions` is the source's whole listing, so a stored definition it no longer has is marked
-    deleted at the source (`mark_deleted_definitions`); one listed again is restored."""
-
-    def writer(tx: Conn, d: dict[str, Any]) -> str:
-        values = {k: d[k] for k in DEFINITION_COLUMNS}
-        # The refresh happens outside the claim's savepoint: a field already here still gets
-        # its current name and option labels. What it replaced is kept for the history.
-        old = crm.field_definition(tx, ctx.run.tenant_id, ctx.run.source, d["entity"], d["field_key"])
-        def_id = crm.upsert_field_definition(tx, {"tenant_id": ctx.run.tenant_id, "source": ctx.run.source, **values})
-        before = {k: old[k] for k in DEFINITION_COLUMNS if old is not None and old[k] != values[k]}
-        return ledger.write_once(tx, ctx.run, "fields", d["id"], lambda: ledger.Written("crm.custom_field_definitions", def_id),
-                                 version=content_version(values), update=lambda _record_id: before,
-                                 on_event=ctx.stats.bump)
-
-    result = ctx.write_rows(list(definitions), writer, kind="fields")
-    if complete and not ctx.run.dry_run:
-        counted = ctx.stats.copy()
-        try:
-            with ctx.db.transaction() as tx:
-                gone = mark_deleted_definitions(tx, ctx.run, {d["id"] for d in definitions})
-                if gone:  # counted with the marks it counts
-                    ctx.stats.bump("fields_deleted_at_source", gone)
-                    ctx.checkpoint(tx, len(definitions))
-        except BaseException:
-            ctx.stats = counted
-            raise
-        if gone:
-            ctx.log.note("warning", "fields", f"{gone} field definition(s) no longer listed by the source: marked deleted "
-                         "at the source, their values kept on the records (crm.custom_field_values.field_deleted_at_source)")
-    return result
-
-
-def mark_deleted_definitions(tx: Conn, run: Run, listed: set[str]) -> int:
-    """Mark the tenant's stored field definitions the source's listing no longer has (`listed`:
-    ids "<entity>:<field_key>") deleted at the source, through the ledger (`ledger.mark_deleted`:
-    the definition's `deleted_at_source` and a `deleted` history row). Their values stay on the
-    records, flagged by the view. Returns how many were marked now."""
-    stored = tx.sql("SELECT entity, field_key FROM crm.custom_field_definitions"
-                    " WHERE tenant_id = %(t)s AND source = %(s)s AND deleted_at_source IS NULL",
-                    {"t": run.tenant_id, "s": run.source})
-    gone = [f"{r['entity']}:{r['field_key']}" for r in stored if f"{r['entity']}:{r['field_key']}" not in listed]
-    return ledger.mark_deleted(tx, run, "fields", gone)
+    """The run's field definitions (`normal_definition` rows) handed to the engine, which writes
+    them (`engine_core.definitions`)."""
+    return engine_definitions.write_definitions(ctx, definitions, complete=complete)
 
 
 def book_from_db(conn: Conn, run: Run) -> FieldBook:
-    """The run's field definitions as the product keeps them (crm.custom_field_definitions)."""
-    return FieldBook(crm.field_definitions(conn, run.tenant_id, run.source))
+    """The run's field definitions as the product keeps them (`definitions.stored_definitions`)."""
+    return FieldBook(engine_definitions.stored_definitions(conn, run))

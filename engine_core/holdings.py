@@ -1,0 +1,89 @@
+"""What the engine holds, as a source may read it: which of its records are written, which product
+rows hang under them, where listed rows stand in the ledger.
+
+A provider plans its work from these (a fan-out lists the records the run wrote; a recheck marks
+the rows a record's list no longer serves) and never reads the ledger's or the product's tables
+itself. Reads only, each one query or a few, in the caller's connection or transaction.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from psycopg import sql
+
+from engine_core import ledger
+from engine_core.db import Conn, Database
+from engine_core.models import Run
+
+Pair = tuple[str, str]  # (ledger kind, source id)
+
+
+def resolve(conn: Conn | Database, run: Run, refs: Iterable[tuple[str, object]]) -> dict[Pair, int]:
+    """(ledger kind, source id) pairs -> the local record ids written for them (`ledger.resolve`),
+    one query."""
+    return ledger.resolve(conn, run, refs)  # type: ignore[arg-type]
+
+
+def rows_under(conn: Conn | Database, run: Run, table: str, column: str, kinds: Sequence[str],
+               records: Sequence[object]) -> dict[str, list[str]]:
+    """Record source id -> the source ids of the live rows (not marked deleted at the source) of the
+    product's `crm.<table>` whose `column` points at that record; a record is looked up in the
+    ledger under any of `kinds` (its current kind first). Records not written are absent."""
+    ids = [str(r) for r in records]
+    found = ledger.resolve(conn, run, [(k, sid) for sid in ids for k in kinds])  # type: ignore[arg-type]
+    local = {found[(k, sid)]: sid for sid in ids for k in kinds if (k, sid) in found}
+    if not local:
+        return {}
+    q = sql.SQL("SELECT {c} AS record, source_id FROM {t} WHERE tenant_id = %(t)s AND source = %(s)s"
+                " AND {c} = ANY(%(ids)s) AND deleted_at_source IS NULL").format(
+        c=sql.Identifier(column), t=sql.Identifier("crm", table))
+    out: dict[str, list[str]] = {}
+    for r in conn.sql(q, {"t": run.tenant_id, "s": run.source, "ids": sorted(local)}):
+        out.setdefault(local[r["record"]], []).append(r["source_id"])
+    return out
+
+
+def held_under(conn: Conn | Database, run: Run, kind: str, table: str, column: str, parent_table: str,
+               parents: Sequence[object]) -> dict[str, str]:
+    """The live rows of ledger `kind` (written, not deleted at the source) whose product row in
+    `crm.<table>` points through `column` at a row of `crm.<parent_table>` with one of these
+    source ids: row source id -> its parent's source id."""
+    q = sql.SQL(
+        "SELECT r.source_id, d.source_id AS parent FROM migration_records r"
+        " JOIN {t} l ON l.id = r.record_id JOIN {p} d ON d.id = l.{c}"
+        " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.record_type = %(rt)s"
+        " AND r.action IN ('created', 'matched') AND r.deleted_at_source IS NULL AND d.source_id = ANY(%(d)s::text[])"
+    ).format(t=sql.Identifier("crm", table), p=sql.Identifier("crm", parent_table), c=sql.Identifier(column))
+    rows = conn.sql(q, {"t": run.tenant_id, "s": run.source, "k": kind, "rt": f"crm.{table}",
+                        "d": [str(d) for d in parents]})
+    return {r["source_id"]: r["parent"] for r in rows}
+
+
+@dataclass
+class Seen:
+    """Where listed rows stand before their window: `states` (source id -> the ledger row's
+    `migration_id` and `action`, any action), `versions` (source id -> the version the ledger
+    holds, None before versions), `found` (written references -> local ids) and, in a dry run,
+    `dry` (references this run would have written)."""
+
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    found: dict[Pair, int] = field(default_factory=dict)
+    dry: set[Pair] = field(default_factory=set)
+
+
+def seen(conn: Conn, run: Run, kind: str, source_ids: Sequence[str], refs: Iterable[tuple[str, object]]) -> Seen:
+    """The ledger's view of a listed page of ledger `kind` (`Seen`), in the caller's connection:
+    one query for the rows' states, one for their versions, one for the references (and one for a
+    dry run's would-be writes)."""
+    ids = [str(i) for i in source_ids]
+    states: dict[str, dict[str, Any]] = {}
+    if ids:
+        rows = conn.fetch_all("ledger_states", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                                "source_ids": ids})
+        states = {r["source_id"]: r for r in rows}
+    refs = list(refs)
+    return Seen(states, ledger.versions(conn, run, kind, ids), ledger.resolve(conn, run, refs),
+                ledger.dry_written(conn, run, refs) if run.dry_run else set())
