@@ -56,7 +56,7 @@ from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
-from engine_core.target.files import store_from_env
+from engine_core.file_contents import file_store
 from engine_core.providers.pipedrive import estimate as costs
 from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines,
                                              record_lists, stripes, writers)
@@ -78,7 +78,7 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
     """Refuse, with ConfigError (one line naming the option), a run option a Pipedrive run does
     not take (`OPTIONS`; a token among them is named as such) or a value the run would refuse
     later (`SourceConfig.load`, the booleans, `source.margin_option`, the file store's variables:
-    `target.files.store_from_env`). Sends nothing."""
+    `file_contents.file_store`). Sends nothing."""
     if not isinstance(options, Mapping):
         raise ConfigError(f"run options must be a JSON object, got {type(options).__name__}")
     unknown = sorted(k for k in options if k not in OPTIONS and str(k).lower() not in SECRET_OPTIONS)
@@ -99,7 +99,7 @@ def check_options(options: Mapping[str, Any], env: Mapping[str, str], *, base_ur
         if not ok:
             raise ConfigError(f"{name} must be true or false, got {value!r}")
     margin_option(options)
-    store_from_env(dict(env))  # the file store's variables (MIGRATE_FILE_STORE, MIGRATE_FILE_MAX_BYTES), named when bad
+    file_store(env)  # the file store's variables (MIGRATE_FILE_STORE, MIGRATE_FILE_MAX_BYTES), named when bad
 
 
 # The run's field definitions, shared by every provider instance of this process: read once per
