@@ -53,7 +53,6 @@ their deal finishes, in the transaction that records the deal finished.
 """
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -79,7 +78,8 @@ from engine_core.providers.pipedrive.mapping import (
     row_source_id,
     unreadable_key,
 )
-from engine_core.providers.pipedrive.mail import map_email, message_of, with_body
+from engine_core.providers.pipedrive.mail import (clean_strings, clean_text, map_email, message_or_item,  # noqa: F401
+                                                  sound_message_id, with_body, with_values)
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import mail_batch
 from engine_core.write import ledger_refs, write_mapped
@@ -150,45 +150,6 @@ def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) ->
 
 
 # --- the task of ten deals -------------------------------------------------------------------
-
-
-# --- text Postgres can hold --------------------------------------------------------------------
-
-# Postgres text and jsonb cannot hold NUL, and a lone UTF-16 surrogate (a JSON `\ud800` escape
-# without its pair; json.loads joins real pairs into one character) cannot be encoded as UTF-8.
-_UNHOLDABLE = re.compile("[\x00\ud800-\udfff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def clean_text(value: str) -> tuple[str, int]:
-    """`value` with NUL characters removed and lone surrogates replaced by U+FFFD; returns the
-    text and how many characters were repaired (0: the same string, untouched)."""
-    if _UNHOLDABLE.search(value) is None:
-        return value, 0
-    nul = value.count("\x00")
-    text, surrogates = _SURROGATE.subn("\ufffd", value.replace("\x00", ""))
-    return text, nul + surrogates
-
-
-def clean_strings(value: Any) -> tuple[Any, int]:
-    """Every string in a JSON value (dict keys too) through `clean_text`; returns the repaired
-    value (the same object when nothing needed repair) and the number of characters repaired."""
-    if isinstance(value, str):
-        return clean_text(value)
-    if isinstance(value, dict):
-        fixed = 0
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            k2, n1 = clean_strings(k)
-            v2, n2 = clean_strings(v)
-            out[k2] = v2
-            fixed += n1 + n2
-        return (out if fixed else value), fixed
-    if isinstance(value, list):
-        pairs = [clean_strings(v) for v in value]
-        fixed = sum(n for _, n in pairs)
-        return ([v for v, _ in pairs] if fixed else value), fixed
-    return value, 0
 
 
 class MailRow(dict):
@@ -395,7 +356,7 @@ class EmailTask:
         r.fetched = True
         r.unavailable = e.status
         assert r.mapped is not None
-        r.mapped = _with_values(r.mapped, {"body": None, "body_unavailable": e.status})
+        r.mapped = with_values(r.mapped, {"body": None, "body_unavailable": e.status})
         self.ready_bodies.append(r)
 
     def _join_listings(
@@ -454,9 +415,9 @@ class EmailTask:
                 try:
                     mapped = map_email(item, run.tenant_id, deal_sid)
                 except MalformedRow as e:
-                    row = MailRow(listing.deal, _sound_id(item), error=e)
+                    row = MailRow(listing.deal, sound_message_id(item), error=e)
                     if row["id"] is None:  # no readable id: recorded under its raw key (context._write_row)
-                        row.update(raw=item, raw_key=unreadable_key(_message_or_item(item)))
+                        row.update(raw=item, raw_key=unreadable_key(message_or_item(item)))
                 else:
                     row = MailRow(listing.deal, mapped.source_id, mapped)
                 row.repaired = repaired
@@ -597,7 +558,7 @@ class EmailTask:
         fitted = fit_email_body(body) if isinstance(body, str) else FittedBody(body)
         r.truncated = fitted.truncated
         mapped = with_body(r.mapped, {"body": fitted.body})  # its checks: a body that is not text
-        return _with_values(mapped, {"body_truncated": fitted.truncated, "body_original_length": fitted.original_length})
+        return with_values(mapped, {"body_truncated": fitted.truncated, "body_original_length": fitted.original_length})
 
     def flush(self) -> None:
         """Write every message in hand and checkpoint (before a stop or a source failure)."""
@@ -626,26 +587,6 @@ class EmailTask:
         if time.monotonic() - self._touched >= TOUCH_EVERY:
             self.ctx.touch()
             self._touched = time.monotonic()
-
-
-def _with_values(mapped: Mapped, values: dict[str, Any]) -> Mapped:
-    return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links,
-                  version=mapped.version)
-
-
-def _message_or_item(item: Any) -> Any:
-    """The message a listing item wraps (`message_of`), or the item itself when it wraps none."""
-    try:
-        return message_of(item)
-    except MalformedRow:
-        return item
-
-
-def _sound_id(item: Any) -> str | None:
-    try:
-        return row_source_id(message_of(item), KIND)
-    except MalformedRow:
-        return None
 
 
 def run_email_task(ctx: TaskContext, client: PipedriveClient, budget: Budget | None, *, fetch_threads: int = FETCH_THREADS) -> TaskOutcome:

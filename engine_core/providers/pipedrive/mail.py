@@ -1,11 +1,12 @@
 """A deal's mail message -> an `emails` row: the listing's message mapped (`map_email`), its
-body added once fetched (`with_body`).
+body added once fetched (`with_body`), its text made what Postgres can hold (`clean_strings`).
 
 Pure functions: no I/O. The deal whose listing served the message is its parent; the people a
 sender or recipient address is linked to are soft links into the row's JSON.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,3 +77,65 @@ def with_body(mapped: Mapped, message: Any) -> Mapped:
             raise MalformedRow(f"body is {len(body):,} characters long (at most {TEXT_MAX:,})")
     return Mapped(mapped.table, mapped.source_id, {**mapped.values, "body": body}, mapped.parents, mapped.links,
                   version=mapped.version)
+
+
+def with_values(mapped: Mapped, values: dict[str, Any]) -> Mapped:
+    """A copy of the row with `values` set over its own (references and version kept)."""
+    return Mapped(mapped.table, mapped.source_id, {**mapped.values, **values}, mapped.parents, mapped.links,
+                  version=mapped.version)
+
+
+def message_or_item(item: Any) -> Any:
+    """The message a listing item wraps (`message_of`), or the item itself when it wraps none."""
+    try:
+        return message_of(item)
+    except MalformedRow:
+        return item
+
+
+def sound_message_id(item: Any) -> str | None:
+    """The id of the message a listing item wraps, as the ledger keys it, or None when it has no
+    readable one (the row is then kept under its raw key)."""
+    try:
+        return row_source_id(message_of(item), "emails")
+    except MalformedRow:
+        return None
+
+
+# --- text Postgres can hold --------------------------------------------------------------------
+
+# Postgres text and jsonb cannot hold NUL, and a lone UTF-16 surrogate (a JSON `\ud800` escape
+# without its pair; json.loads joins real pairs into one character) cannot be encoded as UTF-8.
+_UNHOLDABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str) -> tuple[str, int]:
+    """`value` with NUL characters removed and lone surrogates replaced by U+FFFD; returns the
+    text and how many characters were repaired (0: the same string, untouched)."""
+    if _UNHOLDABLE.search(value) is None:
+        return value, 0
+    nul = value.count("\x00")
+    text, surrogates = _SURROGATE.subn("\ufffd", value.replace("\x00", ""))
+    return text, nul + surrogates
+
+
+def clean_strings(value: Any) -> tuple[Any, int]:
+    """Every string in a JSON value (dict keys too) through `clean_text`; returns the repaired
+    value (the same object when nothing needed repair) and the number of characters repaired."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        fixed = 0
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            k2, n1 = clean_strings(k)
+            v2, n2 = clean_strings(v)
+            out[k2] = v2
+            fixed += n1 + n2
+        return (out if fixed else value), fixed
+    if isinstance(value, list):
+        pairs = [clean_strings(v) for v in value]
+        fixed = sum(n for _, n in pairs)
+        return ([v for v, _ in pairs] if fixed else value), fixed
+    return value, 0
