@@ -26,6 +26,39 @@ def resolve(conn: Conn | Database, run: Run, refs: Iterable[tuple[str, object]])
     return ledger.resolve(conn, run, refs)  # type: ignore[arg-type]
 
 
+def written_ids(conn: Conn | Database, run: Run, kind: str) -> list[int]:
+    """The integer source ids of ledger `kind` the tenant holds written and not deleted at the
+    source (a dry run: the ones this run would have written), ascending."""
+    if run.dry_run:
+        rows = conn.sql("SELECT DISTINCT source_id FROM migration_dry_records WHERE migration_id = %(r)s"
+                        " AND kind = %(k)s AND source_id ~ '^[0-9]{1,18}$'", {"r": run.id, "k": kind})
+    else:
+        rows = conn.sql("SELECT source_id FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s"
+                        " AND kind = %(k)s AND action IN ('created', 'matched') AND deleted_at_source IS NULL"
+                        " AND source_id ~ '^[0-9]{1,18}$'", {"t": run.tenant_id, "s": run.source, "k": kind})
+    return sorted(int(r["source_id"]) for r in rows)
+
+
+_WRITTEN_AFTER = """
+SELECT source_id::bigint AS id FROM (
+    SELECT source_id FROM migration_records
+     WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND action IN ('created', 'matched')
+       AND deleted_at_source IS NULL
+    UNION
+    SELECT source_id FROM migration_dry_records WHERE migration_id = %(r)s AND kind = %(k)s
+) x
+ WHERE source_id ~ '^[1-9][0-9]{0,17}$' AND source_id::bigint > %(after)s
+ ORDER BY 1 LIMIT %(n)s
+"""
+
+
+def written_after(conn: Conn | Database, run: Run, kind: str, after: int, n: int) -> list[int]:
+    """Up to `n` integer source ids of ledger `kind` above `after`, ascending: written and live
+    for the tenant, or this run's would-be writes (a dry run's records)."""
+    rows = conn.sql(_WRITTEN_AFTER, {"t": run.tenant_id, "s": run.source, "k": kind, "r": run.id, "after": after, "n": n})
+    return [int(r["id"]) for r in rows]
+
+
 def rows_under(conn: Conn | Database, run: Run, table: str, column: str, kinds: Sequence[str],
                records: Sequence[object]) -> dict[str, list[str]]:
     """Record source id -> the source ids of the live rows (not marked deleted at the source) of the

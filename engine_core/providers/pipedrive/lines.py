@@ -50,14 +50,7 @@ CATCHUP_PREFIX = "catchup:lines"
 def held_deals(conn: Any, run: Run) -> list[int]:
     """The source ids of the deals the tenant's ledger holds written and not deleted at the source
     (a dry run: the deals this run would have written), as integers in ascending order."""
-    if run.dry_run:
-        rows = conn.sql("SELECT DISTINCT source_id FROM migration_dry_records WHERE migration_id = %(r)s"
-                        " AND kind = 'deals' AND source_id ~ '^[0-9]{1,18}$'", {"r": run.id})
-    else:
-        rows = conn.sql("SELECT source_id FROM migration_records WHERE tenant_id = %(t)s AND source = %(s)s"
-                        " AND kind = 'deals' AND action IN ('created', 'matched') AND deleted_at_source IS NULL"
-                        " AND source_id ~ '^[0-9]{1,18}$'", {"t": run.tenant_id, "s": run.source})
-    return sorted(int(r["source_id"]) for r in rows)
+    return holdings.written_ids(conn, run, "deals")
 
 
 def seeds() -> list[Successor]:

@@ -159,18 +159,6 @@ def list_rows(client: Any, family: Family, of: str, record: int, cancel: Any = N
 
 # --- discovery -----------------------------------------------------------------------------
 
-_RECORDS = """
-SELECT source_id::bigint AS id FROM (
-    SELECT source_id FROM migration_records
-     WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND action IN ('created', 'matched')
-       AND deleted_at_source IS NULL
-    UNION
-    SELECT source_id FROM migration_dry_records WHERE migration_id = %(r)s AND kind = %(k)s
-) x
- WHERE source_id ~ '^[1-9][0-9]{0,17}$' AND source_id::bigint > %(after)s
- ORDER BY 1 LIMIT %(n)s
-"""
-
 
 def seeds(kind: str) -> list[Successor]:
     """The first task of a per-record kind: the discovery of its first record kind."""
@@ -184,9 +172,7 @@ def discover(ctx: TaskContext) -> TaskOutcome:
     the family's next record kind. No request is made."""
     family = FAMILIES[ctx.task.kind]
     of, after = ctx.task.cursor["discover"], int(ctx.task.cursor.get("after", 0))
-    rows = ctx.db.sql(_RECORDS, {"t": ctx.run.tenant_id, "s": ctx.run.source, "k": of, "r": ctx.run.id,
-                                 "after": after, "n": DISCOVER_PAGE})
-    ids = [int(r["id"]) for r in rows]
+    ids = holdings.written_after(ctx.db, ctx.run, of, after, DISCOVER_PAGE)
     ctx.stats.bump("records_found", len(ids))
     out = [Successor(f"{family.kind}:{of}:{ids[i]}", {"of": of, "records": ids[i:i + RECORDS_PER_TASK]})
            for i in range(0, len(ids), RECORDS_PER_TASK)]
