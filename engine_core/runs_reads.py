@@ -65,3 +65,26 @@ def latest_statuses(db: Database, source: str, tenants: list[str]) -> dict[str, 
     tenant without one is absent."""
     return {r["tenant_id"]: r["status"] for r in db.fetch_all("latest_status_per_tenant",
                                                               {"source": source, "tenants": tenants})}
+
+
+def kinds_taken(db: Database, tenant: str, source: str, *, succeeded_only: bool = False) -> set[str]:
+    """The kinds in the plan of any run of `source` started for `tenant`, dry runs aside (with
+    `succeeded_only`, of its succeeded runs and syncs alone); the catch-up kind included. What the
+    tenant holds is what its runs took together: a kind run alone later (`--kinds deal_history`)
+    adds to the earlier runs' kinds, it does not replace them."""
+    rows = db.sql("SELECT DISTINCT k.kind FROM migrations m, jsonb_array_elements(m.plan) g,"
+                  " jsonb_array_elements_text(g) AS k(kind)"
+                  " WHERE m.tenant_id = %(t)s AND m.source = %(s)s AND NOT m.dry_run"
+                  " AND (NOT %(ok)s OR m.status = 'succeeded')",
+                  {"t": tenant, "s": source, "ok": succeeded_only})
+    return {r["kind"] for r in rows}
+
+
+def migrating_run_id(db: Database, tenant: str, source: str, before: int) -> int | None:
+    """The id of `tenant`'s latest succeeded run of `source` that is neither a sync nor a dry run
+    and came before run `before` (the full run a sync at `before` brought changes onto); None when
+    there is none."""
+    rows = db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND mode <> 'sync'"
+                  " AND status = 'succeeded' AND NOT dry_run AND id < %(id)s ORDER BY id DESC LIMIT 1",
+                  {"t": tenant, "s": source, "id": before})
+    return int(rows[0]["id"]) if rows else None

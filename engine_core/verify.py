@@ -48,7 +48,7 @@ from typing import Any
 
 from psycopg import sql
 
-from engine_core import runs
+from engine_core import runs, runs_reads
 from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
@@ -141,8 +141,8 @@ class VerifyResult:
 
     @property
     def left_out(self) -> bool:
-        """True when every kind asked for is an opt-in kind no run of the tenant took
-        (`left_out_kinds`): nothing to prove, and nothing missing."""
+        """True when every kind asked for is a kind no run of the tenant took (`left_out_kinds`):
+        nothing to prove, and nothing missing."""
         return bool(self.kinds) and all(not k.checked and k.note.startswith("left out") for k in self.kinds)
 
     @property
@@ -352,18 +352,24 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
 
 
 def left_out_kinds(db: Database, provider: Provider, tenant_id: str) -> dict[str, str]:
-    """The provider's opt-in kinds (`source.opt_in_kinds`) no run of the tenant took (dry runs
-    aside), each with the note verify shows for it: such a kind is left out, not missing - the
-    proof lists nothing for it and it does not decide the verdict."""
+    """The provider's kinds no run of the tenant took (dry runs aside; `runs_reads.kinds_taken`),
+    catch-up kind aside, each with the note verify shows for it: "left out (opt-in)" for a kind a
+    run takes only when asked (`source.opt_in_kinds`), "left out (not chosen)" for one the runs
+    named other kinds than. Such a kind is left out, not missing: the proof lists nothing for it
+    and it does not decide the verdict. A kind some run took, even one that did not finish, is
+    proven (what it lacks is missing)."""
+    taken = runs_reads.kinds_taken(db, tenant_id, provider.source)
     optional = opt_in_kinds(provider)
-    if not optional:
-        return {}
-    rows = db.sql("SELECT DISTINCT k.kind FROM migrations m, jsonb_array_elements(m.plan) g,"
-                  " jsonb_array_elements_text(g) AS k(kind)"
-                  " WHERE m.tenant_id = %(t)s AND m.source = %(s)s AND NOT m.dry_run", {"t": tenant_id, "s": provider.source})
-    taken = {r["kind"] for r in rows}
-    return {k: f"left out (opt-in): no run of the tenant took it; `migrate run --kinds +{k}` migrates it"
-            for k in sorted(optional - taken)}
+    ck = catchup_kind(provider)
+    out: dict[str, str] = {}
+    for group in provider.phases():
+        for k in group:
+            if k == ck or k in taken:
+                continue
+            why = "opt-in" if k in optional else "not chosen"
+            out[k] = (f"left out ({why}): no run of the tenant took it; "
+                      f"`migrate run --tenant {tenant_id} --kinds {k}` migrates it")
+    return out
 
 
 def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings | None = None,

@@ -96,7 +96,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
         unattended = done["unattended"]
 
-        left = left_out_of(run)  # the kinds this run did not take: opt-in ones, or not chosen
+        left = left_out_of(run, db)  # the kinds the tenant has not: opt-in ones, or not chosen
 
         def render() -> None:
             print_rollup(r)

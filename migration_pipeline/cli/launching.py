@@ -158,10 +158,8 @@ def migrating_run(db: dbmod.Database, sync: Any) -> Any:
     """The full run a sync brings changes onto: the tenant's latest succeeded run of the sync's
     source that is neither a sync nor a dry run and came before it (`sync` itself when there is none). A refusal to
     migrate again names that run: the sync only brought changes over."""
-    rows = db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND mode <> 'sync'"
-                  " AND status = 'succeeded' AND NOT dry_run AND id < %(id)s ORDER BY id DESC LIMIT 1",
-                  {"t": sync.tenant_id, "s": sync.source, "id": sync.id})
-    return runs.get_run(db, rows[0]["id"]) if rows else sync
+    found = runs_reads.migrating_run_id(db, sync.tenant_id, sync.source, sync.id)
+    return runs.get_run(db, found) if found is not None else sync
 
 
 def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
@@ -360,7 +358,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
                     cost = runs_reads.run_cost(db, int(engine_id)) if engine_id else None
                     bad = ledger_reads.bad_row_counts(db, tenant)
-                    left = left_out_of(runs.get_run(db, int(engine_id))) if engine_id else {}
+                    left = left_out_of(runs.get_run(db, int(engine_id)), db) if engine_id else {}
             except Interrupted as signalled:
                 with signals_held():
                     progress.close()

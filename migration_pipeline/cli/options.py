@@ -8,7 +8,9 @@ from typing import Any
 
 import click
 
-from engine_core.plan import kinds_left_out
+from engine_core import runs_reads
+from engine_core.plan import kinds_left_out, left_out
+from engine_core.source import catchup_kind, opt_in_kinds
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import fail
 
@@ -78,12 +80,19 @@ def kinds_choice(value: str | None) -> list[str] | None:
     return entries
 
 
-def left_out_of(run: Any) -> dict[str, str]:
-    """The kinds `run` left out, each with why ("opt-in" or "not chosen";
-    `engine_core.plan.kinds_left_out`), by its source's provider; {} when the provider no longer
-    loads."""
+def left_out_of(run: Any, db: Any = None) -> dict[str, str]:
+    """The kinds left out, each with why ("opt-in" or "not chosen"; `engine_core.plan.left_out`),
+    by `run`'s source's provider: with `db`, the tenant's - the kinds neither `run` nor any
+    succeeded run or sync of its tenant took (`runs_reads.kinds_taken`: a kind run alone on a
+    migrated tenant leaves nothing out that the tenant has); without, `run`'s own. {} when the
+    provider no longer loads."""
     try:
         provider = provider_for(run.source)
     except Exception:  # noqa: BLE001 - a source that no longer loads: nothing to say about it
         return {}
-    return kinds_left_out(provider, run)
+    if db is None:
+        return kinds_left_out(provider, run)
+    taken = set(run.kinds) | runs_reads.kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)
+    ck = catchup_kind(provider)
+    phases = [[k for k in group if k != ck] for group in provider.phases()]
+    return left_out(phases, taken, opt_in_kinds(provider))

@@ -1,0 +1,67 @@
+"""What the command line says of a tenant's kinds, its plan and its runs, as a newcomer reads it:
+
+* `migrate verify` proves the kinds some run of the tenant took; a kind no run took (opt-in, or
+  not chosen: the runs named other kinds) is "left out", never "missing", and the proof passes;
+* `migrate status` says what the tenant left out: the kinds neither its shown run nor any
+  succeeded run took (a kind run alone later leaves out nothing the tenant already has);
+* the command line issues no statement of its own: its reads of the run tables are functions of
+  `engine_core.runs_reads`.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from engine_core import db as dbmod
+from engine_core.providers.pipedrive.provider import PipedriveProvider
+from engine_core.verify import verify
+from tests.dagster.test_cli_errors import _migrate_in_process, run_env  # noqa: F401
+from tests.pipedrive.support import FAST, failed_tasks, migrate, sandbox
+
+pytestmark = pytest.mark.timeout(300)
+
+CLI = Path(__file__).resolve().parents[2] / "migration_pipeline" / "cli"
+
+
+def test_verify_says_left_out_for_the_kinds_no_run_of_the_tenant_took(db):
+    with sandbox() as sb:
+        run = migrate(db, sb, "bee", kinds=["organizations", "persons"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), "bee", FAST)
+    by_kind = {k.kind: k for k in proof.kinds}
+    assert by_kind["persons"].checked and by_kind["organizations"].checked
+    for kind in ("deals", "notes", "emails", "files"):
+        assert not by_kind[kind].checked and not by_kind[kind].missing, by_kind[kind].as_dict()
+        assert by_kind[kind].note.startswith("left out (not chosen): no run of the tenant took it"), by_kind[kind].note
+    assert by_kind["followers"].note.startswith("left out (opt-in)")
+    assert "`migrate run --tenant bee --kinds deals` migrates it" in by_kind["deals"].note
+    assert proof.passed and proof.differences == 0, proof.lines()
+
+
+def test_status_says_what_the_tenant_left_out_not_only_its_last_run(db_url, run_env):  # noqa: F811
+    with sandbox() as sb, dbmod.Database(db_url, max_size=4) as db:
+        first = migrate(db, sb, "cee", kinds=["users", "organizations"])
+        later = migrate(db, sb, "cee", kinds=["persons", "followers"])
+        assert (first.status, later.status) == ("succeeded", "succeeded"), failed_tasks(db, later.id)
+        out = _migrate_in_process(["status", "cee", "--json"], dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url))
+        text = _migrate_in_process(["status", "cee"], dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url))
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    left = json.loads(out.stdout)["left_out"]
+    assert not {"users", "organizations", "persons", "followers"} & set(left), left
+    assert left["deals"] == "not chosen" and left["participants"] == "opt-in", left
+    line = next(ln for ln in text.stdout.splitlines() if ln.startswith("left out:"))
+    assert "users" not in line and "organizations" not in line and "deals" in line, line
+
+
+def test_the_command_line_issues_no_statement_of_its_own():
+    calls = []
+    for path in sorted(CLI.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("sql", "fetch_one", "fetch_all", "sql_rowcount", "raw")):
+                calls.append(f"{path.name}:{node.lineno} .{node.func.attr}(")
+    assert not calls, calls
