@@ -41,6 +41,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this folder is sys.path[0], and bench/requests.py then shadows the `requests`
+# library dlt imports (dlt failed to import, and the ratio was skipped as "dlt not installed").
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import TOKEN, Databases, Sandbox, Timer, interleave, median, print_ratios, ratio, sandbox, server_facts  # noqa: E402
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--width", type=int, default=4, help="the engine's lane threads")
+    parser.add_argument("--latency", default="none",
+                        help="the sandbox's latency: none (default), realistic, realistic:<factor>")
     parser.add_argument("--also-rows", default="", metavar="WAY[,WAY]",
                         help="also run the engine with these other write.ROWS ways (copy, insert), interleaved")
     parser.add_argument("--also-probes", default="", choices=["", "byid"],
@@ -208,13 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     missing = dlt_available()
     dbs = Databases("entity_path")
     problems: list[str] = []
-    with sandbox(args.scale, latency="none", burst_limit=1_000_000) as sb:
+    with sandbox(args.scale, latency=args.latency, burst_limit=1_000_000) as sb:
         os.environ[ENV_BASE_URL] = sb.base_url
         os.environ[ENV_TOKEN] = TOKEN
         truth = sb.truth()["ids"]
         expected = {k: len(truth[k]) for k in KINDS}
         rows = sum(expected.values())
-        print(f"entity path: {args.scale} sandbox, {rows} rows {expected}; {server_facts(dbs.server)}", flush=True)
+        print(f"entity path: {args.scale} sandbox, latency {args.latency}, {rows} rows {expected}; "
+              f"{server_facts(dbs.server)}", flush=True)
         if missing:
             print(f"dlt: SKIPPED - {missing}", flush=True)
 
