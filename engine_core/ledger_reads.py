@@ -308,3 +308,29 @@ def bad_row_counts(db: Database | Conn, tenant: str, kinds: Sequence[str] | None
         got["skipped"] += int(r["skipped"])
         got["failed"] += int(r["failed"])
     return {k: v for k, v in out.items() if v["skipped"] or v["failed"]}
+
+
+# -- reads for a source's catch-up (the inventory it keeps while it lists) -----------------------
+
+
+def mail_held(conn: Database | Conn, tenant_id: str, source: str, deals: Sequence[str]) -> dict[str, int]:
+    """Per deal source id the ledger holds (of `deals`), the mail messages the product holds
+    under its record: {"12": 3}; a deal the ledger lacks is absent."""
+    if not deals:
+        return {}
+    rows = conn.fetch_all("deals_mail_held", {"t": tenant_id, "s": source, "ids": list(deals)})
+    return {r["source_id"]: int(r["n"]) for r in rows}
+
+
+def unseen_live(conn: Database | Conn, tenant_id: str, source: str, kind: str, run_id: int) -> list[str]:
+    """A ledger kind's source ids not marked deleted (written, skipped or failed) that run
+    `run_id`'s inventory did not see, ascending: the candidates of a deletion."""
+    rows = conn.fetch_all("catchup_unseen_live", {"t": tenant_id, "s": source, "k": kind, "r": run_id})
+    return [r["source_id"] for r in rows]
+
+
+def unseen_skipped(conn: Database | Conn, tenant_id: str, source: str, kind: str, run_id: int) -> list[str]:
+    """A ledger kind's skipped source ids that run `run_id`'s inventory did not see, ascending
+    (a sync that lists only what changed asks them by id)."""
+    rows = conn.fetch_all("catchup_unseen_skipped", {"t": tenant_id, "s": source, "k": kind, "r": run_id})
+    return [r["source_id"] for r in rows]

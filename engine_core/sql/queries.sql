@@ -728,3 +728,25 @@ SELECT r.source_id FROM migration_records r
    AND NOT EXISTS (SELECT 1 FROM migration_inventory i
                     WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)
  ORDER BY r.source_id;
+
+-- name: inventory_remember_and_compare --
+-- Record a page's ids as seen by this run's inventory and read their ledger entries, in one
+-- statement: one round trip a page; both happen or neither.
+WITH seen AS (INSERT INTO migration_inventory (migration_id, kind, source_id)
+              SELECT %(r)s, %(k)s, unnest(%(ids)s::text[]) ON CONFLICT DO NOTHING)
+SELECT source_id, action, source_version, deleted_at_source FROM migration_records
+ WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[]);
+
+-- name: inventory_forget_older --
+-- The inventories of the tenant's finished runs (every run but this one that has ended): nothing reads them.
+DELETE FROM migration_inventory i USING migrations m
+ WHERE i.migration_id = m.id AND m.tenant_id = %(t)s AND m.source = %(s)s AND m.id <> %(r)s
+   AND m.status IN ('succeeded', 'failed', 'stopped');
+
+-- name: deals_mail_held --
+-- Per deal (source id) the ledger holds, the mail messages the product holds under its record.
+SELECT r.source_id, count(e.id) AS n FROM migration_records r
+  LEFT JOIN crm.emails e ON e.deal_id = r.record_id AND e.tenant_id = r.tenant_id
+ WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = 'deals'
+   AND r.source_id = ANY(%(ids)s::text[])
+ GROUP BY r.source_id;

@@ -10,7 +10,8 @@ import json
 from dagster import AssetKey
 
 from engine_core import runs
-from engine_core.providers.pipedrive.inventory import ORDER, path_of
+from engine_core.providers.pipedrive.inventory import path_of
+from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
 from engine_core.providers.pipedrive.plan import PHASES
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.instance import to_url

@@ -1,5 +1,5 @@
 """Issue 11: the catch-up's last level - activities and notes, lists nothing links to - is walked at
-once, each list in a task of its own (`inventory.LAST_LEVEL`), once the lists before it are walked;
+once, each list in a task of its own (`kinds.LAST_LEVEL`), once the lists before it are walked;
 the catch-up was one sequential chain of every list while the other lanes waited. Still every page
 listed once and every id in the inventory. Real sandbox (pages capped at 15 rows), real Postgres.
 """
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine_core.providers.pipedrive import inventory
+from engine_core.providers.pipedrive import catchup, inventory
 from tests.pipedrive.support import migrate, sandbox
 
 
@@ -25,7 +25,7 @@ def _inventory(db, run_id: int) -> dict[str, int]:
 
 @pytest.mark.parametrize("kinds", [["persons", "activities", "notes"], ["activities", "notes"]])
 def test_activities_and_notes_are_walked_at_once_in_tasks_of_their_own(db, monkeypatch, kinds: list[str]) -> None:
-    monkeypatch.setattr(inventory, "PAGES_PER_TASK", 1000)  # one task would walk every list
+    monkeypatch.setattr(catchup, "PAGES_PER_TASK", 1000)  # one task would walk every list
     seen: list[tuple[str, Any]] = []
     real = inventory.list_step
 
@@ -33,7 +33,7 @@ def test_activities_and_notes_are_walked_at_once_in_tasks_of_their_own(db, monke
         seen.append((kind, at.get("cursor") if kind in inventory.V2_PATHS else at.get("start")))
         return real(meter, kind, at, since)
 
-    monkeypatch.setattr(inventory, "list_step", list_step)
+    monkeypatch.setattr(catchup, "list_step", list_step)
     with sandbox(page_cap=15) as sb:
         truth = sb.truth()["ids"]
         run = migrate(db, sb, kinds=kinds)

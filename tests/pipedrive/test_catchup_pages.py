@@ -1,4 +1,4 @@
-"""Issue 11: a catch-up task walks up to `inventory.PAGES_PER_TASK` pages, from one list's last page
+"""Issue 11: a catch-up task walks up to `catchup.PAGES_PER_TASK` pages, from one list's last page
 on to the next list's first (the catch-up was a chain of one task a page, each paying a claim, a
 finish, a top-up and the barrier's check), moving its own cursor after each page and handing on a
 finished ledger kind's deletes task; a task stopped between pages resumes at the next page and
@@ -11,7 +11,7 @@ from typing import Any
 
 from engine_core.context import TaskContext
 from engine_core.errors import TaskStopped
-from engine_core.providers.pipedrive import inventory
+from engine_core.providers.pipedrive import catchup, inventory
 from tests.pipedrive.support import migrate, sandbox
 
 KINDS = ["organizations", "persons"]
@@ -32,7 +32,7 @@ def _listed(monkeypatch) -> list[tuple[str, Any]]:
         seen.append((kind, at.get("cursor") if kind in inventory.V2_PATHS else at.get("start")))
         return real(meter, kind, at, since)
 
-    monkeypatch.setattr(inventory, "list_step", list_step)
+    monkeypatch.setattr(catchup, "list_step", list_step)
     return seen
 
 
@@ -42,7 +42,7 @@ def _inventory(db, run_id: int) -> dict[str, int]:
 
 
 def test_a_catchup_task_walks_pages_per_task_pages_across_its_lists(db, monkeypatch) -> None:
-    monkeypatch.setattr(inventory, "PAGES_PER_TASK", 3, raising=False)  # tiny's 60 persons are 4 pages of 15
+    monkeypatch.setattr(catchup, "PAGES_PER_TASK", 3, raising=False)  # tiny's 60 persons are 4 pages of 15
     seen = _listed(monkeypatch)
     with sandbox(page_cap=15) as sb:
         truth = sb.truth()["ids"]

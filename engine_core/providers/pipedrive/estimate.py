@@ -41,7 +41,7 @@ from engine_core.providers.pipedrive import kinds as K
 from engine_core.providers.pipedrive import stripes, writers
 from engine_core.providers.pipedrive.client import tls_context
 from engine_core.providers.pipedrive.retry import rate_observation
-from engine_core.providers.pipedrive.inventory import token_cost
+from engine_core.providers.pipedrive.meter import token_cost
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mapping import MalformedRow
 

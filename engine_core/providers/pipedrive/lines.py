@@ -15,7 +15,7 @@ Changes and removals through the same versioned ledger: a line served again at a
 `update_time` is updated in place (`ledger.write_once`); a line the ledger holds for a deal whose
 lines were just listed in full, and that the listing no longer serves, was removed from its deal
 at the source and is marked deleted there (`marks.mark_gone`, in the chunk's last
-transaction). The catch-up (`inventory.run_page`) lists again the lines of the deals it wrote (new,
+transaction). The catch-up (`catchup.run_page`) lists again the lines of the deals it wrote (new,
 or at a newer version: Pipedrive moves a deal's `update_time` when its products change) in tasks
 `catchup:lines:...` of up to `IDS_PER_CALL` deals, through the same code, so a sync finds a line
 added, changed or removed since; a deal the catch-up finds deleted takes its lines with it

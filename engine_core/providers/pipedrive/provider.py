@@ -31,7 +31,7 @@ Tasks and cursors (details in `stripes.py`):
   parents first, writing what the ledger lacks or holds at an older version (a row that moved
   between spans, offsets or lists while the run walked; changes since), marking what a GET
   confirms deleted, and fetching mail for changed deals with more mail than the product holds
-  (`inventory.py`). A sync (mode 'sync') seeds only the field definitions and its catch-up.
+  (`catchup.py`). A sync (mode 'sync') seeds only the field definitions and its catch-up.
   `source_ids` is the same listing, for verify.
 
 Configuration (base URL, token, burst limit) and the run options it takes: `settings.py`. How a
@@ -58,9 +58,10 @@ from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import margin_option
 from engine_core.file_contents import file_store
 from engine_core.providers.pipedrive import estimate as costs
-from engine_core.providers.pipedrive import (contents, credentials, emails, inventory, kinds, lines,
+from engine_core.providers.pipedrive import (catchup, contents, credentials, emails, inventory, kinds, lines,
                                              record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.meter import CountingClient, Meter, token_cost
 from engine_core.providers.pipedrive.prefetch import prefetch_store
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
@@ -295,7 +296,7 @@ class PipedriveProvider:
                     self._clock = (time.monotonic(), clock)
                     if cost is not None:
                         cost["requests"] = int(cost.get("requests", 0)) + 1
-                        cost["tokens"] = int(cost.get("tokens", 0)) + inventory.token_cost("/v1/users/me")
+                        cost["tokens"] = int(cost.get("tokens", 0)) + token_cost("/v1/users/me")
                     with _identities_lock:
                         _identities[key] = known
                         while len(_identities) > IDENTITIES_KEPT:
@@ -347,7 +348,7 @@ class PipedriveProvider:
             cfg = self.config()
             client = PipedriveClient(cfg.base_url, cfg.token)
         cost = options.get("cost")
-        meter = inventory.Meter(client, cost if isinstance(cost, dict) else {})
+        meter = Meter(client, cost if isinstance(cost, dict) else {})
         unreachable = options.get("unreachable")
         if isinstance(unreachable, dict):
             meter.unreachable = unreachable
@@ -364,7 +365,7 @@ class PipedriveProvider:
         if kind == "fields":
             return [Successor("fields:all", {})]
         if run.is_sync and kind != CATCHUP:
-            # a sync's work is its catch-up (`inventory.py`): one listing per kind brings every
+            # a sync's work is its catch-up (`catchup.py`): one listing per kind brings every
             # change and deletion since the last run; the other phases seed nothing and close at once
             return []
         if kind in stripes.V1_PATHS:
@@ -385,15 +386,15 @@ class PipedriveProvider:
         if kind == contents.KIND:
             return contents.seeds()
         if kind == CATCHUP:
-            return inventory.catchup_seeds(run)
+            return catchup.catchup_seeds(run)
         if kind in record_lists.FAMILIES:
             return record_lists.seeds(kind)
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     def run_task(self, ctx: TaskContext) -> TaskOutcome:
         """Run one task; its stats gain `requests` and `tokens`, what it asked of the source
-        (`inventory.CountingClient`), when it finishes (a rollup's sum is the run's cost)."""
-        counting = inventory.CountingClient(self.client(ctx.db))
+        (`meter.CountingClient`), when it finishes (a rollup's sum is the run's cost)."""
+        counting = CountingClient(self.client(ctx.db))
         try:
             return self._run_task(ctx, counting)  # type: ignore[arg-type]
         finally:
@@ -433,19 +434,19 @@ class PipedriveProvider:
             if cursor.get("contents"):  # the files' contents still to fetch: counted as file contents
                 if cursor["contents"] == "discover":
                     return contents.discover(ctx, prefix="catchup:file_contents")
-                return inventory.counted_as(ctx, contents.KIND, lambda: contents.run_task(ctx, client, cursor["files"]))
+                return catchup.counted_as(ctx, contents.KIND, lambda: contents.run_task(ctx, client, cursor["files"]))
             if cursor.get("lines"):  # a changed deal's lines, listed again: counted as deal products
                 mapper = self._mapper_of(ctx)(lines.KIND)
-                return inventory.counted_as(ctx, lines.KIND, lambda: lines.run_task(ctx, client, mapper, cursor["lines"]))
+                return catchup.counted_as(ctx, lines.KIND, lambda: lines.run_task(ctx, client, mapper, cursor["lines"]))
             if cursor.get("fanout"):  # a changed record's lists read again: counted as their kind too
-                return inventory.counted_as(ctx, cursor["fanout"], lambda: record_lists.run_list_task(
+                return catchup.counted_as(ctx, cursor["fanout"], lambda: record_lists.run_list_task(
                     ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
             if cursor.get("deals"):  # the catch-up's mail: counted as emails too (the rollup credits them)
-                return inventory.counted_as(ctx, "emails", lambda: emails.run_email_task(
+                return catchup.counted_as(ctx, "emails", lambda: emails.run_email_task(
                     ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
             if cursor.get("deletes"):
-                return inventory.run_deletes(ctx, client, self._mapper_of(ctx))
-            return inventory.run_page(ctx, client, self._mapper_of(ctx))
+                return catchup.run_deletes(ctx, client, self._mapper_of(ctx))
+            return catchup.run_page(ctx, client, self._mapper_of(ctx))
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
     # -- listing kinds --------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""The ledger's side of a catch-up listing: which listed rows the engine must write.
+
+A source's catch-up lists every id it serves now with the row's version (`source_version`) and
+hands each page here: `to_write` records the ids as seen by the run (`migration_inventory`, what
+a kind's deletion check later compares the ledger with) and says which rows the ledger does not
+hold at that version (`needs_write`). `forget_older` drops the inventories of the tenant's ended
+runs.
+The statements are named queries (`sql/queries.sql`); reads of the inventory after the listing
+(`unseen_live`, `unseen_skipped`) are in `ledger_reads`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from engine_core import ledger
+from engine_core.db import Conn
+from engine_core.models import Run
+from engine_core.rows import newer
+
+WRITTEN = ("created", "matched")
+
+
+def needs_write(entry: Mapping[str, Any] | None, version: str, run: Run | None = None) -> bool:
+    """Whether a listed row at `version` is written: when the ledger lacks it (`entry` None),
+    holds a placeholder (a skip or failure whose reason may no longer hold: a parent written
+    since), holds an older version (`rows.newer`) or holds it as deleted at the source. A matched
+    row (the product's own contact or company) with a newer version is left alone unless the
+    run's `overwrite_matched`: the product keeps its values, so writing it would only be refused
+    again by every catch-up. `entry`: {action, source_version, deleted_at_source}."""
+    if entry is None or entry["action"] not in WRITTEN:
+        return True
+    if entry.get("deleted_at_source") is not None:
+        return True
+    if entry["action"] == "matched" and run is not None and not ledger.overwrite_matched(run):
+        return False
+    return newer(version, entry["source_version"])
+
+
+def remember_and_compare(conn: Conn, run: Run, kind: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Record `ids` (source ids of ledger kind `kind`) as seen by the run's inventory and return
+    their ledger entries by source id ({action, source_version, deleted_at_source}), in one
+    statement: one round trip a page; both happen or neither."""
+    if not ids:
+        return {}
+    rows = conn.fetch_all("inventory_remember_and_compare",
+                          {"r": run.id, "t": run.tenant_id, "s": run.source, "k": kind, "ids": list(ids)})
+    return {r["source_id"]: r for r in rows}
+
+
+def to_write(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str]]) -> set[str]:
+    """The source ids among `listed` ((source id, version) of one ledger kind, a page) the
+    engine must write (`needs_write`), after recording every one as seen (`remember_and_compare`)."""
+    pairs = list(listed)
+    entries = remember_and_compare(conn, run, kind, [sid for sid, _ in pairs])
+    return {sid for sid, version in pairs if needs_write(entries.get(sid), version, run)}
+
+
+def forget_older(conn: Conn, run: Run) -> None:
+    """Drop the inventories of the tenant's ended runs (every run of its source but `run`):
+    nothing reads them once a newer catch-up lists."""
+    conn.execute("inventory_forget_older", {"t": run.tenant_id, "s": run.source, "r": run.id})
+

@@ -1,0 +1,367 @@
+"""The catch-up phase: what moved while a run walked, and all of a sync.
+
+**The catch-up phase** (kind `catchup`, the plan's last phase; a sync has it too). A full run's
+walks cover the snapshot; what moved while they walked - a row updated from one `update_time`
+span into another the walker had passed, a note pushed across an offset boundary by a deletion,
+a deal archived between the active and the archived lists, deletions, merges - is found here by
+one inventory walk per kind, parents first (users, pipelines, stages, organizations, persons,
+deals + archived deals, leads + archived leads, one after another in one chain of tasks; then
+activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). A page's rows are
+compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
+at an older version or holds as deleted are written through the engine's write path (created,
+or updated in place with the ledger's history); which rows need writing is the engine's rule
+(`inventory_ledger.to_write`); the rest cost nothing more.
+Every id served is recorded in `migration_inventory`. When a ledger kind's lists are done, a
+`deletes` task takes the kind's live ledger entries the inventory did not see, asks the source
+for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers
+404 and its children were re-pointed to the survivor, whose update moved them into this walk)
+and is marked (`marks.mark_gone`); a row that answers is written as served (it moved
+between lists while the walk passed). Changed deals with more mail than the product holds for
+them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
+mail is fetched only for deals whose mail changed (and only in runs that import mail); these
+tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
+created meanwhile, was not written yet).
+
+**A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
+the field definitions, and the catch-up brings every change and deletion since the last succeeded
+run's snapshot. Why one listing and not an `updated_since` listing plus an id listing: deletions
+can only be found by a full id listing (Pipedrive has no list of deleted rows), and Pipedrive's
+lists serve whole rows with their `update_time`, so that listing already carries every changed
+row; an `updated_since` listing as well would list the changed rows twice (one call per kind at
+least). With the run option `detect_deletes: false` a sync lists only what changed instead:
+`updated_since` = the sync's `since` minus the snapshot margin on the v2 lists, notes and active
+leads (`SINCE_KINDS`); archived leads, users, pipelines and stages take no such filter and are
+listed whole (short lists, except archived leads: the API leaves no choice); no deletes tasks.
+Instead, per ledger kind, the rows the ledger holds as skipped that this listing did not serve are
+asked by id and written as served (`retake_skipped`): a skip is not final - the parent it waited
+for may have been written since, while the row itself did not change. (A full listing serves
+every skipped row the source still has, and `inventory_ledger.needs_write` takes placeholders over.)
+A full run always walks the whole inventory: rows lost by its own walks (a shifted offset) have
+not changed, so no `updated_since` listing would bring them, and a deletion (or a merge's merged
+id) is in no `updated_since` listing. Nothing cheaper proves that nothing was deleted: the v2
+lists carry no totals, the v1 pagination none either, `ids=` asks 100 ids for a page's 10 tokens
+(5x a walk's cost per row), only deals have a count (`/v1/deals/summary` + `/archived`: 120 tokens,
+more than walking both deal lists below ~5,000 deals; about 0.15% of the seed customer's tokens
+saved above), and `/v1/recents` (one month, no leads, deletions undocumented) is no proof.
+Measured with sandbox counters on an unchanged account: the whole walk costs 11 requests / 170
+tokens on `tiny`, exactly what an `updated_since` listing of the same lists costs (every list is
+one page either way), and 18 / 250 on `small` against 11 / 170 (0.7% of the run's 11,311 tokens);
+at the seed customer's size about 800 requests / 10,000 tokens (~1.3%; estimated from its list
+sizes) would be saved. A catch-up listing only what changed since the snapshot loses the note a
+deletion shifted out of the notes' walk, the deletion and the merge (three of the six tests of
+tests/pipedrive/test_live_listing.py fail against it), so the whole walk stays.
+
+What the catch-up does not find: mail deleted at the source (mail is only ever added, by listing a
+deal's messages) and field definitions (refreshed by every run's `fields` task). Rows changed
+while the catch-up itself walks past them are the next sync's (their update time is after this
+run's snapshot, which the next sync lists from).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine_core import inventory_ledger, marks
+from engine_core.context import TaskContext
+from engine_core.db import Conn
+from engine_core.errors import PageFailed
+from engine_core.ledger_reads import mail_held, unseen_live, unseen_skipped
+from engine_core.models import Run, Stats, Successor, TaskOutcome
+from engine_core.source import snapshot_margin
+from engine_core.providers.pipedrive import contents, lines, record_lists, writers
+from engine_core.providers.pipedrive.client import PipedriveClient
+from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.inventory import ask_ahead, list_step, row_id, version_of
+from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
+from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledger_kind
+from engine_core.providers.pipedrive.meter import Meter
+from engine_core.providers.pipedrive.stripes import rfc3339
+
+CATCHUP = "catchup"
+DEALS_PER_TASK = 10
+# Pages a catch-up task walks (across its lists) before it hands on to a successor (`run_page`): a
+# hand-over is a finish, a claim and a new task whose first page is fetched in line (~50 ms on the
+# small account's chain, whose 11 pages took two tasks at 10: A/B of full small runs, catch-up phase
+# median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
+PAGES_PER_TASK = 25
+
+
+def detect_deletes(run: Run) -> bool:
+    """The run option `detect_deletes` (default true; a full run always does)."""
+    value = run.options.get("detect_deletes", True)
+    if isinstance(value, str):
+        value = value.strip().lower() not in ("0", "false", "no", "off")
+    return bool(value) or not run.is_sync
+
+
+def changed_since(run: Run) -> str | None:
+    """`updated_since` of a sync that does not detect deletes: its `since` minus the margin."""
+    if detect_deletes(run) or run.since is None:
+        return None
+    return rfc3339(run.since - snapshot_margin(run))
+
+
+def catchup_kinds(run: Run) -> list[str]:
+    """The run's kinds the catch-up walks, in walking order."""
+    return [k for k in ORDER if k in run.kinds]
+
+
+def catchup_seeds(run: Run) -> list[Successor]:
+    """The catch-up's first task. A dry run's catch-up makes the same listing calls and writes
+    nothing, not even dry (its walks wrote nothing to compare the source with; their report is
+    the run's); it seeds no mail and no deletes tasks."""
+    kinds = catchup_kinds(run)
+    if not kinds:
+        return []
+    if kinds[0] in LAST_LEVEL:
+        return [page_task(k, 0, {}) for k in kinds if k in LAST_LEVEL]
+    return [page_task(kinds[0], 0, {})]
+
+
+def page_task(kind: str, page: int, at: Mapping[str, Any]) -> Successor:
+    """The catch-up task that walks `kind`'s list from page number `page` at position `at`; its
+    id is `catchup:<kind>:p<page>`."""
+    return Successor(f"{CATCHUP}:{kind}:p{page}", {"list": kind, "page": page, **at})
+
+
+def _after_list(run: Run, kind: str) -> list[Successor]:
+    """What follows a list's last page: the next list's first page (before the last level, every
+    list of the last level: `LAST_LEVEL`; a list of the last level is followed by no list), and -
+    when this was the last list of its ledger kind - that kind's deletes task."""
+    kinds = catchup_kinds(run)
+    i = kinds.index(kind) if kind in kinds else len(kinds)
+    out: list[Successor] = []
+    following = kinds[i + 1] if i + 1 < len(kinds) else None
+    if following is not None and kind not in LAST_LEVEL:
+        out.append(page_task(following, 0, {}))
+        if following in LAST_LEVEL:
+            out.extend(page_task(k, 0, {}) for k in kinds[i + 2 :] if k in LAST_LEVEL)
+    if not run.dry_run and (following is None or ledger_kind(following) != ledger_kind(kind)):
+        lk = ledger_kind(kind)
+        if detect_deletes(run):
+            out.append(Successor(f"{CATCHUP}:{lk}:deletes", {"deletes": lk}))
+        else:
+            # a listing of what changed only: the kind's skipped rows that did not change are not
+            # in it, though the parent they waited for may be here now - asked by id instead
+            out.append(Successor(f"{CATCHUP}:{lk}:skipped", {"deletes": lk, "placeholders": True}))
+    return out
+
+
+def mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[int]:
+    """Deals (source ids, ascending) among these written deal rows whose `email_messages_count`
+    exceeds the mail the product holds for them (`ledger_reads.mail_held`), or is unknown."""
+    counts = {row_id(r): r.get("email_messages_count") for r in rows if isinstance(r.get("id"), int)}
+    counts = {sid: c for sid, c in counts.items() if sid and (c is None or (isinstance(c, int) and c > 0))}
+    if not counts:
+        return []
+    held = mail_held(conn, run.tenant_id, run.source, list(counts))
+    return sorted(int(sid) for sid, c in counts.items() if c is None or c > held.get(sid, 0))
+
+
+def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
+    """Mail tasks for the deals (source ids) a catch-up page found with mail to fetch,
+    `DEALS_PER_TASK` deals each, retaking this run's own placeholders (`retake`)."""
+    return [
+        Successor(f"{CATCHUP}:mail:{kind}:p{page}:c{j // DEALS_PER_TASK}",
+                  {"deals": list(deals[j : j + DEALS_PER_TASK]), "retake": True})
+        for j in range(0, len(deals), DEALS_PER_TASK)
+    ]
+
+
+# Row outcomes (and `seen`) a catch-up task also counts per listing kind, as "<counter>@<kind>"
+# (`PerKindStats`): the rollup adds them to that kind's figures (engine_core.rollup).
+PER_KIND = frozenset({"seen", "imported", "matched", "already_here", "updated", "skipped", "failed"})
+
+
+class PerKindStats(Stats):
+    """A catch-up task's stats while it writes rows of one listing kind: every row outcome (and
+    `seen`) is counted twice, under its own name and as "<counter>@<kind>" (e.g. `imported@deals`),
+    so the rollup can credit the rows the catch-up wrote to the kind they belong to (a
+    source's count is met by the kind's phase plus the catch-up; the ledger's claims of a kind =
+    its phase's + the catch-up's). Both counts land in the same window's checkpoint."""
+
+    def __init__(self, values: dict[str, int], kind: str) -> None:
+        super().__init__(values)
+        self.kind = kind
+
+    def bump(self, key: str, n: int = 1) -> None:
+        """Add `n` to `key`, and to `key@kind` too when `key` is a row outcome (`PER_KIND`)."""
+        super().bump(key, n)
+        if key in PER_KIND:
+            super().bump(f"{key}@{self.kind}", n)
+
+    def copy(self) -> PerKindStats:
+        """An independent copy (the values before a window, restored when it fails)."""
+        return PerKindStats(dict(self.values), self.kind)
+
+
+def counted_as(ctx: TaskContext, kind: str, work: Any) -> Any:
+    """Run `work()` with the task's row outcomes also counted under `kind` (`PerKindStats`)."""
+    ctx.stats = PerKindStats(ctx.stats.values, kind)
+    try:
+        return work()
+    finally:
+        ctx.stats = Stats(ctx.stats.values)
+
+
+def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
+                  rows: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
+    """Record the rows as seen, write those the ledger does not hold at their version; returns
+    the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
+    rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
+    `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup)."""
+    listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
+    with ctx.db.connection() as conn:
+        wanted = inventory_ledger.to_write(conn, ctx.run, lk, [(sid, version_of(kind, r)) for sid, r in listed if sid is not None])
+    changed = [r for sid, r in listed if sid is None or sid in wanted]
+    ctx.stats.bump("inventory_listed", len(listed))
+    ctx.stats.bump("unchanged", len(listed) - len(changed))
+    if full:
+        ctx.stats.bump(f"listed@{kind}", len(listed))
+        ctx.stats.bump(f"unchanged@{kind}", len(listed) - len(changed))
+    if changed:
+        ctx.offset = 0  # the page is listed again on a retry and compared again: never skip by offset
+
+        def write() -> None:
+            try:
+                writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+            except PageFailed:
+                # raised once every window has committed: the few rows picked from this page (often
+                # one malformed row failing again) failed alone, each with its reason in the ledger
+                pass
+
+        counted_as(ctx, kind, write)
+    return changed
+
+
+def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """Pages of the catch-up's inventory walk (module docstring): up to `PAGES_PER_TASK` pages in
+    one task, walking on from a list's last page to the next list's first (a task a page would
+    pay a claim, a finish, a top-up and the barrier's check per page). After each page but the task's last, the task moves its own cursor to the next page
+    (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
+    kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
+    one it finished, and the page it was on is listed and compared again (never skipped by offset)."""
+    cursor = dict(ctx.task.cursor)
+    kind = cursor["list"]
+    lk = ledger_kind(kind)
+    since = changed_since(ctx.run)
+    kinds = catchup_kinds(ctx.run)
+    if int(cursor.get("page", 0)) == 0 and kind == kinds[0]:
+        with ctx.db.transaction() as tx:
+            inventory_ledger.forget_older(tx, ctx.run)
+    meter = Meter(client, {}, ctx.cancel)
+    walked = 0
+    while True:
+        page = int(cursor.get("page", 0))
+        step = list_step(meter, kind, cursor, since)
+        walked += 1
+        if step.after is not None:
+            ask_ahead(client, kind, step.after, since)
+        else:
+            for nxt in _after_list(ctx.run, kind):
+                if nxt.cursor.get("list") is not None:  # the lists walked next (here, or in tasks of their own)
+                    ask_ahead(client, nxt.cursor["list"], {}, since)
+        if ctx.run.dry_run:
+            ctx.stats.bump("inventory_listed", len(step.rows))
+            written: list[dict[str, Any]] = []
+        else:
+            written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None)
+        successors: list[Successor] = []
+        if lk == "deals" and written and "emails" in ctx.run.kinds:
+            with ctx.db.connection() as conn:
+                deals = mail_wanted(conn, ctx.run, written)
+            if deals:
+                ctx.stats.bump("mail_deals", len(deals))
+                successors.extend(mail_tasks(kind, page, deals))
+        if kind == "files" and step.after is None and contents.KIND in ctx.run.kinds and not ctx.run.dry_run:
+            # the files list walked: the contents still to fetch (changed files, failed downloads)
+            successors.append(Successor(contents.CATCHUP_DISCOVERY, {"contents": "discover"}))
+        if lk == "deals" and written and lines.KIND in ctx.run.kinds:
+            # a deal's products changed with it: its lines are listed again (lines.py)
+            successors.extend(lines.catchup_tasks(kind, page, lines.written_deals(written)))
+        successors.extend(record_lists.catchup_tasks(ctx.run.kinds, lk, kind, page, written))
+        if step.after is None:
+            after = _after_list(ctx.run, kind)
+            first = next((s for s in after if s.cursor.get("list") is not None), None)
+            if first is None or walked >= PAGES_PER_TASK:
+                return TaskOutcome(tuple(successors + after))
+            # the next list in this same task; the deletes task of a ledger kind done goes on the lane
+            successors += [s for s in after if s is not first]
+            following_page = first
+        else:
+            following_page = page_task(kind, page + 1, step.after)
+            if walked >= PAGES_PER_TASK:
+                return TaskOutcome(tuple(successors + [following_page]))
+        ctx.move_cursor(following_page.cursor, successors=successors)
+        cursor = dict(following_page.cursor)
+        kind = cursor["list"]
+        lk = ledger_kind(kind)
+        ctx.stop_point()  # after the move: a stop resumes at the next page, this page's successors made
+
+
+def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Ask the source for each of a ledger kind's `ids` by id (`SINGLE_PATHS`, 1-2 tokens each),
+    one at a time with a stop point between: returns `(gone, present)` - the ids answered 404 (a
+    deletion, or a merge: the merged id answers 404) in the order asked, and the rows that answered
+    (`data`, a dict) as served. A body without a dict `data` is neither (nothing to write, no proof
+    of deletion). Other errors (auth, budget, a 5xx the client gave up on) raise as the client
+    raises them: the task is retried and asks again."""
+    meter = Meter(client, {}, ctx.cancel)
+    gone: list[str] = []
+    present: list[dict[str, Any]] = []
+    for sid in ids:
+        ctx.stop_point()
+        try:
+            body = meter.get(SINGLE_PATHS[lk].format(sid))
+        except NotFound:
+            gone.append(sid)
+            continue
+        data = body.get("data")
+        if isinstance(data, dict):
+            present.append(data)
+    return gone, present
+
+
+def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
+            gone: Sequence[str], present: Sequence[dict[str, Any]]) -> None:
+    """Write the rows that answered as served; mark the ones gone deleted at the source."""
+    if present:
+        write_changed(ctx, client, mapper_of, lk, lk, present)
+    if gone:
+        with ctx.db.transaction() as tx:
+            record_lists.mark_dependents_deleted(tx, ctx.run, lk, list(gone))  # a deal's participants, ...
+            if lk == "deals":
+                lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
+            ctx.stats.values["deleted_at_source"] = marks.mark_gone(tx, ctx.run, lk, list(gone))
+
+
+def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """A ledger kind's skipped rows this catch-up's listing did not serve (a sync listing only what
+    changed): each is asked by id (1-2 tokens) and written as served - a skip whose reason no
+    longer holds (its parent written since) ends imported, one that still holds is skipped again
+    with its reason; a row gone at the source (404) keeps its placeholder and is marked deleted at
+    the source. Failed rows are not asked: a malformed row stays malformed until it changes, and
+    the listing brings it then."""
+    lk = ctx.task.cursor["deletes"]
+    run = ctx.run
+    ids = unseen_skipped(ctx.db, run.tenant_id, run.source, lk, run.id)
+    gone, present = ask_by_id(ctx, client, lk, ids)
+    ctx.stats.values["skipped_asked"] = len(ids)
+    _settle(ctx, client, mapper_of, lk, gone, present)
+    return TaskOutcome()
+
+
+def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
+    """A ledger kind's entries (written, skipped or failed; not yet marked) the inventory did not
+    see: 404 at the source -> marked deleted;
+    a row that answers moved between lists meanwhile and is written as served. (With the cursor's
+    `placeholders`: `retake_skipped` instead.)"""
+    if ctx.task.cursor.get("placeholders"):
+        return retake_skipped(ctx, client, mapper_of)
+    lk = ctx.task.cursor["deletes"]
+    run = ctx.run
+    ids = unseen_live(ctx.db, run.tenant_id, run.source, lk, run.id)
+    gone, present = ask_by_id(ctx, client, lk, ids)
+    ctx.stats.values["delete_candidates"] = len(ids)
+    _settle(ctx, client, mapper_of, lk, gone, present)
+    return TaskOutcome()
