@@ -306,8 +306,11 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 @click.option("--live", "live_rate", default=None, type=RATE, metavar="RATE",
               help="a live account: RATE changes per second (create, update, delete, archive, merge, mail)")
 @click.option("--live-max", default=None, type=int, metavar="N", help="with --live: stop after N changes")
+@click.option("--daily-budget", default=None, type=click.IntRange(min=0), metavar="TOKENS",
+              help="the account's daily token budget, sent as x-daily-ratelimit-token-limit (`migrate plan` "
+                   "reads it for its days); default: unlimited, no such header")
 def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str, live_rate: float | None,
-            live_max: int | None) -> None:
+            live_max: int | None, daily_budget: int | None) -> None:
     """Serve a sandbox Pipedrive account in the foreground (with --live, one that changes as it serves).
     Its truth (counts, malformed rows, ...) is at /_sandbox/truth, a kind's rows at
     /_sandbox/truth?kind=persons&rows=1; the awkward
@@ -327,7 +330,8 @@ def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: 
             fail(f"--live-max must be at least 0, got {live_max}")
         live["live_max"] = live_max
     try:
-        config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults, **live)
+        config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults,
+                                            daily_budget=daily_budget, **live)
     except (TypeError, ValueError) as e:
         fail(e)
 

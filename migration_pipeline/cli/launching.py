@@ -191,8 +191,7 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
               f"and writes; {first}; nothing was launched")
     # --dry-run is not among them: refused above on a run that writes, what was asked for on a dry one
     given = [flag for flag, value in (("--options", options), ("--kinds", new_cfg.get("kinds"))) if value]
-    kept = json.dumps(run.options, separators=(", ", ": "), default=str)
-    keeps = f"the kinds and options it started with ({kept})"
+    keeps = started_with(run)
     if run.dry_run and not wants_dry:
         line = (f"note: this launch {how} the {run.status} {run.name}, a dry run: it writes nothing; once it has "
                 f"succeeded, `migrate run --tenant {tenant}` starts a run that writes")
@@ -202,6 +201,15 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
                 f"it works on that run and waits for it to end" if how == "joins" else None)
     return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
             f"a run with others can start once it has succeeded (--new-run)")
+
+
+def started_with(run: Any) -> str:
+    """What a run keeps when a relaunch names other kinds or options, in words: "the kinds it
+    started with (persons, deals) and its options ({"burst_limit": 40})", "... and no options"
+    when it was given none."""
+    options = json.dumps(run.options, separators=(", ", ": "), default=str) if run.options else None
+    return (f"the kinds it started with ({', '.join(run.kinds)}) and "
+            + (f"its options ({options})" if options else "no options"))
 
 
 def _execute_here(instance: Any, run_id: str, progress: "Progress", home: Path, timeout: float | None) -> Any:

@@ -41,7 +41,8 @@ def plan_lines(est: Any) -> list[str]:
     lines.append(f"budget: {limit}; wall time at the burst limit ({est.burst_limit} per 2 s): "
                  f"{_wall(est.wall_seconds)}")
     for k in est.opt_in:
-        lines.append(f"opt-in {k.kind}: +{k.requests:,} requests, +{k.tokens:,} tokens, +{_days(k.days)} days "
+        days = (f"+{k.days:.2f} days" if k.days is not None else "days unknown without the account's daily limit")
+        lines.append(f"opt-in {k.kind}: +{k.requests:,} requests, +{k.tokens:,} tokens, {days} "
                      f"(add with --kinds +{k.kind})")
     lines.append(f"this plan asked {est.spent.get('requests', 0)} requests ({est.spent.get('tokens', 0)} tokens) "
                  "to count; ~ marks an estimated count")

@@ -65,3 +65,37 @@ def test_the_command_line_issues_no_statement_of_its_own():
                     and node.func.attr in ("sql", "fetch_one", "fetch_all", "sql_rowcount", "raw")):
                 calls.append(f"{path.name}:{node.lineno} .{node.func.attr}(")
     assert not calls, calls
+
+
+def test_plan_says_opt_in_days_are_unknown_without_a_daily_limit():
+    from migration_pipeline.cli.plan import plan_lines
+
+    class Est:  # the shape plan_lines reads (engine_core.providers.pipedrive.estimate.Estimate)
+        kinds, requests, tokens, days, daily_limit, share, burst_limit, wall_seconds = [], 1, 2, None, None, 0.8, 80, 1.0
+        opt_in = [type("K", (), {"kind": "followers", "requests": 140, "tokens": 1400, "days": None})()]
+        spent = {"requests": 3, "tokens": 30}
+
+    line = next(ln for ln in plan_lines(Est()) if ln.startswith("opt-in followers"))
+    assert "+-" not in line and "days unknown without the account's daily limit" in line, line
+    Est.opt_in[0].days, Est.daily_limit = 0.25, 1000
+    assert "+0.25 days" in next(ln for ln in plan_lines(Est()) if ln.startswith("opt-in followers"))
+
+
+def test_a_relaunch_names_the_kinds_and_options_a_run_keeps_never_an_empty_dict():
+    from migration_pipeline.cli.launching import started_with
+
+    bare = type("Run", (), {"kinds": ("persons", "deals"), "options": {}})()
+    assert started_with(bare) == "the kinds it started with (persons, deals) and no options"
+    given = type("Run", (), {"kinds": ("persons",), "options": {"burst_limit": 40}})()
+    assert started_with(given) == 'the kinds it started with (persons) and its options ({"burst_limit": 40})'
+    assert "{}" not in started_with(bare)
+
+
+def test_the_sandbox_command_takes_the_daily_budget_the_readme_names(db_url, run_env):  # noqa: F811
+    readme = " ".join((CLI.parents[1] / "README.md").read_text().split())
+    assert "`migrate sandbox --daily-budget TOKENS`" in readme
+    out = _migrate_in_process(["sandbox", "--help"], run_env)
+    assert "--daily-budget" in out.stdout, out.stdout
+    from pipedrive_sandbox.config import SandboxConfig
+
+    assert SandboxConfig.from_options(scale="tiny", daily_budget=5000).daily_budget == 5000
