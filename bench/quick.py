@@ -1,7 +1,7 @@
 """`make bench`: the quick benches one after another (each a minute or two on an idle two-core
 machine), their output streamed, and every bench's closing RATIOS block repeated at the end.
 
-    python bench/quick.py [--only write_path,task_overhead,entity_path,email_phase,requests]
+    python bench/quick.py [--only write_path,task_overhead,entity_path,email_phase,requests,fixed_cost]
 
 A bench that fails (non-zero exit) is named at the end and makes this exit non-zero; the others
 still run. The seed-customer bench (bench/seed_customer.py) is not quick and not run here.
@@ -23,6 +23,7 @@ QUICK: dict[str, list[str]] = {
     "entity_path": ["--scale", "small", "--reps", "3"],
     "email_phase": ["--scale", "small", "--latency", "realistic:0.05", "--burst-limit", "600"],
     "requests": ["--scales", "tiny,small,seed"],
+    "fixed_cost": ["--scale", "small", "--reps", "3"],
 }
 
 
