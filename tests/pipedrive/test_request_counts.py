@@ -40,3 +40,39 @@ def test_the_small_accounts_requests_per_kind_stay_at_or_under_the_pinned_counts
     for kind, want in ledger_truth(truth).items():
         if kind != "emails":
             assert set(ledger(db, "acme", kind)) == want, kind
+
+
+# A quiet sync of the small account (nothing changed since the run), per list endpoint. Detecting
+# deletions needs the whole walk (Pipedrive lists no deleted rows and v2 lists carry no totals):
+# one call per 500 rows (100 for files; the v1 walk's overlap of 25 rows a page makes 300 files 4
+# pages). With `detect_deletes: false` a list that takes `updated_since` costs one call; files take
+# none and are walked whole. The seven field lists and the identity once each; no probe, no GET by id.
+QUIET_WALK = {"/api/v2/activities": 2, "/api/v2/deals": 3, "/api/v2/deals/archived": 1, "/api/v2/organizations": 2,
+              "/api/v2/persons": 3, "/api/v2/pipelines": 1, "/api/v2/products": 1, "/api/v2/stages": 1,
+              "/v1/files": 4, "/v1/leads": 1, "/v1/leads/archived": 1, "/v1/notes": 2, "/v1/users": 1}
+QUIET_CHANGES = {**{path: 1 for path in QUIET_WALK}, "/v1/files": 4}
+FIXED = {"/v1/users/me": 1, **{p: 1 for p in (*pd_kinds.V2_FIELD_LISTS.values(), *pd_kinds.V1_FIELD_LISTS.values())}}
+
+
+def test_a_quiet_sync_costs_one_walk_of_every_list_and_a_changes_only_sync_one_call_per_kind(db) -> None:
+    from engine_core import runs
+    from engine_core.providers.pipedrive.provider import PipedriveProvider
+    from engine_core.providers.registry import for_run
+    from engine_core.worker import drain_threads
+
+    from tests.pipedrive.support import FAST, UNLIMITED
+
+    kinds = [k.name for k in pd_kinds.KINDS if k.default and k.name != "emails"]
+    with sandbox(scale="small") as sb:
+        run = migrate(db, sb, kinds=kinds)
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        spent = []
+        for detect in (True, False):
+            sb.reset_stats()
+            opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": detect}
+            started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), "acme", options=opts, settings=FAST)
+            drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
+            assert runs.get_run(db, started.id).status == "succeeded", failed_tasks(db, started.id)
+            spent.append(dict(sb.stats()["requests"]))
+    assert spent[0] == {**QUIET_WALK, **FIXED}, spent[0]
+    assert spent[1] == {**QUIET_CHANGES, **FIXED}, spent[1]
