@@ -196,9 +196,13 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 said += (f"; {unread['rows']} {kind} record(s) are kept without a readable id (latest in run "
                          f"#{unread['run_id']}: rows served without one{', or mail of deals served without one' if unread['deals'] else ''}"
                          f"): `migrate rows {tenant} --kind {kind}` lists their keys, which explain takes")
+            form = KEYED_BY.get(kind)
+            if form is not None and ":" not in raw:  # a bare id of a kind keyed by a pair
+                said += (f"; {kind} rows are keyed {form[0]}, not by a bare id (e.g. `migrate explain {tenant} {kind} "
+                         f"{raw}:{form[1]}`); {form[2].format(tenant=tenant, id=raw)}")
             emit(as_json, None, lambda: console.print(
                 f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
-                f"{said}"))
+                f"{said}", highlight=False))
             sys.exit(1)
 
         def render() -> None:
@@ -237,6 +241,16 @@ def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: s
 
 
 _UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+# Kinds whose ledger id is a pair, not the source's own id: the form, its second half's name, and
+# where to find the ids of one parent (`{tenant}`, `{id}`: the bare id given).
+KEYED_BY = {
+    "deal_history": ("DEAL_ID:CHANGE_HASH (the deal's id and a hash of the change)", "CHANGE_HASH",
+                     "deal {id}'s changes and their keys: psql \"$(migrate db url)\" -c \"SELECT source_id, reason, action FROM "
+                     "migration_records WHERE tenant_id = '{tenant}' AND kind = 'deal_history' AND source_id LIKE "
+                     "'{id}:%'\""),
+}
 
 
 def explain_id(text: str) -> str:

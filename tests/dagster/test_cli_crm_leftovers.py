@@ -99,3 +99,18 @@ def test_the_sandbox_command_takes_the_daily_budget_the_readme_names(db_url, run
     from pipedrive_sandbox.config import SandboxConfig
 
     assert SandboxConfig.from_options(scale="tiny", daily_budget=5000).daily_budget == 5000
+
+
+def test_explain_of_a_bare_deal_history_id_says_the_form_it_takes(db_url, run_env):  # noqa: F811
+    with sandbox() as sb, dbmod.Database(db_url, max_size=4) as db:
+        run = migrate(db, sb, "dee", kinds=["deals", "deal_history"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        key = db.sql("SELECT source_id FROM migration_records WHERE tenant_id = 'dee' AND kind = 'deal_history'"
+                     " ORDER BY source_id LIMIT 1")[0]["source_id"]
+        env = dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url)
+        bare = _migrate_in_process(["explain", "dee", "deal_history", key.split(":")[0]], env)
+        found = _migrate_in_process(["explain", "dee", "deal_history", key], env)
+    assert bare.returncode == 1 and len(bare.stdout.strip().splitlines()) == 1, bare.stdout
+    said = " ".join(bare.stdout.split())
+    assert "keyed DEAL_ID:CHANGE_HASH" in said and f"LIKE '{key.split(':')[0]}:%'" in said, said
+    assert found.returncode == 0 and key in found.stdout, found.stdout
