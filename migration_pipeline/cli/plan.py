@@ -49,6 +49,23 @@ def plan_lines(est: Any) -> list[str]:
     return lines
 
 
+def run_words(entries: list[str] | None, planned: list[str]) -> str:
+    """What a run of `--kinds` `entries` takes, in words, each kind said once: "the default kinds"
+    (no entries), "the default kinds and deal_history, without notes" (+kind/-kind), "every kind"
+    (all), else the
+    `planned` kinds themselves ("persons, deals")."""
+    if entries is None:
+        return f"the default kinds ({len(planned)} kinds; the opt-in kinds below are left out)"
+    if entries == ["all"]:
+        return f"every kind ({len(planned)} kinds)"
+    if all(e[:1] in "+-" for e in entries):
+        added = [e[1:] for e in entries if e[0] == "+"]
+        removed = [e[1:] for e in entries if e[0] == "-"]
+        return ("the default kinds" + (f" and {', '.join(added)}" if added else "")
+                + (f", without {', '.join(removed)}" if removed else "") + f" ({len(planned)} kinds)")
+    return ", ".join(planned)
+
+
 @click.command("plan")
 @click.argument("tenant")
 @click.option("--kinds", default=None, help=KINDS_HELP)
@@ -73,8 +90,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in]}
 
     def render() -> None:
-        click.echo(f"plan for {tenant}: a full run of "
-                   f"{', '.join(k.kind for k in est.kinds if k.kind not in ('start', 'catchup'))}")
+        click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
         for line in plan_lines(est):
             click.echo(line)
 

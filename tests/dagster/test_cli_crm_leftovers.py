@@ -114,3 +114,14 @@ def test_explain_of_a_bare_deal_history_id_says_the_form_it_takes(db_url, run_en
     said = " ".join(bare.stdout.split())
     assert "keyed DEAL_ID:CHANGE_HASH" in said and f"LIKE '{key.split(':')[0]}:%'" in said, said
     assert found.returncode == 0 and key in found.stdout, found.stdout
+
+
+def test_plan_says_a_changed_default_once_not_every_default_again():
+    from migration_pipeline.cli.plan import run_words
+
+    defaults = ["users", "persons", "notes", "deals"]
+    assert run_words(["+deal_history", "-notes"], ["users", "persons", "deals", "deal_history"]) == (
+        "the default kinds and deal_history, without notes (4 kinds)")
+    assert run_words(None, defaults).startswith("the default kinds (4 kinds;")
+    assert run_words(["persons", "deals"], ["persons", "deals"]) == "persons, deals"
+    assert "users" not in run_words(["+deal_history"], [*defaults, "deal_history"])
