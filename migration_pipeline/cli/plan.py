@@ -9,11 +9,13 @@ from typing import Any
 
 import click
 
+from engine_core import runs, runs_reads
+from engine_core.errors import EngineError
 from engine_core.plan import choose_kinds
 from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
 from migration_pipeline.cli.options import KINDS_HELP, kinds_choice
-from migration_pipeline.cli.output import emit, fail
+from migration_pipeline.cli.output import emit, fail, open_db
 from migration_pipeline.launch.checks import check_tenant
 
 
@@ -49,6 +51,26 @@ def plan_lines(est: Any) -> list[str]:
     return lines
 
 
+def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None) -> dict[str, Any] | None:
+    """When `tenant`'s next run is a sync - its latest run of the provider's source succeeded, is
+    no dry run and covers the kinds asked for (`chosen`; None: the defaults), so `migrate run` would
+    refuse it - {"kinds": the kinds a sync takes (`runs.synced_kinds`), "by": the id of the run
+    that migrated it, "last_sync": {"run_id", "requests", "tokens"} of its latest sync or None};
+    else None (a tenant not migrated yet: its next run is a full run)."""
+    with open_db() as db:
+        try:
+            latest = runs.latest_run(db, tenant, provider.source)
+        except EngineError:
+            return None
+        if latest.status != "succeeded" or latest.dry_run or not runs.covered_by(
+                latest, provider, {"kinds": chosen, "dry_run": False}):
+            return None
+        found = runs_reads.migrating_run_id(db, tenant, provider.source, latest.id + 1) if latest.mode == "sync" else None
+        last = ({"run_id": latest.id, **runs_reads.run_cost(db, latest.id)} if latest.mode == "sync" else None)
+        return {"kinds": runs.synced_kinds(db, tenant, provider) or list(latest.kinds),
+                "by": found if found is not None else latest.id, "last_sync": last}
+
+
 def run_words(entries: list[str] | None, planned: list[str]) -> str:
     """What a run of `--kinds` `entries` takes, in words, each kind said once: "the default kinds"
     (no entries), "the default kinds and deal_history, without notes" (+kind/-kind), "every kind"
@@ -79,6 +101,9 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     phases = [k for group in provider.phases() for k in group if k != "catchup"]
     chosen = choose_kinds([phases], kinds_choice(kinds), opt_in_kinds(provider))
     planned = chosen if chosen is not None else phases
+    migrated = next_is_sync(tenant, provider, chosen)
+    if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
+        planned = migrated["kinds"]
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
     try:
         est = provider.estimate(planned)
@@ -87,10 +112,25 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     payload = {"tenant": tenant, "requests": est.requests, "tokens": est.tokens, "days": est.days,
                "wall_seconds": est.wall_seconds, "daily_limit": est.daily_limit, "share": est.share,
                "burst_limit": est.burst_limit, "spent": est.spent,
-               "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in]}
+               "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in],
+               "next": "full run"}
+    if migrated is not None:
+        floor = est.sync_floor
+        payload.update(next="sync", sync={"requests": floor.requests, "tokens": floor.tokens, "days": floor.days,
+                                          "last": migrated["last_sync"]}, migrated_by=migrated["by"])
 
     def render() -> None:
-        click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
+        if migrated is not None:
+            floor, last = est.sync_floor, migrated["last_sync"]
+            said = (f"; the last sync, run #{last['run_id']}, cost {last['requests']:,} requests, {last['tokens']:,} "
+                    "tokens" if last else "")
+            click.echo(f"plan for {tenant}: already migrated by run #{migrated['by']}; the next run is a sync "
+                       f"(`migrate sync {tenant}`) of the kinds its runs took: at least {floor.requests:,} requests, "
+                       f"{floor.tokens:,} tokens{'' if floor.days is None else f', {floor.days:.2f} days'} (the field "
+                       f"lists and one page of each list's changes), more as more changed{said}")
+            click.echo(f"a full run again from scratch (`migrate run --tenant {tenant} --new-run`) would be:")
+        else:
+            click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
         for line in plan_lines(est):
             click.echo(line)
 

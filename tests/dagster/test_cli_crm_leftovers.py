@@ -125,3 +125,30 @@ def test_plan_says_a_changed_default_once_not_every_default_again():
     assert run_words(None, defaults).startswith("the default kinds (4 kinds;")
     assert run_words(["persons", "deals"], ["persons", "deals"]) == "persons, deals"
     assert "users" not in run_words(["+deal_history"], [*defaults, "deal_history"])
+
+
+def test_plan_of_a_migrated_tenant_says_the_next_run_is_a_sync_and_its_cost(db_url, run_env):  # noqa: F811
+    import json
+
+    from engine_core import runs_reads
+    from tests.pipedrive.support import TOKEN, sync
+
+    with sandbox() as sb, dbmod.Database(db_url, max_size=4) as db:
+        env = dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url, PIPEDRIVE_API_TOKEN=TOKEN)
+        before = _migrate_in_process(["plan", "gee"], env)
+        run = migrate(db, sb, "gee")
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        after = _migrate_in_process(["plan", "gee"], env)
+        synced = sync(db, sb, "gee")
+        cost = runs_reads.run_cost(db, synced.id)
+        again = _migrate_in_process(["plan", "gee", "--json"], env)
+    assert before.stdout.startswith("plan for gee: a full run of the default kinds"), before.stdout[:300]
+    first = after.stdout.splitlines()[0]
+    assert first.startswith(f"plan for gee: already migrated by run #{run.id}; the next run is a sync "
+                            "(`migrate sync gee`)"), first
+    assert "--new-run" in after.stdout.splitlines()[1]
+    plan = json.loads(again.stdout)
+    assert plan["next"] == "sync" and plan["sync"]["last"] == {"run_id": synced.id, **cost}, plan
+    # nothing changed: the sync spent its floor (the floor also counts the start's identity request)
+    assert abs(plan["sync"]["requests"] - cost["requests"]) <= 1 and abs(plan["sync"]["tokens"] - cost["tokens"]) <= 2, (
+        plan["sync"], cost)

@@ -81,6 +81,7 @@ class Estimate:
     share: float
     burst_limit: int
     spent: dict[str, int] = field(default_factory=dict)
+    sync_floor: KindCost | None = None  # a sync of the planned kinds when nothing changed (`estimate`)
 
     @property
     def requests(self) -> int:
@@ -348,7 +349,15 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]
     for kc in (*out, *opt_in):
         kc.days = days_of(kc.tokens, daily_limit, share)
-    return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens})
+    # a sync of the same kinds: the start, the field lists and one page of each list's changes
+    # since the last run (the catch-up's walk, `updated_since`); more pages, mail and fan-outs as
+    # more changed
+    floor = KindCost("sync", 0, True, out[0].requests + costs["fields"].requests * ("fields" in planned)
+                     + len(catchup_kinds), out[0].tokens + costs["fields"].tokens * ("fields" in planned)
+                     + sum(K.BY_NAME[n].cost for n in catchup_kinds))
+    floor.days = days_of(floor.tokens, daily_limit, share)
+    return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens},
+                    sync_floor=floor)
 
 
 def observed_limits(base_url: str, token: str) -> tuple[int | None, int | None]:
