@@ -397,10 +397,13 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
         add(r["kind"], r["action"], r["reason"], int(r["n"]), list(r["samples"] or []))
     for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
         add(r["kind"], "task failed", r["reason"], int(r["n"]), [])
+    outcomes = {(kind, shape) for (action, kind, shape) in groups}  # the ledger's rows and tasks
     for e in log_entries or []:
         level = e.get("level", "error")
         if level == "error" and not dry_run:
             continue  # rows: the ledger above; tasks: their current status above
+        if (e.get("kind", ""), reason_shape(e.get("reason", ""))) in outcomes:
+            continue  # a note of a row outcome the ledger already counts (a file's bytes not kept)
         add(e.get("kind", ""), level, e.get("reason", ""), int(e.get("count", 1)), list(e.get("samples", [])))
     return sorted(groups.values(), key=lambda g: (-g["count"], g["kind"], g["action"], g["reason"]))
 

@@ -3,6 +3,7 @@ grouped reasons, the verify verdict; laid out to fit the console without cutting
 from __future__ import annotations
 
 import json
+import re
 from datetime import timezone
 from typing import Any
 
@@ -95,6 +96,33 @@ OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped",
 REASON_GROUPS_SHOWN = 20
 
 
+_BYTES = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+) bytes")
+
+
+def human_bytes(n: int) -> str:
+    """A size in bytes as people read it, binary units: 512 -> "512 bytes", 1000000 -> "976.6 KiB",
+    104857600 -> "100.0 MiB"."""
+    size, unit = float(n), "bytes"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
+
+
+def shown_reason(group: dict[str, Any]) -> str:
+    """A reason group's label as the table shows it: its shape (`rollup.grouped_reasons`), with a
+    size the shape holds as "{n} bytes" given from the group's example, humanly ("976.6 KiB"; "e.g."
+    when the group holds more than one row): a bare "{n}" read as a template left unformatted."""
+    shape, example = group["reason"], group.get("example") or ""
+    sizes = [int(m.group(1).replace(",", "")) for m in _BYTES.finditer(example)]
+    if "{n} bytes" not in shape or len(sizes) != shape.count("{n} bytes"):
+        return shape
+    for size in sizes:
+        shape = shape.replace("{n} bytes", ("" if group.get("count", 1) == 1 else "e.g. ") + human_bytes(size), 1)
+    return shape
+
+
 def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
     """Grouped reasons (`rollup.grouped_reasons`) as `status` and `report` show them: the
     REASON_GROUPS_SHOWN biggest, and a caption saying how many groups and rows are not shown and
@@ -104,7 +132,7 @@ def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
     for col in ("kind", "what", "count", "reason", "samples"):
         rt.add_column(col)
     for g in reasons[:REASON_GROUPS_SHOWN]:
-        rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), g["reason"], ", ".join(g["samples"]))
+        rt.add_row(g["kind"], g.get("action", ""), str(g["count"]), shown_reason(g), ", ".join(g["samples"]))
     rest = reasons[REASON_GROUPS_SHOWN:]
     if rest:
         rt.caption = (f"{len(rest)} more group(s) of {sum(g['count'] for g in rest)} row(s) or task(s) not shown: "

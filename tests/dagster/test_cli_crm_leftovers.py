@@ -152,3 +152,27 @@ def test_plan_of_a_migrated_tenant_says_the_next_run_is_a_sync_and_its_cost(db_u
     # nothing changed: the sync spent its floor (the floor also counts the start's identity request)
     assert abs(plan["sync"]["requests"] - cost["requests"]) <= 1 and abs(plan["sync"]["tokens"] - cost["tokens"]) <= 2, (
         plan["sync"], cost)
+
+
+def test_file_contents_reasons_are_grouped_once(db):
+    from engine_core import rollup
+
+    with sandbox() as sb:
+        run = migrate(db, sb, "hh", kinds=["files", "file_contents"])
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    groups = [(g["kind"], g["reason"]) for g in rollup.grouped_reasons(db, run.id) if g["kind"] == "file_contents"]
+    assert groups and len(groups) == len(set(groups)), groups
+
+
+def test_a_size_in_a_grouped_reason_is_shown_humanly_not_as_a_placeholder():
+    from migration_pipeline.cli.tables import human_bytes, shown_reason
+
+    assert (human_bytes(512), human_bytes(1_000_000), human_bytes(100 * 1024 * 1024)) == (
+        "512 bytes", "976.6 KiB", "100.0 MiB")
+    group = {"reason": "file content not kept: larger than MIGRATE_FILE_MAX_BYTES ({n} bytes)", "count": 1,
+             "example": "file content not kept: larger than MIGRATE_FILE_MAX_BYTES (1,000,000 bytes)"}
+    assert shown_reason(group) == "file content not kept: larger than MIGRATE_FILE_MAX_BYTES (976.6 KiB)"
+    assert shown_reason({**group, "count": 3}).endswith("(e.g. 976.6 KiB)")
+    other = {"reason": "not linked to any record: organizations {n} is not here", "count": 2,
+             "example": "not linked to any record: organizations 7 is not here"}
+    assert shown_reason(other) == other["reason"]
