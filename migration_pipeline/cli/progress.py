@@ -9,6 +9,7 @@ from engine_core import db as dbmod
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.progress import ProgressBoard
+from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, open_db
 from migration_pipeline.cli.tables import written_columns
 
@@ -22,6 +23,22 @@ def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
     if r.status == "running":
         return "closed" if r.current_phase > phase else "running"
     return r.status
+
+
+def phase_label(r: Any, phase: int) -> str:
+    """How a progress line numbers the run's phase `phase` (its index in the run's plan): by the
+    provider's whole plan, as the phase assets are numbered ("9/9" for the catch-up of a run that
+    left the opt-in phase out, not "8/8" beside the assets' nine); by the run's own plan when the
+    provider does not load or does not hold the phase's kinds."""
+    try:
+        groups = [set(g) for g in provider_for(r.source).phases() if g]
+    except Exception:  # noqa: BLE001 - a source that no longer loads: the run's own numbering
+        groups = []
+    kinds = set(r.phases[phase])
+    at = next((i for i, g in enumerate(groups) if g & kinds), None)
+    if at is None:
+        return f"{phase + 1}/{len(r.phases)}"
+    return f"{at + 1}/{len(groups)}"
 
 
 class Progress:
@@ -78,7 +95,7 @@ class Progress:
         said, at = self.retry_said
         if retrying and (retrying != said or now - at >= self.EVERY):
             self.retry_said = (retrying, now)
-            console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
+            console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
                           f"{r.name}", highlight=False)
 
     def _retrying(self, run_id: str, now: float) -> str | None:
@@ -112,7 +129,7 @@ class Progress:
         imported, _, here, updated = written_columns(r.dry_run)
         counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
                            f"{k.skipped} skipped/{k.failed} failed" for k in r.phase_kinds(phase))
-        console.print(f"  phase {phase + 1}/{len(r.phases)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
+        console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:
         """End the bars (on a terminal) and close the progress's own pool; safe to call twice."""

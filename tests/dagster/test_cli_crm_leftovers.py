@@ -176,3 +176,19 @@ def test_a_size_in_a_grouped_reason_is_shown_humanly_not_as_a_placeholder():
     other = {"reason": "not linked to any record: organizations {n} is not here", "count": 2,
              "example": "not linked to any record: organizations 7 is not here"}
     assert shown_reason(other) == other["reason"]
+
+
+def test_progress_numbers_a_phase_by_the_providers_plan_as_the_assets_are():
+    from migration_pipeline.assets.specs import plan_of
+    from migration_pipeline.cli.progress import phase_label
+
+    full = plan_of("pipedrive")
+    opt_in = {"participants", "followers", "deal_history", "file_contents"}
+    plan = [[k for k in g if k not in opt_in] for g in full]
+    plan = [g for g in plan if g]  # a default run: the opt-in phase left out
+    r = type("R", (), {"source": "pipedrive", "phases": plan})()
+    assert len(plan) == len(full) - 1
+    assert phase_label(r, len(plan) - 1) == f"{len(full)}/{len(full)}"  # the catch-up, as its asset is numbered
+    assert phase_label(r, 0) == f"1/{len(full)}"
+    gone = type("R", (), {"source": "no-such-source", "phases": plan})()
+    assert phase_label(gone, 0) == f"1/{len(plan)}"
