@@ -127,7 +127,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
             click.echo(f"plan for {tenant}: already migrated by run #{migrated['by']}; the next run is a sync "
                        f"(`migrate sync {tenant}`) of the kinds its runs took: at least {floor.requests:,} requests, "
                        f"{floor.tokens:,} tokens{'' if floor.days is None else f', {floor.days:.2f} days'} (the field "
-                       f"lists and one page of each list's changes), more as more changed{said}")
+                       f"lists and one walk of every list), more as more changed{said}")
             click.echo(f"a full run again from scratch (`migrate run --tenant {tenant} --new-run`) would be:")
         else:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")

@@ -349,12 +349,12 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]
     for kc in (*out, *opt_in):
         kc.days = days_of(kc.tokens, daily_limit, share)
-    # a sync of the same kinds: the start, the field lists and one page of each list's changes
-    # since the last run (the catch-up's walk, `updated_since`); more pages, mail and fan-outs as
-    # more changed
+    # a sync of the same kinds when nothing changed: the start, the field lists and the catch-up's
+    # one walk of every list (whole: it finds deletions by what a list no longer serves); mail,
+    # fan-outs and probes come on top as more changed
     floor = KindCost("sync", 0, True, out[0].requests + costs["fields"].requests * ("fields" in planned)
-                     + len(catchup_kinds), out[0].tokens + costs["fields"].tokens * ("fields" in planned)
-                     + sum(K.BY_NAME[n].cost for n in catchup_kinds))
+                     + catchup.requests, out[0].tokens + costs["fields"].tokens * ("fields" in planned)
+                     + catchup.tokens)
     floor.days = days_of(floor.tokens, daily_limit, share)
     return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens},
                     sync_floor=floor)
