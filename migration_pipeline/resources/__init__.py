@@ -8,11 +8,14 @@
 * `LaneSettings`: the engine's lane settings (MIGRATE_* variables unless overridden) and the
   drainer's turn length.
 * `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
-  set it in the launchpad's `resources:` section. Joining or retrying a run ignores it.
+  set it in the launchpad's `resources:` section. Joining or retrying a run ignores it. The
+  project's own (`new_run_options`) types its kinds with the source's kinds, so a bad one fails the launch.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -24,8 +27,10 @@ from pydantic import PrivateAttr
 from engine_core import db as dbmod
 from engine_core.config import Settings
 from engine_core.models import Run
+from engine_core.plan import ALL
 from engine_core.source import Provider
 from engine_core.providers.registry import provider_for
+from migration_pipeline.launch.checks import pickable_kinds
 
 ProviderResolver = Callable[[Run], Provider]
 
@@ -128,7 +133,8 @@ class NewRunOptions(ConfigurableResource):
 
     `kinds`: the kinds choice (`engine_core.plan.choose_kinds`), e.g. ["+deal_history", "+participants"]
     (the defaults with those opt-in kinds added), ["persons", "deals"] (exactly those), ["all"];
-    empty: the default kinds. Unknown names fail the run's start in one line naming them.
+    empty: the default kinds. Typed with the source's kinds in the project's Definitions
+    (`new_run_options`): an unknown one fails the launch; here, the run's start.
     `start_new`: start a new engine run even when the tenant's latest run succeeded (a migration
     from scratch; the same as the run tag `migration/new_run=true`). Without it such a launch is
     refused (`engine_core.runs.AlreadyMigrated`) and points to the sync job.
@@ -149,7 +155,28 @@ class NewRunOptions(ConfigurableResource):
 
     def start_kwargs(self) -> dict[str, Any]:
         """The keyword arguments `runs.start_run` takes for a new run: kinds (None: the defaults), dry_run, options."""
-        return {"kinds": list(self.kinds) or None, "dry_run": self.dry_run, "options": self.options()}
+        return {"kinds": [str(k) for k in self.kinds] or None, "dry_run": self.dry_run, "options": self.options()}
+
+
+@functools.cache
+def kind_choices(source: str) -> type[enum.StrEnum]:
+    """The entries a kinds choice of `source` may hold, as a Python enum Dagster turns into a config
+    Enum: each pickable kind (`pickable_kinds`) and `all`, each also as `+name` and `-name`. The enum's
+    name lists the kinds, so Dagster's one-line refusal of a value names them beside it."""
+    names = [k for group in pickable_kinds(provider_for(source)) for k in group] + [ALL]
+    values = [*names, *("+" + n for n in names), *("-" + n for n in names)]
+    title = f"{source} kind ({', '.join(names)}; each also as +kind or -kind)"
+    return enum.StrEnum(title, [(v, v) for v in values])
+
+
+@functools.cache
+def new_run_options(source: str) -> type[NewRunOptions]:
+    """`NewRunOptions` with `kinds` typed by `kind_choices(source)`: Dagster checks the run config
+    against it when a run is launched (launchpad, CLI, sensor), so an unknown kind is refused there
+    in one line naming it and the kinds there are, not when phase 1 starts the engine run."""
+    return type("NewRunOptions", (NewRunOptions,), {
+        "__module__": __name__, "__doc__": NewRunOptions.__doc__, "__qualname__": "NewRunOptions",
+        "__annotations__": {"kinds": list[kind_choices(source)]}, "kinds": []})
 
 
 def default_resources(source: str) -> dict[str, Any]:
@@ -158,5 +185,5 @@ def default_resources(source: str) -> dict[str, Any]:
         "database": database_resource(),
         "source": source_resource(source),
         "lane": LaneSettings(),
-        "new_run": NewRunOptions(),
+        "new_run": new_run_options(source)(),
     }
