@@ -47,10 +47,10 @@ class RunStillStopping(EngineError):
 
 
 class AlreadyMigrated(EngineError):
-    """The tenant's latest run succeeded and covers what a launch asks for: a launch that is not a
-    sync and does not ask for a new run explicitly starts nothing ("Materialize all" on a
+    """The tenant's succeeded full runs already took what a launch asks for (`migrated_by`): a launch
+    that is not a sync and does not ask for a new run explicitly starts nothing ("Materialize all" on a
     migrated tenant started a whole new full run, ~83% of a migration's source tokens, writing
-    nothing). `run` is the succeeded run."""
+    nothing). `run` is the succeeded run a refusal names."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
@@ -391,18 +391,31 @@ class Attached:
     message: str = ""
 
 
-def covered_by(latest: Run, provider: Provider, start_kwargs: dict[str, Any] | None) -> bool:
-    """Whether a succeeded run `latest` already did what a new full run with `start_kwargs` would:
-    its kinds include every kind the new run would plan (`run_plan`), and it was not a dry run
-    unless the new one is one too. A sync (`mode="sync"`) is never covered: bringing what changed
-    since the last succeeded run is what it is for."""
+def migrated_by(db: Database, tenant_id: str, provider: Provider, start_kwargs: dict[str, Any] | None) -> Run | None:
+    """The succeeded run a new full run with `start_kwargs` would only repeat, or None.
+
+    The rule: the tenant's latest run of the provider's source succeeded, and every kind the new
+    run would plan (`run_plan`) was taken by some succeeded full run of the tenant and source -
+    the runs together, not one alone - that is not a dry run unless the new run is one too.
+    Together: a kind run alone later (`--kinds deal_history`, as the README adds an opt-in kind)
+    leaves the tenant as migrated as the runs before it made it. Full runs only: a sync lists only
+    what changed, so a kind a sync alone took never came over whole. A sync (`mode="sync"`) repeats
+    nothing: bringing what changed is what it is for. Returns, of those runs, the one that took
+    the most of the kinds asked for (the latest on a tie): the run a refusal names."""
     kw = start_kwargs or {}
     if (kw.get("mode") or "full") == "sync":
-        return False
+        return None
+    try:
+        if latest_run(db, tenant_id, provider.source).status != "succeeded":
+            return None
+    except RunNotFound:
+        return None
+    done = [Run.from_row(r) for r in db.fetch_all(
+        "succeeded_full_runs", {"tenant_id": tenant_id, "source": provider.source, "dry": bool(kw.get("dry_run"))})]
     wanted = {k for group in run_plan(provider, kw.get("kinds")) for k in group}
-    if not wanted <= set(latest.kinds):
-        return False
-    return not latest.dry_run or bool(kw.get("dry_run"))
+    if not done or not wanted <= {k for run in done for k in run.kinds}:
+        return None
+    return max(done, key=lambda run: (len(wanted & set(run.kinds)), run.id))
 
 
 def existing_attachment(db: Database, tenant_id: str, source: str) -> Attached | None:
@@ -438,8 +451,9 @@ def attach(
        tenant's and this source's;
     2. else the tenant's live run (join);
     3. else the latest run when it failed or was stopped (a rerun: `prepare` retries or resumes it);
-    4. else, when the latest run succeeded and covers what `start_kwargs` asks for (`covered_by`),
-       AlreadyMigrated - unless `new_run` asks for a new run explicitly or the launch is a sync;
+    4. else, when the tenant's succeeded runs already took what `start_kwargs` asks for
+       (`migrated_by`), AlreadyMigrated naming such a run - unless `new_run` asks for a new run
+       explicitly (a sync never repeats one);
     5. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates).
 
     A drainer passes `may_start=False` and gets None-free answers only for runs that exist: it raises
@@ -455,14 +469,11 @@ def attach(
     existing = existing_attachment(db, tenant_id, source)
     if existing is not None:
         return existing
-    try:
-        latest: Run | None = latest_run(db, tenant_id, source)
-    except RunNotFound:
-        latest = None
     if not may_start:
         raise RunNotFound(f"tenant {tenant_id!r} has no live {source} run to join")
-    if latest is not None and latest.status == "succeeded" and not new_run and covered_by(latest, provider, start_kwargs):
-        raise AlreadyMigrated(latest)
+    done = None if new_run else migrated_by(db, tenant_id, provider, start_kwargs)
+    if done is not None:
+        raise AlreadyMigrated(done)
     run, started = start_or_join(db, provider, tenant_id, **(start_kwargs or {}))
     plan = " -> ".join("[" + ", ".join(g) + "]" for g in run.plan)
     return Attached(run, "started" if started else "joined", f"{'started' if started else 'joined'} {run.name}: {plan}")

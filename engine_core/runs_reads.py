@@ -78,13 +78,3 @@ def kinds_taken(db: Database, tenant: str, source: str, *, succeeded_only: bool 
                   " AND (NOT %(ok)s OR m.status = 'succeeded')",
                   {"t": tenant, "s": source, "ok": succeeded_only})
     return {r["kind"] for r in rows}
-
-
-def migrating_run_id(db: Database, tenant: str, source: str, before: int) -> int | None:
-    """The id of `tenant`'s latest succeeded run of `source` that is neither a sync nor a dry run
-    and came before run `before` (the full run a sync at `before` brought changes onto); None when
-    there is none."""
-    rows = db.sql("SELECT id FROM migrations WHERE tenant_id = %(t)s AND source = %(s)s AND mode <> 'sync'"
-                  " AND status = 'succeeded' AND NOT dry_run AND id < %(id)s ORDER BY id DESC LIMIT 1",
-                  {"t": tenant, "s": source, "id": before})
-    return int(rows[0]["id"]) if rows else None

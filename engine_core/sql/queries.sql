@@ -5,6 +5,14 @@ SELECT * FROM migrations
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND status IN ('running', 'stopping')
  ORDER BY id DESC LIMIT 1;
 
+-- name: succeeded_full_runs --
+-- The tenant's succeeded full runs of a source (syncs aside; dry runs only when asked), newest
+-- first: what a new full run would repeat (`runs.migrated_by`).
+SELECT * FROM migrations
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND status = 'succeeded' AND mode <> 'sync'
+   AND (%(dry)s OR NOT dry_run)
+ ORDER BY id DESC;
+
 -- name: latest_run_for_tenant --
 SELECT * FROM migrations
  WHERE tenant_id = %(tenant_id)s AND (%(source)s::text IS NULL OR source = %(source)s)

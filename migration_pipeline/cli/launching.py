@@ -135,31 +135,21 @@ def signal_name(signo: int) -> str:
 
 
 def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
-    """Before `migrate run` launches a new full run: a tenant whose latest run succeeded and covers
-    what the launch asks for (`runs.covered_by`: its kinds, not a dry run unless this one is) is
-    refused in one line (exit 2, nothing launched) saying what to do - the engine's attach policy
-    would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
+    """Before `migrate run` launches a new full run: a tenant whose succeeded full runs already took
+    what the launch asks for (`runs.migrated_by`: their kinds together, not a dry run unless this
+    one is) is refused in one line (exit 2, nothing launched) naming such a run and saying what to do
+    - the engine's attach policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster
+    run and a CANCELED partition."""
     with open_db() as db:
-        try:
-            latest = runs.latest_run(db, tenant, source)
-        except EngineError:  # no run yet: a new one starts
+        migrated_by = runs.migrated_by(db, tenant, provider_for(source), {"kinds": kinds, "dry_run": dry_run})
+        if migrated_by is None:
             return
-        migrated_by = latest if latest.mode != "sync" else migrating_run(db, latest)
-    if latest.status == "succeeded" and runs.covered_by(latest, provider_for(source, latest),
-                                                        {"kinds": kinds, "dry_run": dry_run}):
-        synced = f" and synced by {latest.name}" if migrated_by is not latest else ""
-        fail(f"tenant {tenant!r} is already migrated by {migrated_by.name}"
-              f"{' (a dry run)' if migrated_by.dry_run else ''}{synced}: "
-              f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
-              f"migrates it again from scratch")
-
-
-def migrating_run(db: dbmod.Database, sync: Any) -> Any:
-    """The full run a sync brings changes onto: the tenant's latest succeeded run of the sync's
-    source that is neither a sync nor a dry run and came before it (`sync` itself when there is none). A refusal to
-    migrate again names that run: the sync only brought changes over."""
-    found = runs_reads.migrating_run_id(db, sync.tenant_id, sync.source, sync.id)
-    return runs.get_run(db, found) if found is not None else sync
+        latest = runs.latest_run(db, tenant, source)
+    synced = f" and synced by {latest.name}" if latest.mode == "sync" else ""
+    fail(f"tenant {tenant!r} is already migrated by {migrated_by.name}"
+          f"{' (a dry run)' if migrated_by.dry_run else ''}{synced}: "
+          f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
+          f"migrates it again from scratch")
 
 
 def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:

@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from engine_core import runs, runs_reads
-from engine_core.errors import EngineError
 from engine_core.plan import choose_kinds
 from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
@@ -52,23 +51,18 @@ def plan_lines(est: Any) -> list[str]:
 
 
 def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None) -> dict[str, Any] | None:
-    """When `tenant`'s next run is a sync - its latest run of the provider's source succeeded, is
-    no dry run and covers the kinds asked for (`chosen`; None: the defaults), so `migrate run` would
+    """When `tenant`'s next run is a sync - its succeeded full runs (no dry run) already took the
+    kinds asked for (`chosen`; None: the defaults; `runs.migrated_by`), so `migrate run` would
     refuse it - {"kinds": the kinds a sync takes (`runs.synced_kinds`), "by": the id of the run
     that migrated it, "last_sync": {"run_id", "requests", "tokens"} of its latest sync or None};
     else None (a tenant not migrated yet: its next run is a full run)."""
     with open_db() as db:
-        try:
-            latest = runs.latest_run(db, tenant, provider.source)
-        except EngineError:
+        by = runs.migrated_by(db, tenant, provider, {"kinds": chosen, "dry_run": False})
+        if by is None:
             return None
-        if latest.status != "succeeded" or latest.dry_run or not runs.covered_by(
-                latest, provider, {"kinds": chosen, "dry_run": False}):
-            return None
-        found = runs_reads.migrating_run_id(db, tenant, provider.source, latest.id + 1) if latest.mode == "sync" else None
+        latest = runs.latest_run(db, tenant, provider.source)
         last = ({"run_id": latest.id, **runs_reads.run_cost(db, latest.id)} if latest.mode == "sync" else None)
-        return {"kinds": runs.synced_kinds(db, tenant, provider) or list(latest.kinds),
-                "by": found if found is not None else latest.id, "last_sync": last}
+        return {"kinds": runs.synced_kinds(db, tenant, provider) or list(by.kinds), "by": by.id, "last_sync": last}
 
 
 def run_words(entries: list[str] | None, planned: list[str]) -> str:

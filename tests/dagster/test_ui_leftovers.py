@@ -5,7 +5,7 @@
    first phase step refuses in one line naming the succeeded run and the sync, and the run ends
    CANCELED (a FAILURE would mark the tenant's phases failed); a launch tagged
    `migration/new_run=true` starts a new run; a launch asking for kinds the run did not cover starts
-   one too (the engine's policy, `runs.attach` / `runs.covered_by`).
+   one too (the engine's policy, `runs.attach` / `runs.migrated_by`).
 2. Phase materialisations said `engine_run_status: running` on every phase but the last; they say
    `phase_status: closed` and `engine_run_status_at_close`.
 3. A terminate ended the phase step with DagsterExecutionInterruptedError's stack trace: now a
