@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from engine_core import ledger, ledger_reads, rollup
+from engine_core import definitions, ledger, ledger_reads, rollup
 from engine_core.context import TaskContext
 from engine_core.models import Run, Task
 from engine_core.providers.pipedrive import fields, kinds, writers
@@ -178,9 +178,9 @@ def test_users_pipelines_stages_and_fields_update_in_place(db) -> None:
                         " FROM crm.custom_field_definitions WHERE tenant_id = %(t)s ORDER BY id LIMIT 1", {"t": TENANT})[0]
         renamed = {**stored, "id": f"{stored['entity']}:{stored['field_key']}", "name": "Renamed Field"}
         task = _sight_task(db, run, "fields")
-        result = writers.write_definitions(task, [renamed])
+        result = definitions.write_definitions(task, [renamed])
         assert result.outcomes == {"updated": 1}
-        assert writers.write_definitions(_sight_task(db, run, "fields"), [renamed]).outcomes == {"already_here": 1}
+        assert definitions.write_definitions(_sight_task(db, run, "fields"), [renamed]).outcomes == {"already_here": 1}
     history = _history(db, run.id)
     assert sorted(h["kind"] for h in history) == ["fields", "pipelines", "stages", "users"]
     assert {h["kind"]: h["before"].get("name") for h in history} == {

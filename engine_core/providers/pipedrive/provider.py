@@ -49,6 +49,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from engine_core import definitions as engine_definitions
 from engine_core.budget import Budget
 from engine_core.config import daily_token_share, shown_url
 from engine_core.context import TaskContext
@@ -406,7 +407,7 @@ class PipedriveProvider:
         if kind == "fields":
             definitions = self.fetch_definitions(client, ctx)
             _remember_book(ctx, FieldBook(definitions))
-            writers.write_definitions(ctx, definitions, complete=True)
+            engine_definitions.write_definitions(ctx, definitions, complete=True)
             return TaskOutcome()
         if kind == contents.KIND:
             if cursor.get("discover"):
@@ -554,7 +555,7 @@ class PipedriveProvider:
             if book is not None:
                 return book
             with ctx.db.connection() as conn:
-                book = writers.book_from_db(conn, ctx.run)
+                book = FieldBook(engine_definitions.stored_definitions(conn, ctx.run))
             if not len(book):
                 book = FieldBook(self.fetch_definitions(self.client(ctx.db), ctx))
             _remember_book(ctx, book)

@@ -49,14 +49,12 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from engine_core import definitions as engine_definitions, write
+from engine_core import write
 from engine_core.context import TaskContext
 from engine_core.window import Batch, PageResult
-from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
-from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -401,14 +399,3 @@ def normal_definition(entity: str, item: dict[str, Any], position: int) -> dict[
         "is_custom": bool(is_custom),
         "position": int(item.get("order_nr", position)) if isinstance(item.get("order_nr", position), int) else position,
     }
-
-
-def write_definitions(ctx: TaskContext, definitions: Sequence[dict[str, Any]], *, complete: bool = False) -> PageResult:
-    """The run's field definitions (`normal_definition` rows) handed to the engine, which writes
-    them (`engine_core.definitions`)."""
-    return engine_definitions.write_definitions(ctx, definitions, complete=complete)
-
-
-def book_from_db(conn: Conn, run: Run) -> FieldBook:
-    """The run's field definitions as the product keeps them (`definitions.stored_definitions`)."""
-    return FieldBook(engine_definitions.stored_definitions(conn, run))
