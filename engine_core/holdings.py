@@ -16,6 +16,7 @@ from psycopg import sql
 from engine_core import ledger
 from engine_core.db import Conn, Database
 from engine_core.models import Run
+from engine_core.target import crm
 
 Pair = tuple[str, str]  # (ledger kind, source id)
 
@@ -92,6 +93,12 @@ def held_under(conn: Conn | Database, run: Run, kind: str, table: str, column: s
     rows = conn.sql(q, {"t": run.tenant_id, "s": run.source, "k": kind, "rt": f"crm.{table}",
                         "d": [str(d) for d in parents]})
     return {r["source_id"]: r["parent"] for r in rows}
+
+
+def mail_on_deal(conn: Conn | Database, tenant_id: str, source: str, deal_source_id: str) -> list[str]:
+    """The source ids of the mail the product holds on one deal (`crm.mail_on_deal`): what verify
+    calls unreachable rather than missing when the source refuses that deal's mail."""
+    return crm.mail_on_deal(conn, tenant_id, source, deal_source_id)  # type: ignore[arg-type]
 
 
 @dataclass

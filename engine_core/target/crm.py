@@ -436,3 +436,12 @@ def field_definitions(conn: Conn, tenant_id: str, source: str) -> list[dict[str,
         " ORDER BY entity, position, field_key",
         {"t": tenant_id, "s": source},
     )
+
+
+def mail_on_deal(conn: Conn, tenant_id: str, source: str, deal_source_id: str) -> list[str]:
+    """The source ids of the mail messages the product holds on one deal (`crm.emails` whose deal
+    is the `crm.deals` row of that source id), any order."""
+    rows = conn.sql("SELECT e.source_id FROM crm.emails e JOIN crm.deals d ON d.id = e.deal_id"
+                    " WHERE e.tenant_id = %(t)s AND e.source = %(s)s AND d.source_id = %(d)s",
+                    {"t": tenant_id, "s": source, "d": deal_source_id})
+    return [str(r["source_id"]) for r in rows]

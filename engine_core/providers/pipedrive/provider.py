@@ -49,7 +49,7 @@ from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from engine_core import definitions as engine_definitions
+from engine_core import definitions as engine_definitions, holdings
 from engine_core.budget import Budget
 from engine_core.config import daily_token_share, shown_url
 from engine_core.context import TaskContext
@@ -355,7 +355,7 @@ class PipedriveProvider:
             meter.unreachable = unreachable
         tenant = options.get("tenant_id")
         if db is not None and isinstance(tenant, str):
-            meter.held = lambda deal: held_mail(db, tenant, deal)
+            meter.held = lambda deal: holdings.mail_on_deal(db, tenant, self.source, deal)
         return inventory.source_ids(meter, kind)
 
     def seed_cursors(self, run: Run, kind: str) -> list[Successor]:
@@ -561,10 +561,3 @@ class PipedriveProvider:
             _remember_book(ctx, book)
         return book
 
-
-def held_mail(db: Database, tenant_id: str, deal_source_id: str) -> list[str]:
-    """The source ids of the mail the product holds on one deal (`crm.emails` by its deal's source id)."""
-    rows = db.sql("SELECT e.source_id FROM crm.emails e JOIN crm.deals d ON d.id = e.deal_id"
-                  " WHERE e.tenant_id = %(t)s AND e.source = 'pipedrive' AND d.source_id = %(d)s",
-                  {"t": tenant_id, "d": deal_source_id})
-    return [str(r["source_id"]) for r in rows]
