@@ -203,7 +203,7 @@ def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, sett
     requests and tokens spent)."""
     try:
         left = left_out_kinds(db, provider, tenant)
-        if spec.kinds and all(k in left for k in spec.kinds):  # opt-in kinds no run took: nothing to prove
+        if spec.kinds and all(k in left for k in spec.kinds):  # kinds no run of the tenant took (opt-in or not chosen): nothing to prove
             return True, {"note": MetadataValue.text(f"{', '.join(spec.kinds)}: {left[spec.kinds[0]]}"),
                           "requests": MetadataValue.int(0), "tokens": MetadataValue.int(0)}
         result = verify(db, provider, tenant, settings, kinds=list(spec.kinds))

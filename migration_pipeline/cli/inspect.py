@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import click

@@ -8,7 +8,7 @@ decide who walks which part; they never end a walk the API says goes on. A page 
 Stripe only a list large enough to gain, decided by the first pages asked anyway. A v1 list starts
 with span 0 alone; when that page says there is more it seeds span 1 (500), and only when span 1
 says more does it seed the other stripes (`v1_first`, `v1_fan_out`, `v1_successors`): a list of
-two pages costs two calls, not five (three stripes' empty pages). A v2 discovery's ascending probe asks a whole page (`provider.discover`):
+two pages costs two calls, not five (three stripes' empty pages). A v2 discovery's ascending probe asks a whole page (`listing.discover`):
 when that page is the list's last it is the whole list, and when the list is estimated below
 `STRIPE_MIN_ROWS` rows from that page's pace, it is too short to stripe; either way one
 walker (`v2_whole_seed`) takes that very page (kept by `prefetch.Prefetch.hold`) and goes on in its
