@@ -238,6 +238,33 @@ def write_mapped(
     return outcome
 
 
+RECORDED = "recorded"  # `seen_before`: this run recorded the row in a window that committed
+
+
+def seen_before(run: Run, state: Mapping[str, Any] | None, held_version: str | None, version: str | None, *,
+                revisit: bool = False, retake: bool = False) -> str | None:
+    """A listed row the ledger already has, judged before anything is fetched for it (a source
+    that pays a request per row to complete it, as mail's bodies): what it needs.
+
+    `state`: its ledger entry (`migration_id`, `action`; None: no entry); `held_version`: the
+    version the entry holds; `version`: the sighting's. Returns None - the row goes to a window: no
+    entry, an entry not written (a placeholder, a failure: unless it is this run's and not
+    `retake`n), or a newer version than the one written; `RECORDED` - this run recorded it in a
+    window that committed, counts and all (not on a `revisit`): neither counted nor written again;
+    else the outcome it counts without a write: already_here (another run wrote it), imported or
+    matched (this run wrote it: a revisit's fresh counts). A version written before versions
+    (None) is not superseded here, unlike `write_once`'s rule: that would fetch every such row's
+    completion again."""
+    if state is None or (held_version is not None and ledger.newer(version, held_version)):
+        return None
+    ours, written = state["migration_id"] == run.id, state["action"] in ledger.WRITTEN_ACTIONS
+    if ours and not revisit and (written or not retake):
+        return RECORDED
+    if not written:
+        return None
+    return ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
+
+
 # --- a page ----------------------------------------------------------------------------------
 
 

@@ -33,3 +33,12 @@ def test_field_definitions_are_written_by_the_engine_alone():
              for name, tree in _modules() for node in ast.walk(tree)
              if isinstance(node, ast.FunctionDef) and node.name in ("write_definitions", "book_from_db")]
     assert not found, found
+
+
+def test_mails_sighting_rule_is_the_engines():
+    """emails.py asks the engine (`write.seen_before`) what a listed message the ledger has needs
+    before its body is fetched; it compares no versions and names no outcome of its own."""
+    tree = ast.parse((PROVIDERS / "pipedrive" / "emails.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "seen_before" in names
+    assert not names & {"newer", "ALREADY_HERE", "IMPORTED", "MATCHED"}, names & {"newer", "ALREADY_HERE", "IMPORTED", "MATCHED"}

@@ -67,7 +67,7 @@ from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.marks import Marks, Unreadable, write_marks
-from engine_core.rows import ALREADY_HERE, EMAIL_BODY_MAX, IMPORTED, MATCHED, FittedBody, excerpt, fit_email_body, newer
+from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
@@ -82,7 +82,7 @@ from engine_core.providers.pipedrive.mail import (clean_strings, clean_text, map
                                                   sound_message_id, with_body, with_values)
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.providers.pipedrive.writers import mail_batch
-from engine_core.write import ledger_refs, write_mapped
+from engine_core.write import RECORDED, ledger_refs, seen_before, write_mapped
 
 KIND = "emails"
 DONE_MASK = "deals_done_mask"  # a stats entry: bit j set = deal j of the task is finished and counted
@@ -437,20 +437,15 @@ class EmailTask:
             self.dry |= seen.dry
         for r in rows:
             state = states.get(r["id"]) if r["id"] is not None else None
-            # a written message listed with a newer version is fetched and written again,
-            # in place; one written before versions (None) is not: that would fetch every body again
             held = versions.get(r["id"]) if r["id"] is not None else None
-            changed = held is not None and r.mapped is not None and newer(r.mapped.version, held)
-            if state is not None and not changed:
-                ours, written = state["migration_id"] == run.id, state["action"] in ("created", "matched")
-                if ours and not ctx.revisit and (written or not self.retake):
-                    continue  # this run recorded it in a window that committed, counts and all
-                if written:
-                    # never fetched again; counted when its deal finishes (a retry's fresh counts
-                    # see its own run's rows as imported/matched)
-                    outcome = ALREADY_HERE if not ours else (IMPORTED if state["action"] == "created" else MATCHED)
-                    self.deferred.setdefault(r.deal, Counter())[outcome] += 1
-                    continue
+            outcome = seen_before(run, state, held, r.mapped.version if r.mapped is not None else None,
+                                  revisit=ctx.revisit, retake=self.retake)
+            if outcome == RECORDED:
+                continue
+            if outcome is not None:
+                # never fetched again; counted when its deal finishes
+                self.deferred.setdefault(r.deal, Counter())[outcome] += 1
+                continue
             if state is not None and state["action"] in ("created", "matched"):
                 self.written.add(r["id"])
             self.outstanding[r.deal] += 1
