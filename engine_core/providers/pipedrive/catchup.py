@@ -5,8 +5,15 @@ walks cover the snapshot; what moved while they walked - a row updated from one 
 span into another the walker had passed, a note pushed across an offset boundary by a deletion,
 a deal archived between the active and the archived lists, deletions, merges - is found here by
 one inventory walk per kind, parents first (users, pipelines, stages, organizations, persons,
-deals + archived deals, leads + archived leads, one after another in one chain of tasks; then
-activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). A page's rows are
+deals + archived deals, leads + archived leads, written one after another in one chain of tasks;
+then activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). Only the
+writing needs that order: the chain's first page starts a read-ahead of every list of the walk at
+once (`inventory.ReadAhead`, a few pages a list, in this process), and each page is taken from it
+as the chain comes to it, so under latency the chain waits about as long as its longest list's
+walk, not for every page of every list in turn. A page is still asked once, in the walk's own
+sequence per list, and counted by the task that takes it. A row that moved between two lists
+read at once (a deal archived meanwhile) may be in neither page: its ledger entry is unseen, and
+the deletes task asks it by id and writes it as served. A page's rows are
 compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
 at an older version or holds as deleted are written through the engine's write path (created,
 or updated in place with the ledger's history); which rows need writing is the engine's rule
@@ -58,6 +65,8 @@ run's snapshot, which the next sync lists from).
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,10 +80,10 @@ from engine_core.source import snapshot_margin
 from engine_core.providers.pipedrive import contents, lines, record_lists, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
-from engine_core.providers.pipedrive.inventory import ask_ahead, list_step, row_id, version_of
+from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
 from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
 from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledger_kind
-from engine_core.providers.pipedrive.meter import Meter
+from engine_core.providers.pipedrive.meter import CountingClient, Meter
 from engine_core.providers.pipedrive.stripes import rfc3339
 
 CATCHUP = "catchup"
@@ -234,6 +243,27 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
     return changed
 
 
+_readers: OrderedDict[tuple[str, int, str], ReadAhead] = OrderedDict()
+_readers_lock = threading.Lock()
+READERS_KEPT = 8  # runs whose catch-up lists a process reads ahead at once (the oldest is closed)
+
+
+def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | None, *, start: bool) -> ReadAhead | None:
+    """The run's `ReadAhead` of the catch-up's lists in this process, None when it has none; made
+    - reading every list of the walk at once - when `start` (the chain's first page). Its requests
+    go through the client `client` counts (`CountingClient.inner`); a page is counted by the task
+    that takes it."""
+    scope = (str(ctx.db.url), ctx.run.id, str(ctx.run.started_at))
+    with _readers_lock:
+        reader = _readers.get(scope)
+        if reader is None and start:
+            inner = client.inner if isinstance(client, CountingClient) else client
+            reader = _readers[scope] = ReadAhead(inner, kinds, since, step=lambda m, k, a, s: list_step(m, k, a, s))
+            while len(_readers) > READERS_KEPT:
+                _readers.popitem(last=False)[1].close()
+        return reader
+
+
 def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
     """Pages of the catch-up's inventory walk (module docstring): up to `PAGES_PER_TASK` pages in
     one task, walking on from a list's last page to the next list's first (a task a page would
@@ -246,21 +276,30 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     lk = ledger_kind(kind)
     since = changed_since(ctx.run)
     kinds = catchup_kinds(ctx.run)
-    if int(cursor.get("page", 0)) == 0 and kind == kinds[0]:
+    first = int(cursor.get("page", 0)) == 0 and kind == kinds[0]
+    if first:
         with ctx.db.transaction() as tx:
             inventory_ledger.forget_older(tx, ctx.run)
+    # the chain's lists are read at once, written one after another (the last level: at once anyway)
+    reader = reader_of(ctx, client, kinds, since, start=first and kind not in LAST_LEVEL)
     meter = Meter(client, {}, ctx.cancel)
     walked = 0
     while True:
         page = int(cursor.get("page", 0))
-        step = list_step(meter, kind, cursor, since)
+        step = reader.take(kind, cursor, ctx.cancel) if reader is not None else None
+        if step is None:
+            step = list_step(meter, kind, cursor, since)
+        elif isinstance(client, CountingClient):
+            client.count(path_of(kind))
         walked += 1
         if step.after is not None:
-            ask_ahead(client, kind, step.after, since)
+            if reader is None or not reader.reading(kind):
+                ask_ahead(client, kind, step.after, since)
         else:
             for nxt in _after_list(ctx.run, kind):
-                if nxt.cursor.get("list") is not None:  # the lists walked next (here, or in tasks of their own)
-                    ask_ahead(client, nxt.cursor["list"], {}, since)
+                listed = nxt.cursor.get("list")  # the lists walked next (here, or in tasks of their own)
+                if listed is not None and (reader is None or not reader.reading(listed)):
+                    ask_ahead(client, listed, {}, since)
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
             written: list[dict[str, Any]] = []

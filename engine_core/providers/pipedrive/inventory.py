@@ -8,7 +8,8 @@ rows a call (Pipedrive has no id-only listing: v1 and v2 lists both carry whole 
 each deal that has any; `file_contents` downloads each file as the migration does
 (`contents.fetch`) and hashes it; `fields` and the catch-up kind are not listed
 (NotImplementedError). Verify reads it (`Provider.source_ids`); the catch-up phase
-(`catchup.py`) walks the same lists page by page (`list_step`).
+(`catchup.py`) walks the same lists page by page (`list_step`), its pages read ahead, every list
+at once (`ReadAhead`).
 
 **Walking a list that changes under it.** v2 lists are walked by cursor in id order: a cursor
 names the last row served, so deletions and updates elsewhere do not move it. v1 lists (users,
@@ -23,7 +24,11 @@ served at least once.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,6 +134,145 @@ def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None =
         client.prefetch_v2(V2_PATHS[kind], params, cursor=at.get("cursor"), limit=PAGE)
     else:
         client.prefetch_v1(V1_PATHS[kind], params, start=v1_asked(at)[0], limit=page_of(kind))
+
+
+# --- reading every list of a walk at once --------------------------------------------------------
+
+AHEAD = 3  # pages of one list a `ReadAhead` reads before its walker has taken the earlier ones
+THREADS = 8  # lists a `ReadAhead` reads at once at most (one thread a list up to this)
+IDLE = 60.0  # seconds without a page taken after which a `ReadAhead` reads nothing more
+POSITION = ("cursor", "start", "tail", "served")  # the fields of a cursor that say where a walk stands
+
+
+def position(at: Mapping[str, Any]) -> str:
+    """Where a walk stands (`Step.after`, or a catch-up cursor holding it) as one string: the
+    v2 cursor or the v1 offset, tail and rows served; `{}` (a list's first page) is "{}"."""
+    return json.dumps({k: at[k] for k in POSITION if k in at}, sort_keys=True, default=str)
+
+
+StepFn = Callable[[Meter, str, Mapping[str, Any], "str | None"], Step]
+
+
+class ReadAhead:
+    """The pages of several lists read at once, each list's pages one after another, for a walker
+    that takes them in its own order (the catch-up's chain: `catchup.run_page`).
+
+    Each list is walked from its first page by the same step as its walker's (`step`, default
+    `list_step`), so the walker's request for a page (kind and position) is one asked already: it
+    takes the `Step` (waiting while it is in flight) instead of asking the source. At most `ahead`
+    pages of a list are read and not yet taken; a list's reading waits for its walker there, which
+    bounds what is held. A page is taken once. Nothing is counted here: the walker counts each
+    page it takes as the request it stands for. A list whose page failed is read no further (its
+    walker asks the source itself, with the client's retries: `reading` turns false); so is every
+    list once `idle` seconds passed with no page taken, or after `close`. Pages nobody takes (the
+    walker ran in another process, the run stopped) are at most `ahead` a list."""
+
+    def __init__(self, client: Any, kinds: Sequence[str], since: str | None = None, *, step: StepFn | None = None,
+                 ahead: int = AHEAD, threads: int = THREADS, idle: float = IDLE,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.since = since
+        self.ahead = ahead
+        self.idle = idle
+        self.clock = clock
+        self.asked = self.taken = 0
+        self._meter = Meter(client, {})
+        self._step: StepFn = step or list_step
+        self._lock = threading.Lock()
+        self._pages: dict[tuple[str, str], Future] = {}
+        self._held: dict[str, int] = {k: 0 for k in kinds}
+        self._parked: dict[str, Mapping[str, Any]] = {}
+        self._ended: set[str] = set()  # read to the last page, or failed
+        self._failed: set[str] = set()
+        self._last = clock()
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(kinds))), thread_name_prefix="readahead")
+        for kind in kinds:
+            self._read(kind, {})
+
+    def reading(self, kind: str) -> bool:
+        """Whether `kind`'s pages are (still) read here: its walker asks nothing ahead itself."""
+        with self._lock:
+            return not self._closed and kind in self._held and kind not in self._failed
+
+    def take(self, kind: str, at: Mapping[str, Any], cancel: threading.Event | None = None) -> Step | None:
+        """The step read for `kind` at `at` (waiting while it is in flight), once; None when it
+        was not read (or taken already, or its request failed, or `cancel` was set meanwhile):
+        the walker asks the source itself."""
+        with self._lock:
+            if self.clock() - self._last > self.idle:
+                self._stop()
+            future = None if self._closed else self._pages.pop((kind, position(at)), None)
+            if future is None:
+                return None
+            self._held[kind] -= 1
+            self._last = self.clock()
+            parked = self._parked.pop(kind, None)
+        if parked is not None:
+            self._read(kind, parked)
+        while True:
+            try:
+                step = future.result(timeout=0.2)
+            except TimeoutError:
+                if cancel is not None and cancel.is_set():
+                    return None
+                continue
+            except BaseException:  # noqa: BLE001 - the walker asks the source itself
+                return None
+            with self._lock:
+                self.taken += 1
+                done = not self._pages and self._ended >= set(self._held)
+            if done:  # every list read to its end and taken: its threads are let go
+                self._pool.shutdown(wait=False)
+            return step
+
+    def close(self) -> None:
+        """Read nothing more and drop what is held (requests in flight end unread)."""
+        with self._lock:
+            self._stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _stop(self) -> None:
+        self._closed = True
+        self._pages.clear()
+        self._parked.clear()
+
+    def _read(self, kind: str, at: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._closed or kind in self._ended:
+                return
+            if self.clock() - self._last > self.idle:
+                self._stop()
+                return
+            if self._held[kind] >= self.ahead:
+                self._parked[kind] = at
+                return
+            future: Future = Future()
+            self._pages[(kind, position(at))] = future
+            self._held[kind] += 1
+            self.asked += 1
+        try:
+            self._pool.submit(self._fetch, kind, at, future)
+        except RuntimeError:  # closed meanwhile, or the interpreter is shutting down
+            with self._lock:
+                self._ended.add(kind)
+                self._failed.add(kind)
+            future.set_exception(RuntimeError("not read"))
+
+    def _fetch(self, kind: str, at: Mapping[str, Any], future: Future) -> None:
+        try:
+            step = self._step(self._meter, kind, at, self.since)
+        except BaseException as e:  # noqa: BLE001 - kept for the walker, who asks again
+            with self._lock:
+                self._ended.add(kind)
+                self._failed.add(kind)
+            future.set_exception(e)
+            return
+        future.set_result(step)
+        if step.after is None:
+            with self._lock:
+                self._ended.add(kind)
+        else:
+            self._read(kind, step.after)
 
 
 def walk(meter: Meter, kind: str) -> Iterator[dict[str, Any]]:

@@ -50,6 +50,17 @@ class CountingClient:
             self.requests += n
             self.tokens += n * token_cost(path)
 
+    @property
+    def inner(self) -> PipedriveClient:
+        """The client counted (for requests another thread makes, counted when their answer is
+        used: `count`)."""
+        return self._client
+
+    def count(self, path: str) -> None:
+        """Count one request of `path` made elsewhere for this task (a page read ahead for it:
+        `inventory.ReadAhead`), at its cost."""
+        self._count(path)
+
     def get(self, path: str, params: Mapping[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         """`PipedriveClient.get`, counted; raises as it does."""
         self._count(path)

@@ -1,0 +1,128 @@
+"""The catch-up's chain reads every list at once (`inventory.ReadAhead`) while it still writes one
+list after another, parents first: under latency the chain waited for each page of each list in
+turn (one page asked ahead), ~6 s of a 17 s small run. Every page is still listed once, counted
+by the task that takes it; a page the read-ahead failed is listed by the walker itself. Real
+sandbox (pages capped at 15 rows, a tenth of the realistic latency), real Postgres, real threads.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from engine_core.providers.pipedrive import catchup, inventory
+from engine_core.providers.pipedrive.inventory import ReadAhead, Step
+from tests.pipedrive.support import failed_tasks, migrate, sandbox
+
+KINDS = ["organizations", "persons", "deals"]
+
+
+def _record(monkeypatch, fail: Any = None) -> list[dict[str, Any]]:
+    """Every catch-up list page asked: kind, position, thread, start and end (monotonic); `fail`
+    (kind, position, thread) -> True raises instead of asking."""
+    seen: list[dict[str, Any]] = []
+    lock = threading.Lock()
+    real = inventory.list_step
+
+    def list_step(meter, kind, at, since=None):
+        entry = {"kind": kind, "at": inventory.position(at), "thread": threading.current_thread().name,
+                 "start": time.monotonic()}
+        if fail is not None and fail(entry):
+            with lock:
+                seen.append({**entry, "end": time.monotonic(), "failed": True})
+            raise RuntimeError("a page the read-ahead could not read")
+        try:
+            return real(meter, kind, at, since)
+        finally:
+            with lock:
+                seen.append({**entry, "end": time.monotonic()})
+
+    monkeypatch.setattr(catchup, "list_step", list_step)
+    return seen
+
+
+def _inventory(db, run_id: int) -> dict[str, int]:
+    return {r["kind"]: r["n"] for r in db.sql("SELECT kind, count(*) AS n FROM migration_inventory"
+                                              " WHERE migration_id = %(r)s GROUP BY kind", {"r": run_id})}
+
+
+def _list_requests(db, run_id: int) -> int:
+    rows = db.sql("SELECT coalesce(sum((stats->>'requests')::int), 0) AS n FROM migration_tasks"
+                  " WHERE migration_id = %(r)s AND kind = 'catchup' AND cursor ? 'list'", {"r": run_id})
+    return int(rows[0]["n"])
+
+
+def test_the_chains_lists_are_read_at_once_and_every_page_is_listed_once(db, monkeypatch) -> None:
+    seen = _record(monkeypatch)
+    with sandbox(page_cap=15, latency="realistic:0.1") as sb:
+        truth = sb.truth()["ids"]
+        run = migrate(db, sb, kinds=KINDS)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    orgs = [s for s in seen if s["kind"] == "organizations"]
+    deals = [s for s in seen if s["kind"] == "deals"]
+    assert len(orgs) >= 2 and len([s for s in seen if s["kind"] == "persons"]) >= 4, "the lists must be several pages"
+    assert min(s["start"] for s in deals) < max(s["end"] for s in orgs), \
+        "the deals' first page was asked only after the organizations' walk (one list after another)"
+    pages = [(s["kind"], s["at"]) for s in seen]
+    assert len(pages) == len(set(pages)), f"a page was listed twice: {pages}"
+    assert _list_requests(db, run.id) == len(seen), "each page read ahead is counted by the task that took it"
+    assert _inventory(db, run.id) == {k: len(truth[k]) for k in KINDS}
+
+
+def test_a_page_the_read_ahead_failed_is_listed_by_the_walker(db, monkeypatch) -> None:
+    def fail(entry: dict[str, Any]) -> bool:  # the persons' second page, read ahead
+        return entry["kind"] == "persons" and entry["at"] != "{}" and entry["thread"].startswith("readahead")
+
+    seen = _record(monkeypatch, fail)
+    with sandbox(page_cap=15) as sb:
+        truth = sb.truth()["ids"]
+        run = migrate(db, sb, kinds=KINDS)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    failed = [s for s in seen if s.get("failed")]
+    assert len(failed) == 1, failed
+    again = [s for s in seen if (s["kind"], s["at"]) == (failed[0]["kind"], failed[0]["at"]) and not s.get("failed")]
+    assert len(again) == 1 and not again[0]["thread"].startswith("readahead"), again
+    assert _inventory(db, run.id) == {k: len(truth[k]) for k in KINDS}
+
+
+def _pages(n: int, started: list[int], gate: threading.Event | None = None) -> Any:
+    """A step over a list of `n` pages of one row each (position = the page's number)."""
+    def step(meter, kind, at, since):
+        page = int(at.get("start", 0))
+        started.append(page)
+        if gate is not None:
+            gate.wait(5)
+        return Step(({"id": page},), {"start": page + 1} if page + 1 < n else None)
+    return step
+
+
+def _settle(reader: ReadAhead, asked: int) -> None:
+    deadline = time.monotonic() + 5
+    while reader.asked < asked and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
+def test_a_read_ahead_holds_at_most_ahead_pages_a_list_and_reads_on_as_its_walker_takes() -> None:
+    started: list[int] = []
+    reader = ReadAhead(object(), ["notes"], step=_pages(10, started), ahead=3)
+    _settle(reader, 3)
+    assert started == [0, 1, 2] and reader.asked == 3, "three pages read, the fourth waits for the walker"
+    assert reader.take("notes", {}).rows == ({"id": 0},)
+    _settle(reader, 4)
+    assert started == [0, 1, 2, 3]
+    assert reader.take("notes", {"start": 5}) is None, "a page not read is the walker's own"
+    for page in range(1, 10):
+        assert reader.take("notes", {"start": page} if page else {}).rows == ({"id": page},)
+    assert reader.asked == reader.taken == 10 and reader.reading("notes")
+
+
+def test_a_read_ahead_left_idle_reads_no_more() -> None:
+    started: list[int] = []
+    now = [0.0]
+    reader = ReadAhead(object(), ["notes"], step=_pages(10, started), ahead=1, idle=60.0, clock=lambda: now[0])
+    _settle(reader, 1)
+    now[0] = 61.0  # nobody took a page for a minute
+    assert reader.take("notes", {}) is None and not reader.reading("notes")
+    time.sleep(0.05)
+    assert started == [0], "nothing read after it was left idle"
