@@ -14,7 +14,7 @@ from engine_core.providers.pipedrive import catchup, inventory
 from engine_core.providers.pipedrive.inventory import ReadAhead, Step
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
 
-KINDS = ["organizations", "persons", "deals"]
+KINDS = ["organizations", "persons", "deals", "deals_archived"]
 
 
 def _record(monkeypatch, fail: Any = None) -> list[dict[str, Any]]:
@@ -46,6 +46,12 @@ def _inventory(db, run_id: int) -> dict[str, int]:
                                               " WHERE migration_id = %(r)s GROUP BY kind", {"r": run_id})}
 
 
+def _expected(truth: dict[str, Any]) -> dict[str, int]:
+    """The inventory's ids per ledger kind: every id of the run's kinds the source serves."""
+    return {"organizations": len(truth["organizations"]), "persons": len(truth["persons"]),
+            "deals": len(truth["deals"]) + len(truth["deals_archived"])}
+
+
 def _list_requests(db, run_id: int) -> int:
     rows = db.sql("SELECT coalesce(sum((stats->>'requests')::int), 0) AS n FROM migration_tasks"
                   " WHERE migration_id = %(r)s AND kind = 'catchup' AND cursor ? 'list'", {"r": run_id})
@@ -63,10 +69,13 @@ def test_the_chains_lists_are_read_at_once_and_every_page_is_listed_once(db, mon
     assert len(orgs) >= 2 and len([s for s in seen if s["kind"] == "persons"]) >= 4, "the lists must be several pages"
     assert min(s["start"] for s in deals) < max(s["end"] for s in orgs), \
         "the deals' first page was asked only after the organizations' walk (one list after another)"
+    archived = [s for s in seen if s["kind"] == "deals_archived"]
+    assert min(s["start"] for s in archived) >= max(s["end"] for s in deals), \
+        "the archived deals were read before the deals' walk ended (a deal archived meanwhile is in neither)"
     pages = [(s["kind"], s["at"]) for s in seen]
     assert len(pages) == len(set(pages)), f"a page was listed twice: {pages}"
     assert _list_requests(db, run.id) == len(seen), "each page read ahead is counted by the task that took it"
-    assert _inventory(db, run.id) == {k: len(truth[k]) for k in KINDS}
+    assert _inventory(db, run.id) == _expected(truth)
 
 
 def test_a_page_the_read_ahead_failed_is_listed_by_the_walker(db, monkeypatch) -> None:
@@ -82,7 +91,7 @@ def test_a_page_the_read_ahead_failed_is_listed_by_the_walker(db, monkeypatch) -
     assert len(failed) == 1, failed
     again = [s for s in seen if (s["kind"], s["at"]) == (failed[0]["kind"], failed[0]["at"]) and not s.get("failed")]
     assert len(again) == 1 and not again[0]["thread"].startswith("readahead"), again
-    assert _inventory(db, run.id) == {k: len(truth[k]) for k in KINDS}
+    assert _inventory(db, run.id) == _expected(truth)
 
 
 def _pages(n: int, started: list[int], gate: threading.Event | None = None) -> Any:
@@ -126,3 +135,17 @@ def test_a_read_ahead_left_idle_reads_no_more() -> None:
     assert reader.take("notes", {}) is None and not reader.reading("notes")
     time.sleep(0.05)
     assert started == [0], "nothing read after it was left idle"
+
+
+def test_a_list_that_follows_another_is_read_once_that_one_is_read_to_its_end() -> None:
+    started: list[tuple[str, int]] = []
+
+    def step(meter, kind, at, since):
+        started.append((kind, int(at.get("start", 0))))
+        page = int(at.get("start", 0))
+        return Step(({"id": page},), {"start": page + 1} if page + 1 < 3 else None)
+
+    reader = ReadAhead(object(), ["deals", "deals_archived"], step=step, follows={"deals_archived": "deals"}, ahead=3)
+    _settle(reader, 6)
+    assert started[:3] == [("deals", 0), ("deals", 1), ("deals", 2)], started
+    assert sorted(started[3:]) == [("deals_archived", 0), ("deals_archived", 1), ("deals_archived", 2)], started

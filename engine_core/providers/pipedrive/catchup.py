@@ -12,8 +12,8 @@ once (`inventory.ReadAhead`, a few pages a list, in this process), and each page
 as the chain comes to it, so under latency the chain waits about as long as its longest list's
 walk, not for every page of every list in turn. A page is still asked once, in the walk's own
 sequence per list, and counted by the task that takes it. A row that moved between two lists
-read at once (a deal archived meanwhile) may be in neither page: its ledger entry is unseen, and
-the deletes task asks it by id and writes it as served. A page's rows are
+read at once could be in neither page, so the lists of one ledger kind are read one after the
+other (archived deals once the deals' last page is read), as the chain walks them. A page's rows are
 compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
 at an older version or holds as deleted are written through the engine's write path (created,
 or updated in place with the ledger's history); which rows need writing is the engine's rule
@@ -258,7 +258,10 @@ def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | 
         reader = _readers.get(scope)
         if reader is None and start:
             inner = client.inner if isinstance(client, CountingClient) else client
-            reader = _readers[scope] = ReadAhead(inner, kinds, since, step=lambda m, k, a, s: list_step(m, k, a, s))
+            # the lists of one ledger kind (deals, then archived deals) are read one after the other
+            follows = {k: before for before, k in zip(kinds, kinds[1:]) if ledger_kind(k) == ledger_kind(before)}
+            reader = _readers[scope] = ReadAhead(inner, kinds, since, step=lambda m, k, a, s: list_step(m, k, a, s),
+                                                 follows=follows)
             while len(_readers) > READERS_KEPT:
                 _readers.popitem(last=False)[1].close()
         return reader

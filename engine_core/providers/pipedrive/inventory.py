@@ -155,7 +155,9 @@ StepFn = Callable[[Meter, str, Mapping[str, Any], "str | None"], Step]
 
 class ReadAhead:
     """The pages of several lists read at once, each list's pages one after another, for a walker
-    that takes them in its own order (the catch-up's chain: `catchup.run_page`).
+    that takes them in its own order (the catch-up's chain: `catchup.run_page`). A list named in
+    `follows` (list -> the list before it) is read once that one is read to its end, as a walk of
+    one after the other would (a deal archived meanwhile is then in the archived deals' list).
 
     Each list is walked from its first page by the same step as its walker's (`step`, default
     `list_step`), so the walker's request for a page (kind and position) is one asked already: it
@@ -168,8 +170,8 @@ class ReadAhead:
     walker ran in another process, the run stopped) are at most `ahead` a list."""
 
     def __init__(self, client: Any, kinds: Sequence[str], since: str | None = None, *, step: StepFn | None = None,
-                 ahead: int = AHEAD, threads: int = THREADS, idle: float = IDLE,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 follows: Mapping[str, str] | None = None, ahead: int = AHEAD, threads: int = THREADS,
+                 idle: float = IDLE, clock: Callable[[], float] = time.monotonic) -> None:
         self.since = since
         self.ahead = ahead
         self.idle = idle
@@ -183,11 +185,13 @@ class ReadAhead:
         self._parked: dict[str, Mapping[str, Any]] = {}
         self._ended: set[str] = set()  # read to the last page, or failed
         self._failed: set[str] = set()
+        self._follows = {k: before for k, before in (follows or {}).items() if k in self._held and before in self._held}
         self._last = clock()
         self._closed = False
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(kinds))), thread_name_prefix="readahead")
         for kind in kinds:
-            self._read(kind, {})
+            if kind not in self._follows:
+                self._read(kind, {})
 
     def reading(self, kind: str) -> bool:
         """Whether `kind`'s pages are (still) read here: its walker asks nothing ahead itself."""
@@ -253,26 +257,36 @@ class ReadAhead:
         try:
             self._pool.submit(self._fetch, kind, at, future)
         except RuntimeError:  # closed meanwhile, or the interpreter is shutting down
-            with self._lock:
-                self._ended.add(kind)
-                self._failed.add(kind)
+            self._end(kind, failed=True)
             future.set_exception(RuntimeError("not read"))
 
     def _fetch(self, kind: str, at: Mapping[str, Any], future: Future) -> None:
         try:
             step = self._step(self._meter, kind, at, self.since)
         except BaseException as e:  # noqa: BLE001 - kept for the walker, who asks again
-            with self._lock:
-                self._ended.add(kind)
-                self._failed.add(kind)
+            self._end(kind, failed=True)
             future.set_exception(e)
             return
         future.set_result(step)
         if step.after is None:
-            with self._lock:
-                self._ended.add(kind)
+            for following in self._end(kind, failed=False):
+                self._read(following, {})
         else:
             self._read(kind, step.after)
+
+    def _end(self, kind: str, *, failed: bool) -> list[str]:
+        """Mark `kind` read to its end (or failed); returns the lists that follow it, to read now.
+        The lists following a failed one are not read either (their walker reads them in order)."""
+        with self._lock:
+            ended, following = [kind], [k for k, before in self._follows.items() if before == kind]
+            while failed and ended:
+                k = ended.pop()
+                self._ended.add(k)
+                self._failed.add(k)
+                ended += [f for f, before in self._follows.items() if before == k]
+            if not failed:
+                self._ended.add(kind)
+            return [] if failed else following
 
 
 def walk(meter: Meter, kind: str) -> Iterator[dict[str, Any]]:
