@@ -34,7 +34,8 @@ from typing import Any
 
 from engine_core.providers.pipedrive import contents, lines, mapping, record_lists
 from engine_core.providers.pipedrive.errors import ItemRefused
-from engine_core.providers.pipedrive.kinds import PAGE, PARAMS, SINCE_KINDS, V1_PATHS, V2_PATHS, VERSION_FIELD, page_of
+from engine_core.providers.pipedrive.kinds import (NEWEST_FIRST, PAGE, PARAMS, SINCE_KINDS, V1_PATHS, V2_PATHS,
+                                                   VERSION_FIELD, page_of)
 from engine_core.providers.pipedrive.mail import message_of
 from engine_core.providers.pipedrive.meter import Meter
 from engine_core.providers.pipedrive.paging import settle_refusals
@@ -112,24 +113,50 @@ def path_of(kind: str) -> str:
     return V2_PATHS[kind] if kind in V2_PATHS else V1_PATHS[kind]
 
 
-def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None = None) -> Step:
-    """One page of `kind`'s inventory walk from position `at` (a v2 cursor or a v1 offset), with
-    the kind's fixed query (`PARAMS`) and `updated_since=since` where the list takes it
-    (`SINCE_KINDS`, RFC 3339 UTC); raises as the client does."""
+def query_of(kind: str, since: str | None = None) -> dict[str, Any]:
+    """The query of `kind`'s inventory walk (cursor or offset aside): the kind's fixed query
+    (`PARAMS`), `updated_since=since` where the list takes it (`SINCE_KINDS`), and - for a list
+    that does not but sorts by update time - newest first (`NEWEST_FIRST`)."""
     params = dict(PARAMS.get(kind) or {})
     if since and kind in SINCE_KINDS:
         params["updated_since"] = since
+    if since and kind in NEWEST_FIRST:
+        params["sort"] = NEWEST_FIRST[kind]
+    return params
+
+
+def older_than(rows: Sequence[Mapping[str, Any]], since: str) -> bool:
+    """Whether a row among `rows` was last updated before `since` (RFC 3339); a row without a
+    readable `update_time` is not."""
+    moment = mapping.timestamp({"t": since}, "t")
+    for row in rows:
+        try:
+            updated = mapping.timestamp(row, "update_time")
+        except mapping.MalformedRow:
+            continue
+        if updated is not None and moment is not None and updated < moment:
+            return True
+    return False
+
+
+def list_step(meter: Meter, kind: str, at: Mapping[str, Any], since: str | None = None) -> Step:
+    """One page of `kind`'s inventory walk from position `at` (a v2 cursor or a v1 offset), with
+    the walk's query (`query_of`; `since` RFC 3339 UTC); raises as the client does. A list walked
+    newest first ends at the first page holding a row older than `since`: every row after it is
+    older still, so unchanged."""
+    params = query_of(kind, since)
     if kind in V2_PATHS:
         return v2_step(meter, V2_PATHS[kind], params, at)
-    return v1_step(meter, V1_PATHS[kind], params, at, page_of(kind))
+    step = v1_step(meter, V1_PATHS[kind], params, at, page_of(kind))
+    if "sort" in params and since and step.after is not None and older_than(step.rows, since):
+        return Step(step.rows, None)
+    return step
 
 
 def ask_ahead(client: Any, kind: str, at: Mapping[str, Any], since: str | None = None) -> None:
     """Ask now, in the background, for the page `list_step(.., kind, at, since)` will ask for
     (`prefetch.Prefetch`: the catch-up's next task takes it while this one writes)."""
-    params = dict(PARAMS.get(kind) or {})
-    if since and kind in SINCE_KINDS:
-        params["updated_since"] = since
+    params = query_of(kind, since)
     if kind in V2_PATHS:
         client.prefetch_v2(V2_PATHS[kind], params, cursor=at.get("cursor"), limit=PAGE)
     else:

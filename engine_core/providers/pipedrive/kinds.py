@@ -197,6 +197,9 @@ MAPPERS: dict[str, Callable[..., mapping.Mapped]] = {k.name: k.mapper for k in K
 PARAMS: dict[str, Mapping[str, str]] = {k.name: k.params for k in KINDS if k.params}
 VERSION_FIELD: dict[str, str] = {k.name: k.version_field for k in KINDS if k.version_field != "update_time"}
 SINCE_KINDS: frozenset[str] = frozenset(k.name for k in KINDS if k.since)
+# Lists without `updated_since` that sort by update time: a listing of what changed since a moment
+# walks them newest first and stops at the first page that reaches an older row (`inventory.list_step`).
+NEWEST_FIRST: dict[str, str] = {"files": "update_time DESC"}
 LAST_LEVEL: frozenset[str] = frozenset(k.name for k in KINDS if k.last_level)
 PARENT_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.probed and k.by_id}
 SINGLE_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.by_id}
