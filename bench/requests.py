@@ -12,9 +12,13 @@ the snapshot's clock before the run's first task; pages asked ahead nobody took)
 The run's kinds are the default ones (opt-in kinds left out), mail only with `--mail`. The floor
 of a kind (issue 25) is one list call per 500 rows (100 for files), at the list's `x-token-cost`,
 at least one call per list (deal products: one call per 100 deals, the `deal_ids` cap); `fields` is the seven field lists once; `start` the
-identity once (`/v1/users/me`, 2 tokens); `catchup` one call per listed kind (a quiet account's
-catch-up: nothing changed while the run walked); `emails` one mail listing per deal with mail and
-one body per message. The ratio is ours / floor (1.00 = at the floor).
+identity once (`/v1/users/me`, 2 tokens); `catchup` one walk of every list, the same calls as
+the lists' own floors (a quiet account's catch-up: nothing changed while the run walked, yet
+only a whole id listing proves nothing was deleted: Pipedrive has no list of deleted or merged
+ids and its lists carry no totals, so every live id must be served by a page of at most 500
+rows, 100 for files; issue 25's "one call per kind" is what a sync that does not detect deletes
+costs, `detect_deletes: false`); `emails` one mail listing per deal with mail and one body per
+message. The ratio is ours / floor (1.00 = at the floor).
 
 `seed` is a stand-in for the seed customer (about 400,000 records): its `ScaleSpec` with every
 count divided by `--seed-divisor` (default 20: about 20,000 records), so that the shape of a large
@@ -68,13 +72,13 @@ def scaled_seed(divisor: int) -> None:
 def floor(kinds: list[str], counts: dict[str, int]) -> dict[str, tuple[int, int]]:
     """(requests, tokens) at the floor per task kind (module docstring) for the run's `kinds`."""
     out: dict[str, tuple[int, int]] = {}
-    listed = 0
+    walk = [0, 0]  # the catch-up's walk of every list: (requests, tokens)
     for name in kinds:
         k = pd_kinds.BY_NAME[name]
         if k.paging in (pd_kinds.OFFSET, pd_kinds.CURSOR):
             calls = max(1, math.ceil(counts.get(name, 0) / (100 if name == "files" else pd_kinds.PAGE)))
             out[name] = (calls, calls * k.cost)
-            listed += 1
+            walk = [walk[0] + calls, walk[1] + calls * k.cost]
         elif name == "fields":
             paths = [*pd_kinds.V2_FIELD_LISTS.values(), *pd_kinds.V1_FIELD_LISTS.values()]
             out[name] = (len(paths), sum(pd_kinds.FIELD_LIST_COSTS[p] for p in paths))
@@ -85,8 +89,7 @@ def floor(kinds: list[str], counts: dict[str, int]) -> dict[str, tuple[int, int]
         elif name == "emails":
             mail_deals, messages = counts.get("deals_with_mail", 0), counts.get("mail_messages", 0)
             out[name] = (mail_deals + messages, mail_deals * k.cost + messages * MAIL_BODY_TOKENS)
-    cheapest = [pd_kinds.BY_NAME[n].cost for n in kinds if n in out and n not in ("fields", "emails")]
-    out["catchup"] = (listed, sum(cheapest))
+    out["catchup"] = (walk[0], walk[1])
     out["start"] = (1, IDENTITY_TOKENS)
     return out
 
