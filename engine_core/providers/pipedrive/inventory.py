@@ -230,11 +230,15 @@ class ReadAhead:
         was not read (or taken already, or its request failed, or `cancel` was set meanwhile):
         the walker asks the source itself."""
         with self._lock:
-            if self.clock() - self._last > self.idle:
+            idle = not self._closed and self.clock() - self._last > self.idle
+            if idle:
                 self._stop()
             future = None if self._closed else self._pages.pop((kind, position(at)), None)
-            if future is None:
-                return None
+        if idle:  # left idle: its threads are let go
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if future is None:
+            return None
+        with self._lock:
             self._held[kind] -= 1
             self._last = self.clock()
             parked = self._parked.pop(kind, None)
