@@ -60,3 +60,39 @@ def test_a_failed_question_propagates_and_its_parent_is_asked_again_later() -> N
     out = ask_source(again, PAIRS[:4], KEY, answers=answers)
     assert out == {p: int(p[1]) % 2 == 0 for p in PAIRS[:4]}
     assert "3" in again.asked
+
+
+def test_every_question_of_a_page_goes_in_one_round_trip() -> None:
+    # eight parents by id: all eight in flight together (four at a time never meets the barrier)
+    source = Source(together=len(PAIRS))
+    out = ask_source(source, PAIRS, KEY, answers=SourceAnswers())
+    assert out == {p: int(p[1]) % 2 == 0 for p in PAIRS}
+
+
+class Lists:
+    """The deal lists' `ids=`: the active list serves `active`, the archived one `archived`, each
+    only once both requests are in flight (a barrier: asked one after the other, neither answers)."""
+
+    def __init__(self, active: set[str], archived: set[str]) -> None:
+        self.served = {"/api/v2/deals": active, "/api/v2/deals/archived": archived}
+        self.barrier = threading.Barrier(2)
+        self.asked: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def get(self, path: str, params=None, cancel=None) -> dict:
+        with self._lock:
+            self.asked.append((path, params["ids"]))
+        try:
+            self.barrier.wait(10)
+        except threading.BrokenBarrierError:
+            raise AssertionError("the deal lists were not asked at once") from None
+        ids = params["ids"].split(",")
+        return {"data": [{"id": int(i)} for i in ids if i in self.served[path]]}
+
+
+def test_a_kinds_lists_are_asked_at_once_with_the_same_answers() -> None:
+    deals = [("deals", str(i)) for i in (3, 5, 8, 13)]
+    source = Lists(active={"3"}, archived={"8"})
+    out = ask_source(source, deals, KEY, answers=SourceAnswers())
+    assert out == {("deals", "3"): True, ("deals", "5"): False, ("deals", "8"): True, ("deals", "13"): False}
+    assert sorted(source.asked) == [("/api/v2/deals", "3,5,8,13"), ("/api/v2/deals/archived", "3,5,8,13")]

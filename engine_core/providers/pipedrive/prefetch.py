@@ -30,7 +30,7 @@ class Prefetch:
     The background request goes through the same budget as any other (and is counted in the
     successor's stats when taken)."""
 
-    def __init__(self, *, keep: int = 16, ttl: float = 20.0, threads: int = 4, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, keep: int = 16, ttl: float = 20.0, threads: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
         self.ttl = ttl
         self.clock = clock

@@ -146,7 +146,11 @@ def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[
     return sorted(p for p in pairs if p not in known and p[0] in imported and p[0] in PARENT_PATHS)
 
 
-PROBE_THREADS = 4  # questions one page sends at once (each a request through the budgeted client)
+# Questions one page sends at once (each a request through the budgeted client, which paces them):
+# enough for a page's every question to go in one round trip - the small account's largest page
+# asks 14 (11 leads by id, one list per other kind) - so a page waits for its parents one round
+# trip, not one per four questions.
+PROBE_THREADS = 16
 
 # Parents asked many at a time: the v2 lists that take `ids` - "comma separated string
 # array of up to 100 entity ids to fetch ... If any of the requested entities do not exist or are not
@@ -206,11 +210,12 @@ def ask_source(client: Getter, pairs: Iterable[Pair], key: tuple[str, int], canc
 
     Up to `threads` (default `PROBE_THREADS`) questions are sent at once (a page of notes
     pointing at 25 deleted parents would otherwise wait for 25 round trips in a row), paced by the
-    same budget. When one question fails, the questions not yet sent are not sent and the first
-    failure propagates."""
+    same budget, and a kind of several lists asks them at once (`_request`). When one question
+    fails, the questions not yet sent are not sent and the first failure propagates."""
     pairs = list(pairs)
     out = answers.get(key, pairs)
-    todo = questions(p for p in dict.fromkeys(pairs) if p not in out)
+    # the questions of two requests (deals: both lists) first, so none waits for a free thread
+    todo = sorted(questions(p for p in dict.fromkeys(pairs) if p not in out), key=_requests_of, reverse=True)
     threads = PROBE_THREADS if threads is None else threads
     if len(todo) <= 1 or threads <= 1:
         for question in todo:
@@ -267,22 +272,34 @@ def _ask(client: Getter, question: list[Pair], key: tuple[str, int], cancel: Any
     return out
 
 
+def _requests_of(question: list[Pair]) -> int:
+    """The requests a question makes (`_request`): one by id, else one per list of its kind."""
+    return len(BATCH_PATHS[question[0][0]]) if len(question) > 1 else 1
+
+
 def _request(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]:
     """Ask the source about `pairs` (one kind when more than one): by id for one, else through the
     kind's lists' `ids` (`BATCH_PATHS`) - an id a list serves exists, one no list serves does not.
-    A list row whose id cannot be read (a malformed row: no id, a non-numeric one) may be any of
-    the ids left: those are then asked by id, so the answers are the ones `GET` by id gives."""
+    A kind of several lists (deals: active and archived) asks them all at once with every id: one
+    round trip, not two in a row, for the same requests whenever the first list leaves an id out
+    (a parent the ledger misses is seldom an active deal: deleted or archived), one list request
+    more when it serves them all. A list row whose id cannot be read (a malformed row: no id, a
+    non-numeric one) may be any of the ids left: those are then asked by id, so the answers are
+    the ones `GET` by id gives."""
     if len(pairs) == 1:
         return {pairs[0]: _exists(client, pairs[0], cancel)}
     kind = pairs[0][0]
-    left = {sid for _, sid in pairs}
-    unreadable = False
-    for path in BATCH_PATHS[kind]:
-        served, unsure = _served(client, path, left, cancel)
-        left -= served
-        unreadable = unreadable or unsure
-        if not left:
-            break
+    ids = {sid for _, sid in pairs}
+    paths = BATCH_PATHS[kind]
+    if len(paths) == 1:
+        answers = [_served(client, paths[0], ids, cancel)]
+    else:
+        with ThreadPoolExecutor(max_workers=len(paths), thread_name_prefix="probe-list") as pool:
+            futures = [pool.submit(_served, client, path, ids, cancel) for path in paths]
+            wait(futures)
+        answers = [f.result() for f in futures]  # the first list's failure, if any, propagates
+    left = ids.difference(*(served for served, _ in answers))
+    unreadable = any(unsure for _, unsure in answers)
     out = {pair: pair[1] not in left for pair in pairs}
     if unreadable:
         for pair in pairs:
