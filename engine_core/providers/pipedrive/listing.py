@@ -4,12 +4,12 @@ the deal lists' own count. Sources only: what a page's rows become is `writers.p
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from engine_core.models import Successor
+from engine_core.models import Run, Successor
 from engine_core.providers.pipedrive import kinds, stripes
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
@@ -149,6 +149,19 @@ def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None
             client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size))
         elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
             client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"), limit=stripes.PAGE)
+
+
+def ask_next_phase(client: Any, run: Run, phase: int, seeds_of: Callable[[Run, str], list[Successor]]) -> None:
+    """Ask the first pages of the next phase's v1 lists now (`ask_ahead` with `seeds_of`: the
+    provider's `seed_cursors`), for a walker whose last page this is: they have no discovery to
+    ask them early, so the phase boundary would otherwise wait for their first round trip. A page
+    nobody takes (the next phase runs in another process, or this phase's tail outlasts the store's
+    `ttl`) costs one page per kind and walker end at most; the store asks a page once while held."""
+    if phase + 1 >= len(run.plan):
+        return
+    for kind in run.plan[phase + 1]:
+        if kind in stripes.V1_PATHS:
+            ask_ahead(client, kind, tuple(seeds_of(run, kind)))
 
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
