@@ -298,6 +298,20 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     return PageRefs(found, dry, held, exists)
 
 
+def unknown_parents(ctx: TaskContext, prepared: Sequence[Prepared]) -> list[Pair]:
+    """The parents of a mapped page (`map_page`) that `resolve_page` would ask its probe about now:
+    not written (nor would-be written in a dry run) and unknown to the ledger. For a source that
+    asks about a page's parents before the page's task runs; holds a connection only while it reads."""
+    mapped = [p["mapped"] for p in prepared]
+    refs = ledger_refs(mapped)
+    with ctx.db.connection() as conn:
+        found = ledger.resolve(conn, ctx.run, refs)
+        dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
+        missing = missing_parents(mapped, found, dry)
+        known = ledger.known(conn, ctx.run, missing) if missing else {}
+    return sorted(p for p in missing if p not in known)
+
+
 def map_page(
     rows: Sequence[Any], mapper: Mapper, *, start: int = 0,
     malformed: type[BaseException] | tuple[type[BaseException], ...] = MalformedRow,

@@ -139,29 +139,76 @@ class Listed:
     successors: tuple[Successor, ...]
 
 
-def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...]) -> None:
-    """Ask for the successor walker's page now, while this task writes its own
-    (`prefetch.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for it."""
+# Pages of a v2 walk asked ahead of the task that walks it: each page asked ahead asks its successor
+# when it arrives, this many pages deep, so a walk's round trips overlap the pages being written
+# instead of one starting as each task starts. A page nobody takes costs its request; at most this
+# many a walker (plus the page its discovery holds).
+AHEAD = 2
+
+
+Arrived = Callable[[tuple[dict[str, Any], ...], bool], None]
+
+
+def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...], depth: int = AHEAD,
+              arrived: Arrived | None = None) -> None:
+    """Ask for the successor walkers' pages now, while this task writes its own
+    (`prefetch.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for each. A v2
+    walker's page asks its own successor's when it arrives, `depth` pages deep in all (`AHEAD`).
+    `arrived(rows, last)`: called as each such page arrives, with the rows its task will write and
+    whether it is its v2 walker's last page (no `next_cursor`)."""
     for s in successors:
         if kind in stripes.V1_PATHS:
             size = kinds.page_of(kind)
             start, _ = stripes.v1_span(s.cursor, size)
-            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size))
+            client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size),
+                               then=_on_arrival(client, kind, s.cursor, 0, arrived))
         elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
-            client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"), limit=stripes.PAGE)
+            client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"),
+                               limit=stripes.PAGE, then=_on_arrival(client, kind, s.cursor, depth - 1, arrived))
 
 
-def ask_next_phase(client: Any, run: Run, phase: int, seeds_of: Callable[[Run, str], list[Successor]]) -> None:
+def _on_arrival(client: Any, kind: str, cursor: dict[str, Any], depth: int, arrived: Arrived | None) -> Any:
+    """When the page of the walker at `cursor` arrives: hand its rows to `arrived` and, `depth`
+    pages deep, ask its successor's page (`ask_ahead`) as `list_v2_task` hands on - by the page's
+    `next_cursor`, none at the list's end. None when there is nothing to do."""
+    if depth < 1 and arrived is None:
+        return None
+
+    def on_page(body: dict[str, Any]) -> None:
+        extra = body.get("additional_data")
+        nxt = extra.get("next_cursor") if isinstance(extra, dict) else None
+        more = isinstance(nxt, str) and bool(nxt) and nxt != cursor.get("cursor")
+        if depth >= 1 and more:
+            ask_ahead(client, kind, (stripes.v2_next(kind, cursor, nxt),), depth, arrived)
+        rows = body.get("data")
+        if arrived is not None and isinstance(rows, list):
+            arrived(kept_rows(cursor, tuple(rows)), kind in stripes.V2_PATHS and not more)
+    return on_page
+
+
+def kept_rows(cursor: dict[str, Any], rows: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+    """The rows of a listed page its task writes: a v2 null walker's null-time rows, a sorted
+    walker's rows before its bound, every other walker's all."""
+    if stripes.is_null_walker(cursor):
+        return tuple(r for r in rows if stripes.has_null_time(r))
+    if cursor.get("sorted"):
+        return tuple(r for r in rows if stripes.is_before(r, cursor.get("before")))
+    return rows
+
+
+def ask_next_phase(client: Any, run: Run, phase: int, seeds_of: Callable[[Run, str], list[Successor]],
+                   arrived: Callable[[str], Arrived | None] | None = None) -> None:
     """Ask the first pages of the next phase's v1 lists now (`ask_ahead` with `seeds_of`: the
     provider's `seed_cursors`), for a walker whose last page this is: they have no discovery to
     ask them early, so the phase boundary would otherwise wait for their first round trip. A page
     nobody takes (the next phase runs in another process, or this phase's tail outlasts the store's
-    `ttl`) costs one page per kind and walker end at most; the store asks a page once while held."""
+    `ttl`) costs one page per kind and walker end at most; the store asks a page once while held.
+    `arrived(kind)`: the `ask_ahead` hook for that kind's pages."""
     if phase + 1 >= len(run.plan):
         return
     for kind in run.plan[phase + 1]:
         if kind in stripes.V1_PATHS:
-            ask_ahead(client, kind, tuple(seeds_of(run, kind)))
+            ask_ahead(client, kind, tuple(seeds_of(run, kind)), arrived=arrived(kind) if arrived else None)
 
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
@@ -179,11 +226,7 @@ def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], can
     """A v2 walker's page; a page with no rows and a `next_cursor` is not the end. The null walker
     lists the whole collection and keeps only its null-time rows (the rest are the spans')."""
     page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=cancel)
-    rows = page.rows
-    if stripes.is_null_walker(cursor):
-        rows = tuple(r for r in page.rows if stripes.has_null_time(r))
-    elif cursor.get("sorted"):
-        rows = tuple(r for r in page.rows if stripes.is_before(r, cursor.get("before")))
+    rows = kept_rows(cursor, page.rows)
     successors = (stripes.v2_next(kind, cursor, page.next_cursor),) if page.more and page.next_cursor else ()
     return Listed(rows, len(page.rows) - len(rows), successors)
 

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -14,6 +15,8 @@ from engine_core.providers.pipedrive.decode import Envelope
 
 if TYPE_CHECKING:
     from engine_core.providers.pipedrive.client import PipedriveClient
+
+log = logging.getLogger(__name__)
 
 
 class Prefetch:
@@ -30,13 +33,19 @@ class Prefetch:
     The background request goes through the same budget as any other (and is counted in the
     successor's stats when taken)."""
 
-    def __init__(self, *, keep: int = 16, ttl: float = 20.0, threads: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
+    TAKEN_KEPT = 1024  # requests remembered as taken (never asked ahead again in this run)
+
+    def __init__(self, *, keep: int = 32, ttl: float = 20.0, threads: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
         self.ttl = ttl
         self.clock = clock
         self.asked = self.taken = self.held = 0
         self._lock = threading.Lock()
         self._pages: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Future]] = OrderedDict()
+        self._taken: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], None] = OrderedDict()
+        self._open = -1  # the latest phase a task of which ran in this process
+        self._waiting: list[tuple[int, Callable[[], None]]] = []
+        self._uncounted: dict[str, list[int]] = {}
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prefetch")
 
     @staticmethod
@@ -45,21 +54,81 @@ class Prefetch:
         equal queries built in another order find the same page."""
         return path, tuple(sorted((str(k), str(v)) for k, v in query.items()))
 
-    def ask(self, client: PipedriveClient, path: str, query: Mapping[str, Any]) -> None:
-        """Start `client`'s GET of `path` with `query` now, unless it is asked already."""
+    def ask(self, client: PipedriveClient, path: str, query: Mapping[str, Any],
+            then: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Start `client`'s GET of `path` with `query` now, unless it is asked already or was taken
+        in this run (its task has it: asking again would only cost a request). `then(body)` runs on
+        the store's threads once the answer is here (at once when it is held already), never for
+        a failed one; what it raises is dropped (it only asks ahead)."""
         key = self.key(path, query)
         with self._lock:
             self._expire()
-            if key in self._pages:
+            if key in self._taken:
                 return
-            future: Future = Future()
-            self._pages[key] = (self.clock(), future)
-            self.asked += 1
+            entry = self._pages.get(key)
+            future: Future = Future() if entry is None else entry[1]
+            if entry is None:
+                self._pages[key] = (self.clock(), future)
+                self.asked += 1
+        if then is not None:
+            future.add_done_callback(lambda done: self._then(done, then))
+        if entry is not None:
+            return
         try:
             self._pool.submit(self._fetch, client, path, dict(query), future)
         except RuntimeError:  # the interpreter is shutting down: nothing asked ahead
             with self._lock:
                 self._pages.pop(key, None)
+
+    WAITING_KEPT = 64  # jobs waiting for their phase (the oldest dropped: only a cache)
+
+    def when_open(self, phase: int, job: Callable[[], None]) -> None:
+        """Run `job` on the store's threads once a task of `phase` has run in this process (at once
+        when one has: `opened`): work that may only start when the phases before it are closed.
+        A job whose phase never opens here (it runs in another process) never runs."""
+        with self._lock:
+            ready = phase <= self._open
+            if not ready:
+                self._waiting.append((phase, job))
+                del self._waiting[:-self.WAITING_KEPT]
+        if ready:
+            self._submit(job)
+
+    def opened(self, phase: int) -> None:
+        """A task of `phase` runs: the phases before it are closed; their waiting jobs start."""
+        with self._lock:
+            if phase <= self._open:
+                return
+            self._open = phase
+            ready = [job for p, job in self._waiting if p <= phase]
+            self._waiting = [(p, job) for p, job in self._waiting if p > phase]
+        for job in ready:
+            self._submit(job)
+
+    def count(self, kind: str, requests: int, tokens: int) -> None:
+        """Requests made ahead for `kind`'s tasks (and their tokens), for one of them to count."""
+        with self._lock:
+            spent = self._uncounted.setdefault(kind, [0, 0])
+            spent[0] += requests
+            spent[1] += tokens
+
+    def uncounted(self, kind: str) -> tuple[int, int]:
+        """The requests and tokens asked ahead for `kind` that no task counted yet, now counted."""
+        with self._lock:
+            requests, tokens = self._uncounted.pop(kind, [0, 0])
+        return requests, tokens
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        try:
+            self._pool.submit(_quietly, job)
+        except RuntimeError:  # the interpreter is shutting down
+            pass
+
+    def _then(self, done: Future, then: Callable[[dict[str, Any]], None]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        body = done.result()
+        self._submit(lambda: then(body))
 
     @staticmethod
     def _fetch(client: PipedriveClient, path: str, query: dict[str, Any], future: Future) -> None:
@@ -105,9 +174,12 @@ class Prefetch:
                 continue
             except BaseException:  # noqa: BLE001 - the taker asks the source itself
                 return None
-            if not getattr(body, "kept", False):
-                with self._lock:
+            with self._lock:
+                if not getattr(body, "kept", False):
                     self.taken += 1
+                self._taken[key] = None
+                while len(self._taken) > self.TAKEN_KEPT:
+                    self._taken.popitem(last=False)
             return body
 
     def _expire(self) -> None:
@@ -117,6 +189,13 @@ class Prefetch:
             if now - at <= self.ttl and len(self._pages) <= self.keep:
                 break
             self._pages.popitem(last=False)
+
+
+def _quietly(job: Callable[[], None]) -> None:
+    try:
+        job()
+    except Exception:  # noqa: BLE001 - asking ahead is only a cache: the task asks for itself
+        log.debug("asking ahead failed", exc_info=True)
 
 
 _prefetch_stores: OrderedDict[tuple[str, int], Prefetch] = OrderedDict()

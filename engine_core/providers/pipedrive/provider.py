@@ -66,8 +66,8 @@ from engine_core.providers.pipedrive.meter import CountingClient, Meter, token_c
 from engine_core.providers.pipedrive.prefetch import prefetch_store
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
-from engine_core.providers.pipedrive.listing import (ask_ahead, ask_next_phase, discover, discovery_seeds,
-                                                     list_v1_task, list_v2_task, source_total)
+from engine_core.providers.pipedrive.ahead import Ahead
+from engine_core.providers.pipedrive.listing import discover, discovery_seeds, list_v1_task, list_v2_task, source_total
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 from engine_core.providers.pipedrive.settings import (BOOLEAN_WORDS, ENV_BASE_URL, ENV_TOKEN, OPTIONS,
                                                       SECRET_OPTIONS, SourceConfig, check_base_url)
@@ -468,16 +468,16 @@ class PipedriveProvider:
 
         return of
 
-    def _ask_ahead(self, ctx: TaskContext, client: PipedriveClient, successors: tuple[Successor, ...]) -> None:
-        """The successors' pages asked now; a walker's last page asks the next phase's v1 first pages."""
-        ask_ahead(client, ctx.task.kind, successors)
-        if not successors:
-            ask_next_phase(client, ctx.run, ctx.task.phase, self.seed_cursors)
+    def _ahead(self, ctx: TaskContext) -> Ahead:
+        """What this listing task asks ahead (`ahead.Ahead`)."""
+        return Ahead(ctx, self.client(ctx.db), self._mapper_of(ctx), self.seed_cursors)
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v1_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
-        self._ask_ahead(ctx, client, listed.successors)
+        ahead = self._ahead(ctx)
+        ahead.walk(client, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
+        ahead.count()
         return TaskOutcome(listed.successors)
 
     def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
@@ -504,7 +504,7 @@ class PipedriveProvider:
         # the walkers' first pages are asked now (`prefetch.Prefetch`): a discovery run early
         # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
         # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
-        ask_ahead(client, kind, tuple(seeds))
+        self._ahead(ctx).discovered(client, tuple(seeds))
         ctx.stats.values["probe_requests"] = found.requests
         ctx.stats.values["stripes"] = len(seeds)
         if found.nulls:
@@ -513,8 +513,10 @@ class PipedriveProvider:
 
     def _v2_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v2_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
-        self._ask_ahead(ctx, client, listed.successors)
+        ahead = self._ahead(ctx)
+        ahead.walk(client, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
+        ahead.count()
         if listed.passed:
             # counted after the page is written, so a page retried after a crash counts once; a
             # whole-list walker's rows updated after the snapshot are the catch-up's

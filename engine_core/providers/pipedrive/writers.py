@@ -357,6 +357,18 @@ def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
     return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (scope, ctx.run.id), ctx.cancel)
 
 
+def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper) -> None:
+    """Ask the source now about the parents of a listed page (its `rows`, mapped by `mapper`) that
+    a later task of `ctx.run` will write (`write_listed_page`): the ones its probe would ask,
+    answered once for the run (`ask_source`), so that task finds them answered. Only once the phases
+    of the page's parents are closed (else a parent still to be written would be asked). Raises as
+    `ask_source` does."""
+    prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
+    pairs = askable(ctx.run, write.unknown_parents(ctx, prepared), {})
+    if pairs:
+        ask_source(client, pairs, (ctx.db.url, ctx.run.id))
+
+
 def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
     """The email phase's optimistic windows (`write.window_batch`):
     a window's messages mapped, their deal written and no written ledger entry for them are

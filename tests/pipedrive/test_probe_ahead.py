@@ -1,0 +1,49 @@
+"""A walk's pages asked ahead have their parents asked ahead too (`ahead.Ahead`,
+`writers.probe_ahead`): once the phases of the parents are closed, a page's parents the ledger does
+not know are asked of the source as the page arrives, not when its task starts - each still once
+per run, counted in the kind's tasks, the same rows written. Four lane threads over the sandbox's
+small account (dangling organization ids on persons), on real Postgres."""
+from __future__ import annotations
+
+import threading
+import time
+
+from engine_core.providers.pipedrive import writers
+from tests.pipedrive.support import failed_tasks, ledger, ledger_truth, migrate, sandbox
+
+
+def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(db, monkeypatch) -> None:
+    asked: list[tuple[float, list]] = []
+    lock = threading.Lock()
+    real_request = writers._request
+
+    def request(client, pairs, cancel):
+        with lock:
+            asked.append((time.time(), list(pairs)))
+        return real_request(client, pairs, cancel)
+
+    monkeypatch.setattr(writers, "_request", request)
+    with sandbox(scale="small") as sb:
+        truth = sb.truth()
+        sb.reset_stats()
+        run = migrate(db, sb, kinds=["organizations", "persons"])
+        stats = sb.stats()
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    tasks = {r["cursor_key"]: r for r in db.sql(
+        "SELECT cursor_key, extract(epoch FROM started_at) AS started, stats FROM migration_tasks"
+        " WHERE migration_id = %(r)s AND kind = 'persons'", {"r": run.id})}
+    last = tasks["persons:s0:p2"]  # the small account's 1,500 persons: three pages, one walker
+    asked_at = [at for at, _ in asked]
+    assert asked_at and max(asked_at) < float(last["started"]), \
+        "every page's parents were asked before the walk's last task started"
+    pairs = [p for _, question in asked for p in question]
+    assert len(pairs) == len(set(pairs)), "each parent asked once in the run"
+    probes = sum(n for path, n in stats["requests"].items() if path.startswith("/api/v2/organizations/"))
+    probes += sum(n for key, n in stats["listings"].items() if key.startswith("/api/v2/organizations?") and "ids=" in key)
+    counted = sum(int(t["stats"].get("requests", 0)) for t in tasks.values())
+    assert counted == probes + 3, "the persons tasks count their three pages and every probe made for them"
+    for kind in ("organizations", "persons"):
+        assert set(ledger(db, "acme", kind)) == ledger_truth(truth)[kind]
+    dangling = db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s AND kind = 'persons'"
+                      " AND dangling IS NOT NULL", {"r": run.id})[0]["n"]
+    assert dangling > 0, "persons pointing at deleted organizations are imported, the link dangling"
