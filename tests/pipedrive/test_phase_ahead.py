@@ -17,9 +17,9 @@ def test_the_next_phases_v1_first_page_is_asked_ahead_once_and_taken(db, monkeyp
     taken: list[tuple] = []
     real_ask, real_take = Prefetch.ask, Prefetch.take
 
-    def ask(self, client, path, query, then=None):
+    def ask(self, client, path, query, then=None, **kw):
         asked.setdefault(self.key(path, query), time.time())
-        return real_ask(self, client, path, query, then)
+        return real_ask(self, client, path, query, then, **kw)
 
     def take(self, path, query, cancel):
         body = real_take(self, path, query, cancel)

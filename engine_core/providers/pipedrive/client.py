@@ -225,12 +225,12 @@ class PipedriveClient:
         return Page(rows=rows, next_start=next_start, more=True)
 
     def prefetch_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None,
-                    limit: int = MAX_PAGE, then: Callable[[dict[str, Any]], None] | None = None) -> None:
+                    limit: int = MAX_PAGE, then: Callable[[dict[str, Any]], None] | None = None, once: bool = False) -> None:
         """Ask now, on a background thread, the page `list_v2` with these arguments will ask for
-        (`Prefetch`; `then(body)` once it is here); nothing without a store. Raises ValueError on
-        arguments `list_v2` refuses."""
+        (`Prefetch.ask`: `then(body)` once it is here; `once`: not when taken already); nothing
+        without a store. Raises ValueError on arguments `list_v2` refuses."""
         if self._prefetch is not None:
-            self._prefetch.ask(self, path, _v2_query(path, params, cursor, limit), then)
+            self._prefetch.ask(self, path, _v2_query(path, params, cursor, limit), then, once=once)
 
     def forget_v2(self, path: str, params: Mapping[str, Any] | None = None, *, cursor: str | None = None,
                   limit: int = MAX_PAGE) -> None:
@@ -245,10 +245,10 @@ class PipedriveClient:
             self._prefetch.ask(self, path, dict(params or {}))
 
     def prefetch_v1(self, path: str, params: Mapping[str, Any] | None = None, *, start: int = 0,
-                    limit: int = MAX_PAGE, then: Callable[[dict[str, Any]], None] | None = None) -> None:
+                    limit: int = MAX_PAGE, then: Callable[[dict[str, Any]], None] | None = None, once: bool = False) -> None:
         """`prefetch_v2` for the page `list_v1` with these arguments will ask for."""
         if self._prefetch is not None:
-            self._prefetch.ask(self, path, _v1_query(path, params, start, limit), then)
+            self._prefetch.ask(self, path, _v1_query(path, params, start, limit), then, once=once)
 
     def iter_v2(
         self,

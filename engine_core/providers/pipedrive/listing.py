@@ -150,40 +150,65 @@ Arrived = Callable[[tuple[dict[str, Any], ...], bool], None]
 
 
 def ask_ahead(client: Any, kind: str, successors: tuple[Successor, ...], depth: int = AHEAD,
-              arrived: Arrived | None = None) -> None:
+              arrived: Arrived | None = None, *, once: bool = False) -> None:
     """Ask for the successor walkers' pages now, while this task writes its own
     (`prefetch.Prefetch`): the request `list_v1_task` / `list_v2_task` will make for each. A v2
     walker's page asks its own successor's when it arrives, `depth` pages deep in all (`AHEAD`).
     `arrived(rows, last)`: called as each such page arrives, with the rows its task will write and
-    whether it is its v2 walker's last page (no `next_cursor`)."""
+    whether it is its walker's last page (nothing handed on). `once`: a page its task took already
+    is not asked again (`Prefetch.ask`)."""
     for s in successors:
         if kind in stripes.V1_PATHS:
             size = kinds.page_of(kind)
             start, _ = stripes.v1_span(s.cursor, size)
             client.prefetch_v1(stripes.V1_PATHS[kind], start=start, limit=stripes.v1_limit(s.cursor, size),
-                               then=_on_arrival(client, kind, s.cursor, 0, arrived))
+                               then=_on_arrival(client, kind, s.cursor, depth - 1, arrived), once=once)
         elif kind in stripes.V2_PATHS and not s.cursor.get("discover"):
             client.prefetch_v2(stripes.V2_PATHS[kind], stripes.v2_params(s.cursor), cursor=s.cursor.get("cursor"),
-                               limit=stripes.PAGE, then=_on_arrival(client, kind, s.cursor, depth - 1, arrived))
+                               limit=stripes.PAGE, then=_on_arrival(client, kind, s.cursor, depth - 1, arrived),
+                               once=once)
 
 
 def _on_arrival(client: Any, kind: str, cursor: dict[str, Any], depth: int, arrived: Arrived | None) -> Any:
     """When the page of the walker at `cursor` arrives: hand its rows to `arrived` and, `depth`
-    pages deep, ask its successor's page (`ask_ahead`) as `list_v2_task` hands on - by the page's
-    `next_cursor`, none at the list's end. None when there is nothing to do."""
+    pages deep, ask its successors' pages (`ask_ahead`) as `list_v2_task` / `list_v1_task` hand on
+    - by the page's `next_cursor` or pagination, none at the list's end. None when there is
+    nothing to do."""
     if depth < 1 and arrived is None:
         return None
 
     def on_page(body: dict[str, Any]) -> None:
         extra = body.get("additional_data")
-        nxt = extra.get("next_cursor") if isinstance(extra, dict) else None
-        more = isinstance(nxt, str) and bool(nxt) and nxt != cursor.get("cursor")
-        if depth >= 1 and more:
-            ask_ahead(client, kind, (stripes.v2_next(kind, cursor, nxt),), depth, arrived)
+        extra = extra if isinstance(extra, dict) else {}
+        if kind in stripes.V1_PATHS:
+            data = body.get("data")
+            successors = _v1_handed_on(kind, cursor, extra, len(data) if isinstance(data, list) else 0)
+            more = bool(successors)
+        else:
+            nxt = extra.get("next_cursor")
+            more = isinstance(nxt, str) and bool(nxt) and nxt != cursor.get("cursor")
+            successors = (stripes.v2_next(kind, cursor, nxt),) if more else ()
+        if depth >= 1 and successors:
+            ask_ahead(client, kind, successors, depth, arrived, once=True)
         rows = body.get("data")
         if arrived is not None and isinstance(rows, list):
-            arrived(kept_rows(cursor, tuple(rows)), kind in stripes.V2_PATHS and not more)
+            arrived(kept_rows(cursor, tuple(rows)), not more)
     return on_page
+
+
+def _v1_handed_on(kind: str, cursor: dict[str, Any], extra: dict[str, Any], rows: int) -> tuple[Successor, ...]:
+    """The tasks a v1 page hands on to, from its `additional_data` as `PipedriveClient.list_v1`
+    reads it (none when it does not say how to go on)."""
+    pagination = extra.get("pagination") if isinstance(extra.get("pagination"), dict) else extra
+    size = kinds.page_of(kind)
+    start, _ = stripes.v1_span(cursor, size)
+    more = bool(pagination.get("more_items_in_collection"))
+    next_start = pagination.get("next_start")
+    if next_start is None:
+        next_start = start + rows
+    if more and (not isinstance(next_start, int) or next_start <= start):
+        return ()
+    return stripes.v1_successors(kind, cursor, more=more, next_start=next_start if more else None, page=size)
 
 
 def kept_rows(cursor: dict[str, Any], rows: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:

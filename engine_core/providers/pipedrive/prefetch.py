@@ -55,15 +55,16 @@ class Prefetch:
         return path, tuple(sorted((str(k), str(v)) for k, v in query.items()))
 
     def ask(self, client: PipedriveClient, path: str, query: Mapping[str, Any],
-            then: Callable[[dict[str, Any]], None] | None = None) -> None:
-        """Start `client`'s GET of `path` with `query` now, unless it is asked already or was taken
-        in this run (its task has it: asking again would only cost a request). `then(body)` runs on
-        the store's threads once the answer is here (at once when it is held already), never for
-        a failed one; what it raises is dropped (it only asks ahead)."""
+            then: Callable[[dict[str, Any]], None] | None = None, *, once: bool = False) -> None:
+        """Start `client`'s GET of `path` with `query` now, unless it is asked already - or, `once`,
+        was taken in this run (asked from an answer's `then`, which may run after the task that
+        asks it took it: asking again would only cost a request). `then(body)` runs on the store's
+        threads once the answer is here (at once when it is held already), never for a failed one;
+        what it raises is dropped (it only asks ahead)."""
         key = self.key(path, query)
         with self._lock:
             self._expire()
-            if key in self._taken:
+            if once and key in self._taken:
                 return
             entry = self._pages.get(key)
             future: Future = Future() if entry is None else entry[1]
