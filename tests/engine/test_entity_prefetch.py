@@ -151,4 +151,10 @@ def test_a_runs_lanes_share_one_store_and_runs_do_not(source, db) -> None:
     _until(state, 2)
     lane_a.list_v2(PATH, limit=2)
     assert len(state.requests) == 3, "another run's page is not taken"
-    assert prefetch_store((db.url, 9101)) is not prefetch_store((db.url, 9102))
+    stranger = PipedriveProvider(run(9101), token="an0ther").client(db)
+    lane_a.prefetch_v2(PATH, cursor="2", limit=2)
+    _until(state, 4)
+    stranger.list_v2(PATH, cursor="2", limit=2)
+    assert len(state.requests) == 5, "a page asked under other credentials is not served"
+    assert lane_a._prefetch is lane_b._prefetch and lane_a._prefetch is not other._prefetch
+    assert lane_a._prefetch is not stranger._prefetch and prefetch_store((db.url, 9101)) is not lane_a._prefetch

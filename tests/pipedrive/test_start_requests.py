@@ -41,7 +41,7 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     with its page in hand (`prefetch.Prefetch`); every page asked ahead is taken, none asked twice
     (the sandbox's count of list requests is unchanged). Persons' discovery runs early, in the
     organizations' tail: its pages are taken once the barrier lets the walkers run."""
-    from engine_core.providers.pipedrive.prefetch import prefetch_store
+    from engine_core.providers.pipedrive import prefetch
 
     with sandbox() as sb:
         sb.reset_stats()
@@ -50,7 +50,7 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     assert run.status == "succeeded"
     walkers = db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s"
                      " AND kind IN ('organizations', 'persons') AND cursor_key LIKE '%%:p0'", {"r": run.id})[0]["n"]
-    store = prefetch_store((db.url, run.id))
+    (store,) = [s for scope, s in prefetch._prefetch_stores.items() if scope[:2] == (db.url, run.id)]
     assert walkers >= 1 and store.asked + store.held >= walkers, (store.asked, store.held, walkers)
     assert store.taken == store.asked
     persons_pages = db.sql("SELECT count(*) AS n FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'persons'"

@@ -20,7 +20,7 @@ from engine_core.models import Run, Successor
 from engine_core.providers.pipedrive import kinds, writers
 from engine_core.providers.pipedrive.listing import AHEAD, Arrived, ask_ahead, ask_next_phase
 from engine_core.providers.pipedrive.meter import CountingClient
-from engine_core.providers.pipedrive.prefetch import prefetch_store
+from engine_core.providers.pipedrive.prefetch import Prefetch
 
 
 def ready_phase(run: Run, phase: int) -> int:
@@ -34,16 +34,17 @@ def ready_phase(run: Run, phase: int) -> int:
 
 class Ahead:
     """What one listing task asks ahead. `source`: the provider's client (requests asked ahead are
-    counted by `count`, not by the task's own counter); `mapper_of(kind)`: a kind's row mapper;
-    `seeds_of(run, kind)`: the provider's first tasks of a kind."""
+    counted by `count`, not by the task's own counter) and `store` its run's pages asked ahead
+    (None: nothing is asked ahead); `mapper_of(kind)`: a kind's row mapper; `seeds_of(run, kind)`:
+    the provider's first tasks of a kind."""
 
-    def __init__(self, ctx: TaskContext, source: Any, mapper_of: Callable[[str], Any],
+    def __init__(self, ctx: TaskContext, source: Any, store: Prefetch | None, mapper_of: Callable[[str], Any],
                  seeds_of: Callable[[Run, str], list[Successor]]) -> None:
         self.ctx = ctx
         self.source = source
         self.mapper_of = mapper_of
         self.seeds_of = seeds_of
-        self.store = prefetch_store((ctx.db.url, ctx.run.id))
+        self.store = store if store is not None else Prefetch(threads=1)
 
     def walk(self, client: Any, successors: tuple[Successor, ...]) -> None:
         """A walker's task: its phase runs here (`Prefetch.opened`); its successors' pages asked

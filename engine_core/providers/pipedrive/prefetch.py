@@ -199,13 +199,14 @@ def _quietly(job: Callable[[], None]) -> None:
         log.debug("asking ahead failed", exc_info=True)
 
 
-_prefetch_stores: OrderedDict[tuple[str, int], Prefetch] = OrderedDict()
+_prefetch_stores: OrderedDict[tuple[Any, ...], Prefetch] = OrderedDict()
 _prefetch_lock = threading.Lock()
 PREFETCH_RUNS_KEPT = 8
 
 
-def prefetch_store(scope: tuple[str, int]) -> Prefetch:
-    """The process's store of pages asked ahead for one run (`scope`: database URL, run id)."""
+def prefetch_store(scope: tuple[Any, ...]) -> Prefetch:
+    """The process's store of pages asked ahead for one run (`scope`: database URL, run id, and
+    whatever else must match for a page to be served - the provider's credentials)."""
     with _prefetch_lock:
         store = _prefetch_stores.get(scope)
         if store is None:

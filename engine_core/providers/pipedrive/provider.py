@@ -39,6 +39,7 @@ listing task reads its page (discovery probes, walkers, pages asked ahead): `lis
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
@@ -63,7 +64,7 @@ from engine_core.providers.pipedrive import (catchup, contents, credentials, ema
                                              record_lists, stripes, writers)
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.meter import CountingClient, Meter, token_cost
-from engine_core.providers.pipedrive.prefetch import prefetch_store
+from engine_core.providers.pipedrive.prefetch import Prefetch, prefetch_store
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
 from engine_core.providers.pipedrive.ahead import Ahead
@@ -254,11 +255,18 @@ class PipedriveProvider:
         with self._lock:
             if self._client is None or self._client_db is not db:
                 cfg = self.config()
-                # a run's pages asked ahead are shared by its lanes in this process (`prefetch.Prefetch`)
-                ahead = prefetch_store((db.url, self._run_id)) if self._run_id is not None else None
-                self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db), prefetch=ahead)
+                self._client = PipedriveClient(cfg.base_url, cfg.token, budget=self.budget(db), prefetch=self._store(db))
                 self._client_db = db
             return self._client
+
+    def _store(self, db: Database) -> Prefetch | None:
+        """The run's pages asked ahead in this process (`prefetch.Prefetch`), shared by its lanes'
+        clients of the same source and token: a page asked under other credentials is never served."""
+        if self._run_id is None:
+            return None
+        cfg = self.config()
+        credentials = hashlib.sha256(f"{cfg.base_url}\n{cfg.token}".encode()).hexdigest()[:16]
+        return prefetch_store((db.url, self._run_id, credentials))
 
     def budget(self, db: Database) -> Budget:
         """The token's rate-limit budget in `db` (`budget_for`), shared by the process's lanes."""
@@ -470,7 +478,7 @@ class PipedriveProvider:
 
     def _ahead(self, ctx: TaskContext) -> Ahead:
         """What this listing task asks ahead (`ahead.Ahead`)."""
-        return Ahead(ctx, self.client(ctx.db), self._mapper_of(ctx), self.seed_cursors)
+        return Ahead(ctx, self.client(ctx.db), self._store(ctx.db), self._mapper_of(ctx), self.seed_cursors)
 
     def _v1_page(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         listed = list_v1_task(client, ctx.task.kind, ctx.task.cursor, ctx.cancel)
