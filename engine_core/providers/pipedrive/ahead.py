@@ -44,12 +44,14 @@ class Ahead:
         self.source = source
         self.mapper_of = mapper_of
         self.seeds_of = seeds_of
-        self.store = store if store is not None else Prefetch(threads=1)
+        self.store = store
 
     def walk(self, client: Any, successors: tuple[Successor, ...]) -> None:
         """A walker's task: its phase runs here (`Prefetch.opened`); its successors' pages asked
         ahead with their parents (`hook`); at its last page, the next phase's v1 first pages."""
         task = self.ctx.task
+        if self.store is None:
+            return
         self.store.opened(task.phase)
         ask_ahead(client, task.kind, successors, arrived=self.hook(task.kind, task.phase))
         if not successors:
@@ -57,6 +59,8 @@ class Ahead:
 
     def discovered(self, client: Any, seeds: tuple[Successor, ...]) -> None:
         """A discovery's walkers: their first pages (one held by the discovery) and `AHEAD` more."""
+        if self.store is None:
+            return
         ask_ahead(client, self.ctx.task.kind, seeds, depth=AHEAD + 1, arrived=self.hook(self.ctx.task.kind, self.ctx.task.phase))
 
     def next_phase(self, phase: int, client: Any) -> None:
@@ -72,16 +76,19 @@ class Ahead:
         next phase's v1 first pages are asked too."""
         ready = ready_phase(self.ctx.run, phase)
         own = kind == self.ctx.task.kind
+        store = self.store
+        if store is None:
+            return lambda rows, last: None
 
         def probe(rows: tuple[dict[str, Any], ...]) -> None:
             counting = CountingClient(self.source)
             try:
                 writers.probe_ahead(self.ctx, counting, rows, self.mapper_of(kind))
             finally:
-                self.store.count(kind, counting.requests, counting.tokens)
+                store.count(kind, counting.requests, counting.tokens)
 
         def arrived(rows: tuple[dict[str, Any], ...], last: bool) -> None:
-            self.store.when_open(ready, lambda: probe(rows))
+            store.when_open(ready, lambda: probe(rows))
             if last and own:
                 self.next_phase(phase, self.source)
 
@@ -89,6 +96,8 @@ class Ahead:
 
     def count(self) -> None:
         """Count in the task's stats what was asked ahead for its kind and not counted yet."""
+        if self.store is None:
+            return
         requests, tokens = self.store.uncounted(self.ctx.task.kind)
         self.ctx.stats.bump("requests", requests)
         self.ctx.stats.bump("tokens", tokens)
