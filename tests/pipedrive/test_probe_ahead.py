@@ -1,14 +1,16 @@
 """A walk's pages asked ahead have their parents asked ahead too (`ahead.Ahead`,
 `writers.probe_ahead`): once the phases of the parents are closed, a page's parents the ledger does
 not know are asked of the source as the page arrives, not when its task starts - each still once
-per run, counted in the kind's tasks, the same rows written. Four lane threads over the sandbox's
-small account (dangling organization ids on persons), on real Postgres."""
+per run, counted in the kind's tasks, the same rows written; only while the source is slow
+(`Prefetch.slow`). Four lane threads over the sandbox's small account (dangling organization ids
+on persons), on real Postgres."""
 from __future__ import annotations
 
 import threading
 import time
 
 from engine_core.providers.pipedrive import writers
+from engine_core.providers.pipedrive.prefetch import Prefetch
 from tests.pipedrive.support import failed_tasks, ledger, ledger_truth, migrate, sandbox
 
 
@@ -23,6 +25,7 @@ def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(d
         return real_request(client, pairs, cancel)
 
     monkeypatch.setattr(writers, "_request", request)
+    monkeypatch.setattr(Prefetch, "SLOW", 0.0)  # the sandbox answers at once: count it as slow
     with sandbox(scale="small") as sb:
         truth = sb.truth()
         sb.reset_stats()
@@ -47,3 +50,14 @@ def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(d
     dangling = db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s AND kind = 'persons'"
                       " AND dangling IS NOT NULL", {"r": run.id})[0]["n"]
     assert dangling > 0, "persons pointing at deleted organizations are imported, the link dangling"
+
+
+def test_a_fast_source_has_no_parents_asked_ahead(db, monkeypatch) -> None:
+    asked: list[str] = []
+    real_probe = writers.probe_ahead
+    monkeypatch.setattr(writers, "probe_ahead", lambda ctx, *a: (asked.append(ctx.task.kind), real_probe(ctx, *a)))
+    monkeypatch.setattr(Prefetch, "SLOW", 60.0)
+    with sandbox(scale="small") as sb:
+        run = migrate(db, sb, kinds=["organizations", "persons"])
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    assert asked == [], "mapping a page twice costs more than a fast source's probe"

@@ -72,8 +72,9 @@ class Ahead:
         kinds its rows may ask about are closed (`ready_phase`: a task of that phase runs in this
         process, `Prefetch.when_open`), its parents the ledger does not know are asked of the source
         (`writers.probe_ahead`), so its task finds them answered; its requests wait in the store
-        for the next task of `kind` to count (`count`). At a walker's last page asked ahead, the
-        next phase's v1 first pages are asked too."""
+        for the next task of `kind` to count (`count`). Only while the source is slow
+        (`Prefetch.slow`): on a fast one that would cost more CPU than it saves time. At a walker's
+        last page asked ahead, the next phase's v1 first pages are asked too."""
         ready = ready_phase(self.ctx.run, phase)
         own = kind == self.ctx.task.kind
         store = self.store
@@ -88,7 +89,8 @@ class Ahead:
                 store.count(kind, counting.requests, counting.tokens)
 
         def arrived(rows: tuple[dict[str, Any], ...], last: bool) -> None:
-            store.when_open(ready, lambda: probe(rows))
+            if store.slow():
+                store.when_open(ready, lambda: probe(rows))
             if last and own:
                 self.next_phase(phase, self.source)
 

@@ -34,6 +34,10 @@ class Prefetch:
     successor's stats when taken)."""
 
     TAKEN_KEPT = 1024  # requests remembered as taken (never asked ahead again in this run)
+    # Round trips from which a page's parents are asked ahead (`slow`): below it the task's own probe
+    # costs less than mapping the page a second time to find them (a page of 500 rows: 50-100 ms of
+    # CPU; the sandbox with no latency answers a page in ~40 ms).
+    SLOW = 0.1
 
     def __init__(self, *, keep: int = 32, ttl: float = 20.0, threads: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
@@ -46,6 +50,7 @@ class Prefetch:
         self._open = -1  # the latest phase a task of which ran in this process
         self._waiting: list[tuple[int, Callable[[], None]]] = []
         self._uncounted: dict[str, list[int]] = {}
+        self.round_trip: float | None = None  # seconds, a moving average of the pages asked ahead
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="prefetch")
 
     @staticmethod
@@ -131,12 +136,23 @@ class Prefetch:
         body = done.result()
         self._submit(lambda: then(body))
 
-    @staticmethod
-    def _fetch(client: PipedriveClient, path: str, query: dict[str, Any], future: Future) -> None:
+    def _fetch(self, client: PipedriveClient, path: str, query: dict[str, Any], future: Future) -> None:
+        started = time.monotonic()
         try:
-            future.set_result(client._call(path, query, cancel=None, ahead=True))
+            body = client._call(path, query, cancel=None, ahead=True)
         except BaseException as e:  # noqa: BLE001 - kept for the taker, who asks again
             future.set_exception(e)
+            return
+        took = time.monotonic() - started
+        with self._lock:
+            self.round_trip = took if self.round_trip is None else 0.7 * self.round_trip + 0.3 * took
+        future.set_result(body)
+
+    def slow(self) -> bool:
+        """Whether the source's round trips (the pages asked ahead: a moving average, pacing waits
+        included) take `SLOW` seconds or more - what asking a page's parents ahead is for."""
+        with self._lock:
+            return self.round_trip is not None and self.round_trip >= self.SLOW
 
     def hold(self, path: str, query: Mapping[str, Any], body: dict[str, Any]) -> None:
         """Hold `body`, an answer already received and paid for, for one later identical request
