@@ -95,11 +95,13 @@ def engine_once(url: str, sb: Sandbox, kinds: list[str] | None) -> tuple[float, 
 
 
 def cli_env(url: str, storage_url: str, home: Path, sb: Sandbox, **extra: str) -> dict[str, str]:
-    """The environment of a user's `migrate run`: only what it needs, nothing of this shell's."""
+    """The environment of a user's `migrate run`: only what it needs, nothing of this shell's -
+    PYTHONDONTWRITEBYTECODE included: a user's command reads its modules' bytecode cache, where
+    with it set every run compiled the project's ~120 modules from source again (~0.2 s)."""
     from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k != "DATABASE_URL"}
+           if not k.startswith(("MIGRATE_", "PIPEDRIVE_", "DAGSTER_")) and k not in ("DATABASE_URL", "PYTHONDONTWRITEBYTECODE")}
     env.update(DATABASE_URL=to_url(url), MIGRATE_HOME=str(home), MIGRATE_SOURCE="pipedrive",
                PIPEDRIVE_BASE_URL=sb.base_url, PIPEDRIVE_API_TOKEN=TOKEN, **{STORAGE_URL_ENV: storage_url}, **extra)
     return env
