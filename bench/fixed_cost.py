@@ -2,19 +2,27 @@
 own window in that same run (no engine-direct variant to compare with, so the machine's load falls
 on both figures alike).
 
-    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none]
+    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none] [--against DIR]
 
 Each rep migrates a new tenant of one sandbox account through `migrate run --json` (as a user runs
 it, no UI alive: the run executes in the command's process; bench/dagster_overhead.py's `cli_env`)
 into a fresh database. From the engine's task rows (migration_tasks) and the command's clock:
 
 * engine window: the run's first task start to its last task finish;
-* phases:        the sum over phases of first task start to last task finish (the engine working);
+* phases:        the time covered by some phase's span (its first task start to its last task
+                 finish): the engine working. Phases overlap where a phase's early tasks (a
+                 discovery) or lane threads carried into the next phase (migration_pipeline/lane/carry.py)
+                 start it before the Dagster step of the one before has closed: counted once;
 * launch:        the command's start to the first task start (imports, checks, instance, the run built);
-* boundaries:    the window less the phases: between one phase's last task and the next one's first
-                 (a Dagster step's close - materialisation, checks - and the next step's start);
+* boundaries:    the window less the phases: the gaps no phase covers, between one phase's last task
+                 and the next one's first (a Dagster step's close - materialisation, checks - and the
+                 next step's start, while the engine waits);
 * tail:          the last task finish to the command's exit;
 * fixed cost:    wall - phases = launch + boundaries + tail.
+
+`--against DIR` runs the same rounds, interleaved, with the code of another checkout (`git archive
+<commit> | tar -x -C DIR`: its packages ahead of this clone's on PYTHONPATH, same venv) and prints
+both sides and their ratios.
 
 Target (issue 25, Deliver 4): fixed cost < 1.5 s a run on the small account.
 """
@@ -35,6 +43,16 @@ from bench.common import Databases, median, print_ratios, ratio, sandbox, server
 from bench.dagster_overhead import MIGRATE, OPTIONS, cli_env  # noqa: E402
 
 PARTS = ("wall", "window", "phases", "launch", "boundaries", "tail", "fixed")
+
+
+def covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of `spans` ((start, end) pairs sorted by start), in their unit."""
+    total, reach = 0.0, float("-inf")
+    for a, b in spans:
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
 def one_run(env: dict[str, str], kinds: str | None = None) -> dict[str, float]:
@@ -60,7 +78,7 @@ def one_run(env: dict[str, str], kinds: str | None = None) -> dict[str, float]:
             "SELECT extract(epoch FROM min(started_at)), extract(epoch FROM max(finished_at)) FROM migration_tasks"
             " GROUP BY phase HAVING min(started_at) IS NOT NULL ORDER BY 1").fetchall()]
     first, last = spans[0][0], max(b for _, b in spans)
-    phases = sum(b - a for a, b in spans)
+    phases = covered(spans)
     wall = ended - started
     return {"wall": wall, "window": last - first, "phases": phases, "launch": first - started,
             "boundaries": (last - first) - phases, "tail": ended - last, "fixed": wall - phases}
@@ -71,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="small")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--latency", default="none", help="the sandbox's latency: none, realistic, realistic:<f>")
+    parser.add_argument("--against", default=None, help="another checkout's directory, run interleaved")
     args = parser.parse_args(argv)
+    variants = {"this": {}}
+    if args.against:
+        variants["against"] = {"PYTHONPATH": str(Path(args.against).resolve())}
     import psycopg
     from migration_pipeline.instance import to_url
 
@@ -80,33 +102,44 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(dbs.server, autocommit=True) as c:
         c.execute(f'CREATE DATABASE "{storage_db}"')
     storage_url = to_url(with_dbname(dbs.server, storage_db), scheme="postgresql+psycopg2")
-    home = Path(tempfile.mkdtemp(prefix="bench-fixed-home-"))
-    got: dict[str, list[float]] = {p: [] for p in PARTS}
+    homes = {v: Path(tempfile.mkdtemp(prefix=f"bench-fixed-home-{v}-")) for v in variants}
+    got: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in variants}
     failed = 0
     try:
         with sandbox(args.scale, latency=args.latency, burst_limit=1_000_000) as sb:
             print(f"fixed cost: {args.scale} sandbox, latency {args.latency}; {server_facts(dbs.server)}", flush=True)
-            one_run(cli_env(dbs.new(), storage_url, home, sb), "users")  # warm-up: Dagster's tables (a user pays it once)
+            for v, extra in variants.items():  # warm-up: Dagster's tables, the bytecode cache (a user pays them once)
+                one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **extra), "users")
+            names = list(variants)
             for r in range(args.reps):
-                parts = one_run(cli_env(dbs.new(), storage_url, home, sb))
-                if not parts:
-                    failed += 1
-                    continue
-                print(f"  round {r + 1}: " + ", ".join(f"{p} {parts[p]:.2f}" for p in PARTS), flush=True)
-                for p in PARTS:
-                    got[p].append(parts[p])
+                for v in names[r % len(names):] + names[:r % len(names)]:
+                    parts = one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **variants[v]))
+                    if not parts:
+                        failed += 1
+                        continue
+                    print(f"  round {r + 1} {v:<8}: " + ", ".join(f"{p} {parts[p]:.2f}" for p in PARTS), flush=True)
+                    for p in PARTS:
+                        got[v][p].append(parts[p])
     finally:
         dbs.close()
         with psycopg.connect(dbs.server, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{storage_db}" WITH (FORCE)')
         import shutil
 
-        shutil.rmtree(home, ignore_errors=True)
-    m = {p: median(got[p]) for p in PARTS}
-    lines = [(f"{p} seconds", m[p], "median") for p in PARTS]
-    lines += [("engine window / command wall", ratio(m["window"], m["wall"]), "the engine's share of the command"),
-              ("fixed cost seconds", m["fixed"], "wall - phases; target < 1.5")]
-    print_ratios(f"fixed cost, {args.scale} sandbox, medians of {len(got['wall'])}", lines)
+        for home in homes.values():
+            shutil.rmtree(home, ignore_errors=True)
+    m = {v: {p: median(got[v][p]) for p in PARTS} for v in variants}
+    lines = []
+    for v in variants:
+        side = "" if len(variants) == 1 else f" ({v})"
+        lines += [(f"{p} seconds{side}", m[v][p], "median") for p in PARTS]
+        lines += [(f"engine window / command wall{side}", ratio(m[v]["window"], m[v]["wall"]),
+                   "the engine's share of the command"),
+                  (f"fixed cost seconds{side}", m[v]["fixed"], "wall - phases; target < 1.5")]
+    if len(variants) > 1:
+        lines += [(f"{p} this / against", ratio(m["this"][p], m["against"][p]), "below 1: this checkout's is shorter")
+                  for p in ("wall", "fixed", "launch", "boundaries", "tail")]
+    print_ratios(f"fixed cost, {args.scale} sandbox, medians of {len(got['this']['wall'])}", lines)
     return 1 if failed else 0
 
 

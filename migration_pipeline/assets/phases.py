@@ -58,6 +58,7 @@ from migration_pipeline import tags
 from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant
 from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
+from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.lane.terminate import hold_interrupts
 from migration_pipeline.lane.threads import LaunchLanes, launch_threads
@@ -340,7 +341,9 @@ def _materialize_phase(
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
     settings = lane.engine_settings()
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
-    extra = LaunchLanes(context, db, run.id, phase, settings, source.providers(), launch_threads(settings), run_tags)
+    extra = LaunchLanes.for_step(context, db, run.id, phase, settings, source.providers(), launch_threads(settings),
+                                 run_tags, carry_to=next_phase_here(context, spec, run, phase),
+                                 grace=lane.stop_grace_seconds)
     try:
         extra.acquire()
         result = drain_in_slot(
@@ -358,7 +361,43 @@ def _materialize_phase(
     except BaseException:
         extra.stop(lane.stop_grace_seconds, raise_errors=False)  # the termination or error goes first
         raise
-    extra.stop(lane.stop_grace_seconds)
+    if not extra.finish(lane.stop_grace_seconds):
+        return _after_drain(context, spec, db, source, run, phase, reporter, result, on_closed)
+    try:  # its threads drain on into the next op's phase: handed to that op once this one materialises
+        materialized = _after_drain(context, spec, db, source, run, phase, reporter, result, on_closed)
+    except BaseException:
+        extra.stop(lane.stop_grace_seconds, raise_errors=False)
+        raise
+    carry.carry(context.run_id, extra)
+    return materialized
+
+
+def next_phase_here(context: AssetExecutionContext, spec: PhaseSpec, run: Run, phase: int) -> int | None:
+    """The engine phase of the Dagster run's next phase op when that op executes after this one on
+    this thread (`lane.carry.allowed`: the project's in-process executor) - every phase asset up to
+    it is a step of the run's plan, and it drains `phase + 1` - else None."""
+    if not carry.allowed():
+        return None
+    try:
+        steps = set(context.op_execution_context.get_step_execution_context().execution_plan.step_keys_to_execute)
+    except Exception:  # noqa: BLE001 - no plan to read: nothing is carried
+        return None
+    specs = phase_specs(spec.source)
+    if spec.index >= len(specs) or specs[spec.index].key != spec.key:
+        return None  # assets built from another plan than the source's
+    for later in specs[spec.index + 1:]:
+        if later.key.to_python_identifier() not in steps:
+            return None
+        at = later.run_phase(run)
+        if at is not None:  # the phases between, out of the run's plan, materialise without draining
+            return at if at == phase + 1 else None
+    return None
+
+
+def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, source: SourceResource, run: Run,
+                 phase: int, reporter: PhaseReporter, result: Any, on_closed: Any) -> MaterializeResult:
+    """The op's phase after its drain: closed, its checks started (`on_closed`), its rollup read
+    into the materialisation's metadata; Failure when it is still open or closed with failed tasks."""
     run = runs.get_run(db, run.id)
     if run.status == "failed" and run.current_phase < phase:
         raise Failure(f"{run.name} failed at phase {run.current_phase + 1} before phase {phase + 1} "

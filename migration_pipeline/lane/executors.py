@@ -25,6 +25,7 @@ import yaml
 from dagster import ExecutorDefinition
 
 from engine_core.errors import ConfigError
+from migration_pipeline.lane import carry
 from migration_pipeline.lane.terminate import hold_interrupts, stop_engine_run, stop_on_interrupt
 
 EXECUTOR_ENV = "MIGRATE_EXECUTOR"
@@ -128,9 +129,12 @@ def stopping_in_process_executor():
 
     class StoppingInProcessExecutor(InProcessExecutor):
         def execute(self, plan_context, execution_plan):
-            """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then re-raises."""
+            """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then
+            re-raises. Its phase ops may carry their lane threads from one step to the next
+            (`lane.carry.steps_here`); whatever is carried is stopped when the steps end."""
             try:
-                yield from super().execute(plan_context, execution_plan)
+                with carry.steps_here():
+                    yield from super().execute(plan_context, execution_plan)
             except Exception:
                 raise
             except BaseException:

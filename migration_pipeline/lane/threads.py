@@ -13,7 +13,7 @@ from engine_core import runs
 from engine_core.config import Settings, number
 from engine_core.db import Database, advisory_lock
 from engine_core.worker import Worker
-from migration_pipeline.lane import fair
+from migration_pipeline.lane import carry, fair
 from migration_pipeline.lane.fair import IN_PROGRESS, LANE_LOCK, LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG, QUEUED
 from migration_pipeline.tags import RunTags
 
@@ -79,7 +79,13 @@ class LaunchLanes:
     picture; and at the phase's end it keeps its tag rather than lowering it to its one slot (the
     next phase op takes the same). A run arriving meanwhile is seen at the next look: the op then
     reads the picture under the lock as before, and a launch that had to wait for a slot waits at
-    most until this run's next phase op starts (its share taken, the rest given) or the run ends."""
+    most until this run's next phase op starts (its share taken, the rest given) or the run ends.
+
+    Carried (`lane.carry`): alone in the lane with all its threads, an op whose next phase op
+    executes after it on the same thread (`for_step`'s `carry_to`) lets its extra threads drain
+    on into that phase (`until`) while Dagster closes this step and starts the next (~0.1 s a
+    phase of Dagster events on a small account, the engine idle meanwhile); `finish` leaves them
+    running and the next op adopts this object, threads, pool and tags as they are."""
 
     def __init__(self, context: Any, db: Database, run_id: int, phase: int,
                  settings: Settings, providers: Any, threads: int, run_tags: RunTags | None = None) -> None:
@@ -102,6 +108,32 @@ class LaunchLanes:
         except ValueError:
             self.stamped = 0.0
         self.stamp_every = max(1.0, settings.stale_lock_seconds / 4)
+        self.until = phase  # the engine phase the extra threads drain to (beyond `phase`: carried)
+        self.carry_to: int | None = None  # the next op's phase, when it executes after this one here
+        self.grace = 20.0  # how long a stop waits for the threads (the op's stop_grace_seconds)
+        self._lock = threading.Lock()  # a thread's decision to end against an adoption raising `until`
+
+    @classmethod
+    def for_step(cls, context: Any, db: Database, run_id: int, phase: int, settings: Settings, providers: Any,
+                 threads: int, run_tags: RunTags | None = None, carry_to: int | None = None,
+                 grace: float = 20.0) -> "LaunchLanes":
+        """The lanes of a phase op: those a previous op of the same Dagster run carried here
+        (`carry.adopt`), now this op's (its context, phase and tags; their threads keep draining),
+        or new ones. `carry_to`: the engine phase of the run's next phase op when it executes after
+        this one on this thread (else None: the threads stop at this phase's end)."""
+        lanes = carry.adopt(context.run_id)
+        if lanes is not None and (lanes.run_id != run_id or lanes.threads != threads or lanes.db is not db):
+            lanes.stop(lanes.grace, raise_errors=False)  # another engine run or pool: not this op's to drain with
+            lanes = None
+        if lanes is None:
+            lanes = cls(context, db, run_id, phase, settings, providers, threads, run_tags)
+        else:
+            lanes.context, lanes.phase, lanes.settings = context, phase, settings
+            lanes.run_tags = run_tags or RunTags(context)
+            with lanes._lock:
+                lanes.finished = False
+        lanes.carry_to, lanes.grace = carry_to, grace
+        return lanes
 
     # -- the slots tag and the lane lock
 
@@ -162,10 +194,15 @@ class LaunchLanes:
             self.record(n)
             return n
 
-        if self.holds_all() and self.alone():
+        fast = self.holds_all() and self.alone()
+        if fast:
             self.allowance = self.threads  # held already, and nobody else to give way to
         else:
             self.allowance = self._take(take)
+        carrying = (self.carry_to is not None and self.threads > 1 and carry.allowed()
+                    and self.allowance >= self.threads and (fast or self.alone()))
+        with self._lock:
+            self.until = self.carry_to if carrying and self.carry_to is not None else self.phase
         self.record(max(self.allowance, self.live()))
         self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS  # just read
         self._grow()
@@ -242,16 +279,30 @@ class LaunchLanes:
             while not self.cancel.is_set() and i < self.allowance:  # beyond the allowance: give the slot back
                 # one task per drain: the allowance is looked at between tasks; a drain that ends
                 # otherwise found the phase closed (or the run no longer running)
-                r = worker.drain(self.run_id, until_phase_closed=self.phase, max_tasks=1)
+                until = self.until
+                r = worker.drain(self.run_id, until_phase_closed=until, max_tasks=1)
                 self.executed += sum(r.executed.values())
                 if r.reason != "max_tasks":
-                    self.finished = True
-                    break
+                    with self._lock:
+                        if self.until == until:  # not adopted by a later op meanwhile
+                            self.finished = True
+                            break
         except BaseException as e:  # surfaced by stop()
             self.errors.append(e)
             self.finished = True
         finally:
             done.set()
+
+    def finish(self, grace: float) -> bool:
+        """At the end of the op's drain: True when the threads drain on into the next op's phase
+        (`until` beyond this one: carried, see the class docstring) - left running, a thread's error
+        raised (after stopping them all); else `stop(grace)` and False."""
+        if self.until > self.phase and not self.cancel.is_set():
+            if self.errors:
+                self.stop(grace)  # raises the first error
+            return True
+        self.stop(grace)
+        return False
 
     def stop(self, grace: float, raise_errors: bool = True) -> None:
         """No new claims; wait up to `grace` seconds for the threads (a running task ends at its next
