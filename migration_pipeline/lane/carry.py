@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from migration_pipeline.lane.terminate import hold_interrupts
+
 _local = threading.local()
 
 
@@ -33,8 +35,9 @@ def steps_here() -> Iterator[None]:
         yield
     finally:
         carried, _local.carried = _local.carried, None
-        for lanes in carried.values():
-            lanes.stop(lanes.grace, raise_errors=False)
+        with hold_interrupts():  # a terminate delivered again meanwhile must not cut the stop short
+            for lanes in carried.values():
+                lanes.stop(lanes.grace, raise_errors=False)
 
 
 def allowed() -> bool:

@@ -132,15 +132,15 @@ def stopping_in_process_executor():
             """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then
             re-raises. Its phase ops may carry their lane threads from one step to the next
             (`lane.carry.steps_here`); whatever is carried is stopped when the steps end."""
-            try:
-                with carry.steps_here():
+            with carry.steps_here():  # exited after the stop flag below is set
+                try:
                     yield from super().execute(plan_context, execution_plan)
-            except Exception:
-                raise
-            except BaseException:
-                with hold_interrupts():
-                    stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
-                raise
+                except Exception:
+                    raise
+                except BaseException:
+                    with hold_interrupts():
+                        stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+                    raise
 
     @executor(name="in_process", config_schema=IN_PROC_CONFIG)
     def in_process_stopping(init_context):
