@@ -18,7 +18,9 @@ into a fresh database. From the engine's task rows (migration_tasks) and the com
                  and the next one's first (a Dagster step's close - materialisation, checks - and the
                  next step's start, while the engine waits);
 * tail:          the last task finish to the command's exit;
-* fixed cost:    wall - phases = launch + boundaries + tail.
+* fixed cost:    wall - phases = launch + boundaries + tail;
+* cpu:           the command's own CPU seconds (user + system; its Postgres backends and the sandbox
+                 not counted): steadier than the wall on a loaded machine.
 
 `--against DIR` runs the same rounds, interleaved, with the code of another checkout (`git archive
 <commit> | tar -x -C DIR`: its packages ahead of this clone's on PYTHONPATH, same venv) and prints
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Databases, median, print_ratios, ratio, sandbox, server_facts, with_dbname  # noqa: E402
 from bench.dagster_overhead import MIGRATE, OPTIONS, cli_env  # noqa: E402
 
-PARTS = ("wall", "window", "phases", "launch", "boundaries", "tail", "fixed")
+PARTS = ("wall", "window", "phases", "launch", "boundaries", "tail", "fixed", "cpu")
 
 
 def covered(spans: list[tuple[float, float]]) -> float:
@@ -63,9 +66,12 @@ def one_run(env: dict[str, str], kinds: str | None = None) -> dict[str, float]:
     argv = [MIGRATE, "run", "--tenant", f"bench-{uuid.uuid4().hex[:8]}", "--json", "--options", json.dumps(OPTIONS)]
     if kinds:
         argv += ["--kinds", kinds]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.time()
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
     ended = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     try:
         ok = json.loads(out.stdout).get("dagster_status") == "SUCCESS"
     except ValueError:
@@ -81,7 +87,7 @@ def one_run(env: dict[str, str], kinds: str | None = None) -> dict[str, float]:
     phases = covered(spans)
     wall = ended - started
     return {"wall": wall, "window": last - first, "phases": phases, "launch": first - started,
-            "boundaries": (last - first) - phases, "tail": ended - last, "fixed": wall - phases}
+            "boundaries": (last - first) - phases, "tail": ended - last, "fixed": wall - phases, "cpu": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                   (f"fixed cost seconds{side}", m[v]["fixed"], "wall - phases; target < 1.5")]
     if len(variants) > 1:
         lines += [(f"{p} this / against", ratio(m["this"][p], m["against"][p]), "below 1: this checkout's is shorter")
-                  for p in ("wall", "fixed", "launch", "boundaries", "tail")]
+                  for p in ("wall", "fixed", "launch", "boundaries", "tail", "cpu")]
     print_ratios(f"fixed cost, {args.scale} sandbox, medians of {len(got['this']['wall'])}", lines)
     return 1 if failed else 0
 
