@@ -385,13 +385,7 @@ def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) ->
     with its reason; a row gone at the source (404) keeps its placeholder and is marked deleted at
     the source. Failed rows are not asked: a malformed row stays malformed until it changes, and
     the listing brings it then."""
-    lk = ctx.task.cursor["deletes"]
-    run = ctx.run
-    ids = unseen_skipped(ctx.db, run.tenant_id, run.source, lk, run.id)
-    gone, present = ask_by_id(ctx, client, lk, ids)
-    ctx.stats.values["skipped_asked"] = len(ids)
-    _settle(ctx, client, mapper_of, lk, gone, present)
-    return TaskOutcome()
+    return _ask_and_settle(ctx, client, mapper_of, unseen_skipped, "skipped_asked")
 
 
 def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
@@ -401,10 +395,16 @@ def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> Ta
     `placeholders`: `retake_skipped` instead.)"""
     if ctx.task.cursor.get("placeholders"):
         return retake_skipped(ctx, client, mapper_of)
+    return _ask_and_settle(ctx, client, mapper_of, unseen_live, "delete_candidates")
+
+
+def _ask_and_settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, unseen: Any, stat: str) -> TaskOutcome:
+    """The task's ledger kind's entries `unseen` reads (`ledger_reads.unseen_live` or
+    `unseen_skipped`), asked by id and settled (`_settle`); their number goes to stats[`stat`]."""
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
-    ids = unseen_live(ctx.db, run.tenant_id, run.source, lk, run.id)
+    ids = unseen(ctx.db, run.tenant_id, run.source, lk, run.id)
     gone, present = ask_by_id(ctx, client, lk, ids)
-    ctx.stats.values["delete_candidates"] = len(ids)
+    ctx.stats.values[stat] = len(ids)
     _settle(ctx, client, mapper_of, lk, gone, present)
     return TaskOutcome()
