@@ -80,15 +80,19 @@ def left_out(phases: Sequence[Sequence[str]], taken: Iterable[str], opt_in: Coll
 
 
 def left_out_line(left: dict[str, str]) -> str | None:
-    """`left_out` as one line, e.g. "left out: followers, participants (opt-in; add them with
-    --kinds +followers,+participants); notes (not chosen)"; None when nothing was left out."""
+    """`left_out` as one line, e.g. "left out: followers, participants (opt-in; add them alone with
+    --kinds followers,participants); notes (not chosen)"; None when nothing was left out.
+
+    The line is read after a run of the tenant, so it names the kinds alone (plain `--kinds`): the
+    next run walks only them, and a sync keeps them from then on (`runs.synced_kinds`). `+kind`
+    would walk every default kind again, every deal's mail listing included."""
     if not left:
         return None
     parts = []
     optional = [k for k, why in left.items() if why == OPT_IN]
     if optional:
-        how = ",".join("+" + k for k in optional)
-        parts.append(f"{', '.join(optional)} ({OPT_IN}; add {'it' if len(optional) == 1 else 'them'} with --kinds {how})")
+        how = ",".join(optional)
+        parts.append(f"{', '.join(optional)} ({OPT_IN}; add {'it' if len(optional) == 1 else 'them'} alone with --kinds {how})")
     others = [k for k, why in left.items() if why != OPT_IN]
     if others:
         parts.append(f"{', '.join(others)} ({NOT_CHOSEN})")

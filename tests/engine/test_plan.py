@@ -41,8 +41,8 @@ def test_no_choice_takes_the_default_kinds_and_leaves_the_opt_in_ones_out() -> N
     assert taken == ["users", "persons", "deals", "catchup"]
     left = left_out(PHASES, taken, OPT_IN)
     assert left == {"files": "opt-in", "deal_history": "opt-in", "participants": "opt-in"}
-    assert left_out_line(left) == ("left out: files, deal_history, participants (opt-in; add them with "
-                                   "--kinds +files,+deal_history,+participants)")
+    assert left_out_line(left) == ("left out: files, deal_history, participants (opt-in; add them alone with "
+                                   "--kinds files,deal_history,participants)")
 
 
 def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() -> None:
@@ -54,7 +54,7 @@ def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() 
     assert choose_kinds(PHASES, ["deals", "participants"], OPT_IN) == ["deals", "participants"]
     assert choose_kinds(PHASES, ["all"], OPT_IN) == [k for g in PHASES for k in g]
     left = left_out(PHASES, ["deals", "participants"], OPT_IN)
-    assert left_out_line(left) == ("left out: files, deal_history (opt-in; add them with --kinds +files,+deal_history); "
+    assert left_out_line(left) == ("left out: files, deal_history (opt-in; add them alone with --kinds files,deal_history); "
                                    "users, persons, catchup (not chosen)")
 
 
