@@ -35,8 +35,10 @@ demo-live: $(STAMP)
 	$(VENV)/bin/migrate demo --live
 
 # The Dagster UI on the embedded database, with a sandbox Pipedrive account as the source.
+# UI_ARGS: more options of `migrate ui` (e.g. UI_ARGS='--sandbox-port 8766' beside a `migrate sandbox`).
+UI_ARGS ?=
 ui: $(STAMP)
-	$(VENV)/bin/migrate ui --sandbox
+	$(VENV)/bin/migrate ui --sandbox $(UI_ARGS)
 
 clean-db:
 	$(VENV)/bin/migrate db stop || true

@@ -229,7 +229,8 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
                 fail(f"port {p} is busy: the Dagster UI started by {first.get('by', 'migrate ui')} (pid "
                       f"{first.get('pid', '?')}) already serves {first.get('address')} for DAGSTER_HOME "
                       f"{env['DAGSTER_HOME']}; open it, or stop it first")
-            fail(f"port {p} is busy (something already listens on 127.0.0.1:{p}); choose another with {flag}")
+            hint = f" (make ui UI_ARGS='{flag} {p + 1}')" if flag == "--sandbox-port" else ""
+            fail(f"port {p} is busy (something already listens on 127.0.0.1:{p}); choose another with {flag}{hint}")
     instance = open_instance(env)
     lock = DaemonLock(lock_path(Path(env["DAGSTER_HOME"]), env[STORAGE_URL_ENV]))
     live = daemon_liveness(instance, lock.path)

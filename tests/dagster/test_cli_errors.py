@@ -248,6 +248,20 @@ def test_sandbox_on_a_busy_port_is_one_line(tmp_path):
                                  timeout=30), f"port {port} is busy", "--port")
 
 
+def test_ui_beside_a_busy_sandbox_port_says_how_make_ui_takes_another(run_env):
+    # the README's rehearsal keeps `migrate sandbox` on 8765, where `make ui` starts its own
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _one_line_error(_migrate(["ui", "--sandbox", "--port", "1", "--sandbox-port", str(port)],
+                                 run_env, timeout=60),
+                        f"port {port} is busy", "--sandbox-port", f"make ui UI_ARGS='--sandbox-port {port + 1}'")
+    made = subprocess.run(["make", "-n", "ui", "UI_ARGS=--sandbox-port 8766"], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=60)
+    assert "migrate ui --sandbox --sandbox-port 8766" in made.stdout, made.stdout + made.stderr
+
+
 def _instance(env: dict[str, str]) -> DagsterInstance:
     full = dagster_env(env=env)
     os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
