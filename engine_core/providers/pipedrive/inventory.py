@@ -39,6 +39,7 @@ from engine_core.providers.pipedrive.kinds import (NEWEST_FIRST, PAGE, PARAMS, S
 from engine_core.providers.pipedrive.mail import message_of
 from engine_core.providers.pipedrive.meter import Meter
 from engine_core.providers.pipedrive.paging import settle_refusals
+from engine_core.providers.pipedrive.prefetch import answer_of
 
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
 
@@ -244,21 +245,15 @@ class ReadAhead:
             parked = self._parked.pop(kind, None)
         if parked is not None:
             self._read(kind, parked)
-        while True:
-            try:
-                step = future.result(timeout=0.2)
-            except TimeoutError:
-                if cancel is not None and cancel.is_set():
-                    return None
-                continue
-            except BaseException:  # noqa: BLE001 - the walker asks the source itself
-                return None
-            with self._lock:
-                self.taken += 1
-                done = not self._pages and self._ended >= set(self._held)
-            if done:  # every list read to its end and taken: its threads are let go
-                self._pool.shutdown(wait=False)
-            return step
+        answered, step = answer_of(future, cancel)
+        if not answered:  # the walker asks the source itself
+            return None
+        with self._lock:
+            self.taken += 1
+            done = not self._pages and self._ended >= set(self._held)
+        if done:  # every list read to its end and taken: its threads are let go
+            self._pool.shutdown(wait=False)
+        return step
 
     def close(self) -> None:
         """Read nothing more and drop what is held (requests in flight end unread)."""

@@ -19,6 +19,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def answer_of(future: Future, cancel: threading.Event | None) -> tuple[bool, Any]:
+    """(True, the result of `future`), waited for in steps of 0.2 s; (False, None) when `cancel`
+    is set while waiting or the future failed - a request asked ahead is only a cache, and its
+    taker then asks the source itself, with the client's retries."""
+    while True:
+        try:
+            return True, future.result(timeout=0.2)
+        except TimeoutError:
+            if cancel is not None and cancel.is_set():
+                return False, None
+        except BaseException:  # noqa: BLE001 - whatever failed, the taker asks again
+            return False, None
+
+
 class Prefetch:
     """Listing pages asked ahead: a task that knows the request its successor will make
     (the walk's next page) asks it on a background thread while it writes its own page, and the
@@ -181,23 +195,16 @@ class Prefetch:
             entry = self._pages.pop(key, None)
         if entry is None:
             return None
-        future = entry[1]
-        while True:
-            try:
-                body = future.result(timeout=0.2)
-            except TimeoutError:
-                if cancel is not None and cancel.is_set():
-                    return None
-                continue
-            except BaseException:  # noqa: BLE001 - the taker asks the source itself
-                return None
-            with self._lock:
-                if not getattr(body, "kept", False):
-                    self.taken += 1
-                self._taken[key] = None
-                while len(self._taken) > self.TAKEN_KEPT:
-                    self._taken.popitem(last=False)
-            return body
+        answered, body = answer_of(entry[1], cancel)
+        if not answered:  # the taker asks the source itself
+            return None
+        with self._lock:
+            if not getattr(body, "kept", False):
+                self.taken += 1
+            self._taken[key] = None
+            while len(self._taken) > self.TAKEN_KEPT:
+                self._taken.popitem(last=False)
+        return body
 
     def _expire(self) -> None:
         now = self.clock()
