@@ -289,10 +289,8 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
         found = ledger.resolve(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
         held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
-        missing = missing_parents(mapped, found, dry)
-        if missing and probe is not None:
-            known = ledger.known(conn, ctx.run, missing)
-            unknown = sorted(p for p in missing if p not in known)
+        if probe is not None:
+            unknown = _unknown(conn, ctx.run, mapped, found, dry)
     # the connection is back in the pool: the source is asked holding nothing of the database
     exists = dict(probe(unknown)) if unknown and probe is not None else {}
     return PageRefs(found, dry, held, exists)
@@ -307,8 +305,15 @@ def unknown_parents(ctx: TaskContext, prepared: Sequence[Prepared]) -> list[Pair
     with ctx.db.connection() as conn:
         found = ledger.resolve(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
-        missing = missing_parents(mapped, found, dry)
-        known = ledger.known(conn, ctx.run, missing) if missing else {}
+        return _unknown(conn, ctx.run, mapped, found, dry)
+
+
+def _unknown(conn: Conn, run: Run, mapped: Sequence[Mapped | None], found: Mapping[Pair, int],
+             dry: Collection[Pair] | None) -> list[Pair]:
+    """The missing parents of `mapped` (not in `found`, nor in a dry run's `dry`) that the ledger
+    knows nothing about (`ledger.known`), sorted: what a probe is asked."""
+    missing = missing_parents(mapped, found, dry)
+    known = ledger.known(conn, run, missing) if missing else {}
     return sorted(p for p in missing if p not in known)
 
 

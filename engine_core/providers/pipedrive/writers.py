@@ -353,8 +353,15 @@ def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
     imports and the source answers by id, asked once per run through the budgeted `client` - and
     once more in the catch-up: "exists" is only true when asked (a parent created and deleted while
     the run walked answered it, and a row the catch-up writes must not stay a placeholder on it)."""
+    key = answers_key(ctx)
+    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), key, ctx.cancel)
+
+
+def answers_key(ctx: TaskContext) -> tuple[str, int]:
+    """Where the run's answers about parents are kept (`SourceAnswers`): the database and run,
+    apart for the catch-up, which asks again what the run's walks asked."""
     scope = f"{ctx.db.url}#{CATCHUP_KIND}" if ctx.task.kind == CATCHUP_KIND else ctx.db.url
-    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), (scope, ctx.run.id), ctx.cancel)
+    return scope, ctx.run.id
 
 
 def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper) -> None:
@@ -366,7 +373,7 @@ def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: M
     prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
     pairs = askable(ctx.run, write.unknown_parents(ctx, prepared), {})
     if pairs:
-        ask_source(client, pairs, (ctx.db.url, ctx.run.id))
+        ask_source(client, pairs, answers_key(ctx))
 
 
 def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
