@@ -114,3 +114,6 @@ def test_stops_after_windows_and_resumes_count_exactly_what_an_uninterrupted_run
         rows = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM crm.emails WHERE tenant_id = %(t)s", {"t": tenant})[0]
         assert rows["n"] == rows["d"] == expected["imported"], "every mail written once"
     assert fetched_stopped == fetched_straight and set(fetched_straight.values()) == {1}, "no body fetched twice"
+    skipped = {sid for sid, (action, _, _) in straight_ledger.items() if action == "skipped"}
+    assert skipped and not skipped & set(fetched_straight), "no body for a message whose deal is not here"
+    assert not earlier & set(fetched_straight), "no body for a message already here"

@@ -8,7 +8,8 @@ real Postgres.
   `updated` counted in the rollup (which still adds up); unchanged rows are already here.
 * The kinds the live account does not change (users, pipelines, stages, field definitions) take
   the same path when their source rows change; the same version again is already here.
-* A mail message listed again with a newer version is fetched and updated in place.
+* A mail message listed again with a newer version is fetched and updated in place; messages held
+  at their version cost no body request.
 * A contact the product already had (matched) is not overwritten unless `overwrite_matched`.
 * Rows deleted at the source (the live `delete` op), marked through `ledger.mark_deleted`, keep
   their product rows with `deleted_at_source` set; a row seen again is restored.
@@ -205,8 +206,11 @@ def test_a_mail_message_listed_with_a_newer_version_is_updated_in_place(db) -> N
         change = sb.live_step(1)[0]
         assert change["op"] == "mail"
         mid = str(change["id"])
+        sb.reset_stats()
         second = migrate(db, sb, TENANT, kinds=["emails"])
         assert second.status == "succeeded", failed_tasks(db, second.id)
+        # a body is fetched for the new message alone: the rest are held at their version
+        assert sb.stats()["bodies_fetched"] == {mid: 1}
         emails = _records(db, "emails")
         assert len(emails[mid]) == 1
         live = sb.app.state.sandbox.live
@@ -214,7 +218,9 @@ def test_a_mail_message_listed_with_a_newer_version_is_updated_in_place(db) -> N
             deal, data, body = live.mail[int(mid)]
             live.mail[int(mid)] = (deal, {**data, "subject": "Re: a subject edited since",
                                           "update_time": _later(data["update_time"].replace(".000Z", "Z"))}, body)
+        sb.reset_stats()
         third = migrate(db, sb, TENANT, kinds=["emails"])
+        assert sb.stats()["bodies_fetched"] == {mid: 1}, "the changed message's body alone"
     assert third.status == "succeeded", failed_tasks(db, third.id)
     report = rollup.rollup(db, third.id)
     assert report.complete, report.incomplete
