@@ -1,5 +1,5 @@
 """What the engine holds, as a source may read it: which of its records are written, which product
-rows hang under them, where listed rows stand in the ledger.
+rows hang under them.
 
 A provider plans its work from these (a fan-out lists the records the run wrote; a recheck marks
 the rows a record's list no longer serves) and never reads the ledger's or the product's tables
@@ -8,8 +8,6 @@ itself. Reads only, each one query or a few, in the caller's connection or trans
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from psycopg import sql
 
@@ -99,31 +97,3 @@ def mail_on_deal(conn: Conn | Database, tenant_id: str, source: str, deal_source
     """The source ids of the mail the product holds on one deal (`crm.mail_on_deal`): what verify
     calls unreachable rather than missing when the source refuses that deal's mail."""
     return crm.mail_on_deal(conn, tenant_id, source, deal_source_id)  # type: ignore[arg-type]
-
-
-@dataclass
-class Seen:
-    """Where listed rows stand before their window: `states` (source id -> the ledger row's
-    `migration_id` and `action`, any action), `versions` (source id -> the version the ledger
-    holds, None before versions), `found` (written references -> local ids) and, in a dry run,
-    `dry` (references this run would have written)."""
-
-    states: dict[str, dict[str, Any]] = field(default_factory=dict)
-    versions: dict[str, str | None] = field(default_factory=dict)
-    found: dict[Pair, int] = field(default_factory=dict)
-    dry: set[Pair] = field(default_factory=set)
-
-
-def seen(conn: Conn, run: Run, kind: str, source_ids: Sequence[str], refs: Iterable[tuple[str, object]]) -> Seen:
-    """The ledger's view of a listed page of ledger `kind` (`Seen`), in the caller's connection:
-    one query for the rows' states, one for their versions, one for the references (and one for a
-    dry run's would-be writes)."""
-    ids = [str(i) for i in source_ids]
-    states: dict[str, dict[str, Any]] = {}
-    if ids:
-        rows = conn.fetch_all("ledger_states", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
-                                                "source_ids": ids})
-        states = {r["source_id"]: r for r in rows}
-    refs = list(refs)
-    return Seen(states, ledger.versions(conn, run, kind, ids), ledger.resolve(conn, run, refs),
-                ledger.dry_written(conn, run, refs) if run.dry_run else set())

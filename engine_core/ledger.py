@@ -405,6 +405,18 @@ def held(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object
             for r in rows if r["action"] in WRITTEN_ACTIONS}
 
 
+def entries(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, dict[str, Any]]:
+    """Where each of these source ids of a ledger kind stands, whatever its action (one query):
+    source id -> `migration_id` (the run that recorded it), `action`, `source_version`,
+    `deleted_at_source`; ids without an entry are absent."""
+    ids = [str(s) for s in source_ids if s is not None]
+    if not ids:
+        return {}
+    rows = conn.fetch_all("ledger_versions", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
+                                              "source_ids": ids})
+    return {r["source_id"]: r for r in rows}
+
+
 
 def updated_by_run(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> set[str]:
     """Which of these source ids of a ledger kind this run updated in place or restored (history

@@ -238,33 +238,6 @@ def write_mapped(
     return outcome
 
 
-RECORDED = "recorded"  # `seen_before`: this run recorded the row in a window that committed
-
-
-def seen_before(run: Run, state: Mapping[str, Any] | None, held_version: str | None, version: str | None, *,
-                revisit: bool = False, retake: bool = False) -> str | None:
-    """A listed row the ledger already has, judged before anything is fetched for it (a source
-    that pays a request per row to complete it, as mail's bodies): what it needs.
-
-    `state`: its ledger entry (`migration_id`, `action`; None: no entry); `held_version`: the
-    version the entry holds; `version`: the sighting's. Returns None - the row goes to a window: no
-    entry, an entry not written (a placeholder, a failure: unless it is this run's and not
-    `retake`n), or a newer version than the one written; `RECORDED` - this run recorded it in a
-    window that committed, counts and all (not on a `revisit`): neither counted nor written again;
-    else the outcome it counts without a write: already_here (another run wrote it), imported or
-    matched (this run wrote it: a revisit's fresh counts). A version written before versions
-    (None) is not superseded here, unlike `write_once`'s rule: that would fetch every such row's
-    completion again."""
-    if state is None or (held_version is not None and ledger.newer(version, held_version)):
-        return None
-    ours, written = state["migration_id"] == run.id, state["action"] in ledger.WRITTEN_ACTIONS
-    if ours and not revisit and (written or not retake):
-        return RECORDED
-    if not written:
-        return None
-    return ledger.ALREADY_HERE if not ours else (ledger.IMPORTED if state["action"] == "created" else ledger.MATCHED)
-
-
 # --- a page ----------------------------------------------------------------------------------
 
 
@@ -332,10 +305,11 @@ def map_page(
 def write_mapped_page(
     ctx: TaskContext, prepared: Sequence[Prepared], *, kind: str | None = None, probe: Probe | None = None,
     optimistic: bool = True, resume_from: int | None = None, offset_after: Callable[[int], int] | None = None,
-    fail_if_all_failed: bool = True,
+    fail_if_all_failed: bool = True, refs: PageRefs | None = None,
 ) -> PageResult:
     """Write a mapped page (`map_page`): resolve its references in one query, ask `probe` about
     missing parents the ledger does not know (once per page), write it in the engine's windows.
+    `refs`: the page's references read already (`sighting.decide_page`): not read again, no probe.
 
     `kind`: the ledger kind (default: the task's kind). `optimistic`: plain rows in set-based
     statements per window (False: every row through the per-row savepoints, the baseline). The
@@ -345,7 +319,7 @@ def write_mapped_page(
     starts and what each window checkpoints)."""
     kind = kind or ctx.task.kind
     start = ctx.offset if resume_from is None else resume_from
-    page = resolve_page(ctx, kind, prepared[start:], probe)
+    page = refs if refs is not None else resolve_page(ctx, kind, prepared[start:], probe)
 
     def writer(tx: Conn, row: Prepared) -> str:
         if row["error"] is not None:

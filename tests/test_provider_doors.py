@@ -35,10 +35,14 @@ def test_field_definitions_are_written_by_the_engine_alone():
     assert not found, found
 
 
-def test_mails_sighting_rule_is_the_engines():
-    """emails.py asks the engine (`write.seen_before`) what a listed message the ledger has needs
-    before its body is fetched; it compares no versions and names no outcome of its own."""
+def test_mail_is_judged_and_written_by_the_engine():
+    """emails.py asks the engine what its listed messages need before their bodies are fetched
+    (`sighting.decide_page`) and writes them through the engine's page path
+    (`write.write_mapped_page`, its windows and rules); it compares no versions, names no outcome
+    of its own and calls no per-row writer or window of its own."""
     tree = ast.parse((PROVIDERS / "pipedrive" / "emails.py").read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert "seen_before" in names
-    assert not names & {"newer", "ALREADY_HERE", "IMPORTED", "MATCHED"}, names & {"newer", "ALREADY_HERE", "IMPORTED", "MATCHED"}
+    assert {"decide_page", "write_mapped_page"} <= names, {"decide_page", "write_mapped_page"} - names
+    own = names & {"newer", "seen_before", "ALREADY_HERE", "IMPORTED", "MATCHED", "write_mapped", "window_batch", "mail_batch"}
+    calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not own and "write_rows" not in calls, (own, calls & {"write_rows"})

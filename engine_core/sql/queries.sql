@@ -534,14 +534,6 @@ SELECT source_id, action FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND migration_id = %(run_id)s
    AND source_id = ANY(%(source_ids)s::text[]) AND action IN ('created', 'matched');
 
--- name: ledger_states --
--- Where each of these source ids stands in the ledger, whatever its action, and for which run:
--- the email phase drops messages its own run already recorded (counted in a committed window)
--- and counts those another run wrote as already here, inside the window that reaches them.
-SELECT source_id, migration_id, action FROM migration_records
- WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
-   AND source_id = ANY(%(source_ids)s::text[]);
-
 -- name: table_growth --
 -- Statistics of its own (engine_core/statistics.py): rows changed since each grown table's last
 -- analyze against its row estimate; tables that do not exist are left out (to_regclass is NULL).
@@ -662,7 +654,8 @@ SELECT count(*) AS n FROM migration_records
    AND source_id = ANY(%(source_ids)s::text[]) AND deleted_at_source IS NULL;
 
 -- name: ledger_versions --
-SELECT source_id, source_version, action, deleted_at_source FROM migration_records
+-- Where each of these source ids stands in the ledger, whatever its action, and for which run.
+SELECT source_id, source_version, action, deleted_at_source, migration_id FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND source_id = ANY(%(source_ids)s::text[]);
 

@@ -1,5 +1,5 @@
 """What a listed row the ledger already has needs before anything is fetched for it
-(`write.seen_before`, the rule mail's tasks ask before a body costs a request): a window for a new
+(`sighting.seen_before`, the rule mail's tasks ask before a body costs a request): a window for a new
 row, a placeholder or a newer version; nothing for a row this run recorded in a committed window
 (unless revisited, or a placeholder taken over); a count without a write for a written one."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine_core.models import Run
-from engine_core.write import RECORDED, seen_before
+from engine_core.sighting import RECORDED, seen_before
 
 RUN = Run(id=7, tenant_id="t", source="s", source_account="a", status="running", current_phase=0,
           plan=(("emails",),), options={}, dry_run=False, cancel_requested=False)

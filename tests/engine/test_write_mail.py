@@ -1,5 +1,5 @@
 """The email phase's optimistic windows: a window of messages is claimed and inserted in
-set-based statements (`writers.mail_batch` -> `write.window_batch`), and gives the ledger, the
+set-based statements (`write.write_mapped_page` -> `write.window_batch`), and gives the ledger, the
 product rows and the counts the per-row path gives - with a message the database refuses, one the
 mapping refused, a placeholder taken over and a written message seen again at a newer version in
 the same window. Real Postgres; the phase's own window writer (`EmailTask.write_window`), its
@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from engine_core import db as dbmod
-from engine_core import ledger
+from engine_core import ledger, write
 from engine_core.models import Run, Task
-from engine_core.providers.pipedrive import emails
 from engine_core.providers.pipedrive.emails import EmailTask, MailRow
 from engine_core.providers.pipedrive.mail import map_email, with_body
 from engine_core.providers.pipedrive.mapping import MalformedRow
 from engine_core.runlog import RunLog
 from engine_core.context import TaskContext
+from engine_core.write import Prepared
 from tests.engine.support import FAST
 
 WORKER = "test-write-mail"
@@ -37,7 +37,7 @@ def _task(db: dbmod.Database, tenant: str) -> EmailTask:
     deal = db.sql("INSERT INTO crm.deals (tenant_id, title, source, source_id) VALUES (%(t)s, 'Deal', 'pipedrive', %(d)s)"
                   " RETURNING id", {"t": tenant, "d": DEAL})[0]["id"]
     task = EmailTask(ctx, None, None, None)  # type: ignore[arg-type] - nothing is fetched here
-    task.found[("deals", DEAL)] = deal
+    task.refs.found[("deals", DEAL)] = deal
     return task
 
 
@@ -52,12 +52,12 @@ def _window(task: EmailTask, tenant: str, messages: list[dict[str, Any]], *, bad
             refused: set[int] = frozenset()) -> None:
     for m in messages:
         if m["id"] in bad:
-            row = MailRow(0, str(m["id"]), error=MalformedRow("from has the wrong shape: 'x'"))
+            row = MailRow(0, Prepared(id=str(m["id"]), mapped=None, error=MalformedRow("from has the wrong shape: 'x'")))
         else:
             mapped = with_body(map_email(m, tenant, DEAL), {"body": f"<p>{m['id']}</p>"})
             if m["id"] in refused:
                 mapped.values["subject"] = None  # only the database knows: crm.emails.subject is NOT NULL
-            row = MailRow(0, mapped.source_id, mapped)
+            row = MailRow(0, Prepared(id=mapped.source_id, mapped=mapped, error=None))
         row.fetched = True
         task.outstanding[0] += 1
         task.ready_bodies.append(row)
@@ -72,7 +72,7 @@ def _scenario(db: dbmod.Database, tenant: str) -> tuple[Any, ...]:
     first = dict(task.ctx.stats.values)
     # a mixed window: 1 at a newer version (its sighting updates it, per row), 2 taken over, 3..24
     # new, 7 malformed
-    task.written.add("1")
+    task.refs.held["1"] = ledger.Held("created", "2024-01-01 10:00:00", None)
     _window(task, tenant, [_message(1, "2024-02-01 10:00:00")] + [_message(i) for i in range(2, 25)], bad={7})
     # a window whose set-based statement the database refuses (30): per row, 30 fails alone
     _window(task, tenant, [_message(i) for i in range(25, 50)], refused={30})
@@ -102,11 +102,11 @@ def claims(monkeypatch) -> list[tuple[str, int, Any]]:
 
 
 def test_a_mail_window_goes_set_based_and_writes_what_the_per_row_path_writes(db, monkeypatch, claims) -> None:
-    real_batch = emails.mail_batch
-    monkeypatch.setattr(emails, "mail_batch", lambda *a, **k: None)  # every message per row: the oracle
+    real_batch = write.window_batch
+    monkeypatch.setattr(write, "window_batch", lambda *a, **k: None)  # every message per row: the oracle
     per_row = _scenario(db, "per-row")
     assert claims == []
-    monkeypatch.setattr(emails, "mail_batch", real_batch)
+    monkeypatch.setattr(write, "window_batch", real_batch)
     optimistic = _scenario(db, "optimistic")
     # the mixed window's set-based part: 2 (taken over) and 3..24 but 7; the refused window's
     # statement was rolled back (nothing claimed)

@@ -11,11 +11,15 @@ it is written. The task works in rounds:
 * a round is up to four requests - bodies of listed messages first, then listings (500 messages a
   page) of the next deals to keep the round full: reserve the slots on the task's thread, run the
   requests on four fetch threads that hold no database connection, join them all;
-* a listed page drops the messages the ledger already has (nothing written is fetched again) and
-  resolves its references - the deals and the people on the mail - in one query per round;
-* a window of 25 messages is written once every body in it is in hand: one transaction, a savepoint
-  per message, the checkpoint inside (the index of the first unfinished deal), and no request in
-  flight while it is open, because rounds are joined before anything is written.
+* the round's listed pages are judged by the engine before any body is fetched
+  (`sighting.decide_page`, one connection a round): the messages the ledger already has are dropped
+  (nothing written is fetched again), the references - the deals and the people on the mail -
+  resolved, and only messages that will be written as served get a body;
+* a window of 25 messages is written once every body in it is in hand, through the engine's page
+  path (`write.write_mapped_page` with the references the listings read): one transaction, a
+  savepoint per message or set-based statements, the checkpoint inside (the index of the first
+  unfinished deal), and no request in flight while it is open, because rounds are joined before
+  anything is written.
 
 Rounds mix deals so that a task of small deals (most have one or two messages) still has four
 requests in flight; a deal's checkpoint is written inside the window that finishes it rather than
@@ -60,10 +64,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from engine_core import holdings
 from engine_core.budget import Budget
 from engine_core.context import TaskContext
-from engine_core.db import Conn
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.marks import Marks, Unreadable, write_marks
@@ -71,18 +73,12 @@ from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
-from engine_core.providers.pipedrive.mapping import (
-    DEAL_KINDS,
-    MalformedRow,
-    Mapped,
-    row_source_id,
-    unreadable_key,
-)
+from engine_core.providers.pipedrive.mapping import MalformedRow, Mapped, unreadable_key
 from engine_core.providers.pipedrive.mail import (clean_strings, clean_text, map_email, message_or_item,  # noqa: F401
                                                   sound_message_id, with_body, with_values)
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
-from engine_core.providers.pipedrive.writers import mail_batch
-from engine_core.write import RECORDED, ledger_refs, seen_before, write_mapped
+from engine_core.sighting import RECORDED, decide_page
+from engine_core.write import PageRefs, Prepared, write_mapped_page
 
 KIND = "emails"
 DONE_MASK = "deals_done_mask"  # a stats entry: bit j set = deal j of the task is finished and counted
@@ -152,15 +148,13 @@ def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) ->
 # --- the task of ten deals -------------------------------------------------------------------
 
 
-class MailRow(dict):
-    """A message on its way to its window (a dict: the engine reads its `id`), with what its window
-    counts when it commits."""
+class MailRow(Prepared):
+    """A message on its way to its window, in the engine's row shape (`write.Prepared`: its `id`,
+    `mapped`, `error`), with what its window counts when it commits."""
 
-    def __init__(self, deal: int, ident: str | None, mapped: Mapped | None = None, error: BaseException | None = None) -> None:
-        super().__init__(id=ident)
+    def __init__(self, deal: int, prepared: Prepared) -> None:
+        super().__init__(prepared)
         self.deal = deal  # index of its deal in the task
-        self.mapped = mapped
-        self.error = error
         self.fetched = False  # its body is in hand (or the source said it has none for us)
         self.repaired = 0  # characters of its text repaired: NUL, lone surrogates, invalid UTF-8
         self.unavailable: int | None = None  # the status its body fetch answered: 403 or 404
@@ -224,11 +218,9 @@ class EmailTask:
         # the window has room for, so a window's commit leaves no fetched body unwritten.
         self.ready_bodies: deque[MailRow] = deque()
         self.ready_other: deque[MailRow] = deque()
-        self.found: dict[tuple[str, str], int] = {}
-        self.dry: set[tuple[str, str]] | None = set() if ctx.run.dry_run else None  # a dry run's would-be parents
-        # messages the ledger holds written that go to a window again (a newer version): per row,
-        # where their sighting updates them in place; the others may go set-based (optimistic windows)
-        self.written: set[str] = set()
+        # the references of every listed page (`sighting.decide_page`), its windows' (`write_mapped_page`);
+        # `held`: messages the ledger holds written that go to a window again (a newer version)
+        self.refs = PageRefs(dry=set() if ctx.run.dry_run else None)
         self.tally = Tally()
         self._touched = time.monotonic()
 
@@ -333,7 +325,7 @@ class EmailTask:
                 refused.append((r, e))  # the message's own outcome once the token is not the cause
                 continue
             except BadResponse as e:
-                r.error = e  # this message alone
+                r["error"] = e  # this message alone
                 self.ready_other.append(r)
                 continue
             except BaseException as e:  # noqa: BLE001 - every request is joined before raising
@@ -342,10 +334,9 @@ class EmailTask:
                 continue
             r.fetched = True
             try:
-                assert r.mapped is not None
-                r.mapped = self._with_body(r, message)
+                r["mapped"] = self._with_body(r, message)
             except MalformedRow as e:
-                r.error = e
+                r["error"] = e
             self.ready_bodies.append(r)
         self.to_fetch.extendleft(reversed(retry))
         return refused, fatal
@@ -355,8 +346,7 @@ class EmailTask:
         without it, and says so."""
         r.fetched = True
         r.unavailable = e.status
-        assert r.mapped is not None
-        r.mapped = with_values(r.mapped, {"body": None, "body_unavailable": e.status})
+        r["mapped"] = with_values(r["mapped"], {"body": None, "body_unavailable": e.status})
         self.ready_bodies.append(r)
 
     def _join_listings(
@@ -401,25 +391,21 @@ class EmailTask:
 
     # -- listed pages -----------------------------------------------------------------------
     def take_pages(self, pages: list[tuple[Listing, Page]]) -> None:
-        """Map the listed messages, drop what the ledger has, resolve the round's references in
-        one query, and queue each message for its body (or straight for its window)."""
+        """Map the listed messages, judge them against the ledger in one connection
+        (`sighting.decide_page`: what the ledger has costs no request), and queue each message for
+        its body (or straight for its window)."""
         if not pages:
             return
-        ctx, run = self.ctx, self.ctx.run
+        run = self.ctx.run
         rows: list[MailRow] = []
         more: list[Listing] = []
         for listing, page in pages:
             deal_sid = str(self.deals[listing.deal])
             for raw in page.rows:
                 item, repaired = clean_strings(raw)  # subject, snippet, addresses: text Postgres can hold
-                try:
-                    mapped = map_email(item, run.tenant_id, deal_sid)
-                except MalformedRow as e:
-                    row = MailRow(listing.deal, sound_message_id(item), error=e)
-                    if row["id"] is None:  # no readable id: recorded under its raw key (context._write_row)
-                        row.update(raw=item, raw_key=unreadable_key(message_or_item(item)))
-                else:
-                    row = MailRow(listing.deal, mapped.source_id, mapped)
+                row = MailRow(listing.deal, Prepared.of(
+                    item, lambda it: map_email(it, run.tenant_id, deal_sid), malformed=MalformedRow,
+                    raw_id=sound_message_id, raw_key=lambda it: unreadable_key(message_or_item(it))))
                 row.repaired = repaired
                 rows.append(row)
             if page.more and page.next_start is not None:
@@ -427,35 +413,21 @@ class EmailTask:
             else:
                 self.listed[listing.deal] = True
         self.to_list.extendleft(reversed(more))  # finish a deal's listing before starting others
-        ids = [r["id"] for r in rows if r["id"] is not None]
-        refs = [(k, str(self.deals[l.deal])) for l, _ in pages for k in DEAL_KINDS]
-        with ctx.db.connection() as conn:
-            seen = holdings.seen(conn, run, KIND, ids, refs + ledger_refs(r.mapped for r in rows))
-        states, versions = seen.states, seen.versions
-        self.found.update(seen.found)
-        if self.dry is not None:
-            self.dry |= seen.dry
-        for r in rows:
-            state = states.get(r["id"]) if r["id"] is not None else None
-            held = versions.get(r["id"]) if r["id"] is not None else None
-            outcome = seen_before(run, state, held, r.mapped.version if r.mapped is not None else None,
-                                  revisit=ctx.revisit, retake=self.retake)
+        decided = decide_page(self.ctx, KIND, rows, retake=self.retake)
+        self.refs.found.update(decided.refs.found)
+        self.refs.held.update(decided.refs.held)
+        if self.refs.dry is not None and decided.refs.dry:
+            self.refs.dry |= decided.refs.dry
+        for r, outcome, fetch in zip(rows, decided.outcomes, decided.fetch):
             if outcome == RECORDED:
                 continue
             if outcome is not None:
                 # never fetched again; counted when its deal finishes
                 self.deferred.setdefault(r.deal, Counter())[outcome] += 1
                 continue
-            if state is not None and state["action"] in ("created", "matched"):
-                self.written.add(r["id"])
             self.outstanding[r.deal] += 1
-            deal_sid = str(self.deals[r.deal])
-            deal_here = any(self.found.get((k, deal_sid)) is not None for k in DEAL_KINDS)
             # bodies only for messages that will be written: none in a dry run, none without the deal
-            if r.mapped is not None and deal_here and not run.dry_run:
-                self.to_fetch.append(r)
-            else:
-                self.ready_other.append(r)
+            (self.to_fetch if fetch else self.ready_other).append(r)
 
     # -- writing ------------------------------------------------------------------------------
     def write_window(self) -> None:
@@ -471,20 +443,12 @@ class EmailTask:
         ctx.stats.bump("deals", after - before)
         self._count(rows)
         self._count_finished()
-
-        def writer(tx: Conn, row: MailRow) -> str:
-            if row.error is not None:
-                raise row.error
-            assert row.mapped is not None
-            return write_mapped(tx, ctx.run, KIND, row.mapped, self.found, self.dry)
-
         try:
-            # a window whose every message failed (often a window of one) is not a broken task:
-            # each message failed alone; the task-level judgement is the tally's
-            # plain messages in set-based statements (optimistic windows: one round trip for many rows), the rest per row
-            batch = None if ctx.run.dry_run else mail_batch(ctx, KIND, self.found, self.written)
-            result = ctx.write_rows(rows, writer, kind=KIND, resume_from=0, offset_after=lambda _: after,
-                                    fail_if_all_failed=False, batch=batch)
+            # the engine's write path with the references the rows' listings read; a window whose
+            # every message failed (often a window of one) is not a broken task: each message
+            # failed alone; the task-level judgement is the tally's
+            result = write_mapped_page(ctx, rows, kind=KIND, refs=self.refs, resume_from=0,
+                                       offset_after=lambda _: after, fail_if_all_failed=False)
         except BaseException:
             ctx.stats = counted
             for r in rows:
@@ -544,7 +508,6 @@ class EmailTask:
 
     def _with_body(self, r: MailRow, message: Any) -> Mapped:
         """The fetched body made storable: text repaired, cut at `EMAIL_BODY_MAX`, flags set."""
-        assert r.mapped is not None
         body = message.get("body") if isinstance(message, dict) else None
         r.repaired += int(getattr(message, "invalid_utf8", 0) or 0)
         if isinstance(body, str):
@@ -552,7 +515,7 @@ class EmailTask:
             r.repaired += repaired
         fitted = fit_email_body(body) if isinstance(body, str) else FittedBody(body)
         r.truncated = fitted.truncated
-        mapped = with_body(r.mapped, {"body": fitted.body})  # its checks: a body that is not text
+        mapped = with_body(r["mapped"], {"body": fitted.body})  # its checks: a body that is not text
         return with_values(mapped, {"body_truncated": fitted.truncated, "body_original_length": fitted.original_length})
 
     def flush(self) -> None:

@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from engine_core import write
 from engine_core.context import TaskContext
-from engine_core.window import Batch, PageResult
+from engine_core.window import PageResult
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
@@ -374,16 +374,6 @@ def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: M
     pairs = askable(ctx.run, write.unknown_parents(ctx, prepared), {})
     if pairs:
         ask_source(client, pairs, answers_key(ctx))
-
-
-def mail_batch(ctx: TaskContext, kind: str, found: dict[Pair, int], written: Iterable[str]) -> Batch:
-    """The email phase's optimistic windows (`write.window_batch`):
-    a window's messages mapped, their deal written and no written ledger entry for them are
-    claimed and inserted in set-based statements; `written`: the ids the ledger holds written (a
-    newer version: updated in place, per row). The rows are the phase's `MailRow`s (`.mapped`,
-    `.error`). Not for a dry run."""
-    page = write.PageRefs(found=found, held=dict.fromkeys(written))
-    return write.window_batch(ctx, kind, page, parts=lambda row: (row.mapped, row.error))
 
 
 def write_page(
