@@ -713,22 +713,29 @@ SELECT COALESCE(sum((stats->>'requests')::bigint), 0) AS requests,
 
 -- name: catchup_unseen_skipped --
 -- A ledger kind's skipped rows the catch-up's listing did not serve (a sync listing only changes).
-SELECT r.source_id FROM migration_records r
- WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action = 'skipped'
-   AND NOT EXISTS (SELECT 1 FROM migration_inventory i
-                    WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)
- ORDER BY r.source_id;
+-- A set difference, as `catchup_unseen_live`.
+SELECT source_id FROM (
+       SELECT r.source_id FROM migration_records r
+        WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s AND r.action = 'skipped'
+       EXCEPT
+       SELECT i.source_id FROM migration_inventory i WHERE i.migration_id = %(r)s AND i.kind = %(k)s) unseen
+ ORDER BY source_id;
 
 -- name: catchup_unseen_live --
 -- A ledger kind's entries not marked deleted that the catch-up's inventory did not see: written
 -- rows, and skipped or failed ones too (a row the source deleted is marked whatever its outcome).
-SELECT r.source_id FROM migration_records r
- WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s
-   AND r.action IN ('created', 'matched', 'skipped', 'failed')
-   AND r.deleted_at_source IS NULL
-   AND NOT EXISTS (SELECT 1 FROM migration_inventory i
-                    WHERE i.migration_id = %(r)s AND i.kind = r.kind AND i.source_id = r.source_id)
- ORDER BY r.source_id;
+-- A set difference, each side read once (a source id is once per kind in the ledger and in the
+-- inventory). Not NOT EXISTS: with the inventory not yet analyzed in a run, Postgres may plan that
+-- as a nested loop comparing each entry with every inventory row of its kind (135-220 ms for a kind
+-- of 900-1,500 rows, in 4 runs of 7 on the small account; 1-4 ms as a set difference).
+SELECT source_id FROM (
+       SELECT r.source_id FROM migration_records r
+        WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = %(k)s
+          AND r.action IN ('created', 'matched', 'skipped', 'failed')
+          AND r.deleted_at_source IS NULL
+       EXCEPT
+       SELECT i.source_id FROM migration_inventory i WHERE i.migration_id = %(r)s AND i.kind = %(k)s) unseen
+ ORDER BY source_id;
 
 -- name: inventory_remember_and_compare --
 -- Record a page's ids as seen by this run's inventory and read their ledger entries, in one
