@@ -228,6 +228,21 @@ def _claim_one(tx: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
+def _claim_json(c: Claim) -> dict[str, Any]:
+    """One claim as `claim_records` reads it from its JSON: a key left out is NULL."""
+    out: dict[str, Any] = {"source_id": c.source_id, "record_type": c.written.record_type,
+                           "action": "matched" if c.written.matched else "created"}
+    if c.written.record_id is not None:
+        out["record_id"] = c.written.record_id
+    if c.reason:
+        out["reason"] = c.reason[:500]
+    if c.dangling:
+        out["dangling"] = list(c.dangling)
+    if c.version is not None:
+        out["source_version"] = c.version
+    return out
+
+
 def _window_statement(tx: Conn, new_rows: NewRows | None) -> str:
     """The window's claim, with its new product rows inserted for the claims that win: the rows'
     ids drawn in one materialized CTE (the claim and the insert read the same ids), the claim
@@ -270,20 +285,18 @@ def claim_window(tx: Conn, run: Run, kind: str, claims: Sequence[Claim], new_row
         raise ValueError(f"a window's claim holds a {kind} source id twice")
     params: dict[str, Any] = {
         "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind,
-        "source_ids": sids,
-        "record_types": [c.written.record_type for c in ordered],
-        "record_ids": [c.written.record_id for c in ordered],
-        "actions": ["matched" if c.written.matched else "created" for c in ordered],
-        "reasons": [c.reason[:500] if c.reason else None for c in ordered],
-        "danglings": [json.dumps(list(c.dangling)) if c.dangling else None for c in ordered],
-        "versions": [c.version for c in ordered],
+        "claims": rows_json([_claim_json(c) for c in ordered]),
     }
     if new_rows is not None:
         new_ids = [str(r["source_id"]) for r in new_rows.rows]
         if len(set(new_ids)) != len(new_ids) or set(new_ids) != {c.source_id for c in ordered if c.written.record_id is None}:
             raise ValueError(f"a window's new {kind} rows must each have one claim of their own")
         params["table"] = ".".join(new_rows.table)
-        params["rows"] = rows_json([{n: r[n] for n in new_rows.names} for r in new_rows.rows])
+        names = new_rows.names
+        rows = new_rows.rows  # (`crm.new_rows` makes them over `names`, in its order: sent as they are)
+        if not all(tuple(r) == names for r in rows):
+            rows = [{n: r[n] for n in names} for r in rows]
+        params["rows"] = rows_json(rows)
     rows = tx.sql(_window_statement(tx, new_rows), params)
     return {r["source_id"] for r in rows}
 

@@ -308,18 +308,20 @@ VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(record
 -- `claim_record` for a window's rows in one statement (issue 11, optimistic windows): the same
 -- contract row by row - created/matched rows are exclusive (a source id left out of the answer is
 -- already here), skipped/failed placeholders are taken over. The caller passes each source id
--- once, sorted (two writers of one page wait on each other in the same order). `danglings` are
--- JSON texts or NULL. A NULL record id is the id of the row's new product row, read from the CTE
+-- once, sorted (two writers of one page wait on each other in the same order). `claims` is one
+-- JSON array of objects, a key left out for NULL (one text to send: psycopg dumps a list as an
+-- array value by value in Python: a twelfth of the engine's GIL time on the entity
+-- path). A NULL record id is the id of the row's new product row, read from the CTE
 -- `new(new_id, source_id)` the caller puts before it (ledger.claim_window: the product rows are
 -- inserted by the same statement, for the claims that win). Ends with `claim_takes_over`.
 INSERT INTO migration_records
        (migration_id, tenant_id, source, kind, source_id, record_type, record_id, action, reason, dangling,
         source_version)
 SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, u.record_type,
-       COALESCE(u.record_id, n.new_id), u.action, u.reason, u.dangling::jsonb, u.source_version
-  FROM unnest(%(source_ids)s::text[], %(record_types)s::text[], %(record_ids)s::bigint[], %(actions)s::text[],
-              %(reasons)s::text[], %(danglings)s::text[], %(versions)s::text[])
-       AS u(source_id, record_type, record_id, action, reason, dangling, source_version)
+       COALESCE(u.record_id, n.new_id), u.action, u.reason, u.dangling, u.source_version
+  FROM json_to_recordset(%(claims)s::json)
+       AS u(source_id text, record_type text, record_id bigint, action text, reason text, dangling jsonb,
+            source_version text)
   LEFT JOIN new n ON n.source_id = u.source_id
  ORDER BY u.source_id
 
