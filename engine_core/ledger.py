@@ -213,6 +213,21 @@ def rows_json(rows: Sequence[Mapping[str, Any]]) -> str:
         return json.dumps(rows, ensure_ascii=True, default=str)
 
 
+def array(values: Sequence[str | int | None]) -> str | list[Any]:
+    """`values` as a query parameter for an array (`%(x)s::text[]`, `::bigint[]`): the array's text
+    (`{"a","b",NULL}`) when orjson's JSON of them is that text with its brackets changed - no
+    escape in it but \\" and \\\\, which mean the same in both - else the list itself, as before.
+    Why: psycopg dumps a list value by value in Python; a page's reference and id arrays were
+    ~5% of the engine's GIL time on the entity path, orjson writes them in one call."""
+    try:
+        text = orjson.dumps(values).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return list(values)
+    if "\\" in text and text.replace('\\\\', "").replace('\\"', "").count("\\"):
+        return list(values)  # a control character, written \\n or \\u0001: an array reads it otherwise
+    return "{" + text[1:-1] + "}"
+
+
 def _claim_statement(name: str, returning: str) -> str:
     # one conflict clause for every claim (claim_takes_over): the ledger's contract in one place
     return f"{query(name)}\n{query('claim_takes_over')}\nRETURNING {returning}"
@@ -413,7 +428,7 @@ def held(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object
     if not ids:
         return {}
     rows = conn.fetch_all("ledger_versions", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
-                                              "source_ids": ids})
+                                              "source_ids": array(ids)})
     return {r["source_id"]: Held(r["action"], r["source_version"], r["deleted_at_source"])
             for r in rows if r["action"] in WRITTEN_ACTIONS}
 
@@ -501,7 +516,7 @@ def skip_window(tx: Conn, run: Run, kind: str, reasons: Mapping[str, str]) -> di
     sids = sorted(reasons)
     rows = tx.fetch_all("note_placeholders", {
         "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind, "action": "skipped",
-        "source_ids": sids, "reasons": [reasons[sid][:500] for sid in sids],
+        "source_ids": array(sids), "reasons": array([reasons[sid][:500] for sid in sids]),
     })
     noted = {r["source_id"] for r in rows}
     return {sid: SKIPPED if sid in noted else ALREADY_HERE for sid in sids}
@@ -515,7 +530,7 @@ def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tu
     kinds, ids = zip(*sorted(pairs))
     rows = conn.fetch_all(
         "resolve_references",
-        {"tenant_id": run.tenant_id, "source": run.source, "kinds": list(kinds), "source_ids": list(ids)},
+        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids)},
     )
     return {(r["kind"], r["source_id"]): r["record_id"] for r in rows}
 
@@ -560,7 +575,7 @@ def known(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tupl
     kinds, ids = zip(*sorted(pairs))
     rows = conn.fetch_all(
         "known_references",
-        {"tenant_id": run.tenant_id, "source": run.source, "kinds": list(kinds), "source_ids": list(ids)},
+        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids)},
     )
     return {(r["kind"], r["source_id"]): r["action"] for r in rows}
 

@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from engine_core.db import Conn
-from engine_core.ledger import NewRows, Written
+from engine_core.ledger import NewRows, Written, array
 from engine_core.rows import (  # noqa: F401 - the product's value rules, kept in the pure row module
     EMAIL_BODY_MAX,
     NOTE_CONTENT_MAX,
@@ -283,7 +283,8 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             "     AND (c.name_key = lower(regexp_replace(btrim(w.name), '\\s+', ' ', 'g'))"
             "          OR (w.domain IS NOT NULL AND c.domain = w.domain))"
             "   ORDER BY (c.domain IS NOT DISTINCT FROM w.domain) DESC, c.id LIMIT 1) m",
-            {"keys": keys, "tenants": tenants, "sources": sources, "names": names, "domains": domains},
+            {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "names": array(names),
+             "domains": array(domains)},
         )
         return {int(r["k"]): int(r["id"]) for r in found}
     emails: list[str] = []
@@ -303,7 +304,7 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             " JOIN {} c ON c.tenant_id = w.t AND lower(c.email) = w.e AND c.source IS DISTINCT FROM w.s"
             " GROUP BY w.k"
         ).format(TABLES[table].identifier),
-        {"keys": keys, "tenants": tenants, "sources": sources, "emails": emails},
+        {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "emails": array(emails)},
     )
     return {int(r["k"]): int(r["id"]) for r in found}
 
