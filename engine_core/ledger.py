@@ -165,6 +165,11 @@ class Claim:
     reason: str | None = None
     dangling: Sequence[Mapping[str, Any]] | None = None
 
+    def __init__(self, source_id: str, written: Written, version: str | None = None, reason: str | None = None,
+                 dangling: Sequence[Mapping[str, Any]] | None = None) -> None:
+        # one a row of every window: not the frozen dataclass's __init__ (object.__setattr__ a field)
+        self.__dict__.update(source_id=source_id, written=written, version=version, reason=reason, dangling=dangling)
+
 
 @dataclass(frozen=True)
 class NewRows:

@@ -109,6 +109,13 @@ class Ref:
     path: tuple[str | int, ...] = field(default=(), compare=False)
     into: str = field(default="record_id", compare=False)
 
+    def __init__(self, column: str, ref: str, source_id: str, source_field: str = "", lookup: tuple[str, ...] = (),
+                 noun: str = "", path: tuple[str | int, ...] = (), into: str = "record_id") -> None:
+        # the dataclass's own __init__ for a frozen class sets each field through
+        # object.__setattr__: a row's references were a tenth of its mapping (py-spy, entity path)
+        self.__dict__.update(column=column, ref=ref, source_id=source_id, source_field=source_field, lookup=lookup,
+                             noun=noun, path=path, into=into)
+
     @property
     def kinds(self) -> tuple[str, ...]:
         """The ledger kinds the referenced record may be written under, first the current one."""

@@ -412,8 +412,12 @@ def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dic
         union.update(dict.fromkeys(p.values))
         fillable.update(ref.column for ref in p.mapped.refs() if "." not in ref.column)
     fillable &= spec.columns
+    columns = tuple(union)
     out = []
     for p in rows:
+        if len(p.values) == len(columns) and tuple(p.values) == columns:
+            out.append((p, p.values))  # every column, in the union's order: the row as it is
+            continue
         missing = union.keys() - p.values.keys()
         if missing <= fillable:  # (in the union's order: one statement for every such row)
             out.append((p, {c: p.values.get(c) for c in union}))
@@ -474,8 +478,9 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 same = [p for p, _ in pairs]
                 if ROWS == "claimed":
                     groups.append(crm.new_rows(table, [v for _, v in pairs]))
+                    new = ledger.Written(spec.record_type, None)  # each row's id: its claim's (one, frozen)
                     for p in same:
-                        p.written = ledger.Written(spec.record_type, None)  # its id: the claim's
+                        p.written = new
                     continue
                 ids = (crm.copy_rows if ROWS == "copy" else crm.insert_rows)(tx, table, [v for _, v in pairs])
                 for p in same:
