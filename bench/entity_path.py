@@ -4,7 +4,7 @@ threads in this process) against dlt's `rest_api` source loading the same endpoi
 server (merge on id), from one run, interleaved, medians.
 
     python bench/entity_path.py [--scale small] [--reps 3] [--width 4] [--also-rows copy] [--also-probes byid]
-                                [--also-before json,window,gc]
+                                [--also-before json,window,gc] [--against DIR]
 
 dlt is the optional `bench` extra (`pip install -e '.[bench]'`: dlt with its postgres extra);
 without it the engine side runs alone and the ratio is skipped, saying so.
@@ -24,6 +24,11 @@ and the windows' new rows (`ledger.rows_json`) instead of orjson; `window` - set
 variant, dlt included, starts with the collector thresholds this process started with (the
 engine's workers raise theirs as they do everywhere; dlt keeps Python's, as a user's would).
 
+`--against DIR` (another checkout of this project, e.g. `git archive main | tar -x -C DIR`) runs
+the engine of each tree in a child process of its own (`engine@this`, `engine@against`: the same
+sandbox, server and rounds, each child timing and measuring its own CPU around `engine_once`, its
+imports aside), so a change is compared with the code before it in one interleaved run.
+
 Beside rows/s (the wall, which other sessions' load on the machine moves), the engine's CPU is
 given as this process's CPU seconds and its Postgres backends' (/proc, a server on this machine):
 steadier measures of the engine's own work when the load is high.
@@ -34,6 +39,7 @@ import argparse
 import gc
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -129,6 +135,28 @@ def engine_once(url: str, sb: Sandbox, width: int, pg_cpu: list[float] | None = 
         db.close()
 
 
+# A child process's engine run from a tree (`--against`): that tree's `engine_once`, timed in the child
+_CHILD = """
+import json, os, sys, time
+tree, url, base_url, width = sys.argv[1:5]
+sys.path.insert(0, tree)
+from bench.common import Sandbox
+from bench.entity_path import engine_once
+pg = []
+started = time.process_time()
+seconds, status = engine_once(url, Sandbox(base_url), int(width), pg)
+print(json.dumps({"seconds": seconds, "status": status, "cpu": time.process_time() - started, "pg": pg[0] if pg else None}))
+"""
+
+
+def child_once(tree: Path, url: str, sb: Sandbox, width: int) -> dict[str, Any]:
+    """One engine run into `url` by the code of `tree` (a checkout of this project) in a child
+    process: {seconds, status, cpu (the child's CPU seconds over the run), pg (its backends')}."""
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(tree), url, sb.base_url, str(width)], cwd=tree,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def backends_cpu(db: dbmod.Database) -> float | None:
     """CPU seconds (user + system, /proc) of the backends connected to this database - the run's
     own, each measurement having a fresh database - or None when the server is not on this machine."""
@@ -203,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the engine with issue 11's earlier CPU choices put back, interleaved, one"
                              " variant per PART: json (stdlib json), window (set windows of 100), gc (Python's"
                              " young collection threshold), all (the three)")
+    parser.add_argument("--against", default=None, metavar="DIR", type=Path,
+                        help="also run the engine of this tree and of DIR (another checkout) in child processes, interleaved")
     args = parser.parse_args(argv)
     befores = [b.strip() for b in args.also_before.split(",") if b.strip()]
     for b in befores:
@@ -230,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         def one(variant: str, r: int) -> float:
             url = dbs.new()
             gc.set_threshold(*PYTHON_GC_THRESHOLDS)
+            if variant.startswith("engine@"):
+                tree = Path(__file__).resolve().parent.parent if variant == "engine@this" else args.against.resolve()
+                got = child_once(tree, url, sb, args.width)
+                cpu.setdefault(variant, []).append(got["cpu"])
+                if got["pg"] is not None:
+                    pg.setdefault(variant, []).append(got["pg"])
+                if got["status"] != "succeeded":
+                    problems.append(f"{variant} run {got['status']}")
+                return rows / got["seconds"]
             if variant.startswith("engine"):
                 started = time.process_time()
                 default, batch_min = write.ROWS, writers.BATCH_MIN
@@ -262,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             others = [f"engine {w.strip()}" for w in args.also_rows.split(",") if w.strip()]
             others += ["engine byid-probes"] if args.also_probes == "byid" else []
             others += [f"engine before-{b}" for b in befores]
+            others += ["engine@this", "engine@against"] if args.against else []
             out = interleave(["engine", *others] + ([] if missing else ["dlt rest_api"]), args.reps, one)
         finally:
             dbs.close()
@@ -287,6 +327,20 @@ def main(argv: list[str] | None = None) -> int:
         for variant in out:
             if variant.startswith("engine ") and pg.get(variant):
                 lines.append((f"{variant} Postgres CPU / engine's", ratio(median(pg[variant]), p), "the same backends' CPU, medians"))
+    if args.against:
+        here, there = "engine@this", "engine@against"
+        lines.append(("engine@this / engine@against rows/s", ratio(median(out[here]), median(out[there])),
+                      f"this tree vs {args.against} (child processes)"))
+        if not missing:
+            lines += [(f"{v} / dlt rows/s", ratio(median(out[v]), median(out["dlt rest_api"])), "child process")
+                      for v in (here, there)]
+        for v in (here, there):
+            lines.append((f"{v} CPU ms per 1000 rows", 1e6 * median(cpu[v]) / rows, "the child's CPU over the run"))
+            if pg.get(v):
+                lines.append((f"{v} Postgres CPU ms per 1000 rows", 1e6 * median(pg[v]) / rows, "its backends (/proc)"))
+        lines.append(("engine@this / engine@against CPU", ratio(median(cpu[here]), median(cpu[there])), "medians"))
+        if pg.get(here) and pg.get(there):
+            lines.append(("engine@this / engine@against Postgres CPU", ratio(median(pg[here]), median(pg[there])), "medians"))
     for variant in out:
         if variant == "engine byid-probes":
             lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
