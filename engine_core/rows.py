@@ -161,14 +161,26 @@ def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, An
     JSON object in `<column>`, a reference with a `path` sets `into` on the object it leads to
     (an entry or index absent from the row is left absent). The row's own values are not changed:
     every container on the way is copied."""
+    return link_values(mapped, [found.get(ref) for ref in mapped.refs()])
+
+
+def link_values(mapped: Mapped, record_ids: Sequence[int | None]) -> dict[str, Any]:
+    """`apply_links` given the local record ids of `mapped.refs()` in their order (None: not
+    found). A `<column>.<key>` reference copies its column's object once per row, not the row
+    once per reference (a row's custom links made a tenth of a window's Python time)."""
     values = dict(mapped.values)
-    for ref in mapped.refs():
-        record_id = found.get(ref)
+    copied: set[str] = set()
+    for ref, record_id in zip(mapped.refs(), record_ids):
         if ref.path:
-            _set_at(values, ref.path, ref.into, record_id)
+            _set_at(values, ref.path, ref.into, record_id)  # (a container it changes is a fresh copy)
         elif "." in ref.column:
             column, key = ref.column.split(".", 1)
-            _set_at(values, (column, key), "record_id", record_id)
+            here = values.get(column)
+            if isinstance(here, dict) and isinstance(here.get(key), dict):
+                if column not in copied:
+                    here = values[column] = dict(here)
+                    copied.add(column)
+                here[key] = {**here[key], "record_id": record_id}
         else:
             values[ref.column] = record_id
     return values

@@ -46,7 +46,7 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import MalformedRow, Mapped, Ref, apply_links, unreadable_key
+from engine_core.rows import MalformedRow, Mapped, Ref, apply_links, link_values, unreadable_key
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -370,17 +370,19 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> _Plain |
     m, error = parts(row)
     if m is None or error is not None or m.source_id in page.held or m.table not in crm.TABLES:
         return None
-    resolved: dict[Ref, int | None] = {}
+    found = page.found
+    ids: list[int | None] = []
     dangling: list[Ref] = []
     for ref in m.parents:
-        resolved[ref] = lookup(page.found, ref)
-        if resolved[ref] is None:
+        record_id = lookup(found, ref)
+        if record_id is None:
             if page.exists.get((ref.parent_kind, ref.source_id)) is not False:
                 return None  # a placeholder (or a dry run's pending row): per row
             dangling.append(ref)
+        ids.append(record_id)
     for ref in m.links:
-        resolved[ref] = lookup(page.found, ref)
-    values = apply_links(m, resolved)
+        ids.append(lookup(found, ref))
+    values = link_values(m, ids)
     if values.get("source_id") != m.source_id:
         return None  # the set-based insert finds its rows by source id
     refs = [ref.dangling() for ref in dangling]
@@ -420,7 +422,9 @@ def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dic
             continue
         missing = union.keys() - p.values.keys()
         if missing <= fillable:  # (in the union's order: one statement for every such row)
-            out.append((p, {c: p.values.get(c) for c in union}))
+            full = dict.fromkeys(columns)
+            full.update(p.values)  # (its keys are the union's: none added after it)
+            out.append((p, full))
         else:
             out.append((p, p.values))
     return out

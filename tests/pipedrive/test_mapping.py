@@ -95,6 +95,37 @@ def test_deal_parents_links_and_custom_fields() -> None:
     assert values["custom_fields"][USER.key]["record_id"] == 11
 
 
+def test_links_fill_a_copy_of_the_row_as_one_reference_at_a_time_would() -> None:
+    # `link_values` copies a JSON column once per row for all its `<column>.<key>` links; the
+    # answer is the one `_set_at`, reference by reference, gives, and the row's own values stay
+    import copy
+
+    from engine_core.rows import Mapped, _set_at, link_values
+
+    values = {"source_id": "1", "org_id": None, "custom_fields": {"a": {"value": 3}, "b": {"value": 4}, "c": None, "d": 5},
+              "recipients": {"to": [{"email": "x"}, {"email": "y"}]}, "notes": [1]}
+    refs = [Ref("org_id", "org", "9"), Ref("custom_fields.a", "user", "3"), Ref("custom_fields.b", "user", "4"),
+            Ref("custom_fields.a", "person", "3"), Ref("custom_fields.c", "user", "5"), Ref("custom_fields.d", "user", "5"),
+            Ref("custom_fields.e", "user", "6"), Ref("recipients", "person", "7", path=("recipients", "to", 1), into="contact_id"),
+            Ref("custom_fields.b", "org", "8", path=("custom_fields", "b"), into="org"), Ref("custom_fields.b", "deal", "2"),
+            Ref("nothing", "deal", "1", path=("missing", 0))]
+    m = Mapped("deals", "1", values, parents=refs[:2], links=refs[2:])
+    before = copy.deepcopy(values)
+    ids = list(range(10, 10 + len(refs)))
+    want = dict(values)
+    for ref, record_id in zip(m.refs(), ids):  # one reference at a time, every container copied
+        if ref.path:
+            _set_at(want, ref.path, ref.into, record_id)
+        elif "." in ref.column:
+            _set_at(want, tuple(ref.column.split(".", 1)), "record_id", record_id)
+        else:
+            want[ref.column] = record_id
+    got = link_values(m, ids)
+    assert got == want and list(got) == list(want) and list(got["custom_fields"]) == list(want["custom_fields"])
+    assert got["custom_fields"]["a"]["record_id"] == 13 and got["custom_fields"]["b"] == {"value": 4, "record_id": 19, "org": 18}
+    assert values == before  # the row's own values, every level, unchanged
+
+
 def test_pipelines_and_stages_and_a_deals_place_in_them() -> None:
     pipeline = map_pipeline(DS.record("pipelines", 0), "t", book())
     assert pipeline.table == "pipelines" and pipeline.values["name"] == "Sales" and pipeline.values["active"] is True
