@@ -183,26 +183,31 @@ class Windows:
                 batched: dict[int, str] = {}
                 if batch is not None:
                     todo = [(j, row) for j, row in enumerate(window)
-                            if w + j >= start and mine.get(row_id(row) or "") is None]
+                            if w + j >= start and (not mine or mine.get(row_id(row) or "") is None)]
                     leaves = getattr(batch, "leaves", None)
                     if per_row_max is not None and leaves is not None and leaves(todo) > per_row_max:
                         raise _BatchRefused()  # too many per row for certain: split before any statement
                     batched = self._write_batch(tx, todo, batch) if todo else {}
                     if per_row_max is not None and len(todo) - len(batched) > per_row_max:
                         raise _BatchRefused()
+                seen = 0
                 for j, row in enumerate(window):
                     if w + j < start:
                         continue
-                    done = mine.get(row_id(row) or "")
+                    done = mine.get(row_id(row) or "") if mine else None
                     if done is not None:
                         outcome = {"created": ledger.IMPORTED, "matched": ledger.MATCHED}.get(done, done)
                     elif j in batched:
                         outcome = batched[j]
                     else:
                         outcome = self._write_row(tx, kind, row, writer)
-                    self.stats.bump("seen")
-                    self.stats.bump(outcome)
+                    seen += 1
                     counts[outcome] = counts.get(outcome, 0) + 1
+                # counted once a window (the checkpoint below writes them with the offset)
+                if seen:
+                    self.stats.bump("seen", seen)
+                for outcome, n in counts.items():
+                    self.stats.bump(outcome, n)
                 end = w + len(window)
                 self.checkpoint(tx, offset_after(end) if offset_after else end)
         except _BatchRefused:
