@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, time
 from typing import Any
 
 import orjson
@@ -192,7 +192,12 @@ _JSON_NATIVE = (str, int, float, bool, list, tuple, dict)
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
 
 
+_TIMES = (datetime, date, time)  # what a row's values are written with `str` for, asked first
+
+
 def _orjson_default(value: Any) -> str:
+    if type(value) in _TIMES:
+        return str(value)
     if isinstance(value, _JSON_NATIVE):
         raise TypeError("the standard library's to write")
     return str(value)  # times, dates, decimals, dataclasses: `str`, as json.dumps(default=str)
