@@ -545,6 +545,23 @@ def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tu
     return {(r["kind"], r["source_id"]): r["record_id"] for r in rows}
 
 
+def references(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], str]]:
+    """`resolve` and `known` of the same pairs in one query: (pairs -> local record ids of the
+    written ones, pairs -> the action of every entry). A page with missing parents asked both,
+    one after the other."""
+    pairs = {(k, str(s)) for k, s in refs if s is not None and s != ""}
+    if not pairs:
+        return {}, {}
+    kinds, ids = zip(*sorted(pairs))
+    rows = conn.fetch_all(
+        "reference_entries",
+        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids)},
+    )
+    known = {(r["kind"], r["source_id"]): r["action"] for r in rows}
+    found = {(r["kind"], r["source_id"]): r["record_id"] for r in rows if r["action"] in WRITTEN_ACTIONS}
+    return found, known
+
+
 def claimed_by(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]) -> dict[str, int]:
     """Which of these source ids are written, and by which run (this run's or an earlier one)."""
     ids = [str(s) for s in source_ids if s is not None]

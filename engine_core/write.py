@@ -259,11 +259,11 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     refs = ledger_refs(mapped)
     unknown: list[Pair] = []
     with ctx.db.connection() as conn:
-        found = ledger.resolve(conn, ctx.run, refs)
+        found, known = ledger.references(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
         held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
         if probe is not None:
-            unknown = _unknown(conn, ctx.run, mapped, found, dry)
+            unknown = _unknown(conn, ctx.run, mapped, found, dry, known)
     # the connection is back in the pool: the source is asked holding nothing of the database
     exists = dict(probe(unknown)) if unknown and probe is not None else {}
     return PageRefs(found, dry, held, exists)
@@ -276,17 +276,20 @@ def unknown_parents(ctx: TaskContext, prepared: Sequence[Prepared]) -> list[Pair
     mapped = [p["mapped"] for p in prepared]
     refs = ledger_refs(mapped)
     with ctx.db.connection() as conn:
-        found = ledger.resolve(conn, ctx.run, refs)
+        found, known = ledger.references(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
-        return _unknown(conn, ctx.run, mapped, found, dry)
+        return _unknown(conn, ctx.run, mapped, found, dry, known)
 
 
 def _unknown(conn: Conn, run: Run, mapped: Sequence[Mapped | None], found: Mapping[Pair, int],
-             dry: Collection[Pair] | None) -> list[Pair]:
+             dry: Collection[Pair] | None, known: Mapping[Pair, str] | None = None) -> list[Pair]:
     """The missing parents of `mapped` (not in `found`, nor in a dry run's `dry`) that the ledger
-    knows nothing about (`ledger.known`), sorted: what a probe is asked."""
+    knows nothing about, sorted: what a probe is asked. `known`: the ledger's entries of every
+    reference of the page (`ledger.references`), read with `found`; without it they are read
+    now (`ledger.known`)."""
     missing = missing_parents(mapped, found, dry)
-    known = ledger.known(conn, run, missing) if missing else {}
+    if known is None:
+        known = ledger.known(conn, run, missing) if missing else {}
     return sorted(p for p in missing if p not in known)
 
 
