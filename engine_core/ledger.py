@@ -455,7 +455,6 @@ def entries(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[obj
     return {r["source_id"]: r for r in rows}
 
 
-
 def updated_by_run(conn: Conn | Database, run: Run, kind: str, source_ids: Iterable[object]) -> set[str]:
     """Which of these source ids of a ledger kind this run updated in place or restored (history
     rows of the run), for a task run again by a retry: they count as updated, not already here."""
@@ -467,18 +466,10 @@ def updated_by_run(conn: Conn | Database, run: Run, kind: str, source_ids: Itera
     return {r["source_id"] for r in rows}
 
 
-
 def note_dry(tx: Conn, run: Run, kind: str, source_id: str, outcome: str) -> None:
     """Remember a dry run's would-be write (`outcome` imported or matched) of one row, so that
     this run's later phases count a reference to it as linked (`dry_written`)."""
     tx.execute("dry_record", {"run_id": run.id, "kind": kind, "source_id": source_id, "outcome": outcome})
-
-
-
-
-
-
-
 
 
 def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: str, action: str = "skipped") -> str:
@@ -546,9 +537,9 @@ def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tu
 
 
 def references(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], str]]:
-    """`resolve` and `known` of the same pairs in one query: (pairs -> local record ids of the
-    written ones, pairs -> the action of every entry). A page with missing parents asked both,
-    one after the other."""
+    """Source (kind, id) pairs in one query: (pairs -> the local record ids of the written ones, as
+    `resolve`; pairs -> the action of every entry: a pair absent from it is one the ledger knows
+    nothing about)."""
     pairs = {(k, str(s)) for k, s in refs if s is not None and s != ""}
     if not pairs:
         return {}, {}
@@ -591,20 +582,6 @@ def written_by_run(conn: Conn, run: Run, kind: str, source_ids: Iterable[object]
     rows = conn.fetch_all("written_by_run", {"tenant_id": run.tenant_id, "source": run.source, "kind": kind,
                                              "run_id": run.id, "source_ids": ids})
     return {r["source_id"]: r["action"] for r in rows}
-
-
-def known(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tuple[str, str], str]:
-    """Source (kind, id) pairs -> their ledger action (created, matched, skipped or failed), in one
-    query: a pair missing from the answer is one the ledger knows nothing about."""
-    pairs = {(k, str(s)) for k, s in refs if s is not None and s != ""}
-    if not pairs:
-        return {}
-    kinds, ids = zip(*sorted(pairs))
-    rows = conn.fetch_all(
-        "known_references",
-        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids)},
-    )
-    return {(r["kind"], r["source_id"]): r["action"] for r in rows}
 
 
 def record_of(tx: Conn, run: Run, kind: str, source_id: object) -> int | None:

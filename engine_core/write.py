@@ -263,7 +263,7 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
         held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
         if probe is not None:
-            unknown = _unknown(conn, ctx.run, mapped, found, dry, known)
+            unknown = _unknown(mapped, found, dry, known)
     # the connection is back in the pool: the source is asked holding nothing of the database
     exists = dict(probe(unknown)) if unknown and probe is not None else {}
     return PageRefs(found, dry, held, exists)
@@ -278,18 +278,15 @@ def unknown_parents(ctx: TaskContext, prepared: Sequence[Prepared]) -> list[Pair
     with ctx.db.connection() as conn:
         found, known = ledger.references(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
-        return _unknown(conn, ctx.run, mapped, found, dry, known)
+        return _unknown(mapped, found, dry, known)
 
 
-def _unknown(conn: Conn, run: Run, mapped: Sequence[Mapped | None], found: Mapping[Pair, int],
-             dry: Collection[Pair] | None, known: Mapping[Pair, str] | None = None) -> list[Pair]:
+def _unknown(mapped: Sequence[Mapped | None], found: Mapping[Pair, int], dry: Collection[Pair] | None,
+             known: Mapping[Pair, str]) -> list[Pair]:
     """The missing parents of `mapped` (not in `found`, nor in a dry run's `dry`) that the ledger
-    knows nothing about, sorted: what a probe is asked. `known`: the ledger's entries of every
-    reference of the page (`ledger.references`), read with `found`; without it they are read
-    now (`ledger.known`)."""
+    knows nothing about (not in `known`: the entries of the page's references, read with `found`
+    by `ledger.references`), sorted: what a probe is asked."""
     missing = missing_parents(mapped, found, dry)
-    if known is None:
-        known = ledger.known(conn, run, missing) if missing else {}
     return sorted(p for p in missing if p not in known)
 
 

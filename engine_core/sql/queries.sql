@@ -383,17 +383,8 @@ SELECT r.kind, r.source_id, r.record_id
 -- name: reference_entries --
 -- A page's references in one query: every entry of these pairs, whatever its action (a written
 -- one resolves; any other is known to the ledger, a placeholder or a failure: not asked of the
--- source) - `resolve_references` and `known_references` at once.
+-- source).
 SELECT r.kind, r.source_id, r.action, r.record_id
-  FROM migration_records r
-  JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
-    ON r.kind = want.kind AND r.source_id = want.source_id
- WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s;
-
--- name: known_references --
--- Where a page's missing parents stand in the ledger, whatever the action: a pair absent from the
--- answer was never listed (deleted at the source, or a kind this run does not import).
-SELECT r.kind, r.source_id, r.action
   FROM migration_records r
   JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
     ON r.kind = want.kind AND r.source_id = want.source_id
