@@ -9,7 +9,8 @@
   drainer's turn length.
 * `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
   set it in the launchpad's `resources:` section. Joining or retrying a run ignores it. The
-  project's own (`new_run_options`) types its kinds with the source's kinds, so a bad one fails the launch.
+  project's own (`new_run_options`) types its kinds with the source's kinds, so a bad one fails the launch,
+  and judges the choice as a whole there (`KindsChoiceType`: plain kinds mixed with +kind/-kind).
 """
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from dagster._config.config_type import Noneable
+from dagster._config.errors import PostProcessingError
 from pydantic import PrivateAttr
 
 from engine_core import db as dbmod
 from engine_core.config import Settings
+from engine_core.errors import ConfigError
 from engine_core.models import Run
-from engine_core.plan import ALL
-from engine_core.source import Provider
+from engine_core.plan import ALL, choose_kinds
+from engine_core.source import Provider, opt_in_kinds
 from engine_core.providers.registry import provider_for
 from migration_pipeline.launch.checks import pickable_kinds
 
@@ -179,11 +183,53 @@ def new_run_options(source: str) -> type[NewRunOptions]:
         "__annotations__": {"kinds": list[kind_choices(source)]}, "kinds": []})
 
 
+class KindsChoiceType(Noneable):
+    """The config type of `new_run`'s `kinds` (Dagster's own, Noneable(Array(kind enum))), judging
+    the choice as a whole when a run is launched: Dagster post-processes the run config on the code
+    server while it plans the run, before the run exists (as it reads an EnvVar), so a choice that
+    mixes plain kinds with `+kind`/`-kind`, or leaves no kind, is refused at launch with
+    `choose_kinds`'s one-line message naming the entries, not when phase 1 starts the engine run.
+    The enum cannot say it: each entry alone is good. The snapshot the UI validates is unchanged."""
+
+    source = ""
+
+    def post_process(self, value: Any) -> Any:
+        """`value` (the processed list, or None) unchanged; PostProcessingError (one line) when
+        `engine_core.plan.choose_kinds` refuses it for `source`'s pickable kinds."""
+        if value:
+            provider = provider_for(self.source)
+            try:
+                choose_kinds(pickable_kinds(provider), [str(v) for v in value], opt_in_kinds(provider))
+            except ConfigError as e:
+                raise PostProcessingError(f"new_run kinds: {e}") from None
+        return value
+
+
+@functools.cache
+def kinds_choice_type(source: str) -> type[KindsChoiceType]:
+    """`KindsChoiceType` bound to `source` (one class per source)."""
+    return type(f"KindsChoiceType_{source}", (KindsChoiceType,), {"source": source, "__doc__": KindsChoiceType.__doc__})
+
+
+def checked_new_run_options(source: str) -> NewRunOptions:
+    """A `new_run_options(source)` resource whose `kinds` field is judged as a whole at launch
+    (`KindsChoiceType`): the Noneable type Dagster inferred for the field (one object, shared by the
+    resource's schema and its config schema) takes that class; its key, kind and snapshot stay.
+    Raises TypeError when Dagster inferred another type (a Dagster upgrade changed the inference)."""
+    resource = new_run_options(source)()
+    field_type = resource._config_schema.config_type.fields["kinds"].config_type  # noqa: SLF001
+    checked = kinds_choice_type(source)
+    if type(field_type) not in (Noneable, checked):  # Dagster reuses a type it made for the same annotation
+        raise TypeError(f"new_run kinds: Dagster typed the field {type(field_type).__name__}, not Noneable")
+    field_type.__class__ = checked
+    return resource
+
+
 def default_resources(source: str) -> dict[str, Any]:
     """The resources every job and asset of the project uses: database, source, lane, new_run."""
     return {
         "database": database_resource(),
         "source": source_resource(source),
         "lane": LaneSettings(),
-        "new_run": new_run_options(source)(),
+        "new_run": checked_new_run_options(source),
     }

@@ -72,3 +72,27 @@ def test_the_launchpad_refuses_an_unknown_kind_before_any_run_exists(monkeypatch
     assert out["__typename"] == "RunConfigValidationInvalid", out
     (error,) = [e["message"] for e in out["errors"]]
     assert "\n" not in error and error.endswith("got histroy") and "deal_history, all;" in error, error
+
+
+def _launch(context, kinds: list[str]) -> dict:
+    params = {"selector": infer_job_selector(context, TENANT_JOB),
+              "runConfigData": {"resources": {"new_run": {"config": {"kinds": kinds}}}},
+              "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "acme"}]}}
+    return execute_dagster_graphql(context, LAUNCH, variables={"params": params}).data["launchRun"]
+
+
+def test_the_launchpad_refuses_plain_kinds_mixed_with_plus_kinds_before_any_run_exists(monkeypatch):
+    """Each entry alone is a good kind, so the UI's schema check passes; the code server judges the
+    choice as a whole while it plans the run (`resources.KindsChoiceType`), before the run exists."""
+    monkeypatch.setenv("MIGRATE_SOURCE", "pipedrive")
+    monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("PIPEDRIVE_API_TOKEN", "sandbox-token")
+    with instance_for_test() as instance, \
+            define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
+        mixed = _launch(context, ["persons", "+deal_history"])
+        empty = _launch(context, ["-all"])
+        assert instance.get_runs_count() == 0
+    for out, line in ((mixed, "new_run kinds: kinds persons and +deal_history: give either plain kinds"),
+                      (empty, "new_run kinds: kinds -all leave no kind to migrate")):
+        assert out["__typename"] == "PythonError", out
+        assert line in out["message"], out["message"]
