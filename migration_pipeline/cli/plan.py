@@ -1,7 +1,8 @@
 """`migrate plan TENANT`: what a full run will cost at the source before it starts - requests,
-tokens and days of the daily budget per kind, the total, the wall time at the burst limit, and
-each opt-in kind's price. The figures are the provider's (`PipedriveProvider.estimate`); this
-module only shows them."""
+tokens and days of the daily budget per kind, the total, the wall time, and each opt-in kind's
+price. The wall time is the longer of the burst floor and the round trips the plan's own requests
+measured (`Estimate.wall_seconds`). The figures are the provider's (`PipedriveProvider.estimate`);
+this module only shows them."""
 from __future__ import annotations
 
 import json
@@ -30,6 +31,19 @@ def _wall(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def wall_line(est: Any) -> str:
+    """The wall time line: about the longer of the round trips (at the medians the plan's own
+    requests measured, `est.round_trips`, over the requests a run keeps in flight) and the burst
+    floor, with both said."""
+    trips = est.round_trips
+    measured = ", ".join(f"{name} {trips[key]:.2f} s" for key, name in
+                         (("list", "a list page"), ("single", "a record by id"), ("body", "a mail body"))
+                         if key in trips)
+    return (f"wall time: about {_wall(est.wall_seconds)} (round trips as this plan measured them: {measured}; "
+            f"about {est.in_flight:.0f} requests in flight: {_wall(est.trip_seconds)}; "
+            f"the burst limit, {est.burst_limit} per 2 s: {_wall(est.burst_seconds)})")
+
+
 def plan_lines(est: Any) -> list[str]:
     """The plan as lines of text: a row per kind, the total, the burst floor, the opt-in kinds."""
     lines = [f"{'kind':<16}{'rows':>10}  {'requests':>9}{'tokens':>11}{'days':>8}"]
@@ -39,8 +53,8 @@ def plan_lines(est: Any) -> list[str]:
     lines.append(f"{'total':<16}{'':>10}  {est.requests:>9,}{est.tokens:>11,}{_days(est.days):>8}")
     limit = (f"{est.daily_limit:,} tokens a day (x-daily-ratelimit-token-limit) x {est.share:.0%} share"
              if est.daily_limit else "no daily token limit reported by the source: days not known")
-    lines.append(f"budget: {limit}; wall time at the burst limit ({est.burst_limit} per 2 s): "
-                 f"{_wall(est.wall_seconds)}")
+    lines.append(f"budget: {limit}")
+    lines.append(wall_line(est))
     for k in est.opt_in:
         days = (f"+{k.days:.2f} days" if k.days is not None else "days unknown without the account's daily limit")
         lines.append(f"opt-in {k.kind}: +{k.requests:,} requests, +{k.tokens:,} tokens, {days} "
@@ -89,7 +103,7 @@ def run_words(entries: list[str] | None, planned: list[str]) -> str:
 def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     """What migrating TENANT will cost at the source (Pipedrive, from the environment's settings),
     before any run: per kind the rows, requests, tokens and days of the daily budget, the total,
-    and the wall time at the burst limit; opt-in kinds with their price."""
+    and the wall time (round trips and burst limit); opt-in kinds with their price."""
     check_tenant(tenant, "TENANT")
     provider = provider_for("pipedrive")
     phases = [k for group in provider.phases() for k in group if k != "catchup"]
@@ -104,7 +118,9 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     except Exception as e:  # noqa: BLE001 - the source's own errors: one line, never a traceback
         fail(f"plan {tenant!r}: the pipedrive source failed: {type(e).__name__}: {e}")
     payload = {"tenant": tenant, "requests": est.requests, "tokens": est.tokens, "days": est.days,
-               "wall_seconds": est.wall_seconds, "daily_limit": est.daily_limit, "share": est.share,
+               "wall_seconds": est.wall_seconds,
+               "burst_seconds": est.burst_seconds, "trip_seconds": est.trip_seconds,
+               "round_trips": est.round_trips, "in_flight": est.in_flight, "daily_limit": est.daily_limit, "share": est.share,
                "burst_limit": est.burst_limit, "spent": est.spent,
                "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in],
                "next": "full run"}

@@ -72,6 +72,7 @@ def test_plan_says_opt_in_days_are_unknown_without_a_daily_limit():
 
     class Est:  # the shape plan_lines reads (engine_core.providers.pipedrive.estimate.Estimate)
         kinds, requests, tokens, days, daily_limit, share, burst_limit, wall_seconds = [], 1, 2, None, None, 0.8, 80, 1.0
+        burst_seconds, trip_seconds, in_flight, round_trips = 0.025, 1.0, 8.0, {"list": 0.3}
         opt_in = [type("K", (), {"kind": "followers", "requests": 140, "tokens": 1400, "days": None})()]
         spent = {"requests": 3, "tokens": 30}
 

@@ -8,9 +8,11 @@ import dataclasses
 
 import pytest
 
+from engine_core.providers.pipedrive import estimate as pd_estimate
 from engine_core.providers.pipedrive import kinds as pd_kinds
+from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.provider import PipedriveProvider
-from tests.pipedrive.support import failed_tasks, migrate, sandbox
+from tests.pipedrive.support import TOKEN, failed_tasks, migrate, sandbox
 
 SEED_DIVISOR = 40
 
@@ -46,7 +48,8 @@ def test_the_plan_is_within_ten_percent_of_the_runs_spend(db, request, scale: st
     assert abs(est.requests - requests) <= 0.1 * requests, (est.requests, requests, [vars(k) for k in est.kinds])
     assert abs(est.tokens - tokens) <= 0.1 * tokens, (est.tokens, tokens, [vars(k) for k in est.kinds])
     assert est.daily_limit == 10_000_000 and est.days == pytest.approx(est.tokens / 8_000_000)
-    assert est.burst_limit > 0 and est.wall_seconds == pytest.approx(est.requests * 2 / est.burst_limit)
+    assert est.burst_limit > 0 and est.burst_seconds == pytest.approx(est.requests * 2 / est.burst_limit)
+    assert est.wall_seconds == max(est.burst_seconds, est.trip_seconds)
     assert {k.kind for k in est.opt_in} == {k.name for k in pd_kinds.KINDS if not k.default}
     assert all(k.requests > 0 and k.tokens > 0 for k in est.opt_in)
 
@@ -65,3 +68,64 @@ def test_migrate_plan_prints_the_figures_per_kind_with_the_opt_in_prices(monkeyp
     assert "1,000,000 tokens a day" in result.output and "80% share" in result.output
     assert "opt-in deal_history: +" in result.output and "--kinds +deal_history" in result.output
     assert bad.exit_code == 2 and "TENANT" in bad.output
+
+
+class Clock:
+    """A test clock and a client over a real one whose requests take `answers` seconds of it (by
+    method): `now` moves only when a request answers or the counting sleeps; `sent` keeps each
+    request's send time."""
+
+    def __init__(self, client: PipedriveClient, answers: dict[str, float]) -> None:
+        self.now = 0.0
+        self.sent: list[float] = []
+        self.client, self.answers = client, answers
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+    def __getattr__(self, name: str):
+        real = getattr(self.client, name)
+        if name not in self.answers:
+            return real
+
+        def answered(*args, **kw):
+            self.sent.append(self.now)
+            out = real(*args, **kw)
+            self.now += self.answers[name]
+            return out
+        return answered
+
+    def counter(self, burst_limit: int) -> pd_estimate.Counter:
+        return pd_estimate.Counter(self, burst_limit, clock=lambda: self.now, sleep=self.sleep)
+
+
+ANSWERS = {"list_v2": 0.3, "list_v1": 0.3, "get": 0.2, "mail_messages": 0.4, "mail_body": 1.0}
+
+
+def test_the_wall_time_is_the_round_trips_the_plan_measured_over_the_requests_in_flight() -> None:
+    """Under latency the run's wall time is its round trips, not the burst floor: each class of
+    request at the median the counting measured (a mail body sampled too), over the requests a run
+    keeps in flight; the longer of that and the burst floor."""
+    with sandbox(scale="tiny") as sb, PipedriveClient(sb.base_url, TOKEN) as client:
+        clock = Clock(client, ANSWERS)
+        est = pd_estimate.estimate(clock, kinds=[k.name for k in pd_kinds.KINDS if k.default], share=0.8,
+                                   burst_limit=80, lane_width=4, counter=clock.counter(80))
+    assert est.round_trips == pytest.approx({"list": 0.3, "single": 0.2, "mail listing": 0.4, "body": 1.0})
+    emails = next(k for k in est.kinds if k.kind == "emails")
+    listings = emails.requests - emails.rows - 2  # after the walk of the two deal lists, a page each on tiny
+    assert emails.seconds == pytest.approx(2 * 0.3 + listings * 0.4 + emails.rows * 1.0)
+    assert est.in_flight == pytest.approx(pd_estimate.IN_FLIGHT_PER_SLOT * 4)
+    assert est.trip_seconds == pytest.approx(sum(k.seconds for k in est.kinds) / est.in_flight)
+    assert est.wall_seconds == est.trip_seconds > est.burst_seconds == pytest.approx(est.requests * 2 / 80)
+
+
+def test_the_plans_counting_keeps_to_half_the_burst_limit() -> None:
+    """No 2 s window holds more than half the burst limit of the counting's requests (82 unpaced
+    requests met the 80-per-2-s burst on a source without latency)."""
+    with sandbox(scale="tiny") as sb, PipedriveClient(sb.base_url, TOKEN) as client:
+        clock = Clock(client, dict.fromkeys(ANSWERS, 0.001))
+        pd_estimate.estimate(clock, kinds=["persons", "deals", "emails"], share=0.8, burst_limit=20,
+                             lane_width=4, counter=clock.counter(20))
+    sent = clock.sent
+    assert len(sent) > 20
+    assert max(sum(1 for t in sent if start <= t < start + 2.0) for start in sent) == 10

@@ -26,20 +26,30 @@ account with deleted parents (the sandbox's 2%); an account without any spends n
 
 Tokens are each request's `x-token-cost` (`kinds.TOKEN_COSTS`). Days: tokens / (the account's
 `x-daily-ratelimit-token-limit` x the engine's daily share), per kind and in total (None when the
-source sends no daily limit). Wall time: requests / (burst limit per 2 s), the burst floor.
+source sends no daily limit). Wall time: the longer of the burst floor (requests / (burst limit
+per 2 s)) and the round trips: each kind's requests x the median round trip of their class, as the
+counting itself measured it (lists, parent probes by id or `ids=`, a deal's mail listing and up to
+five mail bodies of the deal with the most mail), over the requests a run keeps in flight
+(`IN_FLIGHT_PER_SLOT` x the lane width). The counting is paced to half the burst limit
+(`PACE_SHARE`), so it does not meet the burst the company's other integrations share.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from engine_core.config import Settings
 from engine_core.providers.pipedrive import kinds as K
 from engine_core.providers.pipedrive import stripes, writers
 from engine_core.providers.pipedrive.client import tls_context
+from engine_core.providers.pipedrive.errors import ItemRefused
 from engine_core.providers.pipedrive.retry import rate_observation
 from engine_core.providers.pipedrive.meter import token_cost
 from engine_core.providers.pipedrive.fields import FieldBook
@@ -52,13 +62,25 @@ V1_EMPTY_ENDS = 3  # a v1 list of three pages or more: three of its four stripes
 STRIPE_PARTIALS = 4  # a striped v2 list: each stripe ends on a partial page
 PROBES = 2  # a striped v2 list's discovery: the two probes
 BURST_WINDOW_SECONDS = 2.0
+# The counting's own pace: half the burst limit, the rest left to the company's other integrations
+# (82 unpaced requests met the 80-per-2-s burst on a source without latency).
+PACE_SHARE = 0.5
+# Requests a run keeps in flight per lane slot, on average: a slot's task asks up to four at a time
+# (`record_lists`/`emails` FETCH_THREADS) in rounds that wait for their slowest. Measured on the small
+# sandbox account with realistic latency: 1,464 requests whose round trips, at the medians the plan
+# measured, add up to about 1,200 s took 150 s with four lane slots (8 in flight).
+IN_FLIGHT_PER_SLOT = 2.0
+MAIL_BODY_SAMPLES = 5
+# the round trip a class of requests is taken at when the counting measured none of it
+FALLBACK_CLASS = {"single": "list", "mail listing": "list", "body": "single"}
 
 
 @dataclass
 class KindCost:
     """One kind's figures: `rows` (counted or estimated: `exact`), the run's `requests` and
-    `tokens` at the source, `days` at the engine's daily share (None: no daily limit known), and
-    `opt_in` (a kind a run leaves out unless asked)."""
+    `tokens` at the source, `days` at the engine's daily share (None: no daily limit known),
+    `opt_in` (a kind a run leaves out unless asked) and `seconds` (its requests' round trips added
+    up, at the medians the counting measured)."""
 
     kind: str
     rows: int
@@ -67,13 +89,16 @@ class KindCost:
     tokens: int = 0
     days: float | None = None
     opt_in: bool = False
+    seconds: float = 0.0  # its requests' round trips added up, at the measured medians (`round_trips`)
 
 
 @dataclass
 class Estimate:
     """A run's cost before it starts: per kind (`kinds`, planned; `opt_in`, each opt-in kind's
     price if it were added), the totals of the planned kinds, days at the daily share, wall
-    seconds at the burst limit, and what counting cost (`spent`: requests, tokens)."""
+    seconds (the longer of the burst floor and the round trips over `in_flight`), the median round
+    trip per request class the counting measured (`round_trips`, seconds), and what counting cost
+    (`spent`: requests, tokens)."""
 
     kinds: list[KindCost]
     opt_in: list[KindCost]
@@ -82,6 +107,8 @@ class Estimate:
     burst_limit: int
     spent: dict[str, int] = field(default_factory=dict)
     sync_floor: KindCost | None = None  # a sync of the planned kinds when nothing changed (`estimate`)
+    round_trips: dict[str, float] = field(default_factory=dict)
+    in_flight: float = 1.0
 
     @property
     def requests(self) -> int:
@@ -99,9 +126,19 @@ class Estimate:
         return days_of(self.tokens, self.daily_limit, self.share)
 
     @property
-    def wall_seconds(self) -> float:
+    def burst_seconds(self) -> float:
         """Seconds the planned requests take at the burst limit (the burst floor)."""
         return self.requests * BURST_WINDOW_SECONDS / max(self.burst_limit, 1)
+
+    @property
+    def trip_seconds(self) -> float:
+        """Seconds the planned requests' round trips take with `in_flight` of them at a time."""
+        return sum(k.seconds for k in self.kinds) / max(self.in_flight, 1.0)
+
+    @property
+    def wall_seconds(self) -> float:
+        """The run's wall time at the source: the longer of the burst floor and the round trips."""
+        return max(self.burst_seconds, self.trip_seconds)
 
 
 def days_of(tokens: int, daily_limit: int | None, share: float) -> float | None:
@@ -112,31 +149,70 @@ def days_of(tokens: int, daily_limit: int | None, share: float) -> float | None:
 
 
 class Counter:
-    """The client the counting goes through, counting its own requests and tokens and keeping the
-    last daily limit and burst limit the source's headers said (`observe`, as a budget would)."""
+    """The client the counting goes through: counts its own requests and tokens, times each
+    answered request by class ("list", "single", "mail listing", "body"; `trips`, seconds), and
+    paces them to `burst_limit` x PACE_SHARE per BURST_WINDOW_SECONDS (0: unpaced). `clock` and
+    `sleep` are time.monotonic and time.sleep unless a test gives its own."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, burst_limit: int = 0, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.client = client
         self.requests = 0
         self.tokens = 0
+        self.trips: dict[str, list[float]] = {}
+        self.pace = max(1, int(burst_limit * PACE_SHARE)) if burst_limit > 0 else 0
+        self.sent: deque[float] = deque()
+        self.clock, self.sleep = clock, sleep
+
+    def _call(self, kind: str, tokens: int, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """`fn(*args, **kw)` once the pace allows, counted and timed as `kind`."""
+        while self.pace:
+            now = self.clock()
+            while self.sent and self.sent[0] <= now - BURST_WINDOW_SECONDS:
+                self.sent.popleft()
+            if len(self.sent) < self.pace:
+                self.sent.append(now)
+                break
+            self.sleep(self.sent[0] + BURST_WINDOW_SECONDS - now + 0.001)
+        self.requests += 1
+        self.tokens += tokens
+        started = self.clock()
+        out = fn(*args, **kw)
+        self.trips.setdefault(kind, []).append(self.clock() - started)
+        return out
 
     def list_v2(self, path: str, params: dict[str, Any], **kw: Any) -> Any:
         """One v2 page, counted."""
-        self.requests += 1
-        self.tokens += K.TOKEN_COSTS[path]
-        return self.client.list_v2(path, params, **kw)
+        return self._call("list", K.TOKEN_COSTS[path], self.client.list_v2, path, params, **kw)
 
     def get(self, path: str, params: Any = None, **kw: Any) -> Any:
         """One GET (a parent by id, or a list's `ids=`), counted at its cost."""
-        self.requests += 1
-        self.tokens += token_cost(path)
-        return self.client.get(path, params, **kw)
+        return self._call("single", token_cost(path), self.client.get, path, params, **kw)
 
     def list_v1(self, path: str, params: dict[str, Any] | None = None, **kw: Any) -> Any:
         """One v1 page, counted."""
-        self.requests += 1
-        self.tokens += K.TOKEN_COSTS[path]
-        return self.client.list_v1(path, params, **kw)
+        return self._call("list", K.TOKEN_COSTS[path], self.client.list_v1, path, params, **kw)
+
+    def mail_messages(self, deal_id: int, limit: int) -> Any:
+        """The first `limit` of a deal's mail messages (no bodies), counted."""
+        return self._call("mail listing", K.TOKEN_COSTS["mailMessages"], self.client.mail_messages, deal_id, 0, limit)
+
+    def mail_body(self, message_id: int) -> Any:
+        """One mail message with its body, counted."""
+        return self._call("body", BODY_TOKENS, self.client.mail_body, message_id)
+
+    def round_trips(self) -> dict[str, float]:
+        """The median round trip per class (seconds), a class not measured taken at another's
+        (`FALLBACK_CLASS`: a body at a GET by id, the rest at a list page)."""
+        out = {k: statistics.median(v) for k, v in self.trips.items() if v}
+        for kind in ("list", "single", "mail listing", "body"):
+            seen: set[str] = set()
+            other = kind
+            while other not in out and other in FALLBACK_CLASS and other not in seen:
+                seen.add(other)
+                other = FALLBACK_CLASS[other]
+            out.setdefault(kind, out.get(other, 0.0))
+        return out
 
 
 def count_v2(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
@@ -175,8 +251,11 @@ def count_v1(c: Counter, path: str, size: int = PAGE) -> tuple[int, bool, tuple[
 
 
 def count_mail(c: Counter) -> tuple[int, int]:
-    """(deals with mail, their messages) from both deal lists' `email_messages_count`."""
+    """(deals with mail, their messages) from both deal lists' `email_messages_count`; then the
+    deal with the most mail is listed and up to MAIL_BODY_SAMPLES of its bodies read, for their
+    round trips (`Counter.trips`; a body the token may not read is passed over)."""
     deals = messages = 0
+    most: tuple[int, Any] = (0, None)
     for path in (K.BY_NAME["deals"].path, K.BY_NAME["deals_archived"].path):
         cursor = None
         while True:
@@ -186,10 +265,31 @@ def count_mail(c: Counter) -> tuple[int, int]:
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                     deals += 1
                     messages += n
+                    if n > most[0]:
+                        most = (n, row.get("id"))
             if not page.more or not page.next_cursor:
                 break
             cursor = page.next_cursor
+    if isinstance(most[1], int):
+        sample_mail(c, most[1])
     return deals, messages
+
+
+def sample_mail(c: Counter, deal_id: int) -> None:
+    """One listing of `deal_id`'s mail and up to MAIL_BODY_SAMPLES bodies from it, timed by `c`
+    (a deal or body the source refuses is passed over: the samples are for round trips only)."""
+    try:
+        page = c.mail_messages(deal_id, MAIL_BODY_SAMPLES)
+    except ItemRefused:
+        return
+    for row in page.rows[:MAIL_BODY_SAMPLES]:
+        data = row.get("data") if isinstance(row, dict) else None
+        message_id = data.get("id") if isinstance(data, dict) else None
+        if isinstance(message_id, int) and not isinstance(message_id, bool):
+            try:
+                c.mail_body(message_id)
+            except ItemRefused:
+                continue
 
 
 def pages(rows: int, per: int = PAGE) -> int:
@@ -286,12 +386,15 @@ def probe_cost(kind: K.Kind, rows: int, sample: tuple[int, dict[str, set[str]]],
 
 
 def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: int,
-             daily_limit: int | None = None) -> Estimate:
+             daily_limit: int | None = None, lane_width: int | None = None,
+             counter: Counter | None = None) -> Estimate:
     """The cost of a full run of `kinds` (module docstring). `client`: the provider's
     `PipedriveClient` (its requests are the counting's, `Estimate.spent`); `share`: the engine's
     daily share (MIGRATE_DAILY_TOKEN_SHARE); `burst_limit`: requests per 2 s; `daily_limit`: the
-    account's `x-daily-ratelimit-token-limit` (None: not known). Raises as the client does."""
-    c = Counter(client)
+    account's `x-daily-ratelimit-token-limit` (None: not known); `lane_width`: the run's lane
+    slots (None: MIGRATE_LANE_WIDTH's); `counter`: the `Counter` to count through (a test's clock),
+    else one over `client` paced at `burst_limit`. Raises as the client does."""
+    c = counter if counter is not None else Counter(client, burst_limit)
     planned = list(kinds)
     rows: dict[str, tuple[int, bool]] = {}
     listed = [k for k in K.KINDS if k.paging in (K.OFFSET, K.CURSOR)]
@@ -309,13 +412,15 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     asked: dict[str, set[str]] = {}
     mail_deals, messages = count_mail(c) if "emails" in planned else (0, 0)
     deal_count = rows["deals"][0] + rows["deals_archived"][0]
-    out: list[KindCost] = [KindCost("start", 1, True, 1, K.TOKEN_COSTS["v1 single"])]
+    trip = c.round_trips()
+    out: list[KindCost] = [KindCost("start", 1, True, 1, K.TOKEN_COSTS["v1 single"], seconds=trip["single"])]
     field_paths = [*K.V2_FIELD_LISTS.values(), *K.V1_FIELD_LISTS.values()]
     costs: dict[str, KindCost] = {}
     for k in K.KINDS:
         if k.name == "fields":
             costs[k.name] = KindCost(k.name, len(field_paths), True, len(field_paths),
-                                     sum(K.FIELD_LIST_COSTS[p] for p in field_paths))
+                                     sum(K.FIELD_LIST_COSTS[p] for p in field_paths),
+                                     seconds=len(field_paths) * trip["list"])
         elif k.name in rows:
             n, exact = rows[k.name]
             req = listing(k, n)
@@ -323,28 +428,32 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
             if k.name in K.SUMMARY_PATHS and n > PAGE:
                 req, tok = req + 1, tok + K.TOKEN_COSTS[K.SUMMARY_PATHS[k.name]]
             preq, ptok = probe_cost(k, n, samples[k.name], missing, asked, planned)
-            costs[k.name] = KindCost(k.name, n, exact, req + preq, tok + ptok)
+            costs[k.name] = KindCost(k.name, n, exact, req + preq, tok + ptok,
+                                     seconds=req * trip["list"] + preq * trip["single"])
         elif k.paging == K.BATCH:
             req = pages(deal_count, IDS_PER_CALL)
-            costs[k.name] = KindCost(k.name, deal_count, rows["deals"][1], req, req * k.cost)
+            costs[k.name] = KindCost(k.name, deal_count, rows["deals"][1], req, req * k.cost, seconds=req * trip["list"])
         elif k.name == "emails":
             walk = pages(rows["deals"][0]) + pages(rows["deals_archived"][0])
             req = walk + mail_deals + messages
             tok = (pages(rows["deals"][0]) * K.BY_NAME["deals"].cost + pages(rows["deals_archived"][0])
                    * K.BY_NAME["deals_archived"].cost + mail_deals * k.cost + messages * BODY_TOKENS)
-            costs[k.name] = KindCost(k.name, messages, True, req, tok)
+            costs[k.name] = KindCost(k.name, messages, True, req, tok, seconds=walk * trip["list"]
+                                     + mail_deals * trip["mail listing"] + messages * trip["body"])
         elif k.paging == K.DOWNLOAD:  # file contents: one download per file
             files = rows.get("files", (0, True))
-            costs[k.name] = KindCost(k.name, files[0], files[1], files[0], files[0] * k.cost)
+            costs[k.name] = KindCost(k.name, files[0], files[1], files[0], files[0] * k.cost,
+                                     seconds=files[0] * trip["single"])
         elif k.paging == K.FAN_OUT:  # an opt-in per-record list: one call per record it fans out over
             over = deal_count if k.name != "followers" else deal_count + rows["persons"][0] + rows["organizations"][0]
-            costs[k.name] = KindCost(k.name, over, False, over, over * k.cost)
+            costs[k.name] = KindCost(k.name, over, False, over, over * k.cost, seconds=over * trip["list"])
         costs[k.name].opt_in = not k.default if k.name in costs else False
     catchup_kinds = [n for n in K.CATCHUP_ORDER if n in planned and n in rows]
     catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds), all(rows[n][1] for n in catchup_kinds))
     for n in catchup_kinds:
         catchup.requests += pages(rows[n][0], K.page_of(n))
         catchup.tokens += pages(rows[n][0], K.page_of(n)) * K.BY_NAME[n].cost
+    catchup.seconds = catchup.requests * trip["list"]
     out += [costs[n] for n in planned if n in costs] + [catchup]
     opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]
     for kc in (*out, *opt_in):
@@ -356,8 +465,9 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
                      + catchup.requests, out[0].tokens + costs["fields"].tokens * ("fields" in planned)
                      + catchup.tokens)
     floor.days = days_of(floor.tokens, daily_limit, share)
+    width = lane_width if lane_width is not None else Settings.from_env().lane_width
     return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens},
-                    sync_floor=floor)
+                    sync_floor=floor, round_trips=trip, in_flight=IN_FLIGHT_PER_SLOT * width)
 
 
 def observed_limits(base_url: str, token: str) -> tuple[int | None, int | None]:
