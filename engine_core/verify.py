@@ -231,11 +231,35 @@ def _norm(source_id: object) -> str:
     return str(source_id).strip().lower()
 
 
-def list_source(provider: Provider, kind: str, settings: Settings, options: dict[str, Any]) -> dict[str, str | None]:
+@dataclass(frozen=True)
+class VerifyStep:
+    """Where a verify is, for a progress display: the ledger `kind` being read (its `index`, from
+    1, of `total` kinds to read), the ids its listing gave so far (`listed`), the requests the
+    verify made so far, and `done` once the kind's listing is complete (it is compared next)."""
+
+    kind: str
+    index: int
+    total: int
+    listed: int
+    requests: int
+    done: bool = False
+
+
+VerifyProgress = Callable[[VerifyStep], None]
+STEP_EVERY_IDS = 100  # a kind's listing reports progress every this many ids (a page is 100-500)
+
+
+def list_source(provider: Provider, kind: str, settings: Settings, options: dict[str, Any],
+                listed: Callable[[int], None] | None = None) -> dict[str, str | None]:
     """Every id the source lists now for one provider kind -> its version (None when the listing
-    has none). NotImplementedError when the provider cannot list that kind."""
-    return {_norm(sid): (None if version is None else str(version))
-            for sid, version in source_ids(provider, settings, kind, options)}
+    has none); `listed(n)` is told every STEP_EVERY_IDS ids. NotImplementedError when the provider
+    cannot list that kind."""
+    out: dict[str, str | None] = {}
+    for sid, version in source_ids(provider, settings, kind, options):
+        out[_norm(sid)] = None if version is None else str(version)
+        if listed is not None and len(out) % STEP_EVERY_IDS == 0:
+            listed(len(out))
+    return out
 
 
 def _regclass(db: Database, name: str) -> str | None:
@@ -373,7 +397,7 @@ def left_out_kinds(db: Database, provider: Provider, tenant_id: str) -> dict[str
 
 
 def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings | None = None,
-           kinds: Iterable[str] | None = None) -> VerifyResult:
+           kinds: Iterable[str] | None = None, progress: VerifyProgress | None = None) -> VerifyResult:
     """Prove the tenant's ledger and product rows against what the source lists now.
 
     `kinds`: plan or ledger kinds to prove (default: every kind of the provider's plan). Returns a
@@ -381,7 +405,9 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     seconds spent). Raises RunNotFound (one line, names the tenant) when no run of this source ever
     ran for the tenant, TenantSourceMismatch when the provider reaches another source than the
     tenant's data came from (`runs.check_tenant_identity`), ConfigError for an unknown kind; the source's own errors (auth, rate limit
-    after the client's retries) propagate. Holds no database connection while it lists."""
+    after the client's retries) propagate. Holds no database connection while it lists. `progress`
+    is told each kind's start, its listing's ids as they come, and its end (`VerifyStep`): under
+    latency a listing of every record takes minutes."""
     settings = settings or Settings.from_env()
     runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
     started = time.monotonic()
@@ -392,15 +418,25 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     options: dict[str, Any] = {"db": db, "cost": cost, "tenant_id": tenant_id, "unreachable": unreachable}
     results: list[KindResult] = []
     left = left_out_kinds(db, provider, tenant_id)
+    to_read = {lk: pk for lk, pk in listing_kinds(provider, kinds).items() if not all(k in left for k in pk)}
     for lk, plan_kinds in listing_kinds(provider, kinds).items():
-        if all(k in left for k in plan_kinds):  # no request: the tenant was never migrated with it
+        if lk not in to_read:  # no request: the tenant was never migrated with it
             results.append(KindResult(lk, tuple(plan_kinds), checked=False, note=left[plan_kinds[0]]))
             continue
         at_source: dict[str, str | None] = {}
         unreachable.clear()
+        index = list(to_read).index(lk) + 1
+
+        def step(n: int, done: bool = False, lk: str = lk, index: int = index) -> None:
+            if progress is not None:
+                progress(VerifyStep(lk, index, len(to_read), n, int(cost["requests"]), done))
+        step(0)
         try:
             for k in plan_kinds:
-                at_source.update(list_source(provider, k, settings, options))
+                before = len(at_source)
+                at_source.update(list_source(provider, k, settings, options,
+                                             lambda n, before=before: step(before + n)))
+            step(len(at_source), True)
         except NotImplementedError as e:
             results.append(KindResult(lk, tuple(plan_kinds), checked=False,
                                       note=str(e) or f"the {provider.source} provider cannot list {lk}"))

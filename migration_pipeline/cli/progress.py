@@ -139,3 +139,43 @@ class Progress:
         if self.db is not None:
             self.db.close()
             self.db = None
+
+
+class VerifyDisplay:
+    """`migrate verify`'s progress (`engine_core.verify.VerifyStep`): a line per kind once it is
+    read (its ids, the requests so far), and while a kind is read, a live status on a terminal or
+    a line every EVERY seconds on a pipe: a verify lists every record again, minutes under
+    latency. Nothing with --json (stdout is the JSON alone). `close` ends the status."""
+
+    EVERY = 10.0
+
+    def __init__(self, tenant: str, as_json: bool, clock: Any = time.monotonic) -> None:
+        self.tenant, self.as_json, self.clock = tenant, as_json, clock
+        self.status: Any = None
+        self.printed = clock()
+
+    def __call__(self, step: Any) -> None:
+        if self.as_json:
+            return
+        where = f"{step.kind} ({step.index}/{step.total})"
+        if step.done:
+            console.print(f"  verify {self.tenant}: {where} read: {step.listed:,} ids; "
+                          f"{step.requests:,} requests so far", highlight=False)
+            self.printed = self.clock()
+        text = (f"verify {self.tenant}: reading {where}: {step.listed:,} ids so far; "
+                f"{step.requests:,} requests so far")
+        if console.is_terminal:
+            if self.status is None:
+                self.status = console.status(text)
+                self.status.start()
+            else:
+                self.status.update(text)
+        elif not step.done and self.clock() - self.printed >= self.EVERY:
+            console.print(f"  {text}", highlight=False)
+            self.printed = self.clock()
+
+    def close(self) -> None:
+        """End the terminal's status line; safe to call twice."""
+        if self.status is not None:
+            self.status.stop()
+            self.status = None

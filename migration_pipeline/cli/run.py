@@ -18,6 +18,7 @@ from migration_pipeline.cli.launching import (before_launch, collector_paused, e
                                               new_config, source_for)
 from migration_pipeline.cli.options import KINDS_HELP, SECONDS, kinds_choice, typed_options
 from migration_pipeline.cli.output import emit, fail, open_db, retries_summarised
+from migration_pipeline.cli.progress import VerifyDisplay
 from migration_pipeline.cli.tables import print_verify
 from migration_pipeline.launch.checks import check_tenant, new_run_config
 
@@ -56,12 +57,13 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
 
 
 def run_verify(db: dbmod.Database, tenant: str, source: str | None, kinds: list[str] | None = None,
-               provider: Any = None) -> Any:
-    """engine_core.verify for the tenant's latest run's source; errors are one line (exit 2)."""
+               provider: Any = None, progress: Any = None) -> Any:
+    """engine_core.verify for the tenant's latest run's source, telling `progress` (a
+    `VerifyDisplay`, or None) as it reads; errors are one line (exit 2)."""
     run = tenant_run(db, tenant, source)
     provider = provider or provider_for(run.source, run)
     try:
-        return verify(db, provider, tenant, Settings.from_env(), kinds=kinds)
+        return verify(db, provider, tenant, Settings.from_env(), kinds=kinds, progress=progress)
     except EngineError:
         raise
     except Exception as e:  # the source's own errors (auth, budget): one line, never a traceback
@@ -78,8 +80,12 @@ def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool
     them with the ledger and the product's rows, name every difference (missing, extra, duplicated,
     stale version) and the requests and tokens it cost. Exit 1 on differences, 2 on errors."""
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
-    with open_db() as db, retries_summarised() as retried:
-        result = run_verify(db, tenant, source, wanted)
+    display = VerifyDisplay(tenant, as_json)
+    try:
+        with open_db() as db, retries_summarised() as retried:
+            result = run_verify(db, tenant, source, wanted, progress=display)
+    finally:
+        display.close()
     if retried.line():  # one line, not one per retry; stderr: --json stays one document
         click.echo(retried.line(), err=True)
     if not any(k.checked for k in result.kinds) and not result.left_out:  # a source without id listings
