@@ -9,7 +9,7 @@ import click
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
 from migration_pipeline.cli import control, demo, inspect, plan, run
-from migration_pipeline.cli.output import fail
+from migration_pipeline.cli.output import fail, lowercase_error
 from migration_pipeline.launch.checks import LaunchError
 
 
@@ -17,12 +17,23 @@ class _Commands(click.Group):
     """Bad input and unreachable services end every command with one line naming the variable or
     value (the engine's ConfigError / DatabaseUnavailable, a refused launch), never a traceback."""
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        """click's, with a usage error's line beginning "error: " (`lowercase_error`)."""
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:
+            raise lowercase_error(e) from None
+
     def invoke(self, ctx: click.Context) -> Any:
-        """Invoke the command; an EngineError or LaunchError becomes one line on stderr and exit 2."""
+        """Invoke the command; an EngineError or LaunchError becomes one line on stderr and exit 2,
+        a usage error's line begins "error: " as those do (`lowercase_error`)."""
         try:
             return super().invoke(ctx)
         except (EngineError, LaunchError) as e:
             fail(e)
+        except click.ClickException as e:
+            raise lowercase_error(e) from None
 
 
 @click.group(cls=_Commands)

@@ -87,11 +87,29 @@ def emit(as_json: bool, payload: Any, render: Any) -> None:
         render()
 
 
+ERROR_PREFIX = "error: "  # every failure's line, ours (`fail`) and click's usage errors (`lowercase_error`)
+
+
 def fail(e: Exception | str) -> None:
     """One line on stderr, no traceback, exit code 2."""
     message = " ".join(str(e).split()) or type(e).__name__
-    click.echo(f"error: {message}", err=True)
+    click.echo(f"{ERROR_PREFIX}{message}", err=True)
     sys.exit(2)
+
+
+def lowercase_error(e: click.ClickException) -> click.ClickException:
+    """`e` shown as click shows it (a usage error: the usage and the help hint first), but its line
+    begins with ERROR_PREFIX, as every other failure of the command line does, not click's "Error: "."""
+    def show(file: Any = None) -> None:
+        out = file if file is not None else sys.stderr
+        ctx = getattr(e, "ctx", None)
+        if isinstance(e, click.UsageError) and ctx is not None:
+            hint = (f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.\n"
+                    if ctx.command.get_help_option(ctx) is not None else "")
+            click.echo(f"{ctx.get_usage()}\n{hint}", file=out, color=ctx.color)
+        click.echo(f"{ERROR_PREFIX}{e.format_message()}", file=out)
+    e.show = show  # type: ignore[method-assign]
+    return e
 
 
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,

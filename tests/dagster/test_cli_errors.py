@@ -521,3 +521,21 @@ def test_status_says_what_a_run_left_out(db_url, run_env):
     assert ("left out: file_contents, participants, deal_history (opt-in; add them alone with --kinds "
             "file_contents,participants,deal_history)"
             in text), out.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan"], "Missing argument 'TENANT'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["status", "--bogus"], "No such option '--bogus'"),
+    (["db", "nosuch"], "No such command 'nosuch'"),
+])
+def test_a_usage_error_begins_error_as_every_other_failure_does(args, needle):
+    # click's own usage errors said "Error: ", every other failure of the command line "error: "
+    from click.testing import CliRunner
+
+    from migration_pipeline.cli.main import main
+
+    out = CliRunner().invoke(main, args, prog_name="migrate")
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.exit_code == 2 and lines[0].startswith("Usage: migrate"), out.stderr
+    assert lines[-1] == f"error: {needle}." and "Error" not in out.stderr, out.stderr
