@@ -315,13 +315,16 @@ class ProgressBoard:
     """One `rich` progress bar per phase of a run, for `migrate run`: call `update(db)` every few
     seconds (inside `with board:`), it snapshots every phase that has tasks and redraws. A
     `dry_run`'s bars say "would import" / "would update", as its results tables do (they said
-    "imported")."""
+    "imported"). `labels`: each phase's number on its bar (default: its place in `plan`)."""
 
-    def __init__(self, run_id: int, plan: list[list[str]], console: Any = None, *, dry_run: bool = False) -> None:
+    def __init__(self, run_id: int, plan: list[list[str]], console: Any = None, *, dry_run: bool = False,
+                 labels: list[str] | None = None) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.run_id = run_id
         self.plan = [list(g) for g in plan]
+        # how each phase is numbered on its bar ("9/9"; default: its place in `plan`, "8")
+        self.labels = list(labels) if labels is not None and len(labels) == len(self.plan) else None
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
             TimeRemainingColumn(), TextColumn("{task.fields[figures]}"), console=console, transient=False,
@@ -352,7 +355,7 @@ class ProgressBoard:
             if not p.tasks_total and not p.closed:
                 continue
             if i not in self._bars:
-                self._bars[i] = self.progress.add_task(f"phase {i + 1} {', '.join(kinds)}", total=100.0, figures="")
+                self._bars[i] = self.progress.add_task(f"phase {self.labels[i] if self.labels else i + 1} {', '.join(kinds)}", total=100.0, figures="")
             imported, updated = self._words
             figures = (f"{p.seen} seen {p.imported} {imported}" + (f" {p.updated} {updated}" if p.updated else "")
                        + f" {p.skipped} skipped {p.failed} failed"

@@ -12,6 +12,7 @@ from engine_core import runs_reads
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 from migration_pipeline import tags
+from migration_pipeline.assets.specs import plan_of
 
 COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
 # per kind beside the row outcomes: rows marked deleted at the source by the run (ledger
@@ -202,6 +203,18 @@ def phase_status(tasks: dict[str, int]) -> str:
     return f"closed with {failed} failed task(s)" if failed else "closed"
 
 
+def asset_phase(r: rollups.RunRollup, phase: int) -> str:
+    """The run's phase `phase` as "N/M" in the provider's whole plan, as its asset is named
+    (phase_9_catchup is 9/9 in a run without the opt-in phase); the run's own numbering when the
+    provider does not load or does not hold the phase's kinds."""
+    try:
+        groups = [set(g) for g in plan_of(r.source)]
+    except Exception:  # noqa: BLE001 - a source that no longer loads: the run's own numbering
+        groups = []
+    at = next((i for i, g in enumerate(groups) if g & set(r.phases[phase])), None)
+    return f"{phase + 1}/{len(r.phases)}" if at is None else f"{at + 1}/{len(groups)}"
+
+
 def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
                    windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """A closed phase's materialisation metadata: grouped reasons first, then `phase_status` ("closed" / "closed with N failed
@@ -223,7 +236,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
         "phase_status": MetadataValue.text(phase_status(s["tasks"])),
         "engine_run_status_at_close": MetadataValue.text(r.status),
         "dry_run": MetadataValue.bool(r.dry_run),
-        "phase": MetadataValue.text(f"{phase + 1}/{len(r.phases)}: {', '.join(s['names'])}"),
+        "phase": MetadataValue.text(f"{asset_phase(r, phase)}: {', '.join(s['names'])}"),
     }
     for c in (*COUNTS, *EXTRA):
         md[c] = MetadataValue.int(int(s["totals"][c]))

@@ -22,8 +22,16 @@ from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
-from migration_pipeline.cli.tables import outcome_counts, print_overview, print_rollup, reasons_table
+from migration_pipeline.cli.tables import outcome_counts, phase_number, print_overview, print_rollup, reasons_table
 from migration_pipeline.launch.checks import pickable_kinds
+
+
+def _phase(r: Any) -> str:
+    """The run's current phase as "N/M", numbered as its phase asset (`tables.phase_number`)."""
+    if not r.plan:
+        return "0/0"
+    at = min(r.current_phase, len(r.plan) - 1)
+    return "{}/{}".format(*phase_number(r.source, r.plan[at], at + 1, len(r.plan)))
 
 
 def tenant_overview(db: dbmod.Database, source: str | None = None,
@@ -45,7 +53,7 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
                 if r.status in ("running", "stopping") else None)
         dead_since = rollups.no_live_worker_since(db, r.id) if idle is not None else None
         overview.append({"tenant": r.tenant_id, "source": r.source, "run_id": r.id, "mode": r.mode, "status": r.status,
-                         "dry_run": r.dry_run, "phase": f"{min(r.current_phase + 1, len(r.plan))}/{len(r.plan)}",
+                         "dry_run": r.dry_run, "phase": _phase(r),
                          "tasks": tasks, "started_at": r.started_at, "finished_at": r.finished_at,
                          "idle_seconds": idle,
                          "unattended": dead_since is not None or (stale_after is not None and idle is not None

@@ -9,9 +9,8 @@ from engine_core import db as dbmod
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.progress import ProgressBoard
-from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console, open_db
-from migration_pipeline.cli.tables import written_columns
+from migration_pipeline.cli.tables import phase_labels, phase_number, written_columns
 
 
 def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
@@ -26,19 +25,9 @@ def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
 
 
 def phase_label(r: Any, phase: int) -> str:
-    """How a progress line numbers the run's phase `phase` (its index in the run's plan): by the
-    provider's whole plan, as the phase assets are numbered ("9/9" for the catch-up of a run that
-    left the opt-in phase out, not "8/8" beside the assets' nine); by the run's own plan when the
-    provider does not load or does not hold the phase's kinds."""
-    try:
-        groups = [set(g) for g in provider_for(r.source).phases() if g]
-    except Exception:  # noqa: BLE001 - a source that no longer loads: the run's own numbering
-        groups = []
-    kinds = set(r.phases[phase])
-    at = next((i for i, g in enumerate(groups) if g & kinds), None)
-    if at is None:
-        return f"{phase + 1}/{len(r.phases)}"
-    return f"{at + 1}/{len(groups)}"
+    """How a progress line numbers the run's phase `phase` (its index in the run's plan): "N/M" by
+    the provider's whole plan, as the phase assets are numbered (`tables.phase_number`)."""
+    return "{}/{}".format(*phase_number(r.source, r.phases[phase], phase + 1, len(r.phases)))
 
 
 class Progress:
@@ -70,7 +59,8 @@ class Progress:
 
             if getattr(self, "board", None) is None:
                 engine_run = runs.get_run(self.db, int(engine_id))
-                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=console, dry_run=engine_run.dry_run)
+                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=console, dry_run=engine_run.dry_run,
+                                           labels=phase_labels(engine_run.source, engine_run.plan))
                 self.board.__enter__()
             self.board.update(self.db)
             return

@@ -12,7 +12,26 @@ from rich.table import Table
 
 from engine_core import rollup as rollups
 from engine_core.progress import format_seconds
+from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console
+
+
+def phase_number(source: str, kinds: Any, own: int, own_total: int) -> tuple[int, int]:
+    """(number from 1, phases) of the run's phase of `kinds` in the provider's whole plan, as the
+    phase assets are numbered (the catch-up of a run that left the opt-in phase out is 9 of 9, as
+    its asset phase_9_catchup, not 8 of 8); the run's own numbering (`own`, `own_total`) when the
+    provider does not load or does not hold those kinds."""
+    try:
+        groups = [set(g) for g in provider_for(source).phases() if g]
+    except Exception:  # noqa: BLE001 - a source that no longer loads: the run's own numbering
+        groups = []
+    at = next((i for i, g in enumerate(groups) if g & set(kinds)), None)
+    return (own, own_total) if at is None else (at + 1, len(groups))
+
+
+def phase_labels(source: str, plan: list[list[str]]) -> list[str]:
+    """Each phase of a run's `plan` as "N/M" (`phase_number`)."""
+    return ["{}/{}".format(*phase_number(source, kinds, i + 1, len(plan))) for i, kinds in enumerate(plan)]
 
 
 def written_columns(dry_run: bool) -> tuple[str, ...]:
@@ -68,7 +87,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
     product row in place: a newer source version), rows marked `deleted at source`, and `by
     catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
     title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
-    phase_note = f"phase {min(r.current_phase + 1, len(r.phases))}/{len(r.phases)}" if r.status in ("running", "stopping") else ""
+    labels = phase_labels(getattr(r, "source", ""), r.phases)
+    phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
     columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
                ("phase", "kind", "tasks", "seen", *written, "skipped", "failed", "deleted at source", "by catch-up")]
@@ -76,7 +96,7 @@ def print_rollup(r: rollups.RunRollup) -> None:
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
         caught = int(k.caught_up.get("seen", 0))
-        rows.append((str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
+        rows.append((labels[k.phase].split("/")[0] if k.phase < len(labels) else str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
                      str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
                      str(caught) if caught else "-"))
     # narrow: the phase (the kinds are in plan order), then what is most often 0; a kind's name is

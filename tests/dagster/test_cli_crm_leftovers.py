@@ -193,3 +193,30 @@ def test_progress_numbers_a_phase_by_the_providers_plan_as_the_assets_are():
     assert phase_label(r, 0) == f"1/{len(full)}"
     gone = type("R", (), {"source": "no-such-source", "phases": plan})()
     assert phase_label(gone, 0) == f"1/{len(plan)}"
+
+
+def test_status_tables_asset_metadata_and_bars_number_a_phase_as_the_progress_lines_do():
+    # the progress lines said "phase 9/9 (catchup)" where `migrate status` said 8/8, the rollup
+    # table 8, the catch-up asset's metadata 8/8 and the terminal's bar "phase 8"
+    import io
+
+    from rich.console import Console
+
+    from engine_core.progress import ProgressBoard
+    from migration_pipeline.assets.metadata import asset_phase
+    from migration_pipeline.assets.specs import plan_of
+    from migration_pipeline.cli import inspect, tables
+    from migration_pipeline.cli.progress import phase_label
+
+    full = plan_of("pipedrive")
+    opt_in = {"participants", "followers", "deal_history", "file_contents"}
+    plan = [g for g in ([k for k in g if k not in opt_in] for g in full) if g]
+    last = len(plan) - 1
+    r = type("R", (), {"source": "pipedrive", "phases": plan, "plan": plan, "current_phase": len(plan)})()
+    said = phase_label(r, last)
+    assert said == f"{len(full)}/{len(full)}"
+    assert inspect._phase(r) == said and asset_phase(r, last) == said
+    assert tables.phase_labels("pipedrive", plan)[last] == said
+    shown = io.StringIO()
+    board = ProgressBoard(1, plan, console=Console(file=shown, width=200), labels=tables.phase_labels("pipedrive", plan))
+    assert board.labels[last] == said
