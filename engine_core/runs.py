@@ -400,8 +400,8 @@ def migrated_by(db: Database, tenant_id: str, provider: Provider, start_kwargs: 
     Together: a kind run alone later (`--kinds deal_history`, as the README adds an opt-in kind)
     leaves the tenant as migrated as the runs before it made it. Full runs only: a sync lists only
     what changed, so a kind a sync alone took never came over whole. A sync (`mode="sync"`) repeats
-    nothing: bringing what changed is what it is for. Returns, of those runs, the one that took
-    the most of the kinds asked for (the latest on a tie): the run a refusal names."""
+    nothing: bringing what changed is what it is for. Returns the latest of those runs: the run a
+    refusal names, the one `migrate status` shows."""
     kw = start_kwargs or {}
     if (kw.get("mode") or "full") == "sync":
         return None
@@ -415,7 +415,7 @@ def migrated_by(db: Database, tenant_id: str, provider: Provider, start_kwargs: 
     wanted = {k for group in run_plan(provider, kw.get("kinds")) for k in group}
     if not done or not wanted <= {k for run in done for k in run.kinds}:
         return None
-    return max(done, key=lambda run: (len(wanted & set(run.kinds)), run.id))
+    return max(done, key=lambda run: run.id)
 
 
 def existing_attachment(db: Database, tenant_id: str, source: str) -> Attached | None:

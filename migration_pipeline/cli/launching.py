@@ -137,17 +137,20 @@ def signal_name(signo: int) -> str:
 def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
     """Before `migrate run` launches a new full run: a tenant whose succeeded full runs already took
     what the launch asks for (`runs.migrated_by`: their kinds together, not a dry run unless this
-    one is) is refused in one line (exit 2, nothing launched) naming such a run and saying what to do
-    - the engine's attach policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster
-    run and a CANCELED partition."""
+    one is) is refused in one line (exit 2, nothing launched) naming the latest such run ("with the
+    runs before it" when it alone did not take them all) and saying what to do - the engine's attach
+    policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
+    provider = provider_for(source)
     with open_db() as db:
-        migrated_by = runs.migrated_by(db, tenant, provider_for(source), {"kinds": kinds, "dry_run": dry_run})
+        migrated_by = runs.migrated_by(db, tenant, provider, {"kinds": kinds, "dry_run": dry_run})
         if migrated_by is None:
             return
         latest = runs.latest_run(db, tenant, source)
+    wanted = {k for group in runs.run_plan(provider, kinds) for k in group}
+    before = "" if wanted <= set(migrated_by.kinds) else " with the runs before it"
     synced = f" and synced by {latest.name}" if latest.mode == "sync" else ""
     fail(f"tenant {tenant!r} is already migrated by {migrated_by.name}"
-          f"{' (a dry run)' if migrated_by.dry_run else ''}{synced}: "
+          f"{' (a dry run)' if migrated_by.dry_run else ''}{before}{synced}: "
           f"`migrate sync {tenant}` brings what changed since; `migrate run --tenant {tenant} --new-run` "
           f"migrates it again from scratch")
 
