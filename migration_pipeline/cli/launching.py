@@ -26,7 +26,7 @@ from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
 from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone, what_now
+from migration_pipeline.cli.output import again_line, console, emit, fail, open_db, reader_gone, what_now
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
@@ -394,7 +394,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             joined = " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else ""
             verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
-            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left))
+            again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
+            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again)
                          if ends_with_what_now else ()):
                 console.print(line, highlight=False)
 

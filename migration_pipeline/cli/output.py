@@ -113,19 +113,22 @@ def lowercase_error(e: click.ClickException) -> click.ClickException:
 
 
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
-             left_out: str | None = None) -> list[str]:
+             left_out: str | None = None, again: tuple[str, str] | None = None) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
     succeeded") with the tenant's skipped and failed rows (`bad`: `ledger_reads.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
     when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
     (the README's "Where the data lands"): the tables alone do not say what to look at next.
     `left_out` (`engine_core.plan.left_out_line`), when given, follows the verdict: the kinds the
-    run did not take and how to add them."""
+    run did not take and how to add them. `again` (`again_line`: the command and what it does),
+    when given, comes first of the commands: how a stopped run resumes, a failed one is retried."""
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())
     lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
     if left_out:
         lines.append(f"  {left_out}")
+    if again:
+        lines.append(f"  {again[0]}{' ' * max(2, 26 - len(again[0]))}{again[1]}")
     if ui_address:
         lines.append(f"  the Dagster UI: {ui_address} (each phase asset's partition {tenant!r})")
     if skipped or failed:
@@ -135,6 +138,18 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
              "GROUP BY 1, 2 ORDER BY 1, 2")
     lines.append(f"  psql \"$(migrate db url)\" -c \"{query}\"")
     return lines
+
+
+def again_line(tenant: str, status: str | None, sync: bool = False) -> tuple[str, str] | None:
+    """How a run that did not finish goes on, for `what_now`: (the command, what it does) - the same
+    launch resumes a stopped run from its tasks' checkpoints and retries a failed one's failed tasks
+    (`runs.attach`); a sync's with `migrate sync`. None for any other `status`."""
+    command = f"migrate sync {tenant}" if sync else f"migrate run --tenant {tenant}"
+    if status in ("stopped", "stopping"):
+        return command, "resumes it where it stopped (each task from its checkpoint)"
+    if status == "failed":
+        return command, "retries its failed tasks (the rest stay done)"
+    return None
 
 
 class RetryTally(logging.Handler):

@@ -25,7 +25,7 @@ from engine_core import ledger_reads, runs
 from engine_core.config import Settings
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
-from migration_pipeline.cli.output import what_now
+from migration_pipeline.cli.output import again_line, what_now
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -98,6 +98,12 @@ def test_what_now_names_the_tenant_its_bad_rows_and_where_to_look():
     assert 'psql "$(migrate db url)" -c "SELECT' in text and "tenant_id = 'acme'" in text
     clean = "\n".join(what_now("acme", "run #4 succeeded", {}, None))
     assert "migrate rows" not in clean and "UI" not in clean and "0 row(s) skipped, 0 failed" in clean
+    assert again_line("acme", "succeeded") is None
+    stopped = what_now("acme", "run #4 stopped", {}, None, again=again_line("acme", "stopped"))
+    assert stopped[1].split() == ["migrate", "run", "--tenant", "acme", "resumes", "it", "where", "it", "stopped",
+                                  "(each", "task", "from", "its", "checkpoint)"], stopped
+    failed = what_now("acme", "sync #5 failed", {}, None, again=again_line("acme", "failed", sync=True))
+    assert failed[1].split()[:4] == ["migrate", "sync", "acme", "retries"], failed
 
 
 def test_run_ends_with_what_now_and_json_stays_clean(env, db_url):

@@ -177,6 +177,8 @@ def test_the_uis_terminate_ends_an_in_process_run_canceled_and_stops_the_engine_
         assert proc.returncode == 1, (proc.returncode, out[-2000:], err[-3000:])
         assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
         assert f"Dagster run {run.run_id}: CANCELED" in out, out[-2000:]
+        # the "what now" of a stopped run says how it goes on
+        assert re.search(r"\n  migrate run --tenant ui-stop +resumes it where it stopped", out), out[-2000:]
         assert _engine_status(db_url, run.tags["migration/run_id"]) in ("stopping", "stopped")
         assert not instance.get_runs(RunsFilter(statuses=launch.statuses.IN_FLIGHT)), "a run is still in flight"
     finally:
