@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from engine_core import runs, runs_reads
+from engine_core.errors import ConfigError
 from engine_core.plan import choose_kinds
 from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
@@ -107,7 +108,10 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     check_tenant(tenant, "TENANT")
     provider = provider_for("pipedrive")
     phases = [k for group in provider.phases() for k in group if k != "catchup"]
-    chosen = choose_kinds([phases], kinds_choice(kinds), opt_in_kinds(provider))
+    try:
+        chosen = choose_kinds([phases], kinds_choice(kinds), opt_in_kinds(provider))
+    except ConfigError as e:  # as `migrate run` says it (`launch.checks.check_kinds`)
+        fail(f"--kinds: {e}")
     planned = chosen if chosen is not None else phases
     migrated = next_is_sync(tenant, provider, chosen)
     if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
