@@ -27,7 +27,7 @@ def phase_state(dagster_status: str, r: rollups.RunRollup, phase: int) -> str:
 def phase_label(r: Any, phase: int) -> str:
     """How a progress line numbers the run's phase `phase` (its index in the run's plan): "N/M" by
     the provider's whole plan, as the phase assets are numbered (`tables.phase_number`)."""
-    return "{}/{}".format(*phase_number(r.source, r.phases[phase], phase + 1, len(r.phases)))
+    return "{}/{}".format(*phase_number(getattr(r, "source", ""), r.phases[phase], phase + 1, len(r.phases)))
 
 
 class Progress:
