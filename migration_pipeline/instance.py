@@ -33,6 +33,12 @@ from engine_core.errors import ConfigError, DatabaseUnavailable
 log = logging.getLogger(__name__)
 
 STORAGE_URL_ENV = "MIGRATE_DAGSTER_STORAGE_URL"  # dagster.yaml reads the storage URL from here
+# Dagster's switch for handing a batch of events to the event log storage at once (0, its default:
+# one `store_event` each). Only a run's planned events come in batches (ended by a marker: the size
+# is a ceiling, nothing waits for it), stored in one transaction (`storage.PooledPostgresEventLogStorage.
+# store_event_batch`). Set for every Dagster process of the project (`dagster_env`, `get_instance`).
+EVENT_BATCH_ENV = "DAGSTER_EVENT_BATCH_SIZE"
+EVENT_BATCH_SIZE = "10000"
 STORAGE_SUFFIX = "_dagster"  # Dagster's storage database = the engine database's name + this
 MAX_IDENTIFIER = 63  # Postgres truncates longer database names (NAMEDATALEN - 1 bytes)
 # The instance template: the repository root, beside workspace.yaml (the project runs from its clone).
@@ -157,6 +163,7 @@ def dagster_env(home: Path | None = None, env: dict[str, str] | None = None) -> 
     env["DAGSTER_HOME"] = str(home)
     env[STORAGE_URL_ENV] = dagster_storage_url(env)
     env.setdefault("MIGRATE_HOME", str(migrate_home(env)))
+    env.setdefault(EVENT_BATCH_ENV, EVENT_BATCH_SIZE)
     return env
 
 
@@ -168,6 +175,7 @@ def get_instance(home: Path | None = None):  # -> DagsterInstance
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
     os.environ.setdefault("MIGRATE_HOME", env["MIGRATE_HOME"])
+    os.environ.setdefault(EVENT_BATCH_ENV, env[EVENT_BATCH_ENV])
     return DagsterInstance.get()
 
 
@@ -177,4 +185,5 @@ def open_instance(env: dict[str, str]):  # -> DagsterInstance
 
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
+    os.environ.setdefault(EVENT_BATCH_ENV, env.get(EVENT_BATCH_ENV, EVENT_BATCH_SIZE))
     return DagsterInstance.from_config(env["DAGSTER_HOME"])

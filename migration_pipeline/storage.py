@@ -37,12 +37,19 @@ from __future__ import annotations
 import select
 import time
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.exc import DisconnectionError
 
+from dagster._core.events import ASSET_EVENTS, DagsterEventType
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.migration import ASSET_KEY_INDEX_COLS
+from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, SqlEventLogStorageTable
 from dagster_postgres.event_log import PostgresEventLogStorage
+from dagster._serdes import serialize_value
+from dagster_postgres.event_log.event_log import CHANNEL_NAME
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.schedule_storage import PostgresScheduleStorage
 from dagster_postgres.utils import create_pg_engine, get_token_provider_from_config, pg_url_from_config
@@ -55,6 +62,11 @@ POOL: dict[str, Any] = {"pool_size": 1, "max_overflow": 20, "pool_recycle": 3600
 ASYNC_COMMIT = "-c synchronous_commit=off"
 PING_IDLE_SECONDS = 5.0  # a connection back in the pool longer than this is pinged at checkout
 _RETURNED = "migrate_returned_at"  # connection record info: when it was last returned (monotonic)
+
+
+def _planned_types() -> tuple[Any, ...]:
+    """The event types `PooledPostgresEventLogStorage.store_event_batch` stores in one transaction."""
+    return (DagsterEventType.ASSET_MATERIALIZATION_PLANNED, DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED)
 
 
 def _socket_says_dropped(dbapi_connection: Any) -> bool:
@@ -211,6 +223,44 @@ class PooledPostgresEventLogStorage(_Pooled, _KeptSchema, PostgresEventLogStorag
         """Dagster's answer for asset_keys' `column_name`, kept once True (`_KeptSchema`)."""
         return self._kept(f"asset_keys.{column_name}",
                           lambda: super(PooledPostgresEventLogStorage, self).has_asset_key_col(column_name))
+
+    def store_event_batch(self, events: Sequence[Any]) -> None:
+        """Store a run's planned events (asset materialisations and checks planned: what Dagster
+        hands over in one batch when it creates a run, `instance.EVENT_BATCH_ENV`) in one transaction: one
+        multi-row insert into event_logs, one round trip for their notifications, the asset keys'
+        rows as `store_event` writes them, one multi-row insert into asset_check_executions. The
+        same rows as storing them one by one (`store_event`: an insert and a NOTIFY per event, then
+        its index rows - ~135 statements for a small run's 45 planned events, ~0.1 s of every
+        launch); other batches as dagster-postgres stores them. Raises what the database raises,
+        having written nothing (Dagster then stores the events one by one)."""
+        if not events or not self.supports_asset_checks or not all(
+                e.is_dagster_event and e.dagster_event_type in _planned_types() for e in events):
+            super().store_event_batch(events)
+            return
+        self.has_secondary_index(ASSET_KEY_INDEX_COLS)  # asked (and kept) before the transaction holds the connection
+        with self.index_transaction() as conn:
+            rows = conn.execute(self.prepare_insert_event_batch(events).returning(
+                SqlEventLogStorageTable.c.run_id, SqlEventLogStorageTable.c.id)).fetchall()
+            conn.execute(text("SELECT pg_notify(:channel, n) FROM unnest(CAST(:ns AS text[])) AS n"),
+                         {"channel": CHANNEL_NAME, "ns": [f"{run_id}_{event_id}" for run_id, event_id in rows]})
+            stored = [(e, int(event_id)) for e, (_, event_id) in zip(events, rows, strict=True)]
+            assets = [(e, i) for e, i in stored if e.dagster_event_type in ASSET_EVENTS and e.dagster_event.asset_key]
+            self._store_asset_event_tags(conn, [e for e, _ in assets], [i for _, i in assets])
+            for e, i in assets:
+                self._store_asset_event(conn, e, i)
+            checks = [self._planned_check_row(e, i) for e, i in stored if e.dagster_event_type not in ASSET_EVENTS]
+            if checks:
+                conn.execute(AssetCheckExecutionsTable.insert().values([row for rs in checks for row in rs]))
+
+    def _planned_check_row(self, event: Any, event_id: int) -> list[dict[str, Any]]:
+        """asset_check_executions' rows of a planned check event, as Dagster's
+        `_store_asset_check_evaluation_planned` writes them (one per partition of its subset)."""
+        planned = event.dagster_event.event_specific_data
+        keys = planned.partitions_subset.get_partition_keys() if planned.partitions_subset else [None]
+        return [dict(asset_key=planned.asset_key.to_string(), check_name=planned.check_name, partition=key,
+                     run_id=event.run_id, execution_status=AssetCheckExecutionRecordStatus.PLANNED.value,
+                     evaluation_event=serialize_value(event), evaluation_event_timestamp=self._event_insert_timestamp(event),
+                     evaluation_event_storage_id=event_id) for key in keys]
 
 
 class PooledPostgresScheduleStorage(_Pooled, PostgresScheduleStorage):

@@ -70,11 +70,12 @@ def example_env(db_url: str, tmp_path: Any) -> dict[str, str]:
 def example_instance(db_url: str, tmp_path: Any, monkeypatch: Any) -> tuple[DagsterInstance, dict[str, str]]:
     """A Dagster instance on `example_env`'s environment, with this process's DAGSTER_HOME,
     MIGRATE_DAGSTER_STORAGE_URL and MIGRATE_SOURCE unset for the test (the caller disposes it)."""
-    from migration_pipeline.instance import STORAGE_URL_ENV, open_instance
+    from migration_pipeline.instance import EVENT_BATCH_ENV, STORAGE_URL_ENV, open_instance
 
     for key in ("DAGSTER_HOME", STORAGE_URL_ENV, "MIGRATE_SOURCE"):
         monkeypatch.delenv(key, raising=False)
     env = example_env(db_url, tmp_path)
+    monkeypatch.setenv(EVENT_BATCH_ENV, env[EVENT_BATCH_ENV])  # what open_instance exports, undone after the test
     return open_instance(env), env
 
 

@@ -119,3 +119,70 @@ def test_dagster_storage_commits_asynchronously_the_engine_does_not(db_url, tmp_
         assert db.sql("SHOW synchronous_commit")[0]["synchronous_commit"] == "on"
     finally:
         instance.dispose()
+
+
+def _planned_rows(instance, run_id: str) -> dict[str, list]:
+    """What a run's planned events left in the event log storage, without ids and timestamps."""
+    from dagster import deserialize_value
+
+    with instance.event_log_storage._engine.connect() as conn:
+        events = conn.exec_driver_sql(
+            "SELECT dagster_event_type, step_key, asset_key, partition, event FROM event_logs "
+            "WHERE run_id = %(r)s AND dagster_event_type LIKE '%%PLANNED' ORDER BY id", {"r": run_id}).fetchall()
+        checks = conn.exec_driver_sql(
+            "SELECT asset_key, check_name, partition, execution_status, evaluation_event_storage_id IS NOT NULL "
+            "FROM asset_check_executions WHERE run_id = %(r)s ORDER BY asset_key, check_name", {"r": run_id}).fetchall()
+        keys = conn.exec_driver_sql("SELECT asset_key FROM asset_keys WHERE last_run_id = %(r)s ORDER BY 1",
+                                    {"r": run_id}).fetchall()
+    payload = [deserialize_value(e[4]).dagster_event for e in events]
+    return {"events": [tuple(e[:4]) + (p.event_specific_data,) for e, p in zip(events, payload)],
+            "checks": [tuple(c) for c in checks], "asset_keys": [tuple(k) for k in keys]}
+
+
+def test_a_runs_planned_events_are_stored_in_one_transaction_as_one_by_one(db_url, tmp_path, monkeypatch):
+    """A run's planned materialisations and checks (what Dagster writes when it creates a run) go to
+    the storage as one batch (`instance.EVENT_BATCH_ENV`), stored by `store_event_batch` in one
+    transaction: the same rows as storing them one by one (Dagster's default), and one
+    `store_event_batch` call instead of a `store_event` per event."""
+    from dagster import (AssetCheckResult, AssetCheckSpec, AssetKey, DynamicPartitionsDefinition, Output, asset,
+                         define_asset_job, Definitions)
+
+    from migration_pipeline.instance import EVENT_BATCH_ENV
+
+    tenants = DynamicPartitionsDefinition(name="probe_tenants")
+
+    @asset(key=AssetKey(["probe", "one"]), partitions_def=tenants,
+           check_specs=[AssetCheckSpec("rows", asset=AssetKey(["probe", "one"])),
+                        AssetCheckSpec("ledger", asset=AssetKey(["probe", "one"]))])
+    def one():
+        yield Output(1)
+        yield AssetCheckResult(check_name="rows", passed=True)
+        yield AssetCheckResult(check_name="ledger", passed=True)
+
+    @asset(key=AssetKey(["probe", "two"]), partitions_def=tenants, deps=[one],
+           check_specs=[AssetCheckSpec("rows", asset=AssetKey(["probe", "two"]))])
+    def two():
+        yield Output(2)
+        yield AssetCheckResult(check_name="rows", passed=True)
+
+    job = Definitions(assets=[one, two], jobs=[define_asset_job("probe_job", partitions_def=tenants)]
+                      ).resolve_job_def("probe_job")
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        instance.add_dynamic_partitions("probe_tenants", ["acme"])
+        storage = type(instance.event_log_storage)
+        calls = {"batch": 0, "one": 0}
+        batch, single = storage.store_event_batch, storage.store_event
+        monkeypatch.setattr(storage, "store_event_batch", lambda s, es: calls.__setitem__("batch", calls["batch"] + 1) or batch(s, es))
+        monkeypatch.setattr(storage, "store_event", lambda s, e: calls.__setitem__("one", calls["one"] + 1) or single(s, e))
+        rows = {}
+        for size in ("0", "10000"):
+            monkeypatch.setenv(EVENT_BATCH_ENV, size)
+            calls.update(batch=0, one=0)
+            run = instance.create_run_for_job(job, tags={"dagster/partition": "acme"})
+            rows[size] = _planned_rows(instance, run.run_id)
+            assert calls == ({"batch": 0, "one": 5} if size == "0" else {"batch": 1, "one": 0}), (size, calls)
+        assert len(rows["0"]["events"]) == 5 and len(rows["0"]["checks"]) == 3 and len(rows["0"]["asset_keys"]) == 2
+        assert rows["10000"] == rows["0"]
+    finally:
+        instance.dispose()
