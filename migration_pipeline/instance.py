@@ -29,6 +29,7 @@ from psycopg import conninfo
 from engine_core import db as dbmod
 from engine_core.config import Settings, migrate_home
 from engine_core.errors import ConfigError, DatabaseUnavailable
+from migration_pipeline.alembic_later import storage_modules
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ def get_instance(home: Path | None = None):  # -> DagsterInstance
     os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
     os.environ.setdefault("MIGRATE_HOME", env["MIGRATE_HOME"])
     os.environ.setdefault(EVENT_BATCH_ENV, env[EVENT_BATCH_ENV])
+    storage_modules()
     return DagsterInstance.get()
 
 
@@ -186,4 +188,5 @@ def open_instance(env: dict[str, str]):  # -> DagsterInstance
     os.environ["DAGSTER_HOME"] = env["DAGSTER_HOME"]
     os.environ[STORAGE_URL_ENV] = env[STORAGE_URL_ENV]
     os.environ.setdefault(EVENT_BATCH_ENV, env.get(EVENT_BATCH_ENV, EVENT_BATCH_SIZE))
+    storage_modules()
     return DagsterInstance.from_config(env["DAGSTER_HOME"])
