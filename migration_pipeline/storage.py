@@ -35,9 +35,11 @@ from the installed project.
 from __future__ import annotations
 
 import select
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import event, text
@@ -45,6 +47,7 @@ from sqlalchemy.exc import DisconnectionError
 
 from dagster._core.events import ASSET_EVENTS, DagsterEventType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._core.storage.event_log.base import AssetRecordsFilter
 from dagster._core.storage.event_log.migration import ASSET_KEY_INDEX_COLS
 from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable, SqlEventLogStorageTable
 from dagster_postgres.event_log import PostgresEventLogStorage
@@ -205,7 +208,88 @@ class PooledPostgresRunStorage(_Pooled, _KeptSchema, PostgresRunStorage):
         return self._kept("bulk_actions_selector_cols", super().has_bulk_actions_selector_cols)
 
 
-class PooledPostgresEventLogStorage(_Pooled, _KeptSchema, PostgresEventLogStorage):
+_steps = threading.local()  # `steps_here`: this thread executes a run's steps
+LATEST_SECONDS = 1.0  # how long a step's answer to "the latest materialisation of a partition" is reused
+
+
+@contextmanager
+def steps_here() -> Iterator[None]:
+    """While inside, this thread executes a Dagster run's steps (the project's in-process
+    executor): the event log storages here reuse a step's answer to "the latest materialisation of
+    this asset partition" for its next checks (`_KeptLatest`). Nested scopes share the outer one."""
+    outer = getattr(_steps, "on", False)
+    _steps.on = True
+    try:
+        yield
+    finally:
+        _steps.on = outer
+
+
+class _KeptLatest:
+    """A step's check evaluations ask the same question once per check: Dagster resolves each
+    AssetCheckResult's target materialisation with `fetch_materializations(asset key and the step's
+    partition, limit 1)` - four identical lookups (two queries each) after a phase's
+    materialisation, 36 a small run. On a thread executing steps (`steps_here`) the answer is kept
+    and reused for the same question until this storage stores an asset event or deletes or wipes
+    anything, or for LATEST_SECONDS at most: the step's checks all name the materialisation the
+    first one found. Elsewhere (the webserver, the daemon, other threads) every lookup is asked."""
+
+    def _latest_key(self, records_filter: Any, limit: int, cursor: Any, ascending: bool) -> Any:
+        if not getattr(_steps, "on", False) or limit != 1 or cursor is not None or ascending:
+            return None
+        f = records_filter
+        if not isinstance(f, AssetRecordsFilter) or f.asset_key is None or len(f.asset_partitions or ()) != 1:
+            return None
+        if any(v is not None for v in (f.after_timestamp, f.before_timestamp, f.after_storage_id,
+                                        f.before_storage_id, f.storage_ids)):
+            return None
+        return (f.asset_key, f.asset_partitions[0])
+
+    def fetch_materializations(self, records_filter: Any, limit: int, cursor: str | None = None,
+                               ascending: bool = False) -> Any:
+        """Dagster's answer; on a thread executing steps, a kept one for the same partition's latest
+        materialisation (see the class docstring)."""
+        key = self._latest_key(records_filter, limit, cursor, ascending)
+        kept = self.__dict__.setdefault("_latest", {})
+        hit = kept.get(key) if key is not None else None
+        if hit is not None and time.monotonic() - hit[0] < LATEST_SECONDS:
+            return hit[1]
+        result = super().fetch_materializations(records_filter, limit, cursor=cursor, ascending=ascending)
+        if key is not None:
+            kept[key] = (time.monotonic(), result)
+        return result
+
+    def _forget_latest(self) -> None:
+        self.__dict__.get("_latest", {}).clear()
+
+    def store_event(self, event: Any) -> None:
+        """Dagster's; an asset event forgets the kept answers first."""
+        if event.is_dagster_event and event.dagster_event_type in ASSET_EVENTS:
+            self._forget_latest()
+        super().store_event(event)
+
+    def delete_events(self, run_id: str) -> None:
+        """Dagster's; the kept answers forgotten."""
+        self._forget_latest()
+        super().delete_events(run_id)
+
+    def wipe_asset(self, asset_key: Any) -> None:
+        """Dagster's; the kept answers forgotten."""
+        self._forget_latest()
+        super().wipe_asset(asset_key)
+
+    def wipe_asset_partitions(self, asset_key: Any, partition_keys: Sequence[str]) -> None:
+        """Dagster's; the kept answers forgotten."""
+        self._forget_latest()
+        super().wipe_asset_partitions(asset_key, partition_keys)
+
+    def wipe(self) -> None:
+        """Dagster's; the kept answers forgotten."""
+        self._forget_latest()
+        super().wipe()
+
+
+class PooledPostgresEventLogStorage(_Pooled, _KeptSchema, _KeptLatest, PostgresEventLogStorage):
     """PostgresEventLogStorage with a kept connection (see the module docstring), whose schema
     checks remember a table or column once they have seen it (`_KeptSchema`).
 
@@ -233,6 +317,7 @@ class PooledPostgresEventLogStorage(_Pooled, _KeptSchema, PostgresEventLogStorag
         its index rows - ~135 statements for a small run's 45 planned events, ~0.1 s of every
         launch); other batches as dagster-postgres stores them. Raises what the database raises,
         having written nothing (Dagster then stores the events one by one)."""
+        self._forget_latest()
         if not events or not self.supports_asset_checks or not all(
                 e.is_dagster_event and e.dagster_event_type in _planned_types() for e in events):
             super().store_event_batch(events)

@@ -25,6 +25,7 @@ import yaml
 from dagster import ExecutorDefinition
 
 from engine_core.errors import ConfigError
+from migration_pipeline import storage
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.terminate import hold_interrupts, stop_engine_run, stop_on_interrupt
 
@@ -131,8 +132,9 @@ def stopping_in_process_executor():
         def execute(self, plan_context, execution_plan):
             """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then
             re-raises. Its phase ops may carry their lane threads from one step to the next
-            (`lane.carry.steps_here`); whatever is carried is stopped when the steps end."""
-            with carry.steps_here():  # exited after the stop flag below is set
+            (`lane.carry.steps_here`); whatever is carried is stopped when the steps end. The event log
+            storage reuses a step's latest-materialisation lookup for its checks (`storage.steps_here`)."""
+            with carry.steps_here(), storage.steps_here():  # exited after the stop flag below is set
                 try:
                     yield from super().execute(plan_context, execution_plan)
                 except Exception:

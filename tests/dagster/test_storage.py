@@ -206,3 +206,49 @@ def test_opening_the_instance_does_not_import_alembic_a_new_database_still_gets_
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+def test_a_steps_checks_ask_for_the_latest_materialisation_once_and_a_new_one_is_seen(db_url, tmp_path, monkeypatch):
+    """On a thread executing a run's steps (`storage.steps_here`), the same "latest materialisation
+    of this partition" lookup (what each AssetCheckResult's target resolution asks) is asked of the
+    database once, until an asset event is stored: then the new materialisation is what the next
+    lookup answers. Outside steps every lookup is asked."""
+    from dagster import AssetKey, AssetMaterialization
+    from dagster._core.storage.event_log.base import AssetRecordsFilter
+    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+    from migration_pipeline import storage
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        key = AssetKey(["probe", "latest"])
+        instance.add_dynamic_partitions("tenants", ["acme"])
+        asked = []
+        ask = SqlEventLogStorage._get_event_records_result
+        monkeypatch.setattr(SqlEventLogStorage, "_get_event_records_result",
+                            lambda self, *a, **k: asked.append(1) or ask(self, *a, **k))
+
+        def latest():
+            records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, asset_partitions=["acme"]),
+                                                      limit=1).records
+            return records[0].storage_id if records else None
+
+        def materialise():
+            instance.report_runless_asset_event(AssetMaterialization(key, partition="acme"))
+            return latest()
+
+        first = materialise()
+        asked.clear()
+        assert [latest() for _ in range(4)] == [first] * 4 and len(asked) == 4  # outside steps: asked each time
+        with storage.steps_here():
+            asked.clear()
+            assert [latest() for _ in range(4)] == [first] * 4
+            assert len(asked) == 1, f"{len(asked)} lookups for 4 identical questions in a step"
+            second = materialise()  # an asset event stored here: the kept answer is forgotten
+            assert second != first and latest() == second
+            monkeypatch.setattr(storage, "LATEST_SECONDS", 0.0)
+            asked.clear()
+            latest()
+            assert len(asked) == 1  # kept no longer than LATEST_SECONDS
+    finally:
+        instance.dispose()
