@@ -252,3 +252,29 @@ def test_a_steps_checks_ask_for_the_latest_materialisation_once_and_a_new_one_is
             assert len(asked) == 1  # kept no longer than LATEST_SECONDS
     finally:
         instance.dispose()
+
+
+def test_a_steps_partition_lookups_are_asked_once_and_a_deleted_partition_is_seen(db_url, tmp_path, monkeypatch):
+    """On a thread executing steps, Dagster's repeated "does this tenant partition exist" (twice
+    per partitioned input and output: a key range's start and end) is asked once while the answer
+    is yes; the partition deleted here, the next answer is no. Outside steps every one is asked."""
+    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+
+    from migration_pipeline import storage
+
+    instance, _ = example_instance(db_url, tmp_path, monkeypatch)
+    try:
+        instance.add_dynamic_partitions("tenants", ["acme"])
+        asked = []
+        ask = SqlEventLogStorage.has_dynamic_partition
+        monkeypatch.setattr(SqlEventLogStorage, "has_dynamic_partition",
+                            lambda self, *a: asked.append(1) or ask(self, *a))
+        assert all(instance.has_dynamic_partition("tenants", "acme") for _ in range(4)) and len(asked) == 4
+        with storage.steps_here():
+            asked.clear()
+            assert all(instance.has_dynamic_partition("tenants", "acme") for _ in range(4)) and len(asked) == 1
+            assert not instance.has_dynamic_partition("tenants", "other")
+            instance.delete_dynamic_partition("tenants", "acme")
+            assert not instance.has_dynamic_partition("tenants", "acme")
+    finally:
+        instance.dispose()
