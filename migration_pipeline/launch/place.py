@@ -60,6 +60,48 @@ def _current_definitions() -> None:
         importlib.reload(module)
 
 
+def _job_here(instance: DagsterInstance, origin: Any, location: Any, job: str) -> tuple[Any, Any, Any]:
+    """`job` of the definitions module as the in-process code location `location` (an
+    InProcessCodeLocationOrigin) serves it - (RemoteJob, RemoteRepository, ReconstructableJob) -
+    built here from the loaded definitions, without the code location: Dagster's
+    InProcessCodeLocation imports its gRPC server module for its repository loader (grpc,
+    protobuf, health checks: ~0.07 s of each launch, `python -X importtime`, load 2) and a
+    `migrate run` that executes its run here never serves gRPC. The same repository snapshot,
+    handle and python origin as the location's (`InProcessCodeLocation.__init__`,
+    `LoadedRepositories`, `CodeLocation.get_repository_python_origin`). Raises what loading
+    raises (the caller then takes the code location's way, for its error)."""
+    import sys
+
+    from dagster._core.code_pointer import CodePointer
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._core.origin import RepositoryPythonOrigin
+    from dagster._core.remote_representation.external import RemoteRepository
+    from dagster._core.remote_representation.external_data import RepositorySnap
+    from dagster._core.remote_representation.handle import RepositoryHandle
+    from dagster._core.workspace.autodiscovery import loadable_targets_from_python_module
+
+    target_origin = origin.loadable_target_origin
+    targets = loadable_targets_from_python_module(target_origin.module_name, target_origin.working_directory)
+    if len(targets) != 1:
+        raise LaunchError(f"{len(targets)} repositories in {target_origin.module_name}")
+    pointer = CodePointer.from_module(target_origin.module_name, targets[0].attribute, target_origin.working_directory)
+    executable = target_origin.executable_path or sys.executable
+    recon_repo = ReconstructableRepository(pointer, location.container_image, executable_path=executable,
+                                           entry_point=location.entry_point, container_context=location.container_context)
+    repo_def = recon_repo.get_definition()
+    handle = RepositoryHandle(repository_name=repo_def.name, code_location_origin=location,
+                              repository_python_origin=RepositoryPythonOrigin(
+                                  executable_path=executable, code_pointer=pointer,
+                                  container_image=location.container_image, entry_point=location.entry_point,
+                                  container_context=location.container_context),
+                              display_metadata=location.get_display_metadata())
+    repo = RemoteRepository(RepositorySnap.from_def(repo_def), handle,
+                            auto_materialize_use_sensors=instance.auto_materialize_use_sensors)
+    if not repo.has_job(job):
+        raise LaunchError(f"no job {job!r} in {location.location_name}")
+    return repo.get_full_job(job), repo, recon_repo.get_reconstructable_job(job)
+
+
 def _dagster_lines(error: BaseException) -> list[str]:
     """The lines of a Dagster error worth a user's reading: its message (a config error's list of
     problems), without tracebacks; at most 6, duplicates dropped."""
@@ -107,6 +149,8 @@ def place_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, j
     code location that does not load); nothing is created then."""
     from dagster import __version__
     from dagster._core.definitions.selector import JobSubsetSelector
+    from dagster._core.execution.api import create_execution_plan
+    from dagster._core.snap.execution_plan_snapshot import snapshot_from_execution_plan
     from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
@@ -116,36 +160,56 @@ def place_tenant_run(instance: DagsterInstance, tenant: str, run_config: dict, j
     run_id = run_id or str(uuid.uuid4())
     origin = code_location_origin()
     name = origin.location_name
-    target = InProcessWorkspaceLoadTarget(InProcessCodeLocationOrigin(origin.loadable_target_origin, location_name=name))
+    location = InProcessCodeLocationOrigin(origin.loadable_target_origin, location_name=name)
+
+    def create(remote_job: Any, repo: Any, plan: Any) -> Any:
+        return instance.create_run(
+            job_name=job, run_id=run_id, run_config=run_config,
+            resolved_op_selection=remote_job.resolved_op_selection,
+            step_keys_to_execute=plan.step_keys_to_execute, op_selection=None, status=None,
+            root_run_id=None, parent_run_id=None,
+            tags=normalize_tags(merge_dicts(remote_job.tags, {**(run_tags or {}), tags.PARTITION: tenant})),
+            job_snapshot=remote_job.job_snapshot, execution_plan_snapshot=plan,
+            parent_job_snapshot=remote_job.parent_job_snapshot,
+            remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(origin, repo.name), job),
+            job_code_origin=remote_job.get_python_origin(),
+            asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph)
+
     try:
         _current_definitions()
-        with WorkspaceProcessContext(instance, target, version=__version__) as process:
+        run, why = None, ""
+        if start_here:  # the run is likely executed here: no code location needed (`_job_here`)
+            try:
+                remote_job, repo, recon_job = _job_here(instance, origin, location, job)
+                plan = snapshot_from_execution_plan(
+                    create_execution_plan(recon_job, run_config, instance_ref=instance.get_ref()
+                                          if instance.is_persistent else None),
+                    remote_job.identifying_job_snapshot_id)
+            except Exception:  # noqa: BLE001 - the code location's way below says what went wrong
+                remote_job = None
+            if remote_job is not None:
+                run = create(remote_job, repo, plan)
+                why = start_if_room(instance, run)
+                if not why:
+                    return Placement(run_id, True)
+        with WorkspaceProcessContext(instance, InProcessWorkspaceLoadTarget(location), version=__version__) as process:
             workspace = process.create_request_context()
-            if workspace.has_code_location_error(name):
-                raise LaunchError(f"the code location {name} does not load:\n"
-                                  + "\n".join(_dagster_lines(workspace.get_code_location_error(name))))
-            location = workspace.get_code_location(name)
-            repo = next(iter(location.get_repositories().values()))
-            if not repo.has_job(job):
-                raise LaunchError(f"no job {job!r} in {name} (jobs: {', '.join(sorted(j.name for j in repo.get_all_jobs()))})")
-            remote_job = location.get_job(JobSubsetSelector(location_name=name, repository_name=repo.name,
-                                                            job_name=job, op_selection=None))
-            plan = location.get_execution_plan(remote_job, run_config, step_keys_to_execute=None, known_state=None,
-                                               instance=instance).execution_plan_snapshot
-            run = instance.create_run(
-                job_name=job, run_id=run_id, run_config=run_config,
-                resolved_op_selection=remote_job.resolved_op_selection,
-                step_keys_to_execute=plan.step_keys_to_execute, op_selection=None, status=None,
-                root_run_id=None, parent_run_id=None,
-                tags=normalize_tags(merge_dicts(remote_job.tags, {**(run_tags or {}), tags.PARTITION: tenant})),
-                job_snapshot=remote_job.job_snapshot, execution_plan_snapshot=plan,
-                parent_job_snapshot=remote_job.parent_job_snapshot,
-                remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(origin, repo.name), job),
-                job_code_origin=remote_job.get_python_origin(),
-                asset_selection=None, asset_check_selection=None, asset_graph=repo.asset_graph)
-            why = start_if_room(instance, run) if start_here else ""
-            if start_here and not why:
-                return Placement(run_id, True)
+            if run is None:
+                if workspace.has_code_location_error(name):
+                    raise LaunchError(f"the code location {name} does not load:\n"
+                                      + "\n".join(_dagster_lines(workspace.get_code_location_error(name))))
+                code_location = workspace.get_code_location(name)
+                repo = next(iter(code_location.get_repositories().values()))
+                if not repo.has_job(job):
+                    raise LaunchError(f"no job {job!r} in {name} (jobs: {', '.join(sorted(j.name for j in repo.get_all_jobs()))})")
+                remote_job = code_location.get_job(JobSubsetSelector(location_name=name, repository_name=repo.name,
+                                                                     job_name=job, op_selection=None))
+                plan = code_location.get_execution_plan(remote_job, run_config, step_keys_to_execute=None,
+                                                        known_state=None, instance=instance).execution_plan_snapshot
+                run = create(remote_job, repo, plan)
+                why = start_if_room(instance, run) if start_here else ""
+                if start_here and not why:
+                    return Placement(run_id, True)
             instance.submit_run(run.run_id, workspace)
             return Placement(run_id, False, why)
     except LaunchError:

@@ -104,3 +104,21 @@ def instance_of(env: dict[str, str]) -> DagsterInstance:
     full = dagster_env(env=env)
     os.environ[STORAGE_URL_ENV] = full[STORAGE_URL_ENV]
     return DagsterInstance.from_config(full["DAGSTER_HOME"])
+
+
+def planned_rows(instance: DagsterInstance, run_id: str) -> dict[str, list]:
+    """What a run's planned events left in the event log storage, without ids and timestamps."""
+    from dagster import deserialize_value
+
+    with instance.event_log_storage._engine.connect() as conn:
+        events = conn.exec_driver_sql(
+            "SELECT dagster_event_type, step_key, asset_key, partition, event FROM event_logs "
+            "WHERE run_id = %(r)s AND dagster_event_type LIKE '%%PLANNED' ORDER BY id", {"r": run_id}).fetchall()
+        checks = conn.exec_driver_sql(
+            "SELECT asset_key, check_name, partition, execution_status, evaluation_event_storage_id IS NOT NULL "
+            "FROM asset_check_executions WHERE run_id = %(r)s ORDER BY asset_key, check_name", {"r": run_id}).fetchall()
+        keys = conn.exec_driver_sql("SELECT asset_key FROM asset_keys WHERE last_run_id = %(r)s ORDER BY 1",
+                                    {"r": run_id}).fetchall()
+    payload = [deserialize_value(e[4]).dagster_event for e in events]
+    return {"events": [tuple(e[:4]) + (p.event_specific_data,) for e, p in zip(events, payload)],
+            "checks": [tuple(c) for c in checks], "asset_keys": [tuple(k) for k in keys]}

@@ -94,3 +94,32 @@ def test_migrate_run_new_run_submits_the_new_run_tag(instance_env):
     run_id = launch.place.submit_tenant_run(instance, "again", launch.checks.new_run_config(), run_tags={tags.NEW_RUN: "true"})
     run = instance.get_run_by_id(run_id)
     assert run.tags[tags.NEW_RUN] == "true" and run.tags[tags.PARTITION] == "again"
+
+
+def test_a_run_started_here_is_built_without_the_code_location_as_with_it(instance_env, monkeypatch):
+    """A run `migrate run` executes in its own process is built from the loaded definitions
+    (`place._job_here`: Dagster's in-process code location imports its gRPC server, ~0.07 s of a
+    launch): the same run - snapshots, execution plan, tags, origins, planned events - as the code
+    location's way builds (taken when the first way fails, and for a queued run)."""
+    from tests.dagster.support import planned_rows
+
+    from dagster._core.workspace import context
+
+    instance, _ = instance_env
+    config = launch.checks.new_run_config(["companies"])
+    built, rows, workspaces = {}, {}, []
+    process = context.WorkspaceProcessContext
+    monkeypatch.setattr(context, "WorkspaceProcessContext", lambda *a, **k: workspaces.append(1) or process(*a, **k))
+    for way in ("here", "code location"):
+        if way == "code location":
+            monkeypatch.setattr(launch.place, "_job_here", lambda *a: (_ for _ in ()).throw(RuntimeError("off")))
+        tenant = f"acme-{len(built)}"  # a tenant each: the lane starts one run of a tenant at a time
+        placed = launch.place.place_tenant_run(instance, tenant, config, start_here=True)
+        assert placed.here and len(workspaces) == (0 if way == "here" else 1)
+        run = instance.get_run_by_id(placed.run_id)
+        assert run.tags[tags.PARTITION] == tenant and run.partitions_subset.key_ranges[0].start == tenant
+        rows[way] = repr(planned_rows(instance, placed.run_id)).replace(tenant, "TENANT")
+        built[way] = run._replace(run_id="", partitions_subset=None,
+                                  tags={k: v for k, v in run.tags.items() if k != tags.PARTITION})
+    assert built["here"] == built["code location"]
+    assert "TENANT" in rows["here"] and rows["here"] == rows["code location"]

@@ -3,7 +3,7 @@ in dagster.yaml): the run storage's schema checks are not repeated on every run 
 from __future__ import annotations
 
 from migration_pipeline.storage import PooledPostgresRunStorage
-from tests.dagster.support import example_instance
+from tests.dagster.support import example_instance, planned_rows
 
 
 def test_run_reads_reflect_the_runs_table_once_not_per_read(db_url, tmp_path, monkeypatch):
@@ -121,24 +121,6 @@ def test_dagster_storage_commits_asynchronously_the_engine_does_not(db_url, tmp_
         instance.dispose()
 
 
-def _planned_rows(instance, run_id: str) -> dict[str, list]:
-    """What a run's planned events left in the event log storage, without ids and timestamps."""
-    from dagster import deserialize_value
-
-    with instance.event_log_storage._engine.connect() as conn:
-        events = conn.exec_driver_sql(
-            "SELECT dagster_event_type, step_key, asset_key, partition, event FROM event_logs "
-            "WHERE run_id = %(r)s AND dagster_event_type LIKE '%%PLANNED' ORDER BY id", {"r": run_id}).fetchall()
-        checks = conn.exec_driver_sql(
-            "SELECT asset_key, check_name, partition, execution_status, evaluation_event_storage_id IS NOT NULL "
-            "FROM asset_check_executions WHERE run_id = %(r)s ORDER BY asset_key, check_name", {"r": run_id}).fetchall()
-        keys = conn.exec_driver_sql("SELECT asset_key FROM asset_keys WHERE last_run_id = %(r)s ORDER BY 1",
-                                    {"r": run_id}).fetchall()
-    payload = [deserialize_value(e[4]).dagster_event for e in events]
-    return {"events": [tuple(e[:4]) + (p.event_specific_data,) for e, p in zip(events, payload)],
-            "checks": [tuple(c) for c in checks], "asset_keys": [tuple(k) for k in keys]}
-
-
 def test_a_runs_planned_events_are_stored_in_one_transaction_as_one_by_one(db_url, tmp_path, monkeypatch):
     """A run's planned materialisations and checks (what Dagster writes when it creates a run) go to
     the storage as one batch (`instance.EVENT_BATCH_ENV`), stored by `store_event_batch` in one
@@ -180,7 +162,7 @@ def test_a_runs_planned_events_are_stored_in_one_transaction_as_one_by_one(db_ur
             monkeypatch.setenv(EVENT_BATCH_ENV, size)
             calls.update(batch=0, one=0)
             run = instance.create_run_for_job(job, tags={"dagster/partition": "acme"})
-            rows[size] = _planned_rows(instance, run.run_id)
+            rows[size] = planned_rows(instance, run.run_id)
             assert calls == ({"batch": 0, "one": 5} if size == "0" else {"batch": 1, "one": 0}), (size, calls)
         assert len(rows["0"]["events"]) == 5 and len(rows["0"]["checks"]) == 3 and len(rows["0"]["asset_keys"]) == 2
         assert rows["10000"] == rows["0"]
