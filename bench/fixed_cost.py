@@ -24,7 +24,8 @@ into a fresh database. From the engine's task rows (migration_tasks) and the com
 
 `--against DIR` runs the same rounds, interleaved, with the code of another checkout (`git archive
 <commit> | tar -x -C DIR`: its packages ahead of this clone's on PYTHONPATH, same venv) and prints
-both sides and their ratios.
+both sides and their ratios: of the medians, and the median of each round's own ratio (its two runs
+back to back: on a machine whose load drifts the paired ratio is the steadier one).
 
 Target (issue 25, Deliver 4): fixed cost < 1.5 s a run on the small account.
 """
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     storage_url = to_url(with_dbname(dbs.server, storage_db), scheme="postgresql+psycopg2")
     homes = {v: Path(tempfile.mkdtemp(prefix=f"bench-fixed-home-{v}-")) for v in variants}
     got: dict[str, dict[str, list[float]]] = {v: {p: [] for p in PARTS} for v in variants}
+    rounds: list[dict[str, dict[str, float]]] = []  # per round, each variant's parts (paired ratios)
     failed = 0
     try:
         with sandbox(args.scale, latency=args.latency, burst_limit=1_000_000) as sb:
@@ -118,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
                 one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **extra), "users")
             names = list(variants)
             for r in range(args.reps):
+                rounds.append({})
                 for v in names[r % len(names):] + names[:r % len(names)]:
                     parts = one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **variants[v]))
                     if not parts:
                         failed += 1
                         continue
+                    rounds[-1][v] = parts
                     print(f"  round {r + 1} {v:<8}: " + ", ".join(f"{p} {parts[p]:.2f}" for p in PARTS), flush=True)
                     for p in PARTS:
                         got[v][p].append(parts[p])
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(variants) > 1:
         lines += [(f"{p} this / against", ratio(m["this"][p], m["against"][p]), "below 1: this checkout's is shorter")
                   for p in ("wall", "fixed", "launch", "boundaries", "tail", "cpu")]
+        pairs = [r for r in rounds if len(r) == 2]
+        lines += [(f"{p} this / against, paired", median([ratio(r["this"][p], r["against"][p]) for r in pairs]),
+                   f"median of {len(pairs)} rounds' own ratios (back to back: the load's drift cancels)")
+                  for p in ("wall", "fixed", "launch", "cpu")]
     print_ratios(f"fixed cost, {args.scale} sandbox, medians of {len(got['this']['wall'])}", lines)
     return 1 if failed else 0
 
