@@ -56,6 +56,17 @@ def to_write(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str]])
     return {sid for sid, version in pairs if needs_write(entries.get(sid), version, run)}
 
 
+def unwritten(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str]]) -> set[str]:
+    """`to_write` without recording anything: the source ids among `listed` ((source id, version)
+    of ledger kind `kind`) the ledger holds at no version `needs_write` would leave alone, as it
+    holds them now (a read ahead of the listing's own comparison, which may differ by then)."""
+    pairs = list(listed)
+    held = ledger.held(conn, run, kind, [sid for sid, _ in pairs])
+    entries = {sid: {"action": h.action, "source_version": h.version, "deleted_at_source": h.deleted_at_source}
+               for sid, h in held.items()}
+    return {sid for sid, version in pairs if needs_write(entries.get(sid), version, run)}
+
+
 def forget_older(conn: Conn, run: Run) -> None:
     """Drop the inventories of the tenant's ended runs (every run of its source but `run`):
     nothing reads them once a newer catch-up lists."""

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from engine_core.providers.pipedrive import catchup, inventory
+from engine_core.providers.pipedrive import catchup, inventory, writers
 from engine_core.providers.pipedrive.inventory import ReadAhead, Step
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
 
@@ -149,3 +149,76 @@ def test_a_list_that_follows_another_is_read_once_that_one_is_read_to_its_end() 
     _settle(reader, 6)
     assert started[:3] == [("deals", 0), ("deals", 1), ("deals", 2)], started
     assert sorted(started[3:]) == [("deals_archived", 0), ("deals_archived", 1), ("deals_archived", 2)], started
+
+
+def test_a_read_ahead_tells_each_page_read_and_when_no_page_of_a_list_is_being_read() -> None:
+    started: list[int] = []
+    heard: list[tuple[str, int, bool]] = []
+    reader: list[ReadAhead] = []
+
+    def arrived(kind: str, step: Step) -> None:
+        deadline = time.monotonic() + 5
+        while not reader and time.monotonic() < deadline:
+            time.sleep(0.01)
+        heard.append((kind, step.rows[0]["id"], reader[0].settled([kind])))
+
+    reader.append(ReadAhead(object(), ["notes"], step=_pages(5, started), ahead=2, arrived=arrived))
+    _settle(reader[0], 2)
+    assert [h[:2] for h in heard] == [("notes", 0), ("notes", 1)], heard
+    assert heard[-1][2] and reader[0].settled(["notes"]), "two pages held: the list waits for its walker"
+    for page in range(5):
+        assert reader[0].take("notes", {"start": page} if page else {}) is not None
+        _settle(reader[0], min(5, page + 3))
+    assert [h[1] for h in heard] == [0, 1, 2, 3, 4] and heard[-1][2], "read to its end: settled"
+
+
+def test_the_last_levels_parents_are_asked_while_the_chain_writes_once_a_kind(db, monkeypatch) -> None:
+    """Activities and notes whose deal or lead is archived (lists this run does not take) stay
+    placeholders, and the catch-up retakes them: their parents are asked of the source while the
+    chain still writes, the pages' parents together - one `ids=` question for the deals, each lead
+    once - and the requests counted by the last level's tasks as the source counted them."""
+    kinds = ["organizations", "persons", "deals", "leads", "activities", "notes"]
+    questions: list[list[tuple[str, str]]] = []
+    catching = threading.Event()
+    asked = threading.Event()
+    real_request, real_ask, real_write, real_page = (writers._request, catchup.LastParents.ask,
+                                                     catchup.write_changed, catchup.run_page)
+
+    def request(client, pairs, cancel):
+        if catching.is_set():
+            questions.append(list(pairs))
+        return real_request(client, pairs, cancel)
+
+    def ask(self) -> None:
+        real_ask(self)
+        asked.set()
+
+    def write_changed(ctx, client, mapper_of, kind, lk, rows, **kw):
+        if kind == "leads":  # the chain's last list: written once the read-ahead asked
+            assert asked.wait(20), "the last level's parents were not asked ahead"
+        return real_write(ctx, client, mapper_of, kind, lk, rows, **kw)
+
+    def run_page(ctx, client, mapper_of):
+        if not catching.is_set():
+            catching.set()
+            sb.reset_stats()
+        return real_page(ctx, client, mapper_of)
+
+    monkeypatch.setattr(writers, "_request", request)
+    monkeypatch.setattr(catchup.LastParents, "ask", ask)
+    monkeypatch.setattr(catchup, "write_changed", write_changed)
+    monkeypatch.setattr(catchup, "run_page", run_page)
+    with sandbox() as sb:
+        run = migrate(db, sb, kinds=kinds)
+        spent = sb.stats()
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    skipped = db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s AND action = 'skipped'"
+                     " AND kind IN ('activities', 'notes') AND reason LIKE %(w)s", {"r": run.id, "w": f"%{writers.NOT_WRITTEN}%"})
+    assert skipped[0]["n"] > 0, "the account must have rows whose parent is archived"
+    deals = [q for q in questions if q[0][0] == "deals"]
+    assert len(deals) == 1 and len(deals[0]) > 1, f"the deals asked page by page: {questions}"
+    leads = [p for q in questions for p in q if p[0] == "leads"]
+    assert len(leads) == len(set(leads)), f"a lead asked twice: {leads}"
+    counted = db.sql("SELECT coalesce(sum((stats->>'requests')::int), 0) AS n FROM migration_tasks"
+                     " WHERE migration_id = %(r)s AND kind = 'catchup'", {"r": run.id})[0]["n"]
+    assert counted == spent["requests_total"], (counted, spent["requests"])

@@ -71,7 +71,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine_core import inventory_ledger, marks
+from engine_core import inventory_ledger, marks, write
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed
@@ -84,6 +84,7 @@ from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
 from engine_core.providers.pipedrive.kinds import CATCHUP_ORDER as ORDER
 from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledger_kind
+from engine_core.providers.pipedrive.mapping import MalformedRow, sound_id, unreadable_key
 from engine_core.providers.pipedrive.meter import CountingClient, Meter
 from engine_core.providers.pipedrive.stripes import rfc3339
 
@@ -249,11 +250,74 @@ _readers_lock = threading.Lock()
 READERS_KEPT = 8  # runs whose catch-up lists a process reads ahead at once (the oldest is closed)
 
 
-def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | None, *, start: bool) -> ReadAhead | None:
-    """The run's `ReadAhead` of the catch-up's lists in this process, None when it has none; made
-    - reading every list of the walk at once - when `start` (the chain's first page). Its requests
-    go through the client `client` counts (`CountingClient.inner`); a page is counted by the task
-    that takes it."""
+class LastParents:
+    """The parents of the last level's rows to write (`LAST_LEVEL`: activities and notes, the
+    rows the ledger holds as placeholders or at an older version when their page is read ahead),
+    asked of the source while the chain still writes, so the last level's tasks find them answered
+    (`writers.ask_source`, the catch-up's answers). The pages' parents are gathered and asked in
+    one go whenever no page of the last level is being read (`ReadAhead.settled`): every list read
+    to its end, or waiting for its walker - one question per parent kind (`ids=` lists of up to 100)
+    instead of one per page. Only a cache: a parent not asked here is asked by its page's task, one
+    asked here and written by the chain since is found in the ledger. Its requests are counted by
+    the next last-level task that takes a page (`uncounted`)."""
+
+    def __init__(self, ctx: TaskContext, client: Any, mapper_of: Any) -> None:
+        self.ctx = ctx
+        self.mapper_of = mapper_of
+        self.reader: ReadAhead | None = None
+        self._lock = threading.Lock()
+        self._pending: set[writers.Pair] = set()
+        self._counting = CountingClient(client)  # counts a request before it is sent
+        self._counted = (0, 0)
+
+    def arrived(self, kind: str, step: Any) -> None:
+        """A page of `kind` is read ahead: its rows' unknown parents join the question."""
+        if kind not in LAST_LEVEL:
+            return
+        pairs = self._unknown(kind, step.rows) if step.rows else []
+        with self._lock:
+            self._pending.update(pairs)
+        if self.reader is not None and self.reader.settled(LAST_LEVEL):
+            self.ask()
+
+    def _unknown(self, kind: str, rows: Sequence[dict[str, Any]]) -> list[writers.Pair]:
+        listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
+        with self.ctx.db.connection() as conn:
+            wanted = inventory_ledger.unwritten(conn, self.ctx.run, ledger_kind(kind),
+                                                [(sid, version_of(kind, r)) for sid, r in listed if sid is not None])
+        changed = [r for sid, r in listed if sid in wanted]
+        if not changed:
+            return []
+        prepared = write.map_page(changed, self.mapper_of(kind), malformed=MalformedRow, raw_id=sound_id,
+                                  raw_key=unreadable_key)
+        return writers.askable(self.ctx.run, write.unknown_parents(self.ctx, prepared), {})
+
+    def ask(self) -> None:
+        """Ask the source about every parent gathered so far (one question a kind)."""
+        with self._lock:
+            pairs, self._pending = sorted(self._pending), set()
+        if not pairs:
+            return
+        writers.ask_source(self._counting, pairs, writers.answers_key(self.ctx))
+
+    def uncounted(self) -> tuple[int, int]:
+        """The requests and tokens asked here (counted as they are sent) that no task counted yet,
+        now counted."""
+        with self._lock:
+            spent = (self._counting.requests, self._counting.tokens)
+            before, self._counted = self._counted, spent
+        return spent[0] - before[0], spent[1] - before[1]
+
+
+_parents: dict[tuple[str, int, str], LastParents] = {}
+
+
+def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | None, *, start: bool,
+              mapper_of: Any = None) -> tuple[ReadAhead | None, LastParents | None]:
+    """The run's `ReadAhead` of the catch-up's lists in this process and its `LastParents` (None
+    when it has none; no `LastParents` for a dry run, which writes nothing); made - reading every list
+    of the walk at once - when `start` (the chain's first page). Its requests go through the client
+    `client` counts (`CountingClient.inner`); a page is counted by the task that takes it."""
     scope = (str(ctx.db.url), ctx.run.id, str(ctx.run.started_at))
     with _readers_lock:
         reader = _readers.get(scope)
@@ -261,11 +325,17 @@ def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | 
             inner = client.inner if isinstance(client, CountingClient) else client
             # the lists of one ledger kind (deals, then archived deals) are read one after the other
             follows = {k: before for before, k in zip(kinds, kinds[1:]) if ledger_kind(k) == ledger_kind(before)}
+            parents = None if ctx.run.dry_run or mapper_of is None else LastParents(ctx, inner, mapper_of)
             reader = _readers[scope] = ReadAhead(inner, kinds, since, step=lambda m, k, a, s: list_step(m, k, a, s),
-                                                 follows=follows)
+                                                 follows=follows, arrived=parents.arrived if parents else None)
+            if parents is not None:
+                parents.reader = reader
+                _parents[scope] = parents
             while len(_readers) > READERS_KEPT:
-                _readers.popitem(last=False)[1].close()
-        return reader
+                old, closed = _readers.popitem(last=False)
+                closed.close()
+                _parents.pop(old, None)
+        return reader, _parents.get(scope)
 
 
 def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
@@ -285,7 +355,7 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         with ctx.db.transaction() as tx:
             inventory_ledger.forget_older(tx, ctx.run)
     # the chain's lists are read at once, written one after another (the last level: at once anyway)
-    reader = reader_of(ctx, client, kinds, since, start=first and kind not in LAST_LEVEL)
+    reader, parents = reader_of(ctx, client, kinds, since, start=first and kind not in LAST_LEVEL, mapper_of=mapper_of)
     meter = Meter(client, {}, ctx.cancel)
     walked = 0
     while True:
@@ -309,6 +379,10 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
             written: list[dict[str, Any]] = []
         else:
             written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None)
+        if parents is not None and kind in LAST_LEVEL:
+            asked, tokens = parents.uncounted()  # the parents asked ahead (this page's waited for)
+            ctx.stats.bump("requests", asked)
+            ctx.stats.bump("tokens", tokens)
         successors: list[Successor] = []
         if lk == "deals" and written and "emails" in ctx.run.kinds:
             with ctx.db.connection() as conn:

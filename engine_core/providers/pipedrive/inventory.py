@@ -25,6 +25,7 @@ served at least once.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,6 +41,8 @@ from engine_core.providers.pipedrive.mail import message_of
 from engine_core.providers.pipedrive.meter import Meter
 from engine_core.providers.pipedrive.paging import settle_refusals
 from engine_core.providers.pipedrive.prefetch import answer_of
+
+log = logging.getLogger(__name__)
 
 OVERLAP = 25  # rows each v1 page re-asks before the last one's end (deletions it absorbs)
 
@@ -195,11 +198,14 @@ class ReadAhead:
     page it takes as the request it stands for. A list whose page failed is read no further (its
     walker asks the source itself, with the client's retries: `reading` turns false); so is every
     list once `idle` seconds passed with no page taken, or after `close`. Pages nobody takes (the
-    walker ran in another process, the run stopped) are at most `ahead` a list."""
+    walker ran in another process, the run stopped) are at most `ahead` a list. `arrived(kind,
+    step)` runs on the reading thread after each page is read (what it raises is dropped: it only
+    asks ahead)."""
 
     def __init__(self, client: Any, kinds: Sequence[str], since: str | None = None, *, step: StepFn | None = None,
                  follows: Mapping[str, str] | None = None, ahead: int = AHEAD, threads: int = THREADS,
-                 idle: float = IDLE, clock: Callable[[], float] = time.monotonic) -> None:
+                 idle: float = IDLE, clock: Callable[[], float] = time.monotonic,
+                 arrived: Callable[[str, Step], None] | None = None) -> None:
         self.since = since
         self.ahead = ahead
         self.idle = idle
@@ -216,6 +222,7 @@ class ReadAhead:
         self._follows = {k: before for k, before in (follows or {}).items() if k in self._held and before in self._held}
         self._last = clock()
         self._closed = False
+        self._arrived = arrived
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(threads, len(kinds))), thread_name_prefix="readahead")
         for kind in kinds:
             if kind not in self._follows:
@@ -225,6 +232,12 @@ class ReadAhead:
         """Whether `kind`'s pages are (still) read here: its walker asks nothing ahead itself."""
         with self._lock:
             return not self._closed and kind in self._held and kind not in self._failed
+
+    def settled(self, kinds: Sequence[str]) -> bool:
+        """Whether no page of `kinds` is being read now: each list is read to its end (or failed,
+        or not read here) or waits for its walker to take a page (`ahead` held)."""
+        with self._lock:
+            return self._closed or all(k not in self._held or k in self._ended or k in self._parked for k in kinds)
 
     def take(self, kind: str, at: Mapping[str, Any], cancel: threading.Event | None = None) -> Step | None:
         """The step read for `kind` at `at` (waiting while it is in flight), once; None when it
@@ -299,6 +312,11 @@ class ReadAhead:
                 self._read(following, {})
         else:
             self._read(kind, step.after)
+        if self._arrived is not None:
+            try:
+                self._arrived(kind, step)
+            except Exception:  # noqa: BLE001 - asking ahead is only a cache: the walker asks for itself
+                log.debug("a page's arrival hook failed", exc_info=True)
 
     def _end(self, kind: str, *, failed: bool) -> list[str]:
         """Mark `kind` read to its end (or failed); returns the lists that follow it, to read now.
