@@ -60,3 +60,33 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     # tiny's persons fit the discovery's first page, which its one walker takes: discovery, catch-up
     assert persons_pages == 1 and store.held >= 1
     assert catchup and requests["/api/v2/persons"] == 1 + 1, requests
+
+
+def test_a_run_without_the_fields_kind_asks_the_field_lists_as_its_first_discovery_lists(db, monkeypatch) -> None:
+    """The field lists are asked when the first discovery starts, beside its first page (each once):
+    under latency the run's first page was mapped a round trip of the field lists after its discovery."""
+    import threading
+    import time
+
+    asked: list[tuple[str, float, float]] = []
+    lock = threading.Lock()
+    real = PipedriveClient._attempt
+
+    def attempt(self, path, query, reservation=None):
+        started = time.monotonic()
+        try:
+            return real(self, path, query, reservation)
+        finally:
+            with lock:
+                asked.append((path, started, time.monotonic()))
+
+    monkeypatch.setattr(PipedriveClient, "_attempt", attempt)
+    with sandbox(latency="realistic:0.2") as sb:  # a list ~60 ms: the field lists start well before one ends
+        sb.reset_stats()
+        run = migrate(db, sb, kinds=["organizations", "persons"], width=4)
+        requests = sb.stats()["requests"]
+    assert run.status == "succeeded"
+    assert {path: requests.get(path) for path in FIELD_LISTS} == dict.fromkeys(FIELD_LISTS, 1), requests
+    first_page = min(end for path, _, end in asked if path in ("/api/v2/organizations", "/api/v2/persons"))
+    fields = [started for path, started, _ in asked if path in FIELD_LISTS]
+    assert len(fields) == len(FIELD_LISTS) and max(fields) < first_page, sorted(asked, key=lambda a: a[1])

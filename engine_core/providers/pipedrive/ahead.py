@@ -23,6 +23,16 @@ from engine_core.providers.pipedrive.meter import CountingClient
 from engine_core.providers.pipedrive.prefetch import Prefetch
 
 
+def ask_fields(client: Any) -> None:
+    """Ask the first page of every field list now (`kinds.V2_FIELD_LISTS`, `V1_FIELD_LISTS`,
+    through the client's `Prefetch`, each once a run): the requests the run's field book will make
+    (`PipedriveProvider.fetch_definitions`), answered by the time its first page is mapped."""
+    for path in kinds.V2_FIELD_LISTS.values():
+        client.prefetch_v2(path, once=True)
+    for path in kinds.V1_FIELD_LISTS.values():
+        client.prefetch_v1(path, once=True)
+
+
 def ready_phase(run: Run, phase: int) -> int:
     """The first phase of `run` in which the parents of a page of `phase` can be asked about: the
     one after the last earlier phase holding a kind the source is asked about by id

@@ -193,17 +193,18 @@ class Prefetch:
         with self._lock:
             self._expire()
             entry = self._pages.pop(key, None)
+            if entry is not None:  # taken from now on: an `ask(once=True)` meanwhile would ask it again
+                self._taken[key] = None
+                while len(self._taken) > self.TAKEN_KEPT:
+                    self._taken.popitem(last=False)
         if entry is None:
             return None
         answered, body = answer_of(entry[1], cancel)
         if not answered:  # the taker asks the source itself
             return None
-        with self._lock:
-            if not getattr(body, "kept", False):
+        if not getattr(body, "kept", False):
+            with self._lock:
                 self.taken += 1
-            self._taken[key] = None
-            while len(self._taken) > self.TAKEN_KEPT:
-                self._taken.popitem(last=False)
         return body
 
     def _expire(self) -> None:

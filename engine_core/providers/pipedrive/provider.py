@@ -67,7 +67,7 @@ from engine_core.providers.pipedrive.meter import CountingClient, Meter, token_c
 from engine_core.providers.pipedrive.prefetch import Prefetch, prefetch_store
 from engine_core.providers.pipedrive.fields import FieldBook
 from engine_core.providers.pipedrive.kinds import COUNTED, SUMMARY_PATHS, V1_FIELD_LISTS, V2_FIELD_LISTS
-from engine_core.providers.pipedrive.ahead import Ahead
+from engine_core.providers.pipedrive.ahead import Ahead, ask_fields
 from engine_core.providers.pipedrive.listing import discover, discovery_seeds, list_v1_task, list_v2_task, source_total
 from engine_core.providers.pipedrive.plan import CATCHUP, DEPENDS_ON, PHASES
 from engine_core.providers.pipedrive.settings import (BOOLEAN_WORDS, ENV_BASE_URL, ENV_TOKEN, OPTIONS,
@@ -498,7 +498,13 @@ class PipedriveProvider:
         kind = ctx.task.kind
         cursor = ctx.task.cursor
         lower, upper = cursor.get("since"), cursor.get("until")
+        self._fields_ahead(ctx)
         found = discover(client, stripes.V2_PATHS[kind], ctx.cancel, bounds=stripes.v2_params(cursor))
+        seeds = discovery_seeds(kind, found, lower, upper)
+        # the walkers' first pages are asked now (`prefetch.Prefetch`), before the summary below: a
+        # discovery run early (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers
+        # start within seconds; one that waits longer than a page is kept asks again (a page's tokens)
+        self._ahead(ctx).discovered(client, tuple(seeds))
         summary = SUMMARY_PATHS.get(kind)
         if kind in COUNTED and found.whole is not None:
             ctx.stats.values["source_total"] = found.whole  # set, not added: a retried discovery asks again
@@ -508,11 +514,6 @@ class PipedriveProvider:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
             else:
                 ctx.stats.values["source_total"] = total
-        seeds = discovery_seeds(kind, found, lower, upper)
-        # the walkers' first pages are asked now (`prefetch.Prefetch`): a discovery run early
-        # (`barrier.seed_phase`) runs in the previous phase's tail, so its walkers start within
-        # seconds; one that waits longer than a page is kept asks again (a page's tokens, at most)
-        self._ahead(ctx).discovered(client, tuple(seeds))
         ctx.stats.values["probe_requests"] = found.requests
         ctx.stats.values["stripes"] = len(seeds)
         if found.nulls:
@@ -532,6 +533,15 @@ class PipedriveProvider:
         return TaskOutcome(listed.successors)
 
     # -- field definitions ----------------------------------------------------------------
+    def _fields_ahead(self, ctx: TaskContext) -> None:
+        """Ask the field lists now (`ahead.ask_fields`) when the run's book is neither in this process
+        nor stored: the run's first page would wait for them a round trip after its discovery."""
+        if ctx.task.kind in kinds.ENTITY_OF_KIND and _recall_book(ctx) is None:
+            with ctx.db.connection() as conn:
+                stored = engine_definitions.stored_definitions(conn, ctx.run)
+            if not stored:
+                ask_fields(self.client(ctx.db))
+
     def fetch_definitions(self, client: PipedriveClient, ctx: TaskContext | None = None) -> list[dict[str, Any]]:
         """Every field definition the source serves, normalized (`writers.normal_definition`),
         numbered in each entity's order: the v2 field lists (`/api/v2/dealFields` ...) and the v1
