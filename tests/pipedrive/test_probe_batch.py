@@ -22,7 +22,7 @@ import pytest
 from engine_core.providers.pipedrive import writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import RequestRejected
-from engine_core.providers.pipedrive.writers import IDS_MAX, SourceAnswers, ask_source
+from engine_core.providers.pipedrive.writers import IDS_MAX, LEADS_LIST_MIN, SourceAnswers, ask_source
 from tests.pipedrive.support import TOKEN, sandbox
 
 KEY = ("db", 1)
@@ -166,3 +166,27 @@ def test_two_lanes_asking_overlapping_parents_ask_each_once() -> None:
     assert sorted(asked, key=int) == [s for _, s in ORGS], "each parent asked once"
     assert results["a"] == {p: int(p[1]) % 2 == 0 for p in ORGS[:4]}
     assert results["b"] == {p: int(p[1]) % 2 == 0 for p in ORGS[2:]}
+
+
+def test_many_leads_are_looked_up_in_the_archived_leads_list_and_remembered_for_later_pages() -> None:
+    """Leads take no `ids`: `LEADS_LIST_MIN` or more at once are looked up in the archived leads'
+    list (one request instead of a `GET` each), the ones it does not serve asked by id (an active
+    lead, a deleted one: the answers of `GET`s by id), and every archived lead it served answers a
+    later page without a request."""
+    with sandbox(scale="small") as sb, PipedriveClient(sb.base_url, TOKEN) as client:  # 44 archived leads
+        ids = sb.truth()["ids"]
+        archived = [str(i).lower() for i in ids["leads_archived"]]
+        assert len(archived) > LEADS_LIST_MIN, "the account must have more archived leads than one question asks"
+        gone = ("leads", "00000000-0000-4000-8000-000000000000")
+        active = ("leads", str(ids["leads"][0]).lower())
+        pairs = [("leads", sid) for sid in archived[:LEADS_LIST_MIN]] + [active, gone]
+        answers = SourceAnswers()
+        sb.reset_stats()
+        out = ask_source(client, pairs, KEY, answers=answers)
+        first = sb.stats()["requests"]
+        sb.reset_stats()
+        later = ask_source(client, [("leads", archived[-1])], KEY, answers=answers)
+        again = sb.stats()["requests"]
+    assert out == {**dict.fromkeys(pairs, True), gone: False}
+    assert first == {"/v1/leads/archived": 1, "/v1/leads/{id}": 2}, first
+    assert later == {("leads", archived[-1]): True} and sum(again.values()) == 0, again

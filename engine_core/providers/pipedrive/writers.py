@@ -13,7 +13,8 @@ organization was permanently deleted, and such a parent is never listed. The pro
 does not exist is the source itself: for each missing parent the ledger knows nothing about
 (no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
 source once - organizations, persons and deals many at a time through their v2 lists' `ids`
-(absent: does not exist; `ask_source`), leads, pipelines and stages by `GET` by id, through the
+(absent: does not exist; `ask_source`), many leads through the archived leads' list, leads,
+pipelines and stages by `GET` by id, through the
 provider's budgeted client, before the page's windows open and holding no database connection -
 and remembers the answer for the run (`SourceAnswers`). 404 (or absent from the lists): the row is imported with that link empty, and the
 dangling reference is kept on the product row (`dangling_refs`) and on its ledger entry
@@ -54,7 +55,8 @@ from engine_core.context import TaskContext
 from engine_core.window import PageResult
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PARENT_PATHS, ledger_kind
+from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PAGE, PARENT_PATHS, V1_PATHS, ledger_kind
+from engine_core.providers.pipedrive.meter import token_cost
 from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -158,16 +160,22 @@ PROBE_THREADS = 16
 # `/organizations`, `/deals`, `/deals/archived`). A deal may be archived, and archived deals are
 # in no normal list (since 2025-07-15) while `GET /api/v2/deals/{id}` answers them: the ids the
 # active list leaves out are asked of the archived list before they count as gone. Leads (v1 only),
-# pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`). For leads that is also
-# the cheapest: the only other proof is listing both lead lists (20 + 40 tokens a page of 500, 2
-# requests on the small account) against 2 tokens a GET (the small account's run asks 1-3 leads,
-# 2-6 tokens), and a listing taken earlier proves nothing about a lead created since (uuids: no
-# order to bound it by), so it would have to be taken again for later pages.
+# pipelines and stages take no `ids` and are asked by id (`PARENT_PATHS`); many leads at once are
+# looked up in the archived leads' list (`LEADS_LIST_MIN`), and the ones it does not serve by id (a
+# listing proves nothing about a lead created since it was taken: uuids have no order to bound it by).
 IDS_MAX = 100  # the spec's cap on `ids` (the sandbox answers 400 beyond it, as a request the API refuses)
 # A kind's parents asked by one `ids=` list rather than by id from this many on. Tokens: a list
 # request costs 10 (`/deals/archived` 20), a record by id 1, so a batch of n < 10 spends more
 # tokens than n GETs (and fewer requests: 1-2 instead of n).
 BATCH_MIN = 2
+# Leads take no `ids`: a question of this many leads or more reads the archived leads' list instead
+# of a `GET` each (`_listed_leads`; the active leads are the run's own walk, written before any
+# page that points at them). One page of 500 costs 40 tokens, a lead by id 2: from 10 leads on the
+# list spends at most twice the tokens for one request instead of ten or more, and the leads it
+# serves answer the run's later pages at no cost (the small account's activities and notes point
+# at 17 archived leads: 17 requests in the walks and 17 again in the catch-up, now one list each).
+LEADS_LIST_MIN = 10
+LEADS_ARCHIVED = V1_PATHS["leads_archived"]
 
 
 def _batchable(pair: Pair) -> bool:
@@ -180,16 +188,24 @@ def _batchable(pair: Pair) -> bool:
 def questions(pairs: Iterable[Pair], batch_min: int | None = None) -> list[list[Pair]]:
     """The requests that answer `pairs` (distinct, none answered yet): per kind of `BATCH_PATHS`
     with at least `batch_min` (default `BATCH_MIN`) ids, one question per `IDS_MAX` ids (one list
-    request each; two for deals whose active list leaves some out); every other pair one question
-    of its own (`GET` by id)."""
+    request each; two for deals whose active list leaves some out); at least `LEADS_LIST_MIN` leads
+    (and `batch_min`), one question (`_listed_leads`); every other pair one question of its own
+    (`GET` by id)."""
     batch_min = BATCH_MIN if batch_min is None else batch_min
     by_kind: dict[str, list[Pair]] = {}
     out: list[list[Pair]] = []
+    leads: list[Pair] = []
     for pair in pairs:
         if _batchable(pair):
             by_kind.setdefault(pair[0], []).append(pair)
+        elif pair[0] == "leads":
+            leads.append(pair)
         else:
             out.append([pair])
+    if len(leads) >= max(batch_min, LEADS_LIST_MIN):
+        out.append(sorted(leads))  # one question: the archived leads' list (`_listed_leads`)
+    else:
+        out.extend([p] for p in leads)
     for group in by_kind.values():
         if len(group) < max(batch_min, 2):
             out.extend([p] for p in group)
@@ -260,7 +276,9 @@ def _ask(client: Getter, question: list[Pair], key: tuple[str, int], cancel: Any
                 raise
             for pair in mine:
                 answers.put(key, pair, found[pair])
-            out.update(found)
+            for pair in found.keys() - set(mine):  # served beside them (`_listed_leads`): remembered
+                answers.put(key, pair, found[pair])
+            out.update((pair, found[pair]) for pair in mine)
         pending = []
         for pair, waiting in theirs:
             waiting.wait()
@@ -274,11 +292,12 @@ def _ask(client: Getter, question: list[Pair], key: tuple[str, int], cancel: Any
 
 def _requests_of(question: list[Pair]) -> int:
     """The requests a question makes (`_request`): one by id, else one per list of its kind."""
-    return len(BATCH_PATHS[question[0][0]]) if len(question) > 1 else 1
+    return len(BATCH_PATHS.get(question[0][0], ("",))) if len(question) > 1 else 1
 
 
 def _request(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]:
-    """Ask the source about `pairs` (one kind when more than one): by id for one, else through the
+    """Ask the source about `pairs` (one kind when more than one): by id for one, leads through
+    their archived list (`_listed_leads`), else through the
     kind's lists' `ids` (`BATCH_PATHS`) - an id a list serves exists, one no list serves does not.
     A kind of several lists (deals: active and archived) asks them all at once with every id: one
     round trip, not two in a row, for the same requests whenever the first list leaves an id out
@@ -289,6 +308,8 @@ def _request(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]
     if len(pairs) == 1:
         return {pairs[0]: _exists(client, pairs[0], cancel)}
     kind = pairs[0][0]
+    if kind == "leads":
+        return _listed_leads(client, pairs, cancel)
     ids = {sid for _, sid in pairs}
     paths = BATCH_PATHS[kind]
     if len(paths) == 1:
@@ -306,6 +327,41 @@ def _request(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]
             if pair[1] in left:
                 out[pair] = _exists(client, pair, cancel)
     return out
+
+
+def _listed_leads(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, bool]:
+    """Whether these leads exist, from the archived leads' list (`LEADS_ARCHIVED`) read from its
+    start, v1 offset pages of `PAGE`, until it served every one of them or its pages cost what
+    asking them by id would (at least one page); the leads it did not serve are asked by id (an
+    active lead written after the leads' walk, a deleted one: absent from both lists). The answer
+    also holds every other lead the pages served (True: the run remembers them for later pages,
+    whose archived leads are then answered without a request)."""
+    wanted = {sid for _, sid in pairs}
+    found: dict[Pair, bool] = {}
+    pages = max(1, -(-len(wanted) * token_cost(PARENT_PATHS["leads"]) // token_cost(LEADS_ARCHIVED)))
+    start = 0
+    for _ in range(pages):
+        body = client.get(LEADS_ARCHIVED, {"start": start, "limit": PAGE}, cancel=cancel)
+        rows = body.get("data")
+        if rows is None:
+            rows = []
+        if not isinstance(rows, list):
+            raise BadResponse("data is not a list", method="GET", path=LEADS_ARCHIVED, status=200)
+        for row in rows:
+            value = row.get("id") if isinstance(row, dict) else None
+            if isinstance(value, str) and value.strip():
+                found[("leads", value.strip().lower())] = True
+        extra = body.get("additional_data")
+        paging = extra.get("pagination") if isinstance(extra, dict) else None
+        more = isinstance(paging, dict) and paging.get("more_items_in_collection") is True
+        if not more or not rows or wanted <= {sid for _, sid in found}:
+            break
+        following = paging.get("next_start") if isinstance(paging, dict) else None
+        start = following if isinstance(following, int) and following > start else start + len(rows)
+    for pair in pairs:
+        if pair not in found:
+            found[pair] = _exists(client, pair, cancel)
+    return found
 
 
 def _exists(client: Getter, pair: Pair, cancel: Any) -> bool:
