@@ -26,6 +26,10 @@ def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(d
 
     monkeypatch.setattr(writers, "_request", request)
     monkeypatch.setattr(Prefetch, "SLOW", 0.0)  # the sandbox answers at once: count it as slow
+    taken: list[bool] = []
+    real_take = writers.MappedPages.take
+    monkeypatch.setattr(writers.MappedPages, "take", lambda self, rows: (
+        lambda got: (taken.append(got is not None), got)[1])(real_take(self, rows)))
     with sandbox(scale="small") as sb:
         truth = sb.truth()
         sb.reset_stats()
@@ -50,6 +54,7 @@ def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(d
     dangling = db.sql("SELECT count(*) AS n FROM migration_records WHERE migration_id = %(r)s AND kind = 'persons'"
                       " AND dangling IS NOT NULL", {"r": run.id})[0]["n"]
     assert dangling > 0, "persons pointing at deleted organizations are imported, the link dangling"
+    assert sum(taken) >= 2, f"the pages mapped to ask their parents ahead were mapped again by their tasks: {taken}"
 
 
 def test_a_fast_source_has_no_parents_asked_ahead(db, monkeypatch) -> None:

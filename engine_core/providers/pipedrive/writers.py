@@ -420,13 +420,49 @@ def answers_key(ctx: TaskContext) -> tuple[str, int]:
     return scope, ctx.run.id
 
 
+class MappedPages:
+    """Pages mapped ahead of their task (`probe_ahead`), kept for the task that writes the very same
+    rows (`write_page`) to take instead of mapping them again (a page of 500 rows: 50-100 ms of CPU).
+    A page is known by its rows' identity (the row objects the listing's answer holds, shared by
+    the page asked ahead and the task that takes it), taken once; the oldest past `KEPT` dropped."""
+
+    KEPT = 16
+
+    def __init__(self) -> None:
+        self._pages: OrderedDict[int, tuple[Any, int, list[write.Prepared]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, rows: Sequence[Any], prepared: list[write.Prepared]) -> None:
+        """Keep `prepared`, the mapping of `rows` (a page, every row mapped from its first)."""
+        if not rows:
+            return
+        with self._lock:
+            self._pages[id(rows[0])] = (rows[0], len(rows), prepared)
+            while len(self._pages) > self.KEPT:
+                self._pages.popitem(last=False)
+
+    def take(self, rows: Sequence[Any]) -> list[write.Prepared] | None:
+        """The mapping kept for these very rows (the same objects, as many), once; else None."""
+        if not rows:
+            return None
+        with self._lock:
+            entry = self._pages.pop(id(rows[0]), None)
+        if entry is None or entry[0] is not rows[0] or entry[1] != len(rows):
+            return None
+        return entry[2]
+
+
+MAPPED = MappedPages()
+
+
 def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper) -> None:
     """Ask the source now about the parents of a listed page (its `rows`, mapped by `mapper`) that
     a later task of `ctx.run` will write (`write_listed_page`): the ones its probe would ask,
     answered once for the run (`ask_source`), so that task finds them answered. Only once the phases
-    of the page's parents are closed (else a parent still to be written would be asked). Raises as
-    `ask_source` does."""
+    of the page's parents are closed (else a parent still to be written would be asked). The
+    mapping is kept for that task (`MAPPED`). Raises as `ask_source` does."""
     prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
+    MAPPED.put(rows, prepared)
     pairs = askable(ctx.run, write.unknown_parents(ctx, prepared), {})
     if pairs:
         ask_source(client, pairs, answers_key(ctx))
@@ -442,8 +478,10 @@ def write_page(
     `kind`: the ledger kind (default: the task kind's, `kinds.ledger_kind`). With a `client`, the
     page's parents that the ledger does not know are asked of the source first (`ask_source`).
     `optimistic=False`: every row per row (the baseline)."""
-    prepared = write.map_page(rows, mapper, start=ctx.offset, malformed=MalformedRow, raw_id=_raw_id,
-                              raw_key=unreadable_key)
+    prepared = MAPPED.take(rows) if ctx.offset == 0 else None  # mapped ahead (`probe_ahead`)
+    if prepared is None:
+        prepared = write.map_page(rows, mapper, start=ctx.offset, malformed=MalformedRow, raw_id=_raw_id,
+                                  raw_key=unreadable_key)
     return write.write_mapped_page(ctx, prepared, kind=kind or ledger_kind(ctx.task.kind),
                                    probe=probe_of(ctx, client) if client is not None else None, optimistic=optimistic)
 
