@@ -37,3 +37,41 @@ def test_a_changes_only_sync_walks_the_files_newest_first_and_stops_at_the_uncha
     assert {sid for sid in after if after[sid] != before.get(sid)} == replaced, "every file replaced, and only those"
     pages = -(-files // 10)
     assert 1 <= asked < pages, f"{asked} calls of /v1/files: the walk did not stop at the unchanged files ({pages} pages)"
+
+
+
+def _lead_versions(db, ids: set[str]) -> dict[str, str]:
+    rows = db.sql("SELECT source_id, source_version FROM migration_records WHERE tenant_id = 'acme'"
+                  " AND source = 'pipedrive' AND kind = 'leads' AND action = 'created' AND source_id = ANY(%(ids)s)",
+                  {"ids": sorted(ids)})
+    return {r["source_id"]: r["source_version"] for r in rows}
+
+
+def test_a_changes_only_sync_walks_the_archived_leads_newest_first_and_stops_at_the_unchanged(db) -> None:
+    """Archived leads take no `updated_since` either: walked newest first, the sync stops at the
+    first page reaching a lead older than its `since`, and every lead archived since is written at
+    its new version."""
+    with sandbox(scale="small", page_cap=10) as sb:
+        run = migrate(db, sb, kinds=["organizations", "persons", "leads", "leads_archived"])
+        assert run.status == "succeeded", failed_tasks(db, run.id)
+        listed = len(sb.truth("leads_archived")["ids"]["leads_archived"])
+        assert listed > 20, "the archived leads must be several pages"
+        archived: set[str] = set()
+        for _ in range(40):
+            change = live_op(sb, "archive")
+            if change.get("kind") == "leads":
+                archived.add(str(change["id"]).lower())
+            if len(archived) == 3:
+                break
+        before = _lead_versions(db, archived)
+        assert archived and set(before) == archived, (archived, before)
+        sb.reset_stats()
+        opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": False}
+        started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), "acme", options=opts, settings=FAST)
+        drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
+        assert runs.get_run(db, started.id).status == "succeeded", failed_tasks(db, started.id)
+        asked = sb.stats()["requests"].get("/v1/leads/archived", 0)
+    after = _lead_versions(db, archived)
+    assert all(after[sid] != before[sid] for sid in archived), "every lead archived since the run is written anew"
+    pages = -(-(listed + len(archived)) // 10)
+    assert 1 <= asked < pages, f"{asked} calls of /v1/leads/archived: the walk did not stop at the unchanged ({pages} pages)"

@@ -37,9 +37,9 @@ lists serve whole rows with their `update_time`, so that listing already carries
 row; an `updated_since` listing as well would list the changed rows twice (one call per kind at
 least). With the run option `detect_deletes: false` a sync lists only what changed instead:
 `updated_since` = the sync's `since` minus the snapshot margin on the v2 lists, notes and active
-leads (`SINCE_KINDS`); files, which take no such filter, newest first up to the first page that
-reaches a file older than that (`NEWEST_FIRST`); archived leads, users, pipelines and stages are
-listed whole (short lists, except archived leads: the API leaves no choice); no deletes tasks.
+leads (`SINCE_KINDS`); files and archived leads, which take no such filter, newest first up to the
+first page that reaches a row older than that (`NEWEST_FIRST`); users, pipelines and stages are
+listed whole (short lists); no deletes tasks.
 Instead, per ledger kind, the rows the ledger holds as skipped that this listing did not serve are
 asked by id and written as served (`retake_skipped`): a skip is not final - the parent it waited
 for may have been written since, while the row itself did not change. (A full listing serves

@@ -199,7 +199,7 @@ VERSION_FIELD: dict[str, str] = {k.name: k.version_field for k in KINDS if k.ver
 SINCE_KINDS: frozenset[str] = frozenset(k.name for k in KINDS if k.since)
 # Lists without `updated_since` that sort by update time: a listing of what changed since a moment
 # walks them newest first and stops at the first page that reaches an older row (`inventory.list_step`).
-NEWEST_FIRST: dict[str, str] = {"files": "update_time DESC"}
+NEWEST_FIRST: dict[str, str] = {"files": "update_time DESC", "leads_archived": "update_time DESC"}
 LAST_LEVEL: frozenset[str] = frozenset(k.name for k in KINDS if k.last_level)
 PARENT_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.probed and k.by_id}
 SINGLE_PATHS: dict[str, str] = {k.name: k.by_id for k in KINDS if k.by_id}
