@@ -245,8 +245,9 @@ class Worker:
             ctx.log.flush(tx)
             enqueued = top_up_in(tx, ctx.run.id, self.settings)
         self._refilled.add(ctx.task.id)
-        if enqueued:
-            WORK.notify()  # committed: this process's idle lanes may claim them now
+        # committed: as many idle lanes may claim them now (an idle lane takes a page's successor
+        # while this one does its bookkeeping: `_after`)
+        WORK.announce(ctx.run.id, len(enqueued))
         return status
 
     def _after(self, run: Run, task: Task, provider: Provider, *, topped_up: bool = False) -> None:
@@ -310,6 +311,7 @@ class Worker:
             if claimed is not None:
                 result.count(self.run_claimed(*claimed))
                 continue
+            WORK.looked_empty(run_id, seen)
             row = self.db.fetch_one("drain_look", {"run_id": run_id})  # the run and its counts
             if row is None:
                 result.reason = "missing"
@@ -331,7 +333,7 @@ class Worker:
             if counts.get("pending") and not counts.get("enqueued"):
                 top_up(self.db, run_id, self.settings)
             self.heartbeat(run_id)
-            WORK.wait(seen, poll_seconds, self.cancel)  # woken by this process's enqueues
+            WORK.wait(seen, poll_seconds, self.cancel, run_id)  # woken by this process's enqueues
         else:
             result.reason = "cancelled"
         return result
