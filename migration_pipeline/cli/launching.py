@@ -160,7 +160,8 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
     resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
     the run keeps what it started with, and saying so is better than silence. Without them, a launch that joins a
-    running run says so (two `migrate run` of one tenant at once: the second joins the first's run). None when the
+    running run says so (two `migrate run` of one tenant at once: the second joins the first's run), and one whose
+    worker is gone (a killed command: `rollup.no_live_worker_since`) says it takes the run over. None when the
     launch starts a new run, or retries or resumes one without them.
 
     The dry-run flag is not merely ignored (a --dry-run that resumed a stopped real run would
@@ -176,8 +177,11 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
         return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
     run = existing.run
     how = "joins" if existing.action == "joined" else "resumes" if run.status == "stopped" else "retries"
+    gone = rollups.no_live_worker_since(db, run.id) if how == "joins" else None
+    if gone is not None:  # a killed command's run: nobody drives it, this launch does
+        how = "takes over"
     if wants_dry and not run.dry_run:
-        verb = {"joins": "join", "resumes": "resume", "retries": "retry"}[how]
+        verb = {"joins": "join", "takes over": "take over", "resumes": "resume", "retries": "retry"}[how]
         first = ("let it finish first" if how == "joins" else
                  f"finish or {verb} it first with `migrate run --tenant {tenant}` (without --dry-run)")
         fail(f"--dry-run refused: this launch would {verb} the {run.status} {run.name}, which is not a dry run "
@@ -190,6 +194,9 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
                 f"succeeded, `migrate run --tenant {tenant}` starts a run that writes")
         return line + (f"; {' and '.join(given)} ignored: it keeps {keeps}" if given else "")
     if not given:
+        if gone is not None:
+            return (f"note: this launch takes over the running {run.name}, whose worker is gone (no live worker "
+                    f"since {gone:%Y-%m-%d %H:%M:%S} UTC): it goes on from its tasks' checkpoints")
         return (f"note: this launch joins the running {run.name}, which another launch or worker drives: "
                 f"it works on that run and waits for it to end" if how == "joins" else None)
     return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
@@ -306,11 +313,13 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
         if (job or TENANT_JOB) == TENANT_JOB and not new_run:
             check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
+        taken_over = False
         if (job or TENANT_JOB) == TENANT_JOB:
             with open_db() as db:
                 note = ignored_on_relaunch(db, tenant, source, new_cfg)
             if note:
                 click.echo(note, err=True)
+                taken_over = "this launch takes over" in note
         queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
         env = dagster_env()
         instance = get_instance()
@@ -391,7 +400,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
-            joined = " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else ""
+            joined = (" (taken over: its worker was gone)" if taken_over else
+                      " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else "")
             verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
             again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)

@@ -2,6 +2,7 @@
 drainer process (`tests.engine.test_worker_death`'s child), SIGKILLed while it holds two tasks. Status
 (text, --json, and the overview) says "no live worker since ..." with no ETA at once, not "running ...
 ETA" until the stale-lock threshold has passed; while the drainer lives it says nothing of the kind.
+A relaunch's note says it takes the run over, not that it joins a run another launch drives.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from click.testing import CliRunner
 
 from engine_core import runs
 from engine_core.providers.registry import provider_for
+from migration_pipeline.cli.launching import ignored_on_relaunch
 from migration_pipeline.cli.main import main
 from migration_pipeline.instance import to_url
 from tests.engine.support import FAST
@@ -59,3 +61,6 @@ def test_status_says_no_live_worker_at_once_after_the_drainer_is_killed(db, db_u
     overview = {o["tenant"]: o for o in json.loads(_status(["--json"], db_url))}
     assert overview["acme"]["no_live_worker_since"] and overview["acme"]["unattended"], overview
     assert "no live worker since" in _status([], db_url)
+    # a relaunch takes the run over: it joins no one (nobody drives it)
+    note = ignored_on_relaunch(db, "acme", run.source, {})
+    assert note and "takes over the running" in note and "worker is gone" in note and "joins" not in note, note
