@@ -33,7 +33,7 @@ from migration_pipeline.cli.tables import print_phase_results, print_rollup
 from migration_pipeline import tags
 from migration_pipeline.instance import dagster_env, get_instance
 from migration_pipeline.launch.checks import (LaunchError, check_launch, check_tenant, check_tenant_source,
-                                              new_run_config)
+                                              new_run_config, unlinked_kinds)
 from migration_pipeline.launch.signals import Interrupted, signals_held, signals_interrupt
 
 
@@ -320,6 +320,12 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             if note:
                 click.echo(note, err=True)
                 taken_over = "this launch takes over" in note
+            if not note and new_cfg.get("kinds"):  # a new run of chosen kinds: are their parents there?
+                with open_db() as db:
+                    lonely = unlinked_kinds(provider_for(source), new_cfg.get("kinds"),
+                                            ledger_reads.ledger_kinds(db, tenant))
+                if lonely:
+                    click.echo(lonely, err=True)
         queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
         env = dagster_env()
         instance = get_instance()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -136,6 +137,28 @@ def check_kinds(provider: Any, kinds: list[str]) -> None:
         choose_kinds(phases, kinds, opt_in_kinds(provider))
     except ConfigError as e:
         raise ConfigError(f"--kinds: {e}") from None
+
+
+def unlinked_kinds(provider: Any, kinds: list[str] | None, held: Collection[str]) -> str | None:
+    """A note (one line) when a kind a run of `kinds` (a kinds choice) takes links only to kinds
+    (the provider's `depends_on`) that the run does not take and the tenant's ledger does not hold
+    (`held`: ledger kinds; an archived list counts as its kind): every such row would be skipped
+    ("not linked"), its requests spent for nothing (`--kinds emails` on a new tenant: every deal's
+    mail listed, no message landed). None when every kind has a parent there, or `kinds` is None
+    (the defaults take every parent)."""
+    if not kinds:
+        return None
+    chosen = choose_kinds(pickable_kinds(provider), kinds, opt_in_kinds(provider)) or []
+    there = set(chosen) | {k.removesuffix("_archived") for k in chosen} | set(held)
+    lonely = [(k, deps) for k in chosen
+              if (deps := tuple(provider.depends_on(k))) and not any(d.removesuffix("_archived") in there for d in deps)]
+    if not lonely:
+        return None
+    said = "; ".join(f"{k} link to {' or '.join(dict.fromkeys(d.removesuffix('_archived') for d in deps))}"
+                     for k, deps in lonely)
+    return (f"note: {said}, which this run does not take and the tenant does not hold yet: their rows that "
+            f"link to one will be skipped (not linked); take them too, e.g. --kinds "
+            + ",".join(dict.fromkeys([*(d.removesuffix("_archived") for _, deps in lonely for d in deps), *chosen])))
 
 
 def check_launch(source: str, kinds: list[str] | None, options: dict[str, Any] | None = None,
