@@ -10,14 +10,14 @@ from typing import Any
 
 import click
 
-from engine_core import runs, runs_reads
+from engine_core import ledger_reads, runs, runs_reads
 from engine_core.errors import ConfigError
 from engine_core.plan import choose_kinds
 from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
 from migration_pipeline.cli.options import KINDS_HELP, kinds_choice
 from migration_pipeline.cli.output import emit, fail, open_db
-from migration_pipeline.launch.checks import check_tenant
+from migration_pipeline.launch.checks import check_tenant, unlinked_kinds
 
 
 def _days(value: float | None) -> str:
@@ -128,6 +128,11 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                "burst_limit": est.burst_limit, "spent": est.spent,
                "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in],
                "next": "full run"}
+    lonely = None
+    if migrated is None and kinds_choice(kinds):  # what `migrate run` would say of these kinds' parents
+        with open_db() as db:
+            lonely = unlinked_kinds(provider, kinds_choice(kinds), ledger_reads.ledger_kinds(db, tenant))
+        payload["note"] = lonely
     if migrated is not None:
         floor = est.sync_floor
         payload.update(next="sync", sync={"requests": floor.requests, "tokens": floor.tokens, "days": floor.days,
@@ -147,5 +152,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
         for line in plan_lines(est):
             click.echo(line)
+        if lonely:
+            click.echo(lonely)
 
     emit(as_json, payload, render)

@@ -62,7 +62,10 @@ def test_migrate_plan_prints_the_figures_per_kind_with_the_opt_in_prices(monkeyp
     with sandbox(daily_budget=1_000_000) as sb:
         result = CliRunner().invoke(main, ["plan", "acme"], catch_exceptions=False)
         bad = CliRunner().invoke(main, ["plan", "no/such"])
+        alone = CliRunner().invoke(main, ["plan", "acme", "--kinds", "emails"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
+    assert "link to" not in result.output  # the defaults take every parent
+    assert alone.exit_code == 0 and "emails link to deals" in alone.output, alone.output  # every message skipped
     lines = result.output.splitlines()
     assert any(line.startswith("persons ") for line in lines) and any(line.startswith("total ") for line in lines)
     assert "1,000,000 tokens a day" in result.output and "80% share" in result.output
