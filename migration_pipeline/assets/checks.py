@@ -231,7 +231,8 @@ def require_tenant(context: Any) -> None:
     name (`check_tenant`: the UI's "Add a partition" accepts names the CLI refuses, and a tenant the
     CLI cannot name could never be synced), before anything is written: every phase asset and check
     is per tenant, and Dagster's checks tab launches "Execute" with none (without this, the step
-    fails with DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run")."""
+    fails with DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run").
+    The invalid partition is deleted as it is refused: kept, it shows every phase and check failed."""
     if not context.has_partition_key:
         raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
                                   "this with a tenant partition (the asset's Materialize, or the launchpad's "
@@ -239,8 +240,13 @@ def require_tenant(context: Any) -> None:
     try:
         check_tenant(context.partition_key, "the tenant partition")
     except ConfigError as e:
-        raise Failure(description=f"{e}; nothing was written - add the tenant under a valid name",
-                      allow_retries=False) from None
+        said = "nothing was written"
+        try:  # a partition no run can use: left there, every phase and check of the asset shows it failed
+            context.instance.delete_dynamic_partition(tenants.name, context.partition_key)
+            said += " and the partition is removed"
+        except Exception:  # noqa: BLE001 - the refusal stands either way; the partition can be deleted in the UI
+            pass
+        raise Failure(description=f"{e}; {said} - add the tenant under a valid name", allow_retries=False) from None
 
 
 def require_run(db: Database, tenant: str, spec: PhaseSpec) -> None:
