@@ -2,9 +2,12 @@
 left in progress ended on the way."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import click
@@ -17,6 +20,7 @@ from engine_core.errors import EngineError
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline.cli.output import console, emit, fail, open_db
+from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_rollup
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, dagster_home, open_instance
 
@@ -189,11 +193,43 @@ def resume(tenant: str, source: str | None, drain: bool, as_json: bool) -> None:
     _reopen("resume", tenant, source, as_json, drain)
 
 
+class _Drained:
+    """What `Progress` reads of a Dagster run (its tags, id and status), for an engine run drained
+    in this process with no Dagster run: the engine run's id, no observations to read."""
+
+    def __init__(self, run_id: int) -> None:
+        self.tags = {"migration/run_id": str(run_id)}
+        self.run_id = ""
+        self.status = SimpleNamespace(value="STARTED")
+
+
 def drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
-    """Drain run `run_id` in this process on the lane's width of threads until it ends, print its
-    rollup (or its JSON); the exit code: 0 when it succeeded, else 1."""
+    """Drain run `run_id` in this process on the lane's width of threads until it ends, showing its
+    progress as `migrate run` does (`Progress`: a line per change of phase or counts, every
+    `Progress.EVERY` seconds at most while they move, or a bar per phase on a terminal; a drain of
+    minutes was silent), then print its rollup (or its JSON); the exit code: 0 when it succeeded, else 1."""
     settings = Settings.from_env()
-    drain_threads(db, run_id, width=settings.lane_width, settings=settings, providers=for_run)
+    progress, drained, done = Progress(as_json), _Drained(run_id), threading.Event()
+
+    def show() -> None:
+        while not done.wait(1.0):
+            try:
+                progress(drained)
+            except Exception:  # noqa: BLE001 - progress is best effort; the drain's result is what counts
+                return
+
+    with contextlib.suppress(Exception):
+        progress(drained)  # where it resumes: later looks say every phase closed since
+    shower = threading.Thread(target=show, name="drain-progress", daemon=True)
+    shower.start()
+    try:
+        drain_threads(db, run_id, width=settings.lane_width, settings=settings, providers=for_run)
+    finally:
+        done.set()
+        shower.join(timeout=5)
+        with contextlib.suppress(Exception):
+            progress(drained)  # the phases closed since the last look
+        progress.close()
     r = rollups.rollup(db, run_id)
     emit(as_json, r.as_dict(), lambda: print_rollup(r))
     return 0 if r.status == "succeeded" else 1

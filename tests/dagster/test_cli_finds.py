@@ -450,3 +450,16 @@ def test_the_phase_pages_capped_row_list_keeps_the_failed_rows_first(migrated, d
         assert [(r["action"], r["source_id"]) for r in phase_rows(db, 1, ["contacts"], limit=2)] == \
             [("failed", "9"), ("failed", "sha256:00")]
         assert [r["action"] for r in phase_rows(db, 1, ["contacts"])] == ["failed", "failed", "skipped", "skipped"]
+
+
+def test_resume_drain_shows_the_runs_progress_as_migrate_run_does(migrated, db_url):
+    # `migrate resume T --drain` said "resume -> running, phase 1" and then nothing until its table,
+    # minutes later under latency
+    with dbmod.Database(db_url, max_size=4) as db:
+        run = runs.start_run(db, provider_for("example"), "paused", options=EXAMPLE)
+        runs.stop(db, run.id)
+    out = _migrate_in_process(["resume", "paused", "--drain"], migrated)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = [ln.strip() for ln in out.stdout.splitlines()]
+    phases = [ln for ln in lines if ln.startswith("phase ") and f"run #{run.id}" in ln]
+    assert len(phases) >= len(run.plan) and any("contacts" in ln and "closed" in ln for ln in phases), out.stdout
