@@ -212,8 +212,8 @@ def drain_tenant_run(
     })
 
 
-def _materialized_since(context: OpExecutionContext, key, tenant: str, run_id: int, closed_at: datetime | None) -> bool:
-    records = context.instance.fetch_materializations(
+def _materialized_since(instance: Any, key, tenant: str, run_id: int, closed_at: datetime | None) -> bool:
+    records = instance.fetch_materializations(
         AssetRecordsFilter(asset_key=key, asset_partitions=[tenant]), limit=1).records
     if not records:
         return False
@@ -224,12 +224,25 @@ def _materialized_since(context: OpExecutionContext, key, tenant: str, run_id: i
 
 
 def closed_phase_materializations(context: OpExecutionContext, db: Database, run: Run, source: str):
-    """AssetMaterializations for the phases of `run` that closed without failed tasks and have not
-    been materialised for this engine run since their last task finished (a phase asset that drained
-    them itself has). None while a launch of the tenant (not a drainer) is still working on the
-    run: its phase ops materialise them. Phases the run does not plan are left alone."""
-    live = context.instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: str(run.id)}, statuses=IN_PROGRESS))
-    if any(d.tags.get(tags.ROLE) != tags.DRAINER and d.run_id != context.run_id for d in live):
+    """`phases_to_materialize` for a drainer run's op (`context`), each said in its log."""
+    for phase, spec, mat in phases_to_materialize(context.instance, db, run, source, f"drainer run {context.run_id}",
+                                                  own_run_id=context.run_id):
+        context.log.info(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed: materialising "
+                         f"{spec.key.to_user_string()}")
+        yield mat
+
+
+def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by: str, *,
+                          own_run_id: str | None = None) -> Iterator[tuple[int, Any, AssetMaterialization]]:
+    """(phase index, its spec, its AssetMaterialization) for the phases of `run` that closed without
+    failed tasks and have not been materialised for this engine run since their last task finished
+    (a phase asset that drained them itself has); `by` says who materialises them (their
+    `materialized_by`). Nothing while a launch of the tenant (a Dagster run in progress other than a
+    drainer or `own_run_id`) still works on the run: its phase ops materialise them. Phases the run
+    does not plan are left alone. Used by drainer runs and by `migrate resume/retry --drain`, which
+    drains with no Dagster run (its materialisations are reported runless)."""
+    live = instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: str(run.id)}, statuses=IN_PROGRESS))
+    if any(d.tags.get(tags.ROLE) != tags.DRAINER and d.run_id != own_run_id for d in live):
         return  # the tenant's own launch is still on it: its phase ops materialise what they close
     r = rollups.rollup(db, run.id)
     last_finished: dict[int, datetime] = {}
@@ -246,13 +259,11 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
         summary = phase_summary(db, r, phase)
         if summary["tasks"].get("failed"):
             continue
-        if _materialized_since(context, spec.key, run.tenant_id, run.id, last_finished.get(phase)):
+        if _materialized_since(instance, spec.key, run.tenant_id, run.id, last_finished.get(phase)):
             continue
-        metadata = phase_metadata(db, r, phase, busy_windows(context.instance, run.id))
-        metadata["materialized_by"] = MetadataValue.text(f"drainer run {context.run_id} (the phase closed in its turn)")
-        context.log.info(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed: materialising "
-                         f"{spec.key.to_user_string()}")
-        yield AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
+        metadata = phase_metadata(db, r, phase, busy_windows(instance, run.id))
+        metadata["materialized_by"] = MetadataValue.text(f"{by} (the phase closed in its turn)")
+        yield phase, spec, AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
 
 
 def drainer_job() -> JobDefinition:

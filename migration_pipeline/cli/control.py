@@ -203,6 +203,34 @@ class _Drained:
         self.status = SimpleNamespace(value="STARTED")
 
 
+def materialize_drained(db: dbmod.Database, run_id: int) -> int:
+    """Report the phase assets a drain in this shell closed to Dagster (runless materialisations of
+    `jobs.phases_to_materialize`: the metadata a phase op gives), so the UI shows the tenant's phases
+    materialised, not "Missing" behind the run a stop canceled. The count reported; 0 when Dagster
+    was never used here (no dagster.yaml in DAGSTER_HOME) or its instance cannot be opened: the
+    drain's result stands either way (the checks are not evaluated: `migrate verify` or the
+    verify_tenant job prove the tenant)."""
+    if not (dagster_home() / "dagster.yaml").exists():
+        return 0
+    from migration_pipeline.jobs import phases_to_materialize  # Dagster's definitions (~2 s): only after a drain
+
+    try:
+        instance = open_instance(dagster_env(env=dict(os.environ)))
+    except Exception:  # noqa: BLE001 - as above
+        return 0
+    reported = 0
+    try:
+        run = runs.get_run(db, run_id)
+        for _, _, materialization in phases_to_materialize(instance, db, run, run.source, "a drain in migrate's shell"):
+            instance.report_runless_asset_event(materialization)
+            reported += 1
+    except Exception as e:  # noqa: BLE001 - the UI's picture only; said, not raised
+        click.echo(f"note: the phases could not be shown materialised in Dagster ({type(e).__name__}: {e})", err=True)
+    finally:
+        instance.dispose()
+    return reported
+
+
 def drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
     """Drain run `run_id` in this process on the lane's width of threads until it ends, showing its
     progress as `migrate run` does (`Progress`: a line per change of phase or counts, every
@@ -230,6 +258,7 @@ def drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
         with contextlib.suppress(Exception):
             progress(drained)  # the phases closed since the last look
         progress.close()
+    materialize_drained(db, run_id)
     r = rollups.rollup(db, run_id)
     emit(as_json, r.as_dict(), lambda: print_rollup(r))
     return 0 if r.status == "succeeded" else 1

@@ -463,3 +463,25 @@ def test_resume_drain_shows_the_runs_progress_as_migrate_run_does(migrated, db_u
     lines = [ln.strip() for ln in out.stdout.splitlines()]
     phases = [ln for ln in lines if ln.startswith("phase ") and f"run #{run.id}" in ln]
     assert len(phases) >= len(run.plan) and any("contacts" in ln and "closed" in ln for ln in phases), out.stdout
+
+
+def test_resume_drain_materialises_the_phases_it_closed_for_the_ui(migrated, db_url):
+    # after `migrate resume T --drain` the UI showed the tenant's phases "Missing": the drain had no
+    # Dagster run to materialise them, and the launch's run had ended canceled at the stop
+    from migration_pipeline.instance import dagster_env, open_instance
+
+    instance = open_instance(dagster_env(env=migrated))  # Dagster used here, as after a launch
+    try:
+        with dbmod.Database(db_url, max_size=4) as db:
+            run = runs.start_run(db, provider_for("example"), "shown", options=EXAMPLE)
+            runs.stop(db, run.id)
+        out = _migrate_in_process(["resume", "shown", "--drain"], migrated)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        from dagster import AssetRecordsFilter
+
+        from migration_pipeline.assets.specs import phase_specs
+        shown = [spec.key for spec in phase_specs("example") if instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=spec.key, asset_partitions=["shown"]), limit=1).records]
+        assert len(shown) == len(run.plan), shown
+    finally:
+        instance.dispose()
