@@ -117,6 +117,9 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
         planned = migrated["kinds"]
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
+    if not as_json:  # the counting is paced to half the burst: under real latency it takes half a minute
+        click.echo("asking the source for its counts (a few cheap requests, paced to half the burst limit) ...",
+                   err=True)
     try:
         est = provider.estimate(planned)
     except Exception as e:  # noqa: BLE001 - the source's own errors: one line, never a traceback

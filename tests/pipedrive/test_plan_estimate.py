@@ -65,6 +65,7 @@ def test_migrate_plan_prints_the_figures_per_kind_with_the_opt_in_prices(monkeyp
         alone = CliRunner().invoke(main, ["plan", "acme", "--kinds", "emails"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "link to" not in result.output  # the defaults take every parent
+    assert "asking the source for its counts" in result.output  # not half a minute of silence under latency
     assert alone.exit_code == 0 and "emails link to deals" in alone.output, alone.output  # every message skipped
     lines = result.output.splitlines()
     assert any(line.startswith("persons ") for line in lines) and any(line.startswith("total ") for line in lines)
