@@ -97,3 +97,22 @@ def mail_on_deal(conn: Conn | Database, tenant_id: str, source: str, deal_source
     """The source ids of the mail the product holds on one deal (`crm.mail_on_deal`): what verify
     calls unreachable rather than missing when the source refuses that deal's mail."""
     return crm.mail_on_deal(conn, tenant_id, source, deal_source_id)  # type: ignore[arg-type]
+
+
+def parents_of_rows_under(conn: Conn | Database, run: Run, table: str, column: str, kinds: Sequence[str],
+                          records: Sequence[object], parent_column: str, parent_table: str) -> list[str]:
+    """The source ids (ascending, distinct) of the `crm.<parent_table>` rows that the live rows of
+    `crm.<table>` (not marked deleted at the source) point at through `parent_column`, for those of
+    them whose `column` points at one of `records` (looked up under `kinds`, as `rows_under`): e.g.
+    the deals whose participants name these persons."""
+    ids = [str(r) for r in records]
+    found = ledger.resolve(conn, run, [(k, sid) for sid in ids for k in kinds])  # type: ignore[arg-type]
+    if not found:
+        return []
+    q = sql.SQL("SELECT DISTINCT p.source_id FROM {t} r JOIN {pt} p ON p.id = r.{pc}"
+                " WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.{c} = ANY(%(ids)s)"
+                " AND r.deleted_at_source IS NULL").format(
+        t=sql.Identifier("crm", table), pt=sql.Identifier("crm", parent_table), pc=sql.Identifier(parent_column),
+        c=sql.Identifier(column))
+    rows = conn.sql(q, {"t": run.tenant_id, "s": run.source, "ids": sorted(set(found.values()))})
+    return sorted({str(r["source_id"]) for r in rows}, key=lambda s: (len(s), s))

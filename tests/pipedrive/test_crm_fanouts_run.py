@@ -313,3 +313,19 @@ def test_a_kind_run_alone_later_keeps_every_kind_in_sync_from_its_own_snapshot(d
         assert set(first.kinds) | {"deal_history"} <= set(done.kinds), done.kinds
         proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST)
     assert proof.passed, (changed, proof.lines())
+
+
+def test_a_sync_after_a_merge_of_a_participant_keeps_the_participation_under_the_survivor(db) -> None:
+    with sandbox() as sb:
+        first = migrate(db, sb, TENANT, kinds=OPT_IN)
+        assert first.status == "succeeded", failed_tasks(db, first.id)
+        held = {str(p["person_id"]) for rows in sb.truth("participants")["participants"].values() for p in rows}
+        merges = [c for c in (live_op(sb, "merge") for _ in range(20)) if c["kind"] == "persons"]
+        # a merged person who took part in a deal: Pipedrive re-points the participation to the survivor
+        assert any(str(c["id"]) in held for c in merges), merges
+        done = sync(db, sb, TENANT)
+        again = sync(db, sb, TENANT)
+        reconcile(db, sb, {"deals": set()})
+        proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=list(FAMILIES))
+    assert proof.passed, proof.lines()
+    assert done.status == again.status == "succeeded"

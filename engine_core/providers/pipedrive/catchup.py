@@ -441,15 +441,22 @@ def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[
 
 def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
             gone: Sequence[str], present: Sequence[dict[str, Any]]) -> None:
-    """Write the rows that answered as served; mark the ones gone deleted at the source."""
+    """Write the rows that answered as served; mark the ones gone deleted at the source, with the
+    rows that go with them. The lists that may still serve rows naming a gone record
+    (`record_lists.relist_of_gone`: a merged person's participations) get their rechecks first,
+    created before anything is marked: a task that dies between asks again and finds them made."""
     if present:
         write_changed(ctx, client, mapper_of, lk, lk, present)
-    if gone:
-        with ctx.db.transaction() as tx:
-            record_lists.mark_dependents_deleted(tx, ctx.run, lk, list(gone))  # a deal's participants, ...
-            if lk == "deals":
-                lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
-            ctx.stats.values["deleted_at_source"] = marks.mark_gone(tx, ctx.run, lk, list(gone))
+    if not gone:
+        return
+    relist = record_lists.relist_of_gone(ctx.db, ctx.run, lk, list(gone))
+    if relist:
+        ctx.move_cursor(dict(ctx.task.cursor), ctx.offset, successors=relist)
+    with ctx.db.transaction() as tx:
+        record_lists.mark_dependents_deleted(tx, ctx.run, lk, list(gone))  # a deal's followers, ...
+        if lk == "deals":
+            lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
+        ctx.stats.values["deleted_at_source"] = marks.mark_gone(tx, ctx.run, lk, list(gone))
 
 
 def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:

@@ -39,7 +39,9 @@ true}`), in runs and syncs that take the kind. A recheck also marks the rows the
 longer serves deleted at the source (`marks.Marks`: a participant removed, a user who
 stopped following). What it does not see: a list that changes without its record's `update_time`
 moving (Pipedrive does not move a deal's update time when a follower is added) waits for a change
-of the record, or a run of the kind.
+of the record, or a run of the kind. A person gone (404: deleted, or merged - its participations
+then re-pointed to the survivor) gets its participations' deals rechecked (`relist_of_gone`), not
+its participations marked.
 """
 from __future__ import annotations
 
@@ -420,15 +422,25 @@ def source_ids(meter: Any, kind: str, records: Iterable[tuple[str, int]]) -> Ite
 DEPENDENTS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "deals": (("participants", "deal_participants", "deal_id"), ("followers", "followers", "deal_id"),
               ("deal_history", "deal_history", "deal_id")),
-    "persons": (("participants", "deal_participants", "contact_id"), ("followers", "followers", "contact_id")),
+    "persons": (("followers", "followers", "contact_id"),),
     "organizations": (("followers", "followers", "company_id"),),
+}
+
+# Rows of a record gone (404) that may live on under another record: a person's participations. A
+# person answers 404 when deleted and when merged, and a merge re-points its participations to the
+# survivor (same participant id), so they are not marked with the person: their deals' lists are
+# read again (a recheck), which writes them as served and marks the ones no longer served.
+# Record kind -> (family, crm table, column naming the record, column naming the listed record, its table).
+RELISTED: dict[str, tuple[str, str, str, str, str]] = {
+    "persons": ("participants", "deal_participants", "contact_id", "deal_id", "deals"),
 }
 
 
 def mark_dependents_deleted(tx: Any, run: Any, of: str, records: Sequence[str]) -> int:
     """Before the catch-up marks records of ledger kind `of` deleted at the source (404): the
     per-record rows that go with them - a deal's participants, followers and history, a person's
-    participations and followers, an organization's followers - marked deleted too
+    and an organization's followers - marked deleted too (a person's participations are read
+    again instead: `relist_of_gone`)
     (`marks.write_marks`), as the source no longer lists them. Returns how many were marked."""
     if of not in DEPENDENTS or not records:
         return 0
@@ -438,3 +450,22 @@ def mark_dependents_deleted(tx: Any, run: Any, of: str, records: Sequence[str]) 
         under = holdings.rows_under(tx, run, table, column, KINDS_OF_REF[word], [str(sid) for sid in records])
         marks.add_gone(kind, [sid for rows in under.values() for sid in rows])
     return write_marks(tx, run, marks)
+
+
+def relist_of_gone(conn: Any, run: Any, of: str, records: Sequence[str]) -> list[Successor]:
+    """When the catch-up finds records of ledger kind `of` gone (404): rechecks (`catchup_tasks`'
+    shape, `RECORDS_PER_TASK` records each) of the records whose lists hold rows naming them
+    (`RELISTED`: the deals of a gone person's participations), in a run that takes the family;
+    none otherwise - those rows are left as they are, not marked, as a 404 does not tell a merge
+    (rows re-pointed, still served) from a deletion."""
+    if of not in RELISTED or not records:
+        return []
+    kind, table, column, parent_column, parent = RELISTED[of]
+    if kind not in run.kinds:
+        return []
+    deals = holdings.parents_of_rows_under(conn, run, table, column, KINDS_OF_REF[fanouts.FOLLOWED[of][1]],
+                                           [str(sid) for sid in records], parent_column, parent)
+    ids = sorted(int(d) for d in deals if d.isdigit() and int(d) > 0)
+    return [Successor(f"{kind}:{of}-gone:{ids[i]}", {"fanout": kind, "of": parent, "records": ids[i:i + RECORDS_PER_TASK],
+                                                     "recheck": True})
+            for i in range(0, len(ids), RECORDS_PER_TASK)]
