@@ -4,7 +4,8 @@
   server under MIGRATE_HOME); one pool per process that uses it.
 * `SourceResource` / `PipedriveSource`: which provider runs the tasks, and how it reaches the
   source (`PIPEDRIVE_BASE_URL`, `PIPEDRIVE_API_TOKEN` through `EnvVar`: Dagster shows the variable's
-  name, never its value).
+  name, never its value). The project's own (`source_resource`) takes the token only as `{env: VAR}`:
+  a token typed into the launchpad is refused at launch, before the run (and its stored config) exists.
 * `LaneSettings`: the engine's lane settings (MIGRATE_* variables unless overridden) and the
   drainer's turn length.
 * `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
@@ -14,6 +15,7 @@
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import functools
@@ -23,8 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from dagster._config.config_type import Noneable
 from dagster._config.errors import PostProcessingError
+from dagster._config.source import StringSourceType
 from pydantic import PrivateAttr
 
 from engine_core import db as dbmod
@@ -97,11 +101,58 @@ class PipedriveSource(SourceResource):
         return provider_for(self.source, run, base_url=self.base_url, token=self.api_token)
 
 
+class LiteralSecret(ConfigError):
+    """A run config gives a secret itself where only the environment variable holding it is taken."""
+
+
+class EnvOnlyStringSource(StringSourceType):
+    """Dagster's StringSource (same key and snapshot, so the UI shows and checks the field as before)
+    that takes only `{env: VAR}`: Dagster post-processes the run config on the code server while it
+    plans a run, before the run exists, so a literal string (a token typed into the launchpad) is
+    refused there and never reaches the run's stored config. LiteralSecret, not PostProcessingError:
+    Dagster's message for the latter repeats the value. `path`: the field, for the one-line message."""
+
+    def __init__(self, path: str, variable: str) -> None:
+        super().__init__()
+        self.path, self.variable = path, variable
+
+    def post_process(self, value: Any) -> Any:
+        """The variable's value for `{env: VAR}` (StringSource's rule); LiteralSecret, naming the
+        field and never the value, for anything else."""
+        if not isinstance(value, dict):
+            raise LiteralSecret(f"{self.path}: give the environment variable that holds the token "
+                                f"({{env: {self.variable}}}), not the token itself: a run's config is stored and shown")
+        return super().post_process(value)
+
+
+def env_only(resource: ConfigurableResource, name: str, path: str, variable: str) -> ConfigurableResource:
+    """`resource` with its field `name` typed `EnvOnlyStringSource` in this instance's config schema
+    only: Dagster shares the field, its type and its Shape (memoized by key) with every resource of
+    the same fields (tests build a PipedriveSource with a literal token), so this instance gets copies
+    with the same keys, and the snapshot the UI validates is unchanged. Raises TypeError when Dagster
+    typed the field otherwise (a Dagster upgrade changed the inference)."""
+    state = resource._state__internal__  # noqa: SLF001
+    outer = state.config_schema.as_field()
+    shape = object.__new__(type(outer.config_type))  # Shape() would return the shared one (memoized by key)
+    shape.__dict__.update(outer.config_type.__dict__)
+    field = copy.copy(shape.fields[name])
+    if type(field.config_type) is not StringSourceType:
+        raise TypeError(f"{path}: Dagster typed the field {type(field.config_type).__name__}, not StringSource")
+    field.config_type = EnvOnlyStringSource(path, variable)
+    shape.fields = {**shape.fields, name: field}
+    checked = copy.copy(outer)
+    checked.config_type = shape
+    resource._state__internal__ = state._replace(config_schema=DefinitionConfigSchema(checked))  # noqa: SLF001
+    return resource
+
+
 def source_resource(source: str) -> SourceResource:
     """The `source` resource for a source name: Pipedrive's reads its URL and token through EnvVar
-    (a launch fails clearly when they are unset); any other source needs no settings."""
+    (a launch fails clearly when they are unset), and its token only so (`EnvOnlyStringSource`);
+    any other source needs no settings."""
     if source == "pipedrive":
-        return PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
+        resource = PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
+        return env_only(resource, "api_token", "resources.source.config.api_token", "PIPEDRIVE_API_TOKEN")
     return SourceResource(source=source)
 
 

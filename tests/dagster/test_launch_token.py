@@ -1,0 +1,81 @@
+"""A Pipedrive token typed literally into the launchpad's run config is refused at launch, before the
+run exists, so it is never stored (the run's config is kept in Dagster's `runs` table and shown under
+"View tags and config"): the source resource's `api_token` takes only `{env: VAR}`
+(`resources.EnvOnlyStringSource`). The launch goes through the UI's launchRun (GraphQL against a code
+server); the refusal is one line naming the field, never the token. `{env: PIPEDRIVE_API_TOKEN}`, the
+default, still launches, and a PipedriveSource built in Python with a token (as tests do) still works."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster import instance_for_test
+from dagster._config.post_process import post_process_config
+from dagster._core.snap import JobSnap
+from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql, infer_job_selector
+
+from migration_pipeline.definitions import build_definitions
+from migration_pipeline.jobs import SYNC_JOB, TENANT_JOB, VERIFY_JOB
+from migration_pipeline.resources import LiteralSecret, PipedriveSource
+
+DEFINITIONS = Path(__file__).resolve().parents[2] / "migration_pipeline" / "definitions.py"
+LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
+            ... on RunConfigValidationInvalid { errors { message } } ... on PythonError { message } } }"""
+SECRET = "customer-secret-7f3a"
+LINE = ("resources.source.config.api_token: give the environment variable that holds the token "
+        "({env: PIPEDRIVE_API_TOKEN}), not the token itself: a run's config is stored and shown")
+
+
+def _source(token: object) -> dict:
+    return {"resources": {"source": {"config": {
+        "api_token": token, "base_url": {"env": "PIPEDRIVE_BASE_URL"}, "source": "pipedrive"}}}}
+
+
+def _launch(context, job: str, token: object) -> dict:
+    params = {"selector": infer_job_selector(context, job), "runConfigData": _source(token),
+              "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "acme"}]}}
+    return execute_dagster_graphql(context, LAUNCH, variables={"params": params}).data["launchRun"]
+
+
+def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch):
+    monkeypatch.setenv("MIGRATE_SOURCE", "pipedrive")
+    monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("PIPEDRIVE_API_TOKEN", "sandbox-token")
+    with instance_for_test() as instance, \
+            define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
+        outs = {job: _launch(context, job, SECRET) for job in (VERIFY_JOB, TENANT_JOB, SYNC_JOB, "__ASSET_JOB")}
+        assert instance.get_runs_count() == 0
+        assert SECRET not in repr(instance.get_runs())
+    for job, out in outs.items():
+        assert out["__typename"] == "PythonError", (job, out)
+        assert LINE in out["message"] and SECRET not in out["message"], (job, out["message"])
+
+
+def test_every_job_taking_the_source_refuses_a_literal_token_and_takes_an_env_var(monkeypatch):
+    """What the code server does while it plans any job's run, for every job of the definitions
+    that has the source resource (schedules, sensors and the CLI launch these same jobs)."""
+    monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("PIPEDRIVE_API_TOKEN", "sandbox-token")
+    defs = build_definitions("pipedrive")
+    jobs = [j for j in defs.resolve_all_job_defs() if "source" in j.resource_defs]
+    assert {VERIFY_JOB, TENANT_JOB, SYNC_JOB} <= {j.name for j in jobs}
+    for job in jobs:
+        schema = job.run_config_schema.config_type
+        source = schema.fields["resources"].config_type.fields["source"].config_type
+        with pytest.raises(LiteralSecret) as info:
+            post_process_config(source, {"config": _source(SECRET)["resources"]["source"]["config"]})
+        assert str(info.value) == LINE, (job.name, str(info.value))
+        good = post_process_config(source, {"config": _source({"env": "PIPEDRIVE_API_TOKEN"})["resources"]["source"]["config"]})
+        assert good.success and good.value["config"]["api_token"] == "sandbox-token", (job.name, good)
+        default = post_process_config(source, None)
+        assert default.success and default.value["config"]["api_token"] == "sandbox-token", (job.name, default)
+
+
+def test_the_ui_sees_the_same_schema_and_python_built_sources_keep_their_token():
+    snap = JobSnap.from_job_def(build_definitions("pipedrive").resolve_job_def(VERIFY_JOB))
+    types = {t.key: t for t in snap.config_schema_snapshot.all_config_snaps_by_key.values()}
+    assert "StringSourceType" in types and not any("EnvOnly" in k for k in types)
+    built = PipedriveSource(base_url="http://127.0.0.1:9", api_token=SECRET)
+    field = built._config_schema.as_field()  # noqa: SLF001
+    out = post_process_config(field.config_type, field.default_value)
+    assert out.success and out.value["api_token"] == SECRET
