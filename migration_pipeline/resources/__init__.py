@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -128,9 +129,9 @@ class EnvOnlyStringSource(StringSourceType):
 def env_only(resource: ConfigurableResource, name: str, path: str, variable: str) -> ConfigurableResource:
     """`resource` with its field `name` typed `EnvOnlyStringSource` in this instance's config schema
     only: Dagster shares the field, its type and its Shape (memoized by key) with every resource of
-    the same fields (tests build a PipedriveSource with a literal token), so this instance gets copies
-    with the same keys, and the snapshot the UI validates is unchanged. Raises TypeError when Dagster
-    typed the field otherwise (a Dagster upgrade changed the inference)."""
+    the same fields (tests build a PipedriveSource with a literal token), so this instance gets copies;
+    the field's type keeps its key, so the UI shows and checks it as before. Raises TypeError when
+    Dagster typed the field otherwise (a Dagster upgrade changed the inference)."""
     state = resource._state__internal__  # noqa: SLF001
     outer = state.config_schema.as_field()
     shape = object.__new__(type(outer.config_type))  # Shape() would return the shared one (memoized by key)
@@ -140,6 +141,9 @@ def env_only(resource: ConfigurableResource, name: str, path: str, variable: str
         raise TypeError(f"{path}: Dagster typed the field {type(field.config_type).__name__}, not StringSource")
     field.config_type = EnvOnlyStringSource(path, variable)
     shape.fields = {**shape.fields, name: field}
+    # its own key: Dagster memoizes the Shapes around it by their fields' keys, and would otherwise
+    # hand this resource's jobs the unchecked Shape of another resource with the same defaults
+    shape.key = "Shape." + hashlib.sha1(f"{shape.key}:env_only:{name}".encode()).hexdigest()
     checked = copy.copy(outer)
     checked.config_type = shape
     resource._state__internal__ = state._replace(config_schema=DefinitionConfigSchema(checked))  # noqa: SLF001

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dagster import instance_for_test
+from dagster import Definitions, EnvVar, instance_for_test, job, op
+from dagster._config import field_utils
 from dagster._config.post_process import post_process_config
 from dagster._core.snap import JobSnap
 from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql, infer_job_selector
@@ -79,3 +80,27 @@ def test_the_ui_sees_the_same_schema_and_python_built_sources_keep_their_token()
     field = built._config_schema.as_field()  # noqa: SLF001
     out = post_process_config(field.config_type, field.default_value)
     assert out.success and out.value["api_token"] == SECRET
+
+
+def test_a_source_built_elsewhere_with_the_same_defaults_does_not_unguard_the_definitions(monkeypatch):
+    """Dagster memoizes a config Shape by a key made of its fields' keys and defaults: a plain
+    PipedriveSource with the same EnvVar defaults, built first in the process, must not lend its
+    unchecked Shape to the project's jobs."""
+    monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
+    monkeypatch.setattr(field_utils, "FIELD_HASH_CACHE", {})  # as in a fresh process
+    plain = PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
+
+    @op(required_resource_keys={"source"})
+    def touch(context) -> None:
+        """Needs the source, so the job's run config has it."""
+
+    @job
+    def plain_job() -> None:
+        """One op on the plain source."""
+        touch()
+
+    Definitions(jobs=[plain_job], resources={"source": plain}).resolve_job_def("plain_job").run_config_schema
+    verify = build_definitions("pipedrive").resolve_job_def(VERIFY_JOB)
+    source = verify.run_config_schema.config_type.fields["resources"].config_type.fields["source"].config_type
+    with pytest.raises(LiteralSecret):
+        post_process_config(source, {"config": _source(SECRET)["resources"]["source"]["config"]})
