@@ -11,7 +11,8 @@
 * `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
   set it in the launchpad's `resources:` section. Joining or retrying a run ignores it. The
   project's own (`new_run_options`) types its kinds with the source's kinds, so a bad one fails the launch,
-  and judges the choice as a whole there (`KindsChoiceType`: plain kinds mixed with +kind/-kind).
+  and judges the choice as a whole there (`KindsChoiceType`: plain kinds mixed with +kind/-kind), and
+  its provider options with the provider's `check_options` (`CheckedOptionsJson`: a token among them).
 """
 from __future__ import annotations
 
@@ -126,24 +127,59 @@ class EnvOnlyStringSource(StringSourceType):
         return super().post_process(value)
 
 
-def env_only(resource: ConfigurableResource, name: str, path: str, variable: str) -> ConfigurableResource:
-    """`resource` with its field `name` typed `EnvOnlyStringSource` in this instance's config schema
-    only: Dagster shares the field, its type and its Shape (memoized by key) with every resource of
-    the same fields (tests build a PipedriveSource with a literal token), so this instance gets copies;
-    the field's type keeps its key, so the UI shows and checks it as before. Raises TypeError when
-    Dagster typed the field otherwise (a Dagster upgrade changed the inference)."""
+class CheckedOptionsJson(StringSourceType):
+    """Dagster's StringSource for `new_run`'s `options_json` (same key and snapshot) that judges the
+    provider options when the code server plans a run, before the run exists (as
+    `EnvOnlyStringSource`), with the provider's `check_options` (what the CLI runs before launching):
+    `runs.start_run` refuses the same options, but only after Dagster stored the run's config, a
+    `{"api_token": ...}` or a base URL with credentials in it. Its messages never show a secret."""
+
+    def __init__(self, source: str) -> None:
+        super().__init__()
+        self.source = source
+
+    def post_process(self, value: Any) -> Any:
+        """`value` unchanged; ConfigError (one line, naming the field and the option, not as
+        PostProcessingError: Dagster's message for it repeats the value) when the provider refuses
+        the options (malformed JSON is left to `NewRunOptions.options`)."""
+        value = super().post_process(value)
+        try:
+            options = json.loads(value or "{}")
+        except ValueError:
+            return value
+        check_options = getattr(provider_for(self.source), "check_options", None) if options else None
+        if isinstance(options, dict) and callable(check_options):  # no options: nothing to store or judge
+            try:
+                check_options(options)
+            except ConfigError as e:
+                raise ConfigError(f"resources.new_run.config.options_json: {e}") from None
+        return value
+
+
+def retyped(resource: ConfigurableResource, name: str, config_type: StringSourceType) -> ConfigurableResource:
+    """`resource` with its field `name` typed `config_type` (a StringSourceType; inside Noneable when
+    Dagster typed the field so) in this instance's config schema only: Dagster shares the field, its
+    type and its Shape (memoized by key) with every resource of the same fields (tests build a
+    PipedriveSource with a literal token), so this instance gets copies; the field's type keeps its
+    key, so the UI shows and checks it as before. Raises TypeError when Dagster typed the field
+    otherwise (a Dagster upgrade changed the inference)."""
     state = resource._state__internal__  # noqa: SLF001
     outer = state.config_schema.as_field()
     shape = object.__new__(type(outer.config_type))  # Shape() would return the shared one (memoized by key)
-    shape.__dict__.update(outer.config_type.__dict__)
+    shape.__dict__.update({k: v for k, v in outer.config_type.__dict__.items()
+                           if k not in ("snapshot", "schema_snapshot")})  # cached under the old key
     field = copy.copy(shape.fields[name])
-    if type(field.config_type) is not StringSourceType:
-        raise TypeError(f"{path}: Dagster typed the field {type(field.config_type).__name__}, not StringSource")
-    field.config_type = EnvOnlyStringSource(path, variable)
+    was = field.config_type
+    if type(was) is Noneable and type(was.inner_type) is StringSourceType:  # a str field with a default
+        field.config_type = Noneable(config_type)
+    elif type(was) is StringSourceType:
+        field.config_type = config_type
+    else:
+        raise TypeError(f"{name}: Dagster typed the field {type(was).__name__}, not StringSource")
     shape.fields = {**shape.fields, name: field}
     # its own key: Dagster memoizes the Shapes around it by their fields' keys, and would otherwise
     # hand this resource's jobs the unchecked Shape of another resource with the same defaults
-    shape.key = "Shape." + hashlib.sha1(f"{shape.key}:env_only:{name}".encode()).hexdigest()
+    shape.key = "Shape." + hashlib.sha1(f"{shape.key}:{type(config_type).__name__}:{name}".encode()).hexdigest()
     checked = copy.copy(outer)
     checked.config_type = shape
     resource._state__internal__ = state._replace(config_schema=DefinitionConfigSchema(checked))  # noqa: SLF001
@@ -156,7 +192,7 @@ def source_resource(source: str) -> SourceResource:
     any other source needs no settings."""
     if source == "pipedrive":
         resource = PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
-        return env_only(resource, "api_token", "resources.source.config.api_token", "PIPEDRIVE_API_TOKEN")
+        return retyped(resource, "api_token", EnvOnlyStringSource("resources.source.config.api_token", "PIPEDRIVE_API_TOKEN"))
     return SourceResource(source=source)
 
 
@@ -269,15 +305,16 @@ def kinds_choice_type(source: str) -> type[KindsChoiceType]:
 def checked_new_run_options(source: str) -> NewRunOptions:
     """A `new_run_options(source)` resource whose `kinds` field is judged as a whole at launch
     (`KindsChoiceType`): the Noneable type Dagster inferred for the field (one object, shared by the
-    resource's schema and its config schema) takes that class; its key, kind and snapshot stay.
-    Raises TypeError when Dagster inferred another type (a Dagster upgrade changed the inference)."""
+    resource's schema and its config schema) takes that class; its key, kind and snapshot stay. Its
+    `options_json` is judged at launch too (`CheckedOptionsJson`). Raises TypeError when Dagster
+    inferred another type (a Dagster upgrade changed the inference)."""
     resource = new_run_options(source)()
     field_type = resource._config_schema.config_type.fields["kinds"].config_type  # noqa: SLF001
     checked = kinds_choice_type(source)
     if type(field_type) not in (Noneable, checked):  # Dagster reuses a type it made for the same annotation
         raise TypeError(f"new_run kinds: Dagster typed the field {type(field_type).__name__}, not Noneable")
     field_type.__class__ = checked
-    return resource
+    return retyped(resource, "options_json", CheckedOptionsJson(source))
 
 
 def default_resources(source: str) -> dict[str, Any]:

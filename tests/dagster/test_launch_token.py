@@ -1,7 +1,8 @@
 """A Pipedrive token typed literally into the launchpad's run config is refused at launch, before the
 run exists, so it is never stored (the run's config is kept in Dagster's `runs` table and shown under
 "View tags and config"): the source resource's `api_token` takes only `{env: VAR}`
-(`resources.EnvOnlyStringSource`). The launch goes through the UI's launchRun (GraphQL against a code
+(`resources.EnvOnlyStringSource`), and `new_run`'s `options_json` is judged by the provider's
+`check_options` there (`resources.CheckedOptionsJson`), which refuses a token among the options. The launch goes through the UI's launchRun (GraphQL against a code
 server); the refusal is one line naming the field, never the token. `{env: PIPEDRIVE_API_TOKEN}`, the
 default, still launches, and a PipedriveSource built in Python with a token (as tests do) still works."""
 from __future__ import annotations
@@ -10,14 +11,15 @@ from pathlib import Path
 
 import pytest
 from dagster import Definitions, EnvVar, instance_for_test, job, op
-from dagster._config import field_utils
+from dagster._config import field_utils, validate_config, validate_config_from_snap
 from dagster._config.post_process import post_process_config
 from dagster._core.snap import JobSnap
+from dagster_shared.serdes import deserialize_value, serialize_value
 from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql, infer_job_selector
 
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.jobs import SYNC_JOB, TENANT_JOB, VERIFY_JOB
-from migration_pipeline.resources import LiteralSecret, PipedriveSource
+from migration_pipeline.resources import LiteralSecret, PipedriveSource, new_run_options
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "migration_pipeline" / "definitions.py"
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
@@ -45,11 +47,18 @@ def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch
     with instance_for_test() as instance, \
             define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
         outs = {job: _launch(context, job, SECRET) for job in (VERIFY_JOB, TENANT_JOB, SYNC_JOB, "__ASSET_JOB")}
+        in_options = {"selector": infer_job_selector(context, TENANT_JOB),
+                      "runConfigData": {"resources": {"new_run": {"config": {"options_json": f'{{"api_token": "{SECRET}"}}'}}}},
+                      "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "acme"}]}}
+        options = execute_dagster_graphql(context, LAUNCH, variables={"params": in_options}).data["launchRun"]
         assert instance.get_runs_count() == 0
         assert SECRET not in repr(instance.get_runs())
     for job, out in outs.items():
         assert out["__typename"] == "PythonError", (job, out)
         assert LINE in out["message"] and SECRET not in out["message"], (job, out["message"])
+    assert options["__typename"] == "PythonError" and SECRET not in options["message"], options
+    assert ("resources.new_run.config.options_json: the API token comes from PIPEDRIVE_API_TOKEN, never from run "
+            "options (found option 'api_token')") in options["message"], options["message"]
 
 
 def test_every_job_taking_the_source_refuses_a_literal_token_and_takes_an_env_var(monkeypatch):
@@ -72,10 +81,25 @@ def test_every_job_taking_the_source_refuses_a_literal_token_and_takes_an_env_va
         assert default.success and default.value["config"]["api_token"] == "sandbox-token", (job.name, default)
 
 
-def test_the_ui_sees_the_same_schema_and_python_built_sources_keep_their_token():
-    snap = JobSnap.from_job_def(build_definitions("pipedrive").resolve_job_def(VERIFY_JOB))
+def test_the_ui_sees_the_same_fields_and_python_built_sources_keep_their_token():
+    """The UI validates a launch against the job's serialized snapshot: the checked fields keep
+    StringSource's type there, and every Shape the snapshot names is in it (the checked Shapes are
+    copies of Shapes whose snapshot Dagster may have cached already, here on purpose)."""
+    for plain in (new_run_options("pipedrive")(), PipedriveSource(base_url=EnvVar("A"), api_token=EnvVar("B"))):
+        assert plain._config_schema.config_type.snapshot  # noqa: SLF001
+    tenant_job = build_definitions("pipedrive").resolve_job_def(TENANT_JOB)
+    for resource in ("new_run", "source"):  # Dagster's message for a bad entry walks the checked Shapes' snapshots
+        result = validate_config(tenant_job.run_config_schema.config_type,
+                                 {"resources": {resource: {"config": {"no_such_field": 1}}}})
+        assert 'unexpected config entry "no_such_field"' in result.errors[0].message, result.errors
+    snap = JobSnap.from_job_def(tenant_job)
+    snap = deserialize_value(serialize_value(snap), JobSnap)
     types = {t.key: t for t in snap.config_schema_snapshot.all_config_snaps_by_key.values()}
-    assert "StringSourceType" in types and not any("EnvOnly" in k for k in types)
+    assert "StringSourceType" in types and not any("EnvOnly" in k or "Checked" in k for k in types)
+    config = {**_source(SECRET), "resources": {**_source(SECRET)["resources"],
+                                               "new_run": {"config": {"options_json": '{"api_token": "x"}'}}}}
+    result = validate_config_from_snap(snap.config_schema_snapshot, snap.mode_def_snaps[0].root_config_key, config)
+    assert result.success, result.errors  # the UI passes it on; the code server refuses it (above)
     built = PipedriveSource(base_url="http://127.0.0.1:9", api_token=SECRET)
     field = built._config_schema.as_field()  # noqa: SLF001
     out = post_process_config(field.config_type, field.default_value)
