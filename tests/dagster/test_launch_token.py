@@ -79,6 +79,10 @@ def test_every_job_taking_the_source_refuses_a_literal_token_and_takes_an_env_va
         assert good.success and good.value["config"]["api_token"] == "sandbox-token", (job.name, good)
         default = post_process_config(source, None)
         assert default.success and default.value["config"]["api_token"] == "sandbox-token", (job.name, default)
+        new_run = schema.fields["resources"].config_type.fields["new_run"].config_type
+        for options in ('{"burst_limit": 40, "detect_deletes": false}', "{}", None):  # good options launch
+            taken = post_process_config(new_run, {"config": {"options_json": options}})
+            assert taken.success and taken.value["config"]["options_json"] == options, (job.name, taken)
 
 
 def test_the_ui_sees_the_same_fields_and_python_built_sources_keep_their_token():
