@@ -55,7 +55,7 @@ from engine_core.providers.pipedrive.paging import (
     Page,
     _id,
     _require_prefix,
-    _rows,
+    rows_of,
     _v1_query,
     _v2_query,
     item_scope,
@@ -187,7 +187,7 @@ class PipedriveClient:
         body = self._call(path, query, cancel=cancel, reservation=reservation)
         if keep and self._prefetch is not None:
             self._prefetch.hold(path, query, body)
-        rows = _rows(body, path)
+        rows = rows_of(body, path)
         extra = body.get("additional_data")
         next_cursor = extra.get("next_cursor") if isinstance(extra, dict) else None
         if next_cursor is not None and not isinstance(next_cursor, str):
@@ -209,7 +209,7 @@ class PipedriveClient:
         """One page of a v1 listing (offset pagination: `additional_data.pagination`)."""
         query = _v1_query(path, params, start, limit)
         body = self._call(path, query, cancel=cancel, reservation=reservation)
-        rows = _rows(body, path)
+        rows = rows_of(body, path)
         extra = body.get("additional_data")
         extra = extra if isinstance(extra, dict) else {}
         # The spec's schemas disagree: most nest it under `pagination`, some list it flat.

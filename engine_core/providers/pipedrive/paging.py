@@ -74,7 +74,9 @@ def _id(value: int) -> int:
     return number
 
 
-def _rows(body: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+def rows_of(body: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+    """The rows of an answered list page at `path`: its `data` (v1 answers an empty list with
+    `data: null`: no rows). Raises BadResponse when `data` is something else than a list."""
     data = body.get("data")
     if data is None:  # v1 answers an empty list with `data: null`
         return ()

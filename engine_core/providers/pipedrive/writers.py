@@ -54,9 +54,10 @@ from engine_core import write
 from engine_core.context import TaskContext
 from engine_core.window import PageResult
 from engine_core.models import Run
-from engine_core.providers.pipedrive.errors import BadResponse, NotFound
+from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PAGE, PARENT_PATHS, V1_PATHS, ledger_kind
 from engine_core.providers.pipedrive.meter import token_cost
+from engine_core.providers.pipedrive.paging import rows_of
 from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
 from engine_core.write import (  # noqa: F401 - the engine's names, as this module always offered them
@@ -342,11 +343,7 @@ def _listed_leads(client: Getter, pairs: list[Pair], cancel: Any) -> dict[Pair, 
     start = 0
     for _ in range(pages):
         body = client.get(LEADS_ARCHIVED, {"start": start, "limit": PAGE}, cancel=cancel)
-        rows = body.get("data")
-        if rows is None:
-            rows = []
-        if not isinstance(rows, list):
-            raise BadResponse("data is not a list", method="GET", path=LEADS_ARCHIVED, status=200)
+        rows = rows_of(body, LEADS_ARCHIVED)
         for row in rows:
             value = row.get("id") if isinstance(row, dict) else None
             if isinstance(value, str) and value.strip():
@@ -383,11 +380,7 @@ def _served(client: Getter, path: str, ids: set[str], cancel: Any) -> tuple[set[
     unreadable = False
     while True:
         body = client.get(path, params, cancel=cancel)
-        rows = body.get("data")
-        if rows is None:
-            rows = []
-        if not isinstance(rows, list):
-            raise BadResponse("data is not a list", method="GET", path=path, status=200)
+        rows = rows_of(body, path)
         for row in rows:
             sid = _raw_id(row)
             if sid is None or not sid.isdigit():
