@@ -27,17 +27,23 @@ def test_a_changes_only_sync_walks_the_files_newest_first_and_stops_at_the_uncha
         assert files > 20, "the files must be several pages"
         before = _versions(db)
         replaced = {str(live_op(sb, "file_replace")["id"]) for _ in range(12)}
-        sb.reset_stats()
-        opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": False}
-        started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), "acme", options=opts, settings=FAST)
-        drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
-        assert runs.get_run(db, started.id).status == "succeeded", failed_tasks(db, started.id)
-        asked = sb.stats()["requests"].get("/v1/files", 0)
+        asked = _changes_only_sync(db, sb, "/v1/files")
     after = _versions(db)
     assert {sid for sid in after if after[sid] != before.get(sid)} == replaced, "every file replaced, and only those"
     pages = -(-files // 10)
     assert 1 <= asked < pages, f"{asked} calls of /v1/files: the walk did not stop at the unchanged files ({pages} pages)"
 
+
+
+def _changes_only_sync(db, sb, path: str) -> int:
+    """A changes-only sync of tenant acme (`detect_deletes: false`), drained to success; the calls of
+    `path` it made."""
+    sb.reset_stats()
+    opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": False}
+    started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), "acme", options=opts, settings=FAST)
+    drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
+    assert runs.get_run(db, started.id).status == "succeeded", failed_tasks(db, started.id)
+    return sb.stats()["requests"].get(path, 0)
 
 
 def _lead_versions(db, ids: set[str]) -> dict[str, str]:
@@ -65,12 +71,7 @@ def test_a_changes_only_sync_walks_the_archived_leads_newest_first_and_stops_at_
                 break
         before = _lead_versions(db, archived)
         assert archived and set(before) == archived, (archived, before)
-        sb.reset_stats()
-        opts = {"base_url": sb.base_url, "burst_limit": UNLIMITED, "detect_deletes": False}
-        started = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), "acme", options=opts, settings=FAST)
-        drain_threads(db, started.id, width=4, settings=FAST, providers=for_run)
-        assert runs.get_run(db, started.id).status == "succeeded", failed_tasks(db, started.id)
-        asked = sb.stats()["requests"].get("/v1/leads/archived", 0)
+        asked = _changes_only_sync(db, sb, "/v1/leads/archived")
     after = _lead_versions(db, archived)
     assert all(after[sid] != before[sid] for sid in archived), "every lead archived since the run is written anew"
     pages = -(-(listed + len(archived)) // 10)
