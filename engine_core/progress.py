@@ -8,7 +8,8 @@
   checkpoint with every window (rows seen / imported / matched / already here / updated / skipped /
   failed, tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
   where a total is known (the source's own count, else the phase's tasks).
-* `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look).
+* `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look), its
+  phases weighed by what they cost (the provider's `progress_weights`).
 * `ProgressBoard`: one `rich` progress bar per phase for `migrate run`, drawn from snapshots.
 
 Units: seconds, rows, requests; rates per second over the last interval. No Dagster here.
@@ -273,20 +274,36 @@ class PhaseMeter:
         return p
 
 
-def run_progress(db: Database, run_id: int, stale_after: float | None = None) -> dict[str, Any]:
-    """Percent and ETA of a whole run, for `migrate status`: {"percent", "eta_seconds",
-    "idle_seconds", "unattended", "phases": [{"phase", "kinds", "percent", "tasks_done",
-    "tasks_total", "source_total"}]}.
+def _kind_fraction(rows: list[dict[str, Any]], phase: int, kind: str) -> float:
+    """How far one kind of an open phase is, 0..1: rows seen against the source's own count where
+    its discovery recorded one, else its tasks done of those there are so far."""
+    mine = [r for r in rows if r["phase"] == phase and r["kind"] == kind]
+    totals = [int(r["source_total"]) for r in mine if r.get("source_total") is not None]
+    if totals and max(totals) > 0:
+        return min(1.0, sum(int(r.get("seen") or 0) for r in mine) / max(totals))
+    total = sum(int(r["n"]) for r in mine)
+    return sum(int(r["n"]) for r in mine if r["status"] in DONE) / total if total else 0.0
 
-    Per phase: 100 once closed; by rows against the source's count where every kind has one, else
-    by tasks done. The run's percent weighs every phase equally (phases differ wildly in size, so
-    it is a coarse figure). The ETA extrapolates the run's elapsed time over its percent, and is
-    None before anything is done or once the run is terminal. "idle_seconds", while the run is live
-    (else None): seconds since anything worked on it (its heartbeat, a task's checkpoint or finish,
-    a running task's lock renewed: `run_idle_seconds`). "unattended": a live run idle for longer
-    than `stale_after` seconds (the stale-lock threshold: a running task's lock that old belongs to
-    a dead process); its ETA is None then, as `status_line` gives no ETA for it (`migrate status
-    --json` had kept an ETA for a run nothing worked on)."""
+
+def run_progress(db: Database, run_id: int, stale_after: float | None = None,
+                 weights: dict[str, float] | None = None) -> dict[str, Any]:
+    """Percent and ETA of a whole run, for `migrate status`: {"percent", "eta_seconds",
+    "idle_seconds", "unattended", "phases": [{"phase", "kinds", "percent", "weight", "tasks_done",
+    "tasks_total", "source_total", "seen"}]}.
+
+    Per kind: done once its phase is closed; else by rows against the source's count where its
+    discovery recorded one, else by tasks done. A phase's percent weighs its kinds, and the run's
+    weighs its phases, by `weights` ({kind: what it costs a run}, the provider's
+    `progress_weights`: requests and written rows at a reference account; a kind without one
+    weighs 1; None: every kind weighs 1). So the mail phase, most of a Pipedrive run's requests,
+    is most of its percent: the percent does not drop back when a cheap phase closes and a dear
+    one begins, and the ETA is not a fraction of the mail's time while the mail runs ("weight" of
+    each phase, percent of the run). The ETA extrapolates the run's elapsed time over its percent,
+    and is None before anything is done or once the run is terminal. "idle_seconds", while the
+    run is live (else None): seconds since anything worked on it (its heartbeat, a task's
+    checkpoint or finish, a running task's lock renewed: `run_idle_seconds`). "unattended": a live
+    run idle for longer than `stale_after` seconds (the stale-lock threshold: a running task's lock
+    that old belongs to a dead process); its ETA is None then, as `status_line` gives no ETA for it."""
     run = db.fetch_one("get_run", {"run_id": run_id})
     if run is None:
         return {"percent": None, "eta_seconds": None, "idle_seconds": None, "unattended": False, "phases": []}
@@ -295,11 +312,18 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None) ->
     phases: list[dict[str, Any]] = []
     for i, kinds in enumerate(plan):
         p = _phase_figures(rows, i, kinds, run_id)
-        p.closed = run["current_phase"] > i or run["status"] == "succeeded"
-        pct, _, _ = _percent_and_remaining(p)
-        phases.append({"phase": i, "kinds": kinds, "percent": round(pct or 0.0, 1), "tasks_done": p.tasks_done,
-                       "tasks_total": p.tasks_total, "source_total": p.source_total, "seen": p.seen})
-    percent = round(sum(ph["percent"] for ph in phases) / len(phases), 1) if phases else 100.0
+        closed = run["current_phase"] > i or run["status"] == "succeeded"
+        each = {k: max(float((weights or {}).get(k, 1.0)), 1e-9) for k in kinds}
+        weight = sum(each.values())
+        done = weight if closed else sum(w * _kind_fraction(rows, i, k) for k, w in each.items())
+        phases.append({"phase": i, "kinds": kinds, "percent": round(100.0 * done / weight, 1) if weight else 100.0,
+                       "weight": weight, "done": done, "tasks_done": p.tasks_done, "tasks_total": p.tasks_total,
+                       "source_total": p.source_total, "seen": p.seen})
+    whole = sum(ph["weight"] for ph in phases)
+    percent = round(100.0 * sum(ph["done"] for ph in phases) / whole, 1) if whole else 100.0
+    for ph in phases:
+        ph["weight"] = round(100.0 * ph["weight"] / whole, 1) if whole else 0.0
+        del ph["done"]
     eta = idle = None
     if run["status"] in ("running", "stopping"):
         idle = round(float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"]), 1)

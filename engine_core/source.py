@@ -169,6 +169,14 @@ def opt_in_kinds(provider: object) -> frozenset[str]:
     return frozenset(kinds) if kinds else frozenset()
 
 
+def progress_weights(provider: object) -> dict[str, float] | None:
+    """What each of the provider's kinds costs a run, relative to the others (`progress_weights()`:
+    {kind: weight > 0}); None when the provider does not say (its phases then weigh the same)."""
+    weigh = getattr(provider, "progress_weights", None)
+    weights = weigh() if weigh is not None else None
+    return dict(weights) if weights else None
+
+
 def source_time(provider: object) -> datetime | None:
     """The source's clock now, when the provider can tell (`source_time()`); None otherwise, and
     when asking fails (the database's clock then stands in)."""

@@ -19,6 +19,7 @@ from engine_core.errors import EngineError
 from engine_core.ledger_reads import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
+from engine_core.source import progress_weights
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
@@ -93,7 +94,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             fail(e)
 
         stale_after = check_environment().stale_lock_seconds
-        done = run_progress(db, r.run_id, stale_after)  # percent and ETA (engine_core.progress)
+        # percent and ETA (engine_core.progress), the phases weighed by what they cost the provider
+        done = run_progress(db, r.run_id, stale_after, progress_weights(provider_for(run.source)))
         dead_since = rollups.no_live_worker_since(db, r.run_id)
         done = {**done, "no_live_worker_since": dead_since}
         if dead_since is not None:  # no process works towards an ETA: what resumes it is what counts

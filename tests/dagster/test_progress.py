@@ -9,6 +9,7 @@ markdown metadata."""
 from __future__ import annotations
 
 import io
+import json
 
 import httpx
 
@@ -246,3 +247,43 @@ def test_the_bars_leave_stdout_and_stderr_where_they_point():
         assert (sys.stdout, sys.stderr) == before
         handler = logging.StreamHandler()  # as Dagster's console logger makes its handler: sys.stderr now
         assert handler.stream is before[1]
+
+
+def test_the_run_percent_weighs_phases_by_their_cost_so_mail_gets_its_eta_and_nothing_steps_back(db):
+    from engine_core.source import progress_weights
+
+    # Pipedrive's weights: the mail phase is most of a default run (requests and written rows)
+    weights = progress_weights(provider_for("pipedrive"))
+    default = [k for g in provider_for("pipedrive").phases() for k in g
+               if k not in ("participants", "followers", "deal_history", "file_contents")]
+    assert 0.6 < weights["emails"] / sum(weights[k] for k in default) < 0.9, weights
+
+    # a five-phase run whose last phase ("notes" here) costs what the other four do twelve times over
+    opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
+    run = runs.start_run(db, provider_for("example"), "weighed", options=opts, settings=FAST)
+    dear = {"companies": 1.0, "contacts": 1.0, "deals": 1.0, "activities": 1.0, "notes": 48.0}
+    db.sql("UPDATE migrations SET started_at = now() - interval '100 seconds' WHERE id = %(r)s", {"r": run.id})
+
+    def at(phase: int, done: int, total: int, seen: int | None = None, source_total: int | None = None) -> dict:
+        """The run with its barrier at `phase`, that phase's `kind` with `done` of `total` tasks."""
+        kind = runs.get_run(db, run.id).plan[phase][0]
+        db.sql("DELETE FROM migration_tasks WHERE migration_id = %(r)s AND phase >= %(p)s", {"r": run.id, "p": phase})
+        for n in range(total):
+            stats = {"seen": seen // total} if seen is not None else {}
+            if source_total is not None:
+                stats["source_total"] = source_total
+            db.sql("INSERT INTO migration_tasks (migration_id, phase, kind, cursor_key, status, stats) VALUES"
+                   " (%(r)s, %(p)s, %(k)s, %(c)s, %(s)s, %(st)s::jsonb)",
+                   {"r": run.id, "p": phase, "k": kind, "c": f"t{n}", "s": "succeeded" if n < done else "pending",
+                    "st": json.dumps(stats)})
+        db.sql("UPDATE migrations SET current_phase = %(p)s WHERE id = %(r)s", {"r": run.id, "p": phase})
+        return run_progress(db, run.id, weights=dear)
+
+    seq = [at(0, 2, 4), at(1, 0, 1), at(1, 1, 3), at(2, 1, 1, seen=0, source_total=50), at(2, 1, 1, seen=40, source_total=50),
+           at(3, 3, 3), at(4, 0, 1), at(4, 1, 21), at(4, 10, 20)]
+    shown = [p["percent"] for p in seq]
+    assert shown == sorted(shown), shown  # forward only
+    # half the dear phase done after 100 s: 54% of the run (not 90%: an ETA of 11 s), about as long again to go
+    mail = seq[-1]
+    assert mail["percent"] == 53.8 and mail["phases"][4]["weight"] == 92.3, mail
+    assert 80 <= mail["eta_seconds"] <= 95, mail

@@ -470,6 +470,54 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
                     sync_floor=floor, round_trips=trip, in_flight=IN_FLIGHT_PER_SLOT * width)
 
 
+# The account a run's progress is weighed at before its own counts are known (`reference_requests`):
+# the seeds' customer, as the sandbox's "seed-customer" scale builds it (~400,000 rows; 90,000 emails
+# on 30,788 deals with mail; 8% of deals and 20% of leads archived).
+REFERENCE_ROWS: dict[str, int] = {
+    "users": 60, "pipelines": 5, "stages": 30, "organizations": 40000, "products": 600, "persons": 110000,
+    "deals": 57040, "deals_archived": 4960, "leads": 14400, "leads_archived": 3600, "activities": 100000,
+    "notes": 70000, "files": 12000,
+}
+REFERENCE_MAIL = (30788, 90000)  # (deals with mail, their messages)
+# A written row's wall time in requests' wall time: the email phase keeps ~37 requests/s at a burst
+# limit of 80 per 2 s, the list phases write ~500 rows/s with realistic latency (bench/README.md:
+# "email phase", "entity path"), so a row costs about what 0.075 requests do. Without it the list
+# phases, which are bound by their writes, not their few list pages, would weigh almost nothing.
+ROW_IN_REQUESTS = 37 / 500
+
+
+def reference_weights() -> dict[str, float]:
+    """What each kind (and "catchup") costs a run at the REFERENCE_ROWS account, in requests: the
+    engine's requests by the same rules as `estimate` (without parent probes), plus each written
+    row at ROW_IN_REQUESTS. `migrate status` weighs a run's phases by these (a phase's share of
+    the run is its kinds' share: mail about four fifths of a default run, as the plan shows).
+    Every kind of the provider has a weight of at least 1."""
+    rows = dict(REFERENCE_ROWS)
+    deals = rows["deals"] + rows["deals_archived"]
+    mail_deals, messages = REFERENCE_MAIL
+    out: dict[str, float] = {}
+    for k in K.KINDS:
+        if k.name == "fields":
+            out[k.name] = len(K.V2_FIELD_LISTS) + len(K.V1_FIELD_LISTS)
+        elif k.name in rows:
+            requests = listing(k, rows[k.name]) + (1 if k.name in K.SUMMARY_PATHS and rows[k.name] > PAGE else 0)
+            out[k.name] = requests + rows[k.name] * ROW_IN_REQUESTS
+        elif k.paging == K.BATCH:
+            out[k.name] = pages(deals, IDS_PER_CALL) + deals * ROW_IN_REQUESTS
+        elif k.name == "emails":
+            walk = pages(rows["deals"]) + pages(rows["deals_archived"])
+            out[k.name] = walk + mail_deals + messages + messages * ROW_IN_REQUESTS
+        elif k.paging == K.DOWNLOAD:
+            out[k.name] = rows["files"] * (1 + ROW_IN_REQUESTS)
+        elif k.paging == K.FAN_OUT:
+            over = deals if k.name != "followers" else deals + rows["persons"] + rows["organizations"]
+            out[k.name] = over * (1 + ROW_IN_REQUESTS)
+        else:
+            out[k.name] = 1.0
+    out[K.CATCHUP] = float(sum(pages(rows[n], K.page_of(n)) for n in K.CATCHUP_ORDER if n in rows))
+    return {name: round(max(1.0, n), 1) for name, n in out.items()}
+
+
 def observed_limits(base_url: str, token: str) -> tuple[int | None, int | None]:
     """(daily token limit, burst limit) the source's headers say, from one `/v1/users/me` (2
     tokens): `x-daily-ratelimit-token-limit`, `x-ratelimit-limit`; None where a header is absent."""

@@ -341,6 +341,11 @@ class PipedriveProvider:
             return costs.estimate(client, kinds=planned, share=daily_token_share() if share is None else share,
                                   burst_limit=burst or cfg.burst_limit, daily_limit=daily)
 
+    def progress_weights(self) -> dict[str, float]:
+        """What each kind costs a run, relative to the others (`estimate.reference_weights`): how
+        `migrate status` weighs a run's phases into its percent and ETA."""
+        return costs.reference_weights()
+
     def source_ids(self, settings: Any, kind: str, options: Mapping[str, Any] | None = None) -> Iterator[tuple[str, str | None]]:
         """Every id the source lists now for `kind`, with its version (`inventory.source_ids`: the
         list endpoint itself, 500 rows a call, v1 walks overlapping so deletions cannot hide a row).
