@@ -48,6 +48,8 @@ from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.ledger_reads import explain_unreadable, ledger_kinds, row_entries
 from engine_core.models import Run
+from engine_core.plan import kinds_left_out, left_out_line
+from engine_core.providers.registry import provider_for
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
@@ -227,20 +229,23 @@ def closed_phase_materializations(context: OpExecutionContext, db: Database, run
     """`phases_to_materialize` for a drainer run's op (`context`), each said in its log."""
     for phase, spec, mat in phases_to_materialize(context.instance, db, run, source, f"drainer run {context.run_id}",
                                                   own_run_id=context.run_id):
-        context.log.info(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed: materialising "
+        what = "closed" if phase is not None else "is not in its plan"
+        context.log.info(f"phase {spec.index + 1} ({', '.join(spec.kinds)}) of {run.name} {what}: materialising "
                          f"{spec.key.to_user_string()}")
         yield mat
 
 
 def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by: str, *,
-                          own_run_id: str | None = None) -> Iterator[tuple[int, Any, AssetMaterialization]]:
+                          own_run_id: str | None = None) -> Iterator[tuple[int | None, Any, AssetMaterialization]]:
     """(phase index, its spec, its AssetMaterialization) for the phases of `run` that closed without
     failed tasks and have not been materialised for this engine run since their last task finished
     (a phase asset that drained them itself has); `by` says who materialises them (their
     `materialized_by`). Nothing while a launch of the tenant (a Dagster run in progress other than a
-    drainer or `own_run_id`) still works on the run: its phase ops materialise them. Phases the run
-    does not plan are left alone. Used by drainer runs and by `migrate resume/retry --drain`, which
-    drains with no Dagster run (its materialisations are reported runless)."""
+    drainer or `own_run_id`) still works on the run: its phase ops materialise them. A phase the run
+    does not plan (phase index None) is materialised empty, as its phase op does ("not in this run's
+    plan"), once a later planned phase has closed: after a stop and a drain it had stayed missing
+    (or kept another run's counts) between green phases. Used by drainer runs and by `migrate
+    resume/retry --drain`, which drains with no Dagster run (its materialisations are reported runless)."""
     live = instance.get_runs(filters=RunsFilter(tags={tags.ENGINE_RUN: str(run.id)}, statuses=IN_PROGRESS))
     if any(d.tags.get(tags.ROLE) != tags.DRAINER and d.run_id != own_run_id for d in live):
         return  # the tenant's own launch is still on it: its phase ops materialise what they close
@@ -249,9 +254,13 @@ def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by
     for t in runs_reads.task_groups(db, run.id):
         if t["last_finished"] is not None:
             last_finished[t["phase"]] = max(last_finished.get(t["phase"], t["last_finished"]), t["last_finished"])
-    for spec in phase_specs(source):
+    specs = phase_specs(source)
+    for spec in specs:
         phase = spec.run_phase(run)
         if phase is None:
+            mat = _not_planned(instance, run, spec, specs, by)
+            if mat is not None:
+                yield None, spec, mat
             continue
         closed = phase < run.current_phase or run.status == "succeeded"
         if not closed:
@@ -264,6 +273,26 @@ def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by
         metadata = phase_metadata(db, r, phase, busy_windows(instance, run.id))
         metadata["materialized_by"] = MetadataValue.text(f"{by} (the phase closed in its turn)")
         yield phase, spec, AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
+
+
+def _not_planned(instance: Any, run: Run, spec: Any, specs: list[Any], by: str) -> AssetMaterialization | None:
+    """The empty materialisation of a phase `run` does not plan (`spec`), when a later phase of
+    `specs` is planned and closed and the phase has none for this engine run yet; else None. Its
+    metadata is the phase op's (`assets.phases.not_in_plan`): no counts, the kinds left out."""
+    later = [s for s in specs[spec.index + 1:] if s.run_phase(run) is not None]
+    if not any(s.run_phase(run) < run.current_phase or run.status == "succeeded" for s in later):
+        return None
+    if _materialized_since(instance, spec.key, run.tenant_id, run.id, None):
+        return None
+    left = kinds_left_out(provider_for(run.source), run)
+    return AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata={
+        "phase_status": MetadataValue.text("not in this run's plan"),
+        **({"left_out": MetadataValue.text(left_out_line(left))} if left else {}),
+        "engine_run": MetadataValue.text(run.name),
+        "engine_run_id": MetadataValue.int(run.id),
+        "materialized_by": MetadataValue.text(f"{by} (a later phase closed)"),
+        "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan: nothing migrated"),
+    })
 
 
 def drainer_job() -> JobDefinition:

@@ -224,11 +224,36 @@ def materialize_drained(db: dbmod.Database, run_id: int) -> int:
         for _, _, materialization in phases_to_materialize(instance, db, run, run.source, "a drain in migrate's shell"):
             instance.report_runless_asset_event(materialization)
             reported += 1
+        done_after_cancel(instance, db, run)
     except Exception as e:  # noqa: BLE001 - the UI's picture only; said, not raised
         click.echo(f"note: the phases could not be shown materialised in Dagster ({type(e).__name__}: {e})", err=True)
     finally:
         instance.dispose()
     return reported
+
+
+FINISHED_BY_DRAIN = "migration/finished_by_drain"  # on a launch a stop canceled and a drain finished
+
+
+def done_after_cancel(instance: Any, db: dbmod.Database, run: Any) -> list[str]:
+    """When engine run `run` succeeded with every row accounted for (`RunRollup.complete`), tag the
+    Dagster runs of it that ended CANCELED (a stop) with FINISHED_BY_DRAIN, so the UI's runs list
+    says the tenant is done beside the status Dagster keeps for good, and say so on stderr. The
+    Dagster run ids tagged (none when the run is not done, or has no canceled launch)."""
+    from dagster import DagsterRunStatus, RunsFilter  # already loaded by the caller's instance
+
+    r = rollups.rollup(db, run.id)
+    if r.status != "succeeded" or not r.complete:
+        return []
+    canceled = instance.get_runs(filters=RunsFilter(tags={"migration/run_id": str(run.id)},
+                                                    statuses=[DagsterRunStatus.CANCELED]))
+    said = f"succeeded: every row accounted for ({run.name}, finished by a drain after the stop)"
+    for launch in canceled:
+        instance.add_run_tags(launch.run_id, {FINISHED_BY_DRAIN: said})
+    if canceled:
+        click.echo(f"{run.tenant_id} is done, {said}; Dagster keeps its launch "
+                   f"{', '.join(c.run_id[:8] for c in canceled)} as Canceled (tagged {FINISHED_BY_DRAIN})", err=True)
+    return [c.run_id for c in canceled]
 
 
 def drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:

@@ -485,3 +485,37 @@ def test_resume_drain_materialises_the_phases_it_closed_for_the_ui(migrated, db_
         assert len(shown) == len(run.plan), shown
     finally:
         instance.dispose()
+
+
+def test_resume_drain_materialises_an_unplanned_phase_and_tags_the_canceled_launch_done(migrated, db_url):
+    # after a stop and `migrate resume T --drain` of a run without deals, the deals phase stayed
+    # unmaterialised between green phases, and the launch's Dagster run stayed Canceled with nothing
+    # saying the tenant was done
+    from dagster import AssetRecordsFilter, DagsterRunStatus
+    from dagster._core.test_utils import create_run_for_test
+
+    from migration_pipeline.assets.specs import phase_specs
+    from migration_pipeline.cli.control import FINISHED_BY_DRAIN
+    from migration_pipeline.instance import dagster_env, open_instance
+
+    instance = open_instance(dagster_env(env=migrated))
+    try:
+        with dbmod.Database(db_url, max_size=4) as db:
+            run = runs.start_run(db, provider_for("example"), "nodeals", options=EXAMPLE,
+                                 kinds=["companies", "contacts", "activities", "notes"])
+            runs.stop(db, run.id)
+        launch = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.CANCELED,
+                                     tags={"migration/run_id": str(run.id), "dagster/partition": "nodeals"})
+        out = _migrate_in_process(["resume", "nodeals", "--drain"], migrated)
+        assert out.returncode == 0, (out.stdout, out.stderr)
+        deals = next(spec for spec in phase_specs("example") if "deals" in spec.kinds)
+        records = instance.fetch_materializations(AssetRecordsFilter(asset_key=deals.key,
+                                                                     asset_partitions=["nodeals"]), limit=1).records
+        assert records, "the unplanned deals phase was not materialised"
+        md = records[0].event_log_entry.asset_materialization.metadata
+        assert md["phase_status"].value == "not in this run's plan" and md["engine_run_id"].value == run.id, md
+        said = instance.get_run_by_id(launch.run_id).tags.get(FINISHED_BY_DRAIN, "")
+        assert said.startswith("succeeded: every row accounted for"), said
+        assert "nodeals is done" in out.stderr, out.stderr
+    finally:
+        instance.dispose()
