@@ -148,6 +148,10 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
         counts = outcome_counts(rollups.rollup(db, run.id), kind)
 
         def render() -> None:
+            if run_id is None:  # which run this is, when the user did not pick one
+                what = "a sync" if run.mode == "sync" else ("a dry run" if run.dry_run else "a full run")
+                console.print(f"reporting {run.name}, the tenant's latest run ({what}); --run N reports another "
+                              "(`migrate status` and `explain` name them)", highlight=False)
             console.print(f"{run.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
             t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
             for col in (stat, "tasks", "avg seconds", "max seconds"):
@@ -158,7 +162,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
             if reasons:
                 console.print(reasons_table(reasons, tenant), soft_wrap=False)
 
-        emit(as_json, {"counts": counts, "durations": rows, "reasons": reasons}, render)
+        emit(as_json, {"run_id": run.id, "counts": counts, "durations": rows, "reasons": reasons}, render)
 
 
 def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:

@@ -5,6 +5,8 @@ measured (`Estimate.wall_seconds`). The figures are the provider's (`PipedrivePr
 this module only shows them."""
 from __future__ import annotations
 
+import textwrap
+
 import json
 from typing import Any
 
@@ -153,9 +155,10 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
             click.echo(f"a full run again from scratch (`migrate run --tenant {tenant} --new-run`) would be:")
         else:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
+        if lonely:  # read before the figures it qualifies, wrapped at a clause, not one long line
+            for line in textwrap.wrap(lonely, width=100, subsequent_indent="  ", break_on_hyphens=False):
+                click.echo(line)
         for line in plan_lines(est):
             click.echo(line)
-        if lonely:
-            click.echo(lonely)
 
     emit(as_json, payload, render)

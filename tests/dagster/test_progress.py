@@ -209,6 +209,11 @@ def test_migrate_report_lists_power_of_two_buckets_and_the_grouped_reasons(db, e
     report = json.loads(out.output)
     assert {r["payload"] for r in report["durations"]} <= {"0", "4-7", "8-15"}
     assert [(g["kind"], g["action"], g["count"]) for g in report["reasons"]] == [("deals", "skipped", 3)]
+    # it says which run it reports, and how to pick another (it had reported the latest without a word)
+    shown = CliRunner().invoke(main, ["report", "reported", "--kind", "deals"])
+    assert f"reporting {run.name}, the tenant's latest run (a full run); --run N reports another" in \
+        " ".join(shown.output.split()), shown.output
+    assert "reporting" not in CliRunner().invoke(main, ["report", "reported", "--run", str(run.id)]).output
     bogus = CliRunner().invoke(main, ["report", "reported", "--kind", "bogus"])  # a fresh user's find: an empty table, rc 0
     assert bogus.exit_code == 2 and "unknown kind 'bogus' (kinds: " in bogus.output and "deals" in bogus.output, bogus.output
 
