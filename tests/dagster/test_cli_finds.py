@@ -207,7 +207,9 @@ def test_report_reaches_an_earlier_run_of_the_tenant(migrated, db_url):
     with dbmod.Database(db_url, max_size=2) as db:
         later = runs.start_run(db, provider_for("example"), "done", options=EXAMPLE)
     out = _migrate_in_process(["report", "done"], migrated)
-    assert out.returncode == 0 and out.stdout.startswith(f"run #{later.id} "), out.stdout
+    first, second = out.stdout.splitlines()[:2]
+    assert out.returncode == 0 and first.startswith(f"reporting run #{later.id} "), out.stdout
+    assert "the tenant's latest run" in first and second.startswith(f"run #{later.id} "), out.stdout
     out = _migrate_in_process(["report", "done", "--run", "1"], migrated)
     assert out.returncode == 0 and out.stdout.startswith("run #1 "), (out.stdout, out.stderr)
     # the tenant's repr, not a possessive after it ("'done''s", a fresh user's find)
