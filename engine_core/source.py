@@ -130,9 +130,10 @@ class Provider(Protocol):
         raise NotImplementedError(f"the {self.source} provider cannot list the ids of {kind!r}")
 
 
-def identity_of(provider: Provider, cost: dict[str, int] | None = None) -> str | None:
+def identity_of(provider: Provider, cost: dict[str, int] | None = None, *, warn: bool = True) -> str | None:
     """What the provider's data belongs to, or None when the source cannot tell now (unreachable, a
-    revoked token): the tasks then meet that on their own. `cost` (a dict of `requests` and
+    revoked token): the tasks then meet that on their own (a warning says so unless `warn` is false:
+    verify checks the credential itself then). `cost` (a dict of `requests` and
     `tokens`, verify's) is handed to an `identity` that takes it, to count its request."""
     identity = getattr(provider, "identity", None)
     if identity is None:
@@ -144,7 +145,9 @@ def identity_of(provider: Provider, cost: dict[str, int] | None = None) -> str |
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - an unanswered question, not a verdict
-        log.warning("could not learn the %s source's identity (%s); the tasks will meet it", provider.source, type(e).__name__)
+        if warn:
+            log.warning("could not learn the %s source's identity (%s); the tasks will meet it", provider.source,
+                        type(e).__name__)
         return None
 
 

@@ -57,6 +57,7 @@ from engine_core.ledger_reads import tenant_entries, tenant_unreadable
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale")
+CREDENTIALS_TIMEOUT_SECONDS = 5.0  # the launch's token check's timeout (`launch.checks.CONNECT_TIMEOUT_SECONDS`)
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
 WRITTEN = ("created", "matched")
 PLACEHOLDERS = ("skipped", "failed")
@@ -404,7 +405,9 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     VerifyResult (per ledger kind: counts and the ids of every difference; requests, tokens and
     seconds spent). Raises RunNotFound (one line, names the tenant) when no run of this source ever
     ran for the tenant, TenantSourceMismatch when the provider reaches another source than the
-    tenant's data came from (`runs.check_tenant_identity`), ConfigError for an unknown kind; the source's own errors (auth, rate limit
+    tenant's data came from (`runs.check_tenant_identity`), ConfigError for an unknown kind or, when the
+    source cannot say whose data it serves, a credential its `check_credentials` refuses (one line naming
+    the variable, as the launch says it); the source's own errors (auth, rate limit
     after the client's retries) propagate. Holds no database connection while it lists. `progress`
     is told each kind's start, its listing's ids as they come, and its end (`VerifyStep`): under
     latency a listing of every record takes minutes."""
@@ -413,7 +416,13 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     started = time.monotonic()
     cost = {"requests": 0, "tokens": 0}
     # another company's settings: refused before its listings spend that account's tokens
-    runs.check_tenant_identity(db, tenant_id, provider.source, identity_of(provider, cost))
+    check = getattr(provider, "check_credentials", None)
+    identity = identity_of(provider, cost, warn=not callable(check))
+    if identity is None and callable(check):
+        # unanswered (a refused token, a server that is no such API): the launch's own check names
+        # the variable to fix in the words `migrate run` and `migrate plan` use, before any listing
+        check(CREDENTIALS_TIMEOUT_SECONDS)
+    runs.check_tenant_identity(db, tenant_id, provider.source, identity)
     unreachable: dict[str, tuple[str, list[str]]] = {}
     options: dict[str, Any] = {"db": db, "cost": cost, "tenant_id": tenant_id, "unreachable": unreachable}
     results: list[KindResult] = []

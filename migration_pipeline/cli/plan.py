@@ -19,7 +19,7 @@ from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
 from migration_pipeline.cli.options import KINDS_HELP, kinds_choice
 from migration_pipeline.cli.output import emit, fail, open_db
-from migration_pipeline.launch.checks import check_tenant, unlinked_kinds
+from migration_pipeline.launch.checks import check_source_token, check_tenant, unlinked_kinds
 
 
 def _days(value: float | None) -> str:
@@ -119,6 +119,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
         planned = migrated["kinds"]
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
+    check_source_token(provider)  # a refused token: the line `migrate run` and `migrate verify` give
     if not as_json:  # the counting is paced to half the burst: under real latency it takes half a minute
         click.echo("asking the source for its counts (a few cheap requests, paced to half the burst limit) ...",
                    err=True)

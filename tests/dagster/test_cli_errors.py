@@ -399,6 +399,14 @@ def test_a_wrong_token_is_one_line_naming_the_variable_after_one_request_and_not
     _nothing_launched(db_url)
     stats = httpx.get(sandbox_url + "/_sandbox/stats", timeout=10).json()
     assert stats["unauthorized"] == 1 and stats["requests_total"] <= 1, stats  # one request, no retry
+    # plan and verify (of a tenant with a run) say it in the same words: they had said "the pipedrive
+    # source failed: AuthError: ..." and "Pipedrive rejected the API token (...)", each its own way
+    from engine_core.providers.pipedrive.provider import PipedriveProvider
+
+    with dbmod.Database(db_url, max_size=2) as db:
+        runs.start_run(db, PipedriveProvider(base_url=sandbox_url, token="tok"), "acme")
+    for args in (["plan", "acme"], ["verify", "acme"]):
+        assert _one_line_error(_migrate_in_process(args, env)) == line, args
 
 
 def test_kinds_name_kinds_a_user_can_pick_not_the_catch_up_phase(db_url, run_env):
