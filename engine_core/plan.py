@@ -79,24 +79,35 @@ def left_out(phases: Sequence[Sequence[str]], taken: Iterable[str], opt_in: Coll
     return {k: (OPT_IN if k in opt_in else NOT_CHOSEN) for group in phases for k in group if k not in have}
 
 
-def left_out_line(left: dict[str, str]) -> str | None:
-    """`left_out` as one line, e.g. "left out: followers, participants (opt-in; add them alone with
-    --kinds followers,participants); notes (not chosen)"; None when nothing was left out.
+def left_out_lines(left: dict[str, str]) -> list[str]:
+    """`left_out` as lines for people: what was left out, then how to add the opt-in kinds, e.g.
+    ["left out: followers, participants (opt-in: taken only when asked); notes (not chosen)",
+     "to add them: a run of those kinds alone, --kinds followers,participants"];
+    [] when nothing was left out.
 
-    The line is read after a run of the tenant, so it names the kinds alone (plain `--kinds`): the
-    next run walks only them, and a sync keeps them from then on (`runs.synced_kinds`). `+kind`
+    The lines are read after a run of the tenant, so they name the kinds alone (plain `--kinds`):
+    the next run walks only them, and a sync keeps them from then on (`runs.synced_kinds`). `+kind`
     would walk every default kind again, every deal's mail listing included."""
     if not left:
-        return None
+        return []
     parts = []
     optional = [k for k, why in left.items() if why == OPT_IN]
     if optional:
-        how = ",".join(optional)
-        parts.append(f"{', '.join(optional)} ({OPT_IN}; add {'it' if len(optional) == 1 else 'them'} alone with --kinds {how})")
+        parts.append(f"{', '.join(optional)} ({OPT_IN}: taken only when asked)")
     others = [k for k, why in left.items() if why != OPT_IN]
     if others:
         parts.append(f"{', '.join(others)} ({NOT_CHOSEN})")
-    return "left out: " + "; ".join(parts)
+    lines = ["left out: " + "; ".join(parts)]
+    if optional:
+        lines.append(f"to add {'it' if len(optional) == 1 else 'them'}: a run of {'that kind' if len(optional) == 1 else 'those kinds'} "
+                     f"alone, --kinds {','.join(optional)}")
+    return lines
+
+
+def left_out_line(left: dict[str, str]) -> str | None:
+    """`left_out_lines` as one text of one or two lines (newline-separated: the command line prints
+    it as is, the phase assets' `left_out` metadata holds it); None when nothing was left out."""
+    return "\n".join(left_out_lines(left)) or None
 
 
 def kinds_left_out(provider: object, run: Run) -> dict[str, str]:

@@ -528,9 +528,9 @@ def test_status_says_what_a_run_left_out(db_url, run_env):
         out = _migrate_in_process(["status", "lean"], dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url))
     assert out.returncode == 0, out.stderr[-2000:]
     text = " ".join(out.stdout.split())
-    assert ("left out: file_contents, participants, deal_history (opt-in; add them alone with --kinds "
-            "file_contents,participants,deal_history)"
-            in text), out.stdout
+    assert ("left out: file_contents, participants, deal_history (opt-in: taken only when asked)\n"
+            "to add them: a run of those kinds alone, --kinds file_contents,participants,deal_history"
+            in out.stdout), out.stdout
 
 
 @pytest.mark.parametrize("args, needle", [
