@@ -411,7 +411,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
                        else f"Dagster run {dagster_run.status.value}")
             again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
-            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again)
+            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again,
+                                  dry_run=dry_run)
                          if ends_with_what_now else ()):
                 console.print(line, highlight=False)
 

@@ -113,24 +113,37 @@ def lowercase_error(e: click.ClickException) -> click.ClickException:
 
 
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
-             left_out: str | None = None, again: tuple[str, str] | None = None) -> list[str]:
+             left_out: str | None = None, again: tuple[str, str] | None = None, *, dry_run: bool = False) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
     succeeded") with the tenant's skipped and failed rows (`bad`: `ledger_reads.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
     when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
     (the README's "Where the data lands"): the tables alone do not say what to look at next.
-    `left_out` (`engine_core.plan.left_out_line`), when given, follows the verdict: the kinds the
-    run did not take and how to add them. `again` (`again_line`: the command and what it does),
-    when given, comes first of the commands: how a stopped run resumes, a failed one is retried."""
+    `left_out` (`engine_core.plan.left_out_line`, one or two lines), when given, follows the verdict:
+    the kinds the run did not take and how to add them. `again` (`again_line`: the command and what it does),
+    when given, comes first of the commands: how a stopped run resumes, a failed one is retried.
+
+    A `dry_run` wrote nothing (no ledger row, no product row): its lines point at what it did
+    leave - its counts (`migrate status`), its task durations (`migrate report`) - and at the run
+    that writes, not at the ledger or `migrate rows`, which it left empty."""
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())
-    lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
-    if left_out:
-        lines.append(f"  {left_out}")
+    if dry_run:
+        lines = [f"what now: tenant {tenant!r}: {verdict}: nothing was written; its tables are what a real run would "
+                 "do (would import, would match, would update, skipped, failed)"]
+    else:
+        lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
+    lines += [f"  {line}" for line in (left_out or "").splitlines()]
     if again:
         lines.append(f"  {again[0]}{' ' * max(2, 26 - len(again[0]))}{again[1]}")
     if ui_address:
         lines.append(f"  the Dagster UI: {ui_address} (each phase asset's partition {tenant!r})")
+    if dry_run:
+        said = [(f"migrate status {tenant}", "the dry run's counts per kind again"),
+                (f"migrate report {tenant}", "where its time went (task durations by size)")]
+        if not again:
+            said.append((f"migrate run --tenant {tenant}", "the real run, which writes (the dry run counts for nothing)"))
+        return lines + [f"  {command}{' ' * max(2, 26 - len(command))}{what}" for command, what in said]
     if skipped or failed:
         lines.append(f"  migrate rows {tenant}        the skipped and failed rows with their reasons")
     lines.append(f"  migrate status {tenant}      its runs and counts")

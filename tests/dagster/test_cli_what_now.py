@@ -104,6 +104,13 @@ def test_what_now_names_the_tenant_its_bad_rows_and_where_to_look():
                                   "(each", "task", "from", "its", "checkpoint)"], stopped
     failed = what_now("acme", "sync #5 failed", {}, None, again=again_line("acme", "failed", sync=True))
     assert failed[1].split()[:4] == ["migrate", "sync", "acme", "retries"], failed
+    # a dry run left the ledger empty: not a psql query on it, but its counts and the run that writes
+    dry = what_now("acme", "run #6 succeeded (a dry run)", {}, None, "left out: files (opt-in)\nto add it: ...",
+                   dry_run=True)
+    text = "\n".join(dry)
+    assert "migration_records" not in text and "migrate rows" not in text, text
+    assert "nothing was written" in dry[0] and "migrate status acme" in text and "migrate run --tenant acme" in text
+    assert dry[1:3] == ["  left out: files (opt-in)", "  to add it: ..."], dry  # each line of `left_out` indented
 
 
 def test_run_ends_with_what_now_and_json_stays_clean(env, db_url):
