@@ -111,7 +111,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             print_rollup(r)
             if left:
                 console.print(left_out_line(left), highlight=False)
-            console.print(no_live_worker_line(done) if dead_since is not None else status_line(done, stale_after))
+            console.print(("a dry run (nothing is written): " if run.dry_run else "")
+                          + (no_live_worker_line(done) if dead_since is not None else status_line(done, stale_after)))
             if unattended:
                 console.print(f"[yellow]`migrate run --tenant {tenant}` resumes it here; `migrate ui` (a daemon) "
                               "runs it in the background[/yellow]")

@@ -34,6 +34,11 @@ def phase_labels(source: str, plan: list[list[str]]) -> list[str]:
     return ["{}/{}".format(*phase_number(source, kinds, i + 1, len(plan))) for i, kinds in enumerate(plan)]
 
 
+# How a dry run's state is listed, before the state: "dry run: succeeded" reads as no migration
+# where "succeeded (dry run)", folded on a narrow console, showed "succeeded" first like a real run
+DRY_RUN_MARK = "dry run: "
+
+
 def written_columns(dry_run: bool) -> tuple[str, ...]:
     """A dry run writes nothing: its counts are what a real run would do."""
     if dry_run:
@@ -86,7 +91,7 @@ def print_rollup(r: rollups.RunRollup) -> None:
     """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
     product row in place: a newer source version), rows marked `deleted at source`, and `by
     catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
-    title = f"{r.name}: {r.status}{' (dry run)' if r.dry_run else ''}"
+    title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
     phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
@@ -180,9 +185,9 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
                ("skipped", "right"), ("failed", "right"), ("tasks", "left"), ("started (UTC)", "left"),
                ("finished (UTC)", "left")]
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
-             o["status"] + (f" (no live worker since {o['no_live_worker_since']:%H:%M:%S})" if o.get("no_live_worker_since")
+             (DRY_RUN_MARK if o["dry_run"] else "") + o["status"] + (f" (no live worker since {o['no_live_worker_since']:%H:%M:%S})" if o.get("no_live_worker_since")
                             else f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
-             + (" (dry run)" if o["dry_run"] else "") + (" (sync)" if o["mode"] == "sync" else ""),
+             + (" (sync)" if o["mode"] == "sync" else ""),
              o["phase"], str(o.get("skipped", 0)), str(o.get("failed", 0)),
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))

@@ -303,6 +303,10 @@ def test_a_dry_run_says_would_import(db_url, run_env):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "would import" in out.stdout and "would match" in out.stdout
     assert "imported" not in out.stdout.replace("would import", "")
+    # a dry run is never listed as a plain "succeeded": its state and its percent say dry run first
+    assert "a dry run: succeeded" in out.stdout and "a dry run (nothing is written): 100% done" in out.stdout
+    overview = _migrate_in_process(["status"], run_env).stdout
+    assert "dry run:" in overview.split("dry ", 1)[1].split("\n", 1)[0], overview  # on the tenant's own row
     from migration_pipeline.cli.output import console
     from migration_pipeline.cli.tables import print_phase_results
     from migration_pipeline.launch.results import PhaseResult
