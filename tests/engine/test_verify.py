@@ -118,6 +118,9 @@ def test_a_clean_tenant_passes_then_each_difference_is_named(db):
         assert clean.differences == 0
         # refreshed by every run, not listed; the opt-in kinds no run of the tenant took are left out
         assert [k.kind for k in clean.kinds if not k.checked and not k.note.startswith("left out")] == ["fields"]
+        # why, in a user's words: it had said "not checked (the pipedrive provider has no id listing for 'fields')"
+        (fields_line,) = [ln for ln in clean.lines() if ln.startswith("fields: ")]
+        assert "every run and sync reads the source's whole field lists again" in fields_line, fields_line
         assert {"persons", "deals", "leads", "notes", "emails"} <= set(_by_kind(clean))
         # the cost beside the result is what the source charged for the listings
         assert (clean.requests, clean.tokens) == (charged["requests_total"], charged["tokens_total"])
