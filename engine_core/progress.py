@@ -16,6 +16,7 @@ Units: seconds, rows, requests; rates per second over the last interval. No Dags
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -401,7 +402,8 @@ def status_line(progress: dict[str, Any], stale_after: float | None = None) -> s
     daemon, status had said "running ... ETA" as if all were well)."""
     if progress.get("percent") is None:
         return ""
-    text = f"{progress['percent']:.0f}% done"
+    # whole percents rounded down: a live run at 99.6% had read "100% done, ETA 0s" through its catch-up
+    text = f"{math.floor(progress['percent'])}% done"
     idle = progress.get("idle_seconds")
     if stale_after is not None and idle is not None and idle > stale_after:
         text += (f"; nothing has worked on it for {format_seconds(idle)}: no worker is draining it (a stopped "

@@ -100,6 +100,8 @@ def test_status_gets_a_percent_and_an_eta_and_the_board_draws_a_bar_per_phase(db
     assert mid["phases"][0]["percent"] == 50.0 and mid["percent"] == 10.0
     assert 500 <= mid["eta_seconds"] <= 560  # 60 s for 10%: about 540 s to go
     assert mid["idle_seconds"] < 60 and "ETA" in status_line(mid, stale_after=120)
+    # a live run at 99.6% is not "100% done" (a small run's catch-up had shown "100% done, ETA 0s")
+    assert status_line({**mid, "percent": 99.6, "phases": []}).startswith("99% done, ETA")
 
     # nothing has touched the run for 10 minutes (its command was killed, no daemon): no ETA, said so
     db.sql("UPDATE migrations SET heartbeat_at = now() - interval '10 minutes' WHERE id = %(r)s", {"r": run.id})
