@@ -2,7 +2,7 @@
 own window in that same run (no engine-direct variant to compare with, so the machine's load falls
 on both figures alike).
 
-    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none] [--against DIR]
+    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none] [--against DIR] [--kinds K,..]
 
 Each rep migrates a new tenant of one sandbox account through `migrate run --json` (as a user runs
 it, no UI alive: the run executes in the command's process; bench/dagster_overhead.py's `cli_env`)
@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--latency", default="none", help="the sandbox's latency: none, realistic, realistic:<f>")
     parser.add_argument("--against", default=None, help="another checkout's directory, run interleaved")
+    parser.add_argument("--kinds", default=None, help="migrate only these kinds (`--kinds users`: a run that is "
+                                                     "nearly all launch and tail, many rounds in little time)")
     args = parser.parse_args(argv)
     variants = {"this": {}}
     if args.against:
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.reps):
                 rounds.append({})
                 for v in names[r % len(names):] + names[:r % len(names)]:
-                    parts = one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **variants[v]))
+                    parts = one_run(cli_env(dbs.new(), storage_url, homes[v], sb, **variants[v]), args.kinds)
                     if not parts:
                         failed += 1
                         continue

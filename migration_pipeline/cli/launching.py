@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +32,8 @@ from migration_pipeline.cli.output import again_line, console, emit, fail, open_
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
-from migration_pipeline import tags
+from migration_pipeline import stack, tags
+from migration_pipeline.alembic_later import storage_modules
 from migration_pipeline.instance import dagster_env, get_instance
 from migration_pipeline.launch.checks import (LaunchError, check_launch, check_tenant, check_tenant_source,
                                               new_run_config, unlinked_kinds)
@@ -134,18 +137,17 @@ def signal_name(signo: int) -> str:
     return signal.Signals(signo).name
 
 
-def check_not_migrated(tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
+def check_not_migrated(db: dbmod.Database, tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
     """Before `migrate run` launches a new full run: a tenant whose succeeded full runs already took
     what the launch asks for (`runs.migrated_by`: their kinds together, not a dry run unless this
     one is) is refused in one line (exit 2, nothing launched) naming the latest such run ("with the
     runs before it" when it alone did not take them all) and saying what to do - the engine's attach
     policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
     provider = provider_for(source)
-    with open_db() as db:
-        migrated_by = runs.migrated_by(db, tenant, provider, {"kinds": kinds, "dry_run": dry_run})
-        if migrated_by is None:
-            return
-        latest = runs.latest_run(db, tenant, source)
+    migrated_by = runs.migrated_by(db, tenant, provider, {"kinds": kinds, "dry_run": dry_run})
+    if migrated_by is None:
+        return
+    latest = runs.latest_run(db, tenant, source)
     wanted = {k for group in runs.run_plan(provider, kinds) for k in group}
     before = "" if wanted <= set(migrated_by.kinds) else " with the runs before it"
     synced = f" and synced by {latest.name}" if latest.mode == "sync" else ""
@@ -279,6 +281,44 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+class DagsterAhead:
+    """Dagster's modules for a launch (`MODULES`: the jobs, the launch modules, the definitions as
+    MIGRATE_SOURCE names them, Dagster's storage modules with alembic deferred) imported on a
+    thread of their own, started where a launch's checks begin: those wait on the engine database
+    (connections, the schema check, the tenant's runs) and the source (the token's request) while
+    the imports, ~1 s of CPU, hold the interpreter. The caller imports the same modules after
+    `join()`, which finds them loaded; an import that failed here is left out of sys.modules
+    (Python's rule) and fails again there, on the caller's thread, with its real error.
+
+    Start it once the environment the definitions read is final (MIGRATE_SOURCE, the overrides):
+    the definitions module is built from it at import."""
+
+    MODULES = ("migration_pipeline.jobs", "migration_pipeline.launch.daemon", "migration_pipeline.launch.in_process",
+               "migration_pipeline.launch.place", "migration_pipeline.launch.results", stack.DEFS_MODULE)
+
+    def __init__(self) -> None:
+        self.thread = threading.Thread(target=self._load, name="migrate-dagster-ahead", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        try:
+            for name in self.MODULES:
+                importlib.import_module(name)
+            storage_modules()
+        except BaseException:  # noqa: BLE001 - raised again by the caller's own import (class docstring)
+            pass
+
+    def join(self) -> None:
+        """Wait until the modules are imported (or their import failed)."""
+        self.thread.join()
+
+    @staticmethod
+    def tenant_job() -> str:
+        """The tenant job's name (`jobs.TENANT_JOB`): the jobs module as the thread loads it (Python's
+        module lock waits for that module alone), at once when the caller named a job from it."""
+        return importlib.import_module("migration_pipeline.jobs").TENANT_JOB
+
+
 def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: bool,
                            env_overrides: dict[str, str] | None = None, timeout: float | None = None,
                            job: str | None = None, outcome: dict[str, Any] | None = None,
@@ -295,39 +335,40 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     launches twice, `demo --live`, prints them once at its end; `outcome` then carries "ui", the UI's
     address or None)."""
     with before_launch(), collector_paused():  # on again, with what was built frozen, before the run starts
-        # Dagster (~2 s of imports), paused collector: only a launch needs it
+        check_tenant(tenant)
+        os.environ.update(env_overrides or {})
+        os.environ["MIGRATE_SOURCE"] = source
+        ahead = DagsterAhead()  # Dagster's modules load while the checks below wait on the database and the source
+        settings = check_environment()
+        new_cfg = run_config["resources"]["new_run"]["config"]
+        check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
+        tenant_job = job is None or job == ahead.tenant_job()
+        taken_over = False
+        with open_db() as db:
+            check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
+            if tenant_job and not new_run:
+                check_not_migrated(db, tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
+            if tenant_job:
+                note = ignored_on_relaunch(db, tenant, source, new_cfg)
+                if note:
+                    click.echo(note, err=True)
+                    taken_over = "this launch takes over" in note
+                if not note and new_cfg.get("kinds"):  # a new run of chosen kinds: are their parents there?
+                    lonely = unlinked_kinds(provider_for(source), new_cfg.get("kinds"),
+                                            ledger_reads.ledger_kinds(db, tenant))
+                    if lonely:
+                        click.echo(lonely, err=True)
+        queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
+        env = dagster_env()
+        ahead.join()
+        # Dagster (~2 s of imports, loaded by `ahead` by now), paused collector: only a launch needs it
         from migration_pipeline.jobs import TENANT_JOB
         from migration_pipeline.launch.daemon import daemon_for_duration, daemon_liveness
         from migration_pipeline.launch.in_process import run_in_process
         from migration_pipeline.launch.place import add_tenant, place_tenant_run, undo_failed_launch, wait_for_run
         from migration_pipeline.launch.results import phase_results, run_failure_message, wait_tenant_quiet
 
-        check_tenant(tenant)
-        os.environ.update(env_overrides or {})
-        os.environ["MIGRATE_SOURCE"] = source
-        settings = check_environment()
         here_allowed = run_in_process()
-        new_cfg = run_config["resources"]["new_run"]["config"]
-        check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
-        with open_db() as db:
-            check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
-        if (job or TENANT_JOB) == TENANT_JOB and not new_run:
-            check_not_migrated(tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
-        taken_over = False
-        if (job or TENANT_JOB) == TENANT_JOB:
-            with open_db() as db:
-                note = ignored_on_relaunch(db, tenant, source, new_cfg)
-            if note:
-                click.echo(note, err=True)
-                taken_over = "this launch takes over" in note
-            if not note and new_cfg.get("kinds"):  # a new run of chosen kinds: are their parents there?
-                with open_db() as db:
-                    lonely = unlinked_kinds(provider_for(source), new_cfg.get("kinds"),
-                                            ledger_reads.ledger_kinds(db, tenant))
-                if lonely:
-                    click.echo(lonely, err=True)
-        queue_timeout = number("MIGRATE_QUEUE_TIMEOUT_SECONDS")
-        env = dagster_env()
         instance = get_instance()
     home = Path(env["DAGSTER_HOME"])
     progress = Progress(as_json, instance)
@@ -370,7 +411,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 progress.close()  # the bars stop before the results are printed
                 results = phase_results(instance, run_id, asset_order(source))
                 engine_id = dagster_run.tags.get("migration/run_id")
-                with open_db() as db:
+                with dbmod.connect(max_size=2, apply=False) as db:  # the checks' open_db applied the schema
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
                     cost = runs_reads.run_cost(db, int(engine_id)) if engine_id else None
                     bad = ledger_reads.bad_row_counts(db, tenant)
