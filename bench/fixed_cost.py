@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--latency", default="none", help="the sandbox's latency: none, realistic, realistic:<f>")
     parser.add_argument("--against", default=None, help="another checkout's directory, run interleaved")
-    parser.add_argument("--kinds", default=None, help="migrate only these kinds (`--kinds users`: a run that is "
-                                                     "nearly all launch and tail, many rounds in little time)")
+    parser.add_argument("--kinds", default=None, help="migrate only these kinds (`--kinds users`: a short run for the "
+                                                     "launch; its tail then holds the unplanned phases' steps)")
     args = parser.parse_args(argv)
     variants = {"this": {}}
     if args.against:
