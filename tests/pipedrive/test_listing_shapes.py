@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine_core import rollup
 from engine_core.providers.pipedrive import stripes
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse
@@ -49,7 +50,7 @@ def needs(*shapes: str) -> pytest.MarkDecorator:
 def walk(client: PipedriveClient, kind: str) -> tuple[list[Any], set[str], int]:
     """Every task of a kind from its seeds, each key once (the engine's find-or-create): the ids
     the tasks would write (in order, duplicates kept), the task keys, and rows left to the spans."""
-    queue = deque(stripes.v1_seeds(kind, page=page_of(kind)) if kind in stripes.V1_PATHS else stripes.v2_seeds(kind))
+    queue = deque(stripes.v1_first(kind) if kind in stripes.V1_PATHS else stripes.v2_seeds(kind))
     keys: set[str] = set()
     written: list[Any] = []
     passed = 0
@@ -91,8 +92,10 @@ class V1Server:
         return ok(served or None, additional_data={"pagination": pagination})
 
 
+@pytest.mark.parametrize("walked", [1, 8], ids=["striped-from-page-2", "one-walker-for-8-pages"])
 @pytest.mark.parametrize(("n", "cap"), [(40, 15), (2100, 100), (1234, 7), (3001, 499), (600, 500)])
-def test_v1_stripes_read_every_row_once_from_a_server_that_caps_limit(n: int, cap: int) -> None:
+def test_v1_stripes_read_every_row_once_from_a_server_that_caps_limit(n: int, cap: int, walked: int, monkeypatch) -> None:
+    monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", walked)
     server = V1Server(n, cap)
     client, _ = make_client(Script([server]))
     written, _, _ = walk(client, "notes")
@@ -100,12 +103,21 @@ def test_v1_stripes_read_every_row_once_from_a_server_that_caps_limit(n: int, ca
     assert len(written) == len(set(written)), "a row read twice: a sub-page read past its span"
 
 
-def test_page_arithmetic_costs_nothing_extra_when_the_server_serves_full_pages() -> None:
+def test_page_arithmetic_costs_nothing_extra_when_the_server_serves_full_pages(monkeypatch) -> None:
+    monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", 8)
     server = V1Server(2100, 500)
     client, _ = make_client(Script([server]))
     written, _, _ = walk(client, "notes")
     assert sorted(written) == list(range(1, 2101))
-    # the four stripes' spans, then one past-the-end page per stripe that had a full page
+    # a list of five pages: one walker, one call a page, nothing past the end
+    assert sorted(server.starts) == [0, 500, 1000, 1500, 2000]
+    # striped from two pages on: the walker's two spans, the four stripes' spans, and one
+    # past-the-end page for each of the three stripes that do not hold the last row
+    monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", 2)
+    server = V1Server(2100, 500)
+    client, _ = make_client(Script([server]))
+    written, _, _ = walk(client, "notes")
+    assert sorted(written) == list(range(1, 2101))
     assert sorted(server.starts) == [0, 500, 1000, 1500, 2000, 2500, 3000, 3500]
 
 
@@ -146,7 +158,8 @@ class V2Server:
 @pytest.mark.parametrize("nulls_first", [False, True], ids=["nulls-last-asc", "nulls-first-asc"])
 @pytest.mark.parametrize("empty_first", [False, True], ids=["rows", "empty-first-pages"])
 @pytest.mark.parametrize("cap", [500, 3])
-def test_v2_stripes_union_is_the_unfiltered_list(nulls_first: bool, empty_first: bool, cap: int) -> None:
+def test_v2_stripes_union_is_the_unfiltered_list(nulls_first: bool, empty_first: bool, cap: int, monkeypatch) -> None:
+    monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", 0)  # a list longer than its first page is striped
     nulls = {2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 200}  # more than a probe's first page
     server = V2Server(300, nulls, cap=cap, empty_first=empty_first, nulls_first=nulls_first)
     client, _ = make_client(Script([server]))
@@ -287,16 +300,32 @@ def test_source_total_reads_the_summary_count() -> None:
             source_total(client, "/v1/deals/summary")
 
 
-def test_deal_discovery_records_the_source_total(db) -> None:
-    with sandbox() as sb:
+@pytest.mark.parametrize("shape", ["whole", "walked", "striped"])
+def test_deal_discovery_records_the_source_total(db, monkeypatch, shape: str) -> None:
+    """A deal list's count, for the rollup: the discovery's first page when it held the list; the
+    one walker's pages, counted, when it walks a list of a few pages (no summary asked); the deals
+    summary when the list is striped (its independent check of the spans)."""
+    if shape != "whole":
+        monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", 1000 if shape == "walked" else 0)
+    with sandbox(**({} if shape == "whole" else {"page_cap": 20})) as sb:
         with PipedriveClient(sb.base_url, TOKEN) as client:
             if source_total(client, "/v1/deals/summary") is None:
                 pytest.skip("the sandbox does not serve /v1/deals/summary yet (sandbox_shapes.md: 'Also served')")
         truth = sb.truth()
+        sb.reset_stats()
         run = migrate(db, sb, TENANT, kinds=["users", "organizations", "persons", "deals", "deals_archived"])
+        asked = sb.stats()["requests"]
     assert run.status == "succeeded", failed_tasks(db, run.id)
-    rows = db.sql("SELECT kind, stats FROM migration_tasks WHERE migration_id = %(r)s AND cursor_key LIKE '%%:discover'", {"r": run.id})
-    totals = {r["kind"]: r["stats"].get("source_total") for r in rows}
-    assert totals["deals"] == len(truth["ids"]["deals"]) and totals["deals_archived"] == len(truth["ids"]["deals_archived"])
-    assert isinstance(totals["deals"], int) and totals["deals"] > 0
-    assert totals.get("organizations") is None and totals.get("persons") is None  # no count the API gives
+    rows = db.sql("SELECT kind, stats FROM migration_tasks WHERE migration_id = %(r)s AND kind LIKE 'deals%%'", {"r": run.id})
+    totals: dict[str, int] = {}
+    for r in rows:
+        if r["stats"].get("source_total") is not None:
+            assert r["kind"] not in totals, f"two tasks of {r['kind']} recorded a count"
+            totals[r["kind"]] = r["stats"]["source_total"]
+    assert totals["deals"] == len(truth["ids"]["deals"]) and totals["deals"] > 0
+    assert ("/v1/deals/summary" in asked) == (shape == "striped"), asked
+    if shape != "striped":  # archived deals have no summary that is not deprecated: counted when walked whole
+        assert totals["deals_archived"] == len(truth["ids"]["deals_archived"])
+    assert not {"organizations", "persons"} & set(totals)  # no count the API gives
+    by_kind = {k.kind: k for k in rollup.rollup(db, run.id).kinds}
+    assert by_kind["deals"].source_count_met() is True, by_kind["deals"]

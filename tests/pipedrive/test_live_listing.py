@@ -98,9 +98,9 @@ def test_a_row_updated_into_a_span_already_walked_is_not_lost(db, monkeypatch) -
     """Span drift: the last `update_time` span is walked, then a person of the first span is
     updated (its time moves past the snapshot, i.e. out of the first span), then the first span is
     walked: only the catch-up can bring it."""
-    from engine_core.providers.pipedrive import listing
+    from engine_core.providers.pipedrive import stripes
 
-    monkeypatch.setattr(listing, "STRIPE_MIN_ROWS", 0)  # tiny's persons striped, as a large list is
+    monkeypatch.setattr(stripes, "STRIPE_MIN_PAGES", 0)  # tiny's persons striped, as a large list is
     with sandbox(page_cap=25) as sb:  # a list longer than a page: its discovery stripes it
         run = start(db, sb, TENANT, kinds=["organizations", "persons"])
         Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=0)

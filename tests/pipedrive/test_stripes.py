@@ -17,15 +17,16 @@ from engine_core.providers.pipedrive.provider import PipedriveProvider
 
 
 def test_v1_kinds_stripe_by_page_arithmetic() -> None:
-    seeds = stripes.v1_seeds("notes")
-    assert [(s.cursor_key, s.cursor) for s in seeds] == [(f"notes:{n}", {"start": n}) for n in (0, 500, 1000, 1500)]
-    nxt = stripes.v1_next("notes", 1000)
-    assert (nxt.cursor_key, nxt.cursor) == ("notes:3000", {"start": 3000})
+    seeds = stripes.v1_seeds("notes", walked=2)
+    assert [(s.cursor_key, s.cursor) for s in seeds] == [(f"notes:{n}", {"start": n}) for n in (1000, 1500, 2000, 2500)]
+    nxt = stripes.v1_next("notes", 1000, walked=2)
+    assert [(s.cursor_key, s.cursor) for s in nxt] == [("notes:3000", {"start": 3000})]
 
 
 def _after(cursor, more, next_start):
-    s = stripes.v1_after("notes", cursor, more=more, next_start=next_start)
-    return None if s is None else (s.cursor_key, s.cursor)
+    s = stripes.v1_after("notes", cursor, more=more, next_start=next_start, walked=1)
+    assert len(s) <= 1 or cursor["start"] < 500, s  # a striped span hands on to one span at most
+    return None if not s else (s[0].cursor_key, s[0].cursor)
 
 
 def test_v1_hand_on_is_decided_by_the_api_fields() -> None:
@@ -58,10 +59,10 @@ def test_v1_cursors_that_cannot_be_are_refused_by_name() -> None:
 
 
 def test_v1_sub_page_keys_never_collide_with_span_keys() -> None:
-    spans = {s.cursor_key for s in stripes.v1_seeds("notes")} | {stripes.v1_next("notes", n).cursor_key for n in range(0, 2000, 500)}
-    subs = {stripes.v1_after("notes", {"start": n - n % 500, "span": n - n % 500}, more=True, next_start=n + 1).cursor_key
-            for n in range(0, 4000, 7) if (n + 1) % 500}
-    assert not spans & subs
+    spans = {"notes:0"} | {s.cursor_key for n in range(0, 8000, 500) for s in stripes.v1_next("notes", n)}
+    subs = {k.cursor_key for n in range(0, 8000, 7) if (n + 1) % 500
+            for k in stripes.v1_after("notes", {"start": n - n % 500, "span": n - n % 500}, more=True, next_start=n + 1)}
+    assert len(spans) == 8000 // 500 + 4 and not spans & subs
 
 
 def _covers(spans, moment: datetime) -> int:
@@ -131,16 +132,38 @@ def test_the_provider_seeds_every_kind_without_io() -> None:
     assert [s.cursor_key for s in provider.seed_cursors(run, "catchup")], "the catch-up seeds its tasks"
 
 
-def test_a_v1_list_seeds_its_other_stripes_only_as_it_proves_long() -> None:
-    """Span 0's first page seeds span 1 only; span 1's first page the other stripes and stripe 0's
-    next span; a list that ends within two pages asks two (no empty pages of idle stripes)."""
-    def keys(cursor, more, next_start):
-        return [s.cursor_key for s in stripes.v1_successors("notes", cursor, more=more, next_start=next_start)]
+def test_a_v1_list_is_one_walker_until_it_proves_long_then_four_stripes() -> None:
+    """The first STRIPE_MIN_PAGES spans are one walker's, span after span; the last of them, when
+    the API says more, seeds the four stripes' first spans, each of which hands on span + 4 x 500.
+    A list that ends within those pages asks one call a page (no empty pages of idle stripes)."""
+    def keys(cursor, more, next_start, walked=4):
+        return [s.cursor_key for s in stripes.v1_successors("notes", cursor, more=more, next_start=next_start, walked=walked)]
 
     assert keys({"start": 0}, True, 500) == ["notes:500"]
     assert keys({"start": 500}, False, None) == []
-    assert keys({"start": 500}, True, 1000) == ["notes:1000", "notes:1500", "notes:2000", "notes:2500"]
-    assert keys({"start": 1000}, True, 1500) == ["notes:3000"]
-    # a capped server's sub-pages: span 0 goes on inside itself, its end hands on to nothing
-    assert keys({"start": 0}, True, 15) == ["notes:500", "notes:15"]
-    assert keys({"start": 485, "span": 0}, True, 500) == []
+    assert keys({"start": 1000}, True, 1500) == ["notes:1500"]
+    assert keys({"start": 1500}, True, 2000) == ["notes:2000", "notes:2500", "notes:3000", "notes:3500"]
+    assert keys({"start": 2500}, True, 3000) == ["notes:4500"]
+    # a capped server's sub-pages: the walker goes on inside its span, the span's end hands on
+    assert keys({"start": 0}, True, 15) == ["notes:15"]
+    assert keys({"start": 485, "span": 0}, True, 500) == ["notes:500"]
+    assert keys({"start": 1985, "span": 1500}, True, 2000) == ["notes:2000", "notes:2500", "notes:3000", "notes:3500"]
+    # the default is the module's rule
+    assert keys({"start": 0}, True, 500, None) == ["notes:500"]
+
+
+def test_every_offset_of_a_v1_list_is_asked_once_and_only_three_empty_pages_past_its_end() -> None:
+    """Walking the successors of a list of n pages (the API says more while start + 500 < rows):
+    every span up to the end is asked exactly once, and a striped list asks three spans past it."""
+    for walked in (1, 2, 4):
+        for rows in (1, 499, 500, 501, 1999, 2000, 2001, 4000, 4001, 7777):
+            asked, queue = [], [0]
+            while queue:
+                start = queue.pop()
+                asked.append(start)
+                more = start + 500 < rows
+                queue += [s.cursor["start"] for s in stripes.v1_successors(
+                    "notes", {"start": start}, more=more, next_start=start + 500 if more else None, walked=walked)]
+            n = max(1, -(-rows // 500))
+            assert sorted(a for a in asked if a < rows or a == 0) == [i * 500 for i in range(n)], (walked, rows)
+            assert len(asked) == len(set(asked)) == (n if n <= walked else n + 3), (walked, rows, sorted(asked))

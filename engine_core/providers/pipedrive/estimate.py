@@ -13,11 +13,11 @@ walked with `email_messages_count` (deals with mail and their messages, exact; o
 is planned). Opt-in kinds (participants, followers, deal history, file contents): one call per
 record they fan out over, from the counts above.
 
-The engine's requests per kind, from those counts (`stripes.STRIPE_MIN_ROWS`): a list
-its first page holds, 1; a v2 list below STRIPE_MIN_ROWS, one call per 500 rows; a striped one,
-two probes, one call per 500 rows and a partial page per stripe (4); a v1 list of two pages, two
-calls, a longer one one call per 500 rows and the three stripes' empty last pages; the deals summary when deals do
-not fit a page; field lists 7, the company once; deal products one call per 100 deals; the
+The engine's requests per kind, from those counts (`striped`: `stripes.STRIPE_MIN_PAGES`): a
+list one walker walks (up to that many pages, v1; fewer pages' rows, v2), one call per page
+(500 rows, 100 for files); a striped v2 list two probes, one call per 500 rows and a partial page
+per stripe (4); a striped v1 list one call per page and the three stripes' empty last pages; the
+deals summary only when active deals are striped (a walked list counts itself); field lists 7, the company once; deal products one call per 100 deals; the
 catch-up one walk of every list; mail one listing per deal with mail and one body per message
 (plus the discovery's walk of both deal lists); file contents one download per file (files are
 listed 100 a call). Parent probes: one request a page per parent kind
@@ -58,7 +58,7 @@ from engine_core.providers.pipedrive.mapping import MalformedRow
 PAGE = K.PAGE
 IDS_PER_CALL = 100  # `deal_ids` / `ids` cap
 BODY_TOKENS = 2  # a mail body by id (v1 single)
-V1_EMPTY_ENDS = 3  # a v1 list of three pages or more: three of its four stripes end on an empty page
+V1_EMPTY_ENDS = 3  # a striped v1 list: three of its four stripes end on an empty page
 STRIPE_PARTIALS = 4  # a striped v2 list: each stripe ends on a partial page
 PROBES = 2  # a striped v2 list's discovery: the two probes
 BURST_WINDOW_SECONDS = 2.0
@@ -297,16 +297,21 @@ def pages(rows: int, per: int = PAGE) -> int:
     return max(1, math.ceil(rows / per))
 
 
+def striped(kind: K.Kind, rows: int) -> bool:
+    """Whether the engine stripes a list of `rows` (`stripes.STRIPE_MIN_PAGES`): a v1 list of more
+    pages than one walker walks, a v2 list (with time filters) of that many pages' rows or more."""
+    if kind.api == K.V1:
+        return pages(rows, K.page_of(kind.name)) > stripes.STRIPE_MIN_PAGES
+    return kind.striped and rows > PAGE and rows >= stripes.stripe_min_rows()
+
+
 def listing(kind: K.Kind, rows: int) -> int:
     """The requests the engine's listing of a kind makes for `rows` (module docstring)."""
-    size = K.page_of(kind.name)
-    n = pages(rows, size)
-    if rows <= size:
-        return 1
-    if kind.api == K.V1:
-        return n if n == 2 else n + V1_EMPTY_ENDS  # two pages: span 1 ends it before the others start
-    if not kind.striped or rows < stripes.STRIPE_MIN_ROWS:
+    n = pages(rows, K.page_of(kind.name))
+    if not striped(kind, rows):
         return n
+    if kind.api == K.V1:
+        return n + V1_EMPTY_ENDS
     return PROBES + n + STRIPE_PARTIALS
 
 
@@ -425,7 +430,7 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
             n, exact = rows[k.name]
             req = listing(k, n)
             tok = req * k.cost
-            if k.name in K.SUMMARY_PATHS and n > PAGE:
+            if k.name in K.SUMMARY_PATHS and striped(k, n):
                 req, tok = req + 1, tok + K.TOKEN_COSTS[K.SUMMARY_PATHS[k.name]]
             preq, ptok = probe_cost(k, n, samples[k.name], missing, asked, planned)
             costs[k.name] = KindCost(k.name, n, exact, req + preq, tok + ptok,

@@ -13,7 +13,7 @@ from engine_core.models import Run, Successor
 from engine_core.providers.pipedrive import kinds, stripes
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import BadResponse, NotFound
-from engine_core.providers.pipedrive.stripes import STRIPE_MIN_ROWS, estimate_rows, first_time as _first_time
+from engine_core.providers.pipedrive.stripes import estimate_rows, first_time as _first_time
 
 PROBE_LIMIT = 5  # a probe wants one row with a time; a few in case the first have none
 
@@ -40,7 +40,7 @@ class Discovery:
     when no row has one), whether the list has any row, whether a probe met a row whose
     `update_time` is null, the requests made, `whole`: the number of rows when the first probe's
     page (sorted, `PAGE` rows) held the whole list (None when it went on), and `walk`: the list is
-    too short to stripe, one walker goes on from that page (`STRIPE_MIN_ROWS`)."""
+    too short to stripe, one walker goes on from that page (`stripes.STRIPE_MIN_PAGES`)."""
 
     oldest: datetime | None
     newest: datetime | None
@@ -88,7 +88,7 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Map
     The ascending probe asks a whole page (`PAGE` rows: a list call costs the same tokens at any
     limit), held for a walker that asks the same (`stripes.v2_whole_seed`). When that page is the
     list's last, it is the whole list: `whole` is its row count. When the list is estimated below
-    `STRIPE_MIN_ROWS` (`estimate_rows`, up to `bounds`' `updated_until` or now), `walk`: one walker
+    `stripes.stripe_min_rows()` (`estimate_rows`, up to `bounds`' `updated_until` or now), `walk`: one walker
     goes on from that page. Either way no descending probe is made; else the page is dropped and
     the descending probe finds the newest update for the stripes."""
     probe_bounds = {k: v for k, v in (bounds or {}).items() if k == "updated_since"}
@@ -102,7 +102,7 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Map
         until = (bounds or {}).get("updated_until")
         upto = datetime.fromisoformat(until.replace("Z", "+00:00")) if until else datetime.now(timezone.utc)
         estimate = estimate_rows(first.rows, oldest, upto)
-        if estimate is not None and estimate < STRIPE_MIN_ROWS:
+        if estimate is not None and estimate < stripes.stripe_min_rows():
             return Discovery(oldest, None, rows=True, nulls=nulls_a, requests=1, walk=True)
     client.forget_v2(path, asked, limit=stripes.PAGE)
     req_a = 1
@@ -118,13 +118,14 @@ def discover(client: PipedriveClient, path: str, cancel: Any = None, bounds: Map
 def discovery_seeds(kind: str, found: Discovery, lower: str | None = None, upper: str | None = None) -> list[Successor]:
     """The walkers a discovery seeds: none for a list empty to its end; one walker in the
     discovery's order from its first page for a list that page held or that is too short to
-    stripe (`Discovery.whole`, `.walk`); else one per span (held inside the run's bounds,
+    stripe (`Discovery.whole`, `.walk`; counting the list's rows for a kind whose count the run
+    compares, `kinds.COUNTED`, when the first page did not hold it); else one per span (held inside the run's bounds,
     `stripes.bounded_spans`) and the null walker when a probe met a null-time row and the run is
     not a sync (`stripes.v2_stripe_seeds`)."""
     if not found.rows:
         return []
     if found.whole is not None or found.walk:
-        return [stripes.v2_whole_seed(kind, lower, upper)]
+        return [stripes.v2_whole_seed(kind, lower, upper, count=found.walk and kind in kinds.COUNTED)]
     spans = stripes.bounded_spans(found.spans, lower, upper) if (lower or upper) else found.spans
     return stripes.v2_stripe_seeds(kind, spans, nulls=found.nulls and lower is None)
 
@@ -132,11 +133,14 @@ def discovery_seeds(kind: str, found: Discovery, lower: str | None = None, upper
 @dataclass(frozen=True)
 class Listed:
     """One listing task's page, decided but not written: the rows the task writes, how many rows it
-    listed but leaves to other walkers (the null walker's timed rows), and the task it hands on to."""
+    listed but leaves to other walkers (the null walker's timed rows), the task it hands on to,
+    and `total`: on a counting walker's last page (`stripes.v2_whole_seed`), the rows the whole
+    list held (None elsewhere)."""
 
     rows: tuple[dict[str, Any], ...]
     passed: int
     successors: tuple[Successor, ...]
+    total: int | None = None
 
 
 # Pages of a v2 walk asked ahead of the task that walks it: each page asked ahead asks its successor
@@ -187,7 +191,7 @@ def _on_arrival(client: Any, kind: str, cursor: dict[str, Any], depth: int, arri
         else:
             nxt = extra.get("next_cursor")
             more = isinstance(nxt, str) and bool(nxt) and nxt != cursor.get("cursor")
-            successors = (stripes.v2_next(kind, cursor, nxt),) if more else ()
+            successors = (stripes.v2_next(kind, cursor, nxt, len(body.get("data") or ())),) if more else ()
         if depth >= 1 and successors:
             ask_ahead(client, kind, successors, depth, arrived, once=True)
         rows = body.get("data")
@@ -238,8 +242,8 @@ def ask_next_phase(client: Any, run: Run, phase: int, seeds_of: Callable[[Run, s
 
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
-    (`stripes.v1_successors`), never by the number of rows that came back; the list's first spans
-    seed the other stripes as it proves long (`stripes.v1_fan_out`). Pages are the kind's
+    (`stripes.v1_successors`), never by the number of rows that came back; one walker walks the
+    list's first spans and seeds the stripes as it proves long (`stripes.v1_next`). Pages are the kind's
     `page_size` (`kinds.page_of`)."""
     size = kinds.page_of(kind)
     start, _ = stripes.v1_span(cursor, size)
@@ -249,9 +253,11 @@ def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], can
 
 def list_v2_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v2 walker's page; a page with no rows and a `next_cursor` is not the end. The null walker
-    lists the whole collection and keeps only its null-time rows (the rest are the spans')."""
+    lists the whole collection and keeps only its null-time rows (the rest are the spans'). A
+    counting walker's last page gives the list's count (`Listed.total`)."""
     page = client.list_v2(stripes.V2_PATHS[kind], stripes.v2_params(cursor), cursor=cursor.get("cursor"), limit=stripes.PAGE, cancel=cancel)
     rows = kept_rows(cursor, page.rows)
-    successors = (stripes.v2_next(kind, cursor, page.next_cursor),) if page.more and page.next_cursor else ()
-    return Listed(rows, len(page.rows) - len(rows), successors)
+    successors = (stripes.v2_next(kind, cursor, page.next_cursor, len(page.rows)),) if page.more and page.next_cursor else ()
+    total = int(cursor["count"]) + len(page.rows) if "count" in cursor and not successors else None
+    return Listed(rows, len(page.rows) - len(rows), successors, total)
 

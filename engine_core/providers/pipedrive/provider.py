@@ -10,18 +10,18 @@ Tasks and cursors (details in `stripes.py`):
 * `fields` - one task a run (`fields:all`): every field definition, stored in
   crm.custom_field_definitions so the product can show custom values by name and option label;
   the other tasks read them from there once per run.
-* v1 kinds (users, leads, leads_archived, notes) - offset pages striped by page arithmetic: four
-  stripes own spans of 500 from 0, 500, 1000, 1500 (500 seeded by the first page when the API
-  says there is more, the others by span 500's first page); a page that reaches its span's end creates
-  span + 4 x 500, a shorter page the API says is not the last goes on at its `next_start`.
+* v1 kinds (users, leads, leads_archived, notes, files) - offset pages: one walker walks the
+  first `STRIPE_MIN_PAGES` spans (500 rows; files 100) span after span while the API says more,
+  then four stripes own the spans after by page arithmetic (each hands on span + 4 x 500); a
+  shorter page the API says is not the last goes on at its `next_start`.
 * v2 kinds (organizations, persons, deals, deals_archived, activities) - cursor pages striped by
   ranges of `update_time`: a discovery task finds the oldest and newest update (walking past
   empty pages) and seeds four walkers over four equal spans (the first and last open-ended), plus
   one over the unfiltered list for rows whose `update_time` is null when there are any; each
-  creates its next page - a list of fewer than `STRIPE_MIN_ROWS` rows has one walker instead, from
-  the discovery's own first page (`discover`). The deal lists' discovery records the source's own
-  count (`source_total`: the rows of a list its first page held, else `/v1/deals/summary`) in its
-  task stats.
+  creates its next page - a list estimated below `STRIPE_MIN_PAGES` pages has one walker instead,
+  from the discovery's own first page (`discover`). The deal lists record the source's own count
+  (`source_total`: the rows of a list one walker walks, counted by it; `/v1/deals/summary` for a
+  striped list) in their task stats.
   Pipelines and stages (short v2 lists without time filters) have one walker each; a deal links to
   its pipeline and stage when they are here.
 * `emails` - discovery walks the deal lists and seeds tasks of ten deals with mail; each task
@@ -496,10 +496,12 @@ class PipedriveProvider:
     def _v2_discover(self, ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
         """Probe both ends of `update_time` (`discover`), cut four spans, seed their walkers and,
         when null-time rows exist, their walker - or, when the first probe's page held the whole
-        list, seed one walker that takes that page. Deal lists also record the source's own
-        count (`source_total`) for the rollup to compare at phase close: the rows of a list that
-        fit the first page, else the deals summary where there is one (archived deals have none
-        but a deprecated one, 80 tokens: their count is only known when it fit a page)."""
+        list or the list is too short to stripe, seed one walker that takes that page. Deal lists
+        also record the source's own count (`source_total`) for the rollup to compare at phase
+        close: the rows of a list that fit the first page; for a list one walker walks, its last
+        page records the rows the walk listed (`listing.Listed.total`); only a striped list asks the
+        deals summary (40 tokens), whose count is the spans' independent check. Archived deals
+        have no summary but a deprecated one (80 tokens): a striped archive list goes uncounted."""
         kind = ctx.task.kind
         cursor = ctx.task.cursor
         lower, upper = cursor.get("since"), cursor.get("until")
@@ -513,7 +515,7 @@ class PipedriveProvider:
         summary = SUMMARY_PATHS.get(kind)
         if kind in COUNTED and found.whole is not None:
             ctx.stats.values["source_total"] = found.whole  # set, not added: a retried discovery asks again
-        elif kind in COUNTED and summary is not None:
+        elif kind in COUNTED and summary is not None and not found.walk:
             total = source_total(client, summary, ctx.cancel)
             if total is None:
                 ctx.log.note("warning", kind, f"the source does not answer {summary}: no source count to compare with")
@@ -531,6 +533,8 @@ class PipedriveProvider:
         ahead.walk(client, listed.successors)
         writers.write_listed_page(ctx, listed.rows, self._mapper(ctx), client)
         ahead.count()
+        if listed.total is not None:
+            ctx.stats.values["source_total"] = listed.total  # the counting walker's last page: set, not added
         if listed.passed:
             # counted after the page is written, so a page retried after a crash counts once; a
             # whole-list walker's rows updated after the snapshot are the catch-up's

@@ -5,27 +5,40 @@ The rule every walk obeys: the API's own pagination fields decide whether there 
 decide who walks which part; they never end a walk the API says goes on. A page shorter than asked
 (a server capping `limit`), or with no rows at all, is not the end while those fields say more.
 
-Stripe only a list large enough to gain, decided by the first pages asked anyway. A v1 list starts
-with span 0 alone; when that page says there is more it seeds span 1 (500), and only when span 1
-says more does it seed the other stripes (`v1_first`, `v1_fan_out`, `v1_successors`): a list of
-two pages costs two calls, not five (three stripes' empty pages). A v2 discovery's ascending probe asks a whole page (`listing.discover`):
-when that page is the list's last it is the whole list, and when the list is estimated below
-`STRIPE_MIN_ROWS` rows from that page's pace, it is too short to stripe; either way one
-walker (`v2_whole_seed`) takes that very page (kept by `prefetch.Prefetch.hold`) and goes on in its
-order, with no descending probe, no stripes and no null walker. Measured with `bench/requests.py`
-(sandbox counters, no latency, every kind but mail): the tiny account's run went from 77 requests /
-1,180 tokens to 35 / 464, the small one's from 110 / 1,482 to 73 / 875 (archived deals 10 -> 2
-requests, users 4 -> 1, leads 5 -> 2, persons 10 -> 6, activities 15 -> 9). A longer list's stripes
-start one round trip later (after the first page).
+Stripe only a list large enough to gain, decided by the first pages asked anyway: a list is
+striped from `STRIPE_MIN_PAGES` (8) pages on; below, one walker walks it page after page, every
+page full but the last, nothing past the end. A v1 list's first task is span 0 alone, and one
+walker walks spans 0 ... 7 while the API says more; the eighth, saying more, seeds the four
+stripes (`v1_first`, `v1_next`): a list of up to eight pages costs one call a page, a longer one
+three more (the empty last pages of the three stripes that do not hold the last row). A v2
+discovery's ascending probe asks a whole page (`listing.discover`): when that page is the list's
+last it is the whole list, and when the list is estimated below eight pages' rows from that page's
+pace (`estimate_rows`, `stripe_min_rows`), one walker (`v2_whole_seed`) takes that very page (kept
+by `prefetch.Prefetch.hold`) and goes on in its order, with no descending probe, no stripes and no
+null walker; a deal list it walks counts its own rows on the way (no summary call). A striped
+list pays the dropped first page, the descending probe, a partial last page per stripe and the
+parent probes of those partial pages.
 
-Offset-paginated (v1) kinds - users, leads, leads_archived, notes - are striped by page arithmetic,
-as in the seeds: four stripes own the spans [0, 500), [500, 1000), [1000, 1500), [1500, 2000), then
-each its span + 4 x 500, and so on. A span's first task (cursor `{"start": S}`, key `kind:S`) asks
-`start=S, limit=500`; a full page hands on to the stripe's next span, S + 4 x 500. A page shorter
-than asked with `more_items_in_collection: true` does not end the span: the task hands on to the
+Why eight, measured with a sweep of `STRIPE_MIN_PAGES` (the entity path's six kinds and the
+catch-up, 4 lanes, seed customer / 20: lists of 2 to 11 pages, sandbox `--latency realistic`,
+interleaved rounds on a loaded two-core machine): never striping (12, above every list) took
+36.4 s against 24.6-26.5 s striping from 2 or 4 pages (one quiet round), and 36-39 s against
+33-37 s in two loaded sweeps; striping from 3, 4, 6 or 8 pages was the same wall within the
+noise (medians 32.7-37.2 s, rounds 28-45 s), while requests fell 266 (from 4 pages) -> 245-254
+(from 8) -> 211 (never): a list of up to eight pages is read while the phase before it writes
+(its discovery runs early and its walker reads `listing.AHEAD` pages ahead), so its walk's round
+trips stay off the critical path; the lists of ten and eleven pages were where one walker lost
+(N = 12 against 8: +1.5 to +3.6 s in each sweep). The small account (lists of at
+most three pages) no longer meets a stripe: files 6 -> 3 requests, deals 8 -> 7 (no summary).
+
+Offset-paginated (v1) kinds - users, leads, leads_archived, notes, files - are striped by page
+arithmetic, as in the seeds, once one walker has walked the first N spans (N = `STRIPE_MIN_PAGES`):
+four stripes own the spans from N x 500, N x 500 + 500, ..., then each its span + 4 x 500, and so
+on. A span's first task (cursor `{"start": S}`, key `kind:S`) asks `start=S, limit=500`; a full
+page hands on to the next span (`v1_next`). A page shorter than asked with `more_items_in_collection: true` does not end the span: the task hands on to the
 `next_start` the server gave, inside the same span (`{"start": n, "span": S}`, key `kind:n`), asking
 only up to the span's end so it never reads the next stripe's rows; the sub-page that reaches the
-span's end hands on to S + 4 x 500. When `next_start` and the arithmetic disagree, `next_start`
+span's end hands on to the next span. When `next_start` and the arithmetic disagree, `next_start`
 wins inside a span (the server knows where its rows are); a `next_start` at or past the span's end
 means the span is done (the rows past it are the next span's, whose own task reads them). Every
 sub-page is a task of its own, so each page commits its windows with its own offset and a retried
@@ -88,45 +101,43 @@ STRIPES = 4
 # --- v1: page arithmetic ---------------------------------------------------------------------
 
 
-def v1_seeds(kind: str, stripes: int = STRIPES, page: int = PAGE) -> list[Successor]:
-    """The first span of each stripe: `kind:0`, `kind:500`, ... with cursor `{"start": n}`."""
-    return [Successor(f"{kind}:{i * page}", {"start": i * page}) for i in range(stripes)]
+def v1_seeds(kind: str, stripes: int = STRIPES, page: int = PAGE, walked: int | None = None) -> list[Successor]:
+    """The first span of each stripe, once the list is striped: `kind:<N x 500>`, ... `kind:<(N + 3) x
+    500>` with cursor `{"start": n}` (N = `walked`, default `STRIPE_MIN_PAGES`: the spans before
+    are the one walker's)."""
+    first = max(1, STRIPE_MIN_PAGES if walked is None else walked)  # span 0 is always the walker's
+    return [Successor(f"{kind}:{(first + i) * page}", {"start": (first + i) * page}) for i in range(stripes)]
 
 
 def v1_first(kind: str) -> list[Successor]:
-    """A v1 kind's first task: span 0 alone (`kind:0`). The other stripes start only as the list
-    proves long enough (`v1_successors`): a list of one page costs one call, of two pages two."""
-    return v1_seeds(kind)[:1]
+    """A v1 kind's first task: span 0 alone (`kind:0`, cursor `{"start": 0}`). One walker goes on
+    span by span; the stripes start only as the list proves long enough (`v1_next`)."""
+    return [Successor(f"{kind}:0", {"start": 0})]
 
 
-def v1_fan_out(kind: str, cursor: dict[str, Any], *, more: bool, stripes: int = STRIPES, page: int = PAGE) -> list[Successor]:
-    """The stripes a list's first spans seed as it proves long (none when the API says no more):
-    span 0's first task seeds span 1 (`kind:500`); span 1's first task seeds the other stripes'
-    first spans and stripe 0's second (`kind:1000`, `kind:1500`, `kind:2000`), after which every
-    stripe hands on by page arithmetic. A sub-page seeds nothing."""
-    if not more or "span" in cursor or cursor.get("start") not in (0, page):
-        return []
-    if cursor["start"] == 0:
-        return v1_seeds(kind, stripes, page)[1:2]
-    return [*v1_seeds(kind, stripes, page)[2:], v1_next(kind, 0, stripes, page)]
+def v1_next(kind: str, start: int, stripes: int = STRIPES, page: int = PAGE, walked: int | None = None) -> list[Successor]:
+    """The spans after the span that begins at `start`, once it ended with the API saying more.
+
+    The list's first N spans (`walked`, default `STRIPE_MIN_PAGES`) are one walker's, span after
+    span; the N-th hands on to the four stripes' first spans (`v1_seeds`: N ... N + 3); a striped
+    span hands on to its stripe's next, start + stripes x page. A list of at most N pages costs one
+    call a page; a longer one three more (the three stripes that do not hold the last row end on
+    an empty page)."""
+    first = max(1, STRIPE_MIN_PAGES if walked is None else walked)  # span 0 is always the walker's
+    index = start // page
+    if index < first - 1:
+        return [Successor(f"{kind}:{start + page}", {"start": start + page})]
+    if index == first - 1:
+        return v1_seeds(kind, stripes, page, first)
+    nxt = start + stripes * page
+    return [Successor(f"{kind}:{nxt}", {"start": nxt})]
 
 
 def v1_successors(kind: str, cursor: dict[str, Any], *, more: bool, next_start: int | None,
-                  stripes: int = STRIPES, page: int = PAGE) -> tuple[Successor, ...]:
-    """Every task a v1 page hands on to: its own (`v1_after`) - except span 0's next span, which
-    span 1 seeds once the list reaches it (`v1_fan_out`) - and the stripes it seeds."""
-    after = v1_after(kind, cursor, more=more, next_start=next_start, stripes=stripes, page=page)
-    _, span = v1_span(cursor, page)
-    if after is not None and span == 0 and "span" not in after.cursor:
-        after = None  # stripe 0's second span: seeded by span 1's first task when the list goes on
-    fan_out = v1_fan_out(kind, cursor, more=more, stripes=stripes, page=page)
-    return (*fan_out, *((after,) if after is not None else ()))
-
-
-def v1_next(kind: str, start: int, stripes: int = STRIPES, page: int = PAGE) -> Successor:
-    """The stripe's next span after the span that begins at `start`: start + stripes x page."""
-    nxt = start + stripes * page
-    return Successor(f"{kind}:{nxt}", {"start": nxt})
+                  stripes: int = STRIPES, page: int = PAGE, walked: int | None = None) -> tuple[Successor, ...]:
+    """Every task a v1 page hands on to (`v1_after`): none, the same span's rest, or the next
+    spans (`v1_next`: the walker's next, the stripes' first, or the stripe's next)."""
+    return tuple(v1_after(kind, cursor, more=more, next_start=next_start, stripes=stripes, page=page, walked=walked))
 
 
 def v1_span(cursor: dict[str, Any], page: int = PAGE) -> tuple[int, int]:
@@ -149,25 +160,25 @@ def v1_limit(cursor: dict[str, Any], page: int = PAGE) -> int:
     return span + page - start
 
 
-def v1_after(
-    kind: str, cursor: dict[str, Any], *, more: bool, next_start: int | None, stripes: int = STRIPES, page: int = PAGE
-) -> Successor | None:
-    """The task a v1 page hands on to, decided by the API's fields, not by how many rows came back.
+def v1_after(kind: str, cursor: dict[str, Any], *, more: bool, next_start: int | None, stripes: int = STRIPES,
+             page: int = PAGE, walked: int | None = None) -> list[Successor]:
+    """The tasks a v1 page hands on to, decided by the API's fields, not by how many rows came back.
 
     `more` / `next_start` are the page's `more_items_in_collection` / `next_start` (the client
-    fills `next_start` in as start + rows served when the server omits it). No more: the stripe
+    fills `next_start` in as start + rows served when the server omits it). No more: the walk
     ends. More, and `next_start` inside this span: the same span goes on there (key
-    `kind:<next_start>`). More, and `next_start` at or past the span's end: the stripe's next span.
-    Raises ValueError when the API says more but gives no `next_start` past this page's start.
+    `kind:<next_start>`). More, and `next_start` at or past the span's end: the next spans
+    (`v1_next`). Raises ValueError when the API says more but gives no `next_start` past this
+    page's start.
     """
     if not more:
-        return None
+        return []
     start, span = v1_span(cursor, page)
     if next_start is None or next_start <= start:
         raise ValueError(f"more_items_in_collection without a next_start past {start}")
     if next_start < span + page:
-        return Successor(f"{kind}:{next_start}", {"start": next_start, "span": span})
-    return v1_next(kind, span, stripes, page)
+        return [Successor(f"{kind}:{next_start}", {"start": next_start, "span": span})]
+    return v1_next(kind, span, stripes, page, walked)
 
 
 # --- v2: update_time spans -------------------------------------------------------------------
@@ -238,8 +249,10 @@ def v2_stripe_seeds(kind: str, spans: list[tuple[str | None, str | None]], *, nu
     return seeds
 
 
-def v2_next(kind: str, cursor: dict[str, Any], next_cursor: str) -> Successor:
-    """The walker's next page: same stripe and bounds, the API's `next_cursor`, page + 1."""
+def v2_next(kind: str, cursor: dict[str, Any], next_cursor: str, rows: int = 0) -> Successor:
+    """The walker's next page: same stripe and bounds, the API's `next_cursor`, page + 1. A
+    counting walker's (`count` in its cursor: the rows its pages before listed) adds the `rows`
+    this page listed."""
     page = int(cursor.get("page", 0)) + 1
     stripe = cursor["stripe"]
     key = f"{kind}:{NULLS}:p{page}" if stripe == NULLS else f"{kind}:s{stripe}:p{page}"
@@ -247,6 +260,8 @@ def v2_next(kind: str, cursor: dict[str, Any], next_cursor: str) -> Successor:
     if cursor.get("sorted"):
         nxt["sorted"] = True  # a cursor is only valid in the order it was made in
         nxt["before"] = cursor.get("before")
+    if "count" in cursor:
+        nxt["count"] = int(cursor["count"]) + rows
     return Successor(key, nxt)
 
 
@@ -261,15 +276,20 @@ def has_null_time(row: Any) -> bool:
     return isinstance(row, dict) and row.get("update_time") in (None, "")
 
 
-def v2_whole_seed(kind: str, since: str | None, before: str | None = None) -> Successor:
+def v2_whole_seed(kind: str, since: str | None, before: str | None = None, *, count: bool = False) -> Successor:
     """The one walker of a list its discovery's first page held, or too short to stripe
     (`kind:s0:p0`): it asks exactly the discovery's request (sorted by `update_time` ascending,
     from `since`), so it takes the page the discovery kept (`prefetch.Prefetch.hold`) instead of
     asking again, and follows that order's cursor; null-time rows are in it (an unfiltered list)
-    and no other walker is needed. `before`: the run's
-    snapshot - rows updated at or after it are left to the catch-up (`is_before`), as a span's."""
-    return Successor(f"{kind}:s0:p0", {"stripe": 0, "since": since, "until": None, "cursor": None, "page": 0,
-                                       "sorted": True, "before": before})
+    and no other walker is needed. `before`: the run's snapshot - rows updated at or after it
+    are left to the catch-up (`is_before`), as a span's. `count`: the walker counts the rows its
+    pages list (cursor `count`, carried by `v2_next`), and its last page says how many the whole
+    list held - the list's own count, without a summary call."""
+    cursor: dict[str, Any] = {"stripe": 0, "since": since, "until": None, "cursor": None, "page": 0,
+                              "sorted": True, "before": before}
+    if count:
+        cursor["count"] = 0
+    return Successor(f"{kind}:s0:p0", cursor)
 
 
 def is_before(row: Any, before: str | None) -> bool:
@@ -355,13 +375,14 @@ def first_time(rows: Any) -> tuple[datetime | None, bool]:
     return None, nulls
 
 
-# A v2 list is striped from this many rows (estimated from the discovery's first page) on: four
-# walkers then each have pages of their own to walk. Below it, one walker walks the list in the
-# discovery's order from the discovery's own first page: every page full but the last (stripes
-# cost a partial page each, and each page asks its own missing parents). Measured with
-# bench/requests.py on the small account (sandbox counters): organizations (600 rows) 6 -> 2
-# requests, persons (1,500) 10 -> 6, deals (1,200) 14 -> 9, activities (900) 15 -> 9; the run 92 -> 73.
-STRIPE_MIN_ROWS = 2000
+# A list is striped from this many pages on (STRIPE_MIN_PAGES x PAGE rows for a v2 list, estimated
+# from its discovery's first page: `estimate_rows`); below it one walker walks it (module docstring).
+STRIPE_MIN_PAGES = 8
+
+
+def stripe_min_rows() -> int:
+    """The rows from which a v2 list is striped: `STRIPE_MIN_PAGES` pages of `PAGE`."""
+    return STRIPE_MIN_PAGES * PAGE
 
 
 def estimate_rows(rows: Any, oldest: datetime, upto: datetime) -> int | None:
