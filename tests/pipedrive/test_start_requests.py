@@ -62,6 +62,36 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     assert catchup and requests["/api/v2/persons"] == 1 + 1, requests
 
 
+def test_an_early_discovery_asks_the_first_pages_of_the_phase_after_its_own(db, monkeypatch) -> None:
+    """Persons' discovery runs early, in the organizations' phase; it asks the deals discovery's
+    sorted first page and the leads' first page (the phase after persons) ahead, on the store's
+    threads, so the deals discovery starts with its page in hand. Every page asked ahead is taken;
+    no list is asked more than its walk and the catch-up ask (tiny: one page each)."""
+    import threading
+
+    from engine_core.providers.pipedrive import prefetch, stripes
+
+    asked: list[tuple[str, str, dict]] = []
+    real = PipedriveClient._attempt
+
+    def attempt(self, path, query, reservation=None):
+        asked.append((threading.current_thread().name, path, dict(query)))
+        return real(self, path, query, reservation)
+
+    monkeypatch.setattr(PipedriveClient, "_attempt", attempt)
+    with sandbox() as sb:
+        sb.reset_stats()
+        run = migrate(db, sb, kinds=["organizations", "persons", "deals", "leads"], width=4)
+        requests = sb.stats()["requests"]
+    assert run.status == "succeeded"
+    (store,) = [s for scope, s in prefetch._prefetch_stores.items() if scope[:2] == (db.url, run.id)]
+    assert store.taken == store.asked, (store.taken, store.asked)
+    deals_first = [name for name, path, query in asked
+                   if path == "/api/v2/deals" and query.get("sort_by") == stripes.SORTED["sort_by"] and "cursor" not in query]
+    assert deals_first and all(name.startswith("prefetch") for name in deals_first), deals_first
+    assert requests["/api/v2/deals"] == 1 + 1 and requests["/v1/leads"] == 1 + 1, requests  # the walks' and the catch-up's
+
+
 def test_a_run_without_the_fields_kind_asks_the_field_lists_as_its_first_discovery_lists(db, monkeypatch) -> None:
     """The field lists are asked when the first discovery starts, beside its first page (each once):
     under latency the run's first page was mapped a round trip of the field lists after its discovery."""

@@ -1,13 +1,18 @@
 """Reading ahead of a run's listing tasks: the pages a walk will ask for, asked while earlier pages
-are written (`listing.ask_ahead`, `AHEAD` pages deep), the next phase's v1 first pages
-(`listing.ask_next_phase`) and, once the phases of their parents are closed, the parents those
-pages' probes would ask (`writers.probe_ahead`). All of it through the run's `prefetch.Prefetch`
+are written (`listing.ask_ahead`, `AHEAD` pages deep), the next phase's first pages
+(`listing.ask_next_phase`, `listing.ask_discoveries`) and, once the phases of their parents are
+closed, the parents those pages' probes would ask (`writers.probe_ahead`). All of it through the run's `prefetch.Prefetch`
 store in this process and its answers (`writers.SourceAnswers`): only a cache - what a task
 writes, its checkpoint, cursor and ledger stay its own.
 
+An early discovery (run while the phase before its own ends) also asks the first pages of the
+phase after its own (`listing.ask_discoveries`, `next_phase`): two phases ahead, so that phase's
+discoveries and v1 walkers start with their first page here.
+
 The bound on waste, when a page asked ahead is not taken here (its task runs in another process,
-as with a multi-process executor, or the run stops): `AHEAD` pages a walker plus the page its
-discovery holds, one first page a v1 kind of the next phase and walker end, and none of their
+as with a multi-process executor, the run stops, or the page outlives the store's `ttl`): `AHEAD`
+pages a walker plus the page its discovery holds, one first page a v1 kind of the next phase and
+walker end, one first page a kind of the phase after an early discovery's, and none of their
 probes (a page's parents are asked only once its phases run in this process).
 """
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from engine_core.context import TaskContext
 from engine_core.models import Run, Successor
 from engine_core.providers.pipedrive import kinds, writers
-from engine_core.providers.pipedrive.listing import AHEAD, Arrived, ask_ahead, ask_next_phase
+from engine_core.providers.pipedrive.listing import AHEAD, Arrived, ask_ahead, ask_discoveries, ask_next_phase
 from engine_core.providers.pipedrive.meter import CountingClient
 from engine_core.providers.pipedrive.prefetch import Prefetch
 
@@ -68,10 +73,18 @@ class Ahead:
             self.next_phase(self.ctx.task.phase, client)
 
     def discovered(self, client: Any, seeds: tuple[Successor, ...]) -> None:
-        """A discovery's walkers: their first pages (one held by the discovery) and `AHEAD` more."""
+        """A discovery's walkers: their first pages (one held by the discovery) and `AHEAD` more.
+        A discovery run early (its phase not seeded yet, so the phase after has no discoveries
+        yet either: `barrier.seed_phase`) also asks that phase's discoveries' first pages
+        (`ask_discoveries`) and its v1 lists' (`next_phase`): two phases ahead of the phase that
+        runs now. A later one asks nothing more: that phase's own discoveries are at work."""
         if self.store is None:
             return
-        ask_ahead(client, self.ctx.task.kind, seeds, depth=AHEAD + 1, arrived=self.hook(self.ctx.task.kind, self.ctx.task.phase))
+        task = self.ctx.task
+        ask_ahead(client, task.kind, seeds, depth=AHEAD + 1, arrived=self.hook(task.kind, task.phase))
+        if self.ctx.run.current_phase < task.phase:
+            ask_discoveries(client, self.ctx.run, task.phase)
+            self.next_phase(task.phase, client)
 
     def next_phase(self, phase: int, client: Any) -> None:
         """The first pages of the v1 kinds of the phase after `phase`, with their parents (`hook`)."""

@@ -240,6 +240,20 @@ def ask_next_phase(client: Any, run: Run, phase: int, seeds_of: Callable[[Run, s
             ask_ahead(client, kind, tuple(seeds_of(run, kind)), arrived=arrived(kind) if arrived else None)
 
 
+def ask_discoveries(client: Any, run: Run, phase: int) -> None:
+    """Ask the first request of each discovery of the phase after `phase` now (`discover`'s sorted
+    page, through the client's `Prefetch`; once a run: a page its discovery took is not asked
+    again), so that discovery - which runs early, while `phase` ends (`barrier.seed_phase`) - finds
+    its first page here and its walker's next pages start a round trip sooner. A full run's
+    discoveries only: a sync seeds none. A page nobody takes within the store's `ttl` (the phase
+    between outlasts it, on a large account) costs one page a kind."""
+    if run.is_sync or phase + 1 >= len(run.plan):
+        return
+    for kind in run.plan[phase + 1]:
+        if kind in stripes.V2_PATHS and kind not in stripes.UNSTRIPED:
+            client.prefetch_v2(stripes.V2_PATHS[kind], dict(stripes.SORTED), limit=stripes.PAGE, once=True)
+
+
 def list_v1_task(client: PipedriveClient, kind: str, cursor: dict[str, Any], cancel: Any = None) -> Listed:
     """A v1 task's page: asked up to its span's end, handed on by the API's pagination fields
     (`stripes.v1_successors`), never by the number of rows that came back; one walker walks the
