@@ -505,7 +505,7 @@ def reference_weights() -> dict[str, float]:
         if k.name == "fields":
             out[k.name] = len(K.V2_FIELD_LISTS) + len(K.V1_FIELD_LISTS)
         elif k.name in rows:
-            requests = listing(k, rows[k.name]) + (1 if k.name in K.SUMMARY_PATHS and rows[k.name] > PAGE else 0)
+            requests = listing(k, rows[k.name]) + (1 if k.name in K.SUMMARY_PATHS and striped(k, rows[k.name]) else 0)
             out[k.name] = requests + rows[k.name] * ROW_IN_REQUESTS
         elif k.paging == K.BATCH:
             out[k.name] = pages(deals, IDS_PER_CALL) + deals * ROW_IN_REQUESTS
