@@ -133,3 +133,19 @@ def test_the_plans_counting_keeps_to_half_the_burst_limit() -> None:
     sent = clock.sent
     assert len(sent) > 20
     assert max(sum(1 for t in sent if start <= t < start + 2.0) for start in sent) == 10
+
+
+def test_the_plan_stripes_a_v2_list_as_its_discovery_will() -> None:
+    """The discovery sizes a list by its first page's pace up to now, not up to the newest update
+    the plan's count reads: a list of three pages whose first page's pace runs to 9,000 rows by
+    now is striped by the engine (probes, partial pages, the deals summary), and the plan says so."""
+    from datetime import datetime, timedelta, timezone
+
+    persons, deals = pd_kinds.BY_NAME["persons"], pd_kinds.BY_NAME["deals"]
+    assert pd_estimate.listing(persons, 1500) == 3
+    assert pd_estimate.listing(persons, 1500, sized=9000) == pd_estimate.PROBES + 3 + pd_estimate.STRIPE_PARTIALS
+    assert pd_estimate.striped(deals, 1500, sized=9000) and not pd_estimate.striped(deals, 1500, sized=1500)
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    page = [{"id": i, "update_time": (now - timedelta(days=100 - i / 10)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            for i in range(500)]  # 500 rows over 50 days, the oldest 100 days ago: about 1,000 rows by now
+    assert 990 <= pd_estimate.sized_by_discovery(page, now) <= 1010

@@ -13,8 +13,9 @@ walked with `email_messages_count` (deals with mail and their messages, exact; o
 is planned). Opt-in kinds (participants, followers, deal history, file contents): one call per
 record they fan out over, from the counts above.
 
-The engine's requests per kind, from those counts (`striped`: `stripes.STRIPE_MIN_PAGES`): a
-list one walker walks (up to that many pages, v1; fewer pages' rows, v2), one call per page
+The engine's requests per kind, from those counts (`striped`: `stripes.STRIPE_MIN_PAGES`, a v2
+list sized as its discovery will size it, `sized_by_discovery`): a list one walker walks (up to
+that many pages, v1; fewer pages' rows, v2), one call per page
 (500 rows, 100 for files); a striped v2 list two probes, one call per 500 rows and a partial page
 per stripe (4); a striped v1 list one call per page and the three stripes' empty last pages; the
 deals summary only when active deals are striped (a walked list counts itself); field lists 7, the company once; deal products one call per 100 deals; the
@@ -37,10 +38,12 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import httpx
@@ -230,6 +233,15 @@ def count_v2(c: Counter, path: str) -> tuple[int, bool, tuple[Any, ...]]:
     return max(rows or 0, len(first.rows) + 1), False, first.rows
 
 
+def sized_by_discovery(first: Sequence[Any], now: datetime | None = None) -> int:
+    """The rows the engine's discovery will take a v2 list longer than its first page for
+    (`listing.discover`: that page's pace up to the run's snapshot, about now), which decides
+    whether it stripes; a page that tells no pace counts as large (the discovery then stripes)."""
+    oldest, _ = stripes.first_time(first)
+    sized = stripes.estimate_rows(first, oldest, now or datetime.now(timezone.utc)) if oldest is not None else None
+    return sys.maxsize if sized is None else sized
+
+
 def count_v1(c: Counter, path: str, size: int = PAGE) -> tuple[int, bool, tuple[Any, ...]]:
     """(rows of a v1 list, exact, its first page's rows): the first page, then one-row pages at 500 x 2^k to find the last
     page, bisected, and that page read whole."""
@@ -297,18 +309,20 @@ def pages(rows: int, per: int = PAGE) -> int:
     return max(1, math.ceil(rows / per))
 
 
-def striped(kind: K.Kind, rows: int) -> bool:
+def striped(kind: K.Kind, rows: int, sized: int | None = None) -> bool:
     """Whether the engine stripes a list of `rows` (`stripes.STRIPE_MIN_PAGES`): a v1 list of more
-    pages than one walker walks, a v2 list (with time filters) of that many pages' rows or more."""
+    pages than one walker walks, a v2 list (with time filters) longer than a page whose discovery
+    sizes it (`sized`, `sized_by_discovery`; None: `rows`) at that many pages' rows or more."""
     if kind.api == K.V1:
         return pages(rows, K.page_of(kind.name)) > stripes.STRIPE_MIN_PAGES
-    return kind.striped and rows > PAGE and rows >= stripes.stripe_min_rows()
+    return kind.striped and rows > PAGE and (rows if sized is None else sized) >= stripes.stripe_min_rows()
 
 
-def listing(kind: K.Kind, rows: int) -> int:
-    """The requests the engine's listing of a kind makes for `rows` (module docstring)."""
+def listing(kind: K.Kind, rows: int, sized: int | None = None) -> int:
+    """The requests the engine's listing of a kind makes for `rows` (module docstring; `sized`:
+    `striped`'s)."""
     n = pages(rows, K.page_of(kind.name))
-    if not striped(kind, rows):
+    if not striped(kind, rows, sized):
         return n
     if kind.api == K.V1:
         return n + V1_EMPTY_ENDS
@@ -404,9 +418,12 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     rows: dict[str, tuple[int, bool]] = {}
     listed = [k for k in K.KINDS if k.paging in (K.OFFSET, K.CURSOR)]
     samples: dict[str, tuple[int, dict[str, set[str]]]] = {}
+    sizes: dict[str, int] = {}  # a v2 list's rows as its discovery will size them (`sized_by_discovery`)
     for k in listed:
         n, exact, first = count_v2(c, k.path) if k.api == K.V2 else count_v1(c, k.path, K.page_of(k.name))
         rows[k.name] = (n, exact)
+        if k.api == K.V2 and n > PAGE:
+            sizes[k.name] = sized_by_discovery(first)
         samples[k.name] = parent_refs(k.name, first)
     named: dict[str, set[str]] = {}
     for name, (_, refs) in samples.items():
@@ -428,9 +445,9 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
                                      seconds=len(field_paths) * trip["list"])
         elif k.name in rows:
             n, exact = rows[k.name]
-            req = listing(k, n)
+            req = listing(k, n, sizes.get(k.name))
             tok = req * k.cost
-            if k.name in K.SUMMARY_PATHS and striped(k, n):
+            if k.name in K.SUMMARY_PATHS and striped(k, n, sizes.get(k.name)):
                 req, tok = req + 1, tok + K.TOKEN_COSTS[K.SUMMARY_PATHS[k.name]]
             preq, ptok = probe_cost(k, n, samples[k.name], missing, asked, planned)
             costs[k.name] = KindCost(k.name, n, exact, req + preq, tok + ptok,
