@@ -7,7 +7,8 @@
 * `PhaseMeter`: successive snapshots of one phase of one run, from the task stats the workers
   checkpoint with every window (rows seen / imported / matched / already here / updated / skipped /
   failed, tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
-  where a total is known (the source's own count, else the phase's tasks).
+  where a total is known (the source's own count, else the phase's tasks: those that exist and those
+  its discoveries not yet run expect to seed, `expected_tasks` in their cursors).
 * `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look), its
   phases weighed by what they cost (the provider's `progress_weights`).
 * `ProgressBoard`: one `rich` progress bar per phase for `migrate run`, drawn from snapshots.
@@ -142,6 +143,7 @@ class PhaseProgress:
     tasks_done: int = 0
     tasks_failed: int = 0
     tasks_total: int = 0
+    tasks_expected: int = 0  # tasks the phase's discoveries not yet run expect to seed beyond tasks_total
     source_total: int | None = None
     requests: int = 0
     rate_limited: int = 0
@@ -164,7 +166,8 @@ class PhaseProgress:
                  f" {self.matched + self.already_here} matched or already here,"
                  + (f" {self.updated} updated," if self.updated else "")
                  + f" {self.skipped} skipped,"
-                 f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"]
+                 f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"
+                 + (f" (about {self.tasks_total + self.tasks_expected} expected)" if self.tasks_expected else "")]
         if self.percent is not None:
             parts.append(f"{self.percent:.0f}%")
         parts.append(f"{self.rows_per_second:.1f} rows/s, {self.requests_per_second:.1f} req/s, {self.rate_limited} x 429")
@@ -196,6 +199,8 @@ def _phase_figures(rows: list[dict[str, Any]], phase: int, kinds: list[str], run
         p.tasks_total += int(r["n"])
         if r["status"] in DONE:
             p.tasks_done += int(r["n"])
+        else:
+            p.tasks_expected += int(r.get("tasks_expected") or 0)
         if r["status"] == "failed":
             p.tasks_failed += int(r["n"])
         if r.get("source_total") is not None:
@@ -207,14 +212,16 @@ def _phase_figures(rows: list[dict[str, Any]], phase: int, kinds: list[str], run
 
 
 def _percent_and_remaining(p: PhaseProgress) -> tuple[float | None, float | None, str]:
-    """(percent, remaining units, unit): by rows against the source's count when known, else by tasks.
-    Task totals grow as pages discover their successors, so the task percent is an upper bound."""
+    """(percent, remaining units, unit): by rows against the source's count when known, else by tasks:
+    those that exist and those the discoveries not yet run expect (`tasks_expected`). Task totals
+    grow as pages discover their successors, so without such an estimate the percent is an upper bound."""
     if p.closed:
         return 100.0, 0.0, "rows"
     if p.source_total:
         return min(100.0, 100.0 * p.seen / p.source_total), max(0, p.source_total - p.seen), "rows"
     if p.tasks_total:
-        return 100.0 * p.tasks_done / p.tasks_total, p.tasks_total - p.tasks_done, "tasks"
+        total = p.tasks_total + p.tasks_expected
+        return 100.0 * p.tasks_done / total, total - p.tasks_done, "tasks"
     return None, None, "tasks"
 
 
@@ -277,12 +284,13 @@ class PhaseMeter:
 
 def _kind_fraction(rows: list[dict[str, Any]], phase: int, kind: str) -> float:
     """How far one kind of an open phase is, 0..1: rows seen against the source's own count where
-    its discovery recorded one, else its tasks done of those there are so far."""
+    its discovery recorded one, else its tasks done of those there are so far and those its
+    discoveries not yet run expect to seed (`tasks_expected`)."""
     mine = [r for r in rows if r["phase"] == phase and r["kind"] == kind]
     totals = [int(r["source_total"]) for r in mine if r.get("source_total") is not None]
     if totals and max(totals) > 0:
         return min(1.0, sum(int(r.get("seen") or 0) for r in mine) / max(totals))
-    total = sum(int(r["n"]) for r in mine)
+    total = sum(int(r["n"]) + (0 if r["status"] in DONE else int(r.get("tasks_expected") or 0)) for r in mine)
     return sum(int(r["n"]) for r in mine if r["status"] in DONE) / total if total else 0.0
 
 
@@ -290,17 +298,23 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None,
                  weights: dict[str, float] | None = None) -> dict[str, Any]:
     """Percent and ETA of a whole run, for `migrate status`: {"percent", "eta_seconds",
     "idle_seconds", "unattended", "phases": [{"phase", "kinds", "percent", "weight", "tasks_done",
-    "tasks_total", "source_total", "seen"}]}.
+    "tasks_total", "tasks_expected", "source_total", "seen"}]}.
 
     Per kind: done once its phase is closed; else by rows against the source's count where its
-    discovery recorded one, else by tasks done. A phase's percent weighs its kinds, and the run's
+    discovery recorded one, else by tasks done of those that exist and those its discoveries not yet
+    run expect to seed ("tasks_expected": the mail phase's walk estimates the rest of its deal lists,
+    so the percent does not step back as its later pages seed tasks). A phase's percent weighs its kinds, and the run's
     weighs its phases, by `weights` ({kind: what it costs a run}, the provider's
     `progress_weights`: requests and written rows at a reference account; a kind without one
     weighs 1; None: every kind weighs 1). So the mail phase, most of a Pipedrive run's requests,
     is most of its percent: the percent does not drop back when a cheap phase closes and a dear
     one begins, and the ETA is not a fraction of the mail's time while the mail runs ("weight" of
-    each phase, percent of the run). The ETA extrapolates the run's elapsed time over its percent,
-    and is None before anything is done or once the run is terminal. "idle_seconds", while the
+    each phase, percent of the run). The ETA extrapolates the pace of the phase the barrier is on
+    (its share of the run done since its first task started) once that phase is `PACED_AFTER` done
+    and has run `PACED_SECONDS`, never below the run's elapsed time over its percent, which it is
+    before then: weights count requests and rows, not the time they take (under latency the mail's
+    requests take longer each than the listings before it), so the run's pace before the mail said
+    too little of the mail's time. None before anything is done or once the run is terminal. "idle_seconds", while the
     run is live (else None): seconds since anything worked on it (its heartbeat, a task's
     checkpoint or finish, a running task's lock renewed: `run_idle_seconds`). "unattended": a live
     run idle for longer than `stale_after` seconds (the stale-lock threshold: a running task's lock
@@ -317,23 +331,44 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None,
         each = {k: max(float((weights or {}).get(k, 1.0)), 1e-9) for k in kinds}
         weight = sum(each.values())
         done = weight if closed else sum(w * _kind_fraction(rows, i, k) for k, w in each.items())
+        starts = [r["first_started"] for r in rows if r["phase"] == i and r.get("first_started") is not None]
         phases.append({"phase": i, "kinds": kinds, "percent": round(100.0 * done / weight, 1) if weight else 100.0,
                        "weight": weight, "done": done, "tasks_done": p.tasks_done, "tasks_total": p.tasks_total,
-                       "source_total": p.source_total, "seen": p.seen})
+                       "tasks_expected": p.tasks_expected, "source_total": p.source_total, "seen": p.seen,
+                       "closed": closed, "started": min(starts) if starts else None})
     whole = sum(ph["weight"] for ph in phases)
     percent = round(100.0 * sum(ph["done"] for ph in phases) / whole, 1) if whole else 100.0
-    for ph in phases:
-        ph["weight"] = round(100.0 * ph["weight"] / whole, 1) if whole else 0.0
-        del ph["done"]
     eta = idle = None
     if run["status"] in ("running", "stopping"):
         idle = round(float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"]), 1)
         if run["started_at"] is not None and 0 < percent < 100:
-            elapsed = time.time() - run["started_at"].timestamp()
-            eta = round(elapsed * (100 - percent) / percent, 1)
+            now = time.time()
+            eta = round((now - run["started_at"].timestamp()) * (100 - percent) / percent, 1)
+            paced = _paced_eta(next((ph for ph in phases if not ph["closed"]), None), whole * (100 - percent) / 100, now)
+            if paced is not None:
+                eta = max(eta, paced)
+    for ph in phases:
+        ph["weight"] = round(100.0 * ph["weight"] / whole, 1) if whole else 0.0
+        del ph["done"], ph["closed"], ph["started"]
     unattended = stale_after is not None and idle is not None and idle > stale_after
     return {"percent": percent, "eta_seconds": None if unattended else eta, "idle_seconds": idle,
             "unattended": unattended, "phases": phases}
+
+
+PACED_AFTER = 0.05  # share of its phase done before the phase's own pace gives the run's ETA
+PACED_SECONDS = 5.0  # seconds the phase has run before its pace gives the run's ETA
+
+
+def _paced_eta(phase: dict[str, Any] | None, left: float, now: float) -> float | None:
+    """Seconds until `left` (weight of the run not done) is done at the pace of the open `phase`
+    (its weight done since its first task started, `now` in epoch seconds); None when there is no
+    open phase, or it is under PACED_AFTER done or has run under PACED_SECONDS."""
+    if phase is None or phase["started"] is None or phase["weight"] <= 0:
+        return None
+    ran = now - phase["started"].timestamp()
+    if phase["done"] / phase["weight"] < PACED_AFTER or ran < PACED_SECONDS:
+        return None
+    return round(left * ran / phase["done"], 1)
 
 
 class ProgressBoard:
@@ -413,6 +448,7 @@ def status_line(progress: dict[str, Any], stale_after: float | None = None) -> s
     open_phases = [p for p in progress.get("phases", []) if 0 < p["percent"] < 100 or (p["tasks_total"] and p["percent"] < 100)]
     for p in open_phases[:1]:
         basis = (f"{p['seen']} of the source's {p['source_total']} rows" if p.get("source_total")
-                 else f"{p['tasks_done']}/{p['tasks_total']} tasks")
+                 else f"{p['tasks_done']}/{p['tasks_total']} tasks"
+                 + (f", about {p['tasks_total'] + p['tasks_expected']} expected" if p.get("tasks_expected") else ""))
         text += f"; phase {p['phase'] + 1} ({', '.join(p['kinds'])}): {p['percent']:.0f}% ({basis})"
     return text

@@ -421,9 +421,18 @@ SELECT phase, kind, status, count(*) AS n,
        COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
        COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
        max((stats->>'source_total')::bigint) AS source_total,
+       -- tasks a discovery not yet run expects to seed beyond those that exist (its predecessor's
+       -- estimate in its cursor); the progress counts it only for tasks not finished
+       COALESCE(sum((cursor->>'expected_tasks')::bigint), 0) AS tasks_expected,
        min(started_at) AS first_started, max(finished_at) AS last_finished
   FROM migration_tasks WHERE migration_id = %(run_id)s
  GROUP BY phase, kind, status ORDER BY phase, kind, status;
+
+-- name: kind_count --
+-- One kind's count as this run knows it: the source's own (its discovery's) and the rows its tasks saw.
+SELECT max((stats->>'source_total')::bigint) AS source_total,
+       COALESCE(sum((stats->>'seen')::bigint), 0) AS seen
+  FROM migration_tasks WHERE migration_id = %(run_id)s AND kind = %(kind)s;
 
 -- name: failed_task_reasons --
 SELECT kind, COALESCE(error, 'unknown') AS reason, count(*) AS n

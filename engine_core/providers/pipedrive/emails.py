@@ -76,6 +76,7 @@ from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable,
 from engine_core.providers.pipedrive.mapping import MalformedRow, Mapped, unreadable_key
 from engine_core.providers.pipedrive.mail import (clean_strings, clean_text, map_email, message_or_item,  # noqa: F401
                                                   sound_message_id, with_body, with_values)
+from engine_core.providers.pipedrive.mail_expect import LISTED, WITH_MAIL, list_count, with_expectation
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
 from engine_core.sighting import RECORDED, decide_page
 from engine_core.write import PageRefs, Prepared, write_mapped_page
@@ -90,7 +91,8 @@ SYSTEMIC_FAILURE_MIN = 25  # a task with at least this many messages, all failed
 
 
 def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
-    """One page of a deal list: tasks of ten deals with mail, and the next discovery page."""
+    """One page of a deal list: tasks of ten deals with mail, and the next discovery page, whose
+    cursor says how many tasks the rest of the walk is expected to seed (`mail_expect`)."""
     cursor = ctx.task.cursor
     path = MAIL_SOURCES[cursor["discover"]]
     page = client.list_v2(path, {"include_fields": "email_messages_count"}, cursor=cursor.get("cursor"), limit=PAGE, cancel=ctx.cancel)
@@ -119,7 +121,11 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     ctx.stats.bump("deals_with_mail", len(deal_ids))
     successors: list[Successor] = email_tasks(cursor, sorted(deal_ids))
     if page.more and page.next_cursor:
-        successors.append(email_discovery_next(cursor, page.next_cursor))
+        # the next page carries what the rest of the walk is expected to seed (`mail_expect`)
+        nxt = email_discovery_next(cursor, page.next_cursor)
+        listed, with_mail = int(cursor.get(LISTED, 0)) + len(page.rows), int(cursor.get(WITH_MAIL, 0)) + len(deal_ids)
+        total = list_count(ctx.db, ctx.run.id, cursor["discover"])
+        successors.append(Successor(nxt.cursor_key, with_expectation(nxt.cursor, listed, with_mail, total)))
     return TaskOutcome(tuple(successors))
 
 
