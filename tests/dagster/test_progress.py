@@ -294,3 +294,69 @@ def test_the_run_percent_weighs_phases_by_their_cost_so_mail_gets_its_eta_and_no
     mail = seq[-1]
     assert mail["percent"] == 53.8 and mail["phases"][4]["weight"] == 92.3, mail
     assert 80 <= mail["eta_seconds"] <= 95, mail
+
+
+def test_a_discovery_not_yet_run_counts_the_tasks_it_is_expected_to_seed_so_the_percent_never_steps_back(db):
+    from engine_core.progress import PhaseMeter
+    from engine_core.providers.pipedrive.mail_expect import expected_after
+
+    # the small sandbox's mail walk: its first page listed 500 of 1,101 deals, 163 with mail; the
+    # rest seeded 23 tasks (18 on its second page, the third page and its 4): the estimate errs high
+    assert expected_after(500, 163, 1101) == 23
+    assert expected_after(1000, 334, 1101) == 4
+    # the list's count unknown, or passed (the list grew since counted): one full page more
+    assert expected_after(500, 163, None) == 18 and expected_after(1101, 367, 1101) == 18
+
+    opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
+    run = runs.start_run(db, provider_for("example"), "expected", options=opts, settings=FAST)
+    last = len(runs.get_run(db, run.id).plan) - 1
+    kind = runs.get_run(db, run.id).plan[last][0]
+    db.sql("UPDATE migrations SET current_phase = %(p)s, started_at = now() - interval '100 seconds'"
+           " WHERE id = %(r)s", {"r": run.id, "p": last})
+    db.sql("DELETE FROM migration_tasks WHERE migration_id = %(r)s AND phase = %(p)s", {"r": run.id, "p": last})
+
+    def seed(key: str, status: str = "pending", expected: int | None = None) -> None:
+        cursor = {"expected_tasks": expected} if expected is not None else {}
+        db.sql("INSERT INTO migration_tasks (migration_id, phase, kind, cursor_key, status, cursor, started_at)"
+               " VALUES (%(r)s, %(p)s, %(k)s, %(c)s, %(s)s, %(cur)s::jsonb, now() - interval '60 seconds')",
+               {"r": run.id, "p": last, "k": kind, "c": key, "s": status, "cur": json.dumps(cursor)})
+
+    def finish(n: int) -> dict:
+        db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE id IN (SELECT id FROM migration_tasks WHERE"
+               " migration_id = %(r)s AND phase = %(p)s AND status = 'pending' AND cursor_key LIKE 'mail%%'"
+               " ORDER BY id LIMIT %(n)s)", {"r": run.id, "p": last, "n": n})
+        return run_progress(db, run.id)
+
+    # the first discovery page ran: 24 tasks of its deals, its next page expects 23 more
+    seed("discover:p0", "succeeded")
+    for n in range(24):
+        seed(f"mail:p0:c{n}")
+    seed("discover:p1", expected=23)
+    seq = [finish(0), finish(8), finish(8)]
+    mail = seq[-1]["phases"][last]
+    assert (mail["tasks_done"], mail["tasks_total"], mail["tasks_expected"]) == (17, 26, 23), mail
+    assert mail["percent"] == round(100 * 17 / 49, 1), mail  # not 17/26: 65%, to step back to 35%
+    assert "17/26 tasks, about 49 expected" in status_line(seq[-1]), status_line(seq[-1])
+    meter = PhaseMeter(db, run.id, last, [kind]).snapshot()
+    assert (meter.tasks_expected, meter.percent) == (23, mail["percent"]) and "about 49 expected" in meter.line()
+    # the second page ran: 18 tasks, the third page expects 4; then the third: 4 tasks, nothing more
+    db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE migration_id = %(r)s AND cursor_key = 'discover:p1'",
+           {"r": run.id})
+    for n in range(18):
+        seed(f"mail:p1:c{n}")
+    seed("discover:p2", expected=4)
+    seq.append(finish(0))
+    db.sql("UPDATE migration_tasks SET status = 'succeeded' WHERE migration_id = %(r)s AND cursor_key = 'discover:p2'",
+           {"r": run.id})
+    for n in range(4):
+        seed(f"mail:p2:c{n}")
+    seq += [finish(0), finish(10), finish(20)]
+    shown = [p["percent"] for p in seq]
+    assert shown == sorted(shown), shown  # forward only
+    assert seq[-2]["phases"][last]["tasks_expected"] == 0 and seq[-2]["phases"][last]["tasks_total"] == 49
+
+    # the ETA follows the open phase's pace once it is 5% done: 29 of its 49 tasks in the 60 s since
+    # its first task started, 20 to go: 41 s, not the run's 100 s over its 91.8% (9 s: the four
+    # phases before it were quick)
+    paced = seq[-2]
+    assert paced["percent"] == 91.8 and abs(paced["eta_seconds"] - 60 * 20 / 29) < 2, paced
