@@ -4,7 +4,8 @@ A source's catch-up lists every id it serves now with the row's version (`source
 hands each page here: `to_write` records the ids as seen by the run (`migration_inventory`, what
 a kind's deletion check later compares the ledger with) and says which rows the ledger does not
 hold at that version (`needs_write`). `forget_older` drops the inventories of the tenant's ended
-runs.
+runs. `waiting_at` and `unlisted` are what the provider's proof that a parent is gone reads (a
+placeholder listed again at the version it was skipped at, a parent the whole walk did not serve).
 The statements are named queries (`sql/queries.sql`); reads of the inventory after the listing
 (`unseen_live`, `unseen_skipped`) are in `ledger_reads`.
 """
@@ -16,7 +17,8 @@ from typing import Any
 from engine_core import ledger
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import newer
+from engine_core.rows import newer, same_version
+from engine_core.write import WAITING
 
 WRITTEN = ("created", "matched")
 
@@ -65,6 +67,30 @@ def unwritten(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str]]
     entries = {sid: {"action": h.action, "source_version": h.version, "deleted_at_source": h.deleted_at_source}
                for sid, h in held.items()}
     return {sid for sid, version in pairs if needs_write(entries.get(sid), version, run)}
+
+
+def waiting_at(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str | None]]) -> set[str]:
+    """The source ids among `listed` ((source id, version) of ledger kind `kind`) the ledger holds as
+    skipped waiting for the catch-up's walk (`write.WAITING`: a walk before the catch-up skipped
+    them) at that very version (`rows.same_version`): their references are the ones that walk saw."""
+    pairs = [(sid, version) for sid, version in listed if version is not None]
+    if not pairs:
+        return set()
+    rows = conn.fetch_all("ledger_waiting_at", {"t": run.tenant_id, "s": run.source, "k": kind, "waiting": WAITING,
+                                                "ids": ledger.array(sorted({sid for sid, _ in pairs}))})
+    held = {r["source_id"]: r["source_version"] for r in rows}
+    return {sid for sid, version in pairs if sid in held and same_version(held[sid], version)}
+
+
+def unlisted(conn: Conn, run: Run, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """The (ledger kind, source id) pairs among `pairs` this run's inventory does not hold (no page
+    of its catch-up's listing served them), in one query."""
+    wanted = sorted(set(pairs))
+    if not wanted:
+        return set()
+    rows = conn.fetch_all("inventory_seen", {"r": run.id, "kinds": ledger.array([k for k, _ in wanted]),
+                                             "source_ids": ledger.array([s for _, s in wanted])})
+    return set(wanted) - {(r["kind"], r["source_id"]) for r in rows}
 
 
 def forget_older(conn: Conn, run: Run) -> None:

@@ -56,13 +56,17 @@ NOT_LINKED = "not linked to any record"
 # proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
+# Said of a parent the probe left to the catch-up's walk (answered None): no request now; that walk
+# links the row, or - the parent not listed by it - finds it gone (the provider's proof).
+WAITING = "waits for the catch-up's walk"
 
 Mapper = Callable[[Any], Mapped]
 Event = Callable[[str], None]
 Pair = tuple[str, str]  # (ledger kind, source id)
 # The provider's question to its source: of these missing parents the ledger knows nothing about,
-# which exist ({pair: True}), which do not ({pair: False}); pairs it leaves out stay placeholders.
-Probe = Callable[[list[Pair]], Mapping[Pair, bool]]
+# which exist ({pair: True}), which do not ({pair: False}), which the catch-up's walk settles later
+# without a request ({pair: None}: `WAITING`); pairs it leaves out stay placeholders.
+Probe = Callable[[list[Pair]], Mapping[Pair, "bool | None"]]
 
 # How an optimistic window writes its product rows: "claimed" - inserted by the window's ledger
 # claim itself, one statement per table and column set (`ledger.claim_window` with
@@ -126,13 +130,16 @@ def missing_parents(mapped: Iterable[Mapped | None], found: Mapping[Pair, int], 
     return out
 
 
-def _describe_missing(ref: Ref, exists: Mapping[Pair, bool]) -> str:
-    if exists.get((ref.parent_kind, ref.source_id)) is True:
+def _describe_missing(ref: Ref, exists: Mapping[Pair, bool | None]) -> str:
+    pair = (ref.parent_kind, ref.source_id)
+    if exists.get(pair) is True:
         return ref.describe().replace("is not here", NOT_WRITTEN)
+    if pair in exists and exists[pair] is None:
+        return f"{ref.describe()}, {WAITING}"
     return ref.describe()
 
 
-def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool]) -> str:
+def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None]) -> str:
     """The reason a row whose parents are not written is skipped (a placeholder)."""
     words = [d for d in (_describe_missing(ref, exists) for ref in missing) if d]
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
@@ -156,7 +163,7 @@ def _dangling_reason(refs: list[dict[str, str]]) -> str | None:
 
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
-    dry: Collection[Pair] | None = None, *, exists: Mapping[Pair, bool] | None = None,
+    dry: Collection[Pair] | None = None, *, exists: Mapping[Pair, bool | None] | None = None,
     on_event: Event | None = None, held: ledger.Held | None = None,
 ) -> str:
     """One row, per row: link, then write once through the ledger: imported, matched,
@@ -165,7 +172,8 @@ def write_mapped(
     `found`: the page's resolved references (`ledger.resolve`); `dry`: a dry run's would-be
     writes (`ledger.dry_written`). `exists`: what the source answered about missing parents (the
     provider's probe); a parent it answered 404 for is dangling - the row is imported with that
-    link empty and the reference recorded. `on_event` hears `dangling`, `archived_updated` and
+    link empty and the reference recorded; one it left to the catch-up (None) keeps the row a
+    placeholder saying so (`WAITING`), at the row's version. `on_event` hears `dangling`, `archived_updated` and
     `update_skipped` (a written row's newer version whose parents are not here: outcome skipped,
     the product row keeps its version; a retry's revisit of the task tries it again) (stats of
     the task). `held`: the row's ledger entry as its page read it (`ledger.held`), so a row
@@ -190,7 +198,7 @@ def write_mapped(
         if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
-            outcome = ledger.skip(tx, run, kind, mapped.source_id, _not_linked(missing, exists))
+            outcome = ledger.skip(tx, run, kind, mapped.source_id, _not_linked(missing, exists), mapped.version)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
                 # a newer version the product cannot take yet (its parent is not here): the row keeps
                 # the version it has, and the sighting says skipped, not already here
@@ -248,7 +256,7 @@ class PageRefs:
     found: dict[Pair, int] = field(default_factory=dict)  # written references -> local ids
     dry: set[Pair] | None = None  # a dry run's would-be writes
     held: dict[str, ledger.Held | None] = field(default_factory=dict)  # the page's rows written already
-    exists: dict[Pair, bool] = field(default_factory=dict)  # the probe's answers
+    exists: dict[Pair, bool | None] = field(default_factory=dict)  # the probe's answers
 
 
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
@@ -442,7 +450,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
     def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:
         counts = Counter(row["id"] for _, row in todo)
         plain: list[_Plain] = []
-        skips: dict[str, tuple[int, str]] = {}  # source id -> (position, reason)
+        skips: dict[str, tuple[int, str, str | None]] = {}  # source id -> (position, reason, version)
         for pos, row in todo:
             if row["id"] is None or counts[row["id"]] > 1:
                 continue  # a duplicate id in the window: per row, in order
@@ -453,12 +461,14 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 continue
             reason = _skipped(row, page, parts)
             if reason is not None:
-                skips[parts(row)[0].source_id] = (pos, reason)  # type: ignore[union-attr]
+                m = parts(row)[0]
+                skips[m.source_id] = (pos, reason, m.version)  # type: ignore[union-attr]
         out: dict[int, str] = {}
         if skips:
             # the window's placeholders in one statement (a savepoint and a statement a row)
-            noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason) in skips.items()})
-            for sid, (pos, _) in skips.items():
+            noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason, _) in skips.items()},
+                                       {sid: version for sid, (_, _, version) in skips.items()})
+            for sid, (pos, _, _) in skips.items():
                 out[pos] = noted[sid]
         if not plain:
             return out

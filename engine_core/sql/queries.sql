@@ -339,12 +339,14 @@ ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
 
 -- name: note_placeholder --
 -- A skip or a failure claims nothing: it only fills an empty slot or refreshes another placeholder.
+-- `source_version`: the version of the row as listed when skipped (NULL for a failure), which a
+-- catch-up compares with the version it lists (the row's references are the ones seen then).
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, action, reason)
-VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s)
+       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version)
+VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s, %(version)s)
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       deleted_at_source = NULL, created_at = now()
+       source_version = EXCLUDED.source_version, deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
@@ -362,13 +364,13 @@ ON CONFLICT ON CONSTRAINT migration_unreadable_once DO UPDATE
 -- slot or refreshes another placeholder; a written (created/matched) entry is left as it is and
 -- its source id is not returned (the row is already here). Source ids once each, sorted.
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, action, reason)
-SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, %(action)s, u.reason
-  FROM unnest(%(source_ids)s::text[], %(reasons)s::text[]) AS u(source_id, reason)
+       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version)
+SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, %(action)s, u.reason, u.version
+  FROM unnest(%(source_ids)s::text[], %(reasons)s::text[], %(versions)s::text[]) AS u(source_id, reason, version)
  ORDER BY u.source_id
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       deleted_at_source = NULL, created_at = now()
+       source_version = EXCLUDED.source_version, deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING source_id;
 
@@ -756,6 +758,22 @@ WITH seen AS (INSERT INTO migration_inventory (migration_id, kind, source_id)
               SELECT %(r)s, %(k)s, unnest(%(ids)s::text[]) ON CONFLICT DO NOTHING)
 SELECT source_id, action, source_version, deleted_at_source FROM migration_records
  WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[]);
+
+-- name: inventory_seen --
+-- Which of these (ledger kind, source id) pairs this run's inventory holds: served by its catch-up's
+-- listing (`inventory_ledger.unlisted`: a parent the whole walk did not serve is gone).
+SELECT i.kind, i.source_id
+  FROM migration_inventory i
+  JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
+    ON i.kind = want.kind AND i.source_id = want.source_id
+ WHERE i.migration_id = %(r)s;
+
+-- name: ledger_waiting_at --
+-- Which of these source ids of one ledger kind the ledger holds as skipped, waiting for the catch-up's
+-- walk (their reason says so: `write.WAITING`), and at which version they were listed then.
+SELECT source_id, source_version FROM migration_records
+ WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])
+   AND action = 'skipped' AND source_version IS NOT NULL AND position(%(waiting)s IN reason) > 0;
 
 -- name: inventory_forget_older --
 -- The inventories of the tenant's finished runs (every run but this one that has ended): nothing reads them.

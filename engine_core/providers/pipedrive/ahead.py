@@ -107,7 +107,7 @@ class Ahead:
         def probe(rows: tuple[dict[str, Any], ...]) -> None:
             counting = CountingClient(self.source)
             try:
-                writers.probe_ahead(self.ctx, counting, rows, self.mapper_of(kind))
+                writers.probe_ahead(self.ctx, counting, rows, self.mapper_of(kind), kind)
             finally:
                 store.count(kind, counting.requests, counting.tokens)
 

@@ -87,6 +87,7 @@ from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledg
 from engine_core.providers.pipedrive.mapping import MalformedRow, sound_id, unreadable_key
 from engine_core.providers.pipedrive.meter import CountingClient, Meter
 from engine_core.providers.pipedrive.stripes import rfc3339
+from engine_core.providers.pipedrive.walk_proof import settled_by_walk
 
 CATCHUP = "catchup"
 DEALS_PER_TASK = 10
@@ -235,7 +236,7 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
 
         def write() -> None:
             try:
-                writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client)
+                writers.write_page(ctx, changed, mapper_of(kind), kind=lk, client=client, walked=kind)
             except PageFailed:
                 # raised once every window has committed: the few rows picked from this page (often
                 # one malformed row failing again) failed alone, each with its reason in the ledger
@@ -290,7 +291,10 @@ class LastParents:
             return []
         prepared = write.map_page(changed, self.mapper_of(kind), malformed=MalformedRow, raw_id=sound_id,
                                   raw_key=unreadable_key)
-        return writers.askable(self.ctx.run, write.unknown_parents(self.ctx, prepared), {})
+        pairs = writers.askable(self.ctx.run, write.unknown_parents(self.ctx, prepared), {})
+        # the parents the walk settles when the page is written are not asked (`walk_proof`)
+        settled = settled_by_walk(self.ctx, kind, prepared, pairs, gone=False)
+        return [p for p in pairs if p not in settled]
 
     def ask(self) -> None:
         """Ask the source about every parent gathered so far (one question a kind)."""
@@ -393,20 +397,25 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         if kind == "files" and step.after is None and contents.KIND in ctx.run.kinds and not ctx.run.dry_run:
             # the files list walked: the contents still to fetch (changed files, failed downloads)
             successors.append(Successor(contents.CATCHUP_DISCOVERY, {"contents": "discover"}))
-        if lk == "deals" and written and lines.KIND in ctx.run.kinds:
-            # a deal's products changed with it: its lines are listed again (lines.py)
-            successors.extend(lines.catchup_tasks(kind, page, lines.written_deals(written)))
+        due: list[int] = []
+        if lk == "deals" and lines.KIND in ctx.run.kinds:
+            # a deal's products changed with it: its lines are listed again (lines.py), the deals the
+            # kind's lists wrote together once they are walked (one `deal_ids` call per 100 deals)
+            due = sorted(set(cursor.get("lines_due", ())) | set(lines.written_deals(written)))
+            if step.after is None and _last_of_kind(ctx.run, kind):
+                successors.extend(lines.catchup_tasks(kind, page, due))
+                due = []
         successors.extend(record_lists.catchup_tasks(ctx.run.kinds, lk, kind, page, written))
         if step.after is None:
             after = _after_list(ctx.run, kind)
             first = next((s for s in after if s.cursor.get("list") is not None), None)
             if first is None or walked >= PAGES_PER_TASK:
-                return TaskOutcome(tuple(successors + after))
+                return TaskOutcome(tuple(successors + [_carrying(s, due) if s is first else s for s in after]))
             # the next list in this same task; the deletes task of a ledger kind done goes on the lane
             successors += [s for s in after if s is not first]
-            following_page = first
+            following_page = _carrying(first, due)
         else:
-            following_page = page_task(kind, page + 1, step.after)
+            following_page = _carrying(page_task(kind, page + 1, step.after), due)
             if walked >= PAGES_PER_TASK:
                 return TaskOutcome(tuple(successors + [following_page]))
         ctx.move_cursor(following_page.cursor, successors=successors)
@@ -414,6 +423,18 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         kind = cursor["list"]
         lk = ledger_kind(kind)
         ctx.stop_point()  # after the move: a stop resumes at the next page, this page's successors made
+
+
+def _last_of_kind(run: Run, kind: str) -> bool:
+    """Whether `kind` is the last list of its ledger kind the run's catch-up walks."""
+    kinds = catchup_kinds(run)
+    following = kinds[kinds.index(kind) + 1] if kind in kinds and kinds.index(kind) + 1 < len(kinds) else None
+    return following is None or ledger_kind(following) != ledger_kind(kind)
+
+
+def _carrying(task: Successor, due: Sequence[int]) -> Successor:
+    """`task` (the walk's next page) carrying the deals whose lines are still to list (`lines_due`)."""
+    return Successor(task.cursor_key, {**task.cursor, "lines_due": list(due)}, task.kind) if due else task
 
 
 def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:

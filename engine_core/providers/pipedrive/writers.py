@@ -57,6 +57,7 @@ from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PAGE, PARENT_PATHS, V1_PATHS, ledger_kind
 from engine_core.providers.pipedrive.meter import token_cost
+from engine_core.providers.pipedrive.walk_proof import settled_by_walk, walk_settles
 from engine_core.providers.pipedrive.paging import rows_of
 from engine_core.providers.pipedrive.mapping import (MalformedRow, Mapped, sound_id,
                                                      unreadable_key)
@@ -395,15 +396,34 @@ def _served(client: Getter, path: str, ids: set[str], cancel: Any) -> tuple[set[
 
 
 CATCHUP_KIND = "catchup"
-
-
-def probe_of(ctx: TaskContext, client: Getter) -> write.Probe:
+def probe_of(ctx: TaskContext, client: Getter, *, kind: str | None = None,
+             walked: Sequence[write.Prepared] | None = None) -> write.Probe:
     """The engine's probe for a Pipedrive page: parents unknown to the ledger, of kinds this run
     imports and the source answers by id, asked once per run through the budgeted `client` - and
     once more in the catch-up: "exists" is only true when asked (a parent created and deleted while
-    the run walked answered it, and a row the catch-up writes must not stay a placeholder on it)."""
+    the run walked answered it, and a row the catch-up writes must not stay a placeholder on it).
+
+    `kind`: the page's listing kind (default the task's). A walk before the catch-up leaves the
+    parents its catch-up settles (`walk_settles`) to it: answered None (`write.WAITING`), no request.
+    `walked`: the page (mapped) is the catch-up's listing of `kind`: the parents its walk proves
+    gone (`settled_by_walk`) are answered False, no request."""
     key = answers_key(ctx)
-    return lambda pairs: ask_source(client, askable(ctx.run, pairs, {}), key, ctx.cancel)
+    listing = kind or ctx.task.kind
+    catchup = ctx.task.kind == CATCHUP_KIND
+
+    def probe(pairs: list[Pair]) -> dict[Pair, bool | None]:
+        asked = askable(ctx.run, pairs, {})
+        out: dict[Pair, bool | None] = {}
+        if walked is not None:
+            out.update(dict.fromkeys(settled_by_walk(ctx, listing, walked, asked), False))
+        elif not catchup:
+            out.update((p, None) for p in asked if walk_settles(ctx.run, listing, p[0]))
+        rest = [p for p in asked if p not in out]
+        if rest:
+            out.update(ask_source(client, rest, key, ctx.cancel))
+        return out
+
+    return probe
 
 
 def answers_key(ctx: TaskContext) -> tuple[str, int]:
@@ -448,35 +468,42 @@ class MappedPages:
 MAPPED = MappedPages()
 
 
-def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper) -> None:
-    """Ask the source now about the parents of a listed page (its `rows`, mapped by `mapper`) that
-    a later task of `ctx.run` will write (`write_listed_page`): the ones its probe would ask,
-    answered once for the run (`ask_source`), so that task finds them answered. Only once the phases
-    of the page's parents are closed (else a parent still to be written would be asked). The
-    mapping is kept for that task (`MAPPED`). Raises as `ask_source` does."""
+def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper, kind: str | None = None) -> None:
+    """Ask the source now about the parents of a listed page (its `rows` of listing `kind`, default
+    the task's, mapped by `mapper`) that a later task of `ctx.run` will write (`write_listed_page`):
+    the ones its probe would ask (not those left to the catch-up: `walk_settles`), answered once for
+    the run (`ask_source`), so that task finds them answered. Only once the phases of the page's
+    parents are closed (else a parent still to be written would be asked). The mapping is kept for
+    that task (`MAPPED`). Raises as `ask_source` does."""
     prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
     MAPPED.put(rows, prepared)
-    pairs = askable(ctx.run, write.unknown_parents(ctx, prepared), {})
+    listing = kind or ctx.task.kind
+    pairs = [p for p in askable(ctx.run, write.unknown_parents(ctx, prepared), {})
+             if not walk_settles(ctx.run, listing, p[0])]
     if pairs:
         ask_source(client, pairs, answers_key(ctx))
 
 
 def write_page(
     ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, *, kind: str | None = None, client: Getter | None = None,
-    optimistic: bool = True,
+    optimistic: bool = True, walked: str | None = None,
 ) -> PageResult:
     """Map a page here (`write.map_page` with Pipedrive's mappers and key rules), then hand it to
     the engine once (`write.write_mapped_page`): references resolved in one query, windows.
 
     `kind`: the ledger kind (default: the task kind's, `kinds.ledger_kind`). With a `client`, the
-    page's parents that the ledger does not know are asked of the source first (`ask_source`).
+    page's parents that the ledger does not know are asked of the source first (`probe_of`).
+    `walked`: the listing kind of a catch-up's page (its walk settles parents: `settled_by_walk`).
     `optimistic=False`: every row per row (the baseline)."""
     prepared = MAPPED.take(rows) if ctx.offset == 0 else None  # mapped ahead (`probe_ahead`)
     if prepared is None:
         prepared = write.map_page(rows, mapper, start=ctx.offset, malformed=MalformedRow, raw_id=_raw_id,
                                   raw_key=unreadable_key)
-    return write.write_mapped_page(ctx, prepared, kind=kind or ledger_kind(ctx.task.kind),
-                                   probe=probe_of(ctx, client) if client is not None else None, optimistic=optimistic)
+    probe = None
+    if client is not None:
+        probe = probe_of(ctx, client, kind=walked, walked=prepared if walked is not None else None)
+    return write.write_mapped_page(ctx, prepared, kind=kind or ledger_kind(ctx.task.kind), probe=probe,
+                                   optimistic=optimistic)
 
 
 def write_listed_page(ctx: TaskContext, rows: Sequence[Any], mapper: Mapper, client: Getter) -> PageResult:

@@ -1,0 +1,89 @@
+"""Parents left to the catch-up's walk: a full run asks the source about no missing parent of a
+row its catch-up will list again; the catch-up's walk settles them without a request.
+
+A row whose parent the ledger does not know, listed by a walk before the catch-up (a full run's
+phases), is a placeholder that waits for the catch-up's walk (`write.WAITING`, at the row's
+version) instead of asking the source (`writers.ask_source`) - when the run's catch-up lists the
+row's kind and every list of the parent's ledger kind whole and writes the parent's lists first
+(`walk_settles`: a full run, not dry; a sync, whose listing may be only what changed, and a
+dry run, whose catch-up writes nothing, ask as before). The catch-up's walk then takes the
+placeholder over (`inventory_ledger.needs_write`): a parent its chain wrote links it; a parent it
+did not list is gone, and the row is imported with that link dangling exactly as a 404 leaves
+it, without a request (`settled_by_walk`).
+
+The proof. A child listed at time t references parent X, so X existed at t (Pipedrive keeps a
+child's reference after its parent was deleted: or X was deleted before t). The catch-up's walk of
+X's lists starts after every page of the run's walks was listed (the catch-up is the run's last
+phase), so after t. If X still existed when that walk started, the walk lists it: a row present
+for the whole walk is served at least once (`inventory.py`: v2 lists by cursor, which updates and
+deletions elsewhere do not move; v1 lists by overlapping offsets), and the lists of one ledger kind
+are read one after the other (archived deals after deals), so a deal archived while they are walked
+is served by the second. So if the catch-up's complete walk did not list X (X is not in the run's
+inventory, `inventory_ledger.unlisted`), X is gone. (Its one gap is the walk's own: a deal or lead
+restored from the archive between the walks of its two lists is in neither; its child then keeps
+the link dangling, as the catch-up itself misses that parent until the next sync.) The proof needs the reference seen at t:
+it holds only for a child the catch-up lists at the version the earlier walk skipped it at
+(`inventory_ledger.waiting_at`: same version, same reference) and whose every row pointing at X
+on the page is such a child; a child changed since, or first listed by the catch-up itself, is
+asked as before (few rows). The catch-up writes a kind's rows only after the walks of its
+parents' lists are written (one chain, parents first; the last level after the chain):
+`walk_settles` checks the order of `kinds.CATCHUP_ORDER`. Nothing of it is remembered in memory
+(`writers.SourceAnswers`): a resumed run's catch-up, in any process, settles the placeholders a
+run stopped before its catch-up left.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from engine_core import inventory_ledger, write
+from engine_core.context import TaskContext
+from engine_core.models import Run
+from engine_core.providers.pipedrive.kinds import BY_NAME, KINDS, LAST_LEVEL, ledger_kind
+
+Pair = tuple[str, str]  # (ledger kind, source id)
+
+
+# The catch-up's lists of each ledger kind (an archived list keeps its kind's identities).
+WALKED_LISTS: dict[str, tuple[str, ...]] = {
+    lk: tuple(k.name for k in KINDS if k.catchup is not None and k.ledger == lk)
+    for lk in {k.ledger for k in KINDS if k.catchup is not None}}
+
+
+def walk_settles(run: Run, kind: str, parent_kind: str) -> bool:
+    """Whether the run's catch-up walk settles a missing parent of ledger kind `parent_kind` of a
+    row of listing kind `kind` without a request (module docstring, "Left to the catch-up"): a
+    full run, not dry (its catch-up walks every list whole and writes), `kind` walked by it, and
+    every list of the parent's ledger kind walked - and written - before `kind`'s in its chain
+    (`kinds.CATCHUP_ORDER`, the last level after the chain). A sync, whose listing may be only what
+    changed, and a run without one of the parent's lists keep asking."""
+    child = BY_NAME.get(kind)
+    lists = WALKED_LISTS.get(parent_kind, ())
+    if run.is_sync or run.dry_run or child is None or child.catchup is None or kind not in run.kinds or not lists:
+        return False
+    return all(name in run.kinds and name not in LAST_LEVEL and (BY_NAME[name].catchup or 0) < child.catchup
+               for name in lists)
+
+
+def settled_by_walk(ctx: TaskContext, kind: str, prepared: Sequence[write.Prepared], pairs: Iterable[Pair],
+                    *, gone: bool = True) -> set[Pair]:
+    """The parents among `pairs` of a catch-up page of listing kind `kind` (`prepared`) that its walk
+    settles without a request: `walk_settles`, and every row of the page pointing at the parent
+    waits for the catch-up's walk at the version listed now (`inventory_ledger.waiting_at`: the
+    reference a walk before the catch-up saw). `gone`: only those this run's inventory does not hold
+    (no page of the catch-up's walk served them: gone at the source); False: all of them (asked
+    before the parents' walks are done: `LastParents`). Reads the ledger; holds no connection after."""
+    pairs = sorted(p for p in set(pairs) if walk_settles(ctx.run, kind, p[0]))
+    if not pairs:
+        return set()
+    pointing: dict[Pair, set[str]] = {p: set() for p in pairs}
+    versions: dict[str, str | None] = {}
+    for row in prepared:
+        m = row["mapped"]
+        for ref in m.parents if m is not None else ():
+            if (ref.parent_kind, ref.source_id) in pointing:
+                pointing[(ref.parent_kind, ref.source_id)].add(m.source_id)
+                versions[m.source_id] = m.version
+    with ctx.db.connection() as conn:
+        waiting = inventory_ledger.waiting_at(conn, ctx.run, ledger_kind(kind), versions.items())
+        unlisted = inventory_ledger.unlisted(conn, ctx.run, pairs) if gone else set(pairs)
+    return {p for p in unlisted if pointing[p] and pointing[p] <= waiting}
