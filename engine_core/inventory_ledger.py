@@ -84,7 +84,8 @@ def waiting_at(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str 
 
 def unlisted(conn: Conn, run: Run, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
     """The (ledger kind, source id) pairs among `pairs` this run's inventory does not hold (no page
-    of its catch-up's listing served them), in one query."""
+    of its catch-up's listing served them), in one query; none of a kind of which the run recorded
+    a row without a readable id (`ledger.note_unreadable`: it may be any of them)."""
     wanted = sorted(set(pairs))
     if not wanted:
         return set()

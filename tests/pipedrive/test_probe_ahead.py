@@ -3,13 +3,14 @@
 not know are asked of the source as the page arrives, not when its task starts - each still once
 per run, counted in the kind's tasks, the same rows written; only while the source is slow
 (`Prefetch.slow`). Four lane threads over the sandbox's small account (dangling organization ids
-on persons), on real Postgres."""
+on persons), on real Postgres. A full run leaves its parents to the catch-up's walk (`walk_proof`):
+these runs ask as the runs that still ask do (a dry run, a sync), with that rule off."""
 from __future__ import annotations
 
 import threading
 import time
 
-from engine_core.providers.pipedrive import writers
+from engine_core.providers.pipedrive import walk_proof, writers
 from engine_core.providers.pipedrive.prefetch import Prefetch
 from tests.pipedrive.support import failed_tasks, ledger, ledger_truth, migrate, sandbox
 
@@ -25,6 +26,7 @@ def test_a_walks_later_pages_have_their_parents_asked_before_their_tasks_start(d
         return real_request(client, pairs, cancel)
 
     monkeypatch.setattr(writers, "_request", request)
+    _asking(monkeypatch)
     monkeypatch.setattr(Prefetch, "SLOW", 0.0)  # the sandbox answers at once: count it as slow
     taken: list[bool] = []
     real_take = writers.MappedPages.take
@@ -61,8 +63,15 @@ def test_a_fast_source_has_no_parents_asked_ahead(db, monkeypatch) -> None:
     asked: list[str] = []
     real_probe = writers.probe_ahead
     monkeypatch.setattr(writers, "probe_ahead", lambda ctx, *a: (asked.append(ctx.task.kind), real_probe(ctx, *a)))
+    _asking(monkeypatch)
     monkeypatch.setattr(Prefetch, "SLOW", 60.0)
     with sandbox(scale="small") as sb:
         run = migrate(db, sb, kinds=["organizations", "persons"])
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert asked == [], "mapping a page twice costs more than a fast source's probe"
+
+
+def _asking(monkeypatch) -> None:
+    """Walks that ask about their missing parents (no parent left to the catch-up's walk)."""
+    for module in (writers, walk_proof):
+        monkeypatch.setattr(module, "walk_settles", lambda run, kind, parent_kind: False)

@@ -21,9 +21,13 @@ per stripe (4); a striped v1 list one call per page and the three stripes' empty
 deals summary only when active deals are striped (a walked list counts itself); field lists 7, the company once; deal products one call per 100 deals; the
 catch-up one walk of every list; mail one listing per deal with mail and one body per message
 (plus the discovery's walk of both deal lists); file contents one download per file (files are
-listed 100 a call). Parent probes: one request a page per parent kind
-the page links to (`Kind.depends_on` among the probed kinds) - an upper estimate that holds on an
-account with deleted parents (the sandbox's 2%); an account without any spends none.
+listed 100 a call). Parent probes: none where the run leaves a missing parent to its catch-up's
+walk (`walk_proof.left_to_catchup`: every parent of the kinds the catch-up walks, when the run
+takes the parent's lists); else one request a page per parent kind the page links to
+(`Kind.depends_on` among the probed kinds) - an upper estimate that holds on an account with
+deleted parents (the sandbox's 2%); an account without any spends none. The deals the catch-up
+writes for the first time (their person or organization missing after the walks: the sample's
+share) have their product lines listed by it, one call per 100 deals.
 
 Tokens are each request's `x-token-cost` (`kinds.TOKEN_COSTS`). Days: tokens / (the account's
 `x-daily-ratelimit-token-limit` x the engine's daily share), per kind and in total (None when the
@@ -50,7 +54,7 @@ import httpx
 
 from engine_core.config import Settings
 from engine_core.providers.pipedrive import kinds as K
-from engine_core.providers.pipedrive import stripes, writers
+from engine_core.providers.pipedrive import stripes, walk_proof, writers
 from engine_core.providers.pipedrive.client import tls_context
 from engine_core.providers.pipedrive.errors import ItemRefused
 from engine_core.providers.pipedrive.retry import rate_observation
@@ -384,6 +388,8 @@ def probe_cost(kind: K.Kind, rows: int, sample: tuple[int, dict[str, set[str]]],
         entry = K.BY_NAME.get(parent)
         if entry is None or parent not in planned or parent not in K.PARENT_PATHS:
             continue
+        if walk_proof.left_to_catchup(planned, kind.name, parent):
+            continue  # the catch-up's walk settles it, no request
         gone = ids & missing.get(parent, set())
         new = gone - asked.setdefault(parent, set())
         asked[parent] |= gone
@@ -402,6 +408,16 @@ def probe_cost(kind: K.Kind, rows: int, sample: tuple[int, dict[str, set[str]]],
         requests += n_pages * (one + more * len(entry.batch_paths))
         tokens += n_pages * (one * single + more * sum(K.TOKEN_COSTS[p] for p in entry.batch_paths))
     return round(requests), round(tokens)
+
+
+def waiting_share(sample: tuple[int, dict[str, set[str]]], missing: dict[str, set[str]], planned: Sequence[str]) -> float:
+    """The share of a kind's sampled rows (`parent_refs`' count) naming a parent the source lacks
+    (`missing`), of a planned kind: an upper bound (a row naming two counts once per parent)."""
+    mapped, refs = sample
+    if not mapped:
+        return 0.0
+    named = sum(len(ids & missing.get(parent, set())) for parent, ids in refs.items() if parent in planned)
+    return min(1.0, named / mapped)
 
 
 def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: int,
@@ -475,6 +491,11 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     for n in catchup_kinds:
         catchup.requests += pages(rows[n][0], K.page_of(n))
         catchup.tokens += pages(rows[n][0], K.page_of(n)) * K.BY_NAME[n].cost
+    if "deal_products" in planned and "deals" in catchup_kinds:
+        # the deals written by the catch-up (a parent missing after the walks): their lines, 100 a call
+        late = round(rows["deals"][0] * waiting_share(samples["deals"], missing, planned))
+        catchup.requests += pages(late, IDS_PER_CALL) if late else 0
+        catchup.tokens += (pages(late, IDS_PER_CALL) if late else 0) * K.BY_NAME["deal_products"].cost
     catchup.seconds = catchup.requests * trip["list"]
     out += [costs[n] for n in planned if n in costs] + [catchup]
     opt_in = [costs[k.name] for k in K.KINDS if not k.default and k.name in costs and k.name not in planned]

@@ -33,7 +33,7 @@ run stopped before its catch-up left.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from engine_core import inventory_ledger, write
 from engine_core.context import TaskContext
@@ -49,19 +49,25 @@ WALKED_LISTS: dict[str, tuple[str, ...]] = {
     for lk in {k.ledger for k in KINDS if k.catchup is not None}}
 
 
-def walk_settles(run: Run, kind: str, parent_kind: str) -> bool:
-    """Whether the run's catch-up walk settles a missing parent of ledger kind `parent_kind` of a
-    row of listing kind `kind` without a request (module docstring, "Left to the catch-up"): a
-    full run, not dry (its catch-up walks every list whole and writes), `kind` walked by it, and
-    every list of the parent's ledger kind walked - and written - before `kind`'s in its chain
-    (`kinds.CATCHUP_ORDER`, the last level after the chain). A sync, whose listing may be only what
-    changed, and a run without one of the parent's lists keep asking."""
+def left_to_catchup(kinds: Collection[str], kind: str, parent_kind: str) -> bool:
+    """Whether a full run of `kinds` leaves a missing parent of ledger kind `parent_kind` of a row of
+    listing kind `kind` to its catch-up's walk: `kind` walked by the catch-up, and every list of the
+    parent's ledger kind walked - and written - before `kind`'s list in its chain
+    (`kinds.CATCHUP_ORDER`; the last level after the chain). For the plan too (`estimate`)."""
     child = BY_NAME.get(kind)
     lists = WALKED_LISTS.get(parent_kind, ())
-    if run.is_sync or run.dry_run or child is None or child.catchup is None or kind not in run.kinds or not lists:
+    if child is None or child.catchup is None or kind not in kinds or not lists:
         return False
-    return all(name in run.kinds and name not in LAST_LEVEL and (BY_NAME[name].catchup or 0) < child.catchup
+    return all(name in kinds and name not in LAST_LEVEL and (BY_NAME[name].catchup or 0) < child.catchup
                for name in lists)
+
+
+def walk_settles(run: Run, kind: str, parent_kind: str) -> bool:
+    """Whether the run's catch-up walk settles a missing parent of ledger kind `parent_kind` of a
+    row of listing kind `kind` without a request (module docstring): `left_to_catchup`, in a full
+    run, not dry (its catch-up walks every list whole and writes). A sync, whose listing may be
+    only what changed, and a dry run keep asking."""
+    return not run.is_sync and not run.dry_run and left_to_catchup(run.kinds, kind, parent_kind)
 
 
 def settled_by_walk(ctx: TaskContext, kind: str, prepared: Sequence[write.Prepared], pairs: Iterable[Pair],
