@@ -17,8 +17,7 @@ from typing import Any
 from engine_core import ledger
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import newer, same_version
-from engine_core.write import WAITING
+from engine_core.rows import WAITS_FOR_WALK, newer, same_version
 
 WRITTEN = ("created", "matched")
 
@@ -71,12 +70,12 @@ def unwritten(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str]]
 
 def waiting_at(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str | None]]) -> set[str]:
     """The source ids among `listed` ((source id, version) of ledger kind `kind`) the ledger holds as
-    skipped waiting for the catch-up's walk (`write.WAITING`: a walk before the catch-up skipped
+    skipped waiting for the catch-up's walk (`write.WAITS_FOR_WALK`: a walk before the catch-up skipped
     them) at that very version (`rows.same_version`): their references are the ones that walk saw."""
     pairs = [(sid, version) for sid, version in listed if version is not None]
     if not pairs:
         return set()
-    rows = conn.fetch_all("ledger_waiting_at", {"t": run.tenant_id, "s": run.source, "k": kind, "waiting": WAITING,
+    rows = conn.fetch_all("ledger_waiting_at", {"t": run.tenant_id, "s": run.source, "k": kind, "waiting": WAITS_FOR_WALK,
                                                 "ids": ledger.array(sorted({sid for sid, _ in pairs}))})
     held = {r["source_id"]: r["source_version"] for r in rows}
     return {sid for sid, version in pairs if sid in held and same_version(held[sid], version)}

@@ -38,15 +38,8 @@ from psycopg.types.json import Jsonb
 from engine_core.db import Conn, Database, query
 from engine_core.models import Run
 from engine_core.rows import (  # noqa: F401 - the outcomes' names and the version rules, pure in rows.py
-    ALREADY_HERE,
-    FAILED,
-    IMPORTED,
-    MATCHED,
-    SKIPPED,
-    UPDATED,
-    content_version,
-    newer,
-    same_version,
+    ALREADY_HERE, FAILED, GONE_BEFORE_WALK, IMPORTED, MATCHED, SKIPPED, UPDATED, WAITING, WAITS_FOR_WALK,
+    content_version, newer, same_version,
 )
 
 WRITTEN_ACTIONS = ("created", "matched")
@@ -409,7 +402,8 @@ def mark_deleted(tx: Conn, run: Run, kind: str, source_ids: Iterable[object], at
     if run.dry_run:
         row = tx.fetch_one("ledger_would_delete", params)
         return int(row["n"]) if row else 0
-    marked = tx.fetch_all("ledger_mark_deleted", {**params, "run_id": run.id, "at": at})
+    marked = tx.fetch_all("ledger_mark_deleted", {**params, "run_id": run.id, "at": at, "waiting": WAITS_FOR_WALK,
+                                                  "gone": GONE_BEFORE_WALK})
     overwrite = overwrite_matched(run)
     by_type: dict[tuple[str, datetime], list[int]] = {}
     for m in marked:
@@ -545,17 +539,18 @@ def resolve(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> dict[tu
 
 def references(conn: Conn, run: Run, refs: Iterable[tuple[str, object]]) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], str]]:
     """Source (kind, id) pairs in one query: (pairs -> the local record ids of the written ones, as
-    `resolve`; pairs -> the action of every entry: a pair absent from it is one the ledger knows
-    nothing about)."""
+    `resolve`; pairs -> the action of every entry, WAITING for a placeholder left to the catch-up's
+    walk: a pair absent from it is one the ledger knows nothing about)."""
     pairs = {(k, str(s)) for k, s in refs if s is not None and s != ""}
     if not pairs:
         return {}, {}
     kinds, ids = zip(*sorted(pairs))
     rows = conn.fetch_all(
         "reference_entries",
-        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids)},
+        {"tenant_id": run.tenant_id, "source": run.source, "kinds": array(kinds), "source_ids": array(ids),
+         "waiting": WAITS_FOR_WALK},
     )
-    known = {(r["kind"], r["source_id"]): r["action"] for r in rows}
+    known = {(r["kind"], r["source_id"]): WAITING if r["waits"] else r["action"] for r in rows}
     found = {(r["kind"], r["source_id"]): r["record_id"] for r in rows if r["action"] in WRITTEN_ACTIONS}
     return found, known
 

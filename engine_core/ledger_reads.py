@@ -15,6 +15,7 @@ from typing import Any
 from psycopg import sql
 
 from engine_core.db import Conn, Database, stream
+from engine_core.rows import WAITS_FOR_WALK
 
 # -- reads for the run's report (rollup), `explain` and `verify` ------------------------------
 
@@ -26,6 +27,13 @@ def history_counts(db: Database | Conn, run_id: int) -> dict[str, dict[str, int]
     for r in db.fetch_all("history_counts", {"run_id": run_id}):
         out.setdefault(r["kind"], {"updated": 0, "deleted": 0, "restored": 0})[r["action"]] = int(r["n"])
     return out
+
+
+def waiting_counts(db: Database | Conn, run_id: int) -> dict[str, int]:
+    """Run `run_id`'s placeholders still left to the catch-up's walk (skipped, not deleted at the
+    source, reason saying `rows.WAITS_FOR_WALK`), per ledger kind; kinds without any are absent."""
+    rows = db.fetch_all("ledger_waiting_counts", {"run_id": run_id, "waiting": WAITS_FOR_WALK})
+    return {r["kind"]: int(r["n"]) for r in rows}
 
 
 def written_by_kind(db: Database | Conn, run_id: int) -> list[dict[str, Any]]:

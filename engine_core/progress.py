@@ -6,9 +6,10 @@
   its own lane asked of the source; other processes report theirs.
 * `PhaseMeter`: successive snapshots of one phase of one run, from the task stats the workers
   checkpoint with every window (rows seen / imported / matched / already here / updated / skipped /
-  failed, tasks done / total) plus the recorder's counters, with rates between two snapshots and an ETA
-  where a total is known (the source's own count, else the phase's tasks: those that exist and those
-  its discoveries not yet run expect to seed, `expected_tasks` in their cursors).
+  waiting for the catch-up / failed, tasks done / total) plus the recorder's counters, with rates
+  between two snapshots and an ETA where a total is known (the source's own count, else the phase's
+  tasks: those that exist and those its discoveries not yet run expect to seed, `expected_tasks` in
+  their cursors).
 * `run_progress`: percent and ETA of a whole run for `migrate status` (no rates: one look), its
   phases weighed by what they cost (the provider's `progress_weights`).
 * `ProgressBoard`: one `rich` progress bar per phase for `migrate run`, drawn from snapshots.
@@ -139,6 +140,7 @@ class PhaseProgress:
     already_here: int = 0
     updated: int = 0  # written over their product row in place (a newer source version)
     skipped: int = 0
+    waiting: int = 0  # left to the catch-up's walk (`rows.WAITING`)
     failed: int = 0
     tasks_done: int = 0
     tasks_failed: int = 0
@@ -166,7 +168,8 @@ class PhaseProgress:
                  f" {self.matched + self.already_here} matched or already here,"
                  + (f" {self.updated} updated," if self.updated else "")
                  + f" {self.skipped} skipped,"
-                 f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"
+                 + (f" {self.waiting} waiting for the catch-up," if self.waiting else "")
+                 + f" {self.failed} failed; tasks {self.tasks_done}/{self.tasks_total}"
                  + (f" (about {self.tasks_total + self.tasks_expected} expected)" if self.tasks_expected else "")]
         if self.percent is not None:
             parts.append(f"{self.percent:.0f}%")
@@ -194,7 +197,7 @@ def _phase_figures(rows: list[dict[str, Any]], phase: int, kinds: list[str], run
     for r in rows:
         if r["phase"] != phase:
             continue
-        for c in ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed"):
+        for c in ("seen", "imported", "matched", "already_here", "updated", "skipped", "waiting", "failed"):
             setattr(p, c, getattr(p, c) + int(r.get(c) or 0))
         p.tasks_total += int(r["n"])
         if r["status"] in DONE:
@@ -418,7 +421,7 @@ class ProgressBoard:
                 self._bars[i] = self.progress.add_task(f"phase {self.labels[i] if self.labels else i + 1} {', '.join(kinds)}", total=100.0, figures="")
             imported, updated = self._words
             figures = (f"{p.seen} seen {p.imported} {imported}" + (f" {p.updated} {updated}" if p.updated else "")
-                       + f" {p.skipped} skipped {p.failed} failed"
+                       + f" {p.skipped} skipped" + (f" {p.waiting} waiting" if p.waiting else "") + f" {p.failed} failed"
                        f" | tasks {p.tasks_done}/{p.tasks_total} | {p.rows_per_second:.0f} rows/s"
                        f" {p.requests_per_second:.1f} req/s {p.rate_limited}x429")
             if p.retrying:

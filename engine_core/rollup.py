@@ -2,7 +2,7 @@
 
 The rollup also checks completeness ("checked, not assumed"): for every kind of a closed
 phase, rows seen = rows accounted for (imported + matched + already here + updated + skipped +
-failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
+waiting + failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
 so a task kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under
 `deals` - is compared with its phase); and rows seen = the source's own count where a discovery
 task recorded one (`source_total` in its stats). For the whole run: rows updated in place
@@ -20,6 +20,11 @@ kinds, and a kind's source count (taken when its phase began) is met by its phas
 catch-up's, or by the catch-up's whole listing of the kind with every row given an outcome
 (`KindRollup.source_count_met`). Until a run with a snapshot has closed its last phase (the
 catch-up), a source count not yet met is no verdict.
+
+A row a phase's walk left to the catch-up's walk (`rows.WAITING`: a parent not known yet, not
+asked) is `waiting` in its phase and neither skipped nor written; the catch-up's outcome for it is
+counted per kind (`caught_up`): so per kind, phase + catch-up = the ledger. Once the run succeeded,
+no placeholder of the run may still wait (`run_problems`): one that does was left unsettled.
 
 Rows deleted at the source are not rows seen (no listing serves them): `deleted_at_source` and
 `restored` per kind come from the ledger history of the run (`ledger_reads.history_counts`), beside the
@@ -41,13 +46,13 @@ from engine_core.reaper import process_alive
 from engine_core.runlog import reason_shape
 
 # A row's outcomes, each seen row has exactly one (their sum is `accounted`).
-COUNTERS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
+COUNTERS = ("imported", "matched", "already_here", "updated", "skipped", "waiting", "failed")
 
 
 @dataclass
 class KindRollup:
     """One kind's figures over its tasks: tasks by status, rows seen, and rows by outcome
-    (imported, matched, already here, updated, skipped, failed), with the source's total
+    (imported, matched, already here, updated, skipped, waiting, failed), with the source's total
     where a task recorded one."""
     kind: str
     phase: int
@@ -58,6 +63,7 @@ class KindRollup:
     already_here: int = 0
     updated: int = 0  # written over their product row in place: a newer source version
     skipped: int = 0
+    waiting: int = 0  # left to the catch-up's walk (`rows.WAITING`): it says what became of them
     failed: int = 0
     source_total: int | None = None  # the source's own count, where a discovery task recorded one
     # from the ledger's history of this run, per ledger kind (not rows seen; outside `accounted`)
@@ -74,9 +80,10 @@ class KindRollup:
 
     @property
     def accounted(self) -> int:
-        """Rows seen with an outcome: imported + matched + already here + updated + skipped + failed
-        (less `kept_apart`: those records are failed but were never rows seen)."""
-        return (self.imported + self.matched + self.already_here + self.updated + self.skipped + self.failed
+        """Rows seen with an outcome: imported + matched + already here + updated + skipped + waiting
+        + failed (less `kept_apart`: those records are failed but were never rows seen)."""
+        return (self.imported + self.matched + self.already_here + self.updated + self.skipped + self.waiting
+                + self.failed
                 - self.kept_apart)
 
     @property
@@ -229,7 +236,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         finished_at=row["finished_at"],
         seconds=(end - row["started_at"]).total_seconds() if row["started_at"] else None,
         completeness=completeness(db, run, kind_list),
-        problems=run_problems(run, kind_list, changes),
+        problems=run_problems(run, kind_list, changes) + still_waiting(db, run),
     )
 
 
@@ -283,6 +290,17 @@ def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str,
             f"by this run"]
 
 
+def still_waiting(db: Database, run: Run) -> list[str]:
+    """The run-end check of the rows left to the catch-up's walk: a run that succeeded (its catch-up
+    closed) holds no placeholder whose reason still `rows.WAITS_FOR_WALK` - one line per ledger
+    kind that does ("persons: 2 rows still wait for the catch-up's walk"). Any other state: none
+    (a run still walking, stopped or failed leaves them to its resume)."""
+    if run.status != "succeeded" or run.dry_run:
+        return []
+    return [f"{kind}: {n} row{'' if n == 1 else 's'} still wait{'s' if n == 1 else ''} for the catch-up's walk"
+            for kind, n in ledger_reads.waiting_counts(db, run.id).items()]
+
+
 # Counters a task credited to another kind: its stats' "<counter>@<kind>" entries (the Pipedrive
 # catch-up's `catchup.PerKindStats`), summed per task kind.
 _CREDITED = """
@@ -333,7 +351,7 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
             if k.seen != k.accounted:
                 problems.append(f"{k.kind}: {k.seen} seen but {k.accounted} accounted for "
                                 f"(imported {k.imported}, matched {k.matched}, already here {k.already_here}, "
-                                f"updated {k.updated}, skipped {k.skipped}, failed {k.failed})")
+                                f"updated {k.updated}, skipped {k.skipped}, waiting {k.waiting}, failed {k.failed})")
             met = k.source_count_met()
             if met is False and not pending:
                 caught = (f" (+{_n(k.caught_up, 'seen')} by the catch-up, {k.deleted_at_source} deleted at the source)"

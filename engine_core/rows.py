@@ -37,6 +37,15 @@ ALREADY_HERE = "already_here"
 UPDATED = "updated"
 SKIPPED = "skipped"
 FAILED = "failed"
+# A row a walk before the catch-up left as a placeholder for the catch-up's walk to settle (a
+# parent not known yet, not asked of the source): neither skipped nor written yet; the catch-up's
+# own outcome for the row (its "<counter>@<kind>" stats) says what became of it.
+WAITING = "waiting"
+
+# The reason of such a placeholder (with the missing parent), and the one it gets when its own row
+# is deleted at the source before the catch-up's walk took it over (`ledger.mark_deleted`).
+WAITS_FOR_WALK = "waits for the catch-up's walk"
+GONE_BEFORE_WALK = "deleted at the source before the catch-up's walk took it over"
 
 
 class MalformedRow(EngineError):

@@ -36,7 +36,7 @@ def task_stat_keys(db: Database, run_id: int, kind: str | None = None) -> list[s
 def task_groups(db: Database, run_id: int) -> list[dict[str, Any]]:
     """Run `run_id`'s tasks grouped by (phase, kind, status), in that order: {"phase", "kind",
     "status", "n", the summed row outcomes "imported", "matched", "already_here", "updated",
-    "skipped", "failed", "seen", "source_total" (the largest a task recorded), "first_started",
+    "skipped", "waiting", "failed", "seen", "source_total" (the largest a task recorded), "first_started",
     "last_finished"} (named query `rollup_tasks`)."""
     return db.fetch_all("rollup_tasks", {"run_id": run_id})
 

@@ -17,7 +17,7 @@ from typing import Any
 from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.models import Run
-from engine_core.write import PageRefs, Prepared, ledger_refs, missing_parents
+from engine_core.write import PageRefs, Pair, Prepared, ledger_refs, missing_parents
 
 RECORDED = "recorded"  # `seen_before`: this run recorded the row in a window that committed
 
@@ -70,8 +70,10 @@ def decide_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], *, re
     refs = ledger_refs(mapped)
     with ctx.db.connection() as conn:
         entries = ledger.entries(conn, run, kind, [p["id"] for p in prepared])
-        found = ledger.resolve(conn, run, refs)
+        found, known = ledger.references(conn, run, refs)
         dry = ledger.dry_written(conn, run, refs) if run.dry_run else None
+    # a parent left to the catch-up's walk leaves its rows to it too (`write.resolve_page`)
+    waiting: dict[Pair, bool | None] = {p: None for p in missing_parents(mapped, found, dry) if known.get(p) == ledger.WAITING}
     outcomes: list[str | None] = []
     fetch: list[bool] = []
     held: dict[str, ledger.Held | None] = {}
@@ -83,4 +85,4 @@ def decide_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], *, re
         fetch.append(outcome is None and m is not None and not run.dry_run and not missing_parents([m], found, None))
         if outcome is None and entry is not None and entry["action"] in ledger.WRITTEN_ACTIONS:
             held[p["id"]] = ledger.Held(entry["action"], entry["source_version"], entry["deleted_at_source"])
-    return Decided(outcomes, fetch, PageRefs(found, dry, held))
+    return Decided(outcomes, fetch, PageRefs(found, dry, held, waiting))

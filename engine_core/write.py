@@ -46,7 +46,8 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
-from engine_core.rows import MalformedRow, Mapped, Ref, apply_links, link_values, unreadable_key
+from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values,
+                              unreadable_key)
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -57,15 +58,15 @@ NOT_LINKED = "not linked to any record"
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
 # Said of a parent the probe left to the catch-up's walk (answered None): no request now; that walk
-# links the row, or - the parent not listed by it - finds it gone (the provider's proof).
-WAITING = "waits for the catch-up's walk"
+# links the row, or - the parent not listed by it - finds it gone (the provider's proof). The row's
+# outcome is `rows.WAITING`, not skipped (`WAITS_FOR_WALK`, `_outcome_of_skip`).
 
 Mapper = Callable[[Any], Mapped]
 Event = Callable[[str], None]
 Pair = tuple[str, str]  # (ledger kind, source id)
 # The provider's question to its source: of these missing parents the ledger knows nothing about,
 # which exist ({pair: True}), which do not ({pair: False}), which the catch-up's walk settles later
-# without a request ({pair: None}: `WAITING`); pairs it leaves out stay placeholders.
+# without a request ({pair: None}: `WAITS_FOR_WALK`); pairs it leaves out stay placeholders.
 Probe = Callable[[list[Pair]], Mapping[Pair, "bool | None"]]
 
 # How an optimistic window writes its product rows: "claimed" - inserted by the window's ledger
@@ -135,7 +136,7 @@ def _describe_missing(ref: Ref, exists: Mapping[Pair, bool | None]) -> str:
     if exists.get(pair) is True:
         return ref.describe().replace("is not here", NOT_WRITTEN)
     if pair in exists and exists[pair] is None:
-        return f"{ref.describe()}, {WAITING}"
+        return f"{ref.describe()}, {WAITS_FOR_WALK}"
     return ref.describe()
 
 
@@ -143,6 +144,12 @@ def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None]) -> s
     """The reason a row whose parents are not written is skipped (a placeholder)."""
     words = [d for d in (_describe_missing(ref, exists) for ref in missing) if d]
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
+
+
+def _outcome_of_skip(outcome: str, reason: str) -> str:
+    """A placeholder's outcome as counted: `rows.WAITING` when its reason leaves a parent to the
+    catch-up's walk (`WAITS_FOR_WALK`), else the ledger's (SKIPPED, or ALREADY_HERE)."""
+    return WAITING if outcome == ledger.SKIPPED and WAITS_FOR_WALK in reason else outcome
 
 
 def _write_for(tx: Conn, mapped: Mapped, values: dict[str, Any]) -> Callable[[], ledger.Written]:
@@ -173,7 +180,7 @@ def write_mapped(
     writes (`ledger.dry_written`). `exists`: what the source answered about missing parents (the
     provider's probe); a parent it answered 404 for is dangling - the row is imported with that
     link empty and the reference recorded; one it left to the catch-up (None) keeps the row a
-    placeholder saying so (`WAITING`), at the row's version. `on_event` hears `dangling`, `archived_updated` and
+    placeholder saying so (`WAITS_FOR_WALK`), at the row's version. `on_event` hears `dangling`, `archived_updated` and
     `update_skipped` (a written row's newer version whose parents are not here: outcome skipped,
     the product row keeps its version; a retry's revisit of the task tries it again) (stats of
     the task). `held`: the row's ledger entry as its page read it (`ledger.held`), so a row
@@ -198,7 +205,8 @@ def write_mapped(
         if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
-            outcome = ledger.skip(tx, run, kind, mapped.source_id, _not_linked(missing, exists), mapped.version)
+            why = _not_linked(missing, exists)
+            outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version), why)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
                 # a newer version the product cannot take yet (its parent is not here): the row keeps
                 # the version it has, and the sighting says skipped, not already here
@@ -262,7 +270,9 @@ class PageRefs:
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
     """Resolve a page's references, its rows' ledger entries and (a dry run) its would-be writes
     in one connection; then, with that connection back in the pool, ask `probe` about missing
-    parents the ledger knows nothing about."""
+    parents the ledger knows nothing about. With a probe, a missing parent the ledger holds as a
+    placeholder left to the catch-up's walk (`ledger.references`: WAITING) leaves its child to that
+    walk too (answered None, no request): the walk writes parents before children."""
     mapped = [p["mapped"] for p in prepared]
     refs = ledger_refs(mapped)
     unknown: list[Pair] = []
@@ -273,7 +283,9 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
         if probe is not None:
             unknown = _unknown(mapped, found, dry, known)
     # the connection is back in the pool: the source is asked holding nothing of the database
-    exists = dict(probe(unknown)) if unknown and probe is not None else {}
+    exists: dict[Pair, bool | None] = dict(probe(unknown)) if unknown and probe is not None else {}
+    if probe is not None:
+        exists.update((p, None) for p in missing_parents(mapped, found, dry) if known.get(p) == WAITING)
     return PageRefs(found, dry, held, exists)
 
 
@@ -468,8 +480,8 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
             # the window's placeholders in one statement (a savepoint and a statement a row)
             noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason, _) in skips.items()},
                                        {sid: version for sid, (_, _, version) in skips.items()})
-            for sid, (pos, _, _) in skips.items():
-                out[pos] = noted[sid]
+            for sid, (pos, reason, _) in skips.items():
+                out[pos] = _outcome_of_skip(noted[sid], reason)
         if not plain:
             return out
         by_table: dict[str, list[_Plain]] = {}

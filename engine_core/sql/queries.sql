@@ -385,8 +385,9 @@ SELECT r.kind, r.source_id, r.record_id
 -- name: reference_entries --
 -- A page's references in one query: every entry of these pairs, whatever its action (a written
 -- one resolves; any other is known to the ledger, a placeholder or a failure: not asked of the
--- source).
-SELECT r.kind, r.source_id, r.action, r.record_id
+-- source). `waits`: a placeholder left to the catch-up's walk (its reason says `rows.WAITS_FOR_WALK`).
+SELECT r.kind, r.source_id, r.action, r.record_id,
+       (r.action = 'skipped' AND position(%(waiting)s IN COALESCE(r.reason, '')) > 0) AS waits
   FROM migration_records r
   JOIN unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
     ON r.kind = want.kind AND r.source_id = want.source_id
@@ -420,6 +421,7 @@ SELECT phase, kind, status, count(*) AS n,
        COALESCE(sum((stats->>'already_here')::bigint), 0) AS already_here,
        COALESCE(sum((stats->>'updated')::bigint), 0) AS updated,
        COALESCE(sum((stats->>'skipped')::bigint), 0) AS skipped,
+       COALESCE(sum((stats->>'waiting')::bigint), 0) AS waiting,
        COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
        COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
        max((stats->>'source_total')::bigint) AS source_total,
@@ -533,14 +535,16 @@ SELECT d.kind, d.source_id
  WHERE d.migration_id = %(run_id)s;
 
 -- name: revisit_tasks --
--- Retry's second half: later-phase tasks that skipped rows (their parents may have been on the
+-- Retry's second half: later-phase tasks that skipped rows or left them waiting for the catch-up
+-- (their parents may have been on the
 -- failed pages) run again from the top with fresh counts; rows this run already wrote are
 -- recognised through the ledger and not written again.
 UPDATE migration_tasks
    SET status = 'pending', processed_offset = 0, stats = '{"revisit": 1}'::jsonb, attempts = 0,
        enqueued_at = NULL, not_before = NULL, error = NULL, finished_at = NULL, updated_at = now()
  WHERE migration_id = %(run_id)s AND status = 'succeeded' AND phase > %(phase)s
-   AND kind = ANY(%(kinds)s::text[]) AND COALESCE((stats->>'skipped')::int, 0) > 0
+   AND kind = ANY(%(kinds)s::text[])
+   AND COALESCE((stats->>'skipped')::int, 0) + COALESCE((stats->>'waiting')::int, 0) > 0
 RETURNING id;
 
 -- name: written_by_run --
@@ -649,9 +653,13 @@ VALUES (%(record_id)s, %(run_id)s, %(action)s, %(version_before)s, %(version_aft
 -- name: ledger_mark_deleted --
 -- Soft delete, once: only entries not already marked change (so a second detection of the same
 -- deletion adds nothing), each with a `deleted` history row; returns what the product rows are.
+-- A placeholder left to the catch-up's walk (its reason says `rows.WAITS_FOR_WALK`) says it was
+-- deleted before that walk took it over (`rows.GONE_BEFORE_WALK`): nothing waits for it now.
 WITH marked AS (
     UPDATE migration_records
-       SET deleted_at_source = COALESCE(%(at)s::timestamptz, now())
+       SET deleted_at_source = COALESCE(%(at)s::timestamptz, now()),
+           reason = CASE WHEN action = 'skipped' AND position(%(waiting)s IN reason) > 0
+                         THEN %(gone)s ELSE reason END
      WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
        AND source_id = ANY(%(source_ids)s::text[]) AND deleted_at_source IS NULL
     RETURNING id, action, record_type, record_id, source_version, deleted_at_source
@@ -770,9 +778,16 @@ SELECT want.kind, want.source_id
                 WHERE i.migration_id = %(r)s AND i.kind = want.kind AND i.source_id = want.source_id)
     OR EXISTS (SELECT 1 FROM migration_unreadable u WHERE u.migration_id = %(r)s AND u.kind = want.kind);
 
+-- name: ledger_waiting_counts --
+-- A run's placeholders still waiting for its catch-up's walk, per ledger kind (the rollup's run-end check).
+SELECT kind, count(*) AS n FROM migration_records
+ WHERE migration_id = %(run_id)s AND action = 'skipped' AND deleted_at_source IS NULL
+   AND position(%(waiting)s IN reason) > 0
+ GROUP BY kind ORDER BY kind;
+
 -- name: ledger_waiting_at --
 -- Which of these source ids of one ledger kind the ledger holds as skipped, waiting for the catch-up's
--- walk (their reason says so: `write.WAITING`), and at which version they were listed then.
+-- walk (their reason says so: `write.WAITS_FOR_WALK`), and at which version they were listed then.
 SELECT source_id, source_version FROM migration_records
  WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])
    AND action = 'skipped' AND source_version IS NOT NULL AND position(%(waiting)s IN reason) > 0;

@@ -14,7 +14,7 @@ from engine_core.progress import PhaseProgress
 from migration_pipeline import tags
 from migration_pipeline.assets.specs import plan_of
 
-COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "failed")
+COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "waiting", "failed")
 # per kind beside the row outcomes: rows marked deleted at the source by the run (ledger
 # history, not rows seen) and rows of the kind the run's catch-up wrote (`KindRollup.caught_up`)
 EXTRA = ("deleted_at_source", "by_catchup")
@@ -37,6 +37,7 @@ PER_KIND_SCHEMA = TableSchema(
         TableColumn("already_here", "int"),
         TableColumn("updated", "int"),
         TableColumn("skipped", "int"),
+        TableColumn("waiting", "int"),
         TableColumn("failed", "int"),
         TableColumn("deleted_at_source", "int"),
         TableColumn("by_catchup", "int"),
@@ -143,6 +144,7 @@ def progress_metadata(p: PhaseProgress) -> dict[str, Any]:
         "imported": MetadataValue.int(p.imported),
         "matched_or_already_here": MetadataValue.int(p.matched + p.already_here),
         "skipped": MetadataValue.int(p.skipped),
+        "waiting_for_catchup": MetadataValue.int(p.waiting),
         "failed": MetadataValue.int(p.failed),
         "rows_per_second": MetadataValue.float(float(p.rows_per_second)),
         "requests": MetadataValue.int(p.requests),

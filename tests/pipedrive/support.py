@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from engine_core import db as dbmod
-from engine_core import runs
+from engine_core import rollup, runs
 from engine_core.config import Settings
 from engine_core.models import Run
 from engine_core.providers.pipedrive.provider import PipedriveProvider
@@ -127,9 +127,24 @@ def kind_counts(db: dbmod.Database, run_id: int) -> dict[str, dict[str, int]]:
     """Per kind: the rollup's counters summed over the run's tasks."""
     out: dict[str, dict[str, int]] = {}
     for r in db.fetch_all("rollup_tasks", {"run_id": run_id}):
-        k = out.setdefault(r["kind"], {c: 0 for c in ("imported", "matched", "already_here", "skipped", "failed", "seen")})
+        k = out.setdefault(r["kind"], {c: 0 for c in ("imported", "matched", "already_here", "skipped", "waiting", "failed",
+                                                      "seen")})
         for c in k:
             k[c] += int(r[c])
+    return out
+
+
+def settled_counts(db: dbmod.Database, run_id: int) -> dict[str, dict[str, int]]:
+    """Per kind: its tasks' counters (kind_counts) plus what the run's catch-up counted for the kind
+    ("<counter>@<kind>", the rollup's `caught_up`): a row its phase left waiting for the catch-up's
+    walk is counted where it was settled, so per ledger kind these add up to the ledger."""
+    out = kind_counts(db, run_id)
+    for k in rollup.rollup(db, run_id).kinds:
+        mine = out.get(k.kind)
+        if mine is None:
+            continue
+        for c in mine:
+            mine[c] += int(k.caught_up.get(c, 0))
     return out
 
 

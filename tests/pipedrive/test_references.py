@@ -9,7 +9,9 @@ permanently deleted; the sandbox's purged ids answer 404. Pinned here:
 * the dependents of such rows (a deal on a person whose organization was deleted, the activities,
   notes and emails of a deal whose person was deleted) are imported and linked;
 * a full run asks the source about none of them: its walks leave them to the catch-up, whose whole
-  walk proves them gone (`walk_proof`), and nothing waits for the catch-up after the run (runs
+  walk proves them gone (`walk_proof`); its phases count them `waiting` (not skipped), the catch-up
+  counts them imported under their kind, and nothing waits for the catch-up after the run - the
+  rollup names a placeholder that still does, and one deleted at the source says so (runs
   that still ask - a dry run, a sync - ask once per distinct missing parent: test_probe_batch);
 * a parent that exists at the source but failed stays a placeholder: its children are skipped
   "not linked", never imported with an empty link;
@@ -23,9 +25,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from engine_core import ledger_reads, rollup
+from engine_core import ledger, ledger_reads, rollup
 from engine_core.providers.pipedrive.writers import DANGLING, NOT_LINKED, NOT_WRITTEN
-from engine_core.write import WAITING
+from engine_core.rows import GONE_BEFORE_WALK, WAITS_FOR_WALK
 from tests.pipedrive.support import actions, failed_tasks, migrate, sandbox
 
 TENANT = "acme"
@@ -104,7 +106,23 @@ def test_rows_on_deleted_parents_are_imported_with_the_link_empty_and_the_id_kep
     assert asked and sum(requests.get(path, 0) for path in SINGLE) + sum(in_lists.values()) == 0, in_lists
     # and nothing waits for the catch-up after it: every waiting placeholder was settled
     assert not db.sql("SELECT 1 FROM migration_records WHERE tenant_id = %(t)s AND reason LIKE %(w)s",
-                      {"t": TENANT, "w": f"%{WAITING}%"})
+                      {"t": TENANT, "w": f"%{WAITS_FOR_WALK}%"})
+    # counted as it happened: a row its phase left to the catch-up's walk is `waiting` there, not
+    # skipped, and the catch-up's count of its kind says it was imported; the run adds up
+    report = rollup.rollup(db, run.id)
+    waited = {k.kind: k.waiting for k in report.kinds if k.waiting}
+    assert sum(waited.values()) >= sum(len(v) for v in expected.values()) and report.incomplete == []
+    assert {k.kind: k.skipped for k in report.kinds if k.skipped} == {} and "catchup" not in waited
+    assert waited == {k.kind: k.caught_up.get("imported", 0) for k in report.kinds if k.kind in waited}
+    # the run-end check: a placeholder of the succeeded run still waiting is named...
+    with db.transaction() as tx:
+        ledger.skip(tx, run, "persons", "999999", f"{NOT_LINKED}: org_id 5 is not here, {WAITS_FOR_WALK}", "v1")
+    assert rollup.rollup(db, run.id).incomplete == ["persons: 1 row still waits for the catch-up's walk"]
+    # ...and once its row is deleted at the source, it says so instead of waiting
+    with db.transaction() as tx:
+        assert ledger.mark_deleted(tx, run, "persons", ["999999"]) == 1
+    assert _ledger(db, "persons")["999999"]["reason"] == GONE_BEFORE_WALK
+    assert rollup.rollup(db, run.id).incomplete == []
     # the dependents of rows with a deleted parent are imported and linked to them
     dependents = 0
     for kind, child_kind, column in (("persons", "deals", "contact_id"), ("persons", "leads", "contact_id"),

@@ -422,6 +422,7 @@ class EmailTask:
         decided = decide_page(self.ctx, KIND, rows, retake=self.retake)
         self.refs.found.update(decided.refs.found)
         self.refs.held.update(decided.refs.held)
+        self.refs.exists.update(decided.refs.exists)  # deals left to the catch-up's walk
         if self.refs.dry is not None and decided.refs.dry:
             self.refs.dry |= decided.refs.dry
         for r, outcome, fetch in zip(rows, decided.outcomes, decided.fetch):

@@ -2,7 +2,7 @@
 row its catch-up will list again; the catch-up's walk settles them without a request.
 
 A row whose parent the ledger does not know, listed by a walk before the catch-up (a full run's
-phases), is a placeholder that waits for the catch-up's walk (`write.WAITING`, at the row's
+phases), is a placeholder that waits for the catch-up's walk (`write.WAITS_FOR_WALK`, at the row's
 version) instead of asking the source (`writers.ask_source`) - when the run's catch-up lists the
 row's kind and every list of the parent's ledger kind whole and writes the parent's lists first
 (`walk_settles`: a full run, not dry; a sync, whose listing may be only what changed, and a

@@ -404,7 +404,7 @@ def probe_of(ctx: TaskContext, client: Getter, *, kind: str | None = None,
     the run walked answered it, and a row the catch-up writes must not stay a placeholder on it).
 
     `kind`: the page's listing kind (default the task's). A walk before the catch-up leaves the
-    parents its catch-up settles (`walk_settles`) to it: answered None (`write.WAITING`), no request.
+    parents its catch-up settles (`walk_settles`) to it: answered None (`write.WAITS_FOR_WALK`), no request.
     `walked`: the page (mapped) is the catch-up's listing of `kind`: the parents its walk proves
     gone (`settled_by_walk`) are answered False, no request."""
     key = answers_key(ctx)
