@@ -13,7 +13,10 @@ through its budgeted client) is given the missing parents the ledger knows nothi
 the windows open and holding no database connection, and answers which exist: a parent it says
 does not exist (404 by id, or absent from an `ids=` list) leaves the row imported with that link empty, the reference kept on the
 product row (`dangling_refs`) and the ledger entry (`dangling`) with a reason; one that exists
-but is not written keeps the row a placeholder, saying so.
+but is not written keeps the row a placeholder, saying so. A parent the probe leaves to a later
+walk that settles it without a request (answered None: Pipedrive's full run leaves it to its
+catch-up, `walk_proof`) keeps the row a placeholder that `WAITS_FOR_WALK`, counted `rows.WAITING`
+(not skipped), as does a row whose parent is such a placeholder (`resolve_page`).
 
 Optimistic windows. Each window's plain rows - mapped, every parent written (or gone
 at the source), no written ledger entry for them when the page was read, their id once in the

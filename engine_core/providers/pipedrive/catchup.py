@@ -17,7 +17,12 @@ other (archived deals once the deals' last page is read), as the chain walks the
 compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
 at an older version or holds as deleted are written through the engine's write path (created,
 or updated in place with the ledger's history); which rows need writing is the engine's rule
-(`inventory_ledger.to_write`); the rest cost nothing more.
+(`inventory_ledger.to_write`); the rest cost nothing more. The placeholders a full run's walks
+left to this walk (`walk_proof`: a parent not known then, not asked) are settled here without a
+request: a parent the chain wrote links them; one its whole walk did not serve is gone, and the row
+is imported with that link dangling (`writers.probe_of` with the page, `LastParents` for the last
+level). Other missing parents are asked of the source as before; what the catch-up writes is
+counted under the row's kind too (`PerKindStats`).
 Every id served is recorded in `migration_inventory`. When a ledger kind's lists are done, a
 `deletes` task takes the kind's live ledger entries the inventory did not see, asks the source
 for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers

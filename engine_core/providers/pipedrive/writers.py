@@ -9,8 +9,12 @@ custom fields that point at records and a deal's pipeline and stage are softer r
 when found, empty when not.
 
 Parents deleted at the source. Pipedrive keeps a child's `org_id` after the
-organization was permanently deleted, and such a parent is never listed. The proof that a parent
-does not exist is the source itself: for each missing parent the ledger knows nothing about
+organization was permanently deleted, and such a parent is never listed. In a full run the walks
+before the catch-up do not ask: the row waits for the catch-up's walk (`probe_of` answers None,
+`walk_proof`), whose whole listing proves the parent gone when it does not serve it - imported with
+the link empty, no request. Where that proof does not hold (a sync, a dry run, a parent's kind the
+catch-up does not walk first, a row changed since its walk), the proof that a parent does not
+exist is the source itself: for each missing parent the ledger knows nothing about
 (no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
 source once - organizations, persons and deals many at a time through their v2 lists' `ids`
 (absent: does not exist; `ask_source`), many leads through the archived leads' list, leads,
