@@ -80,9 +80,12 @@ def test_a_whole_account_with_the_opt_in_kinds_matches_the_truth_row_by_row(db) 
         written = {lk: int(db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = %(t)s AND kind = %(k)s"
                                   " AND action IN ('created', 'matched')", {"t": TENANT, "k": lk})[0]["n"])
                    for lk in ("deals", "persons", "organizations")}
+        # (a record the catch-up's walk wrote - one a phase left waiting for it - has its lists read
+        # by the catch-up's recheck task of that kind: `record_lists.catchup_tasks`)
         spent = {r["kind"]: (int(r["requests"]), int(r["tokens"])) for r in db.sql(
-            "SELECT kind, sum((stats->>'requests')::int) AS requests, sum((stats->>'tokens')::int) AS tokens"
-            " FROM migration_tasks WHERE migration_id = %(r)s AND kind = ANY(%(k)s) GROUP BY kind",
+            "SELECT COALESCE(cursor->>'fanout', kind) AS kind, sum((stats->>'requests')::int) AS requests,"
+            " sum((stats->>'tokens')::int) AS tokens FROM migration_tasks WHERE migration_id = %(r)s"
+            " AND COALESCE(cursor->>'fanout', kind) = ANY(%(k)s) GROUP BY 1",
             {"r": run.id, "k": list(FAMILIES)})}
         records = sum(written.values())
         assert spent == {"participants": (written["deals"], 10 * written["deals"]),
