@@ -26,6 +26,9 @@ from urllib.parse import parse_qs
 import pytest
 
 from engine_core import ledger, ledger_reads, rollup
+from engine_core.providers.pipedrive import walk_proof
+from engine_core.providers.pipedrive.kinds import KINDS
+from engine_core.providers.pipedrive.record_lists import FAMILIES
 from engine_core.providers.pipedrive.writers import DANGLING, NOT_LINKED, NOT_WRITTEN
 from engine_core.rows import GONE_BEFORE_WALK, WAITS_FOR_WALK
 from tests.pipedrive.support import actions, failed_tasks, migrate, sandbox
@@ -191,3 +194,17 @@ def _source_persons(truth: dict[str, Any], *, sb_seed: int) -> list[dict[str, An
 
     ds = dataset_for("tiny", sb_seed, None)
     return [ds.record("persons", i) for i in range(ds.count("persons"))]
+
+
+def test_a_row_a_kind_outside_the_walk_points_at_is_not_left_to_the_catch_up() -> None:
+    # a participant points at its person; the catch-up does not walk participants and reads a deal's
+    # participants again only for the deals it writes: a person left waiting would leave its
+    # participants skipped (test_crm_fanouts_run's faults run lost one). So a run taking
+    # participants asks about a person's missing organization; the owners the catch-up reads again
+    # are the record lists' own (`record_lists.FAMILIES`)
+    assert {k: f.of for k, f in FAMILIES.items()} == {k: walk_proof.RECHECKED[k] for k in FAMILIES}
+    default = [k.name for k in KINDS if k.default]
+    assert walk_proof.left_to_catchup(default, "persons", "organizations")
+    assert walk_proof.left_to_catchup([*default, "followers", "deal_history"], "persons", "organizations")
+    assert not walk_proof.left_to_catchup([*default, "participants"], "persons", "organizations")
+    assert walk_proof.left_to_catchup([*default, "participants"], "deals", "persons")

@@ -49,14 +49,39 @@ WALKED_LISTS: dict[str, tuple[str, ...]] = {
     for lk in {k.ledger for k in KINDS if k.catchup is not None}}
 
 
+# Kinds the catch-up does not walk, with the ledger kinds of the records whose rows of them it reads
+# again when it writes such a record (`record_lists.catchup_tasks`' `of`, `lines.catchup_tasks`,
+# the mail tasks' retake, the changed files' contents): a row of them on a record left waiting is
+# taken over there. Any other parent of theirs left waiting would not be (a participant's person).
+RECHECKED: dict[str, tuple[str, ...]] = {
+    "participants": ("deals",), "followers": ("deals", "persons", "organizations"), "deal_history": ("deals",),
+    "emails": ("deals",), "deal_products": ("deals",), "file_contents": ("files",)}
+
+
+def _read_again(kinds: Collection[str], lk: str) -> bool:
+    """Whether every kind of `kinds` the catch-up does not walk that points at records of ledger kind
+    `lk` reads its rows again when the catch-up writes such a record (`RECHECKED`)."""
+    for name in kinds:
+        k = BY_NAME.get(name)
+        if k is None or k.catchup is not None:
+            continue
+        if lk in {ledger_kind(d) for d in k.depends_on} and lk not in RECHECKED.get(name, ()):
+            return False
+    return True
+
+
 def left_to_catchup(kinds: Collection[str], kind: str, parent_kind: str) -> bool:
     """Whether a full run of `kinds` leaves a missing parent of ledger kind `parent_kind` of a row of
     listing kind `kind` to its catch-up's walk: `kind` walked by the catch-up, and every list of the
     parent's ledger kind walked - and written - before `kind`'s list in its chain
-    (`kinds.CATCHUP_ORDER`; the last level after the chain). For the plan too (`estimate`)."""
+    (`kinds.CATCHUP_ORDER`; the last level after the chain) - and no kind of the run the catch-up
+    does not walk points at `kind`'s rows without reading them again (`_read_again`: a participant
+    skipped on a person left waiting would stay skipped). For the plan too (`estimate`)."""
     child = BY_NAME.get(kind)
     lists = WALKED_LISTS.get(parent_kind, ())
     if child is None or child.catchup is None or kind not in kinds or not lists:
+        return False
+    if not _read_again(kinds, ledger_kind(kind)):
         return False
     return all(name in kinds and name not in LAST_LEVEL and (BY_NAME[name].catchup or 0) < child.catchup
                for name in lists)
