@@ -90,24 +90,27 @@ def fitted_table(title: str, columns: list[tuple[str, str]], rows: list[tuple[st
 def print_rollup(r: rollups.RunRollup) -> None:
     """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
     product row in place: a newer source version), rows marked `deleted at source`, and `by
-    catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all)."""
+    catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all) and
+    `waiting` (rows a walk left to the catch-up's walk, `rows.WAITING`: what became of them is the
+    catch-up's count; a run stopped before its catch-up still has them waiting)."""
     title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
     phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
     columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
-               ("phase", "kind", "tasks", "seen", *written, "skipped", "failed", "deleted at source", "by catch-up")]
+               ("phase", "kind", "tasks", "seen", *written, "skipped", "waiting", "failed", "deleted at source",
+                "by catch-up")]
     rows = []
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
         caught = int(k.caught_up.get("seen", 0))
         rows.append((labels[k.phase].split("/")[0] if k.phase < len(labels) else str(k.phase + 1), k.kind, tasks, str(k.seen), str(k.imported), str(k.matched),
-                     str(k.already_here), str(k.updated), str(k.skipped), str(k.failed), str(k.deleted_at_source),
+                     str(k.already_here), str(k.updated), str(k.skipped), str(k.waiting), str(k.failed), str(k.deleted_at_source),
                      str(caught) if caught else "-"))
     # narrow: the phase (the kinds are in plan order), then what is most often 0; a kind's name is
     # never wrapped or cut ("organization/s" on an 80-column terminal)
     console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("tasks",),
-                               drop=("phase", "by catch-up", written[1], "deleted at source", "seen", written[3],
+                               drop=("phase", "waiting", "by catch-up", written[1], "deleted at source", "seen", written[3],
                                      written[2], "skipped", "tasks")), soft_wrap=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
@@ -117,7 +120,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
 
 
-OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source")
+OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "waiting", "failed",
+            "deleted_at_source")
 REASON_GROUPS_SHOWN = 20
 
 
@@ -167,8 +171,9 @@ def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
 
 def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
     """A run's row outcomes summed over its kinds (or one kind): {"seen", "imported", "matched",
-    "already_here", "updated", "skipped", "failed", "deleted_at_source"}; the catch-up's rows are
-    counted once, by the catch-up kind's own tasks."""
+    "already_here", "updated", "skipped", "waiting" (left to the catch-up's walk by a walk before
+    it: the catch-up's own count says what became of them), "failed", "deleted_at_source"}; the
+    catch-up's rows are counted once, by the catch-up kind's own tasks."""
     chosen = [k for k in r.kinds if kind is None or k.kind == kind]
     return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
 
