@@ -63,7 +63,7 @@ def _shows_updates_and_deletes(db, r: rollup.RunRollup) -> None:
     catchup = next(k for k in r.kinds if k.kind == "catchup")
     rows = {cells[2]: cells for cells in ([c.strip() for c in line.split("│")] for line in text.splitlines())
             if len(cells) > 12}
-    assert rows["catchup"][8] == str(catchup.updated) and rows["persons"][11] != "0", text
+    assert rows["catchup"][8] == str(catchup.updated) and rows["persons"][12] != "0", text  # deleted at source
     counts = cli.tables.outcome_counts(r)
     assert counts["updated"] == updated and counts["deleted_at_source"] == deleted
     phases = [metadata.phase_metadata(db, r, p) for p in range(len(r.phases))]
