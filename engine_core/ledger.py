@@ -172,7 +172,9 @@ class NewRows:
     written, `source_id` among them; `rows`: each row's values over `names`, as JSON values (a
     jsonb column's value as it is, anything JSON has no type for - times, decimals - written with
     `str`), one row per source id. Postgres reads them through the table's own row type
-    (`json_populate_recordset`), so each value is checked as an insert of it would be."""
+    (`jsonb_populate_recordset`), so each value is checked as an insert of it would be: the text
+    parsed once, a jsonb column's value taken from it as parsed (the json variant parsed each
+    one's text again: 35 us a row of contacts, twice jsonb's), a text column's string as it is."""
 
     table: tuple[str, str]
     names: tuple[str, ...]
@@ -276,7 +278,7 @@ def _window_statement(tx: Conn, new_rows: NewRows | None) -> str:
         table = sql.Identifier(*new_rows.table)
         new = sql.SQL(
             "new AS MATERIALIZED (SELECT nextval((SELECT pg_get_serial_sequence(%(table)s, 'id')::regclass)) AS new_id, r.*"
-            " FROM json_populate_recordset(NULL::{t}, %(rows)s::json) AS r)").format(t=table)
+            " FROM jsonb_populate_recordset(NULL::{t}, %(rows)s::jsonb) AS r)").format(t=table)
         insert = sql.SQL("inserted AS (INSERT INTO {t} (id, {cols}) SELECT n.new_id, {vals} FROM new n"
                          " JOIN claimed c ON c.source_id = n.source_id)").format(
             t=table, cols=sql.SQL(", ").join(sql.Identifier(c) for c in new_rows.names),
