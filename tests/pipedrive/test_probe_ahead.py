@@ -75,3 +75,34 @@ def _asking(monkeypatch) -> None:
     """Walks that ask about their missing parents (no parent left to the catch-up's walk)."""
     for module in (writers, walk_proof):
         monkeypatch.setattr(module, "walk_settles", lambda run, kind, parent_kind: False)
+
+
+def test_a_page_asked_ahead_by_several_walkers_is_mapped_once(monkeypatch) -> None:
+    # A page's answer reaches each walker that asked for it (each its own `then`): it was mapped once
+    # per arrival (and its parents looked up again), and once more after its task had taken it.
+    monkeypatch.setattr(writers, "MAPPED", writers.MappedPages())
+    mapped: list[int] = []
+    started, release = threading.Event(), threading.Event()
+
+    def mapper(row: dict) -> writers.Mapped:
+        mapped.append(row["id"])
+        if row["id"] == 1 and len(mapped) == 1:
+            started.set()
+            release.wait(5)
+        return writers.Mapped("notes", str(row["id"]), {"source_id": str(row["id"])})
+
+    rows = tuple({"id": i} for i in range(1, 4))
+    first = threading.Thread(target=writers.map_ahead, args=(rows, mapper))
+    first.start()
+    started.wait(5)
+    assert writers.map_ahead(rows, mapper) is None  # being mapped: not mapped again
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.append(writers.MAPPED.take(rows)))
+    taker.start()  # the task waits for the mapping under way instead of mapping the page itself
+    release.set()
+    first.join(5)
+    taker.join(5)
+    assert [p["id"] for p in taken[0]] == ["1", "2", "3"]
+    assert writers.map_ahead(rows, mapper) is None  # taken: not mapped ahead any more
+    assert writers.MAPPED.take(rows) is None
+    assert mapped == [1, 2, 3]

@@ -438,38 +438,88 @@ def answers_key(ctx: TaskContext) -> tuple[str, int]:
 
 
 class MappedPages:
-    """Pages mapped ahead of their task (`probe_ahead`), kept for the task that writes the very same
-    rows (`write_page`) to take instead of mapping them again (a page of 500 rows: 50-100 ms of CPU).
-    A page is known by its rows' identity (the row objects the listing's answer holds, shared by
-    the page asked ahead and the task that takes it), taken once; the oldest past `KEPT` dropped."""
+    """Pages mapped ahead of their task (`map_ahead`, `probe_ahead`), kept for the task that writes
+    the very same rows (`write_page`) to take instead of mapping them again (a page of 500 rows:
+    50-100 ms of CPU). A page is known by its rows' identity (the row objects the listing's answer
+    holds, shared by the page asked ahead and the task that takes it). Each page is mapped once:
+    its answer reaches every walker that asked for it (`reserve`: the first maps it), and a page
+    its task has taken (or found absent) is not mapped ahead any more; a task taking a page being
+    mapped waits for that mapping (at most `WAIT` seconds). The oldest past `KEPT` dropped."""
 
     KEPT = 16
+    WAIT = 5.0
+    MAPPING = "mapping"  # a page's state while the thread that reserved it maps it
+    GONE = "gone"  # taken, or its mapping failed
 
     def __init__(self) -> None:
-        self._pages: OrderedDict[int, tuple[Any, int, list[write.Prepared]]] = OrderedDict()
-        self._lock = threading.Lock()
+        # id(first row) -> (first row, rows, the mapping or MAPPING or GONE)
+        self._pages: OrderedDict[int, tuple[Any, int, Any]] = OrderedDict()
+        self._changed = threading.Condition()
+
+    def _set(self, rows: Sequence[Any], state: Any) -> None:
+        self._pages[id(rows[0])] = (rows[0], len(rows), state)
+        self._pages.move_to_end(id(rows[0]))
+        while len(self._pages) > self.KEPT:
+            self._pages.popitem(last=False)
+        self._changed.notify_all()
+
+    def _state(self, rows: Sequence[Any]) -> Any:
+        entry = self._pages.get(id(rows[0]))
+        return entry[2] if entry is not None and entry[0] is rows[0] and entry[1] == len(rows) else None
+
+    def reserve(self, rows: Sequence[Any]) -> bool:
+        """True for the first caller about these very rows (it maps them, then `put`s the mapping, or
+        `drop`s the page when that fails), False once they are being mapped, kept or taken."""
+        if not rows:
+            return False
+        with self._changed:
+            if self._state(rows) is not None:
+                return False
+            self._set(rows, self.MAPPING)
+            return True
 
     def put(self, rows: Sequence[Any], prepared: list[write.Prepared]) -> None:
         """Keep `prepared`, the mapping of `rows` (a page, every row mapped from its first)."""
-        if not rows:
-            return
-        with self._lock:
-            self._pages[id(rows[0])] = (rows[0], len(rows), prepared)
-            while len(self._pages) > self.KEPT:
-                self._pages.popitem(last=False)
+        if rows:
+            with self._changed:
+                self._set(rows, prepared)
+
+    def drop(self, rows: Sequence[Any]) -> None:
+        """The mapping of `rows` failed: its task maps them itself."""
+        if rows:
+            with self._changed:
+                self._set(rows, self.GONE)
 
     def take(self, rows: Sequence[Any]) -> list[write.Prepared] | None:
-        """The mapping kept for these very rows (the same objects, as many), once; else None."""
+        """The mapping kept for these very rows (the same objects, as many), once, waiting for one
+        under way; else None (the taker maps the page itself). Either way the page is not mapped
+        ahead after this."""
         if not rows:
             return None
-        with self._lock:
-            entry = self._pages.pop(id(rows[0]), None)
-        if entry is None or entry[0] is not rows[0] or entry[1] != len(rows):
-            return None
-        return entry[2]
+        with self._changed:
+            self._changed.wait_for(lambda: self._state(rows) is not self.MAPPING, timeout=self.WAIT)
+            state = self._state(rows)
+            self._set(rows, self.GONE)
+        return state if isinstance(state, list) else None
 
 
 MAPPED = MappedPages()
+
+
+def map_ahead(rows: Sequence[Any], mapper: Mapper) -> list[write.Prepared] | None:
+    """Map a listed page (its `rows`, by `mapper`) now, for the task that writes the very same rows
+    to take (`MAPPED`, `write_page`); returns the mapping, or None when the page is being mapped,
+    kept or taken already (`MappedPages.reserve`: never mapped twice). Pure CPU: no database, no
+    request. Raises as the mapper does (the page is then left to its task)."""
+    if not MAPPED.reserve(rows):
+        return None
+    try:
+        prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
+    except BaseException:
+        MAPPED.drop(rows)
+        raise
+    MAPPED.put(rows, prepared)
+    return prepared
 
 
 def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: Mapper, kind: str | None = None) -> None:
@@ -479,8 +529,9 @@ def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: M
     the run (`ask_source`), so that task finds them answered. Only once the phases of the page's
     parents are closed (else a parent still to be written would be asked). The mapping is kept for
     that task (`MAPPED`). Raises as `ask_source` does."""
-    prepared = write.map_page(rows, mapper, malformed=MalformedRow, raw_id=_raw_id, raw_key=unreadable_key)
-    MAPPED.put(rows, prepared)
+    prepared = map_ahead(rows, mapper)
+    if prepared is None:
+        return  # mapped (and so asked about) by another arrival of the same page
     listing = kind or ctx.task.kind
     pairs = [p for p in askable(ctx.run, write.unknown_parents(ctx, prepared), {})
              if not walk_settles(ctx.run, listing, p[0])]
