@@ -96,8 +96,10 @@ class Ahead:
         process, `Prefetch.when_open`), its parents the ledger does not know are asked of the source
         (`writers.probe_ahead`), so its task finds them answered; its requests wait in the store
         for the next task of `kind` to count (`count`). Only while the source is slow
-        (`Prefetch.slow`): on a fast one that would cost more CPU than it saves time. At a walker's
-        last page asked ahead, the next phase's v1 first pages are asked too."""
+        (`Prefetch.slow`): on a fast one the page is only mapped (`writers.map_ahead`, on the store's
+        thread, while the lanes' statements run in Postgres) for its task to take, as it arrives
+        once its own phase runs here (a mapper needs the run's field book, read in an earlier phase).
+        At a walker's last page asked ahead, the next phase's v1 first pages are asked too."""
         ready = ready_phase(self.ctx.run, phase)
         own = kind == self.ctx.task.kind
         store = self.store
@@ -114,6 +116,8 @@ class Ahead:
         def arrived(rows: tuple[dict[str, Any], ...], last: bool) -> None:
             if store.slow():
                 store.when_open(ready, lambda: probe(rows))
+            else:  # once the page's phase runs here: the phases before it (the field book's) are closed
+                store.when_open(phase, lambda: writers.map_ahead(rows, self.mapper_of(kind)))
             if last and own:
                 self.next_phase(phase, self.source)
 
