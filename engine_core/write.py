@@ -431,25 +431,35 @@ def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dic
     reference lacks its link column (and one without dangling parents `dangling_refs`), which
     without a value is NULL (no default) - the same as an explicit None. Other differences keep
     a row's own columns (one INSERT per column set)."""
+    keys = [tuple(p.values) for p in rows]
+    shapes = dict.fromkeys(keys)  # each column set in its order, as the rows first have it
+    if len(shapes) <= 1:
+        return [(p, p.values) for p in rows]  # one column set, in one order: every row as it is
     union: dict[str, None] = {}
+    for shape in shapes:
+        union.update(dict.fromkeys(shape))
+    columns = tuple(union)
+    # the columns some row lacks: fillable when they are a reference's column in some row
+    unsure = set(columns) - set.intersection(*[set(shape) for shape in shapes])
+    unsure.discard("dangling_refs")
     fillable = {"dangling_refs"}
     for p in rows:
-        union.update(dict.fromkeys(p.values))
-        fillable.update(ref.column for ref in p.mapped.refs() if "." not in ref.column)
+        if not unsure:
+            break
+        for ref in p.mapped.refs():
+            if ref.column in unsure:
+                unsure.discard(ref.column)
+                fillable.add(ref.column)
     fillable &= spec.columns
-    columns = tuple(union)
+    full_of = {shape: shape == columns or (union.keys() - shape) <= fillable for shape in shapes}
     out = []
-    for p in rows:
-        if len(p.values) == len(columns) and tuple(p.values) == columns:
-            out.append((p, p.values))  # every column, in the union's order: the row as it is
-            continue
-        missing = union.keys() - p.values.keys()
-        if missing <= fillable:  # (in the union's order: one statement for every such row)
-            full = dict.fromkeys(columns)
-            full.update(p.values)  # (its keys are the union's: none added after it)
-            out.append((p, full))
+    for p, shape in zip(rows, keys):
+        if shape == columns or not full_of[shape]:
+            out.append((p, p.values))  # every column in the union's order, or a column set of its own
         else:
-            out.append((p, p.values))
+            full = dict.fromkeys(columns)  # (in the union's order: one statement for every such row)
+            full.update(p.values)
+            out.append((p, full))
     return out
 
 
