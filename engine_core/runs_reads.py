@@ -78,3 +78,11 @@ def kinds_taken(db: Database, tenant: str, source: str, *, succeeded_only: bool 
                   " AND (NOT %(ok)s OR m.status = 'succeeded')",
                   {"t": tenant, "s": source, "ok": succeeded_only})
     return {r["kind"] for r in rows}
+
+
+def kind_count(db: Database, run_id: int, kind: str) -> dict[str, int | None]:
+    """One kind's count as run `run_id` knows it so far: {"source_total": the source's own count its
+    discovery recorded (None when none did), "seen": the rows its tasks saw}."""
+    row = db.fetch_one("kind_count", {"run_id": run_id, "kind": kind}) or {}
+    total = row.get("source_total")
+    return {"source_total": None if total is None else int(total), "seen": int(row.get("seen") or 0)}

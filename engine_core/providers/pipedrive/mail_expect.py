@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from engine_core.db import Database
+from engine_core.runs_reads import kind_count
 from engine_core.providers.pipedrive.stripes import DEALS_PER_TASK, PAGE
 
 EXPECTED = "expected_tasks"  # a discovery page's cursor: email tasks expected beyond the existing ones
@@ -31,8 +32,8 @@ def list_count(db: Database, run_id: int, kind: str) -> int | None:
     """The deals of one list (`kind`: "deals" or "deals_archived") as this run's deals phase knows
     them: the larger of the source's count its discovery recorded and the rows its tasks saw; None
     when the run has neither (a run without the deals phase)."""
-    row = db.fetch_one("kind_count", {"run_id": run_id, "kind": kind})
-    n = max(int((row or {}).get("source_total") or 0), int((row or {}).get("seen") or 0))
+    known = kind_count(db, run_id, kind)
+    n = max(known["source_total"] or 0, known["seen"])
     return n or None
 
 
