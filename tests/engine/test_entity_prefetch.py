@@ -118,6 +118,25 @@ def test_a_failed_or_expired_answer_is_asked_again(source) -> None:
         assert len(state.requests) == 4
 
 
+def test_the_catch_ups_walk_takes_no_page_asked_for_an_earlier_phase(source) -> None:
+    # a parent's list is proved whole only by pages listed after every child page of the walks
+    # (walk_proof): a v1 list's first page is the same request in its walk and in the catch-up's,
+    # and one asked ahead for the walk and not taken would stand for the catch-up's listing
+    state, url = source
+    store = Prefetch()
+    with PipedriveClient(url, "t0ken", prefetch=store) as client:
+        client.prefetch_v2(PATH, limit=2)
+        _until(state, 1)
+        store.cut(9)  # the catch-up (phase 9) starts its walk in this process
+        state.n = 1  # the source changed since that page was asked
+        assert [r["id"] for r in client.list_v2(PATH, limit=2).rows] == [1], "the page asked before the cut is dropped"
+        assert len(state.requests) == 2
+        client.prefetch_v2(PATH, cursor="1", limit=2)  # the catch-up's own page asked ahead
+        _until(state, 3)
+        store.cut(9)  # another catch-up task of the same phase keeps it
+        assert list(client.list_v2(PATH, cursor="1", limit=2).rows) == [] and len(state.requests) == 3
+
+
 def test_a_page_asked_ahead_is_tried_once_and_its_taker_retries(source) -> None:
     # A background request that retried would sleep out the client's backoffs on a thread that
     # the interpreter joins at exit, after its run has ended; the taker has the retries.

@@ -60,6 +60,8 @@ def test_a_discovery_asks_its_walkers_first_pages_ahead(db) -> None:
     # tiny's persons fit the discovery's first page, which its one walker takes: discovery, catch-up
     assert persons_pages == 1 and store.held >= 1
     assert catchup and requests["/api/v2/persons"] == 1 + 1, requests
+    # the catch-up's walk dropped what the walks before it had asked ahead (walk_proof)
+    assert store.cut_at == len(run.plan) - 1 and "catchup" in run.plan[store.cut_at], (store.cut_at, run.plan)
 
 
 def test_an_early_discovery_asks_the_first_pages_of_the_phase_after_its_own(db, monkeypatch) -> None:

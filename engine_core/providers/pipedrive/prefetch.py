@@ -62,6 +62,7 @@ class Prefetch:
         self._pages: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, Future]] = OrderedDict()
         self._taken: OrderedDict[tuple[str, tuple[tuple[str, str], ...]], None] = OrderedDict()
         self._open = -1  # the latest phase a task of which ran in this process
+        self.cut_at = -1  # the catch-up's phase, once its walk started here (`cut`)
         self._waiting: list[tuple[int, Callable[[], None]]] = []
         self._uncounted: dict[str, list[int]] = {}
         self.round_trip: float | None = None  # seconds, a moving average of the pages asked ahead
@@ -124,6 +125,17 @@ class Prefetch:
             self._waiting = [(p, job) for p, job in self._waiting if p > phase]
         for job in ready:
             self._submit(job)
+
+    def cut(self, phase: int) -> None:
+        """The catch-up's walk starts here (its `phase`): every page held now was asked for an
+        earlier phase's walk and must not stand for a page of this one - a parent's list is proved
+        whole only by pages listed after every child page of the walks (`walk_proof`), and a v1
+        list's first page asks the same request in both. Drops them, once a phase."""
+        with self._lock:
+            if phase <= self.cut_at:
+                return
+            self.cut_at = phase
+            self._pages.clear()
 
     def count(self, kind: str, requests: int, tokens: int) -> None:
         """Requests made ahead for `kind`'s tasks (and their tokens), for one of them to count."""

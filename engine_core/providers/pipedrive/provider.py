@@ -460,6 +460,8 @@ class PipedriveProvider:
                     ctx, client, self.budget(ctx.db), fetch_threads=self.config().fetch_threads))
             if cursor.get("deletes"):
                 return catchup.run_deletes(ctx, client, self._mapper_of(ctx))
+            if (store := self._store(ctx.db)) is not None:
+                store.cut(ctx.task.phase)  # no page asked for the walks before stands for one of this walk
             return catchup.run_page(ctx, client, self._mapper_of(ctx))
         raise ConfigError(f"the pipedrive provider has no kind {kind!r}")
 
