@@ -469,9 +469,9 @@ def note_dry(tx: Conn, run: Run, kind: str, source_id: str, outcome: str) -> Non
 
 
 def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: str, action: str = "skipped",
-                     version: str | None = None) -> str:
+                     version: str | None = None, parents: str | None = None) -> str:
     """Record a skipped (or failed) row without claiming it, with the row's `version` as listed
-    (None: unknown); a created row keeps its claim."""
+    (None: unknown) and `parents` (JSON text, migration 0019; None: none kept); a created row keeps its claim."""
     row = tx.fetch_one(
         "note_placeholder",
         {
@@ -483,6 +483,7 @@ def note_placeholder(tx: Conn, run: Run, kind: str, source_id: object, reason: s
             "action": action,
             "reason": reason[:500],
             "version": version,
+            "parents": parents,
         },
     )
     if row is None:
@@ -501,26 +502,28 @@ def note_unreadable(tx: Conn, run: Run, kind: str, raw_key: str, reason: str, ex
     })
 
 
-def skip(tx: Conn, run: Run, kind: str, source_id: object, reason: str, version: str | None = None) -> str:
-    """Record a row skipped with `reason` at its listed `version` (a placeholder a later write
-    takes over); SKIPPED, or ALREADY_HERE when a written entry holds the row already."""
-    return note_placeholder(tx, run, kind, source_id, reason, action="skipped", version=version)
+def skip(tx: Conn, run: Run, kind: str, source_id: object, reason: str, version: str | None = None,
+         parents: str | None = None) -> str:
+    """Record a row skipped with `reason` at its listed `version` with its `parents` (JSON text,
+    `write.parents_json`) - a placeholder a later write takes over; SKIPPED, or ALREADY_HERE when
+    a written entry holds the row already."""
+    return note_placeholder(tx, run, kind, source_id, reason, action="skipped", version=version, parents=parents)
 
 
 def skip_window(tx: Conn, run: Run, kind: str, reasons: Mapping[str, str],
-                versions: Mapping[str, str | None] | None = None) -> dict[str, str]:
+                versions: Mapping[str, str | None] | None = None, parents: Mapping[str, str] | None = None) -> dict[str, str]:
     """`skip` for many rows in one statement (`note_placeholders`): source id -> reason (and
-    `versions`: source id -> version listed) in, source id -> SKIPPED (the placeholder is noted) or
+    `versions`: source id -> version listed; `parents`: -> JSON text) in, source id -> SKIPPED (the placeholder is noted) or
     ALREADY_HERE (a written entry holds the row) out, as `skip` answers row by row. The database's
     errors propagate: nothing is written."""
     if not reasons:
         return {}
     sids = sorted(reasons)
-    versions = versions or {}
+    versions, parents = versions or {}, parents or {}
     rows = tx.fetch_all("note_placeholders", {
         "run_id": run.id, "tenant_id": run.tenant_id, "source": run.source, "kind": kind, "action": "skipped",
         "source_ids": array(sids), "reasons": array([reasons[sid][:500] for sid in sids]),
-        "versions": array([versions.get(sid) for sid in sids]),
+        "versions": array([versions.get(sid) for sid in sids]), "parents": array([parents.get(sid) for sid in sids]),
     })
     noted = {r["source_id"] for r in rows}
     return {sid: SKIPPED if sid in noted else ALREADY_HERE for sid in sids}

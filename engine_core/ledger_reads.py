@@ -342,3 +342,17 @@ def unseen_skipped(conn: Database | Conn, tenant_id: str, source: str, kind: str
     (a sync that lists only what changed asks them by id)."""
     rows = conn.fetch_all("catchup_unseen_skipped", {"t": tenant_id, "s": source, "k": kind, "r": run_id})
     return [r["source_id"] for r in rows]
+
+
+def takeable(conn: Database | Conn, tenant_id: str, source: str, kinds: Sequence[str],
+             missing_of: str | None = None) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """Skipped placeholders of `kinds` whose every parent is written now (migration 0019's
+    `parents`; placeholders noted before it kept none and are not found): (kind, source id,
+    parents as `write.parents_json` keeps them), by kind and id. `missing_of`: only those skipped
+    for a missing parent of that ledger kind. A skip whose reason no longer holds - the row was read
+    before its parent was written - not a settled one."""
+    if not kinds:
+        return []
+    rows = conn.fetch_all("takeable_placeholders", {"t": tenant_id, "s": source, "kinds": list(kinds),
+                                                     "missing_of": missing_of})
+    return [(r["kind"], r["source_id"], list(r["parents"] or ())) for r in rows]

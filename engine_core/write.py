@@ -40,6 +40,7 @@ this same run would have written earlier counts as linked (`ledger.dry_written`)
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,6 +150,15 @@ def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None]) -> s
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
 
 
+def parents_json(mapped: Mapped, missing: Collection[Ref]) -> str:
+    """A placeholder's parents as its ledger entry keeps them (migration 0019, JSON text): every
+    parent of `mapped` - `{"kinds": [ledger kinds], "id": source id, "missing": bool}` - so a later
+    step can tell when all are written and which record listed the row (`ledger_reads.takeable`)."""
+    gone = {(ref.parent_kind, ref.source_id) for ref in missing}
+    return json.dumps([{"kinds": list(ref.kinds), "id": ref.source_id, "missing": (ref.parent_kind, ref.source_id) in gone}
+                       for ref in mapped.parents], separators=(",", ":"))
+
+
 def _outcome_of_skip(outcome: str, reason: str) -> str:
     """A placeholder's outcome as counted: `rows.WAITING` when its reason leaves a parent to the
     catch-up's walk (`WAITS_FOR_WALK`), else the ledger's (SKIPPED, or ALREADY_HERE)."""
@@ -209,7 +219,8 @@ def write_mapped(
             pending = True  # a dry run: this run would have created the parent first
         else:
             why = _not_linked(missing, exists)
-            outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version), why)
+            outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version,
+                                                   parents_json(mapped, missing)), why)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
                 # a newer version the product cannot take yet (its parent is not here): the row keeps
                 # the version it has, and the sighting says skipped, not already here
@@ -414,16 +425,16 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> _Plain |
     return _Plain(0, m, values, refs)
 
 
-def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> str | None:
+def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[str, str] | None:
     """The reason the set-based part skips the row (a parent neither written nor gone at the
-    source: `write_mapped`'s placeholder), or None when it does not. A row the page found written
-    (`page.held`: its newer version may be an `update_skipped`) goes per row."""
+    source: `write_mapped`'s placeholder) and its parents (`parents_json`), or None when it does
+    not. A row the page found written (`page.held`: its newer version may be an `update_skipped`) goes per row."""
     m, error = parts(row)
     if m is None or error is not None or m.source_id in page.held:
         return None
     missing = [ref for ref in m.parents
                if lookup(page.found, ref) is None and page.exists.get((ref.parent_kind, ref.source_id)) is not False]
-    return _not_linked(missing, page.exists) if missing else None
+    return (_not_linked(missing, page.exists), parents_json(m, missing)) if missing else None
 
 
 def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dict[str, Any]]]:
@@ -475,7 +486,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
     def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:
         counts = Counter(row["id"] for _, row in todo)
         plain: list[_Plain] = []
-        skips: dict[str, tuple[int, str, str | None]] = {}  # source id -> (position, reason, version)
+        skips: dict[str, tuple[int, str, str | None, str]] = {}  # source id -> (position, reason, version, parents)
         for pos, row in todo:
             if row["id"] is None or counts[row["id"]] > 1:
                 continue  # a duplicate id in the window: per row, in order
@@ -484,16 +495,16 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 p.pos = pos
                 plain.append(p)
                 continue
-            reason = _skipped(row, page, parts)
-            if reason is not None:
+            skipped = _skipped(row, page, parts)
+            if skipped is not None:
                 m = parts(row)[0]
-                skips[m.source_id] = (pos, reason, m.version)  # type: ignore[union-attr]
+                skips[m.source_id] = (pos, skipped[0], m.version, skipped[1])  # type: ignore[union-attr]
         out: dict[int, str] = {}
         if skips:
             # the window's placeholders in one statement (a savepoint and a statement a row)
-            noted = ledger.skip_window(tx, run, kind, {sid: reason for sid, (_, reason, _) in skips.items()},
-                                       {sid: version for sid, (_, _, version) in skips.items()})
-            for sid, (pos, reason, _) in skips.items():
+            noted = ledger.skip_window(tx, run, kind, {sid: s[1] for sid, s in skips.items()},
+                                       {sid: s[2] for sid, s in skips.items()}, {sid: s[3] for sid, s in skips.items()})
+            for sid, (pos, reason, _, _) in skips.items():
                 out[pos] = _outcome_of_skip(noted[sid], reason)
         if not plain:
             return out

@@ -333,7 +333,7 @@ SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, u.record_ty
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, record_type = EXCLUDED.record_type,
        record_id = EXCLUDED.record_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       dangling = EXCLUDED.dangling, source_version = EXCLUDED.source_version,
+       dangling = EXCLUDED.dangling, source_version = EXCLUDED.source_version, parents = NULL,
        deleted_at_source = NULL, created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 
@@ -342,11 +342,13 @@ ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
 -- `source_version`: the version of the row as listed when skipped (NULL for a failure), which a
 -- catch-up compares with the version it lists (the row's references are the ones seen then).
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version)
-VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s, %(version)s)
+       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version, parents)
+VALUES (%(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, %(source_id)s, %(action)s, %(reason)s, %(version)s,
+        %(parents)s::jsonb)
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       source_version = EXCLUDED.source_version, deleted_at_source = NULL, created_at = now()
+       source_version = EXCLUDED.source_version, parents = EXCLUDED.parents, deleted_at_source = NULL,
+       created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING id;
 
@@ -364,13 +366,16 @@ ON CONFLICT ON CONSTRAINT migration_unreadable_once DO UPDATE
 -- slot or refreshes another placeholder; a written (created/matched) entry is left as it is and
 -- its source id is not returned (the row is already here). Source ids once each, sorted.
 INSERT INTO migration_records
-       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version)
-SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, %(action)s, u.reason, u.version
-  FROM unnest(%(source_ids)s::text[], %(reasons)s::text[], %(versions)s::text[]) AS u(source_id, reason, version)
+       (migration_id, tenant_id, source, kind, source_id, action, reason, source_version, parents)
+SELECT %(run_id)s, %(tenant_id)s, %(source)s, %(kind)s, u.source_id, %(action)s, u.reason, u.version,
+       u.parents::jsonb
+  FROM unnest(%(source_ids)s::text[], %(reasons)s::text[], %(versions)s::text[], %(parents)s::text[])
+       AS u(source_id, reason, version, parents)
  ORDER BY u.source_id
 ON CONFLICT ON CONSTRAINT migration_records_once DO UPDATE
    SET migration_id = EXCLUDED.migration_id, action = EXCLUDED.action, reason = EXCLUDED.reason,
-       source_version = EXCLUDED.source_version, deleted_at_source = NULL, created_at = now()
+       source_version = EXCLUDED.source_version, parents = EXCLUDED.parents, deleted_at_source = NULL,
+       created_at = now()
  WHERE migration_records.action IN ('skipped', 'failed')
 RETURNING source_id;
 
@@ -805,3 +810,23 @@ SELECT r.source_id, count(e.id) AS n FROM migration_records r
  WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = 'deals'
    AND r.source_id = ANY(%(ids)s::text[])
  GROUP BY r.source_id;
+
+-- name: takeable_placeholders --
+-- Skipped placeholders of these kinds (not deleted at the source) that kept their parents
+-- (migration 0019) and whose every parent has a written (created/matched) entry now: rows the
+-- engine can still take. With `missing_of`: only those that missed a parent of that ledger kind.
+SELECT r.kind, r.source_id, r.parents
+  FROM migration_records r
+ WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = ANY(%(kinds)s::text[]) AND r.action = 'skipped'
+   AND r.deleted_at_source IS NULL AND r.parents IS NOT NULL
+   AND (%(missing_of)s::text IS NULL OR EXISTS (
+        SELECT 1 FROM jsonb_array_elements(r.parents) p
+         WHERE (p->>'missing')::boolean AND p->'kinds' ? %(missing_of)s::text))
+   AND NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(r.parents) p
+         WHERE NOT EXISTS (
+               SELECT 1 FROM migration_records w
+                WHERE w.tenant_id = r.tenant_id AND w.source = r.source AND w.source_id = p->>'id'
+                  AND w.kind IN (SELECT jsonb_array_elements_text(p->'kinds'))
+                  AND w.action IN ('created', 'matched')))
+ ORDER BY r.kind, r.source_id;
