@@ -83,7 +83,7 @@ from engine_core.errors import PageFailed
 from engine_core.ledger_reads import mail_held, unseen_live, unseen_skipped
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import contents, lines, record_lists, writers
+from engine_core.providers.pipedrive import contents, lines, record_lists, retake, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
@@ -514,4 +514,16 @@ def _ask_and_settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, u
     gone, present = ask_by_id(ctx, client, lk, ids)
     ctx.stats.values[stat] = len(ids)
     _settle(ctx, client, mapper_of, lk, gone, present)
-    return TaskOutcome()
+    return TaskOutcome(tuple(read_again(ctx, lk)))
+
+
+def read_again(ctx: TaskContext, lk: str) -> list[Successor]:
+    """Once ledger kind `lk` is written (its lists and the rows asked by id): the catch-up tasks
+    reading again, through their fan-out, the rows of kinds it does not walk that were read before
+    their `lk` parent was written (`retake`: one read per record listing them); their number goes
+    to stats `retake_records`. None in a run whose placeholders all still miss a parent."""
+    with ctx.db.connection() as conn:
+        records = retake.records_to_read(conn, ctx.run, lk)
+    ctx.stats.values["retake_records"] = sum(len(ids) for by in records.values() for ids in by.values())
+    deals = records.get("emails", {}).get("deals", [])
+    return retake.read_again(records, lk) + (mail_tasks(f"retake-{lk}", 0, deals) if deals else [])
