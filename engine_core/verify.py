@@ -16,6 +16,10 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
 * **stale**: the ledger's `source_version` differs from the version the source lists now (a
   change not synced; `ledger.same_version`: one instant in the v1 and v2 time formats is one version). Ledger rows without a version (written before versions were kept) are
   counted as `unversioned` and not compared.
+* **takeable**: skipped, listed by the source, and every parent it was skipped for is written now
+  (`ledger_reads.takeable`: the parents the placeholder kept, migration 0019): not a settled skip
+  but a row read before its parent was written, which the engine can still take - a sync does
+  (the catch-up reads such rows again, `retake`). Counted among `unwritten` too.
 * **unreachable** (not a difference): an item whose sub-resource the source refuses to this token
   while the token reads the account (Pipedrive: a deal whose mail listing answers 403) - its
   children cannot be listed, so they are neither missing nor, when the product holds some from
@@ -53,10 +57,10 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version
-from engine_core.ledger_reads import tenant_entries, tenant_unreadable
+from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
-DIFFERENCES = ("missing", "extra", "duplicated", "stale")
+DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable")
 CREDENTIALS_TIMEOUT_SECONDS = 5.0  # the launch's token check's timeout (`launch.checks.CONNECT_TIMEOUT_SECONDS`)
 # Why a kind the provider has no id listing for is not compared, in a user's words (the provider's
 # own note, "no id listing for 'fields'", said what is missing, not why that is no gap in the proof)
@@ -65,6 +69,8 @@ NOT_LISTED_WHY: dict[str, str] = {
                        "field lists again, updates the stored ones and marks those no longer listed deleted at the "
                        "source"),
 }
+TAKEABLE_WHY = (" - skipped, but every parent they were skipped for is written now: not a settled skip; "
+                "`migrate sync --tenant {tenant}` takes them")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
 WRITTEN = ("created", "matched")
 PLACEHOLDERS = ("skipped", "failed")
@@ -101,6 +107,8 @@ class KindResult:
     extra: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
+    # skipped rows whose every missing parent is written now: the engine can still take them
+    takeable: list[str] = field(default_factory=list)
     # matched rows (the product's own) whose source is newer, not overwritten: not a difference
     kept: list[str] = field(default_factory=list)
     # items whose children the source refuses to list ("deal 12" -> reason): not a difference
@@ -186,7 +194,8 @@ class VerifyResult:
                 ids = getattr(k, d)
                 if ids:
                     shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
-                    out.append(f"  {d} {len(ids)}: {shown}")
+                    out.append(f"  {d} {len(ids)}: {shown}" + (TAKEABLE_WHY.format(tenant=self.tenant_id)
+                                                                 if d == "takeable" else ""))
             if k.unreachable:
                 items = sorted(k.unreachable, key=lambda i: (len(i), i))
                 shown = ", ".join(f"{i} ({k.unreachable[i]})" for i in items[:cap])
@@ -467,6 +476,10 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
             if e["action"] in WRITTEN and e["record_id"] is not None and e["record_type"] in tables:
                 record_ids.setdefault(e["record_type"], set()).add(int(e["record_id"]))
         product_rows, live_records = _product(db, tenant_id, provider.source, sorted(tables), record_ids, LIVE_WHEN.get(lk))
-        results.append(compare(lk, plan_kinds, at_source, entries, product_rows, live_records, dict(unreachable)))
+        result = compare(lk, plan_kinds, at_source, entries, product_rows, live_records, dict(unreachable))
+        unwritten = set(result.unwritten_ids)
+        result.takeable = sorted((sid for _, sid, _ in takeable(db, tenant_id, provider.source, [lk]) if _norm(sid) in unwritten),
+                                 key=lambda s: (len(s), s))
+        results.append(result)
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
                         tokens=int(cost["tokens"]), seconds=time.monotonic() - started)
