@@ -92,15 +92,19 @@ def dangling_counts(db: Database | Conn, run_id: int) -> dict[str, int]:
 # -- reads for the face: `migrate rows` and `explain`, the Dagster ledger checks ------------------
 
 
-# Every skipped or failed row of a tenant as the ledger holds it now (one row per source row: the
-# run that last wrote it), with the rows kept beside it for want of a readable id (failed, their
-# raw key as id). Sorted as `migrate rows` prints them; ids by length first, so 9 comes before 10.
+# Every skipped, waiting or failed row of a tenant as the ledger holds it now (one row per source row:
+# the run that last wrote it), with the rows kept beside it for want of a readable id (failed, their
+# raw key as id). A placeholder whose reason leaves a parent to the catch-up's walk
+# (`rows.WAITS_FOR_WALK`) is `waiting` here, as the rollup counts it, not skipped. Sorted as
+# `migrate rows` prints them; ids by length first, so 9 comes before 10.
 ROWS_SQL = """
 SELECT * FROM (
-    SELECT r.kind, r.source, r.source_id AS id, r.action, r.migration_id AS run_id, r.reason,
-           r.deleted_at_source, false AS unreadable, m.dry_run
+    SELECT r.kind, r.source, r.source_id AS id,
+           CASE WHEN r.action = 'skipped' AND position(%(waits)s IN COALESCE(r.reason, '')) > 0
+                THEN 'waiting' ELSE r.action END AS action,
+           r.migration_id AS run_id, r.reason, r.deleted_at_source, false AS unreadable, m.dry_run
       FROM migration_records r JOIN migrations m ON m.id = r.migration_id
-     WHERE r.tenant_id = %(t)s AND r.action = ANY(%(actions)s)
+     WHERE r.tenant_id = %(t)s AND r.action IN ('skipped', 'failed')
        AND (%(k)s::text IS NULL OR r.kind = %(k)s) AND (%(run)s::bigint IS NULL OR r.migration_id = %(run)s)
     UNION ALL
     SELECT u.kind, u.source, u.raw_key, 'failed', u.migration_id, u.reason, NULL, true, m.dry_run
@@ -109,14 +113,18 @@ SELECT * FROM (
        AND (%(k)s::text IS NULL OR u.kind IN (%(k)s, %(k)s || '_archived'))
        AND (%(run)s::bigint IS NULL OR u.migration_id = %(run)s)
 ) AS found
+WHERE action = ANY(%(actions)s)
 ORDER BY kind, action, length(id), id, source
 LIMIT %(limit)s
 """
 ROWS_COUNT_SQL = """
-SELECT count(*) FILTER (WHERE action = 'skipped') AS skipped, count(*) FILTER (WHERE action = 'failed') AS failed
-  FROM migration_records
- WHERE tenant_id = %(t)s AND action = ANY(%(actions)s)
-   AND (%(k)s::text IS NULL OR kind = %(k)s) AND (%(run)s::bigint IS NULL OR migration_id = %(run)s)
+SELECT count(*) FILTER (WHERE action = 'skipped' AND NOT waits AND 'skipped' = ANY(%(actions)s)) AS skipped,
+       count(*) FILTER (WHERE waits AND 'waiting' = ANY(%(actions)s)) AS waiting,
+       count(*) FILTER (WHERE action = 'failed' AND 'failed' = ANY(%(actions)s)) AS failed
+  FROM (SELECT action, action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) > 0 AS waits
+          FROM migration_records
+         WHERE tenant_id = %(t)s AND action IN ('skipped', 'failed')
+           AND (%(k)s::text IS NULL OR kind = %(k)s) AND (%(run)s::bigint IS NULL OR migration_id = %(run)s)) AS r
 """
 UNREADABLE_COUNT_SQL = """
 SELECT count(*) AS n FROM migration_unreadable
@@ -127,10 +135,14 @@ SELECT count(*) AS n FROM migration_unreadable
 ROWS_PAGE = 2000  # rows fetched per round trip by `migrate rows`'s server-side cursor
 
 
-def tenant_rows(db: Database, tenant: str, kind: str | None = None, actions: tuple[str, ...] = ("skipped", "failed"),
+ROW_ACTIONS = ("skipped", "waiting", "failed")  # what `migrate rows` lists: every row not written (yet)
+
+
+def tenant_rows(db: Database, tenant: str, kind: str | None = None, actions: tuple[str, ...] = ROW_ACTIONS,
                 run_id: int | None = None, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """Every skipped/failed row of `tenant` now, for `migrate rows`: the ledger's rows whose action
-    is in `actions` (one per source row: `run_id` is the run that last wrote it) and, when "failed"
+    """Every skipped, waiting or failed row of `tenant` now, for `migrate rows`: the ledger's rows whose
+    action is in `actions` (one per source row: `run_id` is the run that last wrote it; "waiting" is
+    a placeholder left to the catch-up's walk, `rows.WAITS_FOR_WALK`, the ledger's "skipped") and, when "failed"
     is asked for, the rows kept in migration_unreadable for want of a readable id (action "failed",
     `id` their raw key, `unreadable` True); only `kind`'s (None: every kind), only those `run_id`
     last touched (None: any run), at most `limit` (None: all). Sorted by kind, action, id (shorter
@@ -138,18 +150,19 @@ def tenant_rows(db: Database, tenant: str, kind: str | None = None, actions: tup
     "unreadable", "dry_run"}. Streamed through a server-side cursor, ROWS_PAGE rows a round trip, so
     a tenant with 100k failed rows is never held in memory; the connection is held until the
     iterator is exhausted or closed."""
-    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id, "limit": limit}
+    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id, "limit": limit, "waits": WAITS_FOR_WALK}
     yield from stream(db, ROWS_SQL, params, page=ROWS_PAGE, name="migrate_rows")
 
 
 def tenant_row_counts(db: Database, tenant: str, kind: str | None = None,
-                      actions: tuple[str, ...] = ("skipped", "failed"), run_id: int | None = None) -> dict[str, int]:
-    """What `tenant_rows` would yield without a limit, counted: {"skipped", "failed" (the
+                      actions: tuple[str, ...] = ROW_ACTIONS, run_id: int | None = None) -> dict[str, int]:
+    """What `tenant_rows` would yield without a limit, counted: {"skipped", "waiting", "failed" (the
     unreadable rows included), "unreadable"}."""
-    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id}
+    params = {"t": tenant, "k": kind, "actions": list(actions), "run": run_id, "waits": WAITS_FOR_WALK}
     ledger = db.sql(ROWS_COUNT_SQL, params)[0]
     unreadable = int(db.sql(UNREADABLE_COUNT_SQL, params)[0]["n"])
-    return {"skipped": int(ledger["skipped"]), "failed": int(ledger["failed"]) + unreadable, "unreadable": unreadable}
+    return {"skipped": int(ledger["skipped"]), "waiting": int(ledger["waiting"]),
+            "failed": int(ledger["failed"]) + unreadable, "unreadable": unreadable}
 
 
 def source_listing(db: Database, tenant: str, kind: str, source_id: str) -> dict[str, Any] | None:
@@ -294,28 +307,34 @@ def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[di
 
 
 BAD_ROWS_SQL = """
-SELECT kind, count(*) FILTER (WHERE action = 'skipped') AS skipped, count(*) FILTER (WHERE action = 'failed') AS failed
-  FROM migration_records
- WHERE tenant_id = %(t)s AND action IN ('skipped', 'failed') AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))
+SELECT kind, count(*) FILTER (WHERE action = 'skipped' AND NOT waits) AS skipped,
+       count(*) FILTER (WHERE action = 'failed') AS failed, count(*) FILTER (WHERE waits) AS waiting
+  FROM (SELECT kind, action, action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) > 0 AS waits
+          FROM migration_records
+         WHERE tenant_id = %(t)s AND action IN ('skipped', 'failed')
+           AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))) AS r
  GROUP BY kind
 UNION ALL
-SELECT kind, 0, count(*) FROM migration_unreadable
+SELECT kind, 0, count(*), 0 FROM migration_unreadable
  WHERE tenant_id = %(t)s AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))
  GROUP BY kind
 """
 
 
 def bad_row_counts(db: Database | Conn, tenant: str, kinds: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
-    """The tenant's skipped and failed rows now, per kind: {kind: {"skipped", "failed"}}, failed
-    counting the rows without a readable id; only `kinds` (None: every kind), kinds with none left
-    out. The same rows `migrate rows` lists (`tenant_rows`, every run), so the figures the UI and
-    `migrate status` show beside success agree with that list."""
+    """The tenant's skipped, failed and waiting rows now, per kind: {kind: {"skipped", "failed",
+    "waiting"}}, failed counting the rows without a readable id, waiting the placeholders left to the
+    catch-up's walk (`rows.WAITS_FOR_WALK`: not skipped, the catch-up settles them); only `kinds`
+    (None: every kind), kinds with none of the three left out. The same rows `migrate rows` lists
+    (`tenant_rows`, every run), so the figures the UI and `migrate status` show beside success agree
+    with that list."""
     out: dict[str, dict[str, int]] = {}
-    for r in db.sql(BAD_ROWS_SQL, {"t": tenant, "k": list(kinds) if kinds is not None else None}):
-        got = out.setdefault(r["kind"], {"skipped": 0, "failed": 0})
-        got["skipped"] += int(r["skipped"])
-        got["failed"] += int(r["failed"])
-    return {k: v for k, v in out.items() if v["skipped"] or v["failed"]}
+    for r in db.sql(BAD_ROWS_SQL, {"t": tenant, "k": list(kinds) if kinds is not None else None,
+                                   "waits": WAITS_FOR_WALK}):
+        got = out.setdefault(r["kind"], {"skipped": 0, "failed": 0, "waiting": 0})
+        for name in got:
+            got[name] += int(r[name])
+    return {k: v for k, v in out.items() if any(v.values())}
 
 
 # -- reads for a source's catch-up (the inventory it keeps while it lists) -----------------------

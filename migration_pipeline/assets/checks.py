@@ -14,8 +14,10 @@
   count for their kinds' phases (`KindRollup.caught_up`), so a correct run on a changing account
   passes. Fails (severity ERROR) naming each kind that does not add up.
 
-* `all_rows_landed`: fails (severity WARN) when the tenant has skipped or failed rows of the
-  phase's kinds (`landed_check`), so bad rows show where success does.
+* `all_rows_landed` ("every row accounted for"): fails (severity WARN) when the tenant has skipped
+  or failed rows of the phase's kinds (`landed_check`), so bad rows show where success does. A row a
+  walk left to the catch-up's walk (`waiting`) is accounted for at its phase's close - the catch-up
+  settles it; the catch-up phase's own check fails while any row of the tenant still waits.
 
 * `matches_source` ("a proof from the source"): the phase's kinds proved against the source
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
@@ -129,23 +131,59 @@ KINDS_ADD_UP = "kinds_add_up"
 ALL_ROWS_LANDED = "all_rows_landed"
 
 
-def landed_check(db: Database, tenant: str, kinds: list[str]) -> tuple[bool, dict[str, Any]]:
-    """The `all_rows_landed` check of a phase's `kinds`: (passed, metadata). Fails (severity WARN)
-    when the tenant has skipped or failed rows of those kinds now (`ledger_reads.bad_row_counts`, the
-    rows `migrate rows` lists): a phase that closed with bad rows is a success with a warning in
-    the asset graph and the partition list, not plain green."""
-    bad = bad_row_counts(db, tenant, kinds)
+def landed_check(db: Database, tenant: str, kinds: list[str], catchup: bool = False) -> tuple[bool, dict[str, Any]]:
+    """The `all_rows_landed` check of a phase's `kinds`: (passed, metadata). Every row accounted for:
+    fails (severity WARN) when the tenant has skipped or failed rows of those kinds now
+    (`ledger_reads.bad_row_counts`, the rows `migrate rows` lists), so a phase that closed with bad
+    rows is a success with a warning in the asset graph and the partition list, not plain green.
+    A row a walk left to the catch-up's walk (`waiting`) is accounted for at a data phase's close -
+    the catch-up settles it - and is shown, not failed. The catch-up phase's own check (`catchup`)
+    is where that promise is kept: it fails while any row of the tenant, of any kind, still waits."""
+    bad = bad_row_counts(db, tenant, None if catchup else kinds)
+    if catchup:  # its own kind has no rows; what it answers for is the rows left waiting for it
+        bad = {k: v for k, v in bad.items() if v["waiting"]}
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())
-    md: dict[str, Any] = {"skipped": MetadataValue.int(skipped), "failed": MetadataValue.int(failed)}
+    waiting = sum(v["waiting"] for v in bad.values())
+    md: dict[str, Any] = ({"waiting": MetadataValue.int(waiting)} if catchup else
+                          {"skipped": MetadataValue.int(skipped), "failed": MetadataValue.int(failed),
+                           "waiting": MetadataValue.int(waiting)})
     for kind, v in sorted(bad.items()):
-        md[f"{kind}/skipped"] = MetadataValue.int(v["skipped"])
-        md[f"{kind}/failed"] = MetadataValue.int(v["failed"])
+        for name in (("waiting",) if catchup else ("skipped", "failed", "waiting")):
+            md[f"{kind}/{name}"] = MetadataValue.int(v[name])
+    if catchup:
+        passed = not waiting
+        if waiting:
+            md["waiting_note"] = MetadataValue.text(
+                f"{waiting} row(s) still wait for the catch-up's walk after it ran: `migrate rows {tenant} --action "
+                f"waiting` lists them; `migrate run --tenant {tenant}` settles them")
+    else:
+        passed = not skipped and not failed
+        if waiting:
+            md["waiting_note"] = MetadataValue.text(
+                f"{waiting} row(s) wait for the catch-up's walk: accounted for, not failed - the catch-up settles "
+                "them, and its all_rows_landed check fails if any still waits")
     if bad:
         md["where"] = MetadataValue.md("\n".join(f"- `migrate rows {tenant} --kind {k}`" for k in sorted(bad))
                                        + "\n- the phase's materialization: grouped reasons")
-    return not bad, md
+    return passed, md
 
+
+LANDED_AT_PHASE = ("Every row of the phase's kinds accounted for: fails (WARN) when the tenant has skipped or failed "
+                   "rows of them, as `migrate rows` lists them. A row waiting for the catch-up's walk (its parent "
+                   "not known yet) is accounted for and shown as `waiting`: the catch-up settles it, and the "
+                   "catch-up's own all_rows_landed check fails if any row still waits.")
+LANDED_AT_CATCHUP = ("Nothing still waits: fails (WARN) when any row of the tenant, of any kind, still waits for the "
+                     "catch-up's walk after it ran (the phases' all_rows_landed checks counted those rows as "
+                     "settled by it), as `migrate rows TENANT --action waiting` lists them.")
+
+
+def is_catchup(spec: PhaseSpec) -> bool:
+    """Whether `spec` is its provider's catch-up phase (its one kind is the provider's `catchup_kind`)."""
+    try:
+        return spec.kinds == (catchup_kind(provider_for(spec.source)),)
+    except Exception:  # noqa: BLE001 - a provider that does not load has no catch-up to tell
+        return False
 
 
 def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
@@ -163,8 +201,7 @@ def ledger_check_specs(spec: PhaseSpec) -> list[AssetCheckSpec]:
             AssetCheckSpec(NO_DUPLICATE_CLAIMS, asset=spec.key, partitions_def=tenants,
                            description="No target row claimed twice or written without its claim; no source id written twice."),
             AssetCheckSpec(ALL_ROWS_LANDED, asset=spec.key, partitions_def=tenants,
-                           description="Every row of the phase's kinds landed: fails (WARN) when the tenant has "
-                                       "skipped or failed rows of them, as `migrate rows` lists them."),
+                           description=(LANDED_AT_CATCHUP if is_catchup(spec) else LANDED_AT_PHASE)),
             AssetCheckSpec(KINDS_ADD_UP, asset=spec.key, partitions_def=tenants,
                            description="Rows seen = rows accounted for = ledger claims, and = the source's own count "
                                        "where it gives one (the engine's completeness check at phase close)."),
@@ -191,7 +228,7 @@ def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected:
             results.append(AssetCheckResult(asset_key=spec.key, check_name=KINDS_ADD_UP, passed=passed, metadata=md,
                                             severity=AssetCheckSeverity.ERROR))
         if ALL_ROWS_LANDED in selected:
-            passed, md = landed_check(snap, tenant, kinds)
+            passed, md = landed_check(snap, tenant, kinds, catchup=is_catchup(spec))
             results.append(AssetCheckResult(asset_key=spec.key, check_name=ALL_ROWS_LANDED, passed=passed,
                                             metadata=md, severity=AssetCheckSeverity.WARN))
     return results

@@ -16,7 +16,8 @@ from engine_core import runs, runs_reads
 from engine_core.budget_waiting import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger_reads import bad_row_counts, explain_unreadable, source_listing, tenant_row_counts, tenant_rows
+from engine_core.ledger_reads import (ROW_ACTIONS, bad_row_counts, explain_unreadable, source_listing, tenant_row_counts,
+                                      tenant_rows)
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from engine_core.source import progress_weights
@@ -317,20 +318,21 @@ def row_line(row: dict[str, Any]) -> str:
 @click.command("rows")
 @click.argument("tenant")
 @click.option("--kind", default=None, help="only this kind's rows")
-@click.option("--action", type=click.Choice(["skipped", "failed", "all"]), default="all", show_default=True,
-              help="skipped rows, failed rows (those without a readable id too), or both")
+@click.option("--action", type=click.Choice(["skipped", "waiting", "failed", "all"]), default="all", show_default=True,
+              help="skipped rows, rows waiting for the catch-up, failed rows (those without a readable id too), or all")
 @click.option("--run", "run_id", default=None, type=click.IntRange(min=1),
               help="only the rows run N (as `migrate status` names it) wrote last")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="at most N rows (default: all)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per row and line (JSON Lines)")
 def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None, limit: int | None,
                  as_json: bool) -> None:
-    """Every skipped or failed row of TENANT, as the ledger holds it now (every run of the tenant,
-    not only the latest: each line says the run that last wrote the row), and the rows that came
+    """Every skipped, waiting or failed row of TENANT, as the ledger holds it now (every run of the
+    tenant, not only the latest: each line says the run that last wrote the row; waiting: left to the
+    catch-up's walk, which settles it - a run stopped before its catch-up settles it when resumed), and the rows that came
     without a readable id (failed, their id as served): one line each, sorted by kind, action and
     id, then a count. `status` and `report` show five samples per reason; this lists them all, for
     `migrate explain` to take one by one. --json: JSON Lines on stdout, the count on stderr."""
-    actions = ("skipped", "failed") if action == "all" else (action,)
+    actions = ROW_ACTIONS if action == "all" else (action,)
     with open_db() as db:
         check_explain(db, tenant, kind)
         if run_id is not None:
@@ -357,9 +359,10 @@ def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None,
             return
         finally:
             found.close()
-    total = counts["skipped"] + counts["failed"]
-    summary = (f"{total} row{'' if total == 1 else 's'}: {counts['skipped']} skipped, {counts['failed']} failed "
-               f"({counts['unreadable']} without a readable id)")
+    total = counts["skipped"] + counts["waiting"] + counts["failed"]
+    summary = (f"{total} row{'' if total == 1 else 's'}: {counts['skipped']} skipped, "
+               + (f"{counts['waiting']} waiting for the catch-up, " if counts["waiting"] else "")
+               + f"{counts['failed']} failed ({counts['unreadable']} without a readable id)")
     if shown < total:
         summary += f"; {shown} shown (--limit {limit})"
     click.echo(summary, err=as_json)

@@ -4,6 +4,8 @@ show five samples per reason group; a fresh user could not list the rest):
 * the ledger's skipped/failed rows now (every run of the tenant, each line naming the run that last
   wrote the row) and the rows kept beside it for want of a readable id (failed, their raw key as id,
   flagged "no readable id"), one line each, sorted by kind, action, id (9 before 10), then a count;
+* a placeholder left to the catch-up's walk (`rows.WAITS_FOR_WALK`) is listed and counted `waiting`,
+  not skipped (`--action waiting` alone lists those);
 * --kind, --action, --run and --limit narrow it; --json is one object per line (JSON Lines) with
   the count on stderr; an unknown tenant, kind or run is one line, exit 2;
 * the rows are streamed through a server-side cursor, not fetched whole.
@@ -17,6 +19,7 @@ import psycopg
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers.registry import provider_for
+from engine_core.rows import WAITS_FOR_WALK
 from tests.dagster.test_cli_errors import _migrate_in_process, _one_line_error
 from tests.dagster.test_cli_finds import EXAMPLE, migrated  # noqa: F401 - the fixture
 
@@ -24,12 +27,16 @@ KEY = "abc sha256:0123456789abcdef"
 
 
 def _mark(db_url: str) -> int:
-    """In tenant "done" (run #1, migrated): contacts 9 and 10 skipped, contacts 2 failed, companies
-    3 failed by a later run (#2), a contacts row without a readable id; returns run #2's id."""
+    """In tenant "done" (run #1, migrated): contacts 9 and 10 skipped, contacts 8 waiting for the
+    catch-up's walk, contacts 2 failed, companies 3 failed by a later run (#2), a contacts row without
+    a readable id; returns run #2's id."""
     with dbmod.Database(db_url, max_size=2) as db:
         later = runs.start_run(db, provider_for("example"), "done", options=EXAMPLE)
         db.sql("UPDATE migration_records SET action = 'skipped', reason = 'parent gone'"
                " WHERE tenant_id = 'done' AND kind = 'contacts' AND source_id IN ('9', '10') RETURNING 1")
+        db.sql("UPDATE migration_records SET action = 'skipped', reason = %(r)s"
+               " WHERE tenant_id = 'done' AND kind = 'contacts' AND source_id = '8' RETURNING 1",
+               {"r": f"companies 4 is not here, {WAITS_FOR_WALK}"})
         db.sql("UPDATE migration_records SET action = 'failed', reason = 'ValueError: contacts row has a non-text name'"
                " WHERE tenant_id = 'done' AND kind = 'contacts' AND source_id = '2' RETURNING 1")
         db.sql("UPDATE migration_records SET action = 'failed', reason = 'boom', migration_id = %(r)s"
@@ -50,8 +57,12 @@ def test_rows_lists_every_skipped_and_failed_row_of_the_tenant_with_its_run(migr
         f"contacts {KEY} failed run #1 (no readable id): MalformedRow: id is not a positive integer: 'abc'",
         "contacts 9 skipped run #1: parent gone",
         "contacts 10 skipped run #1: parent gone",
-        "5 rows: 2 skipped, 3 failed (1 without a readable id)",
+        f"contacts 8 waiting run #1: companies 4 is not here, {WAITS_FOR_WALK}",
+        "6 rows: 2 skipped, 1 waiting for the catch-up, 3 failed (1 without a readable id)",
     ], out.stdout
+    out = _migrate_in_process(["rows", "done", "--action", "waiting"], migrated)
+    assert out.stdout.splitlines() == [f"contacts 8 waiting run #1: companies 4 is not here, {WAITS_FOR_WALK}",
+                                       "1 row: 0 skipped, 1 waiting for the catch-up, 0 failed (0 without a readable id)"], out.stdout
 
     out = _migrate_in_process(["rows", "done", "--kind", "contacts", "--action", "skipped"], migrated)
     assert out.stdout.splitlines() == ["contacts 9 skipped run #1: parent gone", "contacts 10 skipped run #1: parent gone",
@@ -60,7 +71,8 @@ def test_rows_lists_every_skipped_and_failed_row_of_the_tenant_with_its_run(migr
     assert out.stdout.splitlines() == [f"companies 3 failed run #{later}: boom",
                                        "1 row: 0 skipped, 1 failed (0 without a readable id)"], out.stdout
     out = _migrate_in_process(["rows", "done", "--limit", "2"], migrated)
-    assert out.stdout.splitlines()[2:] == ["5 rows: 2 skipped, 3 failed (1 without a readable id); 2 shown (--limit 2)"]
+    assert out.stdout.splitlines()[2:] == ["6 rows: 2 skipped, 1 waiting for the catch-up, 3 failed (1 without a readable id); "
+                                           "2 shown (--limit 2)"]
 
     out = _migrate_in_process(["rows", "done", "--json", "--action", "failed"], migrated)
     assert out.returncode == 0, out.stderr

@@ -1,12 +1,18 @@
 """Deal products, files and (asked for) file contents through the Dagster face: a tiny account's
 phase assets materialise with the new kinds' counts in their metadata, and every asset check
 passes but `all_rows_landed` of the phase that holds file_contents, which warns - a private and a
-purged file kept as metadata with their reason are bad rows in sight, not a green phase."""
+purged file kept as metadata with their reason are bad rows in sight, not a green phase.
+
+Rows a walk left to the catch-up's walk (`waiting`) are accounted for at their phase's close: that
+phase's `all_rows_landed` passes showing them, and the catch-up's own `all_rows_landed` passes only
+because nothing waits once it ran (`landed_check` with `catchup`: it fails on a row still waiting)."""
 from __future__ import annotations
 
 import json
 
 from engine_core import runs
+from engine_core.rows import WAITS_FOR_WALK
+from migration_pipeline.assets.checks import landed_check
 from migration_pipeline.resources import NewRunOptions
 from tests.dagster.test_pipedrive import TENANT, TOKEN, _materialize, _resources
 from tests.pipedrive.support import UNLIMITED, sandbox
@@ -30,3 +36,15 @@ def test_the_phase_assets_carry_deal_products_files_and_their_contents(instance,
     assert (contents["file_contents/imported"].value, contents["file_contents/skipped"].value) == (stored, len(files) - stored)
     failed = {(e.asset_key.path[-1], e.check_name) for e in result.get_asset_check_evaluations() if not e.passed}
     assert failed == {("phase_7_emails_file_contents", "all_rows_landed")}, failed
+    landed = {e.asset_key.path[-1]: e.metadata for e in result.get_asset_check_evaluations()
+              if e.check_name == "all_rows_landed"}
+    assert landed["phase_3_persons"]["waiting"].value > 0, landed["phase_3_persons"]  # at its close
+    assert "catch-up settles" in landed["phase_3_persons"]["waiting_note"].value
+    assert landed["phase_9_catchup"]["waiting"].value == 0, landed["phase_9_catchup"]
+    # the catch-up's check is the one that fails while a row still waits (here: one made to wait again)
+    db.sql("UPDATE migration_records SET action = 'skipped', reason = %(r)s"
+           " WHERE tenant_id = %(t)s AND kind = 'persons' AND source_id = '1' RETURNING 1",
+           {"r": f"organization 1 is not here, {WAITS_FOR_WALK}", "t": TENANT})
+    passed, md = landed_check(db, TENANT, ["catchup"], catchup=True)
+    assert not passed and md["persons/waiting"].value == 1, md
+    assert landed_check(db, TENANT, ["persons"])[0], "a waiting row fails its data phase's check"
