@@ -20,7 +20,8 @@ from engine_core.ledger_reads import (ROW_ACTIONS, bad_row_counts, explain_unrea
                                       tenant_rows)
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
-from engine_core.source import progress_weights
+from engine_core.rows import WAITS_FOR_WALK
+from engine_core.source import catchup_kind, progress_weights
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
@@ -45,9 +46,9 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
     drains it, as `migrate status TENANT` says; also at once when "no_live_worker_since" is set),
     "no_live_worker_since" (UTC, `rollup.no_live_worker_since`: every claimed task's worker process
-    on this host is gone; else None), "skipped", "failed" (the tenant's rows now, as
-    `migrate rows TENANT` counts them: a run that succeeded with bad rows is not plain
-    "succeeded")}, by tenant."""
+    on this host is gone; else None), "skipped", "waiting" (left to the catch-up's walk: a run
+    stopped before its catch-up), "failed" (the tenant's rows now, as `migrate rows TENANT` counts
+    them: a run that succeeded with bad rows is not plain "succeeded")}, by tenant."""
     overview = []
     for r, tasks in runs.latest_runs(db, source):
         bad = bad_row_counts(db, r.tenant_id).values()
@@ -61,7 +62,8 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
                          "unattended": dead_since is not None or (stale_after is not None and idle is not None
                                                                   and idle > stale_after),
                          "no_live_worker_since": dead_since,
-                         "skipped": sum(b["skipped"] for b in bad), "failed": sum(b["failed"] for b in bad)})
+                         "skipped": sum(b["skipped"] for b in bad), "waiting": sum(b["waiting"] for b in bad),
+                         "failed": sum(b["failed"] for b in bad)})
     return overview
 
 
@@ -220,15 +222,21 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 f"{said}", highlight=False))
             sys.exit(1)
 
+        waits = story["action"] == "skipped" and WAITS_FOR_WALK in (story["reason"] or "")
+        story["outcome"] = "waiting" if waits else story["action"]
+        story["next"] = next_for_placeholder(db, tenant, story) if story["action"] == "skipped" else None
+
         def render() -> None:
             verb = {"created": "imported", "matched": "matched to an existing record", "skipped": "skipped",
-                    "failed": "failed"}[story["action"]]
+                    "failed": "failed", "waiting": "waiting for the catch-up's walk, left"}[story["outcome"]]
             line = f"{kind} {source_id}: {verb} by run #{story['run_id']} at {story['at']}"
             if story["record_id"]:
                 line += f" -> {story['record_type']} {story['record_id']}"
             if story["reason"]:
                 line += f" ({story['reason']})"
             console.print(line)
+            if story["next"]:
+                console.print(story["next"], highlight=False)
             if story.get("unreadable") and story.get("excerpt"):
                 console.print(f"as served: {story['excerpt']}", markup=False, highlight=False)
             others = story.get("others") or []
@@ -241,6 +249,28 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                     console.print(f"  {key}", markup=False, highlight=False)
 
         emit(as_json, story, render)
+
+
+def next_for_placeholder(db: dbmod.Database, tenant: str, story: dict[str, Any]) -> str | None:
+    """What becomes of a skipped or waiting row (`explain`'s `story`) while the run that left it has
+    not closed its catch-up: that catch-up takes placeholders over (a waiting row is settled by its
+    walk; a skipped one is listed or asked again and written if its parent is there now). One line
+    saying so - the catch-up is still ahead, or the run stopped (or failed) before it and
+    `migrate run --tenant T` resumes it - or None: the catch-up closed, the run is a dry run, or its
+    source has no catch-up (a skip there is final until a later run)."""
+    try:
+        run = runs.get_run(db, int(story["run_id"]))
+        kind = catchup_kind(provider_for(run.source))
+    except Exception:  # noqa: BLE001 - a run or source that no longer loads: nothing to foretell
+        return None
+    at = next((i for i, group in enumerate(run.plan) if kind in group), None)
+    if run.dry_run or at is None or run.status == "succeeded" or run.current_phase > at:
+        return None
+    then = "settles it" if story["outcome"] == "waiting" else "retries it (written if its parent is there by then)"
+    if run.status in ("stopped", "failed"):
+        return (f"not final: run #{run.id} {run.status} before its catch-up, which {then}: "
+                f"`migrate run --tenant {tenant}` resumes it")
+    return f"not final: run #{run.id} has not closed its catch-up yet, which {then}"
 
 
 EXPLAIN_OTHERS = 10  # other rows served with an unreadable row's id that `explain` lists by key

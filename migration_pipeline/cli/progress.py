@@ -118,7 +118,8 @@ class Progress:
         # tables said "would update")
         imported, _, here, updated = written_columns(r.dry_run)
         counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
-                           f"{k.skipped} skipped/{k.failed} failed" for k in r.phase_kinds(phase))
+                           f"{k.skipped} skipped/" + (f"{k.waiting} waiting/" if k.waiting else "")
+                           + f"{k.failed} failed" for k in r.phase_kinds(phase))
         console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:

@@ -179,7 +179,7 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
-    """The overview as a table, with each tenant's skipped and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04",
+    """The overview as a table, with each tenant's skipped, waiting and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04",
     UTC, when its workers' processes are gone) beside its
     status and a line under the table says what that means and what resumes it (the overview had
     shown a dead run as plainly "running")."""
@@ -187,21 +187,22 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
         console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
         return
     columns = [("tenant", "left"), ("source", "left"), ("run", "right"), ("status", "left"), ("phase", "right"),
-               ("skipped", "right"), ("failed", "right"), ("tasks", "left"), ("started (UTC)", "left"),
-               ("finished (UTC)", "left")]
+               ("skipped", "right"), ("waiting", "right"), ("failed", "right"), ("tasks", "left"),
+               ("started (UTC)", "left"), ("finished (UTC)", "left")]
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
              (DRY_RUN_MARK if o["dry_run"] else "") + o["status"] + (f" (no live worker since {o['no_live_worker_since']:%H:%M:%S})" if o.get("no_live_worker_since")
                             else f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
              + (" (sync)" if o["mode"] == "sync" else ""),
-             o["phase"], str(o.get("skipped", 0)), str(o.get("failed", 0)),
+             o["phase"], str(o.get("skipped", 0)), str(o.get("waiting", 0)), str(o.get("failed", 0)),
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
             for o in overview]
     # an 80-column terminal had cut every cell short: names and tasks fold,
     # and the times go first when it is still too narrow
-    table = fitted_table("tenants (each one's latest run; skipped and failed: the rows `migrate rows TENANT` lists)",
+    table = fitted_table("tenants (each one's latest run; skipped, waiting (for the catch-up) and failed: the rows "
+                         "`migrate rows TENANT` lists)",
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
-                         drop=("finished (UTC)", "started (UTC)"))
+                         drop=("finished (UTC)", "started (UTC)", "waiting"))
     console.print(table, soft_wrap=False)
     idle = [o["tenant"] for o in overview if o.get("unattended")]
     if idle:

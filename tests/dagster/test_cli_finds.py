@@ -389,7 +389,8 @@ def test_the_tenant_overview_cuts_no_cell_short_on_an_80_column_terminal(monkeyp
         cli.tables.print_overview([{"tenant": f"customer-with-a-long-name-{i}", "source": "pipedrive", "run_id": 12345 + i,
                              "mode": "sync" if i else "full", "status": "succeeded", "dry_run": bool(i % 2),
                              "phase": "8/8", "tasks": {"succeeded": 104, "failed": 2}, "started_at": when,
-                             "finished_at": when} for i in range(3)])
+                             "finished_at": when, "skipped": 3, "waiting": 17 if i == 1 else 0, "failed": 2}
+                            for i in range(3)])
         return out.export_text()
 
     text = overview_at(80)
@@ -401,6 +402,10 @@ def test_the_tenant_overview_cuts_no_cell_short_on_an_80_column_terminal(monkeyp
     assert "left out at 80 columns:" in text
     wide = overview_at(200)
     assert "left out" not in wide and wide.count("2026-12-02 18:00:00") == 6, wide
+    # rows left to the catch-up's walk are their own column, not counted as skipped
+    header = next(ln for ln in wide.splitlines() if "┃ skipped" in ln)
+    assert [c.strip() for c in re.split("[│┃]", header)][6:9] == ["skipped", "waiting", "failed"], wide
+    assert " 17 " in wide, wide
 
 
 def test_status_and_reports_reasons_table_says_what_it_leaves_out():

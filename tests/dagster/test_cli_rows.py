@@ -134,3 +134,32 @@ def test_explain_of_an_id_served_with_several_rows_lists_the_others_keys(migrate
     assert out.stdout.splitlines()[-2:] == [
         "the other 2 row(s) served with this id (the latest 1; `migrate rows done --kind contacts --action failed` "
         "lists all), by their keys:", "  abc sha256:0000000000000001"], out.stdout
+
+
+def test_explain_says_a_placeholder_is_not_final_while_its_runs_catch_up_is_ahead(migrated, db_url):  # noqa: F811
+    """A pipedrive run of tenant "done" stopped in its first phase, before its catch-up: a person it
+    left waiting for the catch-up's walk is `waiting`, not skipped, and both it and a skipped email
+    say the catch-up settles or retries them and that `migrate run --tenant done` resumes the run;
+    once the run has closed its catch-up nothing is foretold."""
+    with dbmod.Database(db_url, max_size=2) as db:
+        (run,) = db.sql("INSERT INTO migrations (tenant_id, source, source_account, status, plan)"
+                        " VALUES ('done', 'pipedrive', 'acct', 'stopped', %(p)s::jsonb) RETURNING id",
+                        {"p": json.dumps([["persons"], ["emails"], ["catchup"]])})
+        db.sql("INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, action, reason)"
+               " VALUES (%(r)s, 'done', 'pipedrive', 'persons', '641', 'skipped', %(w)s),"
+               "        (%(r)s, 'done', 'pipedrive', 'emails', '7', 'skipped', 'deal 12 is not here') RETURNING 1",
+               {"r": run["id"], "w": f"organization 3 is not here, {WAITS_FOR_WALK}"})
+    out = _migrate_in_process(["explain", "done", "persons", "641"], migrated)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    head, nxt = out.stdout.splitlines()[:2]
+    assert head.startswith(f"persons 641: waiting for the catch-up's walk, left by run #{run['id']} "), head
+    assert nxt == (f"not final: run #{run['id']} stopped before its catch-up, which settles it: "
+                   "`migrate run --tenant done` resumes it"), out.stdout
+    out = _migrate_in_process(["explain", "done", "emails", "7"], migrated)
+    assert out.stdout.splitlines()[0].startswith(f"emails 7: skipped by run #{run['id']} "), out.stdout
+    assert "catch-up, which retries it" in out.stdout.splitlines()[1], out.stdout
+    with dbmod.Database(db_url, max_size=2) as db:
+        db.sql("UPDATE migrations SET status = 'succeeded', current_phase = 3 WHERE id = %(r)s RETURNING 1",
+               {"r": run["id"]})
+    out = _migrate_in_process(["explain", "done", "emails", "7"], migrated)
+    assert len(out.stdout.splitlines()) == 1 and "not final" not in out.stdout, out.stdout
