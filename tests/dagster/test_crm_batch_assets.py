@@ -12,7 +12,8 @@ import json
 
 from engine_core import runs
 from engine_core.rows import WAITS_FOR_WALK
-from migration_pipeline.assets.checks import landed_check
+from migration_pipeline.assets.checks import evaluate_ledger_checks, landed_check, ledger_check_specs
+from migration_pipeline.assets.specs import phase_specs
 from migration_pipeline.resources import NewRunOptions
 from tests.dagster.test_pipedrive import TENANT, TOKEN, _materialize, _resources
 from tests.pipedrive.support import UNLIMITED, sandbox
@@ -45,6 +46,9 @@ def test_the_phase_assets_carry_deal_products_files_and_their_contents(instance,
     db.sql("UPDATE migration_records SET action = 'skipped', reason = %(r)s"
            " WHERE tenant_id = %(t)s AND kind = 'persons' AND source_id = '1' RETURNING 1",
            {"r": f"organization 1 is not here, {WAITS_FOR_WALK}", "t": TENANT})
-    passed, md = landed_check(db, TENANT, ["catchup"], catchup=True)
-    assert not passed and md["persons/waiting"].value == 1, md
+    (catchup,) = [spec for spec in phase_specs("pipedrive") if spec.name == "phase_9_catchup"]
+    (result,) = evaluate_ledger_checks(db, TENANT, catchup, {"all_rows_landed"})
+    assert not result.passed and result.metadata["persons/waiting"].value == 1, result
+    assert "Nothing still waits" in next(c.description for c in ledger_check_specs(catchup)
+                                         if c.name == "all_rows_landed")
     assert landed_check(db, TENANT, ["persons"])[0], "a waiting row fails its data phase's check"
