@@ -43,6 +43,7 @@ from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
 from engine_core.reaper import process_alive
+from engine_core.rows import WAITING, WAITS_FOR_WALK
 from engine_core.runlog import reason_shape
 
 # A row's outcomes, each seen row has exactly one (their sum is `accounted`).
@@ -386,8 +387,8 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
     [{kind, action, reason, count, samples, example}] where `reason` is the shape (ids and numbers
     as `{id}` / `{n}`, `runlog.reason_shape`: "not linked to any record: organizations {n} is not
     here"), `count` the rows (or tasks) of every reason of that shape, `samples` up to SAMPLES
-    source ids of them, `example` one reason as it was written; `action` is "skipped"/"failed"
-    (rows, counted from the ledger: the truth), "task failed" (tasks failed now, with their error),
+    source ids of them, `example` one reason as it was written; `action` is "skipped"/"waiting"/"failed"
+    (rows, counted from the ledger: the truth; waiting: `outcome_of`), "task failed" (tasks failed now, with their error),
     or the run log's level for notes that are not row outcomes (warnings such as bodies imported
     without their source's answer).
 
@@ -410,7 +411,8 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
                 g["samples"].append(str(sample))
 
     for r in ledger_reads.reasons(db, run_id):
-        add(r["kind"], r["action"], r["reason"] or "unknown", int(r["n"]), list(r["samples"] or []))
+        add(r["kind"], outcome_of(r["action"], r["reason"]), r["reason"] or "unknown", int(r["n"]),
+            list(r["samples"] or []))
     for r in ledger_reads.unreadable_reasons(db, run_id):  # rows without a readable id (0013)
         add(r["kind"], r["action"], r["reason"], int(r["n"]), list(r["samples"] or []))
     for r in db.fetch_all("failed_task_reasons", {"run_id": run_id}):
@@ -422,7 +424,11 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
             continue  # rows: the ledger above; tasks: their current status above
         if (e.get("kind", ""), reason_shape(e.get("reason", ""))) in outcomes:
             continue  # a note of a row outcome the ledger already counts (a file's bytes not kept)
-        add(e.get("kind", ""), level, e.get("reason", ""), int(e.get("count", 1)), list(e.get("samples", [])))
+        samples = list(e.get("samples", []))
+        # a dry run's row failures are only in its log ("error" notes of rows, not of tasks): said as the
+        # outcome they are, as the ledger's are
+        what = "failed" if level == "error" and not all(str(x).startswith("task ") for x in samples) else level
+        add(e.get("kind", ""), what, e.get("reason", ""), int(e.get("count", 1)), samples)
     return sorted(groups.values(), key=lambda g: (-g["count"], g["kind"], g["action"], g["reason"]))
 
 
@@ -506,11 +512,18 @@ def unreadable_count(db: Database, tenant_id: str, kind: str, source: str | None
     return {"rows": int(rows[0]["n"]), "run_id": rows[0]["run_id"], "deals": int(rows[0]["deals"])}
 
 
+def outcome_of(action: str, reason: str | None) -> str:
+    """A ledger entry's outcome as the run counts it: `rows.WAITING` for a placeholder whose reason
+    leaves a parent to the catch-up's walk (`rows.WAITS_FOR_WALK`), else its action."""
+    return WAITING if action == "skipped" and WAITS_FOR_WALK in (reason or "") else action
+
+
 def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int) -> list[dict[str, Any]]:
-    """Run `run_id`'s skipped and failed rows of `kinds`, with their reasons, at most `limit`: the
-    failed first (those without a readable id among them, under their raw key), then by kind and
-    id. Each {"kind", "source_id", "action", "reason", "created_at"}."""
-    return db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})
+    """Run `run_id`'s skipped, waiting and failed rows of `kinds`, with their reasons, at most
+    `limit`: the failed first (those without a readable id among them, under their raw key), then
+    by kind and id. Each {"kind", "source_id", "action" ("waiting": `outcome_of`), "reason", "created_at"}."""
+    rows = db.fetch_all("phase_rows_with_reasons", {"run_id": run_id, "kinds": kinds, "limit": limit})
+    return [{**r, "action": outcome_of(r["action"], r["reason"])} for r in rows]
 
 
 CLAIMED_OF_LIVE_RUN = """

@@ -18,7 +18,8 @@ COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "waiting"
 # per kind beside the row outcomes: rows marked deleted at the source by the run (ledger
 # history, not rows seen) and rows of the kind the run's catch-up wrote (`KindRollup.caught_up`)
 EXTRA = ("deleted_at_source", "by_catchup")
-ROWS_CAP = 50  # skipped and failed rows listed in a phase's metadata (the counts above are whole)
+ROWS_CAP = 50  # skipped, waiting and failed rows listed in a phase's metadata (the counts above are whole)
+ROW_OUTCOMES = ("skipped", "waiting", "failed")  # the grouped reasons' actions that are ledger rows
 
 ROWS_SCHEMA = TableSchema(
     columns=[
@@ -115,7 +116,7 @@ def reasons_table(reasons: list[dict[str, Any]]) -> str:
     reason's shape (ids and numbers as `{id}` / `{n}`), the rows or tasks of that shape, one reason
     as written ("e.g.", when it differs from the shape) and a few example source ids."""
     if not reasons:
-        return "No rows skipped or failed, no task failed."
+        return "No rows skipped, waiting or failed, no task failed."
 
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
@@ -174,8 +175,9 @@ def _extra(k: rollups.KindRollup, name: str) -> int:
 
 def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
                   windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
-    """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds; its seconds and
-    rows/s over the time Dagster runs worked on it (`windows`, `phase_seconds`)."""
+    """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds (of the catch-up:
+    of the kinds it wrote rows of, `told`); its seconds and rows/s over the time Dagster runs worked
+    on it (`windows`, `phase_seconds`)."""
     kinds = r.phase_kinds(phase)
     names = [k.kind for k in kinds]
     totals = {c: sum(getattr(k, c) for k in kinds) for c in COUNTS}
@@ -186,6 +188,9 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
             tasks[s] = tasks.get(s, 0) + n
     seen = sum(k.seen for k in kinds)
     seconds = phase_seconds(db, r.run_id, set(names), windows)
+    # the catch-up writes rows of other kinds: its reasons and rows are those kinds' (the kinds it
+    # credited rows to), else its skipped and failed would have no reason beside them
+    told = set(names) | ({k.kind for k in r.kinds if k.caught_up} if any(k.handed_over for k in kinds) else set())
     return {
         "kinds": kinds,
         "names": names,
@@ -194,7 +199,8 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
         "seen": seen,
         "seconds": seconds,
         "rows_per_second": round(seen / seconds, 1) if seconds else 0.0,
-        "reasons": [g for g in r.reasons if g.get("kind") in set(names)],
+        "reasons": [g for g in r.reasons if g.get("kind") in told],
+        "told": sorted(told),
     }
 
 
@@ -268,15 +274,18 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
         schema=PER_KIND_SCHEMA,
     )
     md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
-    rows = phase_rows(db, r.run_id, s["names"])
-    not_landed = int(s["totals"]["skipped"]) + int(s["totals"]["failed"])
+    rows = phase_rows(db, r.run_id, s["told"])
+    # the rows the table is drawn from, counted the same way (the ledger's, now), so "N of M" holds
+    not_landed = sum(int(g["count"]) for g in s["reasons"] if g.get("action") in ROW_OUTCOMES)
     md["skipped_and_failed_rows"] = MetadataValue.table(
         records=[TableRecord({"kind": x["kind"], "source_id": str(x["source_id"]), "action": x["action"],
                               "reason": str(x["reason"] or "")[:300]}) for x in rows],
         schema=ROWS_SCHEMA,
     )
+    of = "" if s["told"] == s["names"] else f" of the kinds it walked ({', '.join(s['told'])})"
     md["skipped_and_failed_rows_listed"] = MetadataValue.text(
-        f"{len(rows)} of {not_landed} (capped at {ROWS_CAP}; the explain_row job tells any row's story)")
+        f"{len(rows)} of {not_landed} skipped, waiting or failed rows{of} (capped at {ROWS_CAP}; the explain_row "
+        "job tells any row's story)")
     c = r.phase_completeness(phase)
     if c is not None:
         md["complete"] = MetadataValue.bool(bool(c["complete"]))

@@ -37,6 +37,17 @@ def test_the_phase_assets_carry_deal_products_files_and_their_contents(instance,
     assert (contents["file_contents/imported"].value, contents["file_contents/skipped"].value) == (stored, len(files) - stored)
     failed = {(e.asset_key.path[-1], e.check_name) for e in result.get_asset_check_evaluations() if not e.passed}
     assert failed == {("phase_7_emails_file_contents", "all_rows_landed")}, failed
+    # the phases' metadata agrees with itself: rows listed are never more than counted, a waiting row
+    # is listed as waiting (not skipped), and the catch-up's reasons are of the kinds it walked
+    for name, md in metadata.items():
+        if "skipped_and_failed_rows_listed" not in md:  # a phase not in the run's plan
+            continue
+        listed, _, of = md["skipped_and_failed_rows_listed"].value.partition(" of ")
+        assert int(listed) <= int(of.split()[0]), (name, md["skipped_and_failed_rows_listed"].value)
+        if md["skipped"].value + md["failed"].value:
+            assert not md["reasons"].value.startswith("No rows"), (name, md["reasons"].value)
+    persons = [r.data for r in metadata["phase_3_persons"]["skipped_and_failed_rows"].records]
+    assert persons and {r["action"] for r in persons} == {"waiting"}, persons
     landed = {e.asset_key.path[-1]: e.metadata for e in result.get_asset_check_evaluations()
               if e.check_name == "all_rows_landed"}
     assert landed["phase_3_persons"]["waiting"].value > 0, landed["phase_3_persons"]  # at its close

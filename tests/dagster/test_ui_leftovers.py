@@ -138,6 +138,21 @@ def test_a_terminate_ends_the_phase_step_with_one_line_not_a_stack_trace(instanc
     assert runs.get_run(db, run_id).status == "succeeded"
 
 
+def test_a_dry_runs_row_failures_are_grouped_as_failed_and_a_waiting_row_as_waiting(db):
+    """A dry run's reasons come from its log, whose row failures are "error" notes: they are grouped
+    as `failed` (the reasons table's "what" said `error`), a task's error stays the log's level; a
+    ledger placeholder that waits for the catch-up's walk is grouped as `waiting`, not skipped."""
+    from engine_core import rollup
+    from engine_core.rows import WAITS_FOR_WALK
+
+    log = [{"level": "error", "kind": "persons", "reason": "MalformedRow: no name", "count": 2, "samples": ["7", "9"]},
+           {"level": "error", "kind": "deals", "reason": "boom", "count": 1, "samples": ["task 3"]}]
+    got = {(g["kind"], g["action"]) for g in rollup.grouped_reasons(db, 0, log, dry_run=True)}
+    assert got == {("persons", "failed"), ("deals", "error")}, got
+    assert rollup.outcome_of("skipped", f"org 3 is not here, {WAITS_FOR_WALK}") == "waiting"
+    assert rollup.outcome_of("skipped", "org 3 is not here") == "skipped"
+
+
 def test_skip_reasons_are_grouped_by_their_shape_with_a_count_and_example_ids(db):
     """4. A group of rows skipped for the same cause, each reason naming its own ids: one group
     labelled with the shape (ids as placeholders), every row counted, a few source ids as examples
