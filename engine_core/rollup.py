@@ -19,7 +19,9 @@ in tasks of its own kind, and counts them per kind too ("<counter>@<kind>" task 
 kinds, and a kind's source count (taken when its phase began) is met by its phase's rows plus the
 catch-up's, or by the catch-up's whole listing of the kind with every row given an outcome
 (`KindRollup.source_count_met`). Until a run with a snapshot has closed its last phase (the
-catch-up), a source count not yet met is no verdict.
+catch-up), a source count not yet met is no verdict; a run stopped short of it - the stop cancelled
+its phase's walk, or came before the catch-up - is no verdict either: the count goes to
+`unfinished` with why and how the run resumes (`cut_short`), not to `incomplete`.
 
 A row a phase's walk left to the catch-up's walk (`rows.WAITING`: a parent not known yet, not
 asked) is `waiting` in its phase and neither skipped nor written; the catch-up's outcome for it is
@@ -149,6 +151,12 @@ class RunRollup:
         return [p for c in self.completeness for p in c["problems"]] + list(self.problems)
 
     @property
+    def unfinished(self) -> list[str]:
+        """Source counts a stopped run has not met yet, with why (`cut_short`): no discrepancy, one
+        line each ("deals: 45 seen of the source's own count 46 so far: the run stopped before ...")."""
+        return [p for c in self.completeness for p in c.get("unfinished", ())]
+
+    @property
     def complete(self) -> bool:
         """True when every check adds up (`incomplete` is empty)."""
         return not self.incomplete
@@ -176,6 +184,7 @@ class RunRollup:
             d[key] = d[key].isoformat() if d[key] else None
         d["complete"] = self.complete
         d["incomplete"] = self.incomplete
+        d["unfinished"] = self.unfinished
         d["verdict"] = self.verdict
         return d
 
@@ -345,9 +354,11 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
     # a run with a snapshot ends with a catch-up that brings the rows a phase's walk left
     # to it: until that last phase closes, a source's count not yet met is not a verdict
     pending = run.snapshot_at is not None and not run.terminal and (len(run.plan) - 1) not in closed
+    waiting = ledger_reads.waiting_counts(db, run.id) if run.status == "stopped" and not run.dry_run else {}
     for phase in closed:
         mine = [k for k in kinds if k.phase == phase]
         problems: list[str] = []
+        unfinished: list[str] = []
         for k in mine:
             if k.seen != k.accounted:
                 problems.append(f"{k.kind}: {k.seen} seen but {k.accounted} accounted for "
@@ -357,7 +368,9 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
             if met is False and not pending:
                 caught = (f" (+{_n(k.caught_up, 'seen')} by the catch-up, {k.deleted_at_source} deleted at the source)"
                           if k.caught_up else "")
-                problems.append(f"{k.kind}: {k.seen} seen of the source's own count {k.source_total}{caught}")
+                line = f"{k.kind}: {k.seen} seen of the source's own count {k.source_total}{caught}"
+                why = cut_short(run, kinds, phase, waiting)
+                (unfinished if why else problems).append(f"{line} so far: {why}" if why else line)
         stats_written = sum(k.written for k in mine)
         ledger_written = sum(written.get(k.kind, 0) for k in mine)
         if not run.dry_run and stats_written != ledger_written:
@@ -374,8 +387,32 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
             "ledger_written": None if run.dry_run else ledger_written,
             "complete": not problems,
             "problems": problems,
+            "unfinished": unfinished,
         })
     return out
+
+
+def cut_short(run: Run, kinds: list[KindRollup], phase: int, waiting: dict[str, int]) -> str | None:
+    """Why a stopped run's source count of a kind of closed phase `phase` is not met yet, or None
+    when the run did not stop short of it (a finished or failed run: the count is a verdict).
+    The stop closed the phase itself when it cancelled its pending tasks (`runs.stop`: the walk did
+    not finish), or closed it earlier but stopped before the last phase (the catch-up, which
+    settles the `waiting` rows, one count per ledger kind, and lists every kind whole again).
+    E.g. "the run stopped before phase 3 finished (2 tasks cancelled); `migrate run --tenant acme`
+    resumes it"."""
+    if run.status != "stopped":
+        return None
+    resume = f"`migrate run --tenant {run.tenant_id}` resumes it"
+    cancelled = sum(k.tasks.get("cancelled", 0) for k in kinds if k.phase == phase)
+    if phase == run.current_phase and cancelled:
+        return (f"the run stopped before phase {phase + 1} finished ({cancelled} task{'' if cancelled == 1 else 's'} "
+                f"cancelled); {resume}")
+    last = len(run.plan) - 1
+    if run.snapshot_at is not None and phase < last and run.current_phase <= last:
+        n = sum(waiting.values())
+        wait = f", {n} row{'' if n == 1 else 's'} wait{'s' if n == 1 else ''} for it" if n else ""
+        return f"the run stopped before its catch-up{wait}; {resume}"
+    return None
 
 
 SAMPLES = 5  # example source ids kept per group of reasons

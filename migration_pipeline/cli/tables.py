@@ -114,6 +114,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
                                      written[2], "skipped", "tasks")), soft_wrap=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
+    for note in r.unfinished:  # a stopped run's counts not met yet, with why (engine_core.rollup.cut_short)
+        console.print(f"[yellow]not finished: {note}[/yellow]")
     if r.reasons:
         console.print(reasons_table(r.reasons, r.tenant_id), soft_wrap=False)
     if r.seconds is not None:

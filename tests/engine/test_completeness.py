@@ -72,3 +72,25 @@ def test_a_run_that_failed_at_a_phase_is_checked_on_that_phase_too(db) -> None:
     assert r.status == "failed"
     assert 1 in [c["phase"] for c in r.completeness]
     assert r.complete, r.incomplete  # a failed page is accounted for by its failed task, not lost silently
+
+
+def test_a_stopped_runs_counts_not_met_yet_say_why_and_how_it_resumes(db) -> None:
+    run = _finished(db, "stopshort")
+    db.sql("UPDATE migration_tasks SET stats = stats || '{\"source_total\": 31}'::jsonb WHERE id = (SELECT min(id)"
+           " FROM migration_tasks WHERE migration_id = %(r)s AND kind = 'companies')", {"r": run.id})
+    # a stop in the companies' phase: its walk's last task cancelled (`runs.stop`), so the phase closed short
+    db.sql("UPDATE migrations SET status = 'stopped', current_phase = 0 WHERE id = %(r)s", {"r": run.id})
+    db.sql("UPDATE migration_tasks SET status = 'cancelled' WHERE id = (SELECT max(id) FROM migration_tasks"
+           " WHERE migration_id = %(r)s AND kind = 'companies')", {"r": run.id})
+    r = rollup.rollup(db, run.id)
+    assert r.incomplete == [] and r.verdict == "stopped"
+    assert r.unfinished == ["companies: 30 seen of the source's own count 31 so far: the run stopped before phase 1 "
+                            "finished (1 task cancelled); `migrate run --tenant stopshort` resumes it"]
+    # a stop after the phase, before the catch-up of a run with a snapshot: the catch-up may still meet it
+    db.sql("UPDATE migrations SET current_phase = 2, snapshot_at = now() WHERE id = %(r)s", {"r": run.id})
+    r = rollup.rollup(db, run.id)
+    assert r.incomplete == [] and r.unfinished == [
+        "companies: 30 seen of the source's own count 31 so far: the run stopped before its catch-up; "
+        "`migrate run --tenant stopshort` resumes it"]
+    db.sql("UPDATE migrations SET status = 'failed' WHERE id = %(r)s", {"r": run.id})  # a failed run: a verdict
+    assert rollup.rollup(db, run.id).incomplete == ["companies: 30 seen of the source's own count 31"]
