@@ -20,6 +20,16 @@ from engine_core.rows import WAITS_FOR_WALK
 # -- reads for the run's report (rollup), `explain` and `verify` ------------------------------
 
 
+def placeholder_reason(conn: Conn, run: Any, kind: str, source_id: str) -> str | None:
+    """The reason of run `run`'s skipped placeholder of (`kind`, `source_id`) in `conn`'s
+    transaction, or None when the run holds none (the row was written, or was here already). A dry
+    run reads it inside the row's savepoint, before the rollback takes it (`window.Windows`)."""
+    row = conn.fetch_one("placeholder_reason", {"run_id": run.id, "tenant_id": run.tenant_id, "source": run.source,
+                                                "kind": kind, "source_id": source_id})
+    return row["reason"] if row else None
+
+
+
 def history_counts(db: Database | Conn, run_id: int) -> dict[str, dict[str, int]]:
     """What a run changed, per ledger kind: {"deals": {"updated": 3, "deleted": 1, "restored": 0}}
     (changes absent count 0; kinds without any are absent)."""

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from engine_core import ledger
+from engine_core import ledger, ledger_reads
 from engine_core.config import Settings
 from engine_core.db import Conn, Database
 from engine_core.errors import DatabaseUnavailable, LockLost, PageFailed, TransientError
 from engine_core.models import Run, Stats, Task
-from engine_core.rows import excerpt, unreadable_key
+from engine_core.rows import WAITING, excerpt, unreadable_key
 from engine_core.runlog import RunLog, failure_reason
 
 # Rows per set-based window (`TaskContext.set_window`; read when a context is made, so a test or a
@@ -231,11 +231,21 @@ class Windows:
         except Exception as e:
             raise _BatchRefused() from e
 
+    def _note_dry_skip(self, tx: Conn, kind: str, row: Any, outcome: str) -> None:
+        """A dry run's skipped (or waiting) row: its placeholder's reason, read before the
+        savepoint's rollback takes it, noted in the run log at the outcome's level ("skipped",
+        "waiting"), where the dry run's grouped reasons find it (`rollup.grouped_reasons`)."""
+        sid = row_id(row) if outcome in (ledger.SKIPPED, WAITING) else None
+        reason = ledger_reads.placeholder_reason(tx, self.run, kind, str(sid)) if sid is not None else None
+        if reason is not None:
+            self.log.note(outcome, kind, reason, subject=sid)
+
     def _write_row(self, tx: Conn, kind: str, row: Any, writer: Writer) -> str:
         try:
             with tx.savepoint() as sp:
                 outcome = writer(tx, row)
                 if self.run.dry_run:
+                    self._note_dry_skip(tx, kind, row, outcome)
                     sp.rollback()  # a dry run reports what it would do, writes nothing
             if self.run.dry_run and outcome in (ledger.IMPORTED, ledger.MATCHED):
                 sid = row_id(row)

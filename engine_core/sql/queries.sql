@@ -531,6 +531,12 @@ INSERT INTO migration_dry_records (migration_id, kind, source_id, outcome)
 VALUES (%(run_id)s, %(kind)s, %(source_id)s, %(outcome)s)
 ON CONFLICT DO NOTHING;
 
+-- name: placeholder_reason --
+-- A run's skipped placeholder of one row, read back before a dry run's savepoint rolls it away.
+SELECT reason FROM migration_records
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s AND source_id = %(source_id)s
+   AND migration_id = %(run_id)s AND action = 'skipped';
+
 -- name: dry_written --
 -- A dry run's would-be writes, for its own later phases (one query per page, like the ledger's).
 SELECT d.kind, d.source_id

@@ -94,3 +94,15 @@ def test_a_stopped_runs_counts_not_met_yet_say_why_and_how_it_resumes(db) -> Non
         "`migrate run --tenant stopshort` resumes it"]
     db.sql("UPDATE migrations SET status = 'failed' WHERE id = %(r)s", {"r": run.id})  # a failed run: a verdict
     assert rollup.rollup(db, run.id).incomplete == ["companies: 30 seen of the source's own count 31"]
+
+
+def test_a_dry_runs_reasons_say_why_rows_would_be_skipped(db) -> None:
+    wet = rollup.rollup(db, _finished(db, "wetreasons").id)
+    run = runs.start_run(db, provider_for("example"), "dryreasons", options=OPTS, settings=FAST, dry_run=True)
+    drain_threads(db, run.id, width=3, settings=FAST, providers=for_run)
+    dry = rollup.rollup(db, run.id)
+    assert dry.dry_run and sum(k.skipped for k in dry.kinds) > 0
+    # the ledger's placeholders roll back with each dry row's savepoint; their reasons are kept all the same
+    shown = {(g["kind"], g["action"], g["reason"], g["count"]) for g in dry.reasons}
+    assert {(g["kind"], g["action"], g["reason"], g["count"]) for g in wet.reasons if g["action"] == "skipped"} <= shown
+    assert sum(g["count"] for g in dry.reasons if g["action"] == "skipped") == sum(k.skipped for k in dry.kinds)
