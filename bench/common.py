@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import statistics as stats
+import subprocess
 import sys
 import time
 import uuid
@@ -53,11 +54,23 @@ def server_facts(url: str) -> str:
     return f"PostgreSQL {version.split()[0]}, autovacuum {autovacuum}, {dbmod.redact(url)}"
 
 
+# A tree's own schema applied by its own code (`Databases(tree=...)`).
+_APPLY_SCHEMA = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from engine_core import db
+db.apply_schema(sys.argv[2])
+"""
+
+
 class Databases:
     """Fresh databases with the engine's schema on one server: `new()` is a CREATE DATABASE ...
     TEMPLATE (a fraction of a second), `close()` drops every one made."""
 
-    def __init__(self, label: str, url: str | None = None) -> None:
+    def __init__(self, label: str, url: str | None = None, tree: Path | None = None) -> None:
+        """`tree`: another checkout of this project whose own migrations make the template's schema
+        (applied by its code in a child process: `--against` runs that tree's engine on its schema);
+        None: this tree's."""
         self.server = url or server_url()
         self.prefix = f"bench_{label}_{os.getpid()}"
         self.template = f"{self.prefix}_template"
@@ -65,7 +78,11 @@ class Databases:
         with psycopg.connect(self.server, autocommit=True) as c:
             c.execute(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
             c.execute(f'CREATE DATABASE "{self.template}"')
-        dbmod.apply_schema(with_dbname(self.server, self.template))
+        template_url = with_dbname(self.server, self.template)
+        if tree is None:
+            dbmod.apply_schema(template_url)
+        else:
+            subprocess.run([sys.executable, "-c", _APPLY_SCHEMA, str(tree), template_url], cwd=tree, check=True)
 
     def new(self, *, autovacuum: bool = True) -> str:
         """A URL to a new database; `autovacuum=False` switches autovacuum off for each of its tables

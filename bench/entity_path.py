@@ -27,7 +27,9 @@ engine's workers raise theirs as they do everywhere; dlt keeps Python's, as a us
 `--against DIR` (another checkout of this project, e.g. `git archive main | tar -x -C DIR`) runs
 the engine of each tree in a child process of its own (`engine@this`, `engine@against`: the same
 sandbox, server and rounds, each child timing and measuring its own CPU around `engine_once`, its
-imports aside), so a change is compared with the code before it in one interleaved run.
+imports aside), so a change is compared with the code before it in one interleaved run. Each
+tree's runs get databases of its own schema (its migrations applied by its code): a change that
+adds a migration is compared with the code before it on the schema before it.
 
 Beside rows/s (the wall, which other sessions' load on the machine moves), the engine's CPU is
 given as this process's CPU seconds and its Postgres backends' (/proc, a server on this machine):
@@ -242,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RUNTIME__LOG_LEVEL", "ERROR")
     missing = dlt_available()
     dbs = Databases("entity_path")
+    dbs_against = Databases("entity_path_against", tree=args.against.resolve()) if args.against else None
     problems: list[str] = []
     with sandbox(args.scale, latency=args.latency, burst_limit=1_000_000) as sb:
         os.environ[ENV_BASE_URL] = sb.base_url
@@ -258,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         pg: dict[str, list[float]] = {}
 
         def one(variant: str, r: int) -> float:
-            url = dbs.new()
+            url = (dbs_against if variant == "engine@against" and dbs_against else dbs).new()
             gc.set_threshold(*PYTHON_GC_THRESHOLDS)
             if variant.startswith("engine@"):
                 tree = Path(__file__).resolve().parent.parent if variant == "engine@this" else args.against.resolve()
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
             out = interleave(["engine", *others] + ([] if missing else ["dlt rest_api"]), args.reps, one)
         finally:
             dbs.close()
+            if dbs_against:
+                dbs_against.close()
     for p in problems:
         print("PROBLEM:", p)
     e = median(out["engine"])
