@@ -119,8 +119,8 @@ def test_a_window_notes_its_placeholders_in_one_statement_and_writes_what_the_pe
     noted: list[int] = []
     real = write.ledger.skip_window
 
-    def counting(tx, run, kind, reasons, versions=None):  # the real statement, counted
-        out = real(tx, run, kind, reasons, versions)
+    def counting(tx, run, kind, reasons, versions=None, parents=None):  # the real statement, counted
+        out = real(tx, run, kind, reasons, versions, parents)
         noted.append(len(out))
         return out
 
