@@ -199,6 +199,9 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
             for o in overview]
+    if not any(o.get("waiting") for o in overview):  # only a run stopped before its catch-up has them
+        columns, rows = ([c for c in columns if c[0] != "waiting"],
+                         [row[:6] + row[7:] for row in rows])
     # an 80-column terminal had cut every cell short: names and tasks fold,
     # and the times go first when it is still too narrow
     table = fitted_table("tenants (each one's latest run; skipped, waiting (for the catch-up) and failed: the rows "
