@@ -91,15 +91,16 @@ def print_rollup(r: rollups.RunRollup) -> None:
     """The rollup as a table: per kind its tasks and row outcomes, `updated` (written over the
     product row in place: a newer source version), rows marked `deleted at source`, and `by
     catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all) and
-    `waiting` (rows a walk left to the catch-up's walk, `rows.WAITING`: what became of them is the
-    catch-up's count; a run stopped before its catch-up still has them waiting)."""
+    `left to catch-up` (rows its phase left to the catch-up's walk, `rows.WAITING`: a count of what
+    the phase did, as the others are; what became of them is the catch-up's count, and the rows
+    waiting now are `migrate rows --action waiting`'s: after a succeeded run, none)."""
     title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
     phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
     columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
-               ("phase", "kind", "tasks", "seen", *written, "skipped", "waiting", "failed", "deleted at source",
-                "by catch-up")]
+               ("phase", "kind", "tasks", "seen", *written, "skipped", "left to catch-up", "failed",
+                "deleted at source", "by catch-up")]
     rows = []
     for k in r.kinds:
         tasks = ", ".join(f"{n} {s}" for s, n in sorted(k.tasks.items())) or "-"
@@ -110,7 +111,7 @@ def print_rollup(r: rollups.RunRollup) -> None:
     # narrow: the phase (the kinds are in plan order), then what is most often 0; a kind's name is
     # never wrapped or cut ("organization/s" on an 80-column terminal)
     console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("tasks",),
-                               drop=("phase", "waiting", "by catch-up", written[1], "deleted at source", "seen", written[3],
+                               drop=("phase", "left to catch-up", "by catch-up", written[1], "deleted at source", "seen", written[3],
                                      written[2], "skipped", "tasks")), soft_wrap=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")

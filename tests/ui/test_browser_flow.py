@@ -9,7 +9,7 @@
 6. Materialize all... again for the same partition relaunches it, and the run succeeds;
 7. every phase asset of the tenant's partition is materialised (green), in the UI and in Dagster;
 8. a phase's metadata on the asset's partition page carries its grouped reasons and the capped
-   table of skipped and failed rows ("N of M (capped at ...)");
+   table of skipped and failed rows ("N of M skipped, waiting or failed rows (capped at ...)");
 9. "what happened to row X": the explain_row job launched from its launchpad with tenant, kind and
    source_id as config, and the row's ledger story ("created by run #1 ...") read in that run's
    event log.
@@ -192,7 +192,7 @@ def ui_flow(flow: Flow, tenant: str) -> None:
     # 8. a phase's metadata: grouped reasons and the capped table of skipped/failed rows
     page.goto(f"{flow.stack.url}/assets/pipedrive/{PERSONS_PHASE}?view=partitions&partition={tenant}")
     page.get_by_text("skipped_and_failed_rows_listed", exact=True).scroll_into_view_if_needed()
-    expect(page.get_by_text(re.compile(r"^\d+ of \d+ \(capped at \d+")).first).to_be_visible(timeout=PAGE)
+    expect(page.get_by_text(re.compile(r"^\d+ of \d+ skipped, waiting or failed rows.* \(capped at \d+")).first).to_be_visible(timeout=PAGE)
     expect(page.get_by_text("reasons", exact=True)).to_be_visible()
     page.get_by_text("skipped_and_failed_rows", exact=True).scroll_into_view_if_needed()
     flow.shot("phase-metadata-reasons-and-rows")
