@@ -42,23 +42,28 @@ def choose_kinds(phases: Sequence[Sequence[str]], choice: Iterable[str] | None,
     """The kinds a run takes, in plan order, for a kinds `choice` (see the module: None, `+`/`-`
     entries, plain names, `all`); None when that is every kind (no opt-in kind, nothing chosen).
 
-    Raises ConfigError (one line) naming every unknown kind with the kinds there are, or when plain
-    names and `+`/`-` entries are mixed, or when the choice leaves no kind."""
+    Raises ConfigError (one line) naming every unknown kind with the kinds there are (checked
+    first: a typo is the thing to fix), or when plain names and `+`/`-` entries are mixed, or when a
+    kind is both added and removed (`+x,-x`), or when the choice leaves no kind."""
     every = [k for group in phases for k in group]
     entries = [str(e).strip() for e in (choice or ()) if str(e).strip()]
     if not entries:
         return [k for k in every if k not in opt_in] if opt_in else None
-    signed = [e for e in entries if e[0] in "+-"]
-    if signed and len(signed) != len(entries):
-        plain = [e for e in entries if e[0] not in "+-"]
-        raise ConfigError(f"kinds {', '.join(plain)} and {', '.join(signed)}: give either plain kinds (exactly those) "
-                          "or +kind/-kind (the defaults with those added or removed), not both")
     names = [e.lstrip("+-").strip() for e in entries]
     unknown = [n for n in dict.fromkeys(names) if n not in every and n != ALL]
     if unknown:
         shown = ", ".join(every + [ALL])
         raise ConfigError(f"unknown kind{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
                           f"this source has {shown}")
+    signed = [e for e in entries if e[0] in "+-"]
+    if signed and len(signed) != len(entries):
+        plain = [e for e in entries if e[0] not in "+-"]
+        raise ConfigError(f"kinds {', '.join(plain)} and {', '.join(signed)}: give either plain kinds (exactly those) "
+                          "or +kind/-kind (the defaults with those added or removed), not both")
+    added = {n for e, n in zip(entries, names) if e[0] == "+"}
+    both = [n for e, n in zip(entries, names) if e[0] == "-" and n in added]
+    if both:
+        raise ConfigError(f"{', '.join(dict.fromkeys(both))} {'is' if len(set(both)) == 1 else 'are'} both added and removed")
     if not signed:
         chosen = set(every) if ALL in names else set(names)
     else:

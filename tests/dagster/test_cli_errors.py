@@ -517,6 +517,10 @@ def test_kinds_add_opt_in_kinds_with_plus_and_name_unknown_ones_at_start_up(db_u
                     "--kinds", "not both")
     _one_line_error(_migrate_in_process(["plan", "acme", "--kinds", "persons,+deal_history"], env),
                     "--kinds: kinds persons and +deal_history", "not both")
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "+participants,bogus"], env),
+                    "error: --kinds: unknown kind 'bogus'", "deal_history")
+    _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "+participants,-participants"], env),
+                    "error: --kinds: participants is both added and removed")
     # a good choice passes the kinds check: the next check (the source's address) is what refuses
     line = _one_line_error(_migrate_in_process(["run", "--tenant", "acme", "--kinds", "+deal_history,-notes"], env),
                            "PIPEDRIVE_BASE_URL")

@@ -65,6 +65,9 @@ def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() 
     (["+histroy", "+particpants"], ("unknown kinds 'histroy', 'particpants'", "deal_history")),
     (["deals", "+files"], ("deals and +files", "not both")),
     (["-all"], ("leave no kind",)),
+    # a typo is named before the mixing rule: the rule's message would send the user the wrong way
+    (["+participants", "bogus"], ("unknown kind 'bogus'", "deal_history, participants, catchup, all")),
+    (["+participants", "-participants"], ("participants is both added and removed",)),
 ])
 def test_a_bad_choice_is_one_line_naming_what_was_wrong(choice, needles) -> None:
 
