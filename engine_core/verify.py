@@ -57,7 +57,8 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version
-from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable
+from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable, waiting_counts
+from engine_core.models import LIVE, Run
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable")
@@ -149,6 +150,7 @@ class VerifyResult:
     requests: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    unfinished: str | None = None  # `unfinished_run_line` of the tenant's latest run, said first
 
     @property
     def differences(self) -> int:
@@ -169,7 +171,7 @@ class VerifyResult:
 
     def as_dict(self) -> dict[str, Any]:
         """The result as a plain dict (`migrate verify --json`, Dagster metadata)."""
-        return {"tenant": self.tenant_id, "source": self.source, "passed": self.passed,
+        return {"tenant": self.tenant_id, "source": self.source, "passed": self.passed, "unfinished": self.unfinished,
                 "differences": self.differences, "requests": self.requests, "tokens": self.tokens,
                 "seconds": round(self.seconds, 2), "kinds": [k.as_dict() for k in self.kinds]}
 
@@ -179,7 +181,7 @@ class VerifyResult:
 
     def lines(self, cap: int = DISPLAY_CAP) -> list[str]:
         """The verdict in words: one line per kind, one per difference (ids capped at `cap`), the cost."""
-        out = []
+        out = [self.unfinished] if self.unfinished else []
         for k in self.kinds:
             if not k.checked:
                 out.append(f"{k.kind}: {k.note}" if k.note.startswith("left out") else f"{k.kind}: not checked ({k.note})")
@@ -392,6 +394,22 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
     return result
 
 
+def unfinished_run_line(db: Database, run: Run) -> str | None:
+    """Why a proof of the tenant finds rows missing that are no fault: its latest `run` did not
+    finish. One line naming the run, how many rows wait for its catch-up (`waiting_counts`: rows
+    left to the catch-up's walk) and what resumes it, e.g. "run #7 stopped before it finished (332
+    rows wait for its catch-up); `migrate run --tenant acme` resumes it"; None for a run that
+    succeeded or a dry run (it writes nothing)."""
+    if run.status == "succeeded" or run.dry_run:
+        return None
+    n = sum(waiting_counts(db, run.id).values())
+    wait = f" ({n} row{'' if n == 1 else 's'} wait{'s' if n == 1 else ''} for its catch-up)" if n else ""
+    if run.status in LIVE:
+        return f"run #{run.id} is still {run.status}, not finished{wait}; `migrate status {run.tenant_id}` follows it"
+    return (f"run #{run.id} {run.status} before it finished{wait}; "
+            f"`migrate run --tenant {run.tenant_id}` resumes it")
+
+
 def left_out_kinds(db: Database, provider: Provider, tenant_id: str) -> dict[str, str]:
     """The provider's kinds no run of the tenant took (dry runs aside; `runs_reads.kinds_taken`),
     catch-up kind aside, each with the note verify shows for it: "left out (opt-in)" for a kind a
@@ -428,7 +446,7 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     is told each kind's start, its listing's ids as they come, and its end (`VerifyStep`): under
     latency a listing of every record takes minutes."""
     settings = settings or Settings.from_env()
-    runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
+    latest = runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
     started = time.monotonic()
     cost = {"requests": 0, "tokens": 0}
     # another company's settings: refused before its listings spend that account's tokens
@@ -482,4 +500,5 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
                                  key=lambda s: (len(s), s))
         results.append(result)
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
-                        tokens=int(cost["tokens"]), seconds=time.monotonic() - started)
+                        tokens=int(cost["tokens"]), seconds=time.monotonic() - started,
+                        unfinished=unfinished_run_line(db, latest))

@@ -19,7 +19,9 @@ import pytest
 
 from engine_core.errors import ConfigError, RunNotFound
 from engine_core.providers.pipedrive.provider import PipedriveProvider
-from engine_core.verify import KindResult, VerifyResult, compare, listing_kinds, verify
+from engine_core import runs
+from engine_core.rows import WAITS_FOR_WALK
+from engine_core.verify import KindResult, VerifyResult, compare, listing_kinds, unfinished_run_line, verify
 from tests.pipedrive.support import FAST, IDENTITY, LEDGER_KIND, UNLIMITED, migrate, sandbox
 
 TOKEN = "sandbox-tok-7f3a9c1e55b2d840"
@@ -138,6 +140,8 @@ def test_a_clean_tenant_passes_then_each_difference_is_named(db):
         # extra: a row deleted at the source, not marked; stale: a row changed at the source
         deleted = _one_change(sb, "delete")
         updated = _one_change(sb, "update")
+        # a latest run that stopped short: said first, as the reason for what is missing
+        db.sql("UPDATE migrations SET status = 'stopped' WHERE id = %(r)s RETURNING 1", {"r": run.id})
         found = verify(db, provider, "acme", FAST)
 
     kinds = _by_kind(found)
@@ -156,6 +160,27 @@ def test_a_clean_tenant_passes_then_each_difference_is_named(db):
     assert {n for n in named - made if n[0] != "emails"} == set(), named - made
     text = "\n".join(found.lines())
     assert "missing 1: " + gone["source_id"] in text and "FAILED" in text
+    assert found.lines()[0] == f"run #{run.id} stopped before it finished; `migrate run --tenant acme` resumes it"
+    assert found.as_dict()["unfinished"] == found.lines()[0]
+    assert clean.unfinished is None and not clean.lines()[0].startswith("run #")
+
+
+def test_an_unfinished_latest_run_is_named_with_the_rows_waiting_for_its_catch_up(db):
+    """A fresh user's verify after a run stopped before its catch-up said only "FAILED: 332
+    difference(s)": the line names the run, the rows its catch-up would settle, what resumes it."""
+    (r,) = db.sql("INSERT INTO migrations (tenant_id, source, source_account, status, plan)"
+                  " VALUES ('halt', 'pipedrive', 'acct', 'stopped', %(p)s::jsonb) RETURNING id",
+                  {"p": '[["persons"], ["catchup"]]'})
+    db.sql("INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, action, reason)"
+           " SELECT %(r)s, 'halt', 'pipedrive', 'persons', g::text, 'skipped', %(w)s FROM generate_series(1, 2) g"
+           " RETURNING 1", {"r": r["id"], "w": f"organization 3 is not here, {WAITS_FOR_WALK}"})
+    run = runs.latest_run(db, "halt", "pipedrive")
+    assert unfinished_run_line(db, run) == (f"run #{r['id']} stopped before it finished (2 rows wait for its catch-up); "
+                                            "`migrate run --tenant halt` resumes it")
+    db.sql("UPDATE migrations SET status = 'running' WHERE id = %(r)s RETURNING 1", {"r": r["id"]})
+    assert unfinished_run_line(db, runs.latest_run(db, "halt", "pipedrive")).startswith(f"run #{r['id']} is still running, not finished (2 rows")
+    db.sql("UPDATE migrations SET status = 'succeeded' WHERE id = %(r)s RETURNING 1", {"r": r["id"]})
+    assert unfinished_run_line(db, runs.latest_run(db, "halt", "pipedrive")) is None
 
 
 def test_a_matched_row_whose_source_is_newer_is_kept_not_stale():
