@@ -437,7 +437,9 @@ def status_line(progress: dict[str, Any], stale_after: float | None = None) -> s
     With `stale_after` (seconds: the stale-lock threshold, beyond which a running task's lock
     belongs to a dead process) and a live run idle for longer, the ETA gives way to "nothing has
     worked on it for 5m12s: no worker is draining it" (after a `kill -9` of `migrate run` with no
-    daemon, status had said "running ... ETA" as if all were well)."""
+    daemon, status had said "running ... ETA" as if all were well). A phase is numbered by its
+    "label" where it has one ("9/9": the phase assets' numbering, as the progress lines give it),
+    else by its place in the run's plan."""
     if progress.get("percent") is None:
         return ""
     # whole percents rounded down: a live run at 99.6% had read "100% done, ETA 0s" through its catch-up
@@ -453,5 +455,5 @@ def status_line(progress: dict[str, Any], stale_after: float | None = None) -> s
         basis = (f"{p['seen']} of the source's {p['source_total']} rows" if p.get("source_total")
                  else f"{p['tasks_done']}/{p['tasks_total']} tasks"
                  + (f", about {p['tasks_total'] + p['tasks_expected']} expected" if p.get("tasks_expected") else ""))
-        text += f"; phase {p['phase'] + 1} ({', '.join(p['kinds'])}): {p['percent']:.0f}% ({basis})"
+        text += f"; phase {p.get('label') or p['phase'] + 1} ({', '.join(p['kinds'])}): {p['percent']:.0f}% ({basis})"
     return text

@@ -25,7 +25,7 @@ from engine_core.source import catchup_kind, progress_weights
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
-from migration_pipeline.cli.tables import outcome_counts, phase_number, print_overview, print_rollup, reasons_table
+from migration_pipeline.cli.tables import outcome_counts, phase_labels, phase_number, print_overview, print_rollup, reasons_table
 from migration_pipeline.launch.checks import pickable_kinds
 
 
@@ -101,6 +101,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         done = run_progress(db, r.run_id, stale_after, progress_weights(provider_for(run.source)))
         dead_since = rollups.no_live_worker_since(db, r.run_id)
         done = {**done, "no_live_worker_since": dead_since}
+        for ph, label in zip(done["phases"], phase_labels(run.source, run.plan)):
+            ph["label"] = label  # numbered as the phase assets and the progress lines are ("9/9")
         if dead_since is not None:  # no process works towards an ETA: what resumes it is what counts
             done.update(eta_seconds=None, unattended=True)
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live

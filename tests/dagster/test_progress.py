@@ -337,6 +337,9 @@ def test_a_discovery_not_yet_run_counts_the_tasks_it_is_expected_to_seed_so_the_
     assert (mail["tasks_done"], mail["tasks_total"], mail["tasks_expected"]) == (17, 26, 23), mail
     assert mail["percent"] == round(100 * 17 / 49, 1), mail  # not 17/26: 65%, to step back to 35%
     assert "17/26 tasks, about 49 expected" in status_line(seq[-1]), status_line(seq[-1])
+    # numbered as the phase assets are where `migrate status` labels it (phase_9_catchup is 9/9)
+    labelled = {**seq[-1], "phases": [{**ph, "label": f"{ph['phase'] + 2}/9"} for ph in seq[-1]["phases"]]}
+    assert f"; phase {last + 2}/9 ({kind}): " in status_line(labelled), status_line(labelled)
     meter = PhaseMeter(db, run.id, last, [kind]).snapshot()
     assert (meter.tasks_expected, meter.percent) == (23, mail["percent"]) and "about 49 expected" in meter.line()
     # the second page ran: 18 tasks, the third page expects 4; then the third: 4 tasks, nothing more
