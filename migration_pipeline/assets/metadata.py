@@ -248,6 +248,11 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
     }
     for c in (*COUNTS, *EXTRA):
         md[c] = MetadataValue.int(int(s["totals"][c]))
+    if s["totals"]["waiting"]:  # the figures are the phase's at its close; the catch-up settles these after it
+        md["waiting_note"] = MetadataValue.text(
+            f"{s['totals']['waiting']} row(s) waited at this phase's close for the catch-up (the run's last phase), "
+            "which settles them after it (imported, a link dangling when the parent is gone at the source): its "
+            "materialisation and `migrate status TENANT` say what became of them")
     md["tasks"] = MetadataValue.text(_tasks_text(s["tasks"]))
     md["failed_tasks"] = MetadataValue.int(int(s["tasks"].get("failed", 0)))
     md["rows_per_second"] = MetadataValue.float(float(s["rows_per_second"]))

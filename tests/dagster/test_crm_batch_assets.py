@@ -48,6 +48,9 @@ def test_the_phase_assets_carry_deal_products_files_and_their_contents(instance,
             assert not md["reasons"].value.startswith("No rows"), (name, md["reasons"].value)
     persons = [r.data for r in metadata["phase_3_persons"]["skipped_and_failed_rows"].records]
     assert persons and {r["action"] for r in persons} == {"waiting"}, persons
+    # frozen at the phase's close, the waiting count says the catch-up settles them after it
+    assert "catch-up" in metadata["phase_3_persons"]["waiting_note"].value, metadata["phase_3_persons"]
+    assert "waiting_note" not in metadata["phase_9_catchup"], metadata["phase_9_catchup"]
     landed = {e.asset_key.path[-1]: e.metadata for e in result.get_asset_check_evaluations()
               if e.check_name == "all_rows_landed"}
     assert landed["phase_3_persons"]["waiting"].value > 0, landed["phase_3_persons"]  # at its close
