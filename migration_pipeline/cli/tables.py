@@ -142,16 +142,26 @@ def human_bytes(n: int) -> str:
     return f"{n} bytes" if unit == "bytes" else f"{size:.1f} {unit}"
 
 
+# How a terminal table shows the shape's placeholders (`runlog.reason_shape`): a brace read as a
+# template left unformatted ("organizations {n} is not here").
+_PLACEHOLDERS = {"{n}": "N", "{id}": "ID", "{value}": "..."}
+
+
 def shown_reason(group: dict[str, Any]) -> str:
-    """A reason group's label as the table shows it: its shape (`rollup.grouped_reasons`), with a
-    size the shape holds as "{n} bytes" given from the group's example, humanly ("976.6 KiB"; "e.g."
-    when the group holds more than one row): a bare "{n}" read as a template left unformatted."""
+    """A reason group's label as the table shows it: a group of one row is its reason as written;
+    otherwise its shape (`rollup.grouped_reasons`) with the placeholders as N, ID and "..."
+    ("organizations N is not here"), and a size the shape holds as "{n} bytes" given from the
+    group's example, humanly ("e.g. 976.6 KiB")."""
     shape, example = group["reason"], group.get("example") or ""
+    one = group.get("count", 1) == 1
     sizes = [int(m.group(1).replace(",", "")) for m in _BYTES.finditer(example)]
-    if "{n} bytes" not in shape or len(sizes) != shape.count("{n} bytes"):
-        return shape
-    for size in sizes:
-        shape = shape.replace("{n} bytes", ("" if group.get("count", 1) == 1 else "e.g. ") + human_bytes(size), 1)
+    if "{n} bytes" in shape and len(sizes) == shape.count("{n} bytes"):
+        for size in sizes:
+            shape = shape.replace("{n} bytes", ("" if one else "e.g. ") + human_bytes(size), 1)
+    elif one and example:
+        return example
+    for placeholder, shown in _PLACEHOLDERS.items():
+        shape = shape.replace(placeholder, shown)
     return shape
 
 

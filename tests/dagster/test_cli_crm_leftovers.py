@@ -165,7 +165,7 @@ def test_file_contents_reasons_are_grouped_once(db):
     assert groups and len(groups) == len(set(groups)), groups
 
 
-def test_a_size_in_a_grouped_reason_is_shown_humanly_not_as_a_placeholder():
+def test_a_grouped_reason_shows_sizes_humanly_and_no_placeholder_braces():
     from migration_pipeline.cli.tables import human_bytes, shown_reason
 
     assert (human_bytes(512), human_bytes(1_000_000), human_bytes(100 * 1024 * 1024)) == (
@@ -176,7 +176,10 @@ def test_a_size_in_a_grouped_reason_is_shown_humanly_not_as_a_placeholder():
     assert shown_reason({**group, "count": 3}).endswith("(e.g. 976.6 KiB)")
     other = {"reason": "not linked to any record: organizations {n} is not here", "count": 2,
              "example": "not linked to any record: organizations 7 is not here"}
-    assert shown_reason(other) == other["reason"]
+    assert shown_reason(other) == "not linked to any record: organizations N is not here"
+    assert shown_reason({**other, "count": 1}) == other["example"]
+    assert shown_reason({"reason": "name is not text: {value}", "count": 4, "example": "name is not text: 3"}) == \
+        "name is not text: ..."
 
 
 def test_progress_numbers_a_phase_by_the_providers_plan_as_the_assets_are():
