@@ -134,7 +134,7 @@ def reasons_table(reasons: list[dict[str, Any]]) -> str:
 
 
 def phase_rows(db: Database, run_id: int, kinds: list[str], limit: int = ROWS_CAP) -> list[dict[str, Any]]:
-    """Up to `limit` skipped and failed ledger rows of a phase's kinds, failed first, with reasons."""
+    """Up to `limit` skipped, waiting and failed ledger rows of a phase's kinds, failed first, with reasons."""
     return rollups.phase_rows(db, run_id, kinds, limit)
 
 
@@ -282,13 +282,13 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
     rows = phase_rows(db, r.run_id, s["told"])
     # the rows the table is drawn from, counted the same way (the ledger's, now), so "N of M" holds
     not_landed = sum(int(g["count"]) for g in s["reasons"] if g.get("action") in ROW_OUTCOMES)
-    md["skipped_and_failed_rows"] = MetadataValue.table(
+    md["rows_not_imported"] = MetadataValue.table(
         records=[TableRecord({"kind": x["kind"], "source_id": str(x["source_id"]), "action": x["action"],
                               "reason": str(x["reason"] or "")[:300]}) for x in rows],
         schema=ROWS_SCHEMA,
     )
     of = "" if s["told"] == s["names"] else f" of the kinds it walked ({', '.join(s['told'])})"
-    md["skipped_and_failed_rows_listed"] = MetadataValue.text(
+    md["rows_not_imported_listed"] = MetadataValue.text(
         f"{len(rows)} of {not_landed} skipped, waiting or failed rows{of} (capped at {ROWS_CAP}; the explain_row "
         "job tells any row's story)")
     c = r.phase_completeness(phase)

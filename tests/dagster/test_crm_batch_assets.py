@@ -40,13 +40,13 @@ def test_the_phase_assets_carry_deal_products_files_and_their_contents(instance,
     # the phases' metadata agrees with itself: rows listed are never more than counted, a waiting row
     # is listed as waiting (not skipped), and the catch-up's reasons are of the kinds it walked
     for name, md in metadata.items():
-        if "skipped_and_failed_rows_listed" not in md:  # a phase not in the run's plan
+        if "rows_not_imported_listed" not in md:  # a phase not in the run's plan
             continue
-        listed, _, of = md["skipped_and_failed_rows_listed"].value.partition(" of ")
-        assert int(listed) <= int(of.split()[0]), (name, md["skipped_and_failed_rows_listed"].value)
+        listed, _, of = md["rows_not_imported_listed"].value.partition(" of ")
+        assert int(listed) <= int(of.split()[0]), (name, md["rows_not_imported_listed"].value)
         if md["skipped"].value + md["failed"].value:
             assert not md["reasons"].value.startswith("No rows"), (name, md["reasons"].value)
-    persons = [r.data for r in metadata["phase_3_persons"]["skipped_and_failed_rows"].records]
+    persons = [r.data for r in metadata["phase_3_persons"]["rows_not_imported"].records]
     assert persons and {r["action"] for r in persons} == {"waiting"}, persons
     # frozen at the phase's close, the waiting count says the catch-up settles them after it
     assert "catch-up" in metadata["phase_3_persons"]["waiting_note"].value, metadata["phase_3_persons"]

@@ -239,13 +239,13 @@ def test_phase_metadata_carries_grouped_reasons_and_a_capped_table_of_skipped_an
     deals = md["phase_3_deals"]
     assert deals["skipped"].value == 50
     assert "| deals | skipped | 50 | not linked to any record |" in deals["reasons"].value  # every skip, counted
-    table = deals["skipped_and_failed_rows"].value.records
+    table = deals["rows_not_imported"].value.records
     assert len(table) == metadata.ROWS_CAP == 50
     assert {r.data["reason"] for r in table} == {"not linked to any record"}
-    assert deals["skipped_and_failed_rows_listed"].value.startswith("50 of 50")
+    assert deals["rows_not_imported_listed"].value.startswith("50 of 50")
 
     contacts = md["phase_2_contacts"]
-    rows = [(r.data["source_id"], r.data["action"]) for r in contacts["skipped_and_failed_rows"].value.records]
+    rows = [(r.data["source_id"], r.data["action"]) for r in contacts["rows_not_imported"].value.records]
     assert rows == [("4", "failed"), ("9", "failed")]
     assert "| contacts | failed | 2 |" in contacts["reasons"].value
     assert contacts["complete"].value is True

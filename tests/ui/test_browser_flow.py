@@ -191,10 +191,10 @@ def ui_flow(flow: Flow, tenant: str) -> None:
 
     # 8. a phase's metadata: grouped reasons and the capped table of skipped/failed rows
     page.goto(f"{flow.stack.url}/assets/pipedrive/{PERSONS_PHASE}?view=partitions&partition={tenant}")
-    page.get_by_text("skipped_and_failed_rows_listed", exact=True).scroll_into_view_if_needed()
+    page.get_by_text("rows_not_imported_listed", exact=True).scroll_into_view_if_needed()
     expect(page.get_by_text(re.compile(r"^\d+ of \d+ skipped, waiting or failed rows.* \(capped at \d+")).first).to_be_visible(timeout=PAGE)
     expect(page.get_by_text("reasons", exact=True)).to_be_visible()
-    page.get_by_text("skipped_and_failed_rows", exact=True).scroll_into_view_if_needed()
+    page.get_by_text("rows_not_imported", exact=True).scroll_into_view_if_needed()
     flow.shot("phase-metadata-reasons-and-rows")
 
     # 9. what happened to row X: explain_row from its launchpad, the answer in the run's events
