@@ -5,7 +5,8 @@ hands each page here: `to_write` records the ids as seen by the run (`migration_
 a kind's deletion check later compares the ledger with) and says which rows the ledger does not
 hold at that version (`needs_write`). `forget_older` drops the inventories of the tenant's ended
 runs. `waiting_at` and `unlisted` are what the provider's proof that a parent is gone reads (a
-placeholder listed again at the version it was skipped at, a parent the whole walk did not serve).
+placeholder listed again at the version it was skipped at, a parent the whole walk did not serve);
+`waiting` which records are left to the walk at all (their fan-out is the catch-up's too).
 The statements are named queries (`sql/queries.sql`); reads of the inventory after the listing
 (`unseen_live`, `unseen_skipped`) are in `ledger_reads`.
 """
@@ -79,6 +80,18 @@ def waiting_at(conn: Conn, run: Run, kind: str, listed: Iterable[tuple[str, str 
                                                 "ids": ledger.array(sorted({sid for sid, _ in pairs}))})
     held = {r["source_id"]: r["source_version"] for r in rows}
     return {sid for sid, version in pairs if sid in held and same_version(held[sid], version)}
+
+
+def waiting(conn: Conn, run: Run, kind: str, ids: Iterable[str]) -> set[str]:
+    """The source ids among `ids` of ledger kind `kind` the ledger holds as placeholders left to the
+    catch-up's walk (`write.WAITS_FOR_WALK`), whatever their version: records the catch-up writes,
+    so what hangs under them is its to read (a deal's mail)."""
+    wanted = sorted(set(ids))
+    if not wanted:
+        return set()
+    rows = conn.fetch_all("ledger_waiting_at", {"t": run.tenant_id, "s": run.source, "k": kind, "waiting": WAITS_FOR_WALK,
+                                                "ids": ledger.array(wanted)})
+    return {r["source_id"] for r in rows}
 
 
 def unlisted(conn: Conn, run: Run, pairs: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:

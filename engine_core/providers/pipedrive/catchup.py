@@ -32,7 +32,9 @@ between lists while the walk passed). Changed deals with more mail than the prod
 them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
 mail is fetched only for deals whose mail changed (and only in runs that import mail); these
 tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
-created meanwhile, was not written yet).
+created meanwhile, was not written yet), and list once the mail of the deals that waited for this
+walk, which the emails phase left to them (`walk_proof.mail_left_to_catchup`; a deal written by id
+in its `deletes` task gets its mail task there).
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -92,7 +94,7 @@ from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledg
 from engine_core.providers.pipedrive.mapping import MalformedRow, sound_id, unreadable_key
 from engine_core.providers.pipedrive.meter import CountingClient, Meter
 from engine_core.providers.pipedrive.stripes import rfc3339
-from engine_core.providers.pipedrive.walk_proof import settled_by_walk
+from engine_core.providers.pipedrive.walk_proof import mail_left_to_catchup, settled_by_walk
 
 CATCHUP = "catchup"
 DEALS_PER_TASK = 10
@@ -466,15 +468,22 @@ def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[
 
 
 def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
-            gone: Sequence[str], present: Sequence[dict[str, Any]]) -> None:
+            gone: Sequence[str], present: Sequence[dict[str, Any]]) -> list[Successor]:
     """Write the rows that answered as served; mark the ones gone deleted at the source, with the
     rows that go with them. The lists that may still serve rows naming a gone record
     (`record_lists.relist_of_gone`: a merged person's participations) get their rechecks first,
-    created before anything is marked: a task that dies between asks again and finds them made."""
+    created before anything is marked: a task that dies between asks again and finds them made.
+    Returns the mail tasks of the deals written here that waited for the walk (their mail is the
+    catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own."""
+    mail: list[Successor] = []
     if present:
-        write_changed(ctx, client, mapper_of, lk, lk, present)
+        ids = {int(i) for i in map(row_id, present) if i is not None and i.isdigit()}
+        left = mail_left_to_catchup(ctx, ids) if lk == "deals" and "emails" in ctx.run.kinds else set()
+        written = write_changed(ctx, client, mapper_of, lk, lk, present)
+        deals = sorted(left & {int(i) for i in map(row_id, written) if i is not None and i.isdigit()})
+        mail = mail_tasks(f"{lk}-asked", 0, deals) if deals else []
     if not gone:
-        return
+        return mail
     relist = record_lists.relist_of_gone(ctx.db, ctx.run, lk, list(gone))
     if relist:
         ctx.move_cursor(dict(ctx.task.cursor), ctx.offset, successors=relist)
@@ -483,6 +492,7 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
         if lk == "deals":
             lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
         ctx.stats.values["deleted_at_source"] = marks.mark_gone(tx, ctx.run, lk, list(gone))
+    return mail
 
 
 def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
@@ -513,8 +523,8 @@ def _ask_and_settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, u
     ids = unseen(ctx.db, run.tenant_id, run.source, lk, run.id)
     gone, present = ask_by_id(ctx, client, lk, ids)
     ctx.stats.values[stat] = len(ids)
-    _settle(ctx, client, mapper_of, lk, gone, present)
-    return TaskOutcome(tuple(read_again(ctx, lk)))
+    mail = _settle(ctx, client, mapper_of, lk, gone, present)
+    return TaskOutcome(tuple(mail + read_again(ctx, lk)))
 
 
 def read_again(ctx: TaskContext, lk: str) -> list[Successor]:

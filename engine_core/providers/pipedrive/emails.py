@@ -3,7 +3,10 @@
 Discovery walks the deal lists (active and archived) a page per task, asking for each deal's
 `email_messages_count`, and seeds tasks of ten deals that have mail (`{"deals": [ids]}`, keyed by
 discovery page and chunk, so a retried page finds its tasks already there). A source that does not
-report the count gets every deal listed: a deal without mail then costs one listing call.
+report the count gets every deal listed: a deal without mail then costs one listing call. A deal
+the ledger holds waiting for the catch-up's walk gets no task: the catch-up writes it and lists its
+mail then (`walk_proof.mail_left_to_catchup`), once; its messages (the list's count) are counted
+`seen` and `waiting` here, as a waiting row is, and the page's `deals_left_to_catchup`.
 
 An email task's offset is the index of the first of its deals not yet finished; everything before
 it is written. The task works in rounds:
@@ -69,7 +72,7 @@ from engine_core.context import TaskContext
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.marks import Marks, Unreadable, write_marks
-from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body
+from engine_core.rows import EMAIL_BODY_MAX, WAITING, FittedBody, excerpt, fit_email_body
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
@@ -78,6 +81,7 @@ from engine_core.providers.pipedrive.mail import (clean_strings, clean_text, map
                                                   sound_message_id, with_body, with_values)
 from engine_core.providers.pipedrive.mail_expect import LISTED, WITH_MAIL, list_count, with_expectation
 from engine_core.providers.pipedrive.stripes import MAIL_SOURCES, PAGE, email_discovery_next, email_tasks
+from engine_core.providers.pipedrive.walk_proof import mail_left_to_catchup
 from engine_core.sighting import RECORDED, decide_page
 from engine_core.write import PageRefs, Prepared, write_mapped_page
 
@@ -97,6 +101,7 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     path = MAIL_SOURCES[cursor["discover"]]
     page = client.list_v2(path, {"include_fields": "email_messages_count"}, cursor=cursor.get("cursor"), limit=PAGE, cancel=ctx.cancel)
     deal_ids: list[int] = []
+    counts: dict[int, int] = {}  # messages the list reports per deal with mail
     uncounted = 0
     unreachable: list[tuple[Any, Any]] = []
     for row in page.rows:
@@ -113,12 +118,22 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
             deal_ids.append(ident)
         elif isinstance(count, int) and not isinstance(count, bool) and count > 0:
             deal_ids.append(ident)
+            counts[ident] = count
     if uncounted:
         ctx.log.note("info", KIND, "the source does not report email_messages_count: every deal's mail is listed")
     if unreachable:
         note_unreachable_mail(ctx, unreachable)
     ctx.stats.bump("deals_listed", len(page.rows))
     ctx.stats.bump("deals_with_mail", len(deal_ids))
+    deferred = mail_left_to_catchup(ctx, deal_ids)
+    if deferred:
+        # their messages wait for the catch-up as their deal does: counted seen and waiting here
+        # (the list's count), listed once, by the catch-up's mail task, after it wrote the deal
+        ctx.stats.bump("deals_left_to_catchup", len(deferred))
+        waiting = sum(counts.get(d, 0) for d in deferred)
+        ctx.stats.bump("seen", waiting)
+        ctx.stats.bump(WAITING, waiting)
+        deal_ids = [d for d in deal_ids if d not in deferred]
     successors: list[Successor] = email_tasks(cursor, sorted(deal_ids))
     if page.more and page.next_cursor:
         # the next page carries what the rest of the walk is expected to seed (`mail_expect`)

@@ -13,7 +13,10 @@ The deals left to list are the list's count (`list_count`: the deals phase's `so
 run, or the deals it saw, whichever is larger) less the deals the walk has listed; unknown, or
 already passed (the list grew), a full page is assumed. Their share with mail is the walk's share so
 far plus one standard error of it, so the estimate errs high: a count found later more often shrinks
-the total (the percent jumps ahead) than grows it (the percent steps back).
+the total (the percent jumps ahead) than grows it (the percent steps back). "With mail" counts the
+deals the walk seeds tasks for: a deal waiting for the catch-up's walk has its mail listed by the
+catch-up (`walk_proof.mail_left_to_catchup`), so it is neither a task here nor expected to be one;
+its messages are the phase's `waiting` rows, as any row left to the catch-up.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from engine_core.runs_reads import kind_count
 from engine_core.providers.pipedrive.stripes import DEALS_PER_TASK, PAGE
 
 EXPECTED = "expected_tasks"  # a discovery page's cursor: email tasks expected beyond the existing ones
-LISTED, WITH_MAIL = "listed", "with_mail"  # a discovery page's cursor: its walk's deals so far, and those with mail
+LISTED, WITH_MAIL = "listed", "with_mail"  # a discovery page's cursor: its walk's deals so far, and those it seeded
 
 
 def list_count(db: Database, run_id: int, kind: str) -> int | None:

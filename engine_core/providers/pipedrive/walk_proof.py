@@ -30,6 +30,13 @@ parents' lists are written (one chain, parents first; the last level after the c
 `walk_settles` checks the order of `kinds.CATCHUP_ORDER`. Nothing of it is remembered in memory
 (`writers.SourceAnswers`): a resumed run's catch-up, in any process, settles the placeholders a
 run stopped before its catch-up left.
+
+A deal left waiting has its mail left to the catch-up too (`mail_left_to_catchup`): the catch-up
+writes the deal (a placeholder is always taken over) and lists the mail of every deal it writes
+whose `email_messages_count` exceeds the mail held (`catchup.mail_wanted`), so the emails phase
+listing it first would pay that listing twice. Its other fan-outs need nothing: deal products,
+participants, followers and history are read for the deals the ledger holds written
+(`holdings.written_ids`), which a placeholder is not.
 """
 from __future__ import annotations
 
@@ -118,3 +125,16 @@ def settled_by_walk(ctx: TaskContext, kind: str, prepared: Sequence[write.Prepar
         waiting = inventory_ledger.waiting_at(conn, ctx.run, ledger_kind(kind), versions.items())
         unlisted = inventory_ledger.unlisted(conn, ctx.run, pairs) if gone else set(pairs)
     return {p for p in unlisted if pointing[p] and pointing[p] <= waiting}
+
+
+def mail_left_to_catchup(ctx: TaskContext, deals: Collection[int]) -> set[int]:
+    """The deals among `deals` (source ids) whose mail the run's catch-up lists, so the emails phase
+    does not (module docstring): deals the ledger holds waiting for the catch-up's walk, in a full
+    run, not dry, whose catch-up walks a deal list (it writes them and seeds their mail tasks). A
+    sync's and a dry run's catch-up seed no such listing: none there. Reads the ledger."""
+    run = ctx.run
+    if run.is_sync or run.dry_run or not deals or not any(k in run.kinds for k in WALKED_LISTS.get("deals", ())):
+        return set()
+    with ctx.db.connection() as conn:
+        held = inventory_ledger.waiting(conn, run, "deals", (str(d) for d in deals))
+    return {d for d in deals if str(d) in held}
