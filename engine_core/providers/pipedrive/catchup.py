@@ -34,7 +34,10 @@ mail is fetched only for deals whose mail changed (and only in runs that import 
 tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
 created meanwhile, was not written yet), and list once the mail of the deals that waited for this
 walk, which the emails phase left to them (`walk_proof.mail_left_to_catchup`; a deal written by id
-in its `deletes` task gets its mail task there).
+in its `deletes` task gets its mail task there). The deals whose mail a task owes are named in its
+cursor before they are written (`owe_mail`): a task that dies after the write and before its mail
+tasks are committed finds them written on its retry, no longer changed nor waiting, and lists their
+mail all the same.
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -75,7 +78,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from engine_core import inventory_ledger, marks, write
@@ -103,6 +106,7 @@ DEALS_PER_TASK = 10
 # small account's chain, whose 11 pages took two tasks at 10: A/B of full small runs, catch-up phase
 # median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
 PAGES_PER_TASK = 25
+MAIL_DUE = "mail_due"  # a task's cursor: deals whose mail tasks it owes, recorded before their write (`owe_mail`)
 
 
 def detect_deletes(run: Run) -> bool:
@@ -177,6 +181,19 @@ def mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[in
     return sorted(int(sid) for sid, c in counts.items() if c is None or c > held.get(sid, 0))
 
 
+def owe_mail(ctx: TaskContext, cursor: dict[str, Any], deals: Collection[int]) -> list[int]:
+    """Record in the task's own cursor (`cursor`, its current one, updated in place) the deals whose
+    mail tasks it owes (`MAIL_DUE`), before those deals are written: the deals are written in the
+    write's own transactions and their mail tasks committed later (the next page's move, the task's
+    finish), and a task that dies between finds them written at their version on its retry (no
+    longer changed, nor waiting) - its cursor still names them. Returns every deal owed so far."""
+    owed = sorted(set(cursor.get(MAIL_DUE, ())) | set(deals))
+    if owed != cursor.get(MAIL_DUE, []):
+        cursor[MAIL_DUE] = owed
+        ctx.move_cursor(dict(cursor))
+    return owed
+
+
 def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
     """Mail tasks for the deals (source ids) a catch-up page found with mail to fetch,
     `DEALS_PER_TASK` deals each, retaking this run's own placeholders (`retake`)."""
@@ -224,15 +241,20 @@ def counted_as(ctx: TaskContext, kind: str, work: Any) -> Any:
 
 
 def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
-                  rows: Sequence[dict[str, Any]], *, full: bool = False) -> list[dict[str, Any]]:
+                  rows: Sequence[dict[str, Any]], *, full: bool = False,
+                  before: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Record the rows as seen, write those the ledger does not hold at their version; returns
     the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
     rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
-    `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup)."""
+    `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup).
+    `before(rows)`: called with the rows to write before any is written (`owe_mail`: a retry finds
+    them written at their version, so what they owe must be known before)."""
     listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
     with ctx.db.connection() as conn:
         wanted = inventory_ledger.to_write(conn, ctx.run, lk, [(sid, version_of(kind, r)) for sid, r in listed if sid is not None])
     changed = [r for sid, r in listed if sid is None or sid in wanted]
+    if changed and before is not None:
+        before(changed)
     ctx.stats.bump("inventory_listed", len(listed))
     ctx.stats.bump("unchanged", len(listed) - len(changed))
     if full:
@@ -355,7 +377,8 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     pay a claim, a finish, a top-up and the barrier's check per page). After each page but the task's last, the task moves its own cursor to the next page
     (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
     kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
-    one it finished, and the page it was on is listed and compared again (never skipped by offset)."""
+    one it finished, and the page it was on is listed and compared again (never skipped by offset);
+    the page's deals with mail to list are in its cursor before they are written (`owe_mail`)."""
     cursor = dict(ctx.task.cursor)
     kind = cursor["list"]
     lk = ledger_kind(kind)
@@ -385,19 +408,25 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
                 listed = nxt.cursor.get("list")  # the lists walked next (here, or in tasks of their own)
                 if listed is not None and (reader is None or not reader.reading(listed)):
                     ask_ahead(client, listed, {}, since)
+        mailing = lk == "deals" and "emails" in ctx.run.kinds
+
+        def owing(changed: list[dict[str, Any]]) -> None:
+            with ctx.db.connection() as conn:
+                owe_mail(ctx, cursor, mail_wanted(conn, ctx.run, changed))
+
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
             written: list[dict[str, Any]] = []
         else:
-            written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None)
+            written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None,
+                                    before=owing if mailing else None)
         if parents is not None and kind in LAST_LEVEL:
             asked, tokens = parents.uncounted()  # the parents asked ahead (this page's waited for)
             ctx.stats.bump("requests", asked)
             ctx.stats.bump("tokens", tokens)
         successors: list[Successor] = []
-        if lk == "deals" and written and "emails" in ctx.run.kinds:
-            with ctx.db.connection() as conn:
-                deals = mail_wanted(conn, ctx.run, written)
+        if mailing:
+            deals = list(cursor.get(MAIL_DUE, ()))  # this page's, and a page that died here before
             if deals:
                 ctx.stats.bump("mail_deals", len(deals))
                 successors.extend(mail_tasks(kind, page, deals))
@@ -474,14 +503,18 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
     (`record_lists.relist_of_gone`: a merged person's participations) get their rechecks first,
     created before anything is marked: a task that dies between asks again and finds them made.
     Returns the mail tasks of the deals written here that waited for the walk (their mail is the
-    catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own."""
-    mail: list[Successor] = []
+    catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own; owed in
+    the task's cursor before the write (`owe_mail`)."""
     if present:
         ids = {int(i) for i in map(row_id, present) if i is not None and i.isdigit()}
         left = mail_left_to_catchup(ctx, ids) if lk == "deals" and "emails" in ctx.run.kinds else set()
-        written = write_changed(ctx, client, mapper_of, lk, lk, present)
-        deals = sorted(left & {int(i) for i in map(row_id, written) if i is not None and i.isdigit()})
-        mail = mail_tasks(f"{lk}-asked", 0, deals) if deals else []
+
+        def owing(changed: list[dict[str, Any]]) -> None:
+            owe_mail(ctx, ctx.task.cursor, left & {int(i) for i in map(row_id, changed) if i is not None and i.isdigit()})
+
+        write_changed(ctx, client, mapper_of, lk, lk, present, before=owing if left else None)
+    deals = ctx.task.cursor.get(MAIL_DUE, [])  # these, or those a retry no longer asks (written then)
+    mail = mail_tasks(f"{lk}-asked", 0, deals) if deals else []
     if not gone:
         return mail
     relist = record_lists.relist_of_gone(ctx.db, ctx.run, lk, list(gone))
