@@ -107,6 +107,7 @@ DEALS_PER_TASK = 10
 # median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
 PAGES_PER_TASK = 25
 MAIL_DUE = "mail_due"  # a task's cursor: deals whose mail tasks it owes, recorded before their write (`owe_mail`)
+ANSWERED = "answered"  # a by-id task's cursor: the ids that answered, recorded before their write (`_settle`)
 
 
 def detect_deletes(run: Run) -> bool:
@@ -187,11 +188,17 @@ def owe_mail(ctx: TaskContext, cursor: dict[str, Any], deals: Collection[int]) -
     write's own transactions and their mail tasks committed later (the next page's move, the task's
     finish), and a task that dies between finds them written at their version on its retry (no
     longer changed, nor waiting) - its cursor still names them. Returns every deal owed so far."""
-    owed = sorted(set(cursor.get(MAIL_DUE, ())) | set(deals))
-    if owed != cursor.get(MAIL_DUE, []):
-        cursor[MAIL_DUE] = owed
+    return _remember(ctx, cursor, MAIL_DUE, deals)
+
+
+def _remember(ctx: TaskContext, cursor: dict[str, Any], key: str, values: Collection[Any]) -> list[Any]:
+    """Add `values` to the list `cursor[key]` of the task's own cursor (its current one, updated in
+    place), committed at once when it grew (one statement); returns the whole list."""
+    held = sorted(set(cursor.get(key, ())) | set(values))
+    if held != cursor.get(key, []):
+        cursor[key] = held
         ctx.move_cursor(dict(cursor))
-    return owed
+    return held
 
 
 def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
@@ -506,6 +513,9 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
     catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own; owed in
     the task's cursor before the write (`owe_mail`)."""
     if present:
+        # seen by the run once `write_changed` compares them, before they are written: a retry
+        # no longer finds them unseen, so it asks again the ones named here (`_ask_and_settle`)
+        _remember(ctx, ctx.task.cursor, ANSWERED, [i for i in map(row_id, present) if i is not None])
         ids = {int(i) for i in map(row_id, present) if i is not None and i.isdigit()}
         left = mail_left_to_catchup(ctx, ids) if lk == "deals" and "emails" in ctx.run.kinds else set()
 
@@ -550,10 +560,11 @@ def run_deletes(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> Ta
 
 def _ask_and_settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, unseen: Any, stat: str) -> TaskOutcome:
     """The task's ledger kind's entries `unseen` reads (`ledger_reads.unseen_live` or
-    `unseen_skipped`), asked by id and settled (`_settle`); their number goes to stats[`stat`]."""
+    `unseen_skipped`), and those that answered an attempt of this task that died before writing
+    them (`ANSWERED`), asked by id and settled (`_settle`); their number goes to stats[`stat`]."""
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
-    ids = unseen(ctx.db, run.tenant_id, run.source, lk, run.id)
+    ids = sorted(set(unseen(ctx.db, run.tenant_id, run.source, lk, run.id)) | set(ctx.task.cursor.get(ANSWERED, ())))
     gone, present = ask_by_id(ctx, client, lk, ids)
     ctx.stats.values[stat] = len(ids)
     mail = _settle(ctx, client, mapper_of, lk, gone, present)
