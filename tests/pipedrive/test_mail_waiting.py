@@ -18,7 +18,7 @@ import pytest
 
 from engine_core import rollup
 from engine_core.errors import TransientError
-from engine_core.providers.pipedrive import catchup
+from engine_core.providers.pipedrive import catchup, writers
 from engine_core.providers.pipedrive.inventory import row_id
 from tests.pipedrive.support import TOKEN, failed_tasks, ledger, migrate, sandbox
 
@@ -84,21 +84,23 @@ def _every_message_on_its_deal(db, truth: dict[str, Any], served: dict[int, dict
         assert row["subject"] == source["subject"] and row["body"] == source["body"], sid
 
 
-@pytest.mark.parametrize("path", ["page", "by_id"])
+@pytest.mark.parametrize("path", ["page", "by_id", "by_id_unwritten"])
 def test_a_catch_up_task_dying_between_a_waiting_deals_write_and_its_mail_task_lists_that_mail_on_retry(
         db, monkeypatch, path: str) -> None:
     """The task fails (as a killed worker's task is retried) right after `write_changed` committed
     waiting deals with mail and before their mail tasks were committed: a page of the walk (its
     next-page move or finish), or the deals task asking by id a waiting deal the walk did not serve
     (hidden from the deals list here, as a deal moving between lists while the walk passed). The
-    retry finds those deals written at their version; their mail must be listed all the same."""
-    real_write, real_step = catchup.write_changed, catchup.list_step
+    retry finds those deals written at their version; their mail must be listed all the same.
+    `by_id_unwritten`: that task dies after comparing the deal (the run has seen it) and before
+    writing it; the retry must still write the deal and list its mail."""
+    real_write, real_step, real_page = catchup.write_changed, catchup.list_step, writers.write_page
     died: list[set[str]] = []
     hidden: set[str] = set()
 
     def list_step(meter, kind, at, since=None):  # by_id: the waiting deals with mail left unlisted
         step = real_step(meter, kind, at, since)
-        if path == "by_id" and kind == "deals":
+        if path.startswith("by_id") and kind == "deals":
             if not hidden:
                 waiting = {sid for sid, r in ledger(db, TENANT, "deals").items() if "waits for" in (r["reason"] or "")}
                 hidden.update(waiting & set(with_mail))
@@ -113,7 +115,15 @@ def test_a_catch_up_task_dying_between_a_waiting_deals_write_and_its_mail_task_l
             raise TransientError("the worker died after writing deals, before their mail tasks were committed")
         return written
 
+    def write_page(ctx, rows, *args, **kw):  # by_id_unwritten: the rows compared, the death before their write
+        mailed = {row_id(r) for r in rows} & set(with_mail)
+        if path == "by_id_unwritten" and "deletes" in ctx.task.cursor and mailed and not died:
+            died.append(mailed)
+            raise TransientError("the worker died after comparing deals, before writing them")
+        return real_page(ctx, rows, *args, **kw)
+
     monkeypatch.setattr(catchup, "list_step", list_step)
+    monkeypatch.setattr(writers, "write_page", write_page)
     monkeypatch.setattr(catchup, "write_changed", write_changed)
     with sandbox(seed=9) as sb:
         truth = sb.truth()
@@ -124,4 +134,5 @@ def test_a_catch_up_task_dying_between_a_waiting_deals_write_and_its_mail_task_l
     assert run.status == "succeeded", failed_tasks(db, run.id)
     assert died, "the catch-up wrote waiting deals with mail there"
     assert path == "page" or hidden & died[0], (hidden, died)
+    assert rollup.rollup(db, run.id).incomplete == [], "nothing left waiting"
     _every_message_on_its_deal(db, truth, served)
