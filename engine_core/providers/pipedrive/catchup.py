@@ -34,10 +34,10 @@ mail is fetched only for deals whose mail changed (and only in runs that import 
 tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
 created meanwhile, was not written yet), and list once the mail of the deals that waited for this
 walk, which the emails phase left to them (`walk_proof.mail_left_to_catchup`; a deal written by id
-in its `deletes` task gets its mail task there). The deals whose mail a task owes are named in its
-cursor before they are written (`owe_mail`): a task that dies after the write and before its mail
-tasks are committed finds them written on its retry, no longer changed nor waiting, and lists their
-mail all the same.
+in its `deletes` task gets its mail task there). What a task owes for the rows it writes - their
+mail, a deal's product lines, a record's per-record lists - is named in its cursor before they are
+written (`owed`): a task that dies after the write and before those tasks are committed finds the
+rows written on its retry, no longer changed nor waiting, and makes them all the same.
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine_core import inventory_ledger, marks, write
@@ -88,7 +88,7 @@ from engine_core.errors import PageFailed
 from engine_core.ledger_reads import mail_held, unseen_live, unseen_skipped
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import contents, lines, record_lists, retake, writers
+from engine_core.providers.pipedrive import contents, lines, owed, record_lists, retake, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
@@ -106,8 +106,6 @@ DEALS_PER_TASK = 10
 # small account's chain, whose 11 pages took two tasks at 10: A/B of full small runs, catch-up phase
 # median 1.27 -> 1.17 s at load 5-8); stops are still seen after every page.
 PAGES_PER_TASK = 25
-MAIL_DUE = "mail_due"  # a task's cursor: deals whose mail tasks it owes, recorded before their write (`owe_mail`)
-ANSWERED = "answered"  # a by-id task's cursor: the ids that answered, recorded before their write (`_settle`)
 
 
 def detect_deletes(run: Run) -> bool:
@@ -182,25 +180,6 @@ def mail_wanted(conn: Conn, run: Run, rows: Sequence[dict[str, Any]]) -> list[in
     return sorted(int(sid) for sid, c in counts.items() if c is None or c > held.get(sid, 0))
 
 
-def owe_mail(ctx: TaskContext, cursor: dict[str, Any], deals: Collection[int]) -> list[int]:
-    """Record in the task's own cursor (`cursor`, its current one, updated in place) the deals whose
-    mail tasks it owes (`MAIL_DUE`), before those deals are written: the deals are written in the
-    write's own transactions and their mail tasks committed later (the next page's move, the task's
-    finish), and a task that dies between finds them written at their version on its retry (no
-    longer changed, nor waiting) - its cursor still names them. Returns every deal owed so far."""
-    return _remember(ctx, cursor, MAIL_DUE, deals)
-
-
-def _remember(ctx: TaskContext, cursor: dict[str, Any], key: str, values: Collection[Any]) -> list[Any]:
-    """Add `values` to the list `cursor[key]` of the task's own cursor (its current one, updated in
-    place), committed at once when it grew (one statement); returns the whole list."""
-    held = sorted(set(cursor.get(key, ())) | set(values))
-    if held != cursor.get(key, []):
-        cursor[key] = held
-        ctx.move_cursor(dict(cursor))
-    return held
-
-
 def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
     """Mail tasks for the deals (source ids) a catch-up page found with mail to fetch,
     `DEALS_PER_TASK` deals each, retaking this run's own placeholders (`retake`)."""
@@ -254,7 +233,7 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
     the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
     rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
     `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup).
-    `before(rows)`: called with the rows to write before any is written (`owe_mail`: a retry finds
+    `before(rows)`: called with the rows to write before any is written (`owed`: a retry finds
     them written at their version, so what they owe must be known before)."""
     listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
     with ctx.db.connection() as conn:
@@ -385,7 +364,8 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
     (`TaskContext.move_cursor`) in one transaction with the page's mail tasks and, after a ledger
     kind's last list, that kind's deletes task: a task that dies resumes at the page after the last
     one it finished, and the page it was on is listed and compared again (never skipped by offset);
-    the page's deals with mail to list are in its cursor before they are written (`owe_mail`)."""
+    the page's follow-ups (mail, product lines, rechecks) are in its cursor before its rows are
+    written, and made from there (`owed`)."""
     cursor = dict(ctx.task.cursor)
     kind = cursor["list"]
     lk = ledger_kind(kind)
@@ -418,37 +398,36 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         mailing = lk == "deals" and "emails" in ctx.run.kinds
 
         def owing(changed: list[dict[str, Any]]) -> None:
-            with ctx.db.connection() as conn:
-                owe_mail(ctx, cursor, mail_wanted(conn, ctx.run, changed))
+            due = owed.lists_due(ctx.run, lk, changed)
+            if mailing:
+                with ctx.db.connection() as conn:
+                    due[owed.MAIL_DUE] = mail_wanted(conn, ctx.run, changed)
+            owed.owe(ctx, cursor, due)
 
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
-            written: list[dict[str, Any]] = []
         else:
-            written = write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None,
-                                    before=owing if mailing else None)
+            write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None, before=owing)
         if parents is not None and kind in LAST_LEVEL:
             asked, tokens = parents.uncounted()  # the parents asked ahead (this page's waited for)
             ctx.stats.bump("requests", asked)
             ctx.stats.bump("tokens", tokens)
         successors: list[Successor] = []
         if mailing:
-            deals = list(cursor.get(MAIL_DUE, ()))  # this page's, and a page that died here before
+            deals = owed.owed(cursor, owed.MAIL_DUE)  # this page's, and a page that died here before
             if deals:
                 ctx.stats.bump("mail_deals", len(deals))
                 successors.extend(mail_tasks(kind, page, deals))
         if kind == "files" and step.after is None and contents.KIND in ctx.run.kinds and not ctx.run.dry_run:
             # the files list walked: the contents still to fetch (changed files, failed downloads)
             successors.append(Successor(contents.CATCHUP_DISCOVERY, {"contents": "discover"}))
-        due: list[int] = []
-        if lk == "deals" and lines.KIND in ctx.run.kinds:
-            # a deal's products changed with it: its lines are listed again (lines.py), the deals the
-            # kind's lists wrote together once they are walked (one `deal_ids` call per 100 deals)
-            due = sorted(set(cursor.get("lines_due", ())) | set(lines.written_deals(written)))
-            if step.after is None and _last_of_kind(ctx.run, kind):
-                successors.extend(lines.catchup_tasks(kind, page, due))
-                due = []
-        successors.extend(record_lists.catchup_tasks(ctx.run.kinds, lk, kind, page, written))
+        # a deal's products changed with it: its lines are listed again (lines.py), the deals the
+        # kind's lists wrote together once they are walked (one `deal_ids` call per 100 deals)
+        due = owed.owed(cursor, owed.LINES_DUE)  # this page's and the pages' before it
+        if due and step.after is None and _last_of_kind(ctx.run, kind):
+            successors.extend(lines.catchup_tasks(kind, page, due))
+            due = []
+        successors.extend(owed.rechecks(ctx.run, cursor, lk, kind, page))
         if step.after is None:
             after = _after_list(ctx.run, kind)
             first = next((s for s in after if s.cursor.get("list") is not None), None)
@@ -476,8 +455,8 @@ def _last_of_kind(run: Run, kind: str) -> bool:
 
 
 def _carrying(task: Successor, due: Sequence[int]) -> Successor:
-    """`task` (the walk's next page) carrying the deals whose lines are still to list (`lines_due`)."""
-    return Successor(task.cursor_key, {**task.cursor, "lines_due": list(due)}, task.kind) if due else task
+    """`task` (the walk's next page) carrying the deals whose lines are still to list (`LINES_DUE`)."""
+    return Successor(task.cursor_key, {**task.cursor, owed.LINES_DUE: list(due)}, task.kind) if due else task
 
 
 def ask_by_id(ctx: TaskContext, client: PipedriveClient, lk: str, ids: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -511,22 +490,23 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
     created before anything is marked: a task that dies between asks again and finds them made.
     Returns the mail tasks of the deals written here that waited for the walk (their mail is the
     catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own; owed in
-    the task's cursor before the write (`owe_mail`)."""
+    the task's cursor before the write (`owed`)."""
     if present:
         # seen by the run once `write_changed` compares them, before they are written: a retry
         # no longer finds them unseen, so it asks again the ones named here (`_ask_and_settle`)
-        _remember(ctx, ctx.task.cursor, ANSWERED, [i for i in map(row_id, present) if i is not None])
+        owed.owe(ctx, ctx.task.cursor, {owed.ANSWERED: [i for i in map(row_id, present) if i is not None]})
         ids = {int(i) for i in map(row_id, present) if i is not None and i.isdigit()}
         left = mail_left_to_catchup(ctx, ids) if lk == "deals" and "emails" in ctx.run.kinds else set()
 
         def owing(changed: list[dict[str, Any]]) -> None:
-            owe_mail(ctx, ctx.task.cursor, left & {int(i) for i in map(row_id, changed) if i is not None and i.isdigit()})
+            owed.owe(ctx, ctx.task.cursor, {owed.MAIL_DUE: left & set(owed.record_ids(changed))})
 
         write_changed(ctx, client, mapper_of, lk, lk, present, before=owing if left else None)
-    deals = ctx.task.cursor.get(MAIL_DUE, [])  # these, or those a retry no longer asks (written then)
-    mail = mail_tasks(f"{lk}-asked", 0, deals) if deals else []
+    # these deals' mail, or that of deals a retry no longer asks (written then)
+    asked, deals = f"{lk}-asked", owed.owed(ctx.task.cursor, owed.MAIL_DUE)
+    follow = mail_tasks(asked, 0, deals) if deals else []
     if not gone:
-        return mail
+        return follow
     relist = record_lists.relist_of_gone(ctx.db, ctx.run, lk, list(gone))
     if relist:
         ctx.move_cursor(dict(ctx.task.cursor), ctx.offset, successors=relist)
@@ -535,7 +515,7 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
         if lk == "deals":
             lines.mark_lines_of_deleted_deals(tx, ctx.run, gone)  # a deal's product lines
         ctx.stats.values["deleted_at_source"] = marks.mark_gone(tx, ctx.run, lk, list(gone))
-    return mail
+    return follow
 
 
 def retake_skipped(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskOutcome:
@@ -564,11 +544,11 @@ def _ask_and_settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, u
     them (`ANSWERED`), asked by id and settled (`_settle`); their number goes to stats[`stat`]."""
     lk = ctx.task.cursor["deletes"]
     run = ctx.run
-    ids = sorted(set(unseen(ctx.db, run.tenant_id, run.source, lk, run.id)) | set(ctx.task.cursor.get(ANSWERED, ())))
+    ids = sorted(set(unseen(ctx.db, run.tenant_id, run.source, lk, run.id)) | set(owed.owed(ctx.task.cursor, owed.ANSWERED)))
     gone, present = ask_by_id(ctx, client, lk, ids)
     ctx.stats.values[stat] = len(ids)
-    mail = _settle(ctx, client, mapper_of, lk, gone, present)
-    return TaskOutcome(tuple(mail + read_again(ctx, lk)))
+    follow = _settle(ctx, client, mapper_of, lk, gone, present)
+    return TaskOutcome(tuple(follow + read_again(ctx, lk)))
 
 
 def read_again(ctx: TaskContext, lk: str) -> list[Successor]:

@@ -75,12 +75,6 @@ def catchup_tasks(list_kind: str, page: int, deals: Sequence[int]) -> list[Succe
             for j in range(0, len(ids), IDS_PER_CALL)]
 
 
-def written_deals(rows: Sequence[Any]) -> list[int]:
-    """The integer ids of the deal rows a catch-up page wrote."""
-    return [r["id"] for r in rows if isinstance(r, dict) and isinstance(r.get("id"), int)
-            and not isinstance(r.get("id"), bool) and r["id"] > 0]
-
-
 def list_lines(client: Any, deals: Sequence[int], cancel: Any = None) -> list[dict[str, Any]]:
     """Every line of these deals (at most `IDS_PER_CALL`), following `next_cursor`: one request a
     page of 500 lines. `deal_ids` goes repeated, as the spec's array parameter. Raises as the

@@ -186,13 +186,17 @@ def discover(ctx: TaskContext) -> TaskOutcome:
     return TaskOutcome(tuple(out))
 
 
+def lists_records_of(run_kinds: Iterable[str], of: str) -> bool:
+    """Whether a per-record kind the run takes lists the records of ledger kind `of`."""
+    return any(family.kind in run_kinds and of in family.of for family in FAMILIES.values())
+
+
 def catchup_tasks(run_kinds: Iterable[str], of: str, listed_as: str, page: int,
-                  written: Sequence[Any]) -> list[Successor]:
-    """The catch-up's rechecks of the records of ledger kind `of` it wrote from a page
-    (`written`: rows as served; `listed_as`, `page`: where, for the tasks' keys): one task of
-    `RECORDS_PER_TASK` records per per-record kind the run takes that lists `of`'s records."""
-    ids = sorted({int(r["id"]) for r in written if isinstance(r, dict) and isinstance(r.get("id"), int)
-                  and not isinstance(r.get("id"), bool) and r["id"] > 0})
+                  records: Sequence[int]) -> list[Successor]:
+    """The catch-up's rechecks of the records of ledger kind `of` it wrote (`records`: their source
+    ids; `listed_as`, `page`: where, for the tasks' keys, so a page listed again finds them there):
+    one task of `RECORDS_PER_TASK` records per per-record kind the run takes that lists `of`'s records."""
+    ids = sorted({int(r) for r in records})
     out: list[Successor] = []
     for family in FAMILIES.values():
         if family.kind not in run_kinds or of not in family.of or not ids:
