@@ -488,9 +488,10 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
     rows that go with them. The lists that may still serve rows naming a gone record
     (`record_lists.relist_of_gone`: a merged person's participations) get their rechecks first,
     created before anything is marked: a task that dies between asks again and finds them made.
-    Returns the mail tasks of the deals written here that waited for the walk (their mail is the
-    catch-up's: `walk_proof.mail_left_to_catchup`), as a page of the walk seeds its own; owed in
-    the task's cursor before the write (`owed`)."""
+    Returns the follow-ups of the rows written here, as a page of the walk makes its own: the mail
+    tasks of the deals that waited for the walk (their mail is the catch-up's:
+    `walk_proof.mail_left_to_catchup`), a deal's product lines listed again, a record's per-record
+    lists read again; owed in the task's cursor before the write (`owed`)."""
     if present:
         # seen by the run once `write_changed` compares them, before they are written: a retry
         # no longer finds them unseen, so it asks again the ones named here (`_ask_and_settle`)
@@ -499,12 +500,15 @@ def _settle(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, lk: str,
         left = mail_left_to_catchup(ctx, ids) if lk == "deals" and "emails" in ctx.run.kinds else set()
 
         def owing(changed: list[dict[str, Any]]) -> None:
-            owed.owe(ctx, ctx.task.cursor, {owed.MAIL_DUE: left & set(owed.record_ids(changed))})
+            owed.owe(ctx, ctx.task.cursor, {**owed.lists_due(ctx.run, lk, changed),
+                                            owed.MAIL_DUE: left & set(owed.record_ids(changed))})
 
-        write_changed(ctx, client, mapper_of, lk, lk, present, before=owing if left else None)
-    # these deals' mail, or that of deals a retry no longer asks (written then)
+        write_changed(ctx, client, mapper_of, lk, lk, present, before=owing)
+    # these rows' follow-ups, or those of rows a retry no longer asks (written then)
     asked, deals = f"{lk}-asked", owed.owed(ctx.task.cursor, owed.MAIL_DUE)
     follow = mail_tasks(asked, 0, deals) if deals else []
+    follow += lines.catchup_tasks(asked, 0, owed.owed(ctx.task.cursor, owed.LINES_DUE))
+    follow += owed.rechecks(ctx.run, ctx.task.cursor, lk, asked, 0)
     if not gone:
         return follow
     relist = record_lists.relist_of_gone(ctx.db, ctx.run, lk, list(gone))
