@@ -45,6 +45,13 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.exc import DisconnectionError
 
+from migration_pipeline.alembic_later import storage_modules
+
+# Dagster's SQL storage modules first, with alembic deferred (`alembic_later`): the event log
+# imports below reach them, and imported from there they import alembic, mako and pygments at once
+# (~0.1 CPU-s of each `migrate run`, whose launch imports this module through the definitions).
+storage_modules()
+
 from dagster._core.events import ASSET_EVENTS, DagsterEventType
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.base import AssetRecordsFilter
