@@ -2,7 +2,7 @@
 own window in that same run (no engine-direct variant to compare with, so the machine's load falls
 on both figures alike).
 
-    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none] [--against DIR] [--kinds K,..]
+    python bench/fixed_cost.py [--scale small] [--reps 3] [--latency none] [--against DIR] [--kinds K,..] [--preload]
 
 Each rep migrates a new tenant of one sandbox account through `migrate run --json` (as a user runs
 it, no UI alive: the run executes in the command's process; bench/dagster_overhead.py's `cli_env`)
@@ -20,7 +20,8 @@ into a fresh database. From the engine's task rows (migration_tasks) and the com
 * tail:          the last task finish to the command's exit;
 * fixed cost:    wall - phases = launch + boundaries + tail;
 * cpu:           the command's own CPU seconds (user + system; its Postgres backends and the sandbox
-                 not counted): steadier than the wall on a loaded machine.
+                 not counted): steadier than the wall on a loaded machine. With `--preload` the work
+                 runs in a child of the launcher's server, not counted: compare walls then.
 
 `--against DIR` runs the same rounds, interleaved, with the code of another checkout (`git archive
 <commit> | tar -x -C DIR`: its packages ahead of this clone's on PYTHONPATH, same venv) and prints
@@ -97,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--latency", default="none", help="the sandbox's latency: none, realistic, realistic:<f>")
     parser.add_argument("--against", default=None, help="another checkout's directory, run interleaved")
+    parser.add_argument("--preload", action="store_true", help="this checkout's commands through the pre-loaded "
+                        "launcher (MIGRATE_PRELOAD=1; its server started by the warm-up run)")
     parser.add_argument("--kinds", default=None, help="migrate only these kinds (`--kinds users`: a short run for the "
                                                      "launch; its tail then holds the unplanned phases' steps)")
     args = parser.parse_args(argv)
-    variants = {"this": {}}
+    variants: dict[str, dict[str, str]] = {"this": {"MIGRATE_PRELOAD": "1", "MIGRATE_PRELOAD_IDLE_SECONDS": "120"}
+                                           if args.preload else {}}
     if args.against:
         variants["against"] = {"PYTHONPATH": str(Path(args.against).resolve())}
     import psycopg

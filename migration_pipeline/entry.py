@@ -11,6 +11,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from migration_pipeline import preload  # stdlib only: the launcher is chosen before any heavy import
+
 
 def main() -> None:
     """Run the `migrate` click group; SystemExit(130) with one line on stderr when SIGINT arrives
@@ -19,9 +21,17 @@ def main() -> None:
     SIGINT inherited ignored - a background job (`migrate run ... &`) of a non-interactive shell -
     is given Python's default handler back first: from its launch on, `migrate run` stops what it
     started on SIGINT whatever it inherited (`launch.signals_interrupt`), but a `kill -INT` before
-    the launch had been lost and the run then went on to its end."""
+    the launch had been lost and the run then went on to its end.
+
+    With MIGRATE_PRELOAD=1, `run` and `sync` are handed to the pre-loaded launcher serving this
+    environment (`preload.hand_over`: Dagster's imports already made there), and this process
+    follows the command to its exit code; without one, the command runs here as always."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if preload.enabled(sys.argv):
+        code = preload.hand_over(sys.argv)
+        if code is not None:
+            raise SystemExit(code)
     try:
         from migration_pipeline.cli.main import main as group  # inside the try: a Ctrl-C while it loads is one line
     except KeyboardInterrupt:
