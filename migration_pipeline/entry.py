@@ -28,13 +28,14 @@ def main() -> None:
     follows the command to its exit code; without one, the command runs here as always."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if preload.enabled(sys.argv):
-        code = preload.hand_over(sys.argv)
-        if code is not None:
-            raise SystemExit(code)
     try:
-        from migration_pipeline.cli.main import main as group  # inside the try: a Ctrl-C while it loads is one line
+        # before the launcher's child is told to go, a Ctrl-C leaves it exiting unrun (`preload.hand_over`)
+        code = preload.hand_over(sys.argv) if preload.enabled(sys.argv) else None
+        if code is None:
+            from migration_pipeline.cli.main import main as group  # inside the try: a Ctrl-C while it loads is one line
     except KeyboardInterrupt:
         sys.stderr.write("\nSIGINT while migrate was starting: nothing was done\n")
         raise SystemExit(128 + signal.SIGINT) from None
+    if code is not None:
+        raise SystemExit(code)
     group()
