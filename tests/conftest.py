@@ -162,6 +162,19 @@ def db(db_url: str) -> Iterator[dbmod.Database]:
     database.close()
 
 
+@pytest.fixture
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Pipedrive client (in this process) waits milliseconds between its retries, not its
+    0.25-30 s backoff: for tests that inject request faults to prove what the retries land (once
+    each, nothing lost), which no wait length changes. The backoff's own sequence is pinned in
+    tests/client/test_retry_policy.py; a 429's Retry-After wait is not touched."""
+    import functools
+
+    from engine_core.providers.pipedrive import client, retry
+
+    monkeypatch.setattr(client, "backoff", functools.partial(retry.backoff, base=0.01))
+
+
 
 # -- parallel runs (`make test`: pytest-xdist, `-n 2 --dist loadscope`) ------------------------------
 #
