@@ -212,7 +212,7 @@ def test_a_bad_file_store_setting_refuses_the_run_in_one_line_naming_it(db, monk
     assert not db.sql("SELECT 1 FROM migrations WHERE tenant_id = %(t)s", {"t": TENANT}), "refused before the run exists"
 
 
-def test_downloads_broken_off_are_asked_again_and_no_cut_content_is_stored(db, monkeypatch) -> None:
+def test_downloads_broken_off_are_asked_again_and_no_cut_content_is_stored(db, monkeypatch, quick_retries) -> None:
     # badjson cuts a download's stream at half with a clean end and no length: only the file's
     # size tells it from the whole file (the listings it breaks are retried by the client)
     monkeypatch.setenv("MIGRATE_FILE_MAX_BYTES", str(LIMIT))

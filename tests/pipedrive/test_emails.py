@@ -251,7 +251,7 @@ def test_four_bodies_in_flight_per_task_and_no_connection_held_during_a_round(db
     assert len(held) >= 2 * 120 and max(held) == 0, f"a fetch round runs with no database connection checked out (held by: {dict(holders)})"
 
 
-def test_fetch_threads_never_use_the_database_even_on_429s_and_retries(db, monkeypatch) -> None:
+def test_fetch_threads_never_use_the_database_even_on_429s_and_retries(db, monkeypatch, quick_retries) -> None:
     """A 429 must reach every worker sharing the account (a write to the budget row) and a retried
     request needs a slot the round did not reserve (possibly a lease): both go through the round's
     reservation to the task's thread, which serves them while it joins the round. Every connection
