@@ -16,17 +16,24 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
+from psycopg import conninfo
 
 from migration_pipeline import tags
 from tests.dagster.support import instance_of, migrate_env, sandbox_account
 
 pytestmark = pytest.mark.timeout(300)
 MIGRATE = str(Path(sys.executable).parent / "migrate")
+# instance_of reads its storage URL through this process's environment: one opening at a time
+_OPENING = threading.Lock()
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +49,20 @@ def _started_run(instance, tenant: str):
     return next((r for r in found if r.tags.get("migration/run_id")), None)
 
 
-@pytest.mark.parametrize("signo", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_still_stops_a_run_whose_stdout_was_closed(db_url, tmp_path, slow_account, signo):
-    env = migrate_env(db_url, str(tmp_path / "home"), slow_account)
+def _a_signal_stops_the_run(env: dict[str, str], tmp_path: Path, signo: int) -> None:
+    """`migrate run` on `env`, its stdout closed after two lines, then `signo` to the command alone."""
     tenant = f"piped-{signo}"
-    err_path = tmp_path / "stderr"
+    err_path = tmp_path / f"stderr-{signo}"
     with err_path.open("w") as err_file:
         proc = subprocess.Popen([MIGRATE, "run", "--tenant", tenant, "--timeout", "400"], env=env,
                                 stdout=subprocess.PIPE, stderr=err_file, start_new_session=True)
-    instance = instance_of(env)
+    instance = None
     try:
         first = [proc.stdout.readline() for _ in range(2)]  # `| head -2`
         assert all(first), (first, err_path.read_text()[-2000:])
         proc.stdout.close()
+        with _OPENING:  # once the command has made its storage (made here too, they raced)
+            instance = instance_of(env)
         # the progress lines go on being written (on a change, at least every 10 s) to the closed pipe
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
@@ -78,7 +86,39 @@ def test_a_signal_still_stops_a_run_whose_stdout_was_closed(db_url, tmp_path, sl
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        instance.dispose()
+        if instance is not None:
+            instance.dispose()
+
+
+@pytest.fixture
+def other_db_url(server_url: str, clones) -> Iterator[str]:
+    """A second database of the test's own (as `db_url`): the SIGTERM command's engine and storage."""
+    name = clones.take()
+    try:
+        yield conninfo.make_conninfo(server_url, dbname=name)
+    finally:
+        clones.give_back(name)
+
+
+def test_sigint_and_sigterm_still_stop_a_run_whose_stdout_was_closed(db_url, other_db_url, tmp_path, slow_account):
+    """SIGINT and SIGTERM side by side (each its own command, database and home, on the module's
+    slow account): the twelve seconds each waits with its stdout closed overlap. Each failure is
+    named by its signal (this was test_a_signal_still_stops_a_run_whose_stdout_was_closed[SIGINT]
+    and [SIGTERM])."""
+    envs = {signal.SIGINT: migrate_env(db_url, str(tmp_path / "home-int"), slow_account),
+            signal.SIGTERM: migrate_env(other_db_url, str(tmp_path / "home-term"), slow_account)}
+    with ThreadPoolExecutor(len(envs)) as pool:
+        futures = {signo.name: pool.submit(_a_signal_stops_the_run, env, tmp_path, signo) for signo, env in envs.items()}
+        errors = {}
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=280)
+            except BaseException as e:  # noqa: BLE001 - reported below with its signal's name
+                errors[name] = e
+    for e in errors.values():
+        traceback.print_exception(e)
+    if errors:
+        raise AssertionError(f"failed with {', '.join(errors)}: {errors}") from next(iter(errors.values()))
 
 
 def test_a_closed_stdout_alone_does_not_stop_the_run(db_url, tmp_path):
