@@ -87,6 +87,12 @@ class Reservation:
             if budget.spend_slot(slot, cancel):
                 return
 
+    @property
+    def waiting(self) -> int:
+        """Fetch threads' requests queued for the owner's thread, not yet served."""
+        with self._requests_cond:
+            return len(self._requests)
+
     # --- what the client asks of its budget, from a fetch thread -------------------------------
 
     def acquire(self, cancel: threading.Event | None = None) -> None:

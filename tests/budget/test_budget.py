@@ -352,7 +352,9 @@ def test_a_deferred_reservation_does_the_fetch_threads_database_work_on_its_owne
 
 
 def test_when_the_owner_stops_serving_waiting_fetch_threads_are_let_go(db: Database) -> None:
-    budget = Budget(db, "pipedrive", "acct", burst_limit=400, chunk=4)
+    # the reserved slot must not lapse before the thread spends it: a lapsed one is replaced
+    # through the owner, who is not serving, and the thread would wait there instead
+    budget = Budget(db, "pipedrive", "acct", burst_limit=400, chunk=4, lease_ttl=60.0)
     held = budget.reserve(1, deferred=True)
     asked = threading.Event()
     outcome: list[BaseException] = []
@@ -367,10 +369,13 @@ def test_when_the_owner_stops_serving_waiting_fetch_threads_are_let_go(db: Datab
 
     t = threading.Thread(target=fetch, daemon=True)
     t.start()
-    assert asked.wait(5)
-    time.sleep(0.1)  # the request is queued
+    assert asked.wait(30)
+    deadline = time.monotonic() + 30
+    while not held.waiting and time.monotonic() < deadline:  # the request is queued for the owner
+        time.sleep(0.01)
+    assert held.waiting == 1
     held.release()  # the round failed before serving: nobody will
-    t.join(5)
+    t.join(30)
     assert not t.is_alive() and len(outcome) == 1 and isinstance(outcome[0], BudgetCancelled)
 
 
