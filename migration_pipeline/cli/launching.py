@@ -157,7 +157,8 @@ def check_not_migrated(db: dbmod.Database, tenant: str, source: str, kinds: list
           f"migrates it again from scratch")
 
 
-def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any]) -> str | None:
+def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: dict[str, Any],
+                        existing: Any = ...) -> str | None:
     """What `migrate run` says (one line on stderr, not an error) when its launch will work on a run
     that exists - the tenant's live run (joined) or its latest failed or stopped one (retried or
     resumed), as `runs.attach` decides (`runs.existing_attachment`) - and it was given --options or --kinds: those are ignored,
@@ -171,10 +172,12 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
     refused in one line (`fail`: exit 2, SystemExit, nothing launched), naming the run and saying
     to finish or resume it first without --dry-run. The other way round is safe, so it is a note,
     given with or without other flags: a launch without --dry-run that works on a dry run says it
-    writes nothing and that a run that writes can start once the dry one has succeeded."""
+    writes nothing and that a run that writes can start once the dry one has succeeded.
+    `existing`: `runs.existing_attachment` as the caller read it (default: read now)."""
     options = json.loads(new_cfg.get("options_json") or "{}")
     wants_dry = bool(new_cfg.get("dry_run"))
-    existing = runs.existing_attachment(db, tenant, source)
+    if existing is ...:
+        existing = runs.existing_attachment(db, tenant, source)
     if existing is None:
         return None  # a new run starts with them (a succeeded one was refused by check_not_migrated)
     run = existing.run
@@ -203,6 +206,16 @@ def ignored_on_relaunch(db: dbmod.Database, tenant: str, source: str, new_cfg: d
                 f"it works on that run and waits for it to end" if how == "joins" else None)
     return (f"note: {' and '.join(given)} ignored: this launch {how} the {run.status} {run.name}, which keeps {keeps}; "
             f"a run with others can start once it has succeeded (--new-run)")
+
+
+def joining_tags(existing: Any, source: str) -> dict[str, str]:
+    """The run tags of a launch that joins `existing` (`runs.existing_attachment`, "joined"): the
+    engine run it joins, so its phase ops attach to that run (`runs.attach`'s tagged run) even when
+    it has ended by the time they start - it then reports that run's ending, as its note promised,
+    instead of being refused as a new launch on a migrated tenant - and `tags.JOINED`. None joined: {}."""
+    if existing is None or existing.action != "joined":
+        return {}
+    return {tags.ENGINE_RUN: str(existing.run.id), tags.SOURCE: source, tags.JOINED: "true"}
 
 
 def started_with(run: Any) -> str:
@@ -344,12 +357,15 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         check_launch(source, new_cfg.get("kinds"), json.loads(new_cfg.get("options_json") or "{}"))
         tenant_job = job is None or job == ahead.tenant_job()
         taken_over = False
+        placed_tags = {tags.NEW_RUN: "true"} if new_run else {}
         with open_db() as db:
             check_tenant_source(db, tenant, source)  # another company's settings: before any run is placed
             if tenant_job and not new_run:
                 check_not_migrated(db, tenant, source, new_cfg.get("kinds"), bool(new_cfg.get("dry_run")))
             if tenant_job:
-                note = ignored_on_relaunch(db, tenant, source, new_cfg)
+                existing = runs.existing_attachment(db, tenant, source)
+                placed_tags.update(joining_tags(existing, source))
+                note = ignored_on_relaunch(db, tenant, source, new_cfg, existing)
                 if note:
                     click.echo(note, err=True)
                     taken_over = "this launch takes over" in note
@@ -389,7 +405,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 added = add_tenant(instance, tenant)
                 try:
                     placed = place_tenant_run(instance, tenant, run_config, job=job, run_id=run_id,
-                                                     run_tags={tags.NEW_RUN: "true"} if new_run else None,
+                                                     run_tags=placed_tags or None,
                                                      start_here=start_here)
                 except BaseException:
                     undo_failed_launch(instance, tenant, run_id, added)

@@ -1,10 +1,12 @@
 """Two `migrate run` of one tenant at once: the second joins the first's engine run (the engine's
 admission: one live run per tenant and source) and says so on stderr when it launches and in its
 "what now" (its first phase op tags its Dagster run `migration/joined`); both end with the same run
-succeeded, every row written once."""
+succeeded, every row written once. A launch that joins a run which ends before the launch's phase ops
+start works on that run all the same: it reports it succeeded, exit 0."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 
@@ -12,6 +14,7 @@ import pytest
 
 from engine_core import db as dbmod
 from engine_core import runs
+from engine_core.providers.registry import provider_for
 from tests.dagster.test_cli_what_now import MIGRATE, SMALL, env  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,3 +49,44 @@ def test_a_second_run_of_a_running_tenant_says_it_joined(env, db_url):  # noqa: 
     finally:
         if first.poll() is None:
             first.kill()
+
+
+# Test-only, on the joining `migrate run`'s PYTHONPATH: once the launch has decided to join (its note
+# printed), the run it joins is driven to its end here, before the Dagster run is placed - the moment
+# the joined run ends while the launch is still joining, made certain.
+_END_BEFORE_PLACING = """\
+import os
+import migration_pipeline.launch.place as place
+from engine_core import db as dbmod, runs
+from engine_core.providers.registry import for_run
+from engine_core.worker import drain_threads
+
+_place = place.place_tenant_run
+
+
+def _after_the_joined_run_ended(*args, **kwargs):
+    with dbmod.Database(os.environ["DATABASE_URL"], max_size=2) as db:
+        run = runs.live_run(db, "ended", "example")
+        drain_threads(db, run.id, width=2, providers=for_run)
+        assert runs.get_run(db, run.id).status == "succeeded"
+    return _place(*args, **kwargs)
+
+
+place.place_tenant_run = _after_the_joined_run_ended
+"""
+
+
+def test_a_launch_joining_a_run_that_ends_before_its_phases_start_reports_it_succeeded(env, db_url, tmp_path):  # noqa: F811
+    site = tmp_path / "end_before_placing"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_END_BEFORE_PLACING)
+    with dbmod.Database(db_url, max_size=2) as db:
+        live = runs.start_run(db, provider_for("example"), "ended", options=SMALL)  # live, nobody drives it yet
+        joining = subprocess.run([MIGRATE, "run", "--tenant", "ended", "--timeout", "240"], capture_output=True,
+                                 text=True, timeout=240, env={**env, "PYTHONPATH": os.pathsep.join(
+                                     p for p in (str(site), env.get("PYTHONPATH", "")) if p)})
+        assert f"note: this launch joins the running {live.name}" in joining.stderr, joining.stderr[-2000:]
+        assert joining.returncode == 0, (joining.stdout[-2000:], joining.stderr[-2000:])
+        assert f"what now: tenant 'ended': {live.name} succeeded (joined: another launch had started it)" \
+            in joining.stdout, joining.stdout[-2000:]
+        assert [r["id"] for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'ended'")] == [live.id]
