@@ -473,7 +473,12 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                          if ends_with_what_now else ()):
                 console.print(line, highlight=False)
 
-        return emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
+        code = emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
+        if not ok:  # why, on stderr as well: stdout may be piped away or be one --json document
+            failed = why or next((f"{p.asset} failed: {p.message}" for p in results if p.status == "failed"), "")
+            click.echo(f"Dagster run {run_id} {dagster_run.status.value}"
+                       + (f": {failed.splitlines()[0]}" if failed else ""), err=True)
+        return code
     except (LaunchError, TimeoutError) as e:
         fail(e)
         return 2

@@ -41,6 +41,8 @@ def test_a_failed_steps_line_names_the_engine_error(db_url, tmp_path):
     assert f"run #{run_id} (example for tenant 'mixed') reads {OTHER}" in line, line
     assert "this worker's source settings reach example-account" in line, line
     assert "DagsterExecutionStepExecutionError" not in out.stdout, out.stdout[-3000:]
+    # and on stderr, where a launch whose stdout is piped away still says why it exits 1
+    assert "FAILURE: example/phase_1_companies failed: engine_core.errors.SourceMismatch: " in out.stderr, out.stderr[-3000:]
 
     # --json carries the same line as the phase's message
     out = _migrate_in_process(["run", "--tenant", "mixed", "--timeout", "120", "--json"], env)
