@@ -44,7 +44,8 @@ def _float(env: dict[str, str], name: str, default: float, minimum: float = 0.0)
 class Settings:
     """The engine's knobs, read once per process (`from_env`): lane width, stale-lock threshold and
     heartbeat (seconds), database-pressure threshold (active queries; 0: off), attempts and
-    retry backoff, the run log's cap. Frozen: a worker reads one consistent set."""
+    retry backoff, the run log's cap; and, set by a launch, the last phase it executes. Frozen: a
+    worker reads one consistent set."""
     lane_width: int = 4
     # A live task's lock keeper renews its lock every third of this, so a lock older than
     # this belongs to a dead process (kill -9, a lost host). The seeds' 30 min predates the keeper
@@ -56,6 +57,10 @@ class Settings:
     max_attempts: int = 8
     retry_backoff_seconds: float = 2.0
     log_cap: int = 200
+    # The last phase (0-based) of the run that the launch driving these workers executes (a Dagster
+    # run whose selection ends earlier), or None: every phase. Nothing is asked of the source ahead
+    # for a later phase - no task of it runs in this launch, and its answer would be wasted.
+    launch_last_phase: int | None = None
 
     @property
     def max_inflight(self) -> int:

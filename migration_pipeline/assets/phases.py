@@ -27,6 +27,7 @@ Dagster run (`not_in_plan`).
 # of op, asset and sensor functions at definition time.
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Iterator, NoReturn
 
 from dagster import (
@@ -339,7 +340,7 @@ def _materialize_phase(
     if run.status == "running" and run.current_phase < phase:
         context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
                          f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
-    settings = lane.engine_settings()
+    settings = replace(lane.engine_settings(), launch_last_phase=last_phase_here(context, spec, run))
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
     extra = LaunchLanes.for_step(context, db, run.id, phase, settings, source.providers(), launch_threads(settings),
                                  run_tags, carry_to=next_phase_here(context, spec, run, phase),
@@ -372,15 +373,36 @@ def _materialize_phase(
     return materialized
 
 
+def _steps_to_execute(context: AssetExecutionContext) -> set[str] | None:
+    """The step keys of this Dagster run's execution plan, or None when it cannot be read."""
+    try:
+        return set(context.op_execution_context.get_step_execution_context().execution_plan.step_keys_to_execute)
+    except Exception:  # noqa: BLE001 - unknown
+        return None
+
+
+def last_phase_here(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> int | None:
+    """The last engine phase this Dagster run executes, from this op's on (`Settings.launch_last_phase`:
+    nothing is asked ahead of the source for a phase after it); None when that cannot be told (every
+    phase). A launch whose selection stops before the run's last phase - a run of some phase assets
+    only - would otherwise list the next phase's first pages for nobody."""
+    steps = _steps_to_execute(context)
+    specs = phase_specs(spec.source)
+    if steps is None or spec.index >= len(specs) or specs[spec.index].key != spec.key:
+        return None  # no plan to read, or assets built from another plan than the source's
+    here = [at for later in specs[spec.index:] if later.key.to_python_identifier() in steps
+            for at in (later.run_phase(run),) if at is not None]
+    return max(here) if here else None
+
+
 def next_phase_here(context: AssetExecutionContext, spec: PhaseSpec, run: Run, phase: int) -> int | None:
     """The engine phase of the Dagster run's next phase op when that op executes after this one on
     this thread (`lane.carry.allowed`: the project's in-process executor) - every phase asset up to
     it is a step of the run's plan, and it drains `phase + 1` - else None."""
     if not carry.allowed():
         return None
-    try:
-        steps = set(context.op_execution_context.get_step_execution_context().execution_plan.step_keys_to_execute)
-    except Exception:  # noqa: BLE001 - no plan to read: nothing is carried
+    steps = _steps_to_execute(context)
+    if steps is None:  # no plan to read: nothing is carried
         return None
     specs = phase_specs(spec.source)
     if spec.index >= len(specs) or specs[spec.index].key != spec.key:

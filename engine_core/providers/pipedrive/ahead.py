@@ -13,7 +13,9 @@ The bound on waste, when a page asked ahead is not taken here (its task runs in 
 as with a multi-process executor, the run stops, or the page outlives the store's `ttl`): `AHEAD`
 pages a walker plus the page its discovery holds, one first page a v1 kind of the next phase and
 walker end, one first page a kind of the phase after an early discovery's, and none of their
-probes (a page's parents are asked only once its phases run in this process).
+probes (a page's parents are asked only once its phases run in this process). Nothing is asked for a
+phase after the last one the launch executes (`Settings.launch_last_phase`: a Dagster run whose
+selection ends before it): no task of this launch would take it.
 """
 from __future__ import annotations
 
@@ -82,12 +84,20 @@ class Ahead:
             return
         task = self.ctx.task
         ask_ahead(client, task.kind, seeds, depth=AHEAD + 1, arrived=self.hook(task.kind, task.phase))
-        if self.ctx.run.current_phase < task.phase:
+        if self.ctx.run.current_phase < task.phase and self.reaches(task.phase + 1):
             ask_discoveries(client, self.ctx.run, task.phase)
             self.next_phase(task.phase, client)
 
+    def reaches(self, phase: int) -> bool:
+        """Whether the launch driving this task executes `phase` (`Settings.launch_last_phase`)."""
+        last = self.ctx.settings.launch_last_phase
+        return last is None or phase <= last
+
     def next_phase(self, phase: int, client: Any) -> None:
-        """The first pages of the v1 kinds of the phase after `phase`, with their parents (`hook`)."""
+        """The first pages of the v1 kinds of the phase after `phase`, with their parents (`hook`);
+        none when the launch ends before that phase (`reaches`)."""
+        if not self.reaches(phase + 1):
+            return
         ask_next_phase(client, self.ctx.run, phase, self.seeds_of, arrived=lambda kind: self.hook(kind, phase + 1))
 
     def hook(self, kind: str, phase: int) -> Arrived:
