@@ -20,11 +20,42 @@ from tests.dagster.test_cli_what_now import MIGRATE, SMALL, env  # noqa: F401 - 
 pytestmark = pytest.mark.timeout(300)
 
 
-def test_a_second_run_of_a_running_tenant_says_it_joined(env, db_url):  # noqa: F811
+# Test-only, on the first `migrate run`'s PYTHONPATH: its workers close the run's last phase (and so
+# end the run) only once the test has seen the second launch decide to join - however slowly the
+# second starts on a busy machine, it finds the run live (a run that ended first refuses it, rightly).
+_HOLD_THE_END = """\
+import os, time
+import engine_core.worker as worker
+
+_advance, _release = worker.advance_phase, os.environ["JOIN_TEST_RELEASE"]
+
+
+def _after_the_second_joined(db, run_id, phase, *args, **kwargs):
+    if phase >= 4:  # the example plan's last phase: closing it ends the run
+        deadline = time.monotonic() + 200
+        while not os.path.exists(_release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return _advance(db, run_id, phase, *args, **kwargs)
+
+
+worker.advance_phase = _after_the_second_joined
+"""
+
+
+def _with_site(env: dict[str, str], site, text: str) -> dict[str, str]:
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(text)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)}
+
+
+def test_a_second_run_of_a_running_tenant_says_it_joined(env, db_url, tmp_path):  # noqa: F811
     slow = {**SMALL, "malformed": {}, "dangling": {}, "row_delay": 0.05}
     args = ["run", "--tenant", "twice", "--timeout", "240"]
-    first = subprocess.Popen([MIGRATE, *args, "--options", json.dumps(slow)], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    release = tmp_path / "release"
+    first = subprocess.Popen([MIGRATE, *args, "--options", json.dumps(slow)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**_with_site(env, tmp_path / "hold", _HOLD_THE_END), "JOIN_TEST_RELEASE": str(release)})
+    second = None
     try:
         with dbmod.Database(db_url, max_size=2) as db:
             deadline = time.monotonic() + 120
@@ -33,22 +64,32 @@ def test_a_second_run_of_a_running_tenant_says_it_joined(env, db_url):  # noqa: 
                 live = runs.live_run(db, "twice", "example")
                 time.sleep(0.2)
             assert live is not None, first.communicate()
-            second = subprocess.run([MIGRATE, *args], env=env, capture_output=True, text=True, timeout=240)
+            second = subprocess.Popen([MIGRATE, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            said = []
+            for line in second.stderr:  # its note comes before its launch; the first run may end from then on
+                said.append(line)
+                if "note: this launch joins" in line:
+                    break
+            release.touch()
+            out2, err2 = second.communicate(timeout=240)
+            err2 = "".join(said) + err2
             out, err = first.communicate(timeout=240)
-            assert first.returncode == 0 and second.returncode == 0, (err[-2000:], second.stderr[-2000:])
-            assert f"note: this launch joins the running {live.name}" in second.stderr, second.stderr[-2000:]
+            assert first.returncode == 0 and second.returncode == 0, (err[-2000:], err2[-2000:])
+            assert f"note: this launch joins the running {live.name}" in err2, err2[-2000:]
             assert "joins" not in err and "(joined" not in out, err[-2000:]  # the first started it
             # and its ending says so too (also when both launched before either had an engine run)
             assert f"what now: tenant 'twice': {live.name} succeeded (joined: another launch had started it)" \
-                in second.stdout, second.stdout[-2000:]
+                in out2, out2[-2000:]
             assert runs.get_run(db, live.id).status == "succeeded"
             assert [r["id"] for r in db.sql("SELECT id FROM migrations WHERE tenant_id = 'twice'")] == [live.id]
             dup = db.sql("SELECT kind, source_id FROM migration_records WHERE tenant_id = 'twice'"
                          " GROUP BY 1, 2 HAVING count(*) > 1")
             assert dup == []
     finally:
-        if first.poll() is None:
-            first.kill()
+        release.touch()
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
 
 
 # Test-only, on the joining `migrate run`'s PYTHONPATH: once the launch has decided to join (its note
@@ -77,14 +118,11 @@ place.place_tenant_run = _after_the_joined_run_ended
 
 
 def test_a_launch_joining_a_run_that_ends_before_its_phases_start_reports_it_succeeded(env, db_url, tmp_path):  # noqa: F811
-    site = tmp_path / "end_before_placing"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(_END_BEFORE_PLACING)
     with dbmod.Database(db_url, max_size=2) as db:
         live = runs.start_run(db, provider_for("example"), "ended", options=SMALL)  # live, nobody drives it yet
         joining = subprocess.run([MIGRATE, "run", "--tenant", "ended", "--timeout", "240"], capture_output=True,
-                                 text=True, timeout=240, env={**env, "PYTHONPATH": os.pathsep.join(
-                                     p for p in (str(site), env.get("PYTHONPATH", "")) if p)})
+                                 text=True, timeout=240, env=_with_site(env, tmp_path / "end_before_placing",
+                                                                        _END_BEFORE_PLACING))
         assert f"note: this launch joins the running {live.name}" in joining.stderr, joining.stderr[-2000:]
         assert joining.returncode == 0, (joining.stdout[-2000:], joining.stderr[-2000:])
         assert f"what now: tenant 'ended': {live.name} succeeded (joined: another launch had started it)" \
