@@ -80,6 +80,8 @@ class KindRollup:
     # failed records the run keeps under this kind that no task counted as a row seen (the mail of
     # a deal no listing can serve, kept as one record): part of `failed`, not of `seen` (`kept_apart`)
     kept_apart: int = 0
+    # {parent kind: records waiting for the catch-up whose rows of this kind were left to it unlisted}
+    left: dict[str, int] = field(default_factory=dict)
 
     @property
     def accounted(self) -> int:
@@ -220,6 +222,9 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         if kr is None:  # a kind no task kind of the plan is named after: the carrier's phase
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind) if _in_plan(run, kind) else r["phase"])
         kr.caught_up[counter] = kr.caught_up.get(counter, 0) + int(r["n"])
+    for r in db.fetch_all("rollup_left_to_catchup", {"run_id": run_id}):
+        kr = kinds.setdefault(r["kind"], KindRollup(kind=r["kind"], phase=r["phase"]))
+        kr.left[r["parent"]] = kr.left.get(r["parent"], 0) + int(r["n"])
     kept_apart(db, run, kinds)
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():

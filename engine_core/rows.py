@@ -45,7 +45,17 @@ WAITING = "waiting"
 # The reason of such a placeholder (with the missing parent), and the one it gets when its own row
 # is deleted at the source before the catch-up's walk took it over (`ledger.mark_deleted`).
 WAITS_FOR_WALK = "waits for the catch-up's walk"
+# A task stat "left_to_catchup:<parent kind>": records of the parent kind (waiting for the catch-up's
+# walk) whose rows of the task's kind the task did not list, because the catch-up lists them once it
+# has written the record. Those rows were never seen: no outcome, no ledger row (`rollup.KindRollup.left`).
+LEFT_TO_CATCHUP = "left_to_catchup"
 GONE_BEFORE_WALK = "deleted at the source before the catch-up's walk took it over"
+
+
+def left_to_catchup(parent: str) -> str:
+    """The task stat counting the records of kind `parent` whose child rows were left to the
+    catch-up (`LEFT_TO_CATCHUP`): "left_to_catchup:deals"."""
+    return f"{LEFT_TO_CATCHUP}:{parent}"
 
 
 class MalformedRow(EngineError):

@@ -437,6 +437,15 @@ SELECT phase, kind, status, count(*) AS n,
   FROM migration_tasks WHERE migration_id = %(run_id)s
  GROUP BY phase, kind, status ORDER BY phase, kind, status;
 
+-- name: rollup_left_to_catchup --
+-- Per task kind, the records of a parent kind whose child rows its tasks left to the catch-up
+-- unlisted: the "left_to_catchup:<parent>" task stats (`rows.LEFT_TO_CATCHUP`), summed.
+SELECT t.kind, min(t.phase) AS phase, substr(e.key, length('left_to_catchup:') + 1) AS parent,
+       sum(e.value::bigint) AS n
+  FROM migration_tasks t CROSS JOIN LATERAL jsonb_each_text(t.stats) e
+ WHERE t.migration_id = %(run_id)s AND e.key LIKE 'left\_to\_catchup:%%' AND e.value ~ '^[0-9]+$'
+ GROUP BY t.kind, parent ORDER BY t.kind, parent;
+
 -- name: kind_count --
 -- One kind's count as this run knows it: the source's own (its discovery's) and the rows its tasks saw.
 SELECT max((stats->>'source_total')::bigint) AS source_total,
@@ -718,7 +727,7 @@ SELECT r.kind, h.action, count(*) AS n
 -- name: verify_ledger --
 -- Every entry of one ledger kind, placeholders included, with where the product holds it
 -- (`verify`: the proof from the source compares these with the source's ids and the product's rows).
-SELECT source_id, action, record_type, record_id, source_version AS version, deleted_at_source AS deleted
+SELECT source_id, action, reason, record_type, record_id, source_version AS version, deleted_at_source AS deleted
   FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s;
 

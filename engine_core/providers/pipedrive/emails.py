@@ -5,8 +5,10 @@ Discovery walks the deal lists (active and archived) a page per task, asking for
 discovery page and chunk, so a retried page finds its tasks already there). A source that does not
 report the count gets every deal listed: a deal without mail then costs one listing call. A deal
 the ledger holds waiting for the catch-up's walk gets no task: the catch-up writes it and lists its
-mail then (`walk_proof.mail_left_to_catchup`), once; its messages (the list's count) are counted
-`seen` and `waiting` here, as a waiting row is, and the page's `deals_left_to_catchup`.
+mail then (`walk_proof.mail_left_to_catchup`), once. Its messages are not listed here, so they are
+no rows of this phase (not `seen`, not `waiting`: no ledger row holds them); the page counts the
+deals in `left_to_catchup:deals` (`rows.left_to_catchup`) and their messages as the list reports
+them in `messages_left_to_catchup`, what the run's figures say of them (`rollup.KindRollup.left`).
 
 An email task's offset is the index of the first of its deals not yet finished; everything before
 it is written. The task works in rounds:
@@ -72,7 +74,7 @@ from engine_core.context import TaskContext
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
 from engine_core.marks import Marks, Unreadable, write_marks
-from engine_core.rows import EMAIL_BODY_MAX, WAITING, FittedBody, excerpt, fit_email_body
+from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body, left_to_catchup
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
 from engine_core.providers.pipedrive.errors import BadResponse, BodyUnavailable, ItemRefused, PipedriveError
@@ -127,12 +129,9 @@ def discover(ctx: TaskContext, client: PipedriveClient) -> TaskOutcome:
     ctx.stats.bump("deals_with_mail", len(deal_ids))
     deferred = mail_left_to_catchup(ctx, deal_ids)
     if deferred:
-        # their messages wait for the catch-up as their deal does: counted seen and waiting here
-        # (the list's count), listed once, by the catch-up's mail task, after it wrote the deal
-        ctx.stats.bump("deals_left_to_catchup", len(deferred))
-        waiting = sum(counts.get(d, 0) for d in deferred)
-        ctx.stats.bump("seen", waiting)
-        ctx.stats.bump(WAITING, waiting)
+        # never listed here, so no rows of this phase: the catch-up lists them after writing the deal
+        ctx.stats.bump(left_to_catchup("deals"), len(deferred))
+        ctx.stats.bump("messages_left_to_catchup", sum(counts.get(d, 0) for d in deferred))
         deal_ids = [d for d in deal_ids if d not in deferred]
     successors: list[Successor] = email_tasks(cursor, sorted(deal_ids))
     if page.more and page.next_cursor:

@@ -16,7 +16,7 @@ far plus one standard error of it, so the estimate errs high: a count found late
 the total (the percent jumps ahead) than grows it (the percent steps back). "With mail" counts the
 deals the walk seeds tasks for: a deal waiting for the catch-up's walk has its mail listed by the
 catch-up (`walk_proof.mail_left_to_catchup`), so it is neither a task here nor expected to be one;
-its messages are the phase's `waiting` rows, as any row left to the catch-up.
+its messages are no rows of this phase (counted once, by the catch-up's mail task that lists them).
 """
 from __future__ import annotations
 
