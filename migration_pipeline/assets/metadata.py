@@ -11,6 +11,7 @@ from engine_core import rollup as rollups
 from engine_core import runs_reads
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
+from engine_core.rollup_left import left_lines
 from migration_pipeline import tags
 from migration_pipeline.assets.specs import plan_of
 
@@ -253,6 +254,10 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
             f"{s['totals']['waiting']} row(s) waited at this phase's close for the catch-up (the run's last phase), "
             "which settles them after it (imported, a link dangling when the parent is gone at the source): its "
             "materialisation and `migrate status TENANT` say what became of them")
+    # rows the phase never listed, left to the catch-up with their parents: counted nowhere above
+    left = [f"{line}." for line in left_lines(r, phase=phase)]
+    if left:
+        md["waiting_note"] = MetadataValue.text(" ".join([md["waiting_note"].value, *left] if "waiting_note" in md else left))
     md["tasks"] = MetadataValue.text(_tasks_text(s["tasks"]))
     md["failed_tasks"] = MetadataValue.int(int(s["tasks"].get("failed", 0)))
     md["rows_per_second"] = MetadataValue.float(float(s["rows_per_second"]))

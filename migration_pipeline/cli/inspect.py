@@ -20,6 +20,7 @@ from engine_core.ledger_reads import (ROW_ACTIONS, bad_row_counts, explain_unrea
                                       tenant_rows)
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
+from engine_core.rollup_left import left_lines
 from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import catchup_kind, progress_weights
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
@@ -124,7 +125,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
-        emit(as_json, {**r.as_dict(), "left_out": left, "progress": done, "waiting": wait_json}, render)
+        emit(as_json, {**r.as_dict(), "left_to_catchup": left_lines(r), "left_out": left, "progress": done,
+                       "waiting": wait_json}, render)
 
 
 @click.command()
@@ -151,14 +153,21 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
         check_stat(db, run, kind, stat)
         rows = rollups.duration_by_payload(db, run.id, kind=kind, stat=stat, top=top)
         reasons = [g for g in rollups.grouped_reasons(db, run.id) if kind is None or g["kind"] == kind]
-        counts = outcome_counts(rollups.rollup(db, run.id), kind)
+        rolled = rollups.rollup(db, run.id)
+        counts = outcome_counts(rolled, kind)
+        unlisted = left_lines(rolled, kind)  # rows never listed, left to the catch-up with their parents
 
         def render() -> None:
             if run_id is None:  # which run this is, when the user did not pick one
                 what = "a sync" if run.mode == "sync" else ("a dry run" if run.dry_run else "a full run")
                 console.print(f"reporting {run.name}, the tenant's latest run ({what}); --run N reports another "
                               "(`migrate status` and `explain` name them)", highlight=False)
-            console.print(f"{run.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in counts.items()))
+            # "waiting" is what the phases left to the catch-up, as the status table's column says:
+            # the catch-up's own count says what became of them (none waits after it ran)
+            named = {"waiting": "left to catch-up"}
+            console.print(f"{run.name}: " + ", ".join(f"{v} {named.get(k, k.replace('_', ' '))}" for k, v in counts.items()))
+            for line in unlisted:
+                console.print(line, highlight=False)
             t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
             for col in (stat, "tasks", "avg seconds", "max seconds"):
                 t.add_column(col, justify="right")
@@ -168,7 +177,8 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
             if reasons:
                 console.print(reasons_table(reasons, tenant), soft_wrap=False)
 
-        emit(as_json, {"run_id": run.id, "counts": counts, "durations": rows, "reasons": reasons}, render)
+        emit(as_json, {"run_id": run.id, "counts": counts, "left_to_catchup": unlisted, "durations": rows, "reasons": reasons},
+             render)
 
 
 def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:

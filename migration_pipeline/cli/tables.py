@@ -12,6 +12,7 @@ from rich.table import Table
 
 from engine_core import rollup as rollups
 from engine_core.progress import format_seconds
+from engine_core.rollup_left import left_lines
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console
 
@@ -93,7 +94,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
     catch-up` (rows of the kind the run's catch-up wrote; the catch-up's own row counts them all) and
     `left to catch-up` (rows its phase left to the catch-up's walk, `rows.WAITING`: a count of what
     the phase did, as the others are; what became of them is the catch-up's count, and the rows
-    waiting now are `migrate rows --action waiting`'s: after a succeeded run, none)."""
+    waiting now are `migrate rows --action waiting`'s: after a succeeded run, none). Under it, the rows
+    a phase left to the catch-up unlisted with their parents (`rollup_left`: counted nowhere above)."""
     title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
     phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
@@ -113,6 +115,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
     console.print(fitted_table(f"{title} {phase_note}".strip(), columns, rows, fold=("tasks",),
                                drop=("phase", "left to catch-up", "by catch-up", written[1], "deleted at source", "seen", written[3],
                                      written[2], "skipped", "tasks")), soft_wrap=False)
+    for line in left_lines(r):  # rows a phase never listed, left to the catch-up with their parents
+        console.print(line, highlight=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
     for note in r.unfinished:  # a stopped run's counts not met yet, with why (engine_core.rollup.cut_short)
