@@ -82,7 +82,7 @@ def ledger_index(conn: Conn | Database, tenant_id: str, source: str, kind: str, 
 
 
 def tenant_entries(db: Database | Conn, tenant_id: str, source: str, kind: str) -> list[dict[str, Any]]:
-    """Rows {source_id, action, record_type, record_id, version, deleted}: every ledger entry of
+    """Rows {source_id, action, reason, record_type, record_id, version, deleted}: every ledger entry of
     the tenant for one ledger kind, placeholders included (what verify compares)."""
     return db.fetch_all("verify_ledger", {"tenant_id": tenant_id, "source": source, "kind": kind})
 

@@ -9,7 +9,8 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   or marked `deleted_at_source` although the source lists it again). A source row the ledger
   accounts for as skipped or failed - with its reason, `migrate explain` tells it - is counted as
   `unwritten`, not missing: the ledger says why it is not there. So is a row listed with an id
-  that is not one (`"abc"`), kept as failed beside the ledger (`migration_unreadable`).
+  that is not one (`"abc"`), kept as failed beside the ledger (`migration_unreadable`). A placeholder
+  waiting for the catch-up's walk (a run stopped before it) is among them and said apart (`waiting`).
 * **extra**: live in the ledger or the product (not marked `deleted_at_source`) but gone at the
   source: a delete or a merge the product has not caught up with.
 * **duplicated**: more than one product row for one source row (rows carrying `source_id`).
@@ -59,6 +60,7 @@ from engine_core.errors import ConfigError
 from engine_core.ledger import newer, same_version
 from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable, waiting_counts
 from engine_core.models import LIVE, Run
+from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable")
@@ -100,7 +102,8 @@ class KindResult:
     source: int = 0  # ids the source lists now
     ledger: int = 0  # live ledger claims (created or matched, not marked deleted at the source)
     product: int = 0  # source ids with a live product row
-    unwritten: int = 0  # source ids the ledger accounts for as skipped or failed
+    unwritten: int = 0  # source ids the ledger accounts for as skipped or failed (or waiting)
+    waiting: int = 0  # of those, placeholders waiting for the catch-up's walk (`rows.WAITS_FOR_WALK`)
     unwritten_ids: list[str] = field(default_factory=list)
     deleted_marked: int = 0  # ledger rows marked deleted at the source
     unversioned: int = 0  # ledger rows without a source version (not compared)
@@ -129,6 +132,7 @@ class KindResult:
         return {
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
+            "waiting": self.waiting,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
             "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
             "not_ids": list(self.not_ids),
@@ -186,7 +190,10 @@ class VerifyResult:
             if not k.checked:
                 out.append(f"{k.kind}: {k.note}" if k.note.startswith("left out") else f"{k.kind}: not checked ({k.note})")
                 continue
-            extra = f", {k.unwritten} skipped/failed with reasons (migrate explain)" if k.unwritten else ""
+            bad = k.unwritten - k.waiting
+            extra = f", {bad} skipped/failed with reasons (migrate explain)" if bad else ""
+            extra += (f", {k.waiting} waiting for the catch-up's walk (`migrate rows {self.tenant_id} --action waiting`)"
+                      if k.waiting else "")
             extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
             extra += f", {k.unversioned} without version" if k.unversioned else ""
             extra += f", {len(k.unreachable)} unreachable at the source" if k.unreachable else ""
@@ -370,6 +377,8 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             if entry is not None and entry["action"] in PLACEHOLDERS:
                 result.unwritten += 1
                 result.unwritten_ids.append(sid)
+                if entry["action"] == "skipped" and WAITS_FOR_WALK in (entry.get("reason") or ""):
+                    result.waiting += 1
                 if entry.get("not_an_id"):
                     result.not_ids.append(sid)
             else:
