@@ -59,6 +59,10 @@ class NothingToDo(EngineError):
     """The run has no tasks in the state this action works on."""
 
 
+class NothingMigrated(EngineError):
+    """The tenant has only dry runs of this source: nothing was written, so there is nothing to prove."""
+
+
 class NothingToSync(EngineError):
     """The tenant has no succeeded run or sync to sync from: run a full migration first."""
 

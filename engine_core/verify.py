@@ -56,7 +56,7 @@ from psycopg import sql
 from engine_core import definitions, runs, runs_reads
 from engine_core.config import Settings
 from engine_core.db import Database
-from engine_core.errors import ConfigError
+from engine_core.errors import ConfigError, NothingMigrated
 from engine_core.ledger import newer, same_version
 from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable, waiting_counts
 from engine_core.models import LIVE, Run
@@ -447,7 +447,7 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     `kinds`: plan or ledger kinds to prove (default: every kind of the provider's plan). Returns a
     VerifyResult (per ledger kind: counts and the ids of every difference; requests, tokens and
     seconds spent). Raises RunNotFound (one line, names the tenant) when no run of this source ever
-    ran for the tenant, TenantSourceMismatch when the provider reaches another source than the
+    ran for the tenant, NothingMigrated when its only runs are dry runs (before any request), TenantSourceMismatch when the provider reaches another source than the
     tenant's data came from (`runs.check_tenant_identity`), ConfigError for an unknown kind or, when the
     source cannot say whose data it serves, a credential its `check_credentials` refuses (one line naming
     the variable, as the launch says it); the source's own errors (auth, rate limit
@@ -456,6 +456,10 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     latency a listing of every record takes minutes."""
     settings = settings or Settings.from_env()
     latest = runs.latest_run(db, tenant_id, provider.source)  # an unknown tenant is one line, before any request
+    if latest.dry_run and not runs_reads.kinds_taken(db, tenant_id, provider.source):
+        # every kind would read "left out" and the empty proof would pass: nothing was written to prove
+        raise NothingMigrated(f"tenant {tenant_id!r} has only a dry run (run #{latest.id}): nothing was migrated, "
+                              f"so there is nothing to verify; `migrate run --tenant {tenant_id}` migrates it")
     started = time.monotonic()
     cost = {"requests": 0, "tokens": 0}
     # another company's settings: refused before its listings spend that account's tokens
