@@ -23,6 +23,7 @@ from engine_core.providers.registry import provider_for
 from engine_core.rollup_left import left_lines
 from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import catchup_kind, progress_weights
+from engine_core.verify import ledger_kind_of
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
@@ -207,7 +208,7 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
         fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
     source_id = explain_id(raw)
     with open_db() as db:
-        check_explain(db, tenant, kind)
+        kind = folded(kind, check_explain(db, tenant, kind, ledger=True), "explaining", f" {source_id}")
         asked = source_id
         story = rollups.explain(db, tenant, kind, source_id)
         if story is None and raw != source_id:
@@ -324,26 +325,42 @@ def explain_id(text: str) -> str:
     return text
 
 
-def check_explain(db: dbmod.Database, tenant: str, kind: str | None) -> None:
+def check_explain(db: dbmod.Database, tenant: str, kind: str | None, *, ledger: bool = False) -> str | None:
     """Before `explain` (and `report --kind`, `rows`) reads the ledger: a tenant no run has
     migrated, or a kind none of the tenant's sources has (their providers' kinds without the
     catch-up phase), is one line naming it and what there is (exit 2), not "not in the ledger".
-    `kind` None: the tenant alone is checked."""
+    `kind` None: the tenant alone is checked. Returns the kind to read: with `ledger`, the ledger
+    kind it folds into (`verify.ledger_kind_of`: Pipedrive keeps `deals_archived` under `deals`),
+    and the kinds named on refusal are ledger kinds; without, `kind` itself (task kinds, `report`)."""
     tenants = runs_reads.tenants(db)
     if tenant not in tenants:
         shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
         fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
     if kind is None:
-        return
+        return None
     sources = runs_reads.tenant_sources(db, tenant)
-    kinds: list[str] = []
+    kinds: dict[str, str] = {}  # plan kind -> the ledger kind it is kept under
     for source in sources:
         try:
-            kinds += [k for group in pickable_kinds(provider_for(source)) for k in group]
+            provider = provider_for(source)
         except Exception:  # noqa: BLE001 - a source that no longer loads: its kinds are not judged
-            return
+            return kind
+        fold = ledger_kind_of(provider) if ledger else (lambda k: k)
+        kinds.update({k: fold(k) for group in pickable_kinds(provider) for k in group})
     if kind not in kinds:
-        fail(f"unknown kind {kind!r} (kinds: {', '.join(dict.fromkeys(kinds))})")
+        fail(f"unknown kind {kind!r} (kinds: {', '.join(dict.fromkeys(kinds.values()))})")
+    return kinds[kind]
+
+
+def folded(kind: str, ledger_kind: str | None, verb: str, rest: str) -> str:
+    """The kind to read the ledger by: `ledger_kind` (from `check_explain(..., ledger=True)`), said
+    in one line on stderr when it is not the kind asked for ("note: deals_archived rows are kept in
+    the ledger under deals: explaining deals 396", `verb` and `rest` around the kind), so an
+    archived deal's id asked under `deals_archived` is answered, not "not in the ledger"."""
+    if ledger_kind is None or ledger_kind == kind:
+        return kind
+    click.echo(f"note: {kind} rows are kept in the ledger under {ledger_kind}: {verb} {ledger_kind}{rest}", err=True)
+    return ledger_kind
 
 
 def row_line(row: dict[str, Any]) -> str:
@@ -376,7 +393,10 @@ def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None,
     `migrate explain` to take one by one. --json: JSON Lines on stdout, the count on stderr."""
     actions = ROW_ACTIONS if action == "all" else (action,)
     with open_db() as db:
-        check_explain(db, tenant, kind)
+        if kind is not None:
+            kind = folded(kind, check_explain(db, tenant, kind, ledger=True), "listing", " rows")
+        else:
+            check_explain(db, tenant, None)
         if run_id is not None:
             try:
                 run = runs.get_run(db, run_id)
