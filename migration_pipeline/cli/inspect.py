@@ -85,7 +85,10 @@ def no_live_worker_line(progress: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
-    an overview: every tenant's latest run (status, phase, tasks)."""
+    an overview: every tenant's latest run (status, phase, tasks). TENANT's --json: the rollup, with
+    `current_phase` and `phase` ("9/9") numbered as the phase assets and the tables number them,
+    `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
+    overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
     if tenant is None:
         with open_db() as db:
             overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
@@ -110,6 +113,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
+        phase = _phase(run)  # the JSON numbers the phase as the table and the phase assets do ("9/9"), not by plan index
+        rows_waiting = sum(b["waiting"] for b in bad_row_counts(db, tenant).values())  # as the overview counts them
         unattended = done["unattended"]
 
         left = left_out_of(run, db)  # the kinds the tenant has not: opt-in ones, or not chosen
@@ -126,8 +131,9 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
-        emit(as_json, {**r.as_dict(), "left_to_catchup": left_lines(r), "left_out": left, "progress": done,
-                       "waiting": wait_json}, render)
+        emit(as_json, {**r.as_dict(), "current_phase": int(phase.split("/")[0]), "phase": phase,
+                       "left_to_catchup": left_lines(r), "left_out": left, "progress": done, "waiting": rows_waiting,
+                       "budget_waiting": wait_json}, render)
 
 
 @click.command()

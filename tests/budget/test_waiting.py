@@ -50,7 +50,7 @@ def test_migrate_status_shows_the_budget_waiting_and_until_when(db: Database, db
     monkeypatch.setenv("DATABASE_URL", to_url(db_url))
     out = CliRunner().invoke(main, ["status", "waiting-tenant", "--json"])
     assert out.exit_code == 0, out.output
-    waiting = json.loads(out.output)["waiting"]
+    waiting = json.loads(out.output)["budget_waiting"]
     assert "daily token budget" in waiting["reason"]
     until = datetime.fromisoformat(waiting["until"])
     assert timedelta(minutes=119) < until - datetime.now(timezone.utc) <= timedelta(minutes=121)

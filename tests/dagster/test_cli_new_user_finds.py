@@ -4,9 +4,14 @@
   was migrated and what migrates it, instead of passing an empty proof of "left out" kinds;
 * `migrate explain` and `migrate rows --kind` asked for `deals_archived` / `leads_archived` answer
   for the ledger kind the archived rows are kept under (`deals`, `leads`) and say so in one note
-  line on stderr, instead of "not in the ledger".
+  line on stderr, instead of "not in the ledger";
+* `migrate status TENANT --json` numbers the phase as the table and the phase assets do (a
+  Pipedrive run without the opt-in phase ends at 9/9, not at plan index 8), and its `waiting` is
+  the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`.
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -59,3 +64,15 @@ def test_explain_and_rows_answer_an_archived_kind_under_its_ledger_kind(pipedriv
     bad = _migrate_in_process(["explain", "acme", "nope", sid], env)
     line = _one_line_error(bad, "unknown kind 'nope'", kind)
     assert archived not in line, line  # the kinds offered are the ones explain reads
+
+
+def test_status_json_numbers_the_phase_as_the_table_and_counts_waiting_rows(pipedrive_acme):
+    env, _ = pipedrive_acme
+    out = _migrate_in_process(["status", "acme", "--json"], env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    overview = {o["tenant"]: o for o in json.loads(_migrate_in_process(["status", "--json"], env).stdout)}
+    assert doc["phase"] == overview["acme"]["phase"] == "9/9", (doc["phase"], overview["acme"]["phase"])
+    assert doc["current_phase"] == 9, doc["current_phase"]
+    assert [p["label"] for p in doc["progress"]["phases"]][-1] == "9/9"
+    assert doc["waiting"] == overview["acme"]["waiting"] == 0 and doc["budget_waiting"] is None, doc["waiting"]
