@@ -217,7 +217,7 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
     within UI_STOP_SECONDS and, on that clean exit, removes the instance's daemon lock file."""
     # Dagster (~2 s of imports): only `migrate ui` needs it here
     from migration_pipeline.launch.daemon import (DaemonLock, daemon_liveness, lock_path, newest_heartbeat_id,
-                                                  source_identity, ui_on_port)
+                                                  source_record, ui_on_port)
 
     check_environment()
     env = dagster_env(env=dict(os.environ))
@@ -242,7 +242,7 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
               f"{env['DAGSTER_HOME']}); not starting a second daemon")
     address = f"http://127.0.0.1:{port}"
     lock.record(by="migrate ui", pid=os.getpid(), address=address, daemon_id=None,
-                source=source_identity(env))
+                source=source_record(env))
 
     def _interrupt(signo: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -262,7 +262,7 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
             env.update(PIPEDRIVE_BASE_URL=f"http://127.0.0.1:{sandbox_port}", PIPEDRIVE_API_TOKEN=token)
             env.setdefault("MIGRATE_SOURCE", "pipedrive")
             # the daemon reads the sandbox: a `migrate run` with the sandbox's settings is let in
-            lock.record(source=source_identity(env))
+            lock.record(source=source_record(env))
             console.print(f"sandbox ({scale}) on http://127.0.0.1:{sandbox_port}")
         console.print(f"Dagster home {env['DAGSTER_HOME']}; storage {dbmod.redact(env[STORAGE_URL_ENV])}")
         started = time.time()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -69,29 +71,46 @@ def lock_held(path: Path) -> bool:
     return False
 
 
-def source_identity(env: dict[str, str]) -> str:
-    """Which source account a daemon started with `env` has its runs read: the host of
-    PIPEDRIVE_BASE_URL and a 12-hex one-way fingerprint of PIPEDRIVE_API_TOKEN, e.g.
-    "127.0.0.1:8765#3f2a9c01d4e7" - the provider's account key, safe to write to the lock file (the
-    token cannot be recovered from it). A run executes in the daemon's processes, with the daemon's
-    environment, not the launching shell's: the launch compares the two (`check_same_source`)."""
+def source_record(env: dict[str, str], salt: str | None = None) -> dict[str, str]:
+    """Which source account a daemon started with `env` has its runs read, as the lock file keeps
+    it: {"host": the host of PIPEDRIVE_BASE_URL ("127.0.0.1:8765"), "salt": random hex, "token": an
+    HMAC-SHA256 of PIPEDRIVE_API_TOKEN keyed with the salt ("" without a token)}. Salted, so the file
+    holds nothing a token could be looked up by; never shown: a refusal names the host and says
+    "another API token" (`check_same_source`). A run executes in the daemon's processes, with the
+    daemon's environment, not the launching shell's: the launch compares the two. `salt`: the
+    recorded one, to compare against; None draws a new one."""
     base = env.get("PIPEDRIVE_BASE_URL", "")
     host = urlsplit(base).netloc or base or "default"
+    salt = salt or secrets.token_hex(16)
     token = env.get("PIPEDRIVE_API_TOKEN", "")
-    return f"{host}#{hashlib.sha256(token.encode()).hexdigest()[:12] if token else 'no-token'}"
+    mac = hmac.new(bytes.fromhex(salt), token.encode(), hashlib.sha256).hexdigest() if token else ""
+    return {"host": host, "salt": salt, "token": mac}
 
 
 def check_same_source(lock: Path, env: dict[str, str]) -> None:
     """Raise LaunchError (one line) when the daemon holding `lock` was started with another source
-    account than `env`'s: its runs would read that other account, and a run
-    could "succeed" with another tenant's data. A daemon that recorded no source is not judged."""
+    account than `env`'s: its runs would read that other account, and a run could "succeed" with
+    another tenant's data. The line names the hosts and says whether the API token differs, never a
+    value derived from a token. A daemon that recorded no source (or not as `source_record`) is not
+    judged."""
     info = _read_info(lock)
-    theirs, ours = info.get("source"), source_identity(env)
-    if theirs and theirs != ours:
-        raise LaunchError(
-            f"the daemon serving this instance ({info.get('by', 'migrate')}, pid {info.get('pid', '?')}) reads "
-            f"source {theirs}, but this shell's PIPEDRIVE_BASE_URL/PIPEDRIVE_API_TOKEN reach {ours}: its runs "
-            f"would read the other account; stop it or launch with its settings")
+    theirs = info.get("source")
+    if not isinstance(theirs, dict) or not all(isinstance(theirs.get(k), str) for k in ("host", "salt", "token")):
+        return
+    try:
+        ours = source_record(env, theirs["salt"])
+    except ValueError:  # a salt that is not hex: not a record this module wrote
+        return
+    other_host, other_token = ours["host"] != theirs["host"], not hmac.compare_digest(ours["token"], theirs["token"])
+    if not (other_host or other_token):
+        return
+    differs = [*([f"PIPEDRIVE_BASE_URL reaches {ours['host']}, not {theirs['host']}"] if other_host else []),
+               *(["PIPEDRIVE_API_TOKEN is a different API token" if ours["token"] and theirs["token"] else
+                  "PIPEDRIVE_API_TOKEN is set in only one of them"] if other_token else [])]
+    raise LaunchError(
+        f"the daemon serving this instance ({info.get('by', 'migrate')}, pid {info.get('pid', '?')}) reads the "
+        f"source at {theirs['host']}, but in this shell {' and '.join(differs)}: its runs would read the other "
+        f"account; stop it or launch with its settings")
 
 
 @dataclass
@@ -265,7 +284,7 @@ class DaemonKeeper:
         self.echo(f"{live.why}; starting one for the duration of this command (log: {self.log_path})")
         self.started_at = time.time()
         self.lock.record(by="migrate run", pid=os.getpid(), address=None, daemon_id=None,
-                         source=source_identity(self.env))
+                         source=source_record(self.env))
         self.proc = stack.daemon(self.env, log_path=self.log_path, pass_fds=(self.lock.fd,))
         self.lock.record(pid=self.proc.pid)
         self.last = Liveness(True, f"a daemon started by this command (pid {self.proc.pid})", pid=self.proc.pid)

@@ -7,19 +7,25 @@
   line on stderr, instead of "not in the ledger";
 * `migrate status TENANT --json` numbers the phase as the table and the phase assets do (a
   Pipedrive run without the opt-in phase ends at 9/9, not at plan index 8), and its `waiting` is
-  the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`.
+  the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`;
+* a launch refused because the daemon serving the instance reads another source says which
+  setting differs (the host, or "a different API token") and shows nothing derived from a token.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers.registry import provider_for
-from migration_pipeline.instance import STORAGE_URL_ENV, to_url
-from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error
+import migration_pipeline.launch.daemon
+from migration_pipeline import launch
+from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
+from tests.dagster.test_cli_errors import _env, _migrate, _migrate_in_process, _one_line_error
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
 from tests.dagster.test_cli_finds import EXAMPLE, migrated  # noqa: F401 - the fixture
 
@@ -76,3 +82,24 @@ def test_status_json_numbers_the_phase_as_the_table_and_counts_waiting_rows(pipe
     assert doc["current_phase"] == 9, doc["current_phase"]
     assert [p["label"] for p in doc["progress"]["phases"]][-1] == "9/9"
     assert doc["waiting"] == overview["acme"]["waiting"] == 0 and doc["budget_waiting"] is None, doc["waiting"]
+
+
+def test_a_launch_refused_for_the_daemons_other_source_names_the_difference_without_the_token(pipedrive_acme):
+    env, _ = pipedrive_acme
+    full = dagster_env(env=env)
+    theirs = {"PIPEDRIVE_BASE_URL": env["PIPEDRIVE_BASE_URL"], "PIPEDRIVE_API_TOKEN": "the-uis-other-token"}
+    lock = launch.daemon.DaemonLock(launch.daemon.lock_path(Path(full["DAGSTER_HOME"]), full[STORAGE_URL_ENV]))
+    assert lock.acquire()
+    try:  # `migrate ui` serves the instance with another token of the same account host
+        lock.record(by="migrate ui", pid=4242, address="http://127.0.0.1:3999", daemon_id=None,
+                    source=launch.daemon.source_record(theirs))
+        out = _migrate(["run", "--tenant", "acme", "--new-run"], env, timeout=120)
+        recorded = lock.path.read_text()
+    finally:
+        lock.release()
+    host = env["PIPEDRIVE_BASE_URL"].split("//", 1)[1]
+    line = _one_line_error(out, "pid 4242", f"reads the source at {host}", "PIPEDRIVE_API_TOKEN is a different API token")
+    assert "#" not in line and "PIPEDRIVE_BASE_URL reaches" not in line, line  # the same host is no difference
+    for token in (env["PIPEDRIVE_API_TOKEN"], theirs["PIPEDRIVE_API_TOKEN"]):
+        unsalted = hashlib.sha256(token.encode()).hexdigest()
+        assert token not in line + recorded and unsalted[:12] not in line + recorded, line

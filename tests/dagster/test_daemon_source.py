@@ -21,7 +21,7 @@ def _serving(tmp_path: Path, env: dict[str, str]) -> launch.daemon.DaemonLock:
     lock = launch.daemon.DaemonLock(tmp_path / "daemon-x.lock")
     assert lock.acquire()
     lock.record(by="migrate ui", pid=4242, address="http://127.0.0.1:3000", daemon_id=None,
-                source=launch.daemon.source_identity(env))
+                source=launch.daemon.source_record(env))
     return lock
 
 
@@ -44,8 +44,10 @@ def test_a_live_daemon_reading_another_account_refuses_the_launch_in_one_line(tm
         lock.release()
 
 
-def test_source_identity_keeps_hosts_apart_and_the_token_out() -> None:
-    a, b = launch.daemon.source_identity(SANDBOX), launch.daemon.source_identity(OTHER)
-    assert a != b and a.startswith("127.0.0.1:8765#") and "sandbox-token" not in a
-    assert launch.daemon.source_identity({**SANDBOX, "PIPEDRIVE_API_TOKEN": "rotated"}) != a
-    assert launch.daemon.source_identity({}) == "default#no-token"
+def test_source_record_keeps_hosts_apart_and_the_token_out() -> None:
+    a, b = launch.daemon.source_record(SANDBOX), launch.daemon.source_record(OTHER)
+    assert a["host"] == "127.0.0.1:8765" and b["host"] == "127.0.0.1:1" and "sandbox-token" not in str(a)
+    again = launch.daemon.source_record(SANDBOX, a["salt"])
+    assert again == a and launch.daemon.source_record({**SANDBOX, "PIPEDRIVE_API_TOKEN": "rotated"}, a["salt"]) != a
+    assert launch.daemon.source_record(SANDBOX)["token"] != a["token"]  # salted: no value to look a token up by
+    assert launch.daemon.source_record({})["host"] == "default" and launch.daemon.source_record({})["token"] == ""
