@@ -107,6 +107,10 @@ class LiteralSecret(ConfigError):
     """A run config gives a secret itself where only the environment variable holding it is taken."""
 
 
+class UnsetSecretVariable(ConfigError):
+    """A run config names an environment variable for a secret that is not set where the run is planned."""
+
+
 class EnvOnlyStringSource(StringSourceType):
     """Dagster's StringSource (same key and snapshot, so the UI shows and checks the field as before)
     that takes only `{env: VAR}`: Dagster post-processes the run config on the code server while it
@@ -120,10 +124,17 @@ class EnvOnlyStringSource(StringSourceType):
 
     def post_process(self, value: Any) -> Any:
         """The variable's value for `{env: VAR}` (StringSource's rule); LiteralSecret, naming the
-        field and never the value, for anything else."""
+        field and never the value, for anything else; UnsetSecretVariable, one line naming the field
+        and the variable, for a VAR not set here (StringSource's PostProcessingError reaches the
+        launchpad as its message with a Python stack trace in it)."""
         if not isinstance(value, dict):
             raise LiteralSecret(f"{self.path}: give the environment variable that holds the token "
                                 f"({{env: {self.variable}}}), not the token itself: a run's config is stored and shown")
+        name = value.get("env")
+        if isinstance(name, str) and os.environ.get(name) is None:
+            raise UnsetSecretVariable(f"{self.path}: the environment variable {name} is not set where the code "
+                                      f"server runs (`migrate ui`'s environment); set it there, or give "
+                                      f"{{env: {self.variable}}}")
         return super().post_process(value)
 
 

@@ -3,7 +3,8 @@ run exists, so it is never stored (the run's config is kept in Dagster's `runs` 
 "View tags and config"): the source resource's `api_token` takes only `{env: VAR}`
 (`resources.EnvOnlyStringSource`), and `new_run`'s `options_json` is judged by the provider's
 `check_options` there (`resources.CheckedOptionsJson`), which refuses a token among the options. The launch goes through the UI's launchRun (GraphQL against a code
-server); the refusal is one line naming the field, never the token. `{env: PIPEDRIVE_API_TOKEN}`, the
+server); the refusal is one line naming the field, never the token. `{env: VAR}` with VAR unset
+is one line naming the field and the variable (`resources.UnsetSecretVariable`). `{env: PIPEDRIVE_API_TOKEN}`, the
 default, still launches, and a PipedriveSource built in Python with a token (as tests do) still works."""
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ SECRET = "customer-secret-7f3a"
 LINE = ("resources.source.config.api_token: give the environment variable that holds the token "
         "({env: PIPEDRIVE_API_TOKEN}), not the token itself: a run's config is stored and shown")
 
+UNSET = ("resources.source.config.api_token: the environment variable NOPE_VAR is not set where the code server "
+         "runs (`migrate ui`'s environment); set it there, or give {env: PIPEDRIVE_API_TOKEN}")
+
 
 def _source(token: object) -> dict:
     return {"resources": {"source": {"config": {
@@ -47,6 +51,7 @@ def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch
     with instance_for_test() as instance, \
             define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
         outs = {job: _launch(context, job, SECRET) for job in (VERIFY_JOB, TENANT_JOB, SYNC_JOB, "__ASSET_JOB")}
+        unset = _launch(context, TENANT_JOB, {"env": "NOPE_VAR"})
         in_options = {"selector": infer_job_selector(context, TENANT_JOB),
                       "runConfigData": {"resources": {"new_run": {"config": {"options_json": f'{{"api_token": "{SECRET}"}}'}}}},
                       "executionMetadata": {"tags": [{"key": "dagster/partition", "value": "acme"}]}}
@@ -57,6 +62,10 @@ def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch
         assert out["__typename"] == "PythonError", (job, out)
         assert LINE in out["message"] and SECRET not in out["message"], (job, out["message"])
     assert options["__typename"] == "PythonError" and SECRET not in options["message"], options
+    # a variable that is not set: one line naming it, not StringSource's PostProcessingError and its stack trace
+    assert unset["__typename"] == "PythonError", unset
+    assert UNSET in unset["message"] and len(unset["message"].strip().splitlines()) == 1, unset["message"]
+    assert "PostProcessingError" not in unset["message"] and "Traceback" not in unset["message"], unset["message"]
     assert ("resources.new_run.config.options_json: the API token comes from PIPEDRIVE_API_TOKEN, never from run "
             "options (found option 'api_token')") in options["message"], options["message"]
 
