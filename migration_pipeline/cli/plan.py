@@ -52,7 +52,9 @@ def plan_lines(est: Any) -> list[str]:
     lines = [f"{'kind':<16}{'rows':>10}  {'requests':>9}{'tokens':>11}{'days':>8}"]
     for k in est.kinds:
         rows = f"{'' if k.exact else '~'}{k.rows:,}"
-        lines.append(f"{k.kind:<16}{rows:>10}  {k.requests:>9,}{k.tokens:>11,}{_days(k.days):>8}")
+        unit = getattr(k, "unit", "rows")  # a count of something else than rows says what it counts
+        lines.append(f"{k.kind:<16}{rows:>10}  {k.requests:>9,}{k.tokens:>11,}{_days(k.days):>8}"
+                     + ("" if unit == "rows" else f"  ({k.rows:,} {unit}: the run counts the definitions in them)"))
     lines.append(f"{'total':<16}{'':>10}  {est.requests:>9,}{est.tokens:>11,}{_days(est.days):>8}")
     limit = (f"{est.daily_limit:,} tokens a day (x-daily-ratelimit-token-limit) x {est.share:.0%} share"
              if est.daily_limit else "no daily token limit reported by the source: days not known")

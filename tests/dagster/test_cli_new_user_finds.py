@@ -9,7 +9,9 @@
   Pipedrive run without the opt-in phase ends at 9/9, not at plan index 8), and its `waiting` is
   the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`;
 * a launch refused because the daemon serving the instance reads another source says which
-  setting differs (the host, or "a different API token") and shows nothing derived from a token.
+  setting differs (the host, or "a different API token") and shows nothing derived from a token;
+* `migrate plan`'s `fields` figure counts field lists, and its line says so (a run counts the
+  definitions in them: 152 of 7 lists at the tiny sandbox).
 """
 from __future__ import annotations
 
@@ -103,3 +105,15 @@ def test_a_launch_refused_for_the_daemons_other_source_names_the_difference_with
     for token in (env["PIPEDRIVE_API_TOKEN"], theirs["PIPEDRIVE_API_TOKEN"]):
         unsalted = hashlib.sha256(token.encode()).hexdigest()
         assert token not in line + recorded and unsalted[:12] not in line + recorded, line
+
+
+def test_plan_says_its_fields_figure_counts_field_lists(pipedrive_acme):
+    env, _ = pipedrive_acme
+    out = _migrate_in_process(["plan", "fresh"], env)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("fields "))
+    lists = int(line.split()[1])
+    assert line.endswith(f"({lists} field lists: the run counts the definitions in them)"), line
+    doc = json.loads(_migrate_in_process(["plan", "fresh", "--json"], env).stdout)
+    fields = next(k for k in doc["kinds"] if k["kind"] == "fields")
+    assert fields["unit"] == "field lists" and fields["rows"] == lists, fields

@@ -87,7 +87,9 @@ class KindCost:
     """One kind's figures: `rows` (counted or estimated: `exact`), the run's `requests` and
     `tokens` at the source, `days` at the engine's daily share (None: no daily limit known),
     `opt_in` (a kind a run leaves out unless asked) and `seconds` (its requests' round trips added
-    up, at the medians the counting measured)."""
+    up, at the medians the counting measured). `unit`: what `rows` counts ("rows"; "field lists" for
+    `fields`, whose definitions are only known once the lists are read: the run's figure counts
+    definitions)."""
 
     kind: str
     rows: int
@@ -97,6 +99,7 @@ class KindCost:
     days: float | None = None
     opt_in: bool = False
     seconds: float = 0.0  # its requests' round trips added up, at the measured medians (`round_trips`)
+    unit: str = "rows"
 
 
 @dataclass
@@ -458,7 +461,7 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
         if k.name == "fields":
             costs[k.name] = KindCost(k.name, len(field_paths), True, len(field_paths),
                                      sum(K.FIELD_LIST_COSTS[p] for p in field_paths),
-                                     seconds=len(field_paths) * trip["list"])
+                                     seconds=len(field_paths) * trip["list"], unit="field lists")
         elif k.name in rows:
             n, exact = rows[k.name]
             req = listing(k, n, sizes.get(k.name))
