@@ -99,14 +99,15 @@ def fail(e: Exception | str) -> None:
 
 def lowercase_error(e: click.ClickException) -> click.ClickException:
     """`e` shown as click shows it (a usage error: the usage and the help hint first), but its line
-    begins with ERROR_PREFIX, as every other failure of the command line does, not click's "Error: "."""
+    begins with ERROR_PREFIX, as every other failure of the command line does, not click's "Error: ",
+    and follows them directly: no blank line between, as no other error has one."""
     def show(file: Any = None) -> None:
         out = file if file is not None else sys.stderr
         ctx = getattr(e, "ctx", None)
         if isinstance(e, click.UsageError) and ctx is not None:
-            hint = (f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.\n"
+            hint = (f"\nTry '{ctx.command_path} {ctx.help_option_names[0]}' for help."
                     if ctx.command.get_help_option(ctx) is not None else "")
-            click.echo(f"{ctx.get_usage()}\n{hint}", file=out, color=ctx.color)
+            click.echo(f"{ctx.get_usage()}{hint}", file=out, color=ctx.color)
         click.echo(f"{ERROR_PREFIX}{e.format_message()}", file=out)
     e.show = show  # type: ignore[method-assign]
     return e

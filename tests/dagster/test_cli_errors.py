@@ -546,6 +546,8 @@ def test_status_says_what_a_run_left_out(db_url, run_env):
     (["nosuch"], "No such command 'nosuch'"),
     (["status", "--bogus"], "No such option '--bogus'"),
     (["db", "nosuch"], "No such command 'nosuch'"),
+    (["rows", "acme", "--action", "bogus"],
+     "Invalid value for '--action': 'bogus' is not one of 'skipped', 'waiting', 'failed', 'all'"),
 ])
 def test_a_usage_error_begins_error_as_every_other_failure_does(args, needle):
     # click's own usage errors said "Error: ", every other failure of the command line "error: "
@@ -554,6 +556,7 @@ def test_a_usage_error_begins_error_as_every_other_failure_does(args, needle):
     from migration_pipeline.cli.main import main
 
     out = CliRunner().invoke(main, args, prog_name="migrate")
-    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    lines = out.stderr.splitlines()
     assert out.exit_code == 2 and lines[0].startswith("Usage: migrate"), out.stderr
     assert lines[-1] == f"error: {needle}." and "Error" not in out.stderr, out.stderr
+    assert all(ln.strip() for ln in lines), out.stderr  # no blank line before the error (`rows --action bogus` had one)
