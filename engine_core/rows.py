@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -155,6 +155,17 @@ class Ref:
         the source: `{"field": "org_id", "parent_kind": "organizations", "parent_id": "42"}`."""
         return {"field": self.source_field or self.column, "parent_kind": self.parent_kind, "parent_id": self.source_id}
 
+    def owed(self) -> dict[str, Any]:
+        """What the product row and the ledger keep of a soft link whose parent's kind the run does
+        not take (`owed_links`): `dangling()` with `"owed": true` and `"path"`, where the local id
+        goes once that kind is written - `["owner_id"]` for a column, `["custom_fields", "k",
+        "record_id"]` inside a JSON column - so a later run fills it from the ledger alone."""
+        if self.path:
+            where: list[str | int] = [*self.path, self.into]
+        else:
+            where = [*self.column.split(".", 1), "record_id"] if "." in self.column else [self.column]
+        return {**self.dangling(), "owed": True, "path": where}
+
 
 @dataclass
 class Mapped:
@@ -172,6 +183,15 @@ class Mapped:
     def refs(self) -> list[Ref]:
         """Every reference of the row: parents first, then soft links."""
         return self.parents + self.links
+
+
+def owed_links(mapped: Mapped, record_ids: Sequence[int | None], taken: Collection[str]) -> list[dict[str, Any]]:
+    """The row's soft links left empty because their parent's kind is one the run does not take
+    (none of the ledger kinds it may be written under is in `taken`: the run's kinds), as
+    `Ref.owed` keeps them; `record_ids`: the local ids of `mapped.refs()` in order (None: not
+    found). A link the run could have filled and did not find stays empty and unrecorded."""
+    return [ref.owed() for ref, record_id in zip(mapped.refs()[len(mapped.parents):], record_ids[len(mapped.parents):])
+            if record_id is None and not any(k in taken for k in ref.kinds)]
 
 
 def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:

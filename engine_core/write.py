@@ -8,7 +8,7 @@ exist at the source, then writes the page in windows with the checkpoint.
 
 References. A row whose parents are not all in the ledger is skipped as "not linked to any
 record": a placeholder that a later write takes over. Soft links are filled when found, empty
-when not. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
+when not; one to a kind the run does not take is recorded as owed (`OWED`) until a run writes it. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
 through its budgeted client) is given the missing parents the ledger knows nothing about, before
 the windows open and holding no database connection, and answers which exist: a parent it says
 does not exist (404 by id, or absent from an `ids=` list) leaves the row imported with that link empty, the reference kept on the
@@ -51,7 +51,7 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values,
-                              unreadable_key)
+                              owed_links, unreadable_key)
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -61,6 +61,9 @@ NOT_LINKED = "not linked to any record"
 # proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
+# Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
+# fills it when a run writes that kind (`owed.fill`); verify counts the row as owed until then.
+OWED = "is owed: {kind} not taken yet"
 # Said of a parent the probe left to the catch-up's walk (answered None): no request now; that walk
 # links the row, or - the parent not listed by it - finds it gone (the provider's proof). The row's
 # outcome is `rows.WAITING`, not skipped (`WAITS_FOR_WALK`, `_outcome_of_skip`).
@@ -175,10 +178,12 @@ def _write_for(tx: Conn, mapped: Mapped, values: dict[str, Any]) -> Callable[[],
     return lambda: crm.write(tx, mapped.table, values)
 
 
-def _dangling_reason(refs: list[dict[str, str]]) -> str | None:
+def dangling_reason(refs: list[dict[str, Any]]) -> str | None:
+    """An imported row's reason for its dangling and owed references (None: it has none)."""
     if not refs:
         return None
-    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} {DANGLING}" for r in refs)
+    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} "
+                                    f"{OWED.format(kind=r['parent_kind']) if r.get('owed') else DANGLING}" for r in refs)
 
 
 def write_mapped(
@@ -235,22 +240,24 @@ def write_mapped(
         return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(spec.record_type, None))
     values = apply_links(mapped, resolved)
     refs = [ref.dangling() for ref in dangling]
-    if refs:
-        values["dangling_refs"] = refs
-    reason = _dangling_reason(refs)
+    owed = owed_links(mapped, [resolved[ref] for ref in mapped.refs()], run.kinds)
+    kept = refs + owed if "dangling_refs" in spec.columns else refs
+    if kept:
+        values["dangling_refs"] = kept
+    reason = dangling_reason(refs + owed)
     write = _write_for(tx, mapped, values)
     archived_before: list[bool] = []
 
     def update(record_id: int) -> dict[str, Any] | None:
         # a newer version at the source: the same product row, every mapped column brought up to it
         # (its dangling references too: a parent the new version points at may exist now)
-        changed = {**values, "dangling_refs": refs or None} if "dangling_refs" in spec.columns else values
+        changed = {**values, "dangling_refs": kept or None} if "dangling_refs" in spec.columns else values
         before = crm.update(tx, mapped.table, record_id, changed)
         if before and "archived" in before:
             archived_before.append(True)
         return before
 
-    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs, reason=reason,
+    outcome = ledger.write_once(tx, run, kind, mapped.source_id, write, dangling=refs + owed, reason=reason,
                                 version=mapped.version, update=update, on_event=on_event, held=held)
     if outcome == ledger.ALREADY_HERE:
         if mapped.table in crm.ARCHIVE_COLUMNS and not run.dry_run:
@@ -399,7 +406,7 @@ def _prepared_parts(row: Any) -> tuple[Mapped | None, BaseException | None]:
     return row["mapped"], row["error"]
 
 
-def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> _Plain | None:
+def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Sequence[str] = ()) -> _Plain | None:
     """The row as the set-based part writes it, or None when it goes per row."""
     m, error = parts(row)
     if m is None or error is not None or m.source_id in page.held or m.table not in crm.TABLES:
@@ -420,9 +427,11 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> _Plain |
     if values.get("source_id") != m.source_id:
         return None  # the set-based insert finds its rows by source id
     refs = [ref.dangling() for ref in dangling]
-    if refs:
-        values["dangling_refs"] = refs
-    return _Plain(0, m, values, refs)
+    owed = owed_links(m, ids, taken)
+    kept = refs + owed if "dangling_refs" in crm.TABLES[m.table].columns else refs
+    if kept:
+        values["dangling_refs"] = kept
+    return _Plain(0, m, values, refs + owed)
 
 
 def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[str, str] | None:
@@ -490,7 +499,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
         for pos, row in todo:
             if row["id"] is None or counts[row["id"]] > 1:
                 continue  # a duplicate id in the window: per row, in order
-            p = _plain(row, page, parts)
+            p = _plain(row, page, parts, run.kinds)
             if p is not None:
                 p.pos = pos
                 plain.append(p)
@@ -536,7 +545,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 for p in same:
                     p.written = ledger.Written(spec.record_type, ids[p.mapped.source_id])
         claims = {p.mapped.source_id: ledger.Claim(p.mapped.source_id, p.written, p.mapped.version,
-                                                   _dangling_reason(p.refs), p.refs or None)
+                                                   dangling_reason(p.refs), p.refs or None)
                   for p in plain if p.written is not None}
         if groups:
             # one statement per table and column set: its new rows' claims, the first also the matches'
@@ -560,7 +569,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
         for p in plain:
             if p.mapped.source_id in won:
                 out[p.pos] = ledger.MATCHED if p.written and p.written.matched else ledger.IMPORTED
-                if p.refs:
+                if any(not r.get("owed") for r in p.refs):
                     events.append("dangling")
         for e in events:
             ctx.stats.bump(e)

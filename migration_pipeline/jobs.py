@@ -372,8 +372,12 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
             lines.append(f"  - target: `{e['record_type']}` id {e['record_id']}")
         if e["reason"]:
             lines.append(f"  - reason: {e['reason']}")
-        if e.get("dangling"):
-            lines.append(f"  - references to parents deleted at the source: `{e['dangling']}`")
+        gone = [r for r in e.get("dangling") or [] if not r.get("owed")]
+        owed = [r for r in e.get("dangling") or [] if r.get("owed")]
+        if gone:
+            lines.append(f"  - references to parents deleted at the source: `{gone}`")
+        if owed:  # links to a kind the run left out, filled when a run takes it (`owed_links`)
+            lines.append(f"  - links owed to kinds not taken yet: `{owed}`")
     return "\n".join(lines), [dict(e) for e in entries]
 
 
