@@ -5,7 +5,7 @@ caller win, and that winner seeds the next phase, finalises the run, or fails it
 """
 from __future__ import annotations
 
-from engine_core import statistics
+from engine_core import owed_links, statistics
 from engine_core.config import Settings
 from engine_core.db import Conn, Database
 from engine_core.models import Run
@@ -58,7 +58,9 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
             if run.current_phase < len(run.plan):
                 seed_phase(tx, run, run.current_phase, provider)
             else:
-                tx.fetch_one("finalize_run", {"run_id": run_id})
+                ended = tx.fetch_one("finalize_run", {"run_id": run_id})
+                # the links earlier runs left owed to this run's kinds, filled from the ledger
+                owed_links.fill(tx, run, settled=bool(ended and ended["status"] == "succeeded"))
                 finalized = True
                 break
         phase = run.current_phase

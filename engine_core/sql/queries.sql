@@ -847,3 +847,19 @@ SELECT r.kind, r.source_id, r.parents
                   AND w.kind IN (SELECT jsonb_array_elements_text(p->'kinds'))
                   AND w.action IN ('created', 'matched')))
  ORDER BY r.kind, r.source_id;
+
+-- name: owed_links --
+-- A tenant's written entries holding links owed to one of `kinds` (migration 0020; `owed_links.fill`).
+-- The first predicate is the partial index's: a tenant that owes nothing costs one index probe.
+SELECT id, record_type, record_id, dangling
+  FROM migration_records
+ WHERE dangling @> '[{"owed": true}]' AND tenant_id = %(tenant_id)s AND source = %(source)s
+   AND action IN ('created', 'matched') AND record_id IS NOT NULL
+   AND EXISTS (SELECT 1 FROM jsonb_array_elements(dangling) d
+                WHERE d @> '{"owed": true}' AND d->>'parent_kind' = ANY(%(kinds)s));
+
+-- name: keep_owed --
+-- The references still dangling or owed after a fill, and the reason they give (NULL: none left).
+UPDATE migration_records r SET dangling = u.dangling, reason = u.reason
+  FROM jsonb_to_recordset(%(rows)s) AS u(id bigint, dangling jsonb, reason text)
+ WHERE r.id = u.id;
