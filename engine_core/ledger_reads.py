@@ -92,6 +92,12 @@ def tenant_unreadable(db: Database | Conn, tenant_id: str, source: str, kind: st
     return db.fetch_all("verify_unreadable", {"tenant_id": tenant_id, "source": source, "kind": kind})
 
 
+def owed_of_kind(db: Database | Conn, tenant_id: str, source: str, kind: str) -> list[dict[str, Any]]:
+    """Rows {source_id, parent_kind}: one ledger kind's written entries with a link owed to a kind
+    a run left out (`owed_links`), one row per owed link."""
+    return db.fetch_all("owed_of_kind", {"tenant_id": tenant_id, "source": source, "kind": kind})
+
+
 def dangling_counts(db: Database | Conn, run_id: int) -> dict[str, int]:
     """Per ledger kind: rows this run imported with at least one reference to a parent that does
     not exist at the source - `{"deals": 4, "persons": 6}`; kinds without any

@@ -21,6 +21,9 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   (`ledger_reads.takeable`: the parents the placeholder kept, migration 0019): not a settled skip
   but a row read before its parent was written, which the engine can still take - a sync does
   (the catch-up reads such rows again, `retake`). Counted among `unwritten` too.
+* **owed**: written, with a link to a kind the run that wrote it did not take and no run of the
+  tenant has taken since (`owed_links`: a contact's owner when users were left out) - the link is
+  empty until a run of that kind fills it; named with the kinds owed.
 * **unreachable** (not a difference): an item whose sub-resource the source refuses to this token
   while the token reads the account (Pipedrive: a deal whose mail listing answers 403) - its
   children cannot be listed, so they are neither missing nor, when the product holds some from
@@ -58,12 +61,12 @@ from engine_core.config import Settings
 from engine_core.db import Database
 from engine_core.errors import ConfigError, NothingMigrated
 from engine_core.ledger import newer, same_version
-from engine_core.ledger_reads import takeable, tenant_entries, tenant_unreadable, waiting_counts
+from engine_core.ledger_reads import owed_of_kind, takeable, tenant_entries, tenant_unreadable, waiting_counts
 from engine_core.models import LIVE, Run
 from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import Provider, catchup_kind, identity_of, opt_in_kinds, source_ids
 
-DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable")
+DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable", "owed")
 CREDENTIALS_TIMEOUT_SECONDS = 5.0  # the launch's token check's timeout (`launch.checks.CONNECT_TIMEOUT_SECONDS`)
 # Why a kind the provider has no id listing for is not compared, in a user's words (the provider's
 # own note, "no id listing for 'fields'", said what is missing, not why that is no gap in the proof)
@@ -74,6 +77,8 @@ NOT_LISTED_WHY: dict[str, str] = {
 }
 TAKEABLE_WHY = (" - skipped, but every parent they were skipped for is written now: not a settled skip; "
                 "`migrate sync --tenant {tenant}` takes them")
+OWED_WHY = (" - imported with a link to a kind no run of the tenant took since ({kinds}): "
+            "`migrate run --tenant {tenant} --kinds {kinds}` fills them")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
 WRITTEN = ("created", "matched")
 PLACEHOLDERS = ("skipped", "failed")
@@ -113,6 +118,13 @@ class KindResult:
     stale: list[str] = field(default_factory=list)
     # skipped rows whose every missing parent is written now: the engine can still take them
     takeable: list[str] = field(default_factory=list)
+    # written rows with a link owed to a kind no run took since (`owed_links`): parent kind -> ids
+    owed_to: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def owed(self) -> list[str]:
+        """The written rows that still owe a link to a kind left out (`owed_to`, each id once)."""
+        return sorted({i for ids in self.owed_to.values() for i in ids}, key=lambda s: (len(s), s))
     # matched rows (the product's own) whose source is newer, not overwritten: not a difference
     kept: list[str] = field(default_factory=list)
     # items whose children the source refuses to list ("deal 12" -> reason): not a difference
@@ -204,7 +216,9 @@ class VerifyResult:
                 if ids:
                     shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
                     out.append(f"  {d} {len(ids)}: {shown}" + (TAKEABLE_WHY.format(tenant=self.tenant_id)
-                                                                 if d == "takeable" else ""))
+                                                                 if d == "takeable" else "")
+                               + (OWED_WHY.format(tenant=self.tenant_id, kinds=",".join(sorted(k.owed_to)))
+                                  if d == "owed" else ""))
             if k.unreachable:
                 items = sorted(k.unreachable, key=lambda i: (len(i), i))
                 shown = ", ".join(f"{i} ({k.unreachable[i]})" for i in items[:cap])
@@ -511,6 +525,8 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
         unwritten = set(result.unwritten_ids)
         result.takeable = sorted((sid for _, sid, _ in takeable(db, tenant_id, provider.source, [lk]) if _norm(sid) in unwritten),
                                  key=lambda s: (len(s), s))
+        for r in owed_of_kind(db, tenant_id, provider.source, lk):
+            result.owed_to.setdefault(r["parent_kind"], []).append(r["source_id"])
         results.append(result)
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
                         tokens=int(cost["tokens"]), seconds=time.monotonic() - started,

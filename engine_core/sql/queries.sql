@@ -863,3 +863,10 @@ SELECT id, record_type, record_id, dangling
 UPDATE migration_records r SET dangling = u.dangling, reason = u.reason
   FROM jsonb_to_recordset(%(rows)s) AS u(id bigint, dangling jsonb, reason text)
  WHERE r.id = u.id;
+
+-- name: owed_of_kind --
+-- One ledger kind's written entries that still owe a link (verify: not clean while links are owed).
+SELECT source_id, d->>'parent_kind' AS parent_kind
+  FROM migration_records, jsonb_array_elements(dangling) d
+ WHERE dangling @> '[{"owed": true}]' AND tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
+   AND action IN ('created', 'matched') AND d @> '{"owed": true}';
