@@ -9,6 +9,7 @@ owed parents up in the ledger by their source ids and writes their local ids int
 request to the source - and takes the filled links off the entry and the row. A parent the
 finished run did not write (deleted at the source since) leaves its link empty and no longer
 owed, as a full run leaves a link to a record it did not find; a run that failed keeps those owed.
+A matched row (the product's own contact) is not written, as a run does not write over it.
 Tenants that take every kind owe nothing: one indexed query per finished run (migration 0020).
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def fill(tx: Conn, run: Run, *, settled: bool) -> int:
     filled = 0
     for e, r in owed:
         record_id = found.get((r["parent_kind"], r["parent_id"]))
-        if record_id is not None:
+        if record_id is not None and e["action"] == "created":  # a matched row is the product's own: not written
             columns.setdefault((e["record_type"], tuple(r["path"])), []).append({"id": e["record_id"], "pid": record_id})
             filled += 1
         if record_id is not None or settled:

@@ -62,8 +62,8 @@ NOT_LINKED = "not linked to any record"
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
 # Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
-# fills it when a run writes that kind (`owed.fill`); verify counts the row as owed until then.
-OWED = "is owed: {kind} not taken yet"
+# fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
+OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
 # Said of a parent the probe left to the catch-up's walk (answered None): no request now; that walk
 # links the row, or - the parent not listed by it - finds it gone (the provider's proof). The row's
 # outcome is `rows.WAITING`, not skipped (`WAITS_FOR_WALK`, `_outcome_of_skip`).

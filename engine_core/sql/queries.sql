@@ -851,7 +851,7 @@ SELECT r.kind, r.source_id, r.parents
 -- name: owed_links --
 -- A tenant's written entries holding links owed to one of `kinds` (migration 0020; `owed_links.fill`).
 -- The first predicate is the partial index's: a tenant that owes nothing costs one index probe.
-SELECT id, record_type, record_id, dangling
+SELECT id, action, record_type, record_id, dangling
   FROM migration_records
  WHERE dangling @> '[{"owed": true}]' AND tenant_id = %(tenant_id)s AND source = %(source)s
    AND action IN ('created', 'matched') AND record_id IS NOT NULL
