@@ -21,9 +21,11 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   (`ledger_reads.takeable`: the parents the placeholder kept, migration 0019): not a settled skip
   but a row read before its parent was written, which the engine can still take - a sync does
   (the catch-up reads such rows again, `retake`). Counted among `unwritten` too.
-* **owed**: written, with a link to a kind the run that wrote it did not take and no run of the
-  tenant has taken since (`owed_links`: a contact's owner when users were left out) - the link is
-  empty until a run of that kind fills it; named with the kinds owed.
+* **owed**: written with a link still owed to a kind some run of the tenant has taken since (the
+  run that took it did not finish, so it did not fill the link: `owed_links`).
+* **owed to a kind left out** (not a difference, said with the kind and the run that fills it):
+  written with a link left empty because no run of the tenant took the parent's kind (a contact's
+  owner when users were left out); a run of that kind fills it (`owed_links`).
 * **unreachable** (not a difference): an item whose sub-resource the source refuses to this token
   while the token reads the account (Pipedrive: a deal whose mail listing answers 403) - its
   children cannot be listed, so they are neither missing nor, when the product holds some from
@@ -77,8 +79,8 @@ NOT_LISTED_WHY: dict[str, str] = {
 }
 TAKEABLE_WHY = (" - skipped, but every parent they were skipped for is written now: not a settled skip; "
                 "`migrate sync --tenant {tenant}` takes them")
-OWED_WHY = (" - imported with a link to a kind no run of the tenant took since ({kinds}): "
-            "`migrate run --tenant {tenant} --kinds {kinds}` fills them")
+OWED_WHY = (" - imported with that link empty: no run of the tenant took {kind}; "
+            "`migrate run --tenant {tenant} --kinds {kind}` fills them")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them
 WRITTEN = ("created", "matched")
 PLACEHOLDERS = ("skipped", "failed")
@@ -118,13 +120,10 @@ class KindResult:
     stale: list[str] = field(default_factory=list)
     # skipped rows whose every missing parent is written now: the engine can still take them
     takeable: list[str] = field(default_factory=list)
-    # written rows with a link owed to a kind no run took since (`owed_links`): parent kind -> ids
+    # written rows with a link owed to a kind a run took since, which that run did not fill
+    owed: list[str] = field(default_factory=list)
+    # written rows with a link owed to a kind no run took (`owed_links`): parent kind -> ids; not a difference
     owed_to: dict[str, list[str]] = field(default_factory=dict)
-
-    @property
-    def owed(self) -> list[str]:
-        """The written rows that still owe a link to a kind left out (`owed_to`, each id once)."""
-        return sorted({i for ids in self.owed_to.values() for i in ids}, key=lambda s: (len(s), s))
     # matched rows (the product's own) whose source is newer, not overwritten: not a difference
     kept: list[str] = field(default_factory=list)
     # items whose children the source refuses to list ("deal 12" -> reason): not a difference
@@ -147,7 +146,7 @@ class KindResult:
             "waiting": self.waiting,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
             "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
-            "not_ids": list(self.not_ids),
+            "not_ids": list(self.not_ids), "owed_to": {k: list(v) for k, v in self.owed_to.items()},
             **{d: list(getattr(self, d)) for d in DIFFERENCES},
         }
 
@@ -216,9 +215,10 @@ class VerifyResult:
                 if ids:
                     shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
                     out.append(f"  {d} {len(ids)}: {shown}" + (TAKEABLE_WHY.format(tenant=self.tenant_id)
-                                                                 if d == "takeable" else "")
-                               + (OWED_WHY.format(tenant=self.tenant_id, kinds=",".join(sorted(k.owed_to)))
-                                  if d == "owed" else ""))
+                                                                 if d == "takeable" else ""))
+            for parent, ids in sorted(k.owed_to.items()):
+                shown = ", ".join(ids[:cap]) + (f" ... (+{len(ids) - cap})" if len(ids) > cap else "")
+                out.append(f"  owed to {parent} {len(ids)}: {shown}" + OWED_WHY.format(tenant=self.tenant_id, kind=parent))
             if k.unreachable:
                 items = sorted(k.unreachable, key=lambda i: (len(i), i))
                 shown = ", ".join(f"{i} ({k.unreachable[i]})" for i in items[:cap])
@@ -232,8 +232,10 @@ class VerifyResult:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
                            f"overwrite_matched to take them): {shown}")
-        verdict = "PASSED" if self.passed else (f"FAILED: {self.differences} difference(s)" if self.differences
-                                               else "FAILED: the source could list no kind")
+        owed = sorted({p for k in self.kinds for p in k.owed_to})
+        verdict = ("PASSED" + (f" (links owed to {', '.join(owed)}, a kind no run took: see above)" if owed else "")
+                   if self.passed else (f"FAILED: {self.differences} difference(s)" if self.differences
+                                        else "FAILED: the source could list no kind"))
         out.append(f"verify {self.tenant_id} ({self.source}): {verdict}; {self.cost_line()}")
         return out
 
@@ -526,7 +528,12 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
         result.takeable = sorted((sid for _, sid, _ in takeable(db, tenant_id, provider.source, [lk]) if _norm(sid) in unwritten),
                                  key=lambda s: (len(s), s))
         for r in owed_of_kind(db, tenant_id, provider.source, lk):
-            result.owed_to.setdefault(r["parent_kind"], []).append(r["source_id"])
+            if r["parent_kind"] in left:  # left out: said, not a difference
+                result.owed_to.setdefault(r["parent_kind"], []).append(r["source_id"])
+            else:
+                result.owed.append(r["source_id"])
+        result.owed = sorted(set(result.owed), key=lambda s: (len(s), s))
+        result.owed_to = {p: sorted(set(ids), key=lambda s: (len(s), s)) for p, ids in result.owed_to.items()}
         results.append(result)
     return VerifyResult(tenant_id, provider.source, results, requests=int(cost["requests"]),
                         tokens=int(cost["tokens"]), seconds=time.monotonic() - started,
