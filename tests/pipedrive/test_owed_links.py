@@ -1,7 +1,8 @@
 """A soft link to a kind a run leaves out is recorded as owed and filled when a run takes that kind
-(`engine_core.owed_links`): a run without users imported every contact, deal and activity with its
-owner empty and nothing said - no dangling record, `migrate explain` "imported", verify PASSED - and
-a later run of users never filled the owners in."""
+(`engine_core.owed_links`), in a column (an owner) or inside JSON (a custom field naming a user):
+after a run without users every owner is owed - `migrate explain` and verify say so, per row - and
+a run of users alone fills each contact's, deal's and activity's owner as the source has it, with
+nothing owed afterwards."""
 from __future__ import annotations
 
 from typing import Any
@@ -60,12 +61,25 @@ def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db) -> None:
                    for line in proof.lines()), proof.lines()
         assert "links owed to users" in proof.lines()[-1], proof.lines()
 
+        # links inside JSON (a custom field naming a user) are owed the same way
+        in_json = db.sql("SELECT r.record_type, r.record_id, d->'path' AS path, d->>'parent_id' AS user"
+                         " FROM migration_records r, jsonb_array_elements(r.dangling) d WHERE r.tenant_id = %(t)s"
+                         " AND d @> '{\"owed\": true}' AND jsonb_array_length(d->'path') > 1", {"t": TENANT})
+        assert in_json, "the account must have custom fields naming a user"
+
         second = migrate(db, sb, TENANT, kinds=["users"])
         assert second.status == "succeeded", failed_tasks(db, second.id)
         for kind, table in OWNED.items():
             got = _owners(db, table)  # (activities of leads, a kind not taken, are skipped: not here)
             assert got == {sid: truth[kind][sid] for sid in got}, kind  # row by row, against the sandbox
             assert any(got.values()) and (kind == "activities" or got.keys() == truth[kind].keys()), kind
+        for r in in_json:
+            column, *inner = r["path"]
+            got = db.sql(f"SELECT {column} #>> %(p)s AS id FROM {r['record_type']} WHERE id = %(i)s",
+                         {"p": inner, "i": r["record_id"]})[0]["id"]
+            want = db.sql("SELECT id FROM crm.users WHERE tenant_id = %(t)s AND source_id = %(s)s",
+                          {"t": TENANT, "s": r["user"]})[0]["id"]
+            assert got == str(want), r
         left = db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = %(t)s"
                       " AND dangling @> '[{\"owed\": true}]'", {"t": TENANT})
         assert left[0]["n"] == 0
