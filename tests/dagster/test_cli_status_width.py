@@ -33,7 +33,7 @@ def _rollup(dry_run: bool) -> SimpleNamespace:
     """What print_rollup reads of an engine rollup: a pipedrive run's kinds, six-digit counts."""
     kinds = [SimpleNamespace(phase=i, kind=k, tasks={"succeeded": 12, "failed": 1}, seen=123456, imported=120000,
                              matched=2000, already_here=1456, updated=345, skipped=12, waiting=4, failed=3, deleted_at_source=7,
-                             caught_up={})
+                             caught_up={}, left={})
              for i, group in enumerate(PLAN) for k in group]
     return SimpleNamespace(name="run #12 (pipedrive for tenant 'acme')", status="succeeded", dry_run=dry_run,
                            current_phase=len(PLAN), phases=PLAN, kinds=kinds, incomplete=[], unfinished=[], reasons=[],
