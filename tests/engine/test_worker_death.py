@@ -178,7 +178,7 @@ def _drainer_killed_mid_page(db, db_url, tmp_path) -> tuple[Any, Any, int, list[
     # finished in the instant after it committed: CI's suite once never saw it running mid-page).
     opts = {"page_size": PAGE, "counts": {k: 2 * PAGE for k in KINDS}, "row_delay": 0.002}
     run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
-    child, _ = _spawn(db_url, run.id, tmp_path, {}, pool=4)
+    child, app = _spawn(db_url, run.id, tmp_path, {}, pool=4)
     try:
         _wait_for("a committed window of a running task", lambda: db.sql(
             "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 100",
@@ -189,6 +189,10 @@ def _drainer_killed_mid_page(db, db_url, tmp_path) -> tuple[Any, Any, int, list[
         if child.poll() is None:
             child.kill()
             child.wait()
+    # a COMMIT the child sent just before it died still completes in its backend: what it left is
+    # read once its backends are gone, not while one may still move a task's offset
+    _wait_for("the killed drainer's backends to end", lambda: not db.sql(
+        "SELECT 1 FROM pg_stat_activity WHERE application_name = %(app)s", {"app": app}))
     return p, run, child.pid, task_rows(db, run.id, status="running")
 
 
