@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -122,3 +124,21 @@ def planned_rows(instance: DagsterInstance, run_id: str) -> dict[str, list]:
     payload = [deserialize_value(e[4]).dagster_event for e in events]
     return {"events": [tuple(e[:4]) + (p.event_specific_data,) for e, p in zip(events, payload)],
             "checks": [tuple(c) for c in checks], "asset_keys": [tuple(k) for k in keys]}
+
+
+def side_by_side(scenarios: dict[str, Callable[[], Any]], timeout: float, where: str = "") -> None:
+    """Run each scenario on a thread of its own, at once (the suite pays for the slowest, not their
+    sum), and raise one AssertionError naming every scenario that failed, chained from the first
+    failure, after printing each failure's traceback; `where` is appended (e.g. "; see <log>")."""
+    errors: dict[str, BaseException] = {}
+    with ThreadPoolExecutor(len(scenarios)) as pool:
+        futures = {name: pool.submit(f) for name, f in scenarios.items()}
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=timeout)
+            except BaseException as e:  # noqa: BLE001 - reported below with the scenario's name
+                errors[name] = e
+    for e in errors.values():
+        traceback.print_exception(e)
+    if errors:
+        raise AssertionError(f"failed: {', '.join(errors)}{where}: {errors}") from next(iter(errors.values()))

@@ -12,15 +12,14 @@ subprocess against a sandbox account, its stdout a pipe closed early.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ from dagster import DagsterRunStatus, RunsFilter
 from psycopg import conninfo
 
 from migration_pipeline import tags
-from tests.dagster.support import instance_of, migrate_env, sandbox_account
+from tests.dagster.support import instance_of, migrate_env, sandbox_account, side_by_side
 
 pytestmark = pytest.mark.timeout(300)
 MIGRATE = str(Path(sys.executable).parent / "migrate")
@@ -107,18 +106,8 @@ def test_sigint_and_sigterm_still_stop_a_run_whose_stdout_was_closed(db_url, oth
     and [SIGTERM])."""
     envs = {signal.SIGINT: migrate_env(db_url, str(tmp_path / "home-int"), slow_account),
             signal.SIGTERM: migrate_env(other_db_url, str(tmp_path / "home-term"), slow_account)}
-    with ThreadPoolExecutor(len(envs)) as pool:
-        futures = {signo.name: pool.submit(_a_signal_stops_the_run, env, tmp_path, signo) for signo, env in envs.items()}
-        errors = {}
-        for name, fut in futures.items():
-            try:
-                fut.result(timeout=280)
-            except BaseException as e:  # noqa: BLE001 - reported below with its signal's name
-                errors[name] = e
-    for e in errors.values():
-        traceback.print_exception(e)
-    if errors:
-        raise AssertionError(f"failed with {', '.join(errors)}: {errors}") from next(iter(errors.values()))
+    side_by_side({signo.name: functools.partial(_a_signal_stops_the_run, env, tmp_path, signo)
+                  for signo, env in envs.items()}, timeout=280)
 
 
 def test_a_closed_stdout_alone_does_not_stop_the_run(db_url, tmp_path):

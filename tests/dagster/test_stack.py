@@ -21,19 +21,19 @@ not Dagster's fixed 30 s: see BACKFILL_LOOP_SECONDS in conftest.py.
 """
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
 
 from migration_pipeline import tags
+from tests.dagster.support import side_by_side
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -342,16 +342,5 @@ def test_terminate_retries_from_the_run_page_and_a_backfill_and_migrate_run_side
                                          reexecution_from_failure_retries,
                                          a_backfill_of_the_failed_partition_retries_the_engine_run,
                                          migrate_run_launches_on_the_instance_the_ui_shows)}
-    with ThreadPoolExecutor(len(scenarios)) as pool:
-        futures = {name: pool.submit(f, stack) for name, f in scenarios.items()}
-        errors = {}
-        for name, fut in futures.items():
-            try:
-                fut.result(timeout=400)
-            except BaseException as e:  # noqa: BLE001 - reported below with the scenario's name
-                errors[name] = e
-    for name, e in errors.items():
-        traceback.print_exception(e)
-    if errors:
-        first = next(iter(errors.values()))
-        raise AssertionError(f"scenario(s) failed: {', '.join(errors)}; see {stack.log}") from first
+    side_by_side({name: functools.partial(f, stack) for name, f in scenarios.items()}, timeout=400,
+                 where=f"; see {stack.log}")
