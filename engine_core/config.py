@@ -95,6 +95,8 @@ FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
     # lane threads of a launch's phase op (migration_pipeline.lane.threads.launch_threads): checked
     # at the launch, else a bad value fails the launched run with its reason only in the daemon's log
     "MIGRATE_LAUNCH_THREADS": (int, 0, 1),  # 0 (unset): the lane width, capped by the fair share
+    # migration_pipeline.preload: a launcher server's idle lifetime
+    "MIGRATE_PRELOAD_IDLE_SECONDS": (float, 900.0, 1.0),
 }
 
 
@@ -114,6 +116,9 @@ FACE_SWITCHES: dict[str, tuple[bool, str]] = {
     # migration_pipeline.launch.in_process.run_in_process
     "MIGRATE_RUN_IN_PROCESS": (True, "execute `migrate run`'s Dagster run in its own process when no daemon "
                                      "serves the instance"),
+    # migration_pipeline.preload.enabled: unset means on only for a command typed at a terminal (the
+    # default below is never read for its value: the variable is checked here, decided there)
+    "MIGRATE_PRELOAD": (False, "hand `migrate run`/`sync` to the pre-loaded launcher"),
 }
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 

@@ -23,9 +23,10 @@ def main() -> None:
     started on SIGINT whatever it inherited (`launch.signals_interrupt`), but a `kill -INT` before
     the launch had been lost and the run then went on to its end.
 
-    With MIGRATE_PRELOAD=1, `run` and `sync` are handed to the pre-loaded launcher serving this
-    environment (`preload.hand_over`: Dagster's imports already made there), and this process
-    follows the command to its exit code; without one, the command runs here as always."""
+    Typed at a terminal (or with MIGRATE_PRELOAD=1), `run` and `sync` are handed to the pre-loaded
+    launcher serving this environment (`preload.hand_over`: Dagster's imports already made there),
+    and this process follows the command to its exit code; without one, the command runs here as
+    always (and starts one for the next command)."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
@@ -39,3 +40,21 @@ def main() -> None:
     if code is not None:
         raise SystemExit(code)
     group()
+
+
+def run_group() -> None:
+    """The `migrate` group with this process's argv, its module imported here: a pre-loaded
+    launcher's child runs the command through it (the project's own code loads fresh in each child).
+    A Ctrl-C while the module loads is one line and exit 130, as in `main`."""
+    try:
+        from migration_pipeline.cli.main import main as group
+    except KeyboardInterrupt:  # nothing was read, written or launched yet
+        sys.stderr.write("\nSIGINT while migrate was starting: nothing was done\n")
+        raise SystemExit(128 + signal.SIGINT) from None
+    group()
+
+
+def serve(path: str) -> None:
+    """A pre-loaded launcher's server on the socket `path` (`preload.serve`), its children running
+    `run_group`."""
+    preload.serve(path, run_group)

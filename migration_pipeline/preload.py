@@ -1,6 +1,13 @@
-"""A pre-loaded launcher for `migrate run` and `migrate sync` (MIGRATE_PRELOAD=1): a process that
-has imported the third-party modules a launch needs forks one child per command, and the child
-runs the command with the caller's argv, environment, working directory, umask and terminal.
+"""A pre-loaded launcher for `migrate run` and `migrate sync`: a process that has imported the
+third-party modules a launch needs forks one child per command, and the child runs the command with
+the caller's argv, environment, working directory, umask and terminal.
+
+When: MIGRATE_PRELOAD=1 always, =0 never; unset, for a command typed at a terminal (stdin and
+stderr are terminals) - the model of Gradle's daemon, on by default for people at a prompt, and of
+its advice to leave it off in CI and services: scripts, services, CI and the test suite (pipes, no
+terminal) run every command in its own process as before. The first command at a terminal runs
+without it and starts the server, saying so in one line on stderr; `migrate preload status|stop`
+shows and ends this user's servers.
 
 Why: a launch imports Dagster, dagster-postgres, SQLAlchemy, psycopg, httpx and rich - ~1.0 of the
 ~1.1 CPU-s its imports cost (fresh interpreters, 4 runs); the project's own modules are ~0.1. Forked
@@ -13,10 +20,15 @@ What keeps it safe:
   name is a hash of what those imports depend on (`server_key`): the interpreter, sys.path and each
   entry's mtime (a package installed or removed), the environment less the variables the project
   reads per command (PER_COMMAND), and this module's own source. Anything else starts a new server.
+  The key also holds what a forked child inherits from the server rather than from its caller
+  (`_inherited`): the control group (a service's command never runs in another unit's cgroup, where
+  stopping that unit would kill it), resource limits, niceness, CPU affinity, user and groups.
 * The client hands over only once the child says it runs (`STARTED`, sent by the child itself): no
   answer, and the command runs in the caller's process as without the launcher - never twice.
 * The child is the command: its pid is the worker's, it starts the daemon it may start (holding the
-  daemon lock), it stops what it started on SIGINT/SIGTERM/SIGHUP, which the client forwards. When
+  daemon lock), it stops what it started on SIGINT/SIGTERM/SIGHUP, which the client forwards. A
+  Ctrl-Z (SIGTSTP) stops the child (SIGSTOP: the kernel discards SIGTSTP sent to the server's
+  orphaned process group) and then the client; SIGCONT (`fg`, `bg`) continues both. When
   the client is gone (SIGKILL, a closed terminal), the child kills itself with SIGKILL at once,
   as the command would have died: the engine run keeps its checkpoints and a rerun resumes it.
 * The socket lives in a directory only this user may enter (0700, checked before use); a server
@@ -30,6 +42,7 @@ import gc
 import hashlib
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -40,9 +53,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NoReturn
 
-ENABLE_ENV = "MIGRATE_PRELOAD"
+ENABLE_ENV = "MIGRATE_PRELOAD"  # 1/true/yes/on, 0/false/no/off, unset: at a terminal (engine_core.config checks it)
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 COMMANDS = ("run", "sync")  # the launching commands: the ones that import Dagster
 # Variables read per command by the project's own modules (which load fresh in the child), or
 # describing the shell: left out of the server's key. Third-party modules may read any other
@@ -65,12 +80,33 @@ STORAGE_MODULES = ("dagster_postgres.event_log", "dagster_postgres.run_storage",
 _in_child = False  # this process is a server's child: it runs the command itself
 
 
-def enabled(argv: list[str], env: dict[str, str] | None = None) -> bool:
-    """Whether this command goes through the launcher: MIGRATE_PRELOAD=1, a launching command, and
-    not already in a launcher's child."""
+def enabled(argv: list[str], env: dict[str, str] | None = None, interactive: bool | None = None) -> bool:
+    """Whether this command goes through the launcher: a launching command (COMMANDS), not already
+    in a launcher's child, and MIGRATE_PRELOAD on - or unset and the command `interactive` (default:
+    stdin and stderr are terminals). A value that is neither on nor off is not on: the command runs
+    here and `engine_core.config.check_environment` refuses it, naming the variable."""
     env = os.environ if env is None else env
-    return (not _in_child and env.get(ENABLE_ENV, "").strip() == "1" and len(argv) > 1
-            and argv[1] in COMMANDS)
+    if _in_child or len(argv) < 2 or argv[1] not in COMMANDS:
+        return False
+    value = env.get(ENABLE_ENV, "").strip().lower()
+    if value:
+        return value in _ON
+    return at_terminal() if interactive is None else interactive
+
+
+def at_terminal() -> bool:
+    """Whether this command was typed at a terminal: stdin and stderr are terminals."""
+    try:
+        return os.isatty(0) and os.isatty(2)
+    except OSError:
+        return False
+
+
+def by_default(env: dict[str, str] | None = None) -> bool:
+    """Whether the launcher is on only by default (MIGRATE_PRELOAD unset): then a command that
+    starts a server says so."""
+    env = os.environ if env is None else env
+    return not env.get(ENABLE_ENV, "").strip()
 
 
 def server_key(env: dict[str, str] | None = None) -> str:
@@ -87,9 +123,28 @@ def server_key(env: dict[str, str] | None = None) -> str:
     for k in sorted(env):
         if not k.startswith(PER_COMMAND):
             h.update(f"\0{k}={env[k]}".encode())
+    h.update(f"\0{_inherited()}".encode())
     h.update(Path(__file__).read_bytes())
     h.update((Path(__file__).parent / "alembic_later.py").read_bytes())
+    h.update((Path(__file__).parent / "entry.py").read_bytes())  # loaded in the server: `serve`'s caller
     return h.hexdigest()[:24]
+
+
+def _inherited() -> str:
+    """What a forked child inherits from the server, not from its caller: this process's control
+    group (Linux: /proc/self/cgroup), resource limits, niceness, CPU affinity, user and groups."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        cgroup = ""
+    limits = [resource.getrlimit(getattr(resource, name)) for name in sorted(dir(resource))
+              if name.startswith("RLIMIT_")]
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = []
+    return repr((cgroup, limits, os.getpriority(os.PRIO_PROCESS, 0), affinity, os.getuid(), os.getgid(),
+                 sorted(os.getgroups())))
 
 
 def socket_dir() -> Path | None:
@@ -130,10 +185,25 @@ def hand_over(argv: list[str]) -> int | None:
         conn.sendall(GO)  # the child waits for it: a client that gave up before leaves a child that exits
     except OSError:
         conn.close()
-        start_server(path)
+        if start_server(path) and by_default():
+            sys.stderr.write(STARTED_NOTE.format(minutes=round(_idle_seconds() / 60)))
         return None
     child = struct.unpack("!I", answer[1:])[0]
     return _follow(conn, child)
+
+
+STARTED_NOTE = ("migrate: started a pre-loaded launcher for the next `migrate run`/`sync` typed here (they start"
+                " about a second sooner; it exits after {minutes} idle minutes; `migrate preload stop` ends it,"
+                " MIGRATE_PRELOAD=0 keeps it off)\n")
+
+
+def _idle_seconds() -> float:
+    """MIGRATE_PRELOAD_IDLE_SECONDS, else IDLE_SECONDS (a bad value: IDLE_SECONDS; the command that
+    reads the environment refuses it, naming the variable)."""
+    try:
+        return max(1.0, float(os.environ.get(IDLE_ENV) or IDLE_SECONDS))
+    except ValueError:
+        return IDLE_SECONDS
 
 
 def _follow(conn: socket.socket, child: int) -> int:
@@ -144,8 +214,16 @@ def _follow(conn: socket.socket, child: int) -> int:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    def suspend(signo: int, frame: Any) -> None:  # Ctrl-Z: the child, then this process, until SIGCONT
+        forward(signal.SIGSTOP, frame)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        signal.signal(signal.SIGTSTP, suspend)
+        forward(signal.SIGCONT, frame)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCONT):
         signal.signal(sig, forward)
+    signal.signal(signal.SIGTSTP, suspend)
     conn.settimeout(None)
     data = b""
     while len(data) < 5:
@@ -179,35 +257,52 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return data
 
 
-def start_server(path: Path) -> None:
-    """Start a server for `path` in a session of its own (it outlives this command), saying nothing;
-    not when another command started one in the last STARTING_SECONDS (its marker file)."""
+def start_server(path: Path) -> bool:
+    """Start a server for `path` in a session of its own (it outlives this command); whether this
+    call started one - not when another command started one in the last STARTING_SECONDS (its
+    marker file)."""
     marker = path.with_suffix(".starting")
     try:
         if time.time() - marker.stat().st_mtime < STARTING_SECONDS:
-            return
+            return False
         marker.unlink()
     except OSError:
         pass
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        subprocess.Popen([sys.executable, "-c", f"from migration_pipeline.preload import serve; serve({str(path)!r})"],
+        subprocess.Popen([sys.executable, "-c", f"from migration_pipeline.entry import serve; serve({str(path)!r})"],
                          start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL, close_fds=True)
     except OSError:
-        pass
+        return False
+    return True
+
+
+def servers() -> list[tuple[int, Path]]:
+    """This user's running servers: (pid, socket path), from their pid files (stale ones skipped)."""
+    where = socket_dir()
+    found = []
+    for pid_file in sorted(where.glob("*.pid")) if where is not None else []:
+        try:
+            pid = int(pid_file.read_text())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            continue
+        found.append((pid, pid_file.with_suffix(".sock")))
+    return found
 
 
 # ---- the server ----------------------------------------------------------------------------------
 
-def serve(path: str | Path) -> None:
-    """Import PRELOADED, listen on `path`, fork a child per command; exit after IDLE_SECONDS
+def serve(path: str | Path, command: Callable[[], None]) -> None:
+    """Import PRELOADED, listen on `path`, fork a child per command, which calls `command` (the
+    `migrate` group: `entry.run_group`) with the caller's argv; exit after IDLE_SECONDS
     (MIGRATE_PRELOAD_IDLE_SECONDS) with no command and no child running. Single-threaded: a fork
     copies only this thread. `path`.pid holds its pid while it listens."""
     import importlib
 
     path = Path(path)
-    idle = float(os.environ.get(IDLE_ENV) or IDLE_SECONDS)
+    idle = _idle_seconds()
     for name in PRELOADED:
         importlib.import_module(name)
     from migration_pipeline.alembic_later import storage_modules
@@ -247,7 +342,8 @@ def serve(path: str | Path) -> None:
             if listener in ready:
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                pid = _start_child(conn, [listener.fileno(), wake_r, wake_w, *(c.fileno() for c in children.values())])
+                pid = _start_child(conn, [listener.fileno(), wake_r, wake_w, *(c.fileno() for c in children.values())],
+                                   command)
                 if pid is None:
                     conn.close()
                 else:
@@ -290,7 +386,7 @@ def _reap(children: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def _start_child(conn: socket.socket, server_fds: list[int]) -> int | None:
+def _start_child(conn: socket.socket, server_fds: list[int], command: Callable[[], None]) -> int | None:
     """Read a command's request and fork its child; the child's pid, None when the request is bad.
     `server_fds`: the server's own descriptors, closed in the child."""
     try:
@@ -314,13 +410,13 @@ def _start_child(conn: socket.socket, server_fds: list[int]) -> int | None:
                 os.close(fd)
             except OSError:
                 pass
-        _child(conn, request, list(fds))
+        _child(conn, request, list(fds), command)
     for fd in fds:
         os.close(fd)
     return pid
 
 
-def _child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
+def _child(conn: socket.socket, request: dict[str, Any], fds: list[int], command: Callable[[], None]) -> NoReturn:
     """The command, in the forked child: the caller's terminal, environment, directory, umask and
     sys.path; SIGKILL to itself when the caller is gone (see the module docstring)."""
     global _in_child
@@ -348,12 +444,7 @@ def _child(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> NoRe
     threading.Thread(target=_die_with_caller, args=(conn,), name="migrate-preload-caller", daemon=True).start()
     code = 1
     try:
-        try:
-            from migration_pipeline.cli.main import main as group  # the `migrate` group, as `entry.main` runs it
-        except KeyboardInterrupt:  # as `entry.main` says it: nothing was read, written or launched yet
-            sys.stderr.write("\nSIGINT while migrate was starting: nothing was done\n")
-            raise SystemExit(128 + signal.SIGINT) from None
-        group()
+        command()
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

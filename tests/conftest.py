@@ -25,6 +25,9 @@ TEMPLATE = f"migrate_template_{os.getpid()}"
 # status table's headers ("would" over "import") under CI. Tests of widths set their own.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+# Every command of the suite runs in its own process, whatever the caller's shell sets: the
+# pre-loaded launcher (on by default at a terminal) is tested where a test turns it on.
+os.environ["MIGRATE_PRELOAD"] = "0"
 
 
 def _with_dbname(url: str, name: str) -> str:

@@ -8,7 +8,7 @@ import click
 
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from migration_pipeline.cli import control, demo, inspect, plan, run
+from migration_pipeline.cli import control, demo, inspect, plan, preloaded, run
 from migration_pipeline.cli.output import fail, lowercase_error
 from migration_pipeline.launch.checks import LaunchError
 
@@ -44,5 +44,5 @@ def main() -> None:
 
 for command in (inspect.status, inspect.report, inspect.explain, inspect.rows_command, control.stop, control.retry,
                 control.resume, run.run_cmd, plan.plan_cmd, run.verify_cmd, run.sync_cmd, demo.demo, demo.ui, demo.sandbox,
-                demo.dagster_group, demo.db):
+                demo.dagster_group, demo.db, preloaded.preload_group):
     main.add_command(command)
