@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", default="none", help="the sandbox's latency: none, realistic, realistic:<f>")
     parser.add_argument("--against", default=None, help="another checkout's directory, run interleaved")
     parser.add_argument("--preload", action="store_true", help="this checkout's commands through the pre-loaded "
-                        "launcher (MIGRATE_PRELOAD=1; its server started by the warm-up run)")
+                        "launcher (MIGRATE_PRELOAD=1, as a command typed at a terminal; its server started by the "
+                        "warm-up run); without --against, interleaved with the same commands without it (plain)")
     parser.add_argument("--kinds", default=None, help="migrate only these kinds (`--kinds users`: a short run for the "
                                                      "launch; its tail then holds the unplanned phases' steps)")
     args = parser.parse_args(argv)
@@ -107,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
                                            if args.preload else {}}
     if args.against:
         variants["against"] = {"PYTHONPATH": str(Path(args.against).resolve())}
+    elif args.preload:  # what a script or service gets (no terminal: no launcher), beside a user at a prompt
+        variants["plain"] = {"MIGRATE_PRELOAD": "0"}
+    other = [v for v in variants if v != "this"]
     import psycopg
     from migration_pipeline.instance import to_url
 
@@ -152,11 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += [(f"engine window / command wall{side}", ratio(m[v]["window"], m[v]["wall"]),
                    "the engine's share of the command"),
                   (f"fixed cost seconds{side}", m[v]["fixed"], "wall - phases; target < 1.5")]
-    if len(variants) > 1:
-        lines += [(f"{p} this / against", ratio(m["this"][p], m["against"][p]), "below 1: this checkout's is shorter")
+    for o in other:
+        lines += [(f"{p} this / {o}", ratio(m["this"][p], m[o][p]), f"below 1: this is shorter than {o}")
                   for p in ("wall", "fixed", "launch", "boundaries", "tail", "cpu")]
         pairs = [r for r in rounds if len(r) == 2]
-        lines += [(f"{p} this / against, paired", median([ratio(r["this"][p], r["against"][p]) for r in pairs]),
+        lines += [(f"{p} this / {o}, paired", median([ratio(r["this"][p], r[o][p]) for r in pairs]),
                    f"median of {len(pairs)} rounds' own ratios (back to back: the load's drift cancels)")
                   for p in ("wall", "fixed", "launch", "cpu")]
     print_ratios(f"fixed cost, {args.scale} sandbox, medians of {len(got['this']['wall'])}", lines)

@@ -23,7 +23,7 @@ QUICK: dict[str, list[str]] = {
     "entity_path": ["--scale", "small", "--reps", "3"],
     "email_phase": ["--scale", "small", "--latency", "realistic:0.05", "--burst-limit", "600"],
     "requests": ["--scales", "tiny,small,seed"],
-    "fixed_cost": ["--scale", "small", "--reps", "3"],
+    "fixed_cost": ["--scale", "small", "--reps", "3", "--preload"],  # at a terminal (the launcher) and plain
 }
 
 
