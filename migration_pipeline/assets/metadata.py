@@ -21,6 +21,11 @@ COUNTS = ("imported", "matched", "already_here", "updated", "skipped", "waiting"
 EXTRA = ("deleted_at_source", "by_catchup")
 ROWS_CAP = 50  # skipped, waiting and failed rows listed in a phase's metadata (the counts above are whole)
 ROW_OUTCOMES = ("skipped", "waiting", "failed")  # the grouped reasons' actions that are ledger rows
+# A dry run's phase materialisation, first in its metadata: the phase ran and counted, but the
+# counts under "imported", "updated", ... are what a real run would do (a reader took
+# "materialized" for data written)
+DRY_RUN_NOTE = ("dry run: nothing was written; the counts are what a real run would import, match and update "
+                "(`migrate run --tenant TENANT` without --dry-run writes)")
 
 ROWS_SCHEMA = TableSchema(
     columns=[
@@ -226,16 +231,19 @@ def asset_phase(r: rollups.RunRollup, phase: int) -> str:
 
 def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
                    windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
-    """A closed phase's materialisation metadata: grouped reasons first, then `phase_status` ("closed" / "closed with N failed
-    task(s)"), the engine run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the
-    run's status when this phase closed, "running" for every phase but the last), counts in total
+    """A closed phase's materialisation metadata: a dry run's `dry_run_note` (DRY_RUN_NOTE) first,
+    grouped reasons, then `phase_status` ("closed" / "closed with N failed task(s)"), the engine
+    run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the run's status when this
+    phase closed, "running" for every phase but the last), counts in total
     and per kind, tasks, rows/s, duration by payload, grouped reasons, a capped table of skipped
     and failed rows, completeness. `windows`: when Dagster runs worked on the engine run
     (`busy_windows`), so rows/s leaves out the time it was stopped or paused."""
     s = phase_summary(db, r, phase, windows)
     md: dict[str, Any] = {
-        # first: the UI lists metadata in this order, and the grouped reasons are what a phase
-        # with skipped or failed rows needs read first
+        # a dry run's first: its materialisation records what the phase counted, nothing written
+        **({"dry_run_note": MetadataValue.text(DRY_RUN_NOTE)} if r.dry_run else {}),
+        # then (the UI lists metadata in this order) the grouped reasons, what a phase with
+        # skipped or failed rows needs read first
         "reasons": MetadataValue.md(reasons_table(s["reasons"])),
         "engine_run": MetadataValue.text(r.name),
         "engine_run_id": MetadataValue.int(r.run_id),

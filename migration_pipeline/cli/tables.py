@@ -232,13 +232,21 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
                       f"in the background[/yellow]")
 
 
+def dry_status(status: str) -> str:
+    """A dry run's phase asset state as its launch table lists it: Dagster's "materialized" read as
+    data written, so a dry run's says "dry run: nothing written" (its phase counted what a real run
+    would do); "failed" and "skipped" after DRY_RUN_MARK."""
+    return DRY_RUN_MARK + ("nothing written" if status == "materialized" else status)
+
+
 def print_phase_results(results: list[Any], dry_run: bool = False) -> None:
-    """Per phase asset its Dagster status and materialisation figures; on a narrow console the
-    figures the engine run's table below repeats go first (`fitted_table`)."""
+    """Per phase asset its Dagster status (a dry run's in `dry_status`'s words) and materialisation
+    figures; on a narrow console the figures the engine run's table below repeats go first
+    (`fitted_table`)."""
     written = written_columns(dry_run)
     columns = [(col, "left" if col in ("phase asset", "status", "tasks") else "right") for col in
                ("phase asset", "status", *written, "skipped", "failed", "deleted at source", "tasks", "rows/s")]
-    rows = [(r.asset, r.status, *(str(r.metadata.get(k, "-")) for k in
+    rows = [(r.asset, dry_status(r.status) if dry_run else r.status, *(str(r.metadata.get(k, "-")) for k in
              ("imported", "matched", "already_here", "updated", "skipped", "failed", "deleted_at_source",
               "tasks", "rows_per_second"))) for r in results]
     console.print(fitted_table("per-phase results (Dagster materialisations)" + (" of a dry run" if dry_run else ""),
