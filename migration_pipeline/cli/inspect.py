@@ -27,7 +27,8 @@ from engine_core.verify import ledger_kind_of
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
-from migration_pipeline.cli.tables import outcome_counts, phase_labels, phase_number, print_overview, print_rollup, reasons_table
+from migration_pipeline.cli.tables import (outcome_counts, phase_labels, phase_number, print_overview, print_rollup,
+                                          reasons_table, run_phase)
 from migration_pipeline.launch.checks import pickable_kinds
 
 
@@ -86,7 +87,9 @@ def no_live_worker_line(progress: dict[str, Any]) -> str:
 def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
     an overview: every tenant's latest run (status, phase, tasks). TENANT's --json: the rollup, with
-    `current_phase` and `phase` ("9/9") numbered as the phase assets and the tables number them,
+    `current_phase` (from 1) and `phase` ("2/2") numbered in the run's own `phases` it lists,
+    `phase_asset` ("9/9") and `phase_assets` (one a phase of `phases`) as the phase assets number
+    them (the table's title says both where they differ, `tables.phase_said`),
     `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
     overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
     if tenant is None:
@@ -113,7 +116,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
-        phase = _phase(run)  # the JSON numbers the phase as the table and the phase assets do ("9/9"), not by plan index
+        # read against the `phases` the JSON lists ("2/2" for a run of users alone), the asset's number beside it
+        at, phase, phase_asset = run_phase(run.source, run.plan, run.current_phase)
         rows_waiting = sum(b["waiting"] for b in bad_row_counts(db, tenant).values())  # as the overview counts them
         unattended = done["unattended"]
 
@@ -131,7 +135,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
-        emit(as_json, {**r.as_dict(), "current_phase": int(phase.split("/")[0]), "phase": phase,
+        emit(as_json, {**r.as_dict(), "current_phase": at, "phase": phase, "phase_asset": phase_asset,
+                       "phase_assets": phase_labels(run.source, run.plan),
                        "left_to_catchup": left_lines(r), "left_out": left, "progress": done, "waiting": rows_waiting,
                        "budget_waiting": wait_json}, render)
 

@@ -35,6 +35,23 @@ def phase_labels(source: str, plan: list[list[str]]) -> list[str]:
     return ["{}/{}".format(*phase_number(source, kinds, i + 1, len(plan))) for i, kinds in enumerate(plan)]
 
 
+def run_phase(source: str, plan: list[list[str]], current_phase: int) -> tuple[int, str, str]:
+    """Where a run of `plan` is: (its phase's position in `plan` from 1, "N/M" in the run's own plan,
+    "N/M" as the phase asset is numbered, `phase_labels`). The two differ for a run of some kinds
+    (`--kinds users`: "2/2" and the catch-up's asset "9/9"); a finished run's is its last phase."""
+    if not plan:
+        return 0, "0/0", "0/0"
+    at = min(current_phase, len(plan) - 1)
+    return at + 1, f"{at + 1}/{len(plan)}", phase_labels(source, plan)[at]
+
+
+def phase_said(own: str, asset: str) -> str:
+    """A run's phase as the status table's title says it: "2/2 (phase asset 9/9)" for a run of some
+    kinds, read against the run's own plan as `migrate status --json` numbers it; "3/9" when the
+    run's plan is the provider's and the numbers agree."""
+    return own if own == asset else f"{own} (phase asset {asset})"
+
+
 # How a dry run's state is listed, before the state: "dry run: succeeded" reads as no migration
 # where "succeeded (dry run)", folded on a narrow console, showed "succeeded" first like a real run
 DRY_RUN_MARK = "dry run: "
@@ -98,7 +115,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
     a phase left to the catch-up unlisted with their parents (`rollup_left`: counted nowhere above)."""
     title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
-    phase_note = f"phase {labels[min(r.current_phase, len(labels) - 1)]}" if r.status in ("running", "stopping") and labels else ""
+    _, own, asset = run_phase(getattr(r, "source", ""), r.phases, r.current_phase)
+    phase_note = f"phase {phase_said(own, asset)}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
     columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
                ("phase", "kind", "tasks", "seen", *written, "skipped", "left to catch-up", "failed",

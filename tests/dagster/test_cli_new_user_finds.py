@@ -5,8 +5,9 @@
 * `migrate explain` and `migrate rows --kind` asked for `deals_archived` / `leads_archived` answer
   for the ledger kind the archived rows are kept under (`deals`, `leads`) and say so in one note
   line on stderr, instead of "not in the ledger";
-* `migrate status TENANT --json` numbers the phase as the table and the phase assets do (a
-  Pipedrive run without the opt-in phase ends at 9/9, not at plan index 8), and its `waiting` is
+* `migrate status TENANT --json` numbers `current_phase` and `phase` in the run's own `phases` it
+  lists (a Pipedrive run without the opt-in phase ends at 8/8), and `phase_asset` as the overview
+  and the phase assets do (9/9; it had said 9 beside eight phases), and its `waiting` is
   the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`;
 * a launch refused because the daemon serving the instance reads another source says which
   setting differs (the host, or "a different API token") and shows nothing derived from a token;
@@ -74,14 +75,18 @@ def test_explain_and_rows_answer_an_archived_kind_under_its_ledger_kind(pipedriv
     assert archived not in line, line  # the kinds offered are the ones explain reads
 
 
-def test_status_json_numbers_the_phase_as_the_table_and_counts_waiting_rows(pipedrive_acme):
+def test_status_json_numbers_the_phase_in_its_own_phases_and_counts_waiting_rows(pipedrive_acme):
     env, _ = pipedrive_acme
     out = _migrate_in_process(["status", "acme", "--json"], env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     overview = {o["tenant"]: o for o in json.loads(_migrate_in_process(["status", "--json"], env).stdout)}
-    assert doc["phase"] == overview["acme"]["phase"] == "9/9", (doc["phase"], overview["acme"]["phase"])
-    assert doc["current_phase"] == 9, doc["current_phase"]
+    # read against the run's own `phases` (8 without the opt-in phase; it had said 9 beside them), the
+    # asset's number beside it as the overview and the table number it
+    assert len(doc["phases"]) == 8 and doc["current_phase"] == 8 and doc["phase"] == "8/8", doc["phase"]
+    assert doc["phases"][doc["current_phase"] - 1] == ["catchup"], doc["phases"]
+    assert doc["phase_asset"] == overview["acme"]["phase"] == "9/9", (doc["phase_asset"], overview["acme"]["phase"])
+    assert len(doc["phase_assets"]) == len(doc["phases"]) and doc["phase_assets"][-1] == "9/9", doc["phase_assets"]
     assert [p["label"] for p in doc["progress"]["phases"]][-1] == "9/9"
     assert doc["waiting"] == overview["acme"]["waiting"] == 0 and doc["budget_waiting"] is None, doc["waiting"]
 

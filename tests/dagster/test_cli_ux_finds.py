@@ -2,8 +2,13 @@
 
 * a dry run's phase assets read "materialized" (data written): the launch's per-phase table says
   "dry run: nothing written", and each phase materialisation's metadata opens with `dry_run_note`;
+* `migrate status`'s table numbers a running run's phase as its --json does, in the run's own plan,
+  with the phase asset's number beside it where they differ (a run of users alone: "2/2 (phase
+  asset 9/9)", where it had said 9/9 beside the JSON's two phases);
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -48,3 +53,26 @@ def test_a_dry_runs_phases_say_nothing_was_written(db):
     assert "dry run: failed" in text, text
     real = _captured(print_phase_results, results, False)
     assert "materialized" in real and "dry run" not in real, real
+
+
+def _running(plan: list[list[str]], at: int) -> SimpleNamespace:
+    """What print_rollup reads of a running pipedrive run of `plan` at phase index `at`."""
+    kinds = [SimpleNamespace(phase=i, kind=k, tasks={"succeeded": 1}, seen=1, imported=1, matched=0, already_here=0,
+                             updated=0, skipped=0, waiting=0, failed=0, deleted_at_source=0, caught_up={}, left={})
+             for i, group in enumerate(plan) for k in group]
+    return SimpleNamespace(name="run #3 (pipedrive for tenant 'acme')", status="running", dry_run=False, source="pipedrive",
+                           tenant_id="acme", current_phase=at, phases=plan, kinds=kinds, incomplete=[], unfinished=[],
+                           reasons=[], seconds=None, tasks={}, run_id=3)
+
+
+def test_the_status_title_numbers_the_phase_in_the_runs_own_plan_with_the_assets_beside():
+    from migration_pipeline.assets.specs import plan_of
+    from migration_pipeline.cli.tables import print_rollup, run_phase
+
+    assert run_phase("pipedrive", [["users"], ["catchup"]], 1) == (2, "2/2", "9/9")
+    assert run_phase("pipedrive", [["users"], ["catchup"]], 2) == (2, "2/2", "9/9")  # finished: its last phase
+    text = _captured(print_rollup, _running([["users"], ["catchup"]], 1))
+    assert "running phase 2/2 (phase asset 9/9)" in text, text
+    full = plan_of("pipedrive")
+    text = _captured(print_rollup, _running(full, 2))
+    assert "running phase 3/9" in text and "phase asset" not in text, text
