@@ -429,7 +429,7 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
     [{kind, action, reason, count, samples, example}] where `reason` is the shape (ids and numbers
     as `{id}` / `{n}`, `runlog.reason_shape`: "not linked to any record: organizations {n} is not
     here"), `count` the rows (or tasks) of every reason of that shape, `samples` up to SAMPLES
-    source ids of them, `example` one reason as it was written; `action` is "skipped"/"waiting"/"failed"
+    source ids of them, `example` one reason as it was written, the first sample's; `action` is "skipped"/"waiting"/"failed"
     (rows, counted from the ledger: the truth; waiting: `outcome_of`), "task failed" (tasks failed now, with their error),
     or the run log's level for notes that are not row outcomes (warnings such as bodies imported
     without their source's answer).
@@ -448,6 +448,7 @@ def grouped_reasons(db: Database, run_id: int, log_entries: list[dict[str, Any]]
         g = groups.setdefault((action, kind, shape), {"kind": kind, "reason": shape, "count": 0, "samples": [],
                                                       "action": action, "example": reason})
         g["count"] += count
+        g["example"] = reason if samples and not g["samples"] else g["example"]  # the first sample ids' reason
         for sample in samples:
             if len(g["samples"]) < SAMPLES and str(sample) not in g["samples"]:
                 g["samples"].append(str(sample))

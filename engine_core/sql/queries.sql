@@ -589,8 +589,9 @@ SELECT pg_try_advisory_xact_lock(%(lock)s, hashtext(%(table)s)) AS locked;
 -- Why rows were skipped or failed, from the ledger (the truth, not the run log's sample): grouped by
 -- kind, action and reason with numbers of 3+ digits folded (as runlog.group_key does), with up to
 -- five sample source ids. Rows a later write took over are no longer skipped/failed, so a reason
--- whose rows were imported after a retry disappears by itself.
-SELECT kind, action, min(reason) AS reason, count(*) AS n,
+-- whose rows were imported after a retry disappears by itself. `reason` is the first sample's, so
+-- the example said beside the ids is one of theirs.
+SELECT kind, action, (array_agg(reason ORDER BY length(source_id), source_id))[1] AS reason, count(*) AS n,
        (array_agg(source_id ORDER BY length(source_id), source_id))[1:5] AS samples
   FROM migration_records
  WHERE migration_id = %(run_id)s AND action IN ('skipped', 'failed')
@@ -599,8 +600,8 @@ SELECT kind, action, min(reason) AS reason, count(*) AS n,
 
 -- name: unreadable_reasons --
 -- `ledger_reasons` for the run's rows without a readable id (migration 0013): failed, grouped the
--- same way, their raw keys as samples.
-SELECT kind, 'failed' AS action, min(reason) AS reason, count(*) AS n,
+-- same way, their raw keys as samples, `reason` the first sample's.
+SELECT kind, 'failed' AS action, (array_agg(reason ORDER BY length(raw_key), raw_key))[1] AS reason, count(*) AS n,
        (array_agg(raw_key ORDER BY length(raw_key), raw_key))[1:5] AS samples
   FROM migration_unreadable
  WHERE migration_id = %(run_id)s

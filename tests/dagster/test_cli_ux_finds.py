@@ -5,6 +5,8 @@
 * `migrate status`'s table numbers a running run's phase as its --json does, in the run's own plan,
   with the phase asset's number beside it where they differ (a run of users alone: "2/2 (phase
   asset 9/9)", where it had said 9/9 beside the JSON's two phases);
+* a reason group's example sentence is the reason of its first sample id (it was the group's
+  alphabetically least reason, another row's: "e.g. 1.2 KiB" beside the id of a 8.8 KiB file);
 """
 from __future__ import annotations
 
@@ -76,3 +78,27 @@ def test_the_status_title_numbers_the_phase_in_the_runs_own_plan_with_the_assets
     full = plan_of("pipedrive")
     text = _captured(print_rollup, _running(full, 2))
     assert "running phase 3/9" in text and "phase asset" not in text, text
+
+
+def test_a_reason_groups_example_is_its_first_sample_rows_reason(db):
+    from engine_core.rollup import grouped_reasons
+    from migration_pipeline.cli.output import console
+    from migration_pipeline.cli.tables import reasons_table
+
+    run = runs.start_run(db, provider_for("example"), "why", options={**SMALL, "dangling": {"notes": [5, 9, 7]}})
+    drain_threads(db, run.id, width=2, providers=for_run)
+    sizes = {"5": 9001, "7": 5000, "9": 1200}  # the least reason ("1200 bytes") is not the first sample's (5)
+    for sid, size in sizes.items():
+        db.sql("UPDATE migration_records SET reason = %(why)s WHERE migration_id = %(r)s AND kind = 'notes' "
+               "AND source_id = %(sid)s RETURNING 1", {"why": f"body not kept: {size} bytes over the cap", "r": run.id, "sid": sid})
+    group = next(g for g in grouped_reasons(db, run.id) if g["kind"] == "notes")
+    assert group["samples"] == ["5", "7", "9"] and group["count"] == 3, group
+    assert group["example"] == "body not kept: 9001 bytes over the cap", group
+    text = _captured(console.print, reasons_table([group], "why"))
+    assert "e.g. 8.8 KiB" in text and "5, 7, 9" in text, text
+    # a dry run's log: a group whose first note named no row takes its example from the note that did
+    log = [{"level": "warning", "kind": "notes", "reason": "body not kept: 1200 bytes over the cap", "count": 1},
+           {"level": "warning", "kind": "notes", "reason": "body not kept: 9001 bytes over the cap", "count": 1,
+            "samples": ["5"]}]
+    group = grouped_reasons(db, 0, log, dry_run=True)[0]
+    assert group["samples"] == ["5"] and group["example"] == "body not kept: 9001 bytes over the cap", group
