@@ -214,8 +214,10 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
-    """The overview as a table, with each tenant's skipped, waiting and failed rows beside its status; a run no worker drains ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04",
-    UTC, when its workers' processes are gone) beside its
+    """The overview as a table, with each tenant's skipped, waiting (a column, and a word of the
+    title, only when some row waits) and failed rows beside its status; a run no worker drains
+    ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04", UTC, when its workers'
+    processes are gone) beside its
     status and a line under the table says what that means and what resumes it (the overview had
     shown a dead run as plainly "running")."""
     if not overview:
@@ -232,13 +234,14 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
              *(f"{o[k].astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}" if o[k] else "-" for k in ("started_at", "finished_at")))
             for o in overview]
-    if not any(o.get("waiting") for o in overview):  # only a run stopped before its catch-up has them
+    waits = any(o.get("waiting") for o in overview)
+    if not waits:  # only a run stopped before its catch-up has them
         columns, rows = ([c for c in columns if c[0] != "waiting"],
                          [row[:6] + row[7:] for row in rows])
     # an 80-column terminal had cut every cell short: names and tasks fold,
-    # and the times go first when it is still too narrow
-    table = fitted_table("tenants (each one's latest run; skipped, waiting (for the catch-up) and failed: the rows "
-                         "`migrate rows TENANT` lists)",
+    # and the times go first when it is still too narrow; the title names the columns there are
+    counted = "skipped, waiting (for the catch-up) and failed" if waits else "skipped and failed"
+    table = fitted_table(f"tenants (each one's latest run; {counted}: the rows `migrate rows TENANT` lists)",
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
                          drop=("finished (UTC)", "started (UTC)", "waiting"))
     console.print(table, soft_wrap=False)

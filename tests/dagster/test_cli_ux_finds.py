@@ -7,6 +7,8 @@
   asset 9/9)", where it had said 9/9 beside the JSON's two phases);
 * a reason group's example sentence is the reason of its first sample id (it was the group's
   alphabetically least reason, another row's: "e.g. 1.2 KiB" beside the id of a 8.8 KiB file);
+* `migrate status`'s overview names a "waiting" column in its title only when it has one (no row
+  waits: the column is left out, and the title had still named it);
 """
 from __future__ import annotations
 
@@ -102,3 +104,20 @@ def test_a_reason_groups_example_is_its_first_sample_rows_reason(db):
             "samples": ["5"]}]
     group = grouped_reasons(db, 0, log, dry_run=True)[0]
     assert group["samples"] == ["5"] and group["example"] == "body not kept: 9001 bytes over the cap", group
+
+
+def test_the_overviews_title_names_waiting_only_with_its_column():
+    from datetime import datetime, timezone
+
+    from migration_pipeline.cli.tables import print_overview
+
+    def tenant(name: str, waiting: int) -> dict:
+        return {"tenant": name, "source": "example", "run_id": 1, "mode": "full", "status": "succeeded",
+                "dry_run": False, "phase": "5/5", "tasks": {"succeeded": 9}, "started_at": datetime.now(timezone.utc),
+                "finished_at": None, "idle_seconds": None, "unattended": False, "no_live_worker_since": None,
+                "skipped": 2, "waiting": waiting, "failed": 0}
+
+    none_wait = _captured(print_overview, [tenant("a", 0)], width=250)
+    assert "waiting" not in none_wait and "skipped and failed" in none_wait, none_wait
+    some_wait = _captured(print_overview, [tenant("a", 0), tenant("b", 3)], width=250)
+    assert some_wait.count("waiting") == 2, some_wait  # the title's word and the column's header
