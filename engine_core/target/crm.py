@@ -21,7 +21,7 @@ from typing import Any
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from engine_core.db import Conn
+from engine_core.db import Conn, Database
 from engine_core.ledger import NewRows, Written, array
 from engine_core.rows import (  # noqa: F401 - the product's value rules, kept in the pure row module
     EMAIL_BODY_MAX,
@@ -137,6 +137,17 @@ ARCHIVE_COLUMNS: dict[str, tuple[str, ...]] = {
     "deals": ("archived", "archived_at", "source_updated_at"),
     "leads": ("archived", "source_updated_at"),
 }
+
+
+def archived(conn: Conn | Database, record_type: str | None, record_id: int | None) -> bool | None:
+    """Whether a product row (a ledger entry's `record_type`, "crm.deals", and `record_id`) is
+    archived; None for a table without an archived flag (`ARCHIVE_COLUMNS`) or a row gone."""
+    table = (record_type or "").removeprefix("crm.")
+    if table not in ARCHIVE_COLUMNS or record_id is None:
+        return None
+    rows = conn.sql(sql.SQL("SELECT archived FROM crm.{} WHERE id = %(id)s").format(sql.Identifier(table)),
+                    {"id": record_id})
+    return bool(rows[0]["archived"]) if rows else None
 
 
 def refresh_archived(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from engine_core.providers.registry import provider_for
 from engine_core.rollup_left import left_lines
 from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import catchup_kind, progress_weights
+from engine_core.target import crm
 from engine_core.verify import ledger_kind_of
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from engine_core.plan import left_out_line
@@ -213,7 +214,9 @@ def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> Non
 def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     """What happened to one source row, from the ledger. SOURCE_ID is taken without the spaces
     around it (a pasted " 42" had not been found) and in the form the ledger keys it
-    (`explain_id`); the text as given is looked up too when that finds nothing."""
+    (`explain_id`); the text as given is looked up too when that finds nothing. An archived deal or
+    lead says so after its product row (", archived"; --json: `archived`, null for a kind without
+    the flag): its ledger kind is the unarchived one's (`deals_archived` rows are kept as `deals`)."""
     raw = source_id.strip()
     if not raw:
         fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
@@ -249,13 +252,15 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
         waits = story["action"] == "skipped" and WAITS_FOR_WALK in (story["reason"] or "")
         story["outcome"] = "waiting" if waits else story["action"]
         story["next"] = next_for_placeholder(db, tenant, story) if story["action"] == "skipped" else None
+        # the product row's archived flag (deals, leads; else None): archived rows share their kind's ledger
+        story["archived"] = crm.archived(db, story.get("record_type"), story.get("record_id"))
 
         def render() -> None:
             verb = {"created": "imported", "matched": "matched to an existing record", "skipped": "skipped",
                     "failed": "failed", "waiting": "waiting for the catch-up's walk, left"}[story["outcome"]]
             line = f"{kind} {source_id}: {verb} by run #{story['run_id']} at {story['at']}"
             if story["record_id"]:
-                line += f" -> {story['record_type']} {story['record_id']}"
+                line += f" -> {story['record_type']} {story['record_id']}" + (", archived" if story["archived"] else "")
             if story["reason"]:
                 line += f" ({story['reason']})"
             console.print(line)

@@ -4,7 +4,7 @@
   was migrated and what migrates it, instead of passing an empty proof of "left out" kinds;
 * `migrate explain` and `migrate rows --kind` asked for `deals_archived` / `leads_archived` answer
   for the ledger kind the archived rows are kept under (`deals`, `leads`) and say so in one note
-  line on stderr, instead of "not in the ledger";
+  line on stderr, instead of "not in the ledger", and the row's line ends ", archived";
 * `migrate status TENANT --json` numbers `current_phase` and `phase` in the run's own `phases` it
   lists (a Pipedrive run without the opt-in phase ends at 8/8), and `phase_asset` as the overview
   and the phase assets do (9/9; it had said 9 beside eight phases), and its `waiting` is
@@ -64,6 +64,10 @@ def test_explain_and_rows_answer_an_archived_kind_under_its_ledger_kind(pipedriv
     assert out.stderr.strip() == (f"note: {archived} rows are kept in the ledger under {kind}: "
                                   f"explaining {kind} {sid}"), out.stderr
     assert out.stdout.startswith(f"{kind} {sid}: imported by run #"), out.stdout
+    # an archived row says so (it had read as any deal's): its product row's archived flag
+    assert out.stdout.splitlines()[0].endswith(", archived"), out.stdout
+    live = str(truth["ids"][kind][0])  # one of the unarchived list: no such word
+    assert "archived" not in _migrate_in_process(["explain", "acme", kind, live], env).stdout
     direct = _migrate_in_process(["explain", "acme", kind, sid], env)
     assert direct.stdout == out.stdout and not direct.stderr.strip(), (direct.stdout, direct.stderr)
     rows = _migrate_in_process(["rows", "acme", "--kind", archived], env)
