@@ -59,8 +59,9 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
                 seed_phase(tx, run, run.current_phase, provider)
             else:
                 ended = tx.fetch_one("finalize_run", {"run_id": run_id})
-                # the links earlier runs left owed to this run's kinds, filled from the ledger
-                owed_links.fill(tx, run, settled=bool(ended and ended["status"] == "succeeded"))
+                # the links earlier runs left owed to this run's kinds, filled from the ledger, and said
+                filled = owed_links.fill(tx, run, settled=bool(ended and ended["status"] == "succeeded"))
+                _log_filled(tx, run, filled, settings)
                 finalized = True
                 break
         phase = run.current_phase
@@ -73,6 +74,18 @@ def advance_phase(db: Database, run_id: int, phase: int, provider: Provider, set
     statistics.after_advance(db, closed=won_any,
                              background=background_statistics and not (finalized or failed_here))
     return won_any
+
+
+def _log_filled(tx: Conn, run: Run, filled: owed_links.Filled, settings: Settings) -> None:
+    """One "info" run-log entry per parent kind whose owed links the run's end filled, counted in
+    links: what status, report and the last phase's metadata say of the fill."""
+    if not filled:
+        return
+    log = RunLog(run.id, None, cap=settings.log_cap)
+    for kind, (n, line) in owed_links.filled_lines(filled).items():
+        log.note("info", kind, line)
+        log.groups[next(reversed(log.groups))]["count"] = n  # links, not notes
+    log.flush(tx)
 
 
 def _log_failed_phase(tx: Conn, run_row: dict, phase: int, settings: Settings) -> None:

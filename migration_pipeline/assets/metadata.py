@@ -182,7 +182,7 @@ def _extra(k: rollups.KindRollup, name: str) -> int:
 def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
                   windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds (of the catch-up:
-    of the kinds it wrote rows of, `told`); its seconds and rows/s over the time Dagster runs worked
+    of the kinds it wrote rows of, `told`; of the last phase: the run's "info" notes too); its seconds and rows/s over the time Dagster runs worked
     on it (`windows`, `phase_seconds`)."""
     kinds = r.phase_kinds(phase)
     names = [k.kind for k in kinds]
@@ -205,7 +205,9 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
         "seen": seen,
         "seconds": seconds,
         "rows_per_second": round(seen / seconds, 1) if seconds else 0.0,
-        "reasons": [g for g in r.reasons if g.get("kind") in told],
+        # the run's end notes (owed links filled) on its last phase, which ends it
+        "reasons": [g for g in r.reasons if g.get("kind") in told
+                    or (g.get("action") == "info" and phase == len(r.phases) - 1)],
         "told": sorted(told),
     }
 

@@ -2,9 +2,10 @@
 (`engine_core.owed_links`), in a column (an owner) or inside JSON (a custom field naming a user):
 after a run without users every owner is owed - `migrate explain` and verify say so, per row - and
 a run of users alone fills each contact's, deal's and activity's owner as the source has it, with
-nothing owed afterwards."""
+nothing owed afterwards; that run says how many links it filled, per parent kind and column."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import httpx
 from engine_core import rollup
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
+from migration_pipeline.assets import metadata
 
 from .support import FAST, failed_tasks, migrate, sandbox
 
@@ -69,6 +71,19 @@ def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db) -> None:
 
         second = migrate(db, sb, TENANT, kinds=["users"])
         assert second.status == "succeeded", failed_tasks(db, second.id)
+        # the run says what it filled (it had filled them silently): status's and report's grouped
+        # reasons and its last phase's metadata, one note per parent kind counted in links
+        owed_before = sum(len(v) for v in owned.values())
+        r = rollup.rollup(db, second.id)
+        said = [g for g in r.reasons if g["action"] == "info" and "owed link" in g["example"]]
+        assert len(said) == 1 and said[0]["kind"] == "users" and said[0]["count"] >= owed_before, r.reasons
+        assert said[0]["example"].startswith(f"{said[0]['count']} owed links filled from the ledger (owner_id -> users: "), said
+        last = metadata.phase_metadata(db, r, len(r.phases) - 1)
+        assert "owed links filled" in last["reasons"].value, last["reasons"].value
+        # the run's end notes are its last phase's whatever kind they name (a full run's catch-up
+        # tells only the kinds it wrote rows of)
+        elsewhere = dataclasses.replace(r, reasons=[{**said[0], "kind": "deals"}])
+        assert metadata.phase_summary(db, elsewhere, len(r.phases) - 1)["reasons"], r.phases
         for kind, table in OWNED.items():
             got = _owners(db, table)  # (activities of leads, a kind not taken, are skipped: not here)
             assert got == {sid: truth[kind][sid] for sid in got}, kind  # row by row, against the sandbox
