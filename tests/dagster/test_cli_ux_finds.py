@@ -9,6 +9,8 @@
   alphabetically least reason, another row's: "e.g. 1.2 KiB" beside the id of a 8.8 KiB file);
 * `migrate status`'s overview names a "waiting" column in its title only when it has one (no row
   waits: the column is left out, and the title had still named it);
+* `migrate db stop` while a `migrate ui` of the same MIGRATE_HOME serves is refused in one line
+  naming it (it had stopped the UI's database silently); --force stops it all the same;
 """
 from __future__ import annotations
 
@@ -121,3 +123,24 @@ def test_the_overviews_title_names_waiting_only_with_its_column():
     assert "waiting" not in none_wait and "skipped and failed" in none_wait, none_wait
     some_wait = _captured(print_overview, [tenant("a", 0), tenant("b", 3)], width=250)
     assert some_wait.count("waiting") == 2, some_wait  # the title's word and the column's header
+
+
+def test_db_stop_refuses_while_a_ui_uses_the_database(tmp_path):
+    import os
+
+    from migration_pipeline.launch.daemon import DaemonLock, lock_path
+    from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error
+
+    home = tmp_path / "home"
+    (home / "pgdata").mkdir(parents=True)
+    (home / "pgdata" / "postmaster.pid").write_text("")  # a server's mark; the refusal comes before pg_ctl
+    lock = DaemonLock(lock_path(home / "dagster", "postgresql://postgres@127.0.0.1:5432/migrate"))
+    assert lock.acquire()
+    try:
+        lock.record(by="migrate ui", pid=os.getpid(), address="http://127.0.0.1:3999", daemon_id=None)
+        out = _migrate_in_process(["db", "stop"], _env(MIGRATE_HOME=str(home)))
+        line = _one_line_error(out, "the Dagster UI started by migrate ui", f"pid {os.getpid()}",
+                               "http://127.0.0.1:3999", "`migrate db stop --force`")
+        assert "stopped" not in out.stdout, (line, out.stdout)
+    finally:
+        lock.release()
