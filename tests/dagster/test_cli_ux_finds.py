@@ -11,6 +11,8 @@
   waits: the column is left out, and the title had still named it);
 * `migrate db stop` while a `migrate ui` of the same MIGRATE_HOME serves is refused in one line
   naming it (it had stopped the UI's database silently); --force stops it all the same;
+* `migrate db url` where MIGRATE_HOME holds no embedded database (outside the project's root) says
+  where it looked in one line and starts none (it had started an empty server there silently).
 """
 from __future__ import annotations
 
@@ -144,3 +146,17 @@ def test_db_stop_refuses_while_a_ui_uses_the_database(tmp_path):
         assert "stopped" not in out.stdout, (line, out.stdout)
     finally:
         lock.release()
+
+
+def test_db_url_without_an_embedded_database_says_where_it_looked_and_starts_none(tmp_path):
+    from tests.conftest import stop_embedded_server
+    from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error
+
+    home = tmp_path / "elsewhere" / ".migrate"
+    try:
+        out = _migrate_in_process(["db", "url"], _env(MIGRATE_HOME=str(home)))
+        _one_line_error(out, f"no embedded database under {home} (MIGRATE_HOME)", "`migrate db url --create`")
+        assert not home.exists(), list(home.iterdir())
+    finally:
+        if (home / "pgdata" / "postmaster.pid").exists():  # the server the command had started: not left running
+            stop_embedded_server(home / "pgdata")
