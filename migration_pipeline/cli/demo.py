@@ -3,6 +3,7 @@ Pipedrive account, the Dagster UI."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -386,8 +387,6 @@ def uis_serving(home: Path) -> list[dict[str, Any]]:
     """The held daemon locks under `home` (DAGSTER_HOME) as their holders record them ({"by",
     "pid", "address", ...}): a `migrate ui` (or a launch's daemon) whose instance storage is the
     database under the same MIGRATE_HOME."""
-    import json
-
     from migration_pipeline.launch.daemon import lock_held  # Dagster's imports: only with a lock to read
 
     found = []
