@@ -1,4 +1,4 @@
-"""What a fresh user read wrong in the CLI's tables and the phase metadata:
+"""What the CLI's tables, `migrate db` and the phase metadata say where a reader took them wrong:
 
 * a dry run's phase assets read "materialized" (data written): the launch's per-phase table says
   "dry run: nothing written", and each phase materialisation's metadata opens with `dry_run_note`;
