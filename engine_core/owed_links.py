@@ -29,6 +29,7 @@ from engine_core.write import dangling_reason
 _BY_RECORD_TYPE = {t.record_type: t for t in TABLES.values()}
 
 
+BATCH = 5_000  # owed entries read, looked up and written per round of `fill`
 Filled = dict[str, dict[str, int]]  # parent kind -> {the link's column ("owner_id", "custom_fields"): links filled}
 
 
@@ -37,17 +38,26 @@ def fill(tx: Conn, run: Run, *, settled: bool) -> Filled:
     `settled`: the run succeeded, so an owed parent it did not write is no longer owed. Returns
     the links filled by parent kind and column ({"users": {"owner_id": 12}}; `filled_lines` says
     them); {} for a dry run or nothing owed."""
+    filled: Filled = {}
     if run.dry_run:
-        return {}
-    entries = tx.fetch_all("owed_links", {"tenant_id": run.tenant_id, "source": run.source,
-                                          "kinds": ledger.array(sorted(set(run.kinds)))})
-    if not entries:
-        return {}
+        return filled
+    after = 0
+    while True:  # BATCH entries at a time, in id order: a tenant owing millions is not held in memory
+        entries = tx.fetch_all("owed_links", {"tenant_id": run.tenant_id, "source": run.source, "after": after,
+                                              "limit": BATCH, "kinds": ledger.array(sorted(set(run.kinds)))})
+        if entries:
+            _fill_batch(tx, run, entries, settled, filled)
+        if len(entries) < BATCH:
+            return filled
+        after = entries[-1]["id"]
+
+
+def _fill_batch(tx: Conn, run: Run, entries: list[dict[str, Any]], settled: bool, filled: Filled) -> None:
+    """`fill` for one batch of owed entries; the links filled added to `filled`."""
     owed = [(e, r) for e in entries for r in e["dangling"] if r.get("owed") and r["parent_kind"] in run.kinds]
     found, _ = ledger.references(tx, run, [(r["parent_kind"], r["parent_id"]) for _, r in owed])
     columns: dict[tuple[str, tuple[Any, ...]], list[dict[str, int]]] = {}
     settled_refs: dict[int, list[dict[str, Any]]] = {}
-    filled: Filled = {}
     for e, r in owed:
         record_id = found.get((r["parent_kind"], r["parent_id"]))
         if record_id is not None and e["action"] == "created":  # a matched row is the product's own: not written
@@ -64,7 +74,6 @@ def fill(tx: Conn, run: Run, *, settled: bool) -> Filled:
             left = [r for r in e["dangling"] if r not in settled_refs[e["id"]]]
             rest.append((e, left))
     _keep(tx, rest)
-    return filled
 
 
 def filled_lines(filled: Filled) -> dict[str, tuple[int, str]]:

@@ -850,14 +850,17 @@ SELECT r.kind, r.source_id, r.parents
  ORDER BY r.kind, r.source_id;
 
 -- name: owed_links --
--- A tenant's written entries holding links owed to one of `kinds` (migration 0020; `owed_links.fill`).
+-- A tenant's written entries holding links owed to one of `kinds` (migration 0020; `owed_links.fill`),
+-- `limit` of them after the id `after`.
 -- The first predicate is the partial index's: a tenant that owes nothing costs one index probe.
 SELECT id, action, record_type, record_id, dangling
   FROM migration_records
  WHERE dangling @> '[{"owed": true}]' AND tenant_id = %(tenant_id)s AND source = %(source)s
    AND action IN ('created', 'matched') AND record_id IS NOT NULL
    AND EXISTS (SELECT 1 FROM jsonb_array_elements(dangling) d
-                WHERE d @> '{"owed": true}' AND d->>'parent_kind' = ANY(%(kinds)s));
+                WHERE d @> '{"owed": true}' AND d->>'parent_kind' = ANY(%(kinds)s))
+   AND id > %(after)s
+ ORDER BY id LIMIT %(limit)s;
 
 -- name: keep_owed --
 -- The references still dangling or owed after a fill, and the reason they give (NULL: none left).

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from engine_core import rollup
+from engine_core import owed_links, rollup
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
 from migration_pipeline.assets import metadata
@@ -40,7 +40,8 @@ def _truth_owners(sb: Any, kind: str) -> dict[str, str | None]:
     return out
 
 
-def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db) -> None:
+def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db, monkeypatch) -> None:
+    monkeypatch.setattr(owed_links, "BATCH", 7)  # the fill reads the owed entries in batches: many of them here
     with sandbox(scale="tiny") as sb:
         first = migrate(db, sb, TENANT, kinds=WITHOUT_USERS)
         assert first.status == "succeeded", failed_tasks(db, first.id)
