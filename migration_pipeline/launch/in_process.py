@@ -18,6 +18,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from engine_core.config import switch
 from migration_pipeline import tags
+from migration_pipeline.lane import carry
 from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launch.checks import LaunchError
 from migration_pipeline.launch.signals import STOP_SIGNALS
@@ -36,7 +37,9 @@ WATCH_SECONDS = 0.5
 
 # A terminate asked of an in-process run is delivered to the main thread again after this long while
 # the run has not ended: a delivery that lands inside a nested `capture_interrupts` (the phase op's
-# own stop, lane.hold_interrupts) is dropped by Dagster when that block exits.
+# own stop, lane.hold_interrupts) is dropped by Dagster when that block exits. Within the run's steps
+# one Dagster only held is taken back and delivered again at the watcher's next poll
+# (`InProcessRun._land`).
 REDELIVER_SECONDS = 2.0
 
 # Where Dagster's own output of in-process runs goes (its console logger writes every event to
@@ -200,8 +203,8 @@ class InProcessRun:
     * calls `on_tick(run)` (the command's progress: the rich bar or the plain lines);
     * delivers an interrupt to the main thread when the run is CANCELING or CANCELED (the UI's
       Terminate: with no gRPC client for the run, DefaultRunLauncher.terminate only marks it
-      CANCELING) - what a run worker's interrupt is, SIGINT to the process - again every
-      REDELIVER_SECONDS until the run ends;
+      CANCELING) - what a run worker's interrupt is, SIGINT to the process - again while the run
+      executes (see "Where a delivery lands" below);
     * acts on a stop signal (SIGINT, SIGTERM, SIGHUP) the command received: announces it on `err`
       ("SIGTERM: stopping what this command started"), tags the run `dagster/max_retries=0`, sets
       the engine run's stop flag, marks the run CANCELING, then delivers the interrupt. The signal
@@ -215,7 +218,17 @@ class InProcessRun:
     `_replace_interrupt_signal`, 1.13.27): a stop signal is only recorded, the watcher (within
     WATCH_SECONDS) marks the run CANCELING first and then delivers the interrupt
     (`_thread.interrupt_main`), which the wrapper passes to Dagster's handler. So the run ends CANCELED and the engine run stopped, resumable, as from a
-    run worker."""
+    run worker.
+
+    Where a delivery lands. Dagster raises an interrupt as DagsterExecutionInterruptedError only
+    inside user code (`raise_execution_interrupts`: an op's body, a resource's set-up); anywhere else
+    in a step - its start, the events of an op's yielded result, its end, between steps - it holds
+    it (`capture_interrupts`) and raises it on entering the next user code, before that code runs.
+    There the phase op cannot turn it into its one-line "stopped by a terminate request" Failure:
+    the next step failed with the interrupt's stack trace instead. So while this thread executes
+    the run's steps (`lane.carry.allowed`, the project's in-process executor), a delivery Dagster
+    only held is taken back and delivered again at the watcher's next poll, until one lands in user
+    code and raises there."""
 
     def __init__(self, instance: DagsterInstance, run_id: str, *, on_tick: Callable[[Any], None] | None = None,
                  err: Any = None, timeout: float | None = None, poll: float = WATCH_SECONDS) -> None:
@@ -229,7 +242,9 @@ class InProcessRun:
         self.timed_out = False
         self.executing = False
         self._stopping = False
-        self._deliveries = 0
+        self._deliveries = 0  # deliveries made and not yet landed on the main thread
+        self.landed = 0  # deliveries that reached the main thread (`_land`)
+        self._kept_back = False  # the last delivery was taken back from Dagster (`_land`)
         self._wake = None  # threading.Event, made in execute()
         self._done = None
         self._delivered_at: float | None = None
@@ -333,14 +348,32 @@ class InProcessRun:
         def guard(signo: int, frame: Any) -> None:
             if self._deliveries > 0:
                 self._deliveries -= 1
-                if callable(handler):
-                    handler(signo, frame)
+                self._land(handler, signo, frame)
                 return
             if self.signalled is None:  # the watcher sees it within WATCH_SECONDS (no lock taken here:
                 self.signalled = int(signo)  # the main thread may hold any lock the signal interrupted)
 
         guard._migrate_guard = True  # type: ignore[attr-defined]
         return guard
+
+    def _land(self, handler: Any, signo: int, frame: Any) -> None:
+        """A delivery of the watcher's, on the main thread: passed to `handler`, Dagster's. When
+        the handler only held it (Dagster's flag of a captured interrupt set) while this thread
+        executes the run's steps, the flag is cleared and the delivery is taken back: the watcher
+        delivers again at its next poll (see the class docstring). With no handler of Dagster's yet,
+        the same."""
+        from dagster._utils import interrupts
+
+        self.landed += 1
+        self._kept_back = False
+        if not callable(handler):
+            self._kept_back = True
+            return
+        handler(signo, frame)
+        held = interrupts._received_interrupt  # dagster 1.13.27's flag (check_captured_interrupt)
+        if held["received"] and carry.allowed():
+            held["received"] = False
+            self._kept_back = True
 
     # -- the watcher thread -----------------------------------------------------------------------
 
@@ -413,12 +446,17 @@ class InProcessRun:
 
     def _deliver(self) -> None:
         """The run worker's interrupt, on the main thread (`_guard` lets it through to Dagster's
-        handler): once, then again every REDELIVER_SECONDS while the run executes."""
+        handler, `_land`): once; again at the next poll when it was taken back, every
+        REDELIVER_SECONDS otherwise; never while one is on its way (a signal trips once however
+        often it is sent: two would land as one, and the count of those on their way stays one up)."""
         import _thread
 
         now = time.monotonic()
-        if not self.executing or (self._delivered_at is not None and now - self._delivered_at < REDELIVER_SECONDS):
+        if not self.executing or self._deliveries > 0:
+            return
+        if self._delivered_at is not None and not self._kept_back and now - self._delivered_at < REDELIVER_SECONDS:
             return
         self._delivered_at = now
+        self._kept_back = False
         self._deliveries += 1
         _thread.interrupt_main(signal.SIGINT)
