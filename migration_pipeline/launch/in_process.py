@@ -36,10 +36,10 @@ IN_PROCESS_ENV = "MIGRATE_RUN_IN_PROCESS"  # engine_core.config.FACE_SWITCHES
 WATCH_SECONDS = 0.5
 
 # A terminate asked of an in-process run is delivered to the main thread again after this long while
-# the run has not ended: a delivery that lands inside a nested `capture_interrupts` (the phase op's
-# own stop, lane.hold_interrupts) is dropped by Dagster when that block exits. Within the run's steps
-# one Dagster only held is taken back and delivered again at the watcher's next poll
-# (`InProcessRun._land`).
+# the run has not ended and Dagster only held the last delivery, outside the run's steps (the celery
+# executor's orchestrator reads it there; a nested `capture_interrupts` drops it on exit). Within the
+# steps a held delivery is taken back and delivered again at the watcher's next poll
+# (`InProcessRun._land`); one that raised is never delivered again.
 REDELIVER_SECONDS = 2.0
 
 # Where Dagster's own output of in-process runs goes (its console logger writes every event to
@@ -203,8 +203,8 @@ class InProcessRun:
     * calls `on_tick(run)` (the command's progress: the rich bar or the plain lines);
     * delivers an interrupt to the main thread when the run is CANCELING or CANCELED (the UI's
       Terminate: with no gRPC client for the run, DefaultRunLauncher.terminate only marks it
-      CANCELING) - what a run worker's interrupt is, SIGINT to the process - again while the run
-      executes (see "Where a delivery lands" below);
+      CANCELING) - what a run worker's interrupt is, SIGINT to the process - until one has raised
+      there (see "Where a delivery lands" below);
     * acts on a stop signal (SIGINT, SIGTERM, SIGHUP) the command received: announces it on `err`
       ("SIGTERM: stopping what this command started"), tags the run `dagster/max_retries=0`, sets
       the engine run's stop flag, marks the run CANCELING, then delivers the interrupt. The signal
@@ -228,7 +228,8 @@ class InProcessRun:
     the next step failed with the interrupt's stack trace instead. So while this thread executes
     the run's steps (`lane.carry.allowed`, the project's in-process executor), a delivery Dagster
     only held is taken back and delivered again at the watcher's next poll, until one lands in user
-    code and raises there."""
+    code and raises there. After that none is delivered: a second one could land in the op's own
+    stop handling, between the blocks that hold interrupts, and cut it short."""
 
     def __init__(self, instance: DagsterInstance, run_id: str, *, on_tick: Callable[[Any], None] | None = None,
                  err: Any = None, timeout: float | None = None, poll: float = WATCH_SECONDS) -> None:
@@ -245,6 +246,7 @@ class InProcessRun:
         self._deliveries = 0  # deliveries made and not yet landed on the main thread
         self.landed = 0  # deliveries that reached the main thread (`_land`)
         self._kept_back = False  # the last delivery was taken back from Dagster (`_land`)
+        self._raised = False  # a delivery raised on the main thread: none is delivered again
         self._wake = None  # threading.Event, made in execute()
         self._done = None
         self._delivered_at: float | None = None
@@ -361,7 +363,7 @@ class InProcessRun:
         the handler only held it (Dagster's flag of a captured interrupt set) while this thread
         executes the run's steps, the flag is cleared and the delivery is taken back: the watcher
         delivers again at its next poll (see the class docstring). With no handler of Dagster's yet,
-        the same."""
+        the same. One that raised is recorded, and the exception goes on."""
         from dagster._utils import interrupts
 
         self.landed += 1
@@ -369,7 +371,11 @@ class InProcessRun:
         if not callable(handler):
             self._kept_back = True
             return
-        handler(signo, frame)
+        try:
+            handler(signo, frame)
+        except BaseException:
+            self._raised = True
+            raise
         held = interrupts._received_interrupt  # dagster 1.13.27's flag (check_captured_interrupt)
         if held["received"] and carry.allowed():
             held["received"] = False
@@ -447,12 +453,13 @@ class InProcessRun:
     def _deliver(self) -> None:
         """The run worker's interrupt, on the main thread (`_guard` lets it through to Dagster's
         handler, `_land`): once; again at the next poll when it was taken back, every
-        REDELIVER_SECONDS otherwise; never while one is on its way (a signal trips once however
-        often it is sent: two would land as one, and the count of those on their way stays one up)."""
+        REDELIVER_SECONDS when Dagster held it outside the steps; never while one is on its way (a
+        signal trips once however often it is sent: two would land as one, and the count of those
+        on their way stays one up) nor after one raised."""
         import _thread
 
         now = time.monotonic()
-        if not self.executing or self._deliveries > 0:
+        if not self.executing or self._raised or self._deliveries > 0:
             return
         if self._delivered_at is not None and not self._kept_back and now - self._delivered_at < REDELIVER_SECONDS:
             return

@@ -97,3 +97,43 @@ def test_a_terminate_dagster_held_between_steps_ends_the_next_step_in_one_line()
         assert error.cls_name == "Failure", error.to_string()  # not DagsterExecutionInterruptedError
         assert failures[0].event_specific_data.user_failure_data.description == STOPPED
 
+
+@op
+def stops_slowly(context) -> None:
+    """A phase step terminated from the UI while it drains, whose stop handling spends a while
+    outside the blocks that hold interrupts."""
+    context.instance.report_run_canceling(context.run)  # the UI's terminate
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+    except DagsterExecutionInterruptedError:
+        time.sleep(1.0)  # a terminate delivered again lands here, and would replace the Failure below
+        raise Failure(description=STOPPED, allow_retries=False) from None
+    raise AssertionError("the terminate never reached the op")
+
+
+@job(executor_def=stopping_in_process_executor())
+def one_slow_stop():
+    stops_slowly()
+
+
+def test_a_terminate_that_raised_in_an_op_is_not_delivered_again(monkeypatch):
+    """Once a delivery raised in an op, the watcher delivers no other: one landing in the op's stop
+    handling outside its blocks that hold interrupts replaced the op's Failure with the interrupt."""
+    from migration_pipeline.launch import in_process
+
+    monkeypatch.setattr(in_process, "REDELIVER_SECONDS", 0.1)  # ten chances within the op's stop
+    with instance_for_test() as instance:
+        run = instance.create_run_for_job(job_def=one_slow_stop,
+                                          job_code_origin=reconstructable(one_slow_stop).get_python_origin())
+        mark_starting(instance, run)
+        executed = InProcessRun(instance, run.run_id, poll=0.05)
+        finished = executed.execute()
+        assert finished.status == DagsterRunStatus.CANCELED, finished.status
+        failures = [r.event_log_entry.dagster_event for r in instance.get_records_for_run(
+            run.run_id, of_type=DagsterEventType.STEP_FAILURE).records]
+        assert [e.step_key for e in failures] == ["stops_slowly"], [e.step_key for e in failures]
+        error = failures[0].event_specific_data.error
+        assert error.cls_name == "Failure", error.to_string()  # not DagsterExecutionInterruptedError
+        assert executed.landed == 1, executed.landed
