@@ -27,6 +27,7 @@ from dagster import ExecutorDefinition
 from engine_core.errors import ConfigError
 from migration_pipeline import storage
 from migration_pipeline.lane import carry
+from migration_pipeline.lane.join import join_at_launch
 from migration_pipeline.lane.terminate import hold_interrupts, stop_engine_run, stop_on_interrupt
 
 EXECUTOR_ENV = "MIGRATE_EXECUTOR"
@@ -87,7 +88,9 @@ def _celery_executor() -> ExecutorDefinition:
 
     class StoppingCeleryExecutor(CeleryExecutor):
         def execute(self, plan_context, execution_plan):
-            """dagster-celery's execution, the engine run's stop flag set once it reports a termination."""
+            """dagster-celery's execution, the engine run's stop flag set once it reports a termination.
+            First, the launch is tagged with the engine run it joined (`lane.join`)."""
+            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
             stopped = False
             for event in super().execute(plan_context, execution_plan):
                 yield event
@@ -133,7 +136,9 @@ def stopping_in_process_executor():
             """Dagster's in-process execution; an interrupt anywhere in it stops the engine run, then
             re-raises. Its phase ops may carry their lane threads from one step to the next
             (`lane.carry.steps_here`); whatever is carried is stopped when the steps end. The event log
-            storage reuses a step's latest-materialisation lookup for its checks (`storage.steps_here`)."""
+            storage reuses a step's latest-materialisation lookup for its checks (`storage.steps_here`).
+            First, the launch is tagged with the engine run it joined (`lane.join`)."""
+            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
             with carry.steps_here(), storage.steps_here():  # exited after the stop flag below is set
                 try:
                     yield from super().execute(plan_context, execution_plan)
