@@ -27,6 +27,7 @@ Dagster run (`not_in_plan`).
 # of op, asset and sensor functions at definition time.
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator, NoReturn
 
@@ -296,21 +297,33 @@ def materialize_phase(
     lane: LaneSettings,
     new_run: NewRunOptions,
     on_closed: Any = None,
+    attached: list[Run] | None = None,
 ) -> MaterializeResult | None:
     """The phase op's body (see the module docstring); `on_closed()`, when given, is called once the
     phase is seen closed, before its rollup is read (the op starts its checks there). A terminate
-    landing anywhere in it stops the engine run (`stop_after_termination`); when the Dagster run was asked to terminate, the step
-    ends with a one-line Failure ("stopped by a terminate request; relaunch resumes engine run N")
-    instead of DagsterExecutionInterruptedError's stack trace, and the run still ends CANCELED
-    (a CANCELING run whose steps failed ends CANCELED). Any other interrupt is re-raised."""
+    landing anywhere in it ends the step as `ending_on_terminate` says. `attached` (appended to):
+    the engine runs the op attached to, last the latest."""
     db = database.database()
-    attached: list[Run] = []
-    try:
+    attached = [] if attached is None else attached
+    with ending_on_terminate(context, db, source.source, attached):
         return _materialize_phase(context, spec, db, source, lane, new_run, attached, on_closed)
+
+
+@contextmanager
+def ending_on_terminate(context: AssetExecutionContext, db: Database, source: str, attached: list[Run]) -> Iterator[None]:
+    """Around a part of the phase op that runs user code (the drain, the wait for its checks): a
+    terminate landing in it stops the engine run (`stop_after_termination`; `attached`: the engine
+    runs the op attached to, last the latest, empty before one was); when the Dagster run was asked
+    to terminate, the step ends with a one-line Failure ("stopped by a terminate request; relaunch
+    resumes engine run N") instead of DagsterExecutionInterruptedError's stack trace, and the run
+    still ends CANCELED (a CANCELING run whose steps failed ends CANCELED). Any other interrupt is
+    re-raised. Not to wrap a `yield`: a generator closed there gets GeneratorExit."""
+    try:
+        yield
     except Exception:
         raise
     except BaseException as e:
-        run = stop_after_termination(context, db, source.source, attached[-1] if attached else None)
+        run = stop_after_termination(context, db, source, attached[-1] if attached else None)
         if isinstance(e, (DagsterExecutionInterruptedError, KeyboardInterrupt)):
             with hold_interrupts():
                 requested = terminate_requested(context)
@@ -485,7 +498,7 @@ def phase_step(
                                         checks))
 
         result = materialize_phase(context, spec, database, source, lane, new_run,
-                                   on_closed=start_checks if checks else None)
+                                   on_closed=start_checks if checks else None, attached=attached)
         if result is None:
             return  # not materialised: nothing for the checks to check
         yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
