@@ -483,13 +483,15 @@ def phase_step(
     The checks' queries (their own snapshot of the phase, read-only) start on a thread as soon as
     the phase is seen closed, while the op reads the rollup and Dagster records the
     materialisation; their results are yielded after it, so their evaluations name it as the one
-    they checked. A phase that fails (failed tasks) yields no evaluations."""
+    they checked. A phase that fails (failed tasks) yields no evaluations. A terminate landing while
+    the op waits for them ends the step as one in the drain does (`ending_on_terminate`)."""
     require_tenant(context)
     checks = {k.name for k in context.selected_asset_check_keys}
     if spec.key not in context.selected_asset_keys:
         require_run(database.database(), context.partition_key, spec)
         yield from evaluate_ledger_checks(database.database(), context.partition_key, spec, checks)
         return
+    attached: list[Run] = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"checks-{spec.index + 1}") as aside:
         started = []
 
@@ -503,8 +505,10 @@ def phase_step(
             return  # not materialised: nothing for the checks to check
         yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
         if checks:  # a phase materialised as not planned was never seen closed: checked here
-            yield from (started[0].result() if started else
-                        evaluate_ledger_checks(database.database(), context.partition_key, spec, checks))
+            with ending_on_terminate(context, database.database(), source.source, attached):
+                evaluations = (started[0].result() if started else
+                               evaluate_ledger_checks(database.database(), context.partition_key, spec, checks))
+            yield from evaluations
 
 
 def _phase_asset(spec: PhaseSpec, upstream: AssetKey | None) -> AssetsDefinition:
