@@ -10,7 +10,7 @@ request to the source - and takes the filled links off the entry and the row. A 
 finished run did not write (deleted at the source since) leaves its link empty and no longer
 owed, as a full run leaves a link to a record it did not find; a run that failed keeps those owed.
 A matched row (the product's own contact) is not written, as a run does not write over it.
-Tenants that take every kind owe nothing: one indexed query per finished run (migration 0020).
+Tenants that take every kind owe nothing: one indexed query per finished run (migrations 0020, 0021).
 """
 from __future__ import annotations
 
