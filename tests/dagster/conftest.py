@@ -14,13 +14,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from dagster import DagsterInstance, instance_for_test
+from dagster import DagsterInstance
 
 from engine_core import db as dbmod
 from migration_pipeline import stack as stackmod
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
 from tests.conftest import _with_dbname
 from tests.dagster.graphql import UI
+from tests.dagster.support import tmpfs_instance
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def engine_url(db_url: str) -> str:
 
 @pytest.fixture
 def instance() -> Iterator[DagsterInstance]:
-    with instance_for_test() as inst:
+    with tmpfs_instance() as inst:
         yield inst
 
 

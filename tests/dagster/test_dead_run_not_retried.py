@@ -10,13 +10,14 @@ from __future__ import annotations
 import socket
 import subprocess
 
-from dagster import DagsterRunStatus, instance_for_test
+from dagster import DagsterRunStatus
 from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
 from dagster._core.launcher.base import WorkerStatus
 
 from migration_pipeline import tags
 from migration_pipeline.launcher import IN_PROCESS_TAG, MigrationRunLauncher, fail_runs_of_dead_processes
+from tests.dagster.support import tmpfs_instance
 
 RETRIES = {"run_retries": {"enabled": True, "max_retries": 2}}
 
@@ -33,7 +34,7 @@ def _will_retry(instance, run_id: str) -> str | None:
 
 
 def test_a_run_whose_in_process_executor_died_is_failed_without_a_retry():
-    with instance_for_test(overrides=RETRIES) as instance:
+    with tmpfs_instance(overrides=RETRIES) as instance:
         other = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,
                                     tags={tags.PARTITION: "left"})
         instance.report_run_failed(other)
@@ -47,7 +48,7 @@ def test_a_run_whose_in_process_executor_died_is_failed_without_a_retry():
 
 
 def test_run_monitoring_fails_a_dead_in_process_run_without_a_retry():
-    with instance_for_test(overrides=RETRIES) as instance:
+    with tmpfs_instance(overrides=RETRIES) as instance:
         launcher = MigrationRunLauncher()
         launcher.register_instance(instance)
         dead = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context, instance_for_test
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 from dagster._core.definitions.partitions.context import partition_loading_context
 from dagster._core.remote_origin import RegisteredCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.test_utils import create_run_for_test
@@ -37,7 +37,7 @@ from migration_pipeline.lane.threads import LAUNCH_THREADS_ENV
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.lane.fair import IN_PROGRESS, LANE_SEEN_TAG, LANE_SLOTS_TAG, LANE_THREADS_TAG, lane_picture
 from migration_pipeline.jobs import DRAINER_JOB
-from tests.dagster.support import materialize_tenant, resources
+from tests.dagster.support import materialize_tenant, resources, tmpfs_instance
 
 DEFS = build_definitions("example")
 BIG = {"page_size": 20, "counts": {"companies": 400, "contacts": 400, "deals": 40, "activities": 20, "notes": 20}}
@@ -46,7 +46,7 @@ WIDTH4 = Settings(lane_width=4)
 
 @pytest.fixture(scope="module")
 def _module_instance() -> Iterator[DagsterInstance]:
-    with instance_for_test() as inst:
+    with tmpfs_instance() as inst:
         yield inst
 
 

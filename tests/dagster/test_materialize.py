@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from dagster import AssetCheckSeverity, DagsterInstance, instance_for_test
+from dagster import AssetCheckSeverity, DagsterInstance
 
 from engine_core import db as dbmod
 from engine_core import runs
@@ -22,7 +22,7 @@ from engine_core.ledger_reads import tenant_row_counts
 from engine_core.providers import example
 from migration_pipeline.instance import to_url
 from tests.conftest import _with_dbname
-from tests.dagster.support import SMALL, materialize_tenant, resources
+from tests.dagster.support import SMALL, materialize_tenant, resources, tmpfs_instance
 
 KINDS = ["companies", "contacts", "deals", "activities", "notes"]
 
@@ -58,7 +58,7 @@ def acme(server_url, clones):
     name = clones.take()
     url = _with_dbname(server_url, name)
     try:
-        with instance_for_test() as instance, dbmod.Database(url, max_size=20) as db:
+        with tmpfs_instance() as instance, dbmod.Database(url, max_size=20) as db:
             engine_url = to_url(url)
             result = materialize_tenant(instance, "acme", resources(engine_url, options=SMALL), raise_on_error=True)
             yield Migrated(instance, engine_url, db, result, runs.latest_run(db, "acme", "example"))

@@ -8,7 +8,7 @@ it) and ends CANCELED with the reason, unexecuted. With nothing done since, the 
 from __future__ import annotations
 
 import pytest
-from dagster import DagsterRunStatus, instance_for_test
+from dagster import DagsterRunStatus
 from dagster._core.errors import DagsterInvariantViolationError
 from dagster._core.storage.tags import RETRY_NUMBER_TAG, WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
@@ -22,6 +22,7 @@ from migration_pipeline import tags
 from migration_pipeline.instance import to_url
 from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launcher import retry_superseded
+from tests.dagster.support import tmpfs_instance
 
 SMALL = {"page_size": 20, "counts": {"companies": 5, "contacts": 5, "deals": 5, "activities": 5, "notes": 5}}
 OVERRIDES = {"run_retries": {"enabled": True, "max_retries": 1},
@@ -43,7 +44,7 @@ def _dead_run_and_its_retry(instance, tenant: str, engine_id: int, source: str =
 @pytest.mark.parametrize("by_hand", ["stopped", "succeeded", "relaunched"])
 def test_a_retry_does_not_execute_after_the_tenant_was_taken_in_hand(db_url, by_hand, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", to_url(db_url))  # the launcher reads the engine database as the daemon does
-    with instance_for_test(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
+    with tmpfs_instance(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
         engine = runs.start_run(db, provider_for("example"), "t1", options=SMALL)
         parent, retry = _dead_run_and_its_retry(instance, "t1", engine.id)
         assert retry_superseded(instance, db, instance.get_run_by_id(retry.run_id)) is None  # the control
@@ -67,7 +68,7 @@ def test_a_retry_does_not_execute_after_the_tenant_was_taken_in_hand(db_url, by_
 
 def test_a_drainer_or_another_tenant_is_not_a_hand_on_the_tenant(db_url, monkeypatch):
     monkeypatch.setenv("DATABASE_URL", to_url(db_url))
-    with instance_for_test(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
+    with tmpfs_instance(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
         engine = runs.start_run(db, provider_for("example"), "t2", options=SMALL)
         parent, retry = _dead_run_and_its_retry(instance, "t2", engine.id)
         create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,
@@ -89,7 +90,7 @@ def test_a_retry_resumes_the_stop_its_parents_own_interruption_made_not_a_later_
     # engine run's stop flag and tagged the run; the next daemon's retry resumes it - unless the
     # tenant was resumed by hand meanwhile
     monkeypatch.setenv("DATABASE_URL", to_url(db_url))
-    with instance_for_test(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
+    with tmpfs_instance(overrides=OVERRIDES) as instance, dbmod.Database(db_url, max_size=6) as db:
         engine = runs.start_run(db, provider_for("example"), "t3", options=SMALL)
         parent, retry = _dead_run_and_its_retry(instance, "t3", engine.id)
         assert stop_engine_run(instance, parent.run_id) == engine.id  # what the interrupted worker does

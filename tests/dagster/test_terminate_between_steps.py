@@ -75,12 +75,12 @@ def terminated_between_steps_plain():
 
 
 def _terminate_between_steps(db_url: str, monkeypatch, the_job) -> tuple[str, DagsterRunStatus]:
-    from dagster import instance_for_test
+    from tests.dagster.support import tmpfs_instance
 
     monkeypatch.setenv("DATABASE_URL", to_url(db_url))
     with dbmod.Database(db_url, max_size=4) as db:
         run = runs.start_run(db, provider_for("example"), "terminated", options={"page_size": 20})
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         try:
             result = execute_job(reconstructable(the_job), instance=instance, tags={ENGINE_RUN: str(run.id)},
                                  raise_on_error=False)
