@@ -13,7 +13,7 @@ project's executor.
 from __future__ import annotations
 
 import pytest
-from dagster import DagsterRunStatus, Definitions, instance_for_test
+from dagster import DagsterRunStatus, Definitions
 from dagster._core.definitions.job_base import InMemoryJob
 from dagster._core.execution.api import execute_run
 
@@ -23,7 +23,7 @@ from engine_core.worker import drain_threads
 from migration_pipeline import tags
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.lane.executors import stopping_in_process_executor
-from tests.dagster.support import resources
+from tests.dagster.support import resources, tmpfs_instance
 from tests.engine.support import FAST
 
 pytestmark = pytest.mark.timeout(180)
@@ -44,7 +44,7 @@ def test_a_launch_made_while_the_run_was_live_reports_it_when_it_ended_before_th
     monkeypatch.setenv("DATABASE_URL", engine_url)  # the run worker's engine database
     live = runs.start_run(db, provider_for("example"), "followed", options=TINY, settings=FAST)
     job = _tenant_job(engine_url)
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         instance.add_dynamic_partitions("tenants", ["followed"])
         launched = instance.create_run_for_job(job_def=job, tags={tags.PARTITION: "followed"})  # the UI's launch
         drain_threads(db, live.id, width=2, settings=FAST, providers=for_run)  # the run ends meanwhile
@@ -68,7 +68,7 @@ def test_a_launch_made_after_the_run_ended_is_still_refused(db, engine_url, monk
     done = runs.start_run(db, provider_for("example"), "finished", options=TINY, settings=FAST)
     drain_threads(db, done.id, width=2, settings=FAST, providers=for_run)
     job = _tenant_job(engine_url)
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         instance.add_dynamic_partitions("tenants", ["finished"])
         launched = instance.create_run_for_job(job_def=job, tags={tags.PARTITION: "finished"})
         execute_run(InMemoryJob(job), instance.get_run_by_id(launched.run_id), instance)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dagster import instance_for_test
 from dagster._config import validate_config_from_snap
 from dagster._core.snap import JobSnap
 from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql, infer_job_selector
@@ -19,6 +18,7 @@ from engine_core.providers.registry import provider_for
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.jobs import SYNC_JOB, TENANT_JOB
 from migration_pipeline.launch.checks import pickable_kinds
+from tests.dagster.support import tmpfs_instance
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "migration_pipeline" / "definitions.py"
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
@@ -62,7 +62,7 @@ def test_a_checked_choice_reaches_the_engine_as_plain_strings():
 
 def test_the_launchpad_refuses_an_unknown_kind_before_any_run_exists(monkeypatch):
     monkeypatch.setenv("MIGRATE_SOURCE", "pipedrive")
-    with instance_for_test() as instance, \
+    with tmpfs_instance() as instance, \
             define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
         params = {"selector": infer_job_selector(context, TENANT_JOB),
                   "runConfigData": {"resources": {"new_run": {"config": {"kinds": ["persons", "histroy"]}}}},
@@ -87,7 +87,7 @@ def test_the_launchpad_refuses_plain_kinds_mixed_with_plus_kinds_before_any_run_
     monkeypatch.setenv("MIGRATE_SOURCE", "pipedrive")
     monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("PIPEDRIVE_API_TOKEN", "sandbox-token")
-    with instance_for_test() as instance, \
+    with tmpfs_instance() as instance, \
             define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
         mixed = _launch(context, ["persons", "+deal_history"])
         empty = _launch(context, ["-all"])

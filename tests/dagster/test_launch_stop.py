@@ -8,16 +8,17 @@ phases 1-6 after the user had asked to stop. `launch.stop_launched_run` now tags
 """
 from __future__ import annotations
 
-from dagster import DagsterRunStatus, instance_for_test
+from dagster import DagsterRunStatus
 from dagster._core.storage.tags import WILL_RETRY_TAG
 from dagster._core.test_utils import create_run_for_test
 
 from migration_pipeline import launch, tags
 import migration_pipeline.launch.stop
+from tests.dagster.support import tmpfs_instance
 
 
 def test_a_run_stopped_by_its_command_is_not_retried_when_it_then_fails():
-    with instance_for_test(overrides={"run_retries": {"enabled": True, "max_retries": 2}}) as instance:
+    with tmpfs_instance(overrides={"run_retries": {"enabled": True, "max_retries": 2}}) as instance:
         # the control: a run that fails on its own is retried, as dagster.yaml asks
         other = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTED,
                                     tags={tags.PARTITION: "left"})

@@ -16,12 +16,13 @@ import time
 from typing import Any
 
 import pytest
-from dagster import (DagsterEventType, DagsterInstance, DagsterRunStatus, Failure, In, Nothing, instance_for_test, job,
+from dagster import (DagsterEventType, DagsterInstance, DagsterRunStatus, Failure, In, Nothing, job,
                      logger, op, reconstructable)
 from dagster._core.errors import DagsterExecutionInterruptedError
 
 from migration_pipeline.lane.executors import stopping_in_process_executor
 from migration_pipeline.launch.in_process import InProcessRun, mark_starting
+from tests.dagster.support import tmpfs_instance
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,7 +78,7 @@ def two_phases():
 
 
 def test_a_terminate_dagster_held_between_steps_ends_the_next_step_in_one_line():
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         run = instance.create_run_for_job(job_def=two_phases, run_config={"loggers": {"terminate": {}}},
                                           job_code_origin=reconstructable(two_phases).get_python_origin())
         mark_starting(instance, run)
@@ -124,7 +125,7 @@ def test_a_terminate_that_raised_in_an_op_is_not_delivered_again(monkeypatch):
     from migration_pipeline.launch import in_process
 
     monkeypatch.setattr(in_process, "REDELIVER_SECONDS", 0.1)  # ten chances within the op's stop
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         run = instance.create_run_for_job(job_def=one_slow_stop,
                                           job_code_origin=reconstructable(one_slow_stop).get_python_origin())
         mark_starting(instance, run)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dagster import Definitions, EnvVar, instance_for_test, job, op
+from dagster import Definitions, EnvVar, job, op
 from dagster._config import field_utils, validate_config, validate_config_from_snap
 from dagster._config.post_process import post_process_config
 from dagster._core.snap import JobSnap
@@ -21,6 +21,7 @@ from dagster_graphql.test.utils import define_out_of_process_context, execute_da
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.jobs import SYNC_JOB, TENANT_JOB, VERIFY_JOB
 from migration_pipeline.resources import LiteralSecret, PipedriveSource, new_run_options
+from tests.dagster.support import tmpfs_instance
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "migration_pipeline" / "definitions.py"
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
@@ -48,7 +49,7 @@ def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch
     monkeypatch.setenv("MIGRATE_SOURCE", "pipedrive")
     monkeypatch.setenv("PIPEDRIVE_BASE_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("PIPEDRIVE_API_TOKEN", "sandbox-token")
-    with instance_for_test() as instance, \
+    with tmpfs_instance() as instance, \
             define_out_of_process_context(str(DEFINITIONS), "defs", instance) as context:
         outs = {job: _launch(context, job, SECRET) for job in (VERIFY_JOB, TENANT_JOB, SYNC_JOB, "__ASSET_JOB")}
         unset = _launch(context, TENANT_JOB, {"env": "NOPE_VAR"})

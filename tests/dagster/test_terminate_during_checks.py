@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 import pytest
-from dagster import DagsterEventType, DagsterRunStatus, Definitions, instance_for_test
+from dagster import DagsterEventType, DagsterRunStatus, Definitions
 from dagster._core.definitions.job_base import InMemoryJob
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.execution.api import execute_run
@@ -29,7 +29,7 @@ from migration_pipeline import tags
 from migration_pipeline.assets import phases
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.lane.executors import stopping_in_process_executor
-from tests.dagster.support import resources
+from tests.dagster.support import resources, tmpfs_instance
 
 pytestmark = pytest.mark.timeout(180)
 TINY = {"page_size": 20, "counts": {"companies": 5, "contacts": 5, "deals": 5, "activities": 5, "notes": 5}}
@@ -52,7 +52,7 @@ def test_a_terminate_while_the_op_waits_for_its_checks_ends_the_step_in_one_line
     main, terminated = threading.current_thread(), []
     evaluate = phases.evaluate_ledger_checks
 
-    with instance_for_test() as instance:
+    with tmpfs_instance() as instance:
         instance.add_dynamic_partitions("tenants", ["checked"])
         launched = instance.create_run_for_job(job_def=job, tags={tags.PARTITION: "checked"})
 
