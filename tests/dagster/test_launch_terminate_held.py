@@ -103,8 +103,8 @@ def test_a_terminate_dagster_held_between_steps_ends_the_next_step_in_one_line()
 def stops_slowly(context) -> None:
     """A phase step terminated from the UI while it drains, whose stop handling spends a while
     outside the blocks that hold interrupts."""
-    context.instance.report_run_canceling(context.run)  # the UI's terminate
-    try:
+    try:  # the watcher may deliver while the terminate is still being recorded: inside the try too
+        context.instance.report_run_canceling(context.run)  # the UI's terminate
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             time.sleep(0.02)
