@@ -24,7 +24,10 @@ What keeps it safe:
   (`_inherited`): the control group (a service's command never runs in another unit's cgroup, where
   stopping that unit would kill it), resource limits, niceness, CPU affinity, user and groups.
 * The client hands over only once the child says it runs (`STARTED`, sent by the child itself): no
-  answer, and the command runs in the caller's process as without the launcher - never twice.
+  answer, and the command runs in the caller's process as without the launcher - never twice. The
+  child sends its exit code itself too, so a command goes on to its own end and exit code when its
+  server is stopped meanwhile (`migrate preload stop`); only a child killed by a signal after its
+  server is gone ends with exit code 1 and a line saying its code is unknown.
 * The child is the command: its pid is the worker's, it starts the daemon it may start (holding the
   daemon lock), it stops what it started on SIGINT/SIGTERM/SIGHUP, which the client forwards. A
   Ctrl-Z (SIGTSTP) stops the child (SIGSTOP: the kernel discards SIGTSTP sent to the server's
@@ -78,6 +81,7 @@ STORAGE_MODULES = ("dagster_postgres.event_log", "dagster_postgres.run_storage",
 
 
 _in_child = False  # this process is a server's child: it runs the command itself
+_client: socket.socket | None = None  # in a child: the connection to the client that follows it
 
 
 def enabled(argv: list[str], env: dict[str, str] | None = None, interactive: bool | None = None) -> bool:
@@ -237,7 +241,7 @@ def _follow(conn: socket.socket, child: int) -> int:
     if len(data) == 5 and data[:1] == EXIT:
         status = struct.unpack("!i", data[1:])[0]
         return status if status >= 0 else 128 - status
-    sys.stderr.write("migrate: the pre-loaded launcher ended before the command's exit code came\n")
+    sys.stderr.write("migrate: the command ended without its exit code (killed, its pre-loaded launcher gone)\n")
     return 1
 
 
@@ -441,6 +445,8 @@ def _child(conn: socket.socket, request: dict[str, Any], fds: list[int], command
             raise OSError("no go")
     except BaseException:  # noqa: BLE001 - the client gave up (or the set-up failed): nothing was run
         os._exit(75)
+    global _client
+    _client = conn
     threading.Thread(target=_die_with_caller, args=(conn,), name="migrate-preload-caller", daemon=True).start()
     code = 1
     try:
@@ -457,7 +463,20 @@ def _child(conn: socket.socket, request: dict[str, Any], fds: list[int], command
             sys.stdout.flush()
             sys.stderr.flush()
         finally:
-            os._exit(code)
+            exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """`os._exit(code)`; in a launcher's child, its client is told `code` first. The child tells it
+    itself because its server may be gone (`migrate preload stop`, a kill) while it ran on: the
+    server's own report (`_reap`) is then never sent. Commands that end with `os._exit` (a launch:
+    `cli.launching.exit_launched`) end through this."""
+    if _client is not None:
+        try:
+            _client.sendall(EXIT + struct.pack("!i", code))
+        except OSError:
+            pass
+    os._exit(code)
 
 
 def _die_with_caller(conn: socket.socket) -> None:

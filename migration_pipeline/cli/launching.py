@@ -32,7 +32,7 @@ from migration_pipeline.cli.output import again_line, console, emit, fail, open_
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
-from migration_pipeline import stack, tags
+from migration_pipeline import preload, stack, tags
 from migration_pipeline.alembic_later import storage_modules
 from migration_pipeline.instance import dagster_env, get_instance
 from migration_pipeline.launch.checks import (LaunchError, check_launch, check_tenant, check_tenant_source,
@@ -515,7 +515,7 @@ def exit_launched(code: int) -> None:
         sys.stderr.flush()
         logging.shutdown()
     finally:
-        os._exit(code)
+        preload.exit_now(code)  # os._exit, the code told first to a pre-loaded launcher's client
 
 
 def new_config(options: dict) -> dict:

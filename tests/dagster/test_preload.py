@@ -272,3 +272,21 @@ def test_ctrl_z_stops_the_forked_command_and_fg_continues_it_to_the_end(env):
     out, err = command.communicate(timeout=180)
     assert command.returncode == 0, err[-3000:]
     assert json.loads(out)["engine"]["status"] == "succeeded"
+
+
+def test_a_command_whose_launcher_is_stopped_meanwhile_goes_on_to_its_own_exit_code(env):
+    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
+    assert first.returncode == 0, first.stderr[-3000:]
+    server = _server(env)
+    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for("the command's child", lambda: _children(server), timeout=60)
+    with psycopg.connect(env["DATABASE_URL"]) as c:
+        _wait_for("a task started", lambda: c.execute(
+            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
+            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    stop = subprocess.run([MIGRATE, "preload", "stop"], env=env, capture_output=True, text=True, timeout=60)
+    assert "stopped 1 launcher" in stop.stdout, stop.stdout + stop.stderr
+    out, err = command.communicate(timeout=180)
+    assert command.returncode == 0, (out[-2000:], err[-3000:])  # its own exit code, not "the launcher ended" and 1
+    assert json.loads(out)["engine"]["status"] == "succeeded"
