@@ -28,7 +28,8 @@ from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
 from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli.output import again_line, console, emit, fail, open_db, reader_gone, what_now
+from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, console, emit, fail, open_db, reader_gone,
+                                          stopped_by, stopped_line, what_now)
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup
@@ -66,14 +67,15 @@ def asset_order(source: str) -> list[str]:
 
 
 def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any,
-                         source: str | None = None) -> None:
+                         source: str | None = None, sync: bool = False) -> None:
     """A `migrate run` / `sync` / `demo` stopped by SIGINT, SIGTERM or SIGHUP stops what it started
     (what a user stopping a foreground command expects; nothing is lost: the engine run keeps its
     checkpoints and `migrate run --tenant T` resumes it): the Dagster run it launched is cancelled
     from the queue or terminated, with its engine run's stop flag set (`launch.stop_launched_run`),
     then the daemon it started for the duration is stopped (a daemon it did not start - the UI's -
     is left alone). A run still in progress when our daemon (its run worker's parent) is gone is
-    marked CANCELED. Lines go to stderr, also under --json."""
+    marked CANCELED. Lines go to stderr, also under --json; a stopped engine run ends with the one
+    `stopped_line` a stop from elsewhere ends with too (`sync`: resumed by `migrate sync`)."""
     # Dagster (~2 s of imports): only a launch needs it
     from migration_pipeline.launch.statuses import FINISHED
     from migration_pipeline.launch.stop import mark_canceled, stop_launched_run
@@ -109,10 +111,15 @@ def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant:
                                                    "run; nothing was migrated")
             run = instance.get_run_by_id(run_id)
             status = run.status if run is not None else status
+        dagster = f"Dagster run {run_id}: {status.value if status else 'gone'}{', our daemon stopped' if ours else ''}"
         with open_db() as db:
-            if engine:
-                er = runs.get_run(db, int(engine))
-                after = f"; {er.name} is {er.status}; `migrate run --tenant {tenant}` resumes it"
+            er = runs.get_run(db, int(engine)) if engine else None
+            if er is not None and er.status in ("stopping", "stopped"):
+                say(stopped_line(er.name, er.status, stopped_by(signalled.signo), tenant, dagster, sync))
+                return
+            if er is not None:  # it ended on its own before the stop reached it
+                again = again_line(tenant, er.status, sync)
+                after = f"; {er.name} is {er.status}" + (f"; `{again[0]}` {again[1]}" if again else "")
             else:  # what a relaunch meets: the engine run this launch would have attached, if any
                 try:
                     er = runs.latest_run(db, tenant, source)
@@ -436,13 +443,16 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 with signals_held():
                     progress.close()
                     # the run exists once place_tenant_run has created it, maybe before it was queued
-                    stop_what_we_started(instance, keeper, run_id, tenant, signalled, source)
+                    stop_what_we_started(instance, keeper, run_id, tenant, signalled, source,
+                                         sync=job != TENANT_JOB)
                 sys.exit(signalled.exit_code)
         if outcome is not None:
             outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
                            cost={k: int(v) for k, v in cost.items()} if cost else {"requests": 0, "tokens": 0},
                            ui=live.address if live.alive else None)
         dry_run = bool(r.dry_run) if r is not None else bool(new_cfg.get("dry_run"))
+        if dagster_run.status.value == "CANCELED" and r is not None and r.status in ("stopping", "stopped"):
+            return _stopped_elsewhere(as_json, run_id, r, results, tenant, sync=job != TENANT_JOB)
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
@@ -485,6 +495,19 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
     finally:
         progress.close()
         instance.dispose()
+
+
+def _stopped_elsewhere(as_json: bool, run_id: str, r: Any, results: list[Any], tenant: str, sync: bool) -> int:
+    """The end of a launch whose run a stop from outside this command ended (`migrate stop`, the UI's
+    Terminate, the engine's pause): as a Ctrl-C's, one `stopped_line` on stderr (not the tables, the
+    "what now" and the phase step's own Dagster-worded message, which had printed it twice and
+    called the stop "failed"); under --json, stdout's document first (`stopped_by`). Exit code
+    STOPPED_ELSEWHERE: not 1, which says the run failed."""
+    by = stopped_by(step_messages=tuple(p.message for p in results if p.status == "failed"))
+    emit(as_json, {"dagster_run_id": run_id, "dagster_status": "CANCELED", "stopped_by": by,
+                   "engine": r.as_dict()}, lambda: None)
+    click.echo(stopped_line(r.name, r.status, by, tenant, f"Dagster run {run_id}: CANCELED", sync), err=True)
+    return STOPPED_ELSEWHERE
 
 
 def emit_outcome(as_json: bool, payload: Any, render: Any, verdict: str, ok: bool) -> int:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -164,6 +165,40 @@ def again_line(tenant: str, status: str | None, sync: bool = False) -> tuple[str
     if status == "failed":
         return command, "retries its failed tasks (the rest stay done)"
     return None
+
+
+# `migrate run` / `sync`'s exit codes (README "From the command line", docs/commands.md): 0 the run
+# succeeded, 1 it failed (retry: the same command), 2 refused before anything ran (bad input, a
+# check, --timeout), STOPPED_ELSEWHERE a stop from outside this command (`migrate stop`, the UI's
+# Terminate, the engine's pause) ended it resumable, 128 + N this command got signal N (130: Ctrl-C).
+STOPPED_ELSEWHERE = 3
+
+
+def stopped_by(signo: int | None = None, step_messages: tuple[str, ...] = ()) -> str:
+    """Who stopped a run, as the stop line says it: this command's signal `signo` ("this command's
+    Ctrl-C (SIGINT)", "SIGTERM to this command"), else - a stop from outside, read from the
+    phase steps' one-line messages (`migration_pipeline.assets.phases`: a pause says "paused: why",
+    a terminate "stopped by a terminate request") - the engine's pause, the UI's Terminate, or
+    `migrate stop`."""
+    if signo is not None:
+        name = signal.Signals(signo).name
+        return f"this command's Ctrl-C ({name})" if signo == signal.SIGINT else f"{name} to this command"
+    paused = next((m for m in step_messages if "(paused: " in m), None)
+    if paused:  # "... closed (paused: the source failed ... (last: HTTP 503)); launch the partition again ..."
+        return f"the engine's pause ({paused.split('(paused: ', 1)[1].rsplit('); ', 1)[0]})"
+    if any("terminate request" in m for m in step_messages):
+        return "a Terminate from elsewhere (the Dagster UI's)"
+    return "`migrate stop` from elsewhere"
+
+
+def stopped_line(run_name: str, status: str, by: str, tenant: str, dagster: str, sync: bool = False) -> str:
+    """The one line a stopped `migrate run` / `sync` ends with, whoever stopped it (`stopped_by`):
+    "run #5 (...) stopped by this command's Ctrl-C (SIGINT); `migrate run --tenant acme` resumes it
+    where it stopped (Dagster run R: CANCELED)". `status` is the engine run's ("stopping": a task
+    still reaching its checkpoint, said in brackets); `dagster` the Dagster side in a few words."""
+    command = f"migrate sync {tenant}" if sync else f"migrate run --tenant {tenant}"
+    still = "" if status == "stopped" else f" (still {status}: its running tasks stop at their next checkpoint)"
+    return f"{run_name} stopped by {by}{still}; `{command}` resumes it where it stopped ({dagster})"
 
 
 class RetryTally(logging.Handler):

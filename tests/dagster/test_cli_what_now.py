@@ -7,12 +7,16 @@
 * `migrate stop T` on a succeeded or stopped tenant says "nothing to stop" with its state, and
   changes nothing;
 * after a sync, `migrate run` refuses the migrated tenant naming the run that migrated it (not the
-  sync's number) and pointing to `migrate sync`.
+  sync's number) and pointing to `migrate sync`;
+* a stopped `migrate run` ends with one line, whoever stopped it: who (this command's Ctrl-C,
+  `migrate stop`, the UI's Terminate, the engine's pause) and the command that resumes it (the
+  runs: test_launch_in_process's terminate and signal tests).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +29,7 @@ from engine_core import ledger_reads, runs
 from engine_core.config import Settings
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
-from migration_pipeline.cli.output import again_line, what_now
+from migration_pipeline.cli.output import again_line, stopped_by, stopped_line, what_now
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -135,3 +139,23 @@ def test_run_ends_with_what_now_and_json_stays_clean(env, db_url):
     assert synced.returncode == 0, (synced.stdout[-2000:], synced.stderr[-3000:])
     assert json.loads(synced.stdout)["engine"]["status"] == "succeeded"
     assert "what now" not in synced.stdout + synced.stderr
+
+
+def test_a_stopped_runs_line_says_who_stopped_it_and_how_it_resumes():
+    assert stopped_by(signal.SIGINT) == "this command's Ctrl-C (SIGINT)"
+    assert stopped_by(signal.SIGTERM) == "SIGTERM to this command"
+    # a stop from elsewhere, told apart by the phase step's own line (migration_pipeline.assets.phases)
+    assert stopped_by(step_messages=("run #4 (x) was stopped before phase 7 closed (a stop from `migrate stop` or "
+                                     "another launch); launch the partition again to resume from the checkpoints",)) \
+        == "`migrate stop` from elsewhere"
+    assert stopped_by(step_messages=("stopped by a terminate request; relaunch resumes engine run 4",)) \
+        == "a Terminate from elsewhere (the Dagster UI's)"
+    assert stopped_by(step_messages=("run #4 was stopped before phase 3 closed (paused: the source failed every "
+                                     "request for 5m00s (last: HTTP 503)); launch the partition again to resume",)) \
+        == "the engine's pause (the source failed every request for 5m00s (last: HTTP 503))"
+    line = stopped_line("run #4 (pipedrive for tenant 'acme')", "stopped", "`migrate stop` from elsewhere", "acme",
+                        "Dagster run R: CANCELED")
+    assert line == ("run #4 (pipedrive for tenant 'acme') stopped by `migrate stop` from elsewhere; "
+                    "`migrate run --tenant acme` resumes it where it stopped (Dagster run R: CANCELED)")
+    assert "`migrate sync acme` resumes it" in stopped_line("sync #5", "stopping", "x", "acme", "d", sync=True)
+    assert "launch the partition" not in line and "failed" not in line

@@ -34,6 +34,7 @@ import pytest
 from dagster import DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 
 from migration_pipeline import launch, stack, tags
+from migration_pipeline.cli import output
 import migration_pipeline.launch.checks
 import migration_pipeline.launch.daemon
 import migration_pipeline.launch.in_process
@@ -174,11 +175,17 @@ def test_the_uis_terminate_ends_an_in_process_run_canceled_and_stops_the_engine_
         # launcher says so, migration_pipeline.launcher; Dagster's own would answer False)
         assert instance.run_coordinator.cancel_run(run.run_id)
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1, (proc.returncode, out[-2000:], err[-3000:])
+        # stopped from elsewhere: not 1 (failed), and one line as a Ctrl-C's, not the tables, the
+        # "what now" and the phase step's "launch the partition again" on stdout and stderr both
+        assert proc.returncode == output.STOPPED_ELSEWHERE, (proc.returncode, out[-2000:], err[-3000:])
         assert instance.get_run_by_id(run.run_id).status == DagsterRunStatus.CANCELED
-        assert f"Dagster run {run.run_id}: CANCELED" in out, out[-2000:]
-        # the "what now" of a stopped run says how it goes on
-        assert re.search(r"\n  migrate run --tenant ui-stop +resumes it where it stopped", out), out[-2000:]
+        engine = run.tags["migration/run_id"]
+        said = [ln for ln in (out + err).splitlines() if "resumes it" in ln]
+        assert len(said) == 1 and re.search(rf"^run #{engine} \(.*\) stopped by a Terminate from elsewhere \(the "
+                                            rf"Dagster UI's\)(; | \(still stopping).*`migrate run --tenant ui-stop` "
+                                            rf"resumes it where it stopped \(Dagster run {run.run_id}: CANCELED\)$",
+                                            said[0]), said
+        assert "what now" not in out and "launch the partition" not in out + err and " failed: " not in out + err, out + err
         assert _engine_status(db_url, run.tags["migration/run_id"]) in ("stopping", "stopped")
         assert not instance.get_runs(RunsFilter(statuses=launch.statuses.IN_FLIGHT)), "a run is still in flight"
     finally:
@@ -203,7 +210,12 @@ def test_a_signal_ends_an_in_process_run_canceled_and_stops_the_engine_run(slow_
         assert proc.returncode == 128 + signo, (proc.returncode, out[-2000:], err[-3000:])
         assert "Traceback" not in err, err[-3000:]
         assert err.count(f"{name}: stopping what this command started") == 1, err[-3000:]
-        assert f"Dagster run {run.run_id}: CANCELED" in err, err[-3000:]
+        # the one line a stop from elsewhere ends with too: who stopped it, how it resumes
+        by = "this command's Ctrl-C (SIGINT)" if signo == signal.SIGINT else "SIGTERM to this command"
+        said = [ln for ln in (out + err).splitlines() if "resumes it" in ln]
+        assert len(said) == 1 and f" stopped by {by}" in said[0] and \
+            f"`migrate run --tenant {tenant}` resumes it where it stopped (Dagster run {run.run_id}: CANCELED" in said[0], said
+        assert "what now" not in out + err, out[-2000:]
         final = instance.get_run_by_id(run.run_id)
         assert final.status == DagsterRunStatus.CANCELED, final.status
         assert final.tags.get(MAX_RETRIES_TAG) == "0", "a stop the user asked for is not retried"
