@@ -245,6 +245,9 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
                          columns, rows, fold=("tenant", "source", "status", "tasks"),
                          drop=("finished (UTC)", "started (UTC)", "waiting"))
     console.print(table, soft_wrap=False)
+    if any(o["dry_run"] for o in overview):
+        console.print("a dry run's skipped and failed are its own counts, as its table says them: the rows a real "
+                      "run would skip or fail (it wrote none for `migrate rows`)", highlight=False)
     idle = [o["tenant"] for o in overview if o.get("unattended")]
     if idle:
         who = idle[0] if len(idle) == 1 else "T"

@@ -13,6 +13,7 @@ no traceback, and nothing left behind:
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from dagster._daemon.types import DaemonHeartbeat
 from engine_core import db as dbmod
 from engine_core.config import FACE_NUMBERS
 from engine_core.providers.registry import provider_for, for_run
+from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.worker import drain_threads
 from migration_pipeline import launch, stack
@@ -36,6 +38,7 @@ import migration_pipeline.launch.checks
 import migration_pipeline.launch.daemon
 import migration_pipeline.launch.place
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, to_url
+from migration_pipeline.cli.tables import outcome_counts
 from migration_pipeline.partitions import TENANTS
 
 pytestmark = pytest.mark.timeout(120)
@@ -297,8 +300,10 @@ def test_a_dry_run_says_would_import(db_url, run_env):
     with dbmod.Database(db_url, max_size=6) as db:
         run = runs.start_run(db, provider_for("example"), "dry", dry_run=True,
                              options={"page_size": 20, "counts": {"companies": 30, "contacts": 20, "deals": 10,
-                                                                  "activities": 10, "notes": 10}})
+                                                                  "activities": 10, "notes": 10},
+                                      "malformed": {"contacts": [3, 5]}, "dangling": {"deals": [2]}})
         drain_threads(db, run.id, width=2, providers=for_run)
+        own = outcome_counts(rollups.rollup(db, run.id))
     out = _migrate_in_process(["status", "dry"], run_env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "would import" in out.stdout and "would match" in out.stdout
@@ -307,6 +312,13 @@ def test_a_dry_run_says_would_import(db_url, run_env):
     assert "a dry run: succeeded" in out.stdout and "a dry run (nothing is written): 100% done" in out.stdout
     overview = _migrate_in_process(["status"], run_env).stdout
     assert "dry run:" in overview.split("dry ", 1)[1].split("\n", 1)[0], overview  # on the tenant's own row
+    # the overview's skipped and failed are the dry run's own, as its table sums them (it wrote no
+    # ledger row: the overview had said 0 and 0 beside a table of 58 skipped and 43 failed)
+    assert own["skipped"] and own["failed"], own
+    listed = next(o for o in json.loads(_migrate_in_process(["status", "--json"], run_env).stdout) if o["tenant"] == "dry")
+    assert (listed["dry_run"], listed["skipped"], listed["failed"], listed["waiting"]) == \
+        (True, own["skipped"], own["failed"], 0), listed
+    assert "a dry run's skipped and failed are its own counts" in overview, overview
     from migration_pipeline.cli.output import console
     from migration_pipeline.cli.tables import print_phase_results
     from migration_pipeline.launch.results import PhaseResult
