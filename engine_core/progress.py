@@ -399,6 +399,8 @@ class ProgressBoard:
         )
         self._bars: dict[int, Any] = {}
         self._meters: dict[int, PhaseMeter] = {}
+        self._first: dict[int, tuple[float, int]] = {}  # phase -> (monotonic s, rows seen) when first shown open
+        self._done: dict[int, str] = {}  # a closed phase's last figures, kept as they were when it closed
         self._words = ("would import", "would update") if dry_run else ("imported", "updated")
 
     def __enter__(self) -> ProgressBoard:
@@ -409,26 +411,43 @@ class ProgressBoard:
         self.progress.stop()
 
     def update(self, db: Database) -> list[PhaseProgress]:
-        """Read every phase's figures and redraw their bars; returns the figures of the phases
-        shown."""
+        """Read the figures of every phase not closed yet and redraw their bars (a closed phase's bar
+        keeps what it closed with); returns the figures read."""
         out: list[PhaseProgress] = []
         for i, kinds in enumerate(self.plan):
+            if i in self._done:  # closed: its bar keeps the figures it closed with
+                continue
             meter = self._meters.setdefault(i, PhaseMeter(db, self.run_id, i, kinds))
             p = meter.snapshot()
             if not p.tasks_total and not p.closed:
                 continue
             if i not in self._bars:
                 self._bars[i] = self.progress.add_task(f"phase {self.labels[i] if self.labels else i + 1} {', '.join(kinds)}", total=100.0, figures="")
-            imported, updated = self._words
-            figures = (f"{p.seen} seen {p.imported} {imported}" + (f" {p.updated} {updated}" if p.updated else "")
-                       + f" {p.skipped} skipped" + (f" {p.waiting} waiting" if p.waiting else "") + f" {p.failed} failed"
-                       f" | tasks {p.tasks_done}/{p.tasks_total} | {p.rows_per_second:.0f} rows/s"
-                       f" {p.requests_per_second:.1f} req/s {p.rate_limited}x429")
-            if p.retrying:
-                figures += " | retrying " + ", ".join(f"{n}x {c}" for c, n in sorted(p.retrying.items()))
-            self.progress.update(self._bars[i], completed=p.percent or 0.0, figures=figures)
+            if not p.closed:
+                self._first.setdefault(i, (p.at, p.seen))
+            self.progress.update(self._bars[i], completed=p.percent or 0.0, figures=self._figures(i, p))
+            if p.closed:
+                self._done[i] = self._figures(i, p)
             out.append(p)
         return out
+
+    def _figures(self, i: int, p: PhaseProgress) -> str:
+        """Phase `i`'s text beside its bar. An open phase: its counts, its rates now and what its
+        source is retrying now (`SourceMetrics.retrying`: the process's, so on the open phases
+        only - a closed phase's bar had kept "| retrying 1x ReadTimeout" of the phases after it).
+        A closed phase: its counts and its average rows/s over the time this board saw it open, or
+        no rate when it was closed already (a resumed run's earlier phases had shown "0 rows/s")."""
+        imported, updated = self._words
+        figures = (f"{p.seen} seen {p.imported} {imported}" + (f" {p.updated} {updated}" if p.updated else "")
+                   + f" {p.skipped} skipped" + (f" {p.waiting} waiting" if p.waiting else "") + f" {p.failed} failed"
+                   f" | tasks {p.tasks_done}/{p.tasks_total}")
+        if p.closed:
+            at, seen = self._first.get(i, (p.at, p.seen))
+            return figures + (f" | {(p.seen - seen) / (p.at - at):.0f} rows/s average" if p.at > at else "")
+        figures += f" | {p.rows_per_second:.0f} rows/s {p.requests_per_second:.1f} req/s {p.rate_limited}x429"
+        if p.retrying:
+            figures += " | retrying " + ", ".join(f"{n}x {c}" for c, n in sorted(p.retrying.items()))
+        return figures
 
 
 def status_line(progress: dict[str, Any], stale_after: float | None = None) -> str:
