@@ -37,6 +37,10 @@ class Progress:
 
     RETRIES_EVERY = 1.0  # seconds between two reads of the run's progress observations
 
+    # An engine run's states, seen before it has run under this command, that are what the launch
+    # resumes or retries: a resumed run's phase had its line twice, "stopped" then "running"
+    BEFORE = ("stopped", "stopping", "failed")
+
     def __init__(self, as_json: bool, instance: Any = None) -> None:
         self.as_json = as_json
         self.instance = instance  # the Dagster instance: the phase op's progress observations (retries)
@@ -48,6 +52,7 @@ class Progress:
         self.retrying: str | None = None  # what the latest observation says is retrying ("3 x ConnectError")
         self.read_at = 0.0
         self.retry_said: tuple[str | None, float] = (None, 0.0)  # (retrying, when) last printed
+        self.seen_running = False  # the engine run was running at a tick of this command's
 
     def __call__(self, dagster_run: Any) -> None:
         engine_id = dagster_run.tags.get("migration/run_id")
@@ -65,6 +70,10 @@ class Progress:
             self.board.update(self.db)
             return
         r = rollups.rollup(self.db, int(engine_id))
+        if r.status == "running":
+            self.seen_running = True
+        elif r.status in self.BEFORE and not self.seen_running:
+            return  # the stop or failure this launch resumes or retries: not news, the next line is its phase running
         phase = min(r.current_phase, len(r.phases) - 1)
         kinds = r.phase_kinds(phase)
         queued = dagster_run.status.value == "QUEUED"
