@@ -5,8 +5,8 @@
   been "HTTP 404" with no hint);
 * the sandbox's `--live-mix` help names every live op there is (it listed the older seven);
 * `migrate run`'s progress: a bar says what is retrying on the open phases only, a closed phase's
-  bar its average rows/s (or no rate), and a resumed run's phase has one line, not "stopped" then
-  "running".
+  bar its average rows/s (or no rate), the bars end with the run's last figures, and a resumed
+  run's phase has one line, not "stopped" then "running".
 """
 from __future__ import annotations
 
@@ -92,3 +92,20 @@ def test_a_resumed_runs_progress_lines_say_its_phase_once(db, db_url, monkeypatc
         ticks.close()
     lines = [line for line in shown.getvalue().splitlines() if "phase 1/" in line]
     assert len(lines) == 1 and " running: " in lines[0], shown.getvalue()
+
+
+def test_the_bars_end_with_the_runs_last_figures(db, db_url, monkeypatch):
+    # the last phase's bar had kept the last tick's figures ("tasks 7/8 | 0 rows/s") once the run ended
+    monkeypatch.setenv("DATABASE_URL", to_url(db_url))
+    opts = {"page_size": 10, "counts": {"companies": 20, "contacts": 10, "deals": 5, "activities": 5, "notes": 5}}
+    run = runs.start_run(db, provider_for("example"), "ended", options=opts, settings=FAST)
+    shown = io.StringIO()
+    monkeypatch.setattr(cli_progress, "console", Console(file=shown, width=300, force_terminal=True))
+    ticks = cli_progress.Progress(False)
+    try:
+        ticks(SimpleNamespace(tags={"migration/run_id": str(run.id)}, status=SimpleNamespace(value="STARTED"), run_id="r"))
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
+    finally:
+        ticks.close()
+    last = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", shown.getvalue()).rsplit("phase 1/5", 1)[1]
+    assert "phase 5/5 notes" in last and "5 seen 5 imported" in last.split("phase 5/5 notes")[1], last
