@@ -39,7 +39,8 @@ def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, o
     Starts the tenant's run, joins it, or - if its last run failed or was stopped - retries or
     resumes it, exactly as materialising the partition in the UI does. A tenant whose latest run
     succeeded (and covered these kinds) is not migrated again: refused in one line, pointing to
-    `migrate sync` and `--new-run`. Exits non-zero on failure."""
+    `migrate sync` and `--new-run`. Exit 0 succeeded, 1 failed, 2 refused (or --timeout), 3
+    stopped from elsewhere (`migrate stop`, the UI's Terminate), 130 stopped by Ctrl-C."""
     with before_launch():
         check_tenant(tenant)
         try:
