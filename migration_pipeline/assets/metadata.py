@@ -8,7 +8,8 @@ from typing import Any
 from dagster import MetadataValue, RunsFilter, TableColumn, TableRecord, TableSchema
 
 from engine_core import rollup as rollups
-from engine_core import runs_reads
+from engine_core import runs, runs_reads
+from engine_core.rows_now import counts_now, rows_now
 from engine_core.db import Database
 from engine_core.progress import PhaseProgress
 from engine_core.rollup_left import left_lines
@@ -26,6 +27,17 @@ ROW_OUTCOMES = ("skipped", "waiting", "failed")  # the grouped reasons' actions 
 # "materialized" for data written)
 DRY_RUN_NOTE = ("dry run: nothing was written; the counts are what a real run would import, match and update "
                 "(`migrate run --tenant TENANT` without --dry-run writes)")
+
+# the tenant's rows not imported now (`rows_now`): beside ROWS_SCHEMA's, the run that last wrote each
+TENANT_ROWS_SCHEMA = TableSchema(
+    columns=[
+        TableColumn("kind", "string"),
+        TableColumn("source_id", "string"),
+        TableColumn("action", "string"),
+        TableColumn("run_id", "int"),
+        TableColumn("reason", "string"),
+    ]
+)
 
 ROWS_SCHEMA = TableSchema(
     columns=[
@@ -117,12 +129,13 @@ def duration_table(db: Database, run_id: int, kinds: list[str]) -> str:
     return "\n".join(lines)
 
 
-def reasons_table(reasons: list[dict[str, Any]]) -> str:
+def reasons_table(reasons: list[dict[str, Any]], none: str = "No rows skipped, waiting or failed, no task failed.") -> str:
     """Grouped reasons (`rollup.grouped_reasons`) as a markdown table, biggest first, 30 at most: the
     reason's shape (ids and numbers as `{id}` / `{n}`), the rows or tasks of that shape, one reason
-    as written ("e.g.", when it differs from the shape) and a few example source ids."""
+    as written ("e.g.", when it differs from the shape) and a few example source ids. Without
+    reasons, `none`: the sentence saying so, of whatever the reasons were read from."""
     if not reasons:
-        return "No rows skipped, waiting or failed, no task failed."
+        return none
 
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
@@ -234,19 +247,25 @@ def asset_phase(r: rollups.RunRollup, phase: int) -> str:
 def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
                    windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """A closed phase's materialisation metadata: a dry run's `dry_run_note` (DRY_RUN_NOTE) first,
-    grouped reasons, then `phase_status` ("closed" / "closed with N failed task(s)"), the engine
-    run (`engine_run`, `engine_run_id`, `engine_run_status_at_close`: the run's status when this
-    phase closed, "running" for every phase but the last), counts in total
-    and per kind, tasks, rows/s, duration by payload, grouped reasons, a capped table of skipped
-    and failed rows, completeness. `windows`: when Dagster runs worked on the engine run
-    (`busy_windows`), so rows/s leaves out the time it was stopped or paused."""
+    grouped reasons (this run's; without any, `no_reasons` says so of this run and names what the
+    tenant holds), `figures_of` (whose figures are whose), then `phase_status` ("closed" / "closed
+    with N failed task(s)"), the engine run (`engine_run`, `engine_run_id`,
+    `engine_run_status_at_close`: the run's status when this phase closed, "running" for every phase
+    but the last), counts in total and per kind,
+    tasks, rows/s, duration by payload, a capped table of this run's skipped and failed rows, the
+    tenant's rows not imported at this phase's close (`tenant_rows_metadata`; not for a dry run),
+    completeness. `windows`: when Dagster runs worked on the engine run (`busy_windows`), so rows/s
+    leaves out the time it was stopped or paused."""
     s = phase_summary(db, r, phase, windows)
+    mode = runs.get_run(db, r.run_id).mode
+    now = None if r.dry_run else counts_now(db, r.tenant_id, s["told"])[""]
     md: dict[str, Any] = {
         # a dry run's first: its materialisation records what the phase counted, nothing written
         **({"dry_run_note": MetadataValue.text(DRY_RUN_NOTE)} if r.dry_run else {}),
         # then (the UI lists metadata in this order) the grouped reasons, what a phase with
-        # skipped or failed rows needs read first
-        "reasons": MetadataValue.md(reasons_table(s["reasons"])),
+        # skipped or failed rows needs read first, and whose figures these are
+        "reasons": MetadataValue.md(reasons_table(s["reasons"], no_reasons(r, now, mode))),
+        "figures_of": MetadataValue.text(figures_of(r, phase, now, mode)),
         "engine_run": MetadataValue.text(r.name),
         "engine_run_id": MetadataValue.int(r.run_id),
         # what this materialisation says: the phase closed (a key `engine_run_status` said
@@ -278,21 +297,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
             md[f"{k.kind}/{c}"] = MetadataValue.int(int(getattr(k, c)))
         for c in EXTRA:
             md[f"{k.kind}/{c}"] = MetadataValue.int(_extra(k, c))
-    md["per_kind"] = MetadataValue.table(
-        records=[
-            TableRecord(
-                {
-                    "kind": k.kind,
-                    **{c: int(getattr(k, c)) for c in COUNTS},
-                    **{c: _extra(k, c) for c in EXTRA},
-                    "seen": int(k.seen),
-                    "tasks": _tasks_text(k.tasks),
-                }
-            )
-            for k in s["kinds"]
-        ],
-        schema=PER_KIND_SCHEMA,
-    )
+    md["per_kind"] = per_kind_table(s["kinds"])
     md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
     rows = phase_rows(db, r.run_id, s["told"])
     # the rows the table is drawn from, counted the same way (the ledger's, now), so "N of M" holds
@@ -304,8 +309,10 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
     )
     of = "" if s["told"] == s["names"] else f" of the kinds it walked ({', '.join(s['told'])})"
     md["rows_not_imported_listed"] = MetadataValue.text(
-        f"{len(rows)} of {not_landed} skipped, waiting or failed rows{of} (capped at {ROWS_CAP}; the explain_row "
-        "job tells any row's story)")
+        f"{len(rows)} of {not_landed} skipped, waiting or failed rows{of} of this run ({run_said(r, mode)}; capped at "
+        f"{ROWS_CAP}; the explain_row job tells any row's story)")
+    if now is not None:
+        md.update(tenant_rows_metadata(db, r.tenant_id, s["told"], now))
     c = r.phase_completeness(phase)
     if c is not None:
         md["complete"] = MetadataValue.bool(bool(c["complete"]))
@@ -315,3 +322,82 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
         if k.source_total is not None:
             md[f"{k.kind}/source_total"] = MetadataValue.int(int(k.source_total))
     return md
+
+
+def run_said(r: rollups.RunRollup, mode: str = "full") -> str:
+    """The engine run as a reader tells a sync from a full run: "sync #12", "run #7", "dry run #3"
+    (`mode`: the run's, `Run.mode`)."""
+    said = "dry run" if r.dry_run else ("sync" if mode == "sync" else "run")
+    return f"{said} #{r.run_id}"
+
+
+def figures_of(r: rollups.RunRollup, phase: int, now: dict[str, int] | None, mode: str = "full") -> str:
+    """Whose figures a phase's materialisation holds, in one line: the counts, per_kind, reasons and
+    rows_not_imported are the engine run's that materialised it (a sync's: only the rows it
+    touched), at this phase's close; tenant_* are the tenant's ledger now, whichever run left the
+    rows (`now`: `rows_now.counts_now`'s total; None for a dry run, which keeps no rows)."""
+    sync = " (a sync: only the rows it brought)" if mode == "sync" else ""
+    mine = (f"counts, per_kind, reasons and rows_not_imported: this {run_said(r, mode)}'s{sync}, at this phase's close "
+            f"({asset_phase(r, phase)})")
+    if now is None:
+        return mine
+    return (f"{mine}; tenant_skipped, tenant_waiting, tenant_failed and tenant_rows_not_imported: tenant "
+            f"{r.tenant_id!r}'s rows not imported as the ledger held them at this phase's close, whichever run left "
+            f"them (`migrate rows {r.tenant_id}` lists them as they are now)")
+
+
+def no_reasons(r: rollups.RunRollup, now: dict[str, int] | None, mode: str = "full") -> str:
+    """The sentence `reasons` says when this run has none: of this run, and what the tenant still
+    holds of the phase's kinds (`now`), so "no rows" is never read as the tenant's."""
+    said = f"No rows skipped, waiting or failed by this {run_said(r, mode)}, no task failed"
+    if now is None:
+        return said + "."
+    held = sum(now.values())
+    if not held:
+        return said + f"; tenant {r.tenant_id!r} holds none of these kinds now either."
+    return (said + f"; tenant {r.tenant_id!r} still holds {held} of these kinds from earlier runs "
+            f"({now['skipped']} skipped, {now['waiting']} waiting, {now['failed']} failed): tenant_rows_not_imported.")
+
+
+def tenant_rows_metadata(db: Database, tenant: str, kinds: list[str], now: dict[str, int],
+                         at: str = "at this phase's close") -> dict[str, Any]:
+    """The tenant's rows not imported of `kinds` as the ledger holds them now (`now`: their counts,
+    `rows_now.counts_now`'s total; `at`: when that is, as the text says it): `tenant_skipped`,
+    `tenant_waiting`, `tenant_failed` and a capped table, `tenant_rows_not_imported` (failed first,
+    each with the run that last wrote it), with `tenant_rows_not_imported_listed` saying how many of
+    how many - the rows `migrate rows` lists."""
+    rows = rows_now(db, tenant, kinds, ROWS_CAP)
+    held = sum(now.values())
+    by_kind = " ".join(f"--kind {k}" for k in kinds) if len(kinds) == 1 else f"--kind KIND ({', '.join(kinds)})"
+    return {
+        "tenant_skipped": MetadataValue.int(now["skipped"]),
+        "tenant_waiting": MetadataValue.int(now["waiting"]),
+        "tenant_failed": MetadataValue.int(now["failed"]),
+        "tenant_rows_not_imported": MetadataValue.table(
+            records=[TableRecord({"kind": x["kind"], "source_id": str(x["id"]), "action": x["action"],
+                                  "run_id": int(x["run_id"]), "reason": str(x["reason"] or "")[:300]}) for x in rows],
+            schema=TENANT_ROWS_SCHEMA,
+        ),
+        "tenant_rows_not_imported_listed": MetadataValue.text(
+            f"{len(rows)} of {held} skipped, waiting or failed rows of tenant {tenant!r} {at}, whichever run left them "
+            f"(capped at {ROWS_CAP}; `migrate rows {tenant} {by_kind}` lists them all)"),
+    }
+
+
+def per_kind_table(kinds: list[rollups.KindRollup]) -> MetadataValue:
+    """The kinds' figures as a table (PER_KIND_SCHEMA): row outcomes, EXTRA, seen and tasks."""
+    return MetadataValue.table(
+        records=[
+            TableRecord(
+                {
+                    "kind": k.kind,
+                    **{c: int(getattr(k, c)) for c in COUNTS},
+                    **{c: _extra(k, c) for c in EXTRA},
+                    "seen": int(k.seen),
+                    "tasks": _tasks_text(k.tasks),
+                }
+            )
+            for k in kinds
+        ],
+        schema=PER_KIND_SCHEMA,
+    )
