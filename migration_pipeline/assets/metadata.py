@@ -251,7 +251,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
     tenant holds), `figures_of` (whose figures are whose), then `phase_status` ("closed" / "closed
     with N failed task(s)"), the engine run (`engine_run`, `engine_run_id`,
     `engine_run_status_at_close`: the run's status when this phase closed, "running" for every phase
-    but the last), counts in total and per kind,
+    but the last), counts in total and per kind (`per_kind_as_of`: read at this phase's close),
     tasks, rows/s, duration by payload, a capped table of this run's skipped and failed rows, the
     tenant's rows not imported at this phase's close (`tenant_rows_metadata`; not for a dry run),
     completeness. `windows`: when Dagster runs worked on the engine run (`busy_windows`), so rows/s
@@ -298,6 +298,7 @@ def phase_metadata(db: Database, r: rollups.RunRollup, phase: int,
         for c in EXTRA:
             md[f"{k.kind}/{c}"] = MetadataValue.int(_extra(k, c))
     md["per_kind"] = per_kind_table(s["kinds"])
+    md["per_kind_as_of"] = MetadataValue.text(per_kind_as_of(r, phase, mode))
     md["duration_by_payload"] = MetadataValue.md(duration_table(db, r.run_id, s["names"]))
     rows = phase_rows(db, r.run_id, s["told"])
     # the rows the table is drawn from, counted the same way (the ledger's, now), so "N of M" holds
@@ -382,6 +383,45 @@ def tenant_rows_metadata(db: Database, tenant: str, kinds: list[str], now: dict[
             f"{len(rows)} of {held} skipped, waiting or failed rows of tenant {tenant!r} {at}, whichever run left them "
             f"(capped at {ROWS_CAP}; `migrate rows {tenant} {by_kind}` lists them all)"),
     }
+
+
+def per_kind_as_of(r: rollups.RunRollup, phase: int, mode: str = "full") -> str:
+    """When `per_kind` was read: a phase closes before the run's catch-up (its last phase) runs, so
+    its by_catchup and deleted_at_source are the catch-up's figures so far (0 before it ran);
+    `migrate status` reads the run again later. Once the run's last phase closes, its op observes
+    every earlier phase's partition with per_kind as the run ended (`run_end_metadata`)."""
+    last = len(r.phases) - 1
+    if phase == last or r.current_phase > last or r.status in ("succeeded", "failed", "stopped"):
+        return f"{run_said(r, mode)} as it stood at {r.status}: the figures `migrate status {r.tenant_id}` shows for it"
+    return (f"{run_said(r, mode)} at this phase's close, before its catch-up (phase {asset_phase(r, last)}) ran: by_catchup and "
+            f"deleted_at_source are 0 until it does. When the run's last phase closes, this partition gets an "
+            f"observation with per_kind as the run ended (as `migrate status {r.tenant_id}` shows it)")
+
+
+def run_end_metadata(db: Database, r: rollups.RunRollup, phase: int, mode: str = "full") -> dict[str, Any]:
+    """An earlier phase's figures as run `r` ended (read after its last phase closed): `per_kind`
+    (PER_KIND_SCHEMA, what `migrate status` shows per kind), `by_catchup` and `deleted_at_source`
+    in total and per kind, `per_kind_as_of` saying so, and the tenant's rows not imported of the
+    phase's kinds now (`tenant_rows_metadata`: the catch-up settles some it left). Logged as an
+    observation of the phase's partition: its materialisation was read at its close, before the
+    catch-up wrote."""
+    kinds = r.phase_kinds(phase)
+    md: dict[str, Any] = {
+        "per_kind_as_of": MetadataValue.text(
+            f"{run_said(r, mode)} as it ended ({r.status}), its catch-up included: the figures `migrate status "
+            f"{r.tenant_id}` shows; this phase's materialisation holds them at its close"),
+        "engine_run_id": MetadataValue.int(r.run_id),
+    }
+    for c in EXTRA:
+        md[c] = MetadataValue.int(sum(_extra(k, c) for k in kinds))
+        for k in kinds:
+            md[f"{k.kind}/{c}"] = MetadataValue.int(_extra(k, c))
+    md["per_kind"] = per_kind_table(kinds)
+    if not r.dry_run:
+        names = [k.kind for k in kinds]
+        md.update(tenant_rows_metadata(db, r.tenant_id, names, counts_now(db, r.tenant_id, names)[""],
+                                       at="at the run's end"))
+    return md
 
 
 def per_kind_table(kinds: list[rollups.KindRollup]) -> MetadataValue:

@@ -58,7 +58,7 @@ from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant
-from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata
+from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata, run_end_metadata
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
@@ -464,7 +464,23 @@ def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, 
             metadata=metadata,
             allow_retries=False,
         )
+    if phase == len(r.phases) - 1:
+        observe_run_end(context, spec, db, run, r)
     return MaterializeResult(metadata=metadata)
+
+
+def observe_run_end(context: AssetExecutionContext, spec: PhaseSpec, db: Database, run: Run,
+                    r: rollups.RunRollup) -> None:
+    """Once the run's last phase (the catch-up) has closed: an observation of every earlier phase
+    of the run's plan, on this partition, with its per_kind as the run ended (`run_end_metadata`).
+    Each phase materialised at its own close, before the catch-up wrote rows of its kinds and marked
+    rows deleted at the source, so its by_catchup and deleted_at_source said 0 while `migrate status`
+    showed the catch-up's figures."""
+    for earlier in phase_specs(spec.source)[:spec.index]:
+        at = earlier.run_phase(run)
+        if at is not None and at < len(r.phases) - 1:
+            context.log_event(AssetObservation(asset_key=earlier.key, partition=context.partition_key,
+                                               metadata=run_end_metadata(db, r, at, run.mode)))
 
 
 def phase_step(
