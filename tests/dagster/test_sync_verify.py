@@ -12,7 +12,10 @@ the `matches_source` check.
   stopped by default and asks for the tenants whose latest run succeeded; `matches_source` (one per
   phase) is in neither the tenant job nor the sync job (it spends tokens), and not blocking.
 * On a tiny sandbox tenant through Dagster: the phase assets launched with the sync tag start an
-  engine sync that brings a change made at the source; `matches_source`, run on its own, passes
+  engine sync that brings a change made at the source; its phase materialisations list the tenant's
+  rows not imported (a deal an earlier run failed), not only the sync's, and say "no rows" of the sync
+  alone; at each run's end every earlier phase is observed with `per_kind` as `migrate status` shows
+  the run (`by_catchup` included); `matches_source`, run on its own, passes
   every phase with its tokens in the metadata, and fails naming a row deleted behind the ledger.
 """
 from __future__ import annotations
@@ -185,6 +188,75 @@ def _evaluations(result):
     return [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
 
 
+def _metadata(result) -> dict[str, dict]:
+    """Each phase asset's materialisation metadata in a materialize() result, by asset name."""
+    return {e.asset_key.path[-1]: e.materialization.metadata for e in result.get_asset_materialization_events()}
+
+
+def _run_end_observations(result) -> dict[str, dict]:
+    """The last observation of each phase asset in a result that carries `per_kind` (the run's end)."""
+    out = {}
+    for e in result.all_events:
+        if e.event_type_value == "ASSET_OBSERVATION":
+            obs = e.event_specific_data.asset_observation
+            if "per_kind" in obs.metadata:
+                out[obs.asset_key.path[-1]] = obs.metadata
+    return out
+
+
+def _leave_a_deal_failed(db, first) -> str:
+    """As if the full run `first` had failed one deal the source served in a shape the product cannot
+    hold (a row a run left failed stays the tenant's until a run settles it: a sync that is not served
+    it again does not touch it): its source id."""
+    held = db.sql("INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, action, reason)"
+                  " VALUES (%(r)s, %(t)s, 'pipedrive', 'deals', '990001', 'failed', 'value: not a number')"
+                  " RETURNING source_id", {"t": TENANT, "r": first.id})
+    return held[0]["source_id"]
+
+
+def _says_the_tenants_rows_and_the_runs_end(db, full, synced, first, sync, failed: str) -> None:
+    """A sync's materialisation of a phase lists the tenant's rows not imported at its close (as
+    `migrate rows` did then), not only the sync's, and its "no rows" sentence is the sync's alone; at
+    the run's end each earlier phase is observed with per_kind as `migrate status` shows the same
+    run, and with the tenant's rows then."""
+    from engine_core import rollup
+    from engine_core.ledger_reads import bad_row_counts
+
+    deals = _metadata(synced)["phase_4_deals_deals_archived_leads_leads_archived"]
+    table = [(r.data["kind"], r.data["source_id"], r.data["action"], r.data["run_id"])
+             for r in deals["tenant_rows_not_imported"].value.records]
+    assert ("deals", failed, "failed", first.id) in table, table  # the full run's row, at the sync's phase close
+    held = sum(deals[f"tenant_{a}"].value for a in ("skipped", "waiting", "failed"))
+    assert deals["tenant_failed"].value >= 1
+    assert deals["tenant_rows_not_imported_listed"].value.startswith(f"{len(table)} of {held} "), deals
+    # the sync itself skipped or failed nothing of these kinds: its sentence says so of the sync, and what the tenant holds
+    assert not deals["rows_not_imported"].value.records
+    assert deals["reasons"].value.startswith(f"No rows skipped, waiting or failed by this sync #{sync.id}, no task failed; "
+                                             f"tenant {TENANT!r} still holds {held} "), deals["reasons"].value
+    assert f"sync #{sync.id}" in deals["figures_of"].value and "tenant_rows_not_imported" in deals["figures_of"].value
+
+    # per_kind: read at each phase's close (before the catch-up ran), then observed at the run's end with
+    # the figures `migrate status` shows for the same run; the tenant's rows as the ledger holds them then
+    now = bad_row_counts(db, TENANT, ["deals", "deals_archived", "leads", "leads_archived"])
+    caught = 0
+    for result, run in ((full, first), (synced, sync)):
+        r = rollup.rollup(db, run.id)
+        ended = _run_end_observations(result)
+        phases = [name for name, md in _metadata(result).items()  # planned (the opt-in phase is not), before the last
+                  if "per_kind" in md and not name.endswith("catchup")]
+        assert sorted(ended) == sorted(phases), (sorted(ended), phases)
+        for name in phases:
+            shown = {rec.data["kind"]: (rec.data["by_catchup"], rec.data["deleted_at_source"])
+                     for rec in ended[name]["per_kind"].value.records}
+            status = {k.kind: (int(k.caught_up.get("seen", 0)), k.deleted_at_source) for k in r.kinds if k.kind in shown}
+            assert shown == status, (name, shown, status)
+            assert "before its catch-up" in _metadata(result)[name]["per_kind_as_of"].value
+            caught += sum(n for n, _ in shown.values()) if run is sync else 0
+    assert caught, "the sync's catch-up wrote the change made at the source: by_catchup is not 0 everywhere"
+    deals_end = _run_end_observations(synced)["phase_4_deals_deals_archived_leads_leads_archived"]
+    assert deals_end["tenant_failed"].value == sum(v["failed"] for v in now.values()), (deals_end, now)
+
+
 def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_url, db):
     instance.add_dynamic_partitions("tenants", [TENANT])
     assets = build_phase_assets("pipedrive")
@@ -197,6 +269,7 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
                            selection=phases, raise_on_error=False)
         assert full.success
         first = runs.latest_run(db, TENANT, "pipedrive")
+        failed = _leave_a_deal_failed(db, first)
         sb.configure(live_mix="update:1")
         changed = sb.live_step(1)[0]
 
@@ -207,6 +280,7 @@ def test_a_sync_through_the_phase_assets_then_the_proof_per_phase(instance, db_u
         assert sync.id != first.id and sync.status == "succeeded"
         assert db.sql("SELECT mode FROM migrations WHERE id = %(r)s", {"r": sync.id})[0]["mode"] == "sync"
         assert (synced.dagster_run.tags.get(tags.ENGINE_RUN)) == str(sync.id)
+        _says_the_tenants_rows_and_the_runs_end(db, full, synced, first, sync, failed)
 
         proved = _prove(assets, checks, proofs, instance, res)
         assert proved.success
