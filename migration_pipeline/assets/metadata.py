@@ -355,8 +355,8 @@ def no_reasons(r: rollups.RunRollup, now: dict[str, int] | None, mode: str = "fu
         return said + "."
     held = sum(now.values())
     if not held:
-        return said + f"; tenant {r.tenant_id!r} holds none of these kinds now either."
-    return (said + f"; tenant {r.tenant_id!r} still holds {held} of these kinds from earlier runs "
+        return said + f"; tenant {r.tenant_id!r} holds no such row of these kinds either."
+    return (said + f"; tenant {r.tenant_id!r} still holds {held} such rows of these kinds, from other runs "
             f"({now['skipped']} skipped, {now['waiting']} waiting, {now['failed']} failed): tenant_rows_not_imported.")
 
 
@@ -369,7 +369,7 @@ def tenant_rows_metadata(db: Database, tenant: str, kinds: list[str], now: dict[
     how many - the rows `migrate rows` lists."""
     rows = rows_now(db, tenant, kinds, ROWS_CAP)
     held = sum(now.values())
-    by_kind = " ".join(f"--kind {k}" for k in kinds) if len(kinds) == 1 else f"--kind KIND ({', '.join(kinds)})"
+    one = f" --kind {kinds[0]}" if len(kinds) == 1 else ""
     return {
         "tenant_skipped": MetadataValue.int(now["skipped"]),
         "tenant_waiting": MetadataValue.int(now["waiting"]),
@@ -381,7 +381,7 @@ def tenant_rows_metadata(db: Database, tenant: str, kinds: list[str], now: dict[
         ),
         "tenant_rows_not_imported_listed": MetadataValue.text(
             f"{len(rows)} of {held} skipped, waiting or failed rows of tenant {tenant!r} {at}, whichever run left them "
-            f"(capped at {ROWS_CAP}; `migrate rows {tenant} {by_kind}` lists them all)"),
+            f"(capped at {ROWS_CAP}; `migrate rows {tenant}{one}` lists them all, --kind K one kind's)"),
     }
 
 
@@ -392,7 +392,8 @@ def per_kind_as_of(r: rollups.RunRollup, phase: int, mode: str = "full") -> str:
     every earlier phase's partition with per_kind as the run ended (`run_end_metadata`)."""
     last = len(r.phases) - 1
     if phase == last or r.current_phase > last or r.status in ("succeeded", "failed", "stopped"):
-        return f"{run_said(r, mode)} as it stood at {r.status}: the figures `migrate status {r.tenant_id}` shows for it"
+        return (f"{run_said(r, mode)} as it stood when read ({r.status}): the figures `migrate status {r.tenant_id}` "
+                "shows for it")
     return (f"{run_said(r, mode)} at this phase's close, before its catch-up (phase {asset_phase(r, last)}) ran: by_catchup and "
             f"deleted_at_source are 0 until it does. When the run's last phase closes, this partition gets an "
             f"observation with per_kind as the run ended (as `migrate status {r.tenant_id}` shows it)")
