@@ -12,6 +12,7 @@ from rich.table import Table
 
 from engine_core import db as dbmod
 from engine_core import rollup as rollups
+from engine_core import row_story
 from engine_core import runs, runs_reads
 from engine_core.budget_waiting import waiting_state
 from engine_core.config import check_environment
@@ -231,9 +232,9 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     with open_db() as db:
         kind = folded(kind, check_explain(db, tenant, kind, ledger=True), "explaining", f" {source_id}")
         asked = source_id
-        story = rollups.explain(db, tenant, kind, source_id)
+        story = row_story.explain(db, tenant, kind, source_id)
         if story is None and raw != source_id:
-            asked, story = raw, rollups.explain(db, tenant, kind, raw)
+            asked, story = raw, row_story.explain(db, tenant, kind, raw)
         if story is not None and story.get("unreadable") and story.get("matches", 1) > 1:
             story["others"] = served_alike(db, tenant, kind, asked, story["source_id"])
         if story is None:
@@ -242,7 +243,7 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 f"; run #{listing['run_id']}'s catch-up listed it at the source" if listing["has"] else
                 f"; nor did the source list it (run #{listing['run_id']}'s catch-up listed {listing['listed']} "
                 f"{kind} ids, not this one)")
-            unread = rollups.unreadable_count(db, tenant, kind)
+            unread = row_story.unreadable_count(db, tenant, kind)
             if unread is not None:  # the row asked for may be one of them: served without its id
                 said += (f"; {unread['rows']} {kind} record(s) are kept without a readable id (latest in run "
                          f"#{unread['run_id']}: rows served without one{', or mail of deals served without one' if unread['deals'] else ''}"
@@ -315,7 +316,7 @@ EXPLAIN_OTHERS = 10  # other rows served with an unreadable row's id that `expla
 def served_alike(db: dbmod.Database, tenant: str, kind: str, asked: str, told: str) -> list[str]:
     """The raw keys of the rows without a readable id that `explain`'s `asked` also finds (served
     with the same id, another content) besides the one it tells (`told`), the latest first, at
-    most EXPLAIN_OTHERS: `rollup.explain` counts them ("N other row(s) were served with this id"),
+    most EXPLAIN_OTHERS: `row_story.explain` counts them ("N other row(s) were served with this id"),
     and this names them; each key is one `explain` takes."""
     rows = explain_unreadable(db, tenant, kind, asked, None)
     return [r["raw_key"] for r in rows if r["raw_key"] != told][:EXPLAIN_OTHERS]

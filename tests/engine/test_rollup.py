@@ -7,7 +7,7 @@ counted, not a log sample), failed tasks' reasons go once a retry made them succ
 duration buckets follow the payload's distribution (powers of two), not "0" and "3+"."""
 from __future__ import annotations
 
-from engine_core import rollup, runs
+from engine_core import rollup, row_story, runs
 from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import drain_threads
 from tests.engine.support import FAST
@@ -34,11 +34,11 @@ def test_rollup_duration_by_payload_and_explain(db) -> None:
     assert sum(x["tasks"] for x in rows) == by["companies"].tasks["succeeded"]
     assert {x["payload"] for x in rows} == {"8-15", "0"}  # full pages of 10 and the empty tail pages
 
-    assert rollup.explain(db, "acme", "contacts", "4")["action"] == "failed"
-    deal = rollup.explain(db, "acme", "deals", "3")
+    assert row_story.explain(db, "acme", "contacts", "4")["action"] == "failed"
+    deal = row_story.explain(db, "acme", "deals", "3")
     assert deal["action"] == "skipped" and deal["reason"] == "not linked to any record"
-    assert rollup.explain(db, "acme", "companies", "1")["record_type"] == "example_items"
-    assert rollup.explain(db, "acme", "companies", "999") is None
+    assert row_story.explain(db, "acme", "companies", "1")["record_type"] == "example_items"
+    assert row_story.explain(db, "acme", "companies", "999") is None
 
 
 def test_duration_buckets_follow_the_payloads_distribution(db) -> None:

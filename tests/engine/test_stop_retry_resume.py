@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from engine_core import runs
+from engine_core import row_story, runs
 from engine_core.providers.registry import provider_for, for_run
 from engine_core.worker import Worker, drain_threads
 from tests.engine.support import FAST, task_rows
@@ -122,7 +122,7 @@ def test_retry_after_a_failed_page_writes_the_page_and_later_phases_once(db) -> 
     assert all(n == 1 for (kind, _), n in example.WRITE_CALLS.items() if kind == "deals")
     per = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM example_items WHERE kind = 'deals'")[0]
     assert per["n"] == per["d"] == 39
-    assert rollup.explain(db, "acme", "deals", "7")["action"] == "skipped"
+    assert row_story.explain(db, "acme", "deals", "7")["action"] == "skipped"
 
 
 def test_dependents_follow_the_providers_links_transitively() -> None:

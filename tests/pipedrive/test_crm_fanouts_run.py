@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from engine_core import reaper, rollup, runs
+from engine_core import reaper, rollup, row_story, runs
 from engine_core.plan import kinds_left_out
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
@@ -71,7 +71,7 @@ def test_a_whole_account_with_the_opt_in_kinds_matches_the_truth_row_by_row(db) 
         assert {(t["kind"], t["raw_key"]) for t in told} == want and all("HTTP 403" in t["reason"] for t in told)
         assert len(forbidden["deals"]) == 2 and forbidden["persons"] and forbidden["organizations"]
         for kind, key in want:  # explained and grouped like any row kept with its reason
-            story = rollup.explain(db, TENANT, kind, key)
+            story = row_story.explain(db, TENANT, kind, key)
             assert story is not None and story["action"] == "failed" and "HTTP 403" in story["reason"], story
         groups = {g["kind"]: g["count"] for g in rollup.grouped_reasons(db, run.id) if "HTTP 403" in g["reason"]}
         assert groups == {k: sum(1 for kind, _ in want if kind == k) for k in FAMILIES}, groups

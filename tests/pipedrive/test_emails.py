@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 
-from engine_core import reaper, rollup, runs
+from engine_core import reaper, rollup, row_story, runs
 from engine_core.runlog import reason_shape
 from engine_core.verify import verify
 from engine_core.budget import Budget
@@ -118,7 +118,7 @@ def test_the_1564_message_deal_lands_and_each_malformed_row_fails_alone_with_its
         group = [g for g in reasons if g["kind"] == u["kind"] and g["action"] == "failed"
                  and g["reason"] == reason_shape(u["reason"])]
         assert group and group[0]["count"] >= 1 and (u["raw_key"] in group[0]["samples"] or len(group[0]["samples"]) == rollup.SAMPLES), (u, reasons)
-        told = rollup.explain(db, TENANT, u["kind"], u["raw_key"])
+        told = row_story.explain(db, TENANT, u["kind"], u["raw_key"])
         assert told is not None and told["action"] == "failed" and told["unreadable"] and told["run_id"] == run.id, told
     # the proof from the source lists "abc" too: unwritten with its reason, not missing (it had
     # failed a run that accounted for every row)
@@ -129,7 +129,7 @@ def test_the_1564_message_deal_lands_and_each_malformed_row_fails_alone_with_its
             assert "abc" in served_as[u["kind"].removesuffix("_archived")].unwritten_ids, (u, served_as[u["kind"]].as_dict())
     served_abc = [u for u in unread if u["raw_key"].startswith("abc ")]
     if served_abc:
-        told = rollup.explain(db, TENANT, served_abc[0]["kind"], "abc")
+        told = row_story.explain(db, TENANT, served_abc[0]["kind"], "abc")
         assert told is not None and told["unreadable"] and told["source_id"].startswith("abc sha256:"), told
     assert max(fetched.values()) == 1, "no body is fetched twice"
     crm_rows = db.sql("SELECT count(*) AS n, count(DISTINCT source_id) AS d FROM crm.emails WHERE tenant_id = %(t)s", {"t": TENANT})[0]

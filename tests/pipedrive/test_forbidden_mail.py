@@ -5,7 +5,7 @@ deal's mail is imported, and the run finishes. Reconciled against the sandbox's 
 (`private_deal_mail`)."""
 from __future__ import annotations
 
-from engine_core import rollup
+from engine_core import rollup, row_story
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import compare, verify
 from tests.pipedrive.support import FAST, actions, failed_tasks, ledger, migrate, sandbox
@@ -34,7 +34,7 @@ def test_a_deal_whose_mail_listing_is_forbidden_is_that_deals_outcome_and_the_ru
     groups = [g for g in rollup.grouped_reasons(db, run.id) if g["kind"] == "emails" and "HTTP 403" in g["reason"]]
     assert len(groups) == 1 and groups[0]["count"] == len(forbidden), groups
     for d in forbidden:
-        story = rollup.explain(db, TENANT, "emails", f"deal {d}")
+        story = row_story.explain(db, TENANT, "emails", f"deal {d}")
         assert story is not None and story["action"] == "failed" and "HTTP 403" in story["reason"], story
     # the proof: the forbidden deals are unreachable, not missing, and the proof passes
     (emails,) = proof.kinds

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from engine_core import owed_links, rollup
+from engine_core import owed_links, rollup, row_story
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.verify import verify
 from migration_pipeline.assets import metadata
@@ -53,7 +53,7 @@ def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db, monkeypatch)
             assert set(_owners(db, table).values()) == {None}, kind
         # every owner is recorded as owed, in words explain shows
         sid = sorted(owned["persons"], key=int)[0]
-        story = rollup.explain(db, TENANT, "persons", sid)
+        story = row_story.explain(db, TENANT, "persons", sid)
         assert story is not None and f"owner_id {truth['persons'][sid]} is owed: users not taken yet" in story["reason"], story
         # verify says precisely which rows owe links to users, a kind no run took (left out, not missing)
         proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["persons", "deals"])
@@ -99,7 +99,7 @@ def test_owners_left_out_are_owed_then_filled_by_a_run_of_users(db, monkeypatch)
         left = db.sql("SELECT count(*) AS n FROM migration_records WHERE tenant_id = %(t)s"
                       " AND dangling @> '[{\"owed\": true}]'", {"t": TENANT})
         assert left[0]["n"] == 0
-        story = rollup.explain(db, TENANT, "persons", sid)
+        story = row_story.explain(db, TENANT, "persons", sid)
         assert story is not None and not story["reason"], story
         proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST, kinds=["persons", "deals"])
         assert proof.passed and not any(k.owed_to or k.owed for k in proof.kinds), proof.lines()

@@ -25,7 +25,7 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from engine_core import ledger, ledger_reads, rollup
+from engine_core import ledger, ledger_reads, rollup, row_story
 from engine_core.providers.pipedrive import walk_proof
 from engine_core.providers.pipedrive.kinds import KINDS
 from engine_core.providers.pipedrive.record_lists import FAMILIES
@@ -98,7 +98,7 @@ def test_rows_on_deleted_parents_are_imported_with_the_link_empty_and_the_id_kep
                 # no HTTP status in it: most parents are proven absent by a list (200), not a 404
                 assert "(404)" not in entry["reason"] and "does not exist at the source" in entry["reason"]
                 asked.add((ref["parent_kind"], ref["parent_id"]))
-            said = rollup.explain(db, TENANT, kind, sid)
+            said = row_story.explain(db, TENANT, kind, sid)
             assert said is not None and said["action"] == "created" and said["reason"].startswith("imported; ")
     # nothing of the account is lost: no row skipped, every listed row written
     lost = db.sql("SELECT kind, source_id, reason FROM migration_records WHERE tenant_id = %(t)s AND action <> 'created'",
