@@ -78,8 +78,8 @@ class KindRollup:
     # "updated": 1, "listed": 45, "unchanged": 42} ("listed"/"unchanged": a full listing of the kind)
     caught_up: dict[str, int] = field(default_factory=dict)
     handed_over: dict[str, int] = field(default_factory=dict)
-    # failed records the run keeps under this kind that no task counted as a row seen (the mail of
-    # a deal no listing can serve, kept as one record): part of `failed`, not of `seen` (`kept_apart`)
+    # failed records the run keeps under this kind that no task counted as a row (the mail of a deal
+    # no listing can serve, kept as one record): part of `failed`, and of `seen` so the row adds up
     kept_apart: int = 0
     # {parent kind: records waiting for the catch-up whose rows of this kind were left to it unlisted}
     left: dict[str, int] = field(default_factory=dict)
@@ -87,10 +87,9 @@ class KindRollup:
     @property
     def accounted(self) -> int:
         """Rows seen with an outcome: imported + matched + already here + updated + skipped + waiting
-        + failed (less `kept_apart`: those records are failed but were never rows seen)."""
+        + failed."""
         return (self.imported + self.matched + self.already_here + self.updated + self.skipped + self.waiting
-                + self.failed
-                - self.kept_apart)
+                + self.failed)
 
     @property
     def written(self) -> int:
@@ -269,28 +268,27 @@ SELECT kind, sum(n)::bigint AS n FROM (
 
 
 def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
-    """Count into each kind's `failed` (and `kept_apart`) the failed records the run holds under it
-    beyond those its own tasks counted as failed rows (a row the catch-up failed first is one of
-    them, as the ledger has it; one it failed again is not a second record): a
-    provider keeps a record for rows no listing can serve (Pipedrive: a deal's mail when the deal
-    has no readable id or its mail is refused), which no task saw as rows. So a kind's failed
-    figure is the ledger's, as `migrate rows` and `ledger_reads.bad_row_counts` count them, while
-    `seen` = `accounted` still holds. A dry run keeps no records: nothing is added."""
+    """Count into each kind's `failed` and `seen` (and `kept_apart`) the failed records the run holds
+    under it that no task counted as failed rows: a provider keeps a record for rows no listing can
+    serve (Pipedrive: a deal's mail when the deal has no readable id or its mail is refused). So the
+    kind's failed figure holds them, as `migrate rows` and `ledger_reads.bad_row_counts` count them,
+    and its row still adds up (`seen` = `accounted`). Per phase: a task kind may write under
+    another kind's ledger identity there (archived deals under `deals`), so only the phase's whole
+    excess is known; the kind holding the most records beyond its count holds it. A dry run keeps no records: nothing is added."""
     if run.dry_run:
         return
     held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_FAILED, {"run_id": run.id})}
-    # per phase: a task kind may write under another kind's ledger identity in its phase (archived
-    # deals under `deals`), so only the phase's whole excess is the records no task counted
     by_phase: dict[int, list[KindRollup]] = defaultdict(list)
     for kr in kinds.values():
         by_phase[kr.phase].append(kr)
     for mine in by_phase.values():
         excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed") for kr in mine}
         extra = sum(excess.values())
-        if extra > 0:  # the kind holding the most records beyond its tasks' count holds them
+        if extra > 0:
             kr = next(k for k in mine if k.kind == max(excess, key=excess.__getitem__))
             kr.kept_apart = extra
             kr.failed += extra
+            kr.seen += extra
 
 
 def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str, int]]) -> list[str]:

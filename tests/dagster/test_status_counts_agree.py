@@ -1,23 +1,25 @@
 """The per-kind skipped and failed figures of `migrate status T` agree with `migrate rows` and the
 tenants overview (`ledger_reads.bad_row_counts`): the mail of a deal no listing can serve (a deal without
 a readable id, or whose mail the source refuses) is kept as one failed record per deal, which no
-email task counted as a row; the rollup counts it into the kind's failed figure (`kept_apart`),
-and its completeness (rows seen = rows accounted for) still holds. On a sandbox with malformed rows
-and private deal mail, reconciled with the sandbox's truth of both."""
+email task counted as a row; the rollup counts it into the kind's failed figure (`kept_apart`) and
+its seen figure, so every row of the table adds up (seen = the sum of its outcomes). On a sandbox
+with malformed rows and private deal mail, reconciled with the sandbox's truth of both."""
 from __future__ import annotations
 
 import json
 
 from engine_core import ledger_reads, rollup
+from engine_core.rollup import COUNTERS
 from migration_pipeline.instance import to_url
 from tests.dagster.test_cli_errors import _migrate_in_process
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
 
 TENANT = "acme"
+ACCOUNT = {"seed": 1, "faults": "badrow:0.03", "private_deal_mail": 2}  # seed 1: deal 10 has no readable id
 
 
 def test_status_rows_and_overview_count_the_same_failed_mail(db, db_url) -> None:
-    with sandbox(seed=1, faults="badrow:0.03", private_deal_mail=2) as sb:  # seed 1: deal 10 has no readable id
+    with sandbox(**ACCOUNT) as sb:
         truth = sb.truth()
         run = migrate(db, sb, TENANT)
     assert run.status == "succeeded", failed_tasks(db, run.id)
@@ -36,6 +38,8 @@ def test_status_rows_and_overview_count_the_same_failed_mail(db, db_url) -> None
     assert figures == bad, (figures, bad)
     emails = next(k for k in r.kinds if k.kind == "emails")
     assert emails.kept_apart == len(kept)
+    for k in r.kinds:  # the table's rows add up: a kept record is a row seen and failed
+        assert k.seen == sum(getattr(k, c) for c in COUNTERS), (k.kind, k)
     # as the commands print them: `status T --json` per kind, `status --json` per tenant, `rows T --json`
     env = {"DATABASE_URL": to_url(db_url), "MIGRATE_SOURCE": "pipedrive"}
     status = json.loads(_migrate_in_process(["status", TENANT, "--json"], env).stdout)
