@@ -272,9 +272,13 @@ def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
     under it that no task counted as failed rows: a provider keeps a record for rows no listing can
     serve (Pipedrive: a deal's mail when the deal has no readable id or its mail is refused). So the
     kind's failed figure holds them, as `migrate rows` and `ledger_reads.bad_row_counts` count them,
-    and its row still adds up (`seen` = `accounted`). Per phase: a task kind may write under
-    another kind's ledger identity there (archived deals under `deals`), so only the phase's whole
-    excess is known; the kind holding the most records beyond its count holds it. A dry run keeps no records: nothing is added."""
+    and its row still adds up (`seen` = `accounted`). The catch-up's failures of a kind (its
+    "failed@<kind>", `caught_up`) are rows a task counted - the catch-up's, in its own row and the
+    kind's `by catch-up`, as its other outcomes are - so not these; a row its phase failed and the
+    catch-up failed again is one record, so only the catch-up's failures beyond the kind's own count
+    are. Per phase: a task kind may write under another kind's ledger identity there (archived
+    deals under `deals`), so only the phase's whole excess is known; the kind holding the most
+    records beyond its count holds it. A dry run keeps no records: nothing is added."""
     if run.dry_run:
         return
     held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_FAILED, {"run_id": run.id})}
@@ -282,7 +286,8 @@ def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
     for kr in kinds.values():
         by_phase[kr.phase].append(kr)
     for mine in by_phase.values():
-        excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed") for kr in mine}
+        excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed")
+                  - max(0, _n(kr.caught_up, "failed") - kr.failed) for kr in mine}
         extra = sum(excess.values())
         if extra > 0:
             kr = next(k for k in mine if k.kind == max(excess, key=excess.__getitem__))

@@ -3,7 +3,13 @@ tenants overview (`ledger_reads.bad_row_counts`): the mail of a deal no listing 
 a readable id, or whose mail the source refuses) is kept as one failed record per deal, which no
 email task counted as a row; the rollup counts it into the kind's failed figure (`kept_apart`) and
 its seen figure, so every row of the table adds up (seen = the sum of its outcomes). On a sandbox
-with malformed rows and private deal mail, reconciled with the sandbox's truth of both."""
+with malformed rows and private deal mail, reconciled with the sandbox's truth of both.
+
+A sync after the run fails the malformed rows again, in its catch-up: those failures are the
+catch-up's, counted in its row and per listing kind in each kind's `caught_up` (`by catch-up`), as
+its other outcomes are - not records kept apart under the phase's kind with the most of them (a
+sync's kinds, which have no tasks, showed seen 0 and failed N) - and `migrate status T --json`
+says so too."""
 from __future__ import annotations
 
 import json
@@ -12,7 +18,7 @@ from engine_core import ledger_reads, rollup
 from engine_core.rollup import COUNTERS
 from migration_pipeline.instance import to_url
 from tests.dagster.test_cli_errors import _migrate_in_process
-from tests.pipedrive.support import failed_tasks, migrate, sandbox
+from tests.pipedrive.support import failed_tasks, migrate, sandbox, sync
 
 TENANT = "acme"
 ACCOUNT = {"seed": 1, "faults": "badrow:0.03", "private_deal_mail": 2}  # seed 1: deal 10 has no readable id
@@ -47,3 +53,28 @@ def test_status_rows_and_overview_count_the_same_failed_mail(db, db_url) -> None
             if (k["skipped"] or k["failed"]) and not k["handed_over"]} == bad
     (overview,) = [o for o in json.loads(_migrate_in_process(["status", "--json"], env).stdout) if o["tenant"] == TENANT]
     assert overview["failed"] == sum(v["failed"] for v in bad.values())
+    with sandbox(**ACCOUNT) as sb:  # the same account again
+        synced = sync(db, sb)  # its catch-up lists every kind whole: the malformed rows fail again
+    # the sync: per listing kind, the catch-up's failures are credited to their own kind; the kinds'
+    # own rows (no tasks of their own in a sync) stay 0 and the catch-up's row counts them
+    s = rollup.rollup(db, synced.id)
+    assert s.complete, s.incomplete
+    rows = {k.kind: k for k in s.kinds}
+    for k in s.kinds:
+        assert k.seen == sum(getattr(k, c) for c in COUNTERS), (k.kind, k)  # the table's row adds up
+    assert all(k.failed == 0 and k.kept_apart == 0 for k in s.kinds if not k.handed_over), s.kinds
+    held = {r["kind"]: int(r["n"]) for r in db.sql(
+        "SELECT kind, count(*) AS n FROM (SELECT kind FROM migration_records WHERE migration_id = %(r)s AND action = 'failed'"
+        " UNION ALL SELECT kind FROM migration_unreadable WHERE migration_id = %(r)s) f GROUP BY kind", {"r": synced.id})}
+    assert held.get("deals"), held  # a malformed deal, failed again
+    ledger_kind = {"deals_archived": "deals", "leads_archived": "leads"}
+    credited: dict[str, int] = {}
+    for k in s.kinds:
+        credited[ledger_kind.get(k.kind, k.kind)] = credited.get(ledger_kind.get(k.kind, k.kind), 0) + k.caught_up.get("failed", 0)
+    assert {k: n for k, n in credited.items() if n} == held
+    assert rows["catchup"].failed == sum(held.values())
+    status = json.loads(_migrate_in_process(["status", TENANT, "--json"], env).stdout)
+    assert status["run_id"] == synced.id
+    said = {k["kind"]: k for k in status["kinds"]}
+    assert said["deals"]["kept_apart"] == 0 and said["deals"]["failed"] == 0, said["deals"]
+    assert said["deals"]["seen"] == 0 and said["deals"]["caught_up"]["failed"] == held["deals"], said["deals"]
