@@ -66,6 +66,13 @@ def explain(db: Database | Conn, tenant_id: str, kind: str, source_id: str, sour
     return db.fetch_one("explain_record", {"tenant_id": tenant_id, "kind": kind, "source_id": source_id, "source": source})
 
 
+def row_history(db: Database | Conn, entry_id: int) -> list[dict[str, Any]]:
+    """What later runs did to ledger entry `entry_id`'s row, oldest first: rows {run_id, run_mode
+    ("full" | "sync"), action ("updated" | "deleted" | "restored"), at, version_before,
+    version_after, before (the product row's previous values of the columns an update changed)}."""
+    return db.fetch_all("explain_history", {"record_id": entry_id})
+
+
 def explain_unreadable(db: Database | Conn, tenant_id: str, kind: str, raw_key: str, source: str | None) -> list[dict[str, Any]]:
     """The tenant's rows without a readable id kept under `raw_key`, the latest first."""
     return db.fetch_all("explain_unreadable", {"tenant_id": tenant_id, "kind": kind, "raw_key": raw_key, "source": source})

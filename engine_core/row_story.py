@@ -1,6 +1,11 @@
 """One source row's story from the ledger, for `migrate explain`: its entry (what happened to it,
-which run, the product row it points at) or, for a row served without a readable id, the record
-kept under its raw key (migration 0013)."""
+which run, the product row it points at) and what later runs did to that row since (migration
+0010's history: a sync that updated it in place, found it deleted at the source, or saw it again),
+or, for a row served without a readable id, the record kept under its raw key (migration 0013).
+
+The entry's own `migration_id` stays the run that claimed the row, so the claim is told first and
+the history after it: the history rows name the run of each change, so no column of the entry need
+record the last writer."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +16,13 @@ from engine_core.db import Database
 
 def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str | None = None) -> dict[str, Any] | None:
     """What happened to one source row, from the ledger: {tenant_id, source, kind, source_id,
-    action, reason, record_type, record_id, run_id, run_status, at, source_version,
-    deleted_at_source, unreadable}, or None when nothing is recorded. A row without a readable id
+    action, reason, record_type, record_id, run_id, run_mode, run_status, at, source_version,
+    deleted_at_source, unreadable, history, last_run_id, deleted_by_run}, or None when nothing is
+    recorded. `run_id` is the run that claimed (or last tried) the row; `history` what later runs did
+    to it, oldest first ({run_id, run_mode, action: "updated" | "deleted" | "restored", at,
+    version_before, version_after, changed: the product columns an update changed}); `last_run_id`
+    the run of the latest of them all; `deleted_by_run` the run that found the row gone from the
+    source, while it is (None otherwise). A row without a readable id
     is found by its raw key (`rows.unreadable_key`: whole, or the id as served alone), as failed,
     with `unreadable` true, `excerpt` (the row as served, cut) and `matches` (rows served with
     that id: the latest is told)."""
@@ -29,13 +39,28 @@ def explain(db: Database, tenant_id: str, kind: str, source_id: str, source: str
         "record_type": row["record_type"],
         "record_id": row["record_id"],
         "run_id": row["migration_id"],
+        "run_mode": row.get("run_mode"),
         "run_status": row["run_status"],
         "at": row["created_at"].isoformat(),
         # the source version written, and when the row was found gone from the source
         "source_version": row.get("source_version"),
         "deleted_at_source": row["deleted_at_source"].isoformat() if row.get("deleted_at_source") else None,
         "unreadable": False,
+        **since_claimed(db, row),
     }
+
+
+def since_claimed(db: Database, entry: dict[str, Any]) -> dict[str, Any]:
+    """What later runs did to a ledger entry's row (`explain`'s `history`, `last_run_id`,
+    `deleted_by_run`), from its history rows."""
+    history = [{"run_id": h["run_id"], "run_mode": h["run_mode"], "action": h["action"], "at": h["at"].isoformat(),
+                "version_before": h["version_before"], "version_after": h["version_after"],
+                "changed": sorted(k for k in (h["before"] or {}) if k != "source_updated_at")}
+               for h in ledger_reads.row_history(db, int(entry["id"]))]
+    deleted = [h for h in history if h["action"] == "deleted"]
+    return {"history": history,
+            "last_run_id": history[-1]["run_id"] if history else entry["migration_id"],
+            "deleted_by_run": deleted[-1]["run_id"] if deleted and entry.get("deleted_at_source") else None}
 
 
 def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, source: str | None) -> dict[str, Any] | None:
@@ -55,11 +80,15 @@ def _explain_unreadable(db: Database, tenant_id: str, kind: str, raw_key: str, s
         "record_type": None,
         "record_id": None,
         "run_id": row["migration_id"],
+        "run_mode": None,
         "run_status": row["run_status"],
         "at": row["created_at"].isoformat(),
         "source_version": None,
         "deleted_at_source": None,
         "unreadable": True,
+        "history": [],
+        "last_run_id": row["migration_id"],
+        "deleted_by_run": None,
         "excerpt": row["excerpt"],
         "matches": len(rows),
     }

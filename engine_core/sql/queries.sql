@@ -412,7 +412,7 @@ SELECT kind, count(*) AS n FROM migration_records
  GROUP BY kind ORDER BY kind;
 
 -- name: explain_record --
-SELECT r.*, m.status AS run_status
+SELECT r.*, m.status AS run_status, m.mode AS run_mode
   FROM migration_records r JOIN migrations m ON m.id = r.migration_id
  WHERE r.tenant_id = %(tenant_id)s AND r.kind = %(kind)s AND r.source_id = %(source_id)s
    AND (%(source)s::text IS NULL OR r.source = %(source)s);
@@ -641,6 +641,14 @@ SELECT kind, source_id, action, reason, created_at FROM (
 ) AS r
  ORDER BY action, kind, length(source_id), source_id  -- failed before skipped: the cap keeps the failed
  LIMIT %(limit)s;
+
+-- name: explain_history --
+-- What later runs did to one ledger entry's row, oldest first (migration 0010's history: updated
+-- in place, marked deleted at the source, restored), with the run's mode (a sync or a full run).
+SELECT h.migration_id AS run_id, m.mode AS run_mode, h.action, h.at, h.version_before, h.version_after, h.before
+  FROM migration_record_history h JOIN migrations m ON m.id = h.migration_id
+ WHERE h.record_id = %(record_id)s
+ ORDER BY h.id;
 
 -- name: explain_story --
 -- Every ledger entry of one source row (every source it came from), with its run.

@@ -272,6 +272,8 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             if story["reason"]:
                 line += f" ({story['reason']})"
             console.print(line)
+            for said in since_lines(kind, story):  # what later runs did to the row, then where it stands
+                console.print(said, highlight=False)
             if story["next"]:
                 console.print(story["next"], highlight=False)
             if story.get("unreadable") and story.get("excerpt"):
@@ -286,6 +288,35 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                     console.print(f"  {key}", markup=False, highlight=False)
 
         emit(as_json, story, render)
+
+
+def since_lines(kind: str, story: dict[str, Any]) -> list[str]:
+    """`explain`'s lines after the claim: one per change a later run made to the row (`story`'s
+    `history`: "then updated by sync run #4 at ...: stage_id, value changed"), then, when there was
+    any, where the row stands now ("now: crm.deals 17, source version ..., last changed by sync run
+    #4"). A deletion says a merge reads the same: Pipedrive answers a merged id as a deleted one,
+    and the ledger keeps no survivor."""
+    lines = []
+    for h in story.get("history") or []:
+        by = f"{'sync ' if h['run_mode'] == 'sync' else ''}run #{h['run_id']} at {h['at']}"
+        if h["action"] == "updated":
+            changed = f": {', '.join(h['changed'])} changed" if h["changed"] else ""
+            lines.append(f"then updated by {by}{changed} (source version {h['version_before']} -> {h['version_after']})")
+        elif h["action"] == "deleted":
+            lines.append(f"then found gone from the source by {by}: deleted, or merged into another record "
+                         "(Pipedrive answers a merged id as a deleted one; the ledger keeps no survivor)")
+        else:
+            lines.append(f"then seen at the source again by {by}: restored")
+    if not lines:
+        return []
+    where = f"{story['record_type']} {story['record_id']}" if story.get("record_id") else "no product row"
+    gone = (f", deleted at the source since {story['deleted_at_source']} (the product row is kept, marked)"
+            if story.get("deleted_at_source") else "")
+    archived = "" if story.get("archived") is None else (", archived" if story["archived"] else ", not archived")
+    last = story["history"][-1]
+    lines.append(f"now: {where}{archived}, source version {story.get('source_version')}{gone}; last changed by "
+                 f"{'sync ' if last['run_mode'] == 'sync' else ''}run #{last['run_id']}")
+    return lines
 
 
 def next_for_placeholder(db: dbmod.Database, tenant: str, story: dict[str, Any]) -> str | None:

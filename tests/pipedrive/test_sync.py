@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 
-from engine_core import rollup, runs
+from engine_core import rollup, row_story, runs
 from engine_core.errors import NothingToSync
 from engine_core.verify import verify
 from engine_core.providers.pipedrive.provider import PipedriveProvider
 from engine_core.worker import drain_threads
 from engine_core.providers.registry import for_run
-from tests.pipedrive.support import FAST, TOKEN, UNLIMITED, failed_tasks, sandbox, start
+from migration_pipeline.cli.inspect import since_lines
+from tests.pipedrive.support import FAST, TOKEN, UNLIMITED, failed_tasks, live_op, sandbox, start
 
 TENANT = "acme"
 # truth kind -> (ledger kind, product table, a field served as the product stores it)
@@ -50,6 +51,29 @@ def _product(db, table: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _changed_by(db, run_id: int, action: str, claimed_by: int, kind: str | None = None) -> list[tuple[str, str]]:
+    """(ledger kind, source id) of the entries run `claimed_by` claimed and run `run_id` changed by
+    `action` (its history rows)."""
+    return [(r["kind"], r["source_id"]) for r in db.sql(
+        "SELECT DISTINCT r.kind, r.source_id FROM migration_record_history h JOIN migration_records r ON r.id = h.record_id"
+        " WHERE h.migration_id = %(r)s AND h.action = %(a)s AND r.migration_id = %(c)s"
+        " AND (%(k)s::text IS NULL OR r.kind = %(k)s) ORDER BY r.kind, r.source_id",
+        {"r": run_id, "a": action, "c": claimed_by, "k": kind})]
+
+
+def _explains(db, sync_id: int, claimed_by: int, kind: str, sid: str, action: str) -> None:
+    """`migrate explain` tells the row's claim by `claimed_by`, then `action` by sync run #`sync_id`
+    (--json: `history`, `last_run_id`, `deleted_by_run`; the text: a "then ..." line and a "now:" line)."""
+    story = row_story.explain(db, TENANT, kind, sid)
+    assert story["run_id"] == claimed_by and story["last_run_id"] == sync_id, story
+    assert (story["history"][-1]["run_id"], story["history"][-1]["action"]) == (sync_id, action), story
+    assert story["deleted_by_run"] == (sync_id if action == "deleted" else None), story
+    said = since_lines(kind, story)
+    verb = {"updated": "then updated by", "deleted": "then found gone from the source by"}[action]
+    assert any(line.startswith(f"{verb} sync run #{sync_id} at ") for line in said), said
+    assert said[-1].startswith("now: ") and said[-1].endswith(f"last changed by sync run #{sync_id}"), said
+
+
 def _cost(sb: Any) -> dict[str, int]:
     stats = sb.stats()
     return {"requests": int(stats["requests_total"]), "tokens": int(stats["tokens_total"])}
@@ -67,6 +91,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         sb.live_stop()
         applied = sb.live()["applied"]
         assert applied > 20, f"only {applied} changes landed while the run walked"
+        merge, unarchive = live_op(sb, "merge"), live_op(sb, "unarchive")  # after the run: the sync's to find
         sb.reset_stats()
         sync = runs.start_sync(db, PipedriveProvider(base_url=sb.base_url), TENANT, options=opts, settings=FAST)
         assert sync.mode == "sync" and sync.since == run.snapshot_at
@@ -120,6 +145,12 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
             assert not dup, f"{table}: duplicates {dup[:5]}"
         proof = verify(db, PipedriveProvider(base_url=sb.base_url), TENANT, FAST)
         assert proof.passed, [k.as_dict() for k in proof.kinds if k.differences]
+        # explain tells what the sync did after the run's claim: the person merged away, the deal or lead unarchived
+        _explains(db, sync.id, run.id, merge["kind"], str(merge["id"]), "deleted")
+        assert "merged into another record" in since_lines("persons", row_story.explain(db, TENANT, "persons", str(merge["id"])))[0]
+        back = (KINDS[unarchive["kind"]][0], str(unarchive["id"]))  # a deal or a lead, under its ledger kind
+        _explains(db, sync.id, run.id, *back, "updated")
+        assert "archived" in row_story.explain(db, TENANT, *back)["history"][-1]["changed"]
         print(f"\nlive changes: {applied}; full run: {full['requests']} requests, {full['tokens']} tokens; "
               f"sync: {cost['requests']} requests, {cost['tokens']} tokens "
               f"({100 * cost['tokens'] / max(1, full['tokens']):.0f}% of the run's tokens)")
@@ -137,6 +168,7 @@ def test_a_run_on_a_live_account_then_a_sync_leaves_the_final_state(db) -> None:
         changed = _cost(sb)
         requests = sb.stats()["requests"]
         assert not requests.get("/v1/deals/{id}/mailMessages"), "mail listed for deals whose mail did not change"
+        _explains(db, quick.id, run.id, *_changed_by(db, quick.id, "updated", run.id)[0], "updated")
         for c in updated:
             name = c["kind"]
             rows = sb.truth_rows(name) if name not in ("deals", "leads") else {
