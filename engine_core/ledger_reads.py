@@ -360,6 +360,30 @@ def bad_row_counts(db: Database | Conn, tenant: str, kinds: Sequence[str] | None
     return {k: v for k, v in out.items() if any(v.values())}
 
 
+BAD_ROWS_BY_RUN_SQL = """
+SELECT migration_id AS run_id,
+       count(*) FILTER (WHERE action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) = 0) AS skipped,
+       count(*) FILTER (WHERE action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) > 0) AS waiting,
+       count(*) FILTER (WHERE action = 'failed') AS failed
+  FROM (SELECT migration_id, action, reason FROM migration_records
+         WHERE tenant_id = %(t)s AND action IN ('skipped', 'failed') AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))
+        UNION ALL
+        SELECT migration_id, 'failed', NULL FROM migration_unreadable
+         WHERE tenant_id = %(t)s AND (%(k)s::text[] IS NULL OR kind = ANY(%(k)s))) AS r
+ GROUP BY migration_id ORDER BY migration_id
+"""
+
+
+def bad_rows_by_run(db: Database | Conn, tenant: str, kinds: Sequence[str] | None = None) -> dict[int, dict[str, int]]:
+    """The tenant's skipped, waiting and failed rows now (`bad_row_counts`' rows), per run that
+    left them (the run that last wrote each ledger entry): {run_id: {"skipped", "waiting",
+    "failed"}}, ascending; only `kinds` (ledger kinds; None: every kind)."""
+    rows = db.sql(BAD_ROWS_BY_RUN_SQL, {"t": tenant, "k": list(kinds) if kinds is not None else None,
+                                        "waits": WAITS_FOR_WALK})
+    return {int(r["run_id"]): {"skipped": int(r["skipped"]), "waiting": int(r["waiting"]), "failed": int(r["failed"])}
+            for r in rows}
+
+
 # -- reads for a source's catch-up (the inventory it keeps while it lists) -----------------------
 
 

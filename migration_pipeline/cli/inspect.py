@@ -17,8 +17,8 @@ from engine_core import runs, runs_reads
 from engine_core.budget_waiting import waiting_state
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
-from engine_core.ledger_reads import (ROW_ACTIONS, bad_row_counts, explain_unreadable, source_listing, tenant_row_counts,
-                                      tenant_rows)
+from engine_core.ledger_reads import (ROW_ACTIONS, bad_row_counts, bad_rows_by_run, explain_unreadable, source_listing,
+                                      tenant_row_counts, tenant_rows)
 from engine_core.progress import run_progress, status_line
 from engine_core.providers.registry import provider_for
 from engine_core.rollup_left import left_lines
@@ -160,8 +160,12 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | None, as_json: bool) -> None:
     """Task duration grouped by the task's own payload (group by payload before blaming anything).
-    The latest run of TENANT, or --run N: after a sync the latest run is the sync, so --run is
-    how the full run before it is reached."""
+    The latest run of TENANT (as `migrate status TENANT` shows it: its title says so), or --run N:
+    after a sync the latest run is the sync, so --run is how the full run before it is reached.
+    With --kind, the rows of the kind the run's catch-up took (`by catch-up`) are said beside the
+    kind's own counts; without --run, the tenant's skipped and failed rows of the kind now (every
+    run, as the status overview and `migrate rows` count them) and the runs that left them.
+    --json: `latest`, `run_mode`, `caught_up` and `tenant_now` ({"counts", "by_run"}) too."""
     with open_db() as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
             check_explain(db, tenant, kind)
@@ -177,6 +181,9 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
         rolled = rollups.rollup(db, run.id)
         counts = outcome_counts(rolled, kind)
         unlisted = left_lines(rolled, kind)  # rows never listed, left to the catch-up with their parents
+        caught = caught_up_counts(rolled, kind)
+        now = tenant_now(db, run, kind) if run_id is None else None
+        latest = ", the tenant's latest run" if run_id is None else ""
 
         def render() -> None:
             if run_id is None:  # which run this is, when the user did not pick one
@@ -186,10 +193,15 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
             # "waiting" is what the phases left to the catch-up, as the status table's column says:
             # the catch-up's own count says what became of them (none waits after it ran)
             named = {"waiting": "left to catch-up"}
-            console.print(f"{run.name}: " + ", ".join(f"{v} {named.get(k, k.replace('_', ' '))}" for k, v in counts.items()))
+            console.print(f"{run.name}{latest}: " + ", ".join(f"{v} {named.get(k, k.replace('_', ' '))}" for k, v in counts.items()))
+            if caught.get("seen"):
+                console.print(f"{kind} rows its catch-up took (`by catch-up`, counted in its catchup row): "
+                              + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in caught.items() if v), highlight=False)
             for line in unlisted:
                 console.print(line, highlight=False)
-            t = Table(title=f"{run.name}: duration by {stat}" + (f" ({kind})" if kind else ""))
+            if now is not None:
+                console.print(now_line(tenant, kind, now), highlight=False)
+            t = Table(title=f"{run.name}{latest}: duration by {stat}" + (f" ({kind})" if kind else ""))
             for col in (stat, "tasks", "avg seconds", "max seconds"):
                 t.add_column(col, justify="right")
             for r in rows:
@@ -198,8 +210,43 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
             if reasons:
                 console.print(reasons_table(reasons, tenant), soft_wrap=False)
 
-        emit(as_json, {"run_id": run.id, "counts": counts, "left_to_catchup": unlisted, "durations": rows, "reasons": reasons},
-             render)
+        emit(as_json, {"run_id": run.id, "run_mode": run.mode, "latest": run_id is None, "counts": counts,
+                       "caught_up": caught, "tenant_now": now, "left_to_catchup": unlisted, "durations": rows,
+                       "reasons": reasons}, render)
+
+
+def caught_up_counts(r: Any, kind: str | None) -> dict[str, int]:
+    """What the run's catch-up did with `kind`'s rows (`KindRollup.caught_up`'s row outcomes:
+    {"seen", "imported", ...}, the `by catch-up` column); {} without a kind (the catch-up's own
+    row counts them once) or when it took none."""
+    k = next((k for k in r.kinds if k.kind == kind), None) if kind else None
+    if k is None or not k.caught_up.get("seen"):
+        return {}
+    return {c: int(k.caught_up.get(c, 0)) for c in ("seen", *rollups.COUNTERS)}
+
+
+def tenant_now(db: dbmod.Database, run: Any, kind: str | None) -> dict[str, Any]:
+    """The tenant's skipped, waiting and failed rows of `kind` now (its ledger kind; every kind
+    without one), as the status overview and `migrate rows` count them: {"counts": {"skipped",
+    "waiting", "failed"}, "by_run": {run id: counts}} (the run that last wrote each)."""
+    ledger = None if kind is None else [ledger_kind_of(provider_for(run.source))(kind)]
+    by_run = bad_rows_by_run(db, run.tenant_id, ledger)
+    counts = {c: sum(v[c] for v in by_run.values()) for c in ("skipped", "waiting", "failed")}
+    return {"counts": counts, "by_run": by_run}
+
+
+def now_line(tenant: str, kind: str | None, now: dict[str, Any]) -> str:
+    """`report`'s line of the tenant's rows now, e.g. "the tenant's emails now (every run, as `migrate
+    status` and `migrate rows` count them): 0 skipped, 3 failed; left by run #2 (3 failed): `--run N`
+    reports that run, `migrate rows acme --kind emails` lists them"."""
+    what = f"{kind} rows" if kind else "rows"
+    counts = ", ".join(f"{n} {c}" for c, n in now["counts"].items() if n or c != "waiting")
+    line = f"the tenant's {what} now (every run, as `migrate status` and `migrate rows` count them): {counts}"
+    if not now["by_run"]:
+        return line
+    runs_said = "; ".join(f"run #{rid} ({', '.join(f'{n} {c}' for c, n in v.items() if n)})" for rid, v in now["by_run"].items())
+    rows_cmd = f"`migrate rows {tenant}" + (f" --kind {kind}`" if kind else "`")
+    return f"{line}; left by {runs_said}: `--run N` reports that run, {rows_cmd} lists them"
 
 
 def check_stat(db: dbmod.Database, run: Any, kind: str | None, stat: str) -> None:

@@ -9,7 +9,8 @@ A sync after the run fails the malformed rows again, in its catch-up: those fail
 catch-up's, counted in its row and per listing kind in each kind's `caught_up` (`by catch-up`), as
 its other outcomes are - not records kept apart under the phase's kind with the most of them (a
 sync's kinds, which have no tasks, showed seen 0 and failed N) - and `migrate status T --json`
-says so too."""
+says so too, and `migrate report T --kind emails` after the sync says the tenant's failed mail
+the run before it left (its default is the latest run, the sync, and its title says so)."""
 from __future__ import annotations
 
 import json
@@ -78,3 +79,15 @@ def test_status_rows_and_overview_count_the_same_failed_mail(db, db_url) -> None
     said = {k["kind"]: k for k in status["kinds"]}
     assert said["deals"]["kept_apart"] == 0 and said["deals"]["failed"] == 0, said["deals"]
     assert said["deals"]["seen"] == 0 and said["deals"]["caught_up"]["failed"] == held["deals"], said["deals"]
+    # `migrate report T --kind emails` after the sync: the sync's figures, titled as the latest run's, and
+    # the tenant's failed mail now - which the run before it left - not "0 seen" alone
+    out = _migrate_in_process(["report", TENANT, "--kind", "emails"], {**env, "COLUMNS": "400"}).stdout.splitlines()
+    assert out[1].startswith(f"{synced.name}, the tenant's latest run: "), out
+    assert any(line.startswith(f"the tenant's emails rows now (every run, as `migrate status` and `migrate rows` count "
+                               f"them): 0 skipped, {len(kept)} failed; left by run #{run.id} ({len(kept)} failed)")
+               for line in out), out
+    told = json.loads(_migrate_in_process(["report", TENANT, "--kind", "emails", "--json"], env).stdout)
+    assert told["latest"] and told["run_mode"] == "sync" and told["tenant_now"]["counts"]["failed"] == len(kept), told
+    assert told["caught_up"].get("seen", 0) == rows["emails"].caught_up.get("seen", 0), told
+    earlier = _migrate_in_process(["report", TENANT, "--kind", "emails", "--run", str(run.id), "--json"], env).stdout
+    assert json.loads(earlier)["tenant_now"] is None  # a run asked for by number is that run's report alone
