@@ -271,7 +271,9 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     around it (a pasted " 42" had not been found) and in the form the ledger keys it
     (`explain_id`); the text as given is looked up too when that finds nothing. An archived deal or
     lead says so after its product row (", archived"; --json: `archived`, null for a kind without
-    the flag): its ledger kind is the unarchived one's (`deals_archived` rows are kept as `deals`)."""
+    the flag): its ledger kind is the unarchived one's (`deals_archived` rows are kept as `deals`).
+    Then what later runs did to the row and where it stands now (`since_lines`); --json: `history`,
+    `last_run_id`, `deleted_by_run` (`row_story.explain`)."""
     raw = source_id.strip()
     if not raw:
         fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
