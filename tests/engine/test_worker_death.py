@@ -180,9 +180,21 @@ def _drainer_killed_mid_page(db, db_url, tmp_path) -> tuple[Any, Any, int, list[
     run = runs.start_run(db, p, "acme", options=opts, settings=FAST)
     child, app = _spawn(db_url, run.id, tmp_path, {}, pool=4)
     try:
-        _wait_for("a committed window of a running task", lambda: db.sql(
-            "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running' AND processed_offset >= 100",
-            {"r": run.id}))
+        # frozen (SIGSTOP) once a running task has committed a window, then killed only if, read
+        # after its backends went quiet, a task is still running mid-page: under load the task had
+        # finished between the read and the kill, and the test saw no task left running
+        for _ in range(50):
+            _wait_for("a committed window of a running task", lambda: db.sql(
+                "SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running'"
+                " AND processed_offset >= 100", {"r": run.id}))
+            os.kill(child.pid, signal.SIGSTOP)
+            _wait_for("the frozen drainer's statements to end", lambda: not db.sql(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = %(app)s AND state = 'active'",
+                {"app": app}))
+            if db.sql("SELECT 1 FROM migration_tasks WHERE migration_id = %(r)s AND status = 'running'"
+                      " AND processed_offset > 0 AND processed_offset < %(page)s", {"r": run.id, "page": PAGE}):
+                break
+            os.kill(child.pid, signal.SIGCONT)
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=30)
     finally:
