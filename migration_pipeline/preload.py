@@ -282,6 +282,19 @@ def start_server(path: Path) -> bool:
     return True
 
 
+def children_of(parent: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `parent` (Linux /proc): a server's running commands."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def servers() -> list[tuple[int, Path]]:
     """This user's running servers: (pid, socket path), from their pid files (stale ones skipped)."""
     where = socket_dir()

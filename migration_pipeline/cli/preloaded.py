@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import click
 
@@ -36,7 +35,7 @@ def status_cmd() -> None:
     here = f"{preload.server_key()}.sock"
     for pid, sock in found:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(sock.with_suffix(".pid").stat().st_mtime))
-        running = len(_children(pid))
+        running = len(preload.children_of(pid))
         serves = "; serves this shell" if sock.name == here else ""
         click.echo(f"pid {pid}: started {started}, {running} command{'' if running == 1 else 's'} running{serves}")
 
@@ -53,15 +52,3 @@ def stop_cmd() -> None:
     n = len(found)
     click.echo(f"stopped {n} launcher{'' if n == 1 else 's'}" + ("; the commands they ran go on" if n else ""))
 
-
-def _children(parent: int) -> list[int]:
-    """Live (not zombie) processes whose parent is `parent` (Linux /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out

@@ -54,17 +54,20 @@ def _server(env: dict[str, str]) -> int:
     return int(found[0].read_text())
 
 
-def _children(parent: int) -> list[int]:
-    """Live (not zombie) processes whose parent is `parent`."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
+def _slow_run_under_way(env: dict[str, str], **popen: object) -> tuple[int, subprocess.Popen, int]:
+    """A warm-up run (which starts the server), then a slow `migrate run` of tenant acme forked from
+    it with a task started: (the server's pid, the command, its forked child's pid)."""
+    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
+    assert first.returncode == 0, first.stderr[-3000:]
+    server = _server(env)
+    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
+                               env=env, **popen)
+    child = _wait_for("the command's child", lambda: preload.children_of(server), timeout=60)[0]
+    with psycopg.connect(env["DATABASE_URL"]) as c:
+        _wait_for("a task started", lambda: c.execute(
+            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
+            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    return server, command, child
 
 
 def _imported(stderr: str) -> set[str]:
@@ -90,19 +93,10 @@ def test_the_second_run_is_forked_from_the_preloaded_server_with_the_same_result
 
 
 def test_a_killed_command_kills_its_forked_child_and_a_rerun_completes_every_row_once(env):
-    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
-    assert first.returncode == 0, first.stderr[-3000:]
-    server = _server(env)
-    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    child = _wait_for("the command's child", lambda: _children(server), timeout=60)[0]
-    with psycopg.connect(env["DATABASE_URL"]) as c:
-        _wait_for("a task started", lambda: c.execute(
-            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
-            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    server, command, child = _slow_run_under_way(env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     command.send_signal(signal.SIGKILL)
     command.wait(10)
-    _wait_for("the child gone with its command", lambda: child not in _children(server), timeout=10)
+    _wait_for("the child gone with its command", lambda: child not in preload.children_of(server), timeout=10)
     with psycopg.connect(env["DATABASE_URL"]) as c:
         assert c.execute("SELECT status FROM migrations WHERE tenant_id = 'acme'").fetchone()[0] != "succeeded"  # killed mid-run
     again = _run(env, "acme", SLOW, **{preload.ENABLE_ENV: "0"})
@@ -119,16 +113,7 @@ def test_a_killed_command_kills_its_forked_child_and_a_rerun_completes_every_row
 
 
 def test_a_stop_signal_reaches_the_forked_command_which_stops_what_it_started(env):
-    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
-    assert first.returncode == 0, first.stderr[-3000:]
-    server = _server(env)
-    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for("the command's child", lambda: _children(server), timeout=60)
-    with psycopg.connect(env["DATABASE_URL"]) as c:
-        _wait_for("a task started", lambda: c.execute(
-            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
-            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    server, command, child = _slow_run_under_way(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     command.send_signal(signal.SIGTERM)
     _, err = command.communicate(timeout=120)
     assert command.returncode == 128 + signal.SIGTERM, err[-3000:]  # the child's own exit code, relayed
@@ -254,16 +239,7 @@ def _state(pid: int) -> str:
 
 
 def test_ctrl_z_stops_the_forked_command_and_fg_continues_it_to_the_end(env):
-    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
-    assert first.returncode == 0, first.stderr[-3000:]
-    server = _server(env)
-    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    child = _wait_for("the command's child", lambda: _children(server), timeout=60)[0]
-    with psycopg.connect(env["DATABASE_URL"]) as c:
-        _wait_for("a task started", lambda: c.execute(
-            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
-            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    server, command, child = _slow_run_under_way(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     command.send_signal(signal.SIGTSTP)
     _wait_for("the child stopped", lambda: _state(child) == "T", timeout=20)
     _wait_for("the command stopped", lambda: _state(command.pid) == "T", timeout=20)
@@ -275,16 +251,7 @@ def test_ctrl_z_stops_the_forked_command_and_fg_continues_it_to_the_end(env):
 
 
 def test_a_command_whose_launcher_is_stopped_meanwhile_goes_on_to_its_own_exit_code(env):
-    first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
-    assert first.returncode == 0, first.stderr[-3000:]
-    server = _server(env)
-    command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for("the command's child", lambda: _children(server), timeout=60)
-    with psycopg.connect(env["DATABASE_URL"]) as c:
-        _wait_for("a task started", lambda: c.execute(
-            "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
-            " WHERE r.tenant_id = 'acme' AND t.started_at IS NOT NULL").fetchone(), timeout=120)
+    server, command, child = _slow_run_under_way(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stop = subprocess.run([MIGRATE, "preload", "stop"], env=env, capture_output=True, text=True, timeout=60)
     assert "stopped 1 launcher" in stop.stdout, stop.stdout + stop.stderr
     out, err = command.communicate(timeout=180)
