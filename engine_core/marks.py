@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine_core import ledger
 from engine_core.db import Conn
 from engine_core.models import Run
+
+# The task stat counting records kept apart: a record kept for rows no listing can serve (a deal's
+# mail when the deal has no readable id or its mail is refused), one failed record for all of them.
+KEPT_APART = "kept_apart"
 
 
 @dataclass(frozen=True)
@@ -61,3 +66,11 @@ def mark_gone(tx: Conn, run: Run, kind: str, source_ids: Sequence[object]) -> in
     in `tx`; returns how many entries were marked now. No statement for no ids."""
     return ledger.mark_deleted(tx, run, kind, source_ids) if source_ids else 0
 
+
+
+def count_kept_apart(stats: Any, n: int) -> None:
+    """Count `n` records kept apart (`KEPT_APART`) on a task's `stats`: each is a row the task saw
+    and failed, so its phase's figures - the progress lines, the phase's materialisation, the run's
+    per-kind table - count it as they count every failed row, from the same task stats."""
+    for key in ("seen", "failed", KEPT_APART):
+        stats.bump(key, n)

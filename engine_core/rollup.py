@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import socket
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -78,9 +78,13 @@ class KindRollup:
     # "updated": 1, "listed": 45, "unchanged": 42} ("listed"/"unchanged": a full listing of the kind)
     caught_up: dict[str, int] = field(default_factory=dict)
     handed_over: dict[str, int] = field(default_factory=dict)
-    # failed records the run keeps under this kind that no task counted as a row (the mail of a deal
-    # no listing can serve, kept as one record): part of `failed`, and of `seen` so the row adds up
+    # records its tasks kept apart (the mail of a deal no listing can serve, kept as one failed
+    # record: `marks.KEPT_APART`), counted by those tasks as rows seen and failed: part of both
     kept_apart: int = 0
+    # failed records the run holds under this kind beyond what its phase counted: the rows (and
+    # kept mail) the catch-up failed after the phase closed that the phase had not; part of `failed`
+    # and `seen` (so they agree with `migrate rows`), not of the phase's figures (`at_close`)
+    failed_by_catchup: int = 0
     # {parent kind: records waiting for the catch-up whose rows of this kind were left to it unlisted}
     left: dict[str, int] = field(default_factory=dict)
 
@@ -98,6 +102,12 @@ class KindRollup:
         (`caught_up`) are added."""
         return (self.imported + self.matched - _n(self.handed_over, "imported") - _n(self.handed_over, "matched")
                 + _n(self.caught_up, "imported") + _n(self.caught_up, "matched"))
+
+    def at_close(self) -> KindRollup:
+        """The kind's figures as its phase counted them - what its progress lines and its phase's
+        materialisation say - without the failures the catch-up added after it (`failed_by_catchup`)."""
+        return replace(self, failed=self.failed - self.failed_by_catchup, seen=self.seen - self.failed_by_catchup,
+                       failed_by_catchup=0)
 
     def source_count_met(self) -> bool | None:
         """Whether the source's own count (`source_total`, taken when the kind's phase began) is met;
@@ -174,9 +184,10 @@ class RunRollup:
         """The completeness check of phase `phase`, or None when it has none (not closed yet)."""
         return next((c for c in self.completeness if c["phase"] == phase), None)
 
-    def phase_kinds(self, phase: int) -> list[KindRollup]:
-        """The kinds of phase `phase`, in plan order."""
-        return [k for k in self.kinds if k.phase == phase]
+    def phase_kinds(self, phase: int, at_close: bool = False) -> list[KindRollup]:
+        """The kinds of phase `phase`, in plan order; `at_close`: with the figures the phase counted
+        (`KindRollup.at_close`), as its progress lines and its materialisation say them."""
+        return [k.at_close() if at_close else k for k in self.kinds if k.phase == phase]
 
     def as_dict(self) -> dict[str, Any]:
         """The rollup as a plain dict (times as ISO text, with `complete`, `incomplete` and
@@ -208,6 +219,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         kr.tasks[r["status"]] = kr.tasks.get(r["status"], 0) + r["n"]
         tasks[r["status"]] += r["n"]
         kr.seen += int(r["seen"])
+        kr.kept_apart += int(r.get("kept_apart") or 0)
         for c in COUNTERS:
             setattr(kr, c, getattr(kr, c) + int(r[c]))
         if r.get("source_total") is not None:
@@ -225,7 +237,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
     for r in db.fetch_all("rollup_left_to_catchup", {"run_id": run_id}):
         kr = kinds.setdefault(r["kind"], KindRollup(kind=r["kind"], phase=r["phase"]))
         kr.left[r["parent"]] = kr.left.get(r["parent"], 0) + int(r["n"])
-    kept_apart(db, run, kinds)
+    failed_by_catchup(db, run, kinds)
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
@@ -267,31 +279,36 @@ SELECT kind, sum(n)::bigint AS n FROM (
 """
 
 
-def kept_apart(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
-    """Count into each kind's `failed` and `seen` (and `kept_apart`) the failed records the run holds
-    under it that no task counted as failed rows: a provider keeps a record for rows no listing can
-    serve (Pipedrive: a deal's mail when the deal has no readable id or its mail is refused). So the
-    kind's failed figure holds them, as `migrate rows` and `ledger_reads.bad_row_counts` count them,
-    and its row still adds up (`seen` = `accounted`). The catch-up's failures of a kind (its
-    "failed@<kind>", `caught_up`) are rows a task counted - the catch-up's, in its own row and the
-    kind's `by catch-up`, as its other outcomes are - so not these; a row its phase failed and the
-    catch-up failed again is one record, so only the catch-up's failures beyond the kind's own count
-    are. Per phase: a task kind may write under another kind's ledger identity there (archived
-    deals under `deals`), so only the phase's whole excess is known; the kind holding the most
-    records beyond its count holds it. A dry run keeps no records: nothing is added."""
+def failed_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
+    """Count into each kind's `failed` and `seen` (and `failed_by_catchup`) the failed records the
+    run holds under it beyond what its tasks counted as failed rows - records kept apart among them
+    (`marks.KEPT_APART`) - so the kind's failed figure is the one `migrate rows` and
+    `ledger_reads.bad_row_counts` give, and its row still adds up (`seen` = `accounted`). Such
+    records are the catch-up's: rows (or a deal's mail) it failed that the phase had not. The
+    catch-up's failures of a kind (its "failed@<kind>", `caught_up`) are rows a task counted - the
+    catch-up's, in its own row and the kind's `by catch-up` - and a row its phase failed and the
+    catch-up failed again is one record, so only its failures beyond the kind's own count are left
+    out here (a sync's kinds, without tasks, show none). Per phase: a task kind may write under
+    another kind's ledger identity there (archived deals under `deals`), so only the phase's whole
+    excess is known; the kind holding the most records beyond its count holds it. Read only once
+    the phase has closed (or the run ended): a record kept apart is written before its task's
+    stats are, and an open phase would credit it to the catch-up. A dry run keeps no records."""
     if run.dry_run:
         return
     held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_FAILED, {"run_id": run.id})}
     by_phase: dict[int, list[KindRollup]] = defaultdict(list)
     for kr in kinds.values():
         by_phase[kr.phase].append(kr)
-    for mine in by_phase.values():
+    live = not run.terminal
+    for phase, mine in by_phase.items():
+        if live and phase >= run.current_phase:
+            continue
         excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed")
                   - max(0, _n(kr.caught_up, "failed") - kr.failed) for kr in mine}
         extra = sum(excess.values())
         if extra > 0:
             kr = next(k for k in mine if k.kind == max(excess, key=excess.__getitem__))
-            kr.kept_apart = extra
+            kr.failed_by_catchup = extra
             kr.failed += extra
             kr.seen += extra
 

@@ -431,6 +431,8 @@ SELECT phase, kind, status, count(*) AS n,
        COALESCE(sum((stats->>'waiting')::bigint), 0) AS waiting,
        COALESCE(sum((stats->>'failed')::bigint), 0) AS failed,
        COALESCE(sum((stats->>'seen')::bigint), 0) AS seen,
+       -- records kept apart (`marks.KEPT_APART`), counted in seen and failed above too
+       COALESCE(sum((stats->>'kept_apart')::bigint), 0) AS kept_apart,
        max((stats->>'source_total')::bigint) AS source_total,
        -- tasks a discovery not yet run expects to seed beyond those that exist (its predecessor's
        -- estimate in its cursor); the progress counts it only for tasks not finished

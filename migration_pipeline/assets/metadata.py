@@ -196,8 +196,9 @@ def phase_summary(db: Database, r: rollups.RunRollup, phase: int,
                   windows: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """Numbers of one phase of a run: totals, per kind, tasks, reasons of its kinds (of the catch-up:
     of the kinds it wrote rows of, `told`; of the last phase: the run's "info" notes too); its seconds and rows/s over the time Dagster runs worked
-    on it (`windows`, `phase_seconds`)."""
-    kinds = r.phase_kinds(phase)
+    on it (`windows`, `phase_seconds`). The kinds' figures are those the phase counted
+    (`KindRollup.at_close`): read at its close, the catch-up's failures after it are not the phase's."""
+    kinds = r.phase_kinds(phase, at_close=True)
     names = [k.kind for k in kinds]
     totals = {c: sum(getattr(k, c) for k in kinds) for c in COUNTS}
     totals.update({c: sum(_extra(k, c) for k in kinds) for c in EXTRA})

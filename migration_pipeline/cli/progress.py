@@ -75,7 +75,7 @@ class Progress:
         elif r.status in self.BEFORE and not self.seen_running:
             return  # the stop or failure this launch resumes or retries: not news, the next line is its phase running
         phase = min(r.current_phase, len(r.phases) - 1)
-        kinds = r.phase_kinds(phase)
+        kinds = r.phase_kinds(phase, at_close=True)
         queued = dagster_run.status.value == "QUEUED"
         state = (queued, r.status, phase, tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
         now = time.monotonic()
@@ -128,7 +128,7 @@ class Progress:
         imported, _, here, updated = written_columns(r.dry_run)
         counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
                            f"{k.skipped} skipped/" + (f"{k.waiting} waiting/" if k.waiting else "")
-                           + f"{k.failed} failed" for k in r.phase_kinds(phase))
+                           + f"{k.failed} failed" for k in r.phase_kinds(phase, at_close=True))
         console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:

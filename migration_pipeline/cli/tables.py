@@ -135,6 +135,8 @@ def print_rollup(r: rollups.RunRollup) -> None:
                                      written[2], "skipped", "tasks")), soft_wrap=False)
     for line in left_lines(r):  # rows a phase never listed, left to the catch-up with their parents
         console.print(line, highlight=False)
+    for line in failed_lines(r):  # a failed figure beyond its phase's: the catch-up's, said so
+        console.print(line, highlight=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
     for note in r.unfinished:  # a stopped run's counts not met yet, with why (engine_core.rollup.cut_short)
@@ -143,6 +145,20 @@ def print_rollup(r: rollups.RunRollup) -> None:
         console.print(reasons_table(r.reasons, r.tenant_id), soft_wrap=False)
     if r.seconds is not None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
+
+
+def failed_lines(r: rollups.RunRollup) -> list[str]:
+    """One line per kind whose failed figure holds more than its phase counted (its progress lines
+    and its phase's materialisation): "emails: 9 failed: 8 as its phase counted them (4 of them records
+    kept apart), 1 the catch-up failed after the phase closed"."""
+    lines = []
+    for k in r.kinds:
+        later = getattr(k, "failed_by_catchup", 0)
+        if later:
+            kept = f" ({k.kept_apart} of them records kept apart)" if getattr(k, "kept_apart", 0) else ""
+            lines.append(f"{k.kind}: {k.failed} failed: {k.failed - later} as its phase counted them{kept}, "
+                         f"{later} the catch-up failed after the phase closed")
+    return lines
 
 
 OUTCOMES = ("seen", "imported", "matched", "already_here", "updated", "skipped", "waiting", "failed",

@@ -73,7 +73,7 @@ from engine_core.budget import Budget
 from engine_core.context import TaskContext
 from engine_core.errors import PageFailed, RateLimitParked, TaskStopped
 from engine_core.models import Successor, TaskOutcome
-from engine_core.marks import Marks, Unreadable, write_marks
+from engine_core.marks import Marks, Unreadable, count_kept_apart, write_marks
 from engine_core.rows import EMAIL_BODY_MAX, FittedBody, excerpt, fit_email_body, left_to_catchup
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.paging import Page, settle_refusals
@@ -149,7 +149,8 @@ def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) ->
     it can be reached. Each deal is kept beside the ledger under kind `emails` (migration 0013:
     its key "deal " + `mapping.unreadable_key`, the reason naming the count), so the run's grouped
     reasons, `migrate rows` and `migrate explain` tell it; `mail_unreachable` counts the messages
-    the list reported. A dry run notes it in the run log only."""
+    the list reported; each deal is a row seen and failed (`marks.count_kept_apart`). A dry run
+    notes it in the run log only."""
     told = []
     for row, count in deals:
         what = f"{count} email(s)" if isinstance(count, int) else "its emails (the list reports no count)"
@@ -160,6 +161,7 @@ def note_unreachable_mail(ctx: TaskContext, deals: Sequence[tuple[Any, Any]]) ->
             ctx.stats.bump("mail_unreachable", count)
     for key, _, reason in told:
         ctx.log.note("error", KIND, reason, subject=key)
+    count_kept_apart(ctx.stats, len(told))
     if not ctx.run.dry_run:
         with ctx.db.transaction() as tx:
             write_marks(tx, ctx.run, Marks(unreadable=[Unreadable(KIND, key, reason, excerpt(row)) for key, row, reason in told]))
@@ -396,7 +398,8 @@ class EmailTask:
         user) while the token is accepted: none of its mail can be fetched. Told like mail of a
         deal without a readable id (`note_unreachable_mail`): kept beside the ledger under kind
         `emails` and key "deal <id>" with the reason, so the run's grouped reasons, `migrate rows`
-        and `migrate explain emails "deal <id>"` say it; `deals_unreachable` counts such deals.
+        and `migrate explain emails "deal <id>"` say it; `deals_unreachable` counts such deals,
+        each a row seen and failed (`marks.count_kept_apart`).
         The deal finishes with no message; the task and the phase go on."""
         deal = self.deals[listing.deal]
         key = f"deal {deal}"
@@ -404,6 +407,7 @@ class EmailTask:
                   f"{' (' + error.detail + ')' if error.detail else ''} while the token reads the account"
                   " - the deal's mail is not visible to this token's user; none of it is fetched")
         self.ctx.stats.bump("deals_unreachable")
+        count_kept_apart(self.ctx.stats, 1)
         self.ctx.log.note("error", KIND, reason, subject=key)
         if not self.ctx.run.dry_run:
             with self.ctx.db.transaction() as tx:
