@@ -21,7 +21,7 @@ from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline.cli.output import console, emit, fail, open_db
 from migration_pipeline.cli.progress import Progress
-from migration_pipeline.cli.tables import print_rollup
+from migration_pipeline.cli.tables import print_rollup, rollup_doc
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, dagster_home, open_instance
 
 
@@ -285,5 +285,5 @@ def drain_and_report(db: dbmod.Database, run_id: int, as_json: bool) -> int:
         progress.close()
     materialize_drained(db, run_id)
     r = rollups.rollup(db, run_id)
-    emit(as_json, r.as_dict(), lambda: print_rollup(r))
+    emit(as_json, rollup_doc(r), lambda: print_rollup(r))
     return 0 if r.status == "succeeded" else 1

@@ -30,7 +30,7 @@ from migration_pipeline.cli.output import console, emit, fail, open_db, reader_g
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.tables import (outcome_counts, phase_labels, phase_number, print_overview, print_rollup,
-                                          reasons_table, run_phase)
+                                          reasons_table, rollup_doc)
 from migration_pipeline.launch.checks import pickable_kinds
 
 
@@ -96,9 +96,10 @@ def no_live_worker_line(progress: dict[str, Any]) -> str:
 def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     """The latest run of TENANT: phase, tasks, per-kind counts, grouped reasons. Without TENANT,
     an overview: every tenant's latest run (status, phase, tasks). TENANT's --json: the rollup, with
-    `current_phase` (from 1) and `phase` ("2/2") numbered in the run's own `phases` it lists,
-    `phase_asset` ("9/9") and `phase_assets` (one a phase of `phases`) as the phase assets number
-    them (the table's title says both where they differ, `tables.phase_said`),
+    every phase number from 1 in the run's own `phases` it lists (`current_phase`, `kinds[].phase`,
+    `completeness[].phase`, `progress.phases[].phase`: `tables.rollup_doc`), `phase` ("2/2") in the same
+    numbering, `phase_asset` ("9/9") and `phase_assets` (one a phase of `phases`) as the phase assets
+    number them (the table's title says both where they differ, `tables.phase_said`),
     `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
     overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
     if tenant is None:
@@ -125,8 +126,6 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         # what the account's budget waits on (the daily token share, a burst 429), while the run is live
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
-        # read against the `phases` the JSON lists ("2/2" for a run of users alone), the asset's number beside it
-        at, phase, phase_asset = run_phase(run.source, run.plan, run.current_phase)
         rows_waiting = sum(b["waiting"] for b in bad_row_counts(db, tenant).values())  # as the overview counts them
         unattended = done["unattended"]
 
@@ -144,10 +143,10 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
 
-        emit(as_json, {**r.as_dict(), "current_phase": at, "phase": phase, "phase_asset": phase_asset,
-                       "phase_assets": phase_labels(run.source, run.plan),
-                       "left_to_catchup": left_lines(r), "left_out": left, "progress": done, "waiting": rows_waiting,
-                       "budget_waiting": wait_json}, render)
+        # every phase number from 1, read against the `phases` the JSON lists ("2/2" for a run of users alone)
+        progress_doc = {**done, "phases": [{**ph, "phase": ph["phase"] + 1} for ph in done["phases"]]}
+        emit(as_json, {**rollup_doc(r), "left_to_catchup": left_lines(r), "left_out": left, "progress": progress_doc,
+                       "waiting": rows_waiting, "budget_waiting": wait_json}, render)
 
 
 @click.command()

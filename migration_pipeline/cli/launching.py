@@ -32,7 +32,7 @@ from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, consol
                                           stopped_by, stopped_line, what_now)
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
-from migration_pipeline.cli.tables import print_phase_results, print_rollup
+from migration_pipeline.cli.tables import print_phase_results, print_rollup, rollup_doc
 from migration_pipeline import preload, stack, tags
 from migration_pipeline.alembic_later import storage_modules
 from migration_pipeline.instance import dagster_env, get_instance
@@ -460,7 +460,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
                               for p in results],
-                   "engine": r.as_dict() if r else None,
+                   "engine": rollup_doc(r) if r else None,
                    "cost": {k: int(v) for k, v in cost.items()} if cost else None}
 
         def render() -> None:
@@ -505,7 +505,7 @@ def _stopped_elsewhere(as_json: bool, run_id: str, r: Any, results: list[Any], t
     STOPPED_ELSEWHERE: not 1, which says the run failed."""
     by = stopped_by(step_messages=tuple(p.message for p in results if p.status == "failed"))
     emit(as_json, {"dagster_run_id": run_id, "dagster_status": "CANCELED", "stopped_by": by,
-                   "engine": r.as_dict()}, lambda: None)
+                   "engine": rollup_doc(r)}, lambda: None)
     click.echo(stopped_line(r.name, r.status, by, tenant, f"Dagster run {run_id}: CANCELED", sync), err=True)
     return STOPPED_ELSEWHERE
 

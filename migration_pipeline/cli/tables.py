@@ -45,6 +45,21 @@ def run_phase(source: str, plan: list[list[str]], current_phase: int) -> tuple[i
     return at + 1, f"{at + 1}/{len(plan)}", phase_labels(source, plan)[at]
 
 
+def rollup_doc(r: rollups.RunRollup) -> dict[str, Any]:
+    """A rollup as the commands' --json give it: every phase number from 1, in the run's own
+    `phases` (`phases[n - 1]`; `phase_assets[n - 1]` its asset's "N/M") - `current_phase`, each
+    kind's `phase` and each `completeness` entry's `phase` - as the tables number them, with `phase`
+    ("2/2") and `phase_asset` ("9/9") beside them (`run_phase`). The engine's own rollup numbers
+    them from 0."""
+    source = getattr(r, "source", "")
+    at, phase, phase_asset = run_phase(source, r.phases, r.current_phase)
+    doc = r.as_dict()
+    for entry in (*doc["kinds"], *doc["completeness"]):
+        entry["phase"] += 1
+    doc.update(current_phase=at, phase=phase, phase_asset=phase_asset, phase_assets=phase_labels(source, r.phases))
+    return doc
+
+
 def phase_said(own: str, asset: str) -> str:
     """A run's phase as the status table's title says it: "2/2 (phase asset 9/9)" for a run of some
     kinds, read against the run's own plan as `migrate status --json` numbers it; "3/9" when the

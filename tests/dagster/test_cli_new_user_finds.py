@@ -5,8 +5,9 @@
 * `migrate explain` and `migrate rows --kind` asked for `deals_archived` / `leads_archived` answer
   for the ledger kind the archived rows are kept under (`deals`, `leads`) and say so in one note
   line on stderr, instead of "not in the ledger", and the row's line ends ", archived";
-* `migrate status TENANT --json` numbers `current_phase` and `phase` in the run's own `phases` it
-  lists (a Pipedrive run without the opt-in phase ends at 8/8), and `phase_asset` as the overview
+* `migrate status TENANT --json` numbers `current_phase`, `phase` and every other phase number (each
+  kind's, each progress and completeness entry's) from 1 in the run's own `phases` it lists (a
+  Pipedrive run without the opt-in phase ends at 8/8), and `phase_asset` as the overview
   and the phase assets do (9/9; it had said 9 beside eight phases), and its `waiting` is
   the number of rows left to the catch-up (0, not null); the budget's wait is `budget_waiting`;
 * a launch refused because the daemon serving the instance reads another source says which
@@ -92,6 +93,13 @@ def test_status_json_numbers_the_phase_in_its_own_phases_and_counts_waiting_rows
     assert doc["phase_asset"] == overview["acme"]["phase"] == "9/9", (doc["phase_asset"], overview["acme"]["phase"])
     assert len(doc["phase_assets"]) == len(doc["phases"]) and doc["phase_assets"][-1] == "9/9", doc["phase_assets"]
     assert [p["label"] for p in doc["progress"]["phases"]][-1] == "9/9"
+    # every phase number of the document from 1 in its `phases`, as `current_phase` (kinds' and the
+    # progress's had been from 0 beside it: the catch-up's kind said 7, its progress 7, current_phase 8)
+    for k in doc["kinds"]:
+        assert k["kind"] in doc["phases"][k["phase"] - 1], (k["kind"], k["phase"])
+    assert [(p["phase"], p["kinds"]) for p in doc["progress"]["phases"]] == list(enumerate(doc["phases"], 1))
+    assert [c["phase"] for c in doc["completeness"]] == list(range(1, len(doc["phases"]) + 1))
+    assert next(k["phase"] for k in doc["kinds"] if k["kind"] == "catchup") == doc["current_phase"]
     assert doc["waiting"] == overview["acme"]["waiting"] == 0 and doc["budget_waiting"] is None, doc["waiting"]
 
 

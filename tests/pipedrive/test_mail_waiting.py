@@ -202,7 +202,7 @@ def test_a_run_stopped_in_the_mail_phase_counts_each_waiting_row_once_and_says_w
         deals = f"{mail['left']['deals']} deal{'' if mail['left']['deals'] == 1 else 's'}"
         assert line.startswith(f"emails of {deals} left to the catch-up") and "it lists them" in line, line
         assert "emails of" in " ".join(_cli("status", TENANT).stdout.split())
-        note = phase_metadata(db, rollup.rollup(db, run.id), mail["phase"])["waiting_note"].value
+        note = phase_metadata(db, rollup.rollup(db, run.id), mail["phase"] - 1)["waiting_note"].value
         assert f"emails of {deals} left to the catch-up" in note, note
         report = " ".join(_cli("report", TENANT, "--kind", "emails").stdout.split())
         assert "0 left to catch-up" in report and f"emails of {deals} left" in report, report
