@@ -18,12 +18,14 @@ checkpoint, barrier and budget is a row in the shared engine database. See docs/
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import yaml
-from dagster import ExecutorDefinition
+from dagster import ExecutorDefinition, build_resources
 
+from engine_core.db import Database
 from engine_core.errors import ConfigError
 from migration_pipeline import storage
 from migration_pipeline.lane import carry
@@ -90,7 +92,8 @@ def _celery_executor() -> ExecutorDefinition:
         def execute(self, plan_context, execution_plan):
             """dagster-celery's execution, the engine run's stop flag set once it reports a termination.
             First, the launch is tagged with the engine run it joined (`lane.join`)."""
-            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, lambda: run_database(plan_context),
+                           plan_context.log)
             stopped = False
             for event in super().execute(plan_context, execution_plan):
                 yield event
@@ -106,6 +109,18 @@ def _celery_executor() -> ExecutorDefinition:
             include=config.get("include"), retries=RetryMode.from_config(config["retries"]))
 
     return celery_executor_stopping
+
+
+def run_database(plan_context: Any) -> AbstractContextManager[Database]:
+    """One connection to the Dagster run's own engine database: its job's `database` resource as the
+    run's config sets it (`MigrationDatabase.reader`) - the database its steps use, which need not
+    be DATABASE_URL's (a launchpad's `resources.database.config.url`, a job given another resource)."""
+    resources = plan_context.job.get_definition().resource_defs
+    config = ((plan_context.run_config or {}).get("resources") or {}).get("database")
+    with build_resources({"database": resources["database"]}, instance=plan_context.instance,
+                         resource_config={"database": config} if config else None) as built:
+        resource = built.database
+    return resource.reader()
 
 
 def _is_termination(event: Any) -> bool:
@@ -138,7 +153,8 @@ def stopping_in_process_executor():
             (`lane.carry.steps_here`); whatever is carried is stopped when the steps end. The event log
             storage reuses a step's latest-materialisation lookup for its checks (`storage.steps_here`).
             First, the launch is tagged with the engine run it joined (`lane.join`)."""
-            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+            join_at_launch(plan_context.instance, plan_context.dagster_run.run_id, lambda: run_database(plan_context),
+                           plan_context.log)
             with carry.steps_here(), storage.steps_here():  # exited after the stop flag below is set
                 try:
                     yield from super().execute(plan_context, execution_plan)

@@ -15,11 +15,13 @@ closed them and the Dagster run ends as a join of a finished run does - succeede
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from engine_core import db as dbmod
 from engine_core import runs
+from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
 from migration_pipeline import tags
@@ -32,13 +34,16 @@ def joined_at(run: Run, launched: datetime) -> bool:
     return run.finished_at is None or run.finished_at > launched
 
 
-def join_at_launch(instance: Any, dagster_run_id: str, log: Any = None) -> int | None:
+def join_at_launch(instance: Any, dagster_run_id: str, database: Callable[[], AbstractContextManager[Database]],
+                   log: Any = None) -> int | None:
     """Tag the Dagster run with the engine run it joined at its launch (`tags.ENGINE_RUN`,
     `tags.SOURCE`, `tags.JOINED`) and return that run's id, when the Dagster run is a tenant's
     launch (`dagster/partition`) not yet attached to an engine run, neither a drainer, a sync nor a
     launch asking for a new run, and the tenant's latest run was live when it was created
     (`joined_at`) and is live or succeeded now (a failed or stopped one is the op's rerun either
-    way). Else None, nothing written. Never raises: on any error the phase ops decide as before."""
+    way). Else None, nothing written. `database` opens the run's own engine database - its
+    `database` resource, which its steps use (`executors.run_database`) - only when the launch may
+    join. Never raises: on any error the phase ops decide as before."""
     try:
         record = instance.get_run_record_by_id(dagster_run_id)
         if record is None:
@@ -49,7 +54,7 @@ def join_at_launch(instance: Any, dagster_run_id: str, log: Any = None) -> int |
                 or run_tags.get(tags.MODE) == tags.SYNC
                 or run_tags.get(tags.NEW_RUN, "").strip().lower() in ("true", "yes", "1")):
             return None
-        with dbmod.connect(max_size=1, apply=False) as db:
+        with database() as db:
             try:
                 run = runs.latest_run(db, tenant)
             except RunNotFound:

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -23,7 +24,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -58,6 +59,13 @@ class MigrationDatabase(ConfigurableResource):
         if self._db is None:
             self._db = dbmod.connect(self.url or None, max_size=self.max_size)
         return self._db
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[dbmod.Database]:
+        """One connection to this resource's database for a short read outside a step (the
+        executor's join at launch, `lane.join`): no pool of the run's size, no schema applied."""
+        with dbmod.connect(self.url or None, max_size=1, apply=False) as db:
+            yield db
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         """Close the pool at the run's end."""

@@ -22,7 +22,9 @@ from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline import tags
 from migration_pipeline.assets.phases import build_phase_assets
+from migration_pipeline.instance import to_url
 from migration_pipeline.lane.executors import stopping_in_process_executor
+from tests.conftest import _with_dbname
 from tests.dagster.support import resources, tmpfs_instance
 from tests.engine.support import FAST
 
@@ -61,6 +63,24 @@ def test_a_launch_made_while_the_run_was_live_reports_it_when_it_ended_before_th
         assert materialised == {"phase_1_companies", "phase_2_contacts", "phase_3_deals", "phase_4_activities",
                                 "phase_5_notes"}, materialised
         assert _runs_of(db, "followed") == [live.id], "no engine run was started"
+
+
+def test_the_join_at_launch_reads_the_runs_own_database_resource(db, engine_url, monkeypatch):
+    """The launch joins through the run's `database` resource (`executors.run_database`), not through
+    DATABASE_URL: here the resource names the engine database and DATABASE_URL another one, where no
+    run of the tenant is (the join had read it there, found none, and the launch was refused)."""
+    monkeypatch.setenv("DATABASE_URL", to_url(_with_dbname(engine_url, "not_the_runs_database")))
+    live = runs.start_run(db, provider_for("example"), "resourced", options=TINY, settings=FAST)
+    job = _tenant_job(engine_url)  # its `database` resource: the engine database
+    with tmpfs_instance() as instance:
+        instance.add_dynamic_partitions("tenants", ["resourced"])
+        launched = instance.create_run_for_job(job_def=job, tags={tags.PARTITION: "resourced"})
+        drain_threads(db, live.id, width=2, settings=FAST, providers=for_run)
+        execute_run(InMemoryJob(job), instance.get_run_by_id(launched.run_id), instance)
+        run = instance.get_run_by_id(launched.run_id)
+        assert run.status == DagsterRunStatus.SUCCESS, run.status
+        assert run.tags.get(tags.ENGINE_RUN) == str(live.id) and run.tags.get(tags.JOINED) == "true", run.tags
+        assert _runs_of(db, "resourced") == [live.id]
 
 
 def test_a_launch_made_after_the_run_ended_is_still_refused(db, engine_url, monkeypatch):
