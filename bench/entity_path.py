@@ -365,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         elif variant.startswith("engine "):
             lines.append((f"engine / {variant} rows/s", ratio(e, median(out[variant])),
                           f"the default write.ROWS ({write.ROWS}) vs {variant.split()[1]}"))
-    print_ratios(f"entity path, {args.scale} sandbox, {rows} rows, medians of {args.reps}", lines)
+    limit = "" if args.burst_limit >= NO_LIMIT else f", burst limit {args.burst_limit} per 2 s"
+    print_ratios(f"entity path, {args.scale} sandbox{limit}, {rows} rows, medians of {args.reps}", lines)
     return 1 if problems else 0
 
 
