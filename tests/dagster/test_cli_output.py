@@ -101,7 +101,7 @@ def test_a_progress_line_is_one_line_however_long_when_output_is_not_a_terminal(
         dry_run = False
 
         @staticmethod
-        def phase_kinds(phase: int) -> list[Kind]:
+        def phase_kinds(phase: int, at_close: bool = False) -> list[Kind]:
             return [Kind(k) for k in kinds]
 
     with console.capture() as captured:
