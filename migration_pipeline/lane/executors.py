@@ -31,6 +31,7 @@ from migration_pipeline import storage
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.join import join_at_launch
 from migration_pipeline.lane.terminate import hold_interrupts, stop_engine_run, stop_on_interrupt
+from migration_pipeline.resources import database_resource
 
 EXECUTOR_ENV = "MIGRATE_EXECUTOR"
 CELERY_CONFIG_ENV = "MIGRATE_CELERY_CONFIG"
@@ -99,7 +100,8 @@ def _celery_executor() -> ExecutorDefinition:
                 yield event
                 if not stopped and _is_termination(event):
                     stopped = True
-                    stop_engine_run(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+                    stop_engine_run(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log,
+                                    lambda: run_database(plan_context))
 
     @executor(name="celery", config_schema=CELERY_CONFIG, requirements=multiple_process_executor_requirements())
     def celery_executor_stopping(init_context):
@@ -114,10 +116,12 @@ def _celery_executor() -> ExecutorDefinition:
 def run_database(plan_context: Any) -> AbstractContextManager[Database]:
     """One connection to the Dagster run's own engine database: its job's `database` resource as the
     run's config sets it (`MigrationDatabase.reader`) - the database its steps use, which need not
-    be DATABASE_URL's (a launchpad's `resources.database.config.url`, a job given another resource)."""
+    be DATABASE_URL's (a launchpad's `resources.database.config.url`, a job given another resource).
+    A job without a `database` resource reads the deployment's (`resources.database_resource`)."""
     resources = plan_context.job.get_definition().resource_defs
     config = ((plan_context.run_config or {}).get("resources") or {}).get("database")
-    with build_resources({"database": resources["database"]}, instance=plan_context.instance,
+    definition = resources["database"] if "database" in resources else database_resource()
+    with build_resources({"database": definition}, instance=plan_context.instance,
                          resource_config={"database": config} if config else None) as built:
         resource = built.database
     return resource.reader()
@@ -162,7 +166,8 @@ def stopping_in_process_executor():
                     raise
                 except BaseException:
                     with hold_interrupts():
-                        stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log)
+                        stop_on_interrupt(plan_context.instance, plan_context.dagster_run.run_id, plan_context.log,
+                                          lambda: run_database(plan_context))
                     raise
 
     @executor(name="in_process", config_schema=IN_PROC_CONFIG)

@@ -9,8 +9,8 @@ relaunching the partition resumes it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from dagster import RunsFilter
@@ -18,7 +18,10 @@ from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 
 from engine_core import db as dbmod
 from engine_core import runs
+from engine_core.db import Database
 from migration_pipeline import tags
+
+Opener = Callable[[], AbstractContextManager[Database]]
 
 
 @contextmanager
@@ -33,10 +36,10 @@ def hold_interrupts() -> Iterator[None]:
         yield
 
 
-def stop_on_interrupt(instance, dagster_run_id: str, log=None) -> int | None:
-    """The engine run a terminated Dagster run drives gets its stop flag (`stop_engine_run`),
-    unless another launch (not a drainer) of the tenant is in flight on it: the engine id, or None.
-    Errors are logged, never raised: the termination goes on."""
+def stop_on_interrupt(instance, dagster_run_id: str, log=None, database: Opener | None = None) -> int | None:
+    """The engine run a terminated Dagster run drives gets its stop flag (`stop_engine_run`, in
+    `database`), unless another launch (not a drainer) of the tenant is in flight on it: the engine
+    id, or None. Errors are logged, never raised: the termination goes on."""
     try:
         run = instance.get_run_by_id(dagster_run_id)
         engine = run.tags.get(tags.ENGINE_RUN, "") if run is not None else ""
@@ -47,26 +50,26 @@ def stop_on_interrupt(instance, dagster_run_id: str, log=None) -> int | None:
                   if r.run_id != dagster_run_id and r.tags.get(tags.ROLE) != tags.DRAINER]
         if others:
             return None
-        return stop_engine_run(instance, dagster_run_id, log)
+        return stop_engine_run(instance, dagster_run_id, log, database)
     except Exception:  # noqa: BLE001 - the termination matters more
         (log or logging.getLogger(__name__)).exception("could not stop the engine run of %s", dagster_run_id)
         return None
 
 
-def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None) -> int | None:
+def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None, database: Opener | None = None) -> int | None:
     """Set the stop flag of the engine run a Dagster run attached to (its `migration/run_id` tag);
-    the engine run id, or None when the run never attached. Errors are logged, not raised: the
-    terminate goes on either way."""
+    the engine run id, or None when the run never attached. `database` opens the engine database
+    that run lives in: within the run, its own `database` resource (`executors.run_database`);
+    None, the deployment's (DATABASE_URL, else the embedded server), for a caller outside the run
+    (the `migrate` command that launched it). Errors are logged, not raised: the terminate goes on
+    either way."""
     run = instance.get_run_by_id(dagster_run_id)
     engine_run = (run.tags.get(tags.ENGINE_RUN, "") if run is not None else "")
     if not engine_run.isdigit():
         return None
     try:
-        db = dbmod.connect(max_size=1, apply=False)
-        try:
+        with (database or _deployment_database)() as db:
             stopped = runs.stop(db, int(engine_run))
-        finally:
-            db.close()
         instance.add_run_tags(dagster_run_id, {tags.STOPPED_ENGINE: engine_run})
         if log is not None:
             log.warning(f"terminated: stop requested for {stopped.name}; the steps on the worker hosts stop at "
@@ -75,3 +78,8 @@ def stop_engine_run(instance: Any, dagster_run_id: str, log: Any = None) -> int 
         if log is not None:
             log.error(f"terminated, but the stop flag of engine run {engine_run} could not be set: {e}")
     return int(engine_run)
+
+
+def _deployment_database() -> Database:
+    """One connection to the deployment's engine database (DATABASE_URL, else the embedded server)."""
+    return dbmod.connect(max_size=1, apply=False)
