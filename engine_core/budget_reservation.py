@@ -17,8 +17,7 @@ from engine_core.errors import BudgetCancelled
 from engine_core.source import RateObservation
 
 if TYPE_CHECKING:
-    from engine_core.budget import Budget
-    from engine_core.budget_row import Slot
+    from engine_core.budget import Budget, Slot
 
 log = logging.getLogger(__name__)
 
