@@ -297,10 +297,32 @@ def unreachable_message(url: str, error: Exception) -> str:
     return f"cannot reach the database {redact(url)}{source}: {first}"
 
 
-def database_url(env: dict[str, str] | None = None) -> str:
-    """DATABASE_URL when set (checked: a postgresql:// URL libpq can parse), else the embedded
-    server's `migrate` database. Raises ConfigError naming DATABASE_URL."""
+def missing_embedded(env: dict[str, str] | None = None) -> str | None:
+    """Where no embedded database was found, as a message says it ("no embedded database under
+    /x/.migrate (MIGRATE_HOME)"), when DATABASE_URL is unset and MIGRATE_HOME holds no `pgdata`;
+    None when there is a database to read (DATABASE_URL set, or the embedded server's data, running
+    or not)."""
     env = dict(os.environ if env is None else env)
+    if env.get("DATABASE_URL", "").strip():
+        return None
+    home = migrate_home(env)
+    if (home / "pgdata").exists():
+        return None
+    where = "MIGRATE_HOME" if env.get("MIGRATE_HOME", "").strip() else "./.migrate of the current directory, MIGRATE_HOME unset"
+    return f"no embedded database under {home} ({where})"
+
+
+def database_url(env: dict[str, str] | None = None, *, create: bool = True) -> str:
+    """DATABASE_URL when set (checked: a postgresql:// URL libpq can parse), else the embedded
+    server's `migrate` database. Raises ConfigError naming DATABASE_URL. Without `create`, an
+    embedded database MIGRATE_HOME does not hold is not made (initdb) nor started: ConfigError
+    saying where it looked (`missing_embedded`) - a command that only reads finds nothing in an
+    empty one, and would say every tenant is gone."""
+    env = dict(os.environ if env is None else env)
+    missing = None if create else missing_embedded(env)
+    if missing:
+        raise ConfigError(f"{missing}; set DATABASE_URL, or run from the project's root, or start one with "
+                          "`migrate run` or `make demo`")
     url = env.get("DATABASE_URL", "").strip()
     if url:
         if not re.match(r"^postgres(ql)?://", url):
@@ -323,10 +345,10 @@ def redact(url: str) -> str:
     return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
 
 
-def connect(url: str | None = None, *, max_size: int = 10, apply: bool = True) -> Database:
-    """A Database for `url` (default: `database_url()`, embedded Postgres when DATABASE_URL is
-    unset), with the schema migrations applied first unless `apply` is False."""
-    url = url or database_url()
+def connect(url: str | None = None, *, max_size: int = 10, apply: bool = True, create: bool = True) -> Database:
+    """A Database for `url` (default: `database_url(create=create)`, embedded Postgres when
+    DATABASE_URL is unset), with the schema migrations applied first unless `apply` is False."""
+    url = url or database_url(create=create)
     if apply:
         apply_schema(url)
     return Database(url, max_size=max_size)

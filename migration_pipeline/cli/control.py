@@ -48,7 +48,7 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
     renewal, and `stop` cancels it then. `--force` waits for that (at most twice the threshold plus
     30 s), so the run ends `stopped`; without it a still-stopping run says what it waits for."""
     settings = Settings.from_env()
-    with open_db() as db:
+    with open_db(create=False) as db:
         latest = tenant_run(db, tenant, source)
         if latest.status in ("succeeded", "stopped"):
             emit(as_json, {"run_id": latest.id, "status": latest.status, "running_tasks": 0, "nothing_to": "stop"},
@@ -151,7 +151,7 @@ def check_someone_works(db: dbmod.Database, run: Any, action: str, as_json: bool
 
 
 def _reopen(action: str, tenant: str, source: str | None, as_json: bool, drain: bool) -> None:
-    with open_db() as db:
+    with open_db(create=False) as db:
         run = tenant_run(db, tenant, source)
         if run.status == "succeeded":  # before the daemon check: a succeeded run needs no daemon
             emit(as_json, {"run_id": run.id, "status": run.status, "nothing_to": action},

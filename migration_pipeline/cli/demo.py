@@ -372,14 +372,10 @@ def db_url(create: bool) -> None:
     MIGRATE_HOME, started when stopped. Where MIGRATE_HOME holds no embedded database (run outside
     the project's root: ./.migrate of another directory) it says where it looked, in one line
     (exit 2), and starts none; --create starts an empty one there."""
-    if not os.environ.get("DATABASE_URL", "").strip():
-        home = migrate_home()
-        if not (home / "pgdata").exists() and not create:
-            where = ("MIGRATE_HOME" if os.environ.get("MIGRATE_HOME", "").strip()
-                     else "./.migrate of the current directory, MIGRATE_HOME unset")
-            fail(f"no embedded database under {home} ({where}): run from the project's root, where `make demo` "
-                 "or `migrate run` made it, or set MIGRATE_HOME or DATABASE_URL; `migrate db url --create` "
-                 "starts an empty one there")
+    missing = None if create else dbmod.missing_embedded()
+    if missing:
+        fail(f"{missing}: run from the project's root, where `make demo` or `migrate run` made it, or set "
+             "MIGRATE_HOME or DATABASE_URL; `migrate db url --create` starts an empty one there")
     click.echo(dbmod.redact(dbmod.database_url()))
 
 

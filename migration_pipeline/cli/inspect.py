@@ -103,11 +103,11 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
     overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
     if tenant is None:
-        with open_db() as db:
+        with open_db(create=False) as db:
             overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
         emit(as_json, overview, lambda: print_overview(overview))
         return
-    with open_db() as db:
+    with open_db(create=False) as db:
         try:
             run = runs.latest_run(db, tenant, source)
             r = rollups.rollup(db, run.id)
@@ -165,7 +165,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
     kind's own counts; without --run, the tenant's skipped and failed rows of the kind now (every
     run, as the status overview and `migrate rows` count them) and the runs that left them.
     --json: `latest`, `run_mode`, `caught_up` and `tenant_now` ({"counts", "by_run"}) too."""
-    with open_db() as db:
+    with open_db(create=False) as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
             check_explain(db, tenant, kind)
         try:
@@ -277,7 +277,7 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
     if not raw:
         fail("SOURCE_ID is empty: give the source row's id, e.g. `migrate explain TENANT persons 42`")
     source_id = explain_id(raw)
-    with open_db() as db:
+    with open_db(create=False) as db:
         kind = folded(kind, check_explain(db, tenant, kind, ledger=True), "explaining", f" {source_id}")
         asked = source_id
         story = row_story.explain(db, tenant, kind, source_id)
@@ -495,7 +495,7 @@ def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None,
     id, then a count. `status` and `report` show five samples per reason; this lists them all, for
     `migrate explain` to take one by one. --json: JSON Lines on stdout, the count on stderr."""
     actions = ROW_ACTIONS if action == "all" else (action,)
-    with open_db() as db:
+    with open_db(create=False) as db:
         if kind is not None:
             kind = folded(kind, check_explain(db, tenant, kind, ledger=True), "listing", " rows")
         else:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from engine_core import db as dbmod
 from engine_core import ledger_reads, runs, runs_reads
 from engine_core.errors import ConfigError
 from engine_core.plan import choose_kinds
@@ -74,7 +75,10 @@ def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None) -> dict[s
     kinds asked for (`chosen`; None: the defaults; `runs.migrated_by`), so `migrate run` would
     refuse it - {"kinds": the kinds a sync takes (`runs.synced_kinds`), "by": the id of the run
     that migrated it, "last_sync": {"run_id", "requests", "tokens"} of its latest sync or None};
-    else None (a tenant not migrated yet: its next run is a full run)."""
+    else None (a tenant not migrated yet: its next run is a full run). No embedded database under
+    MIGRATE_HOME: nothing was migrated there, and none is made (initdb) or started to say so."""
+    if dbmod.missing_embedded():
+        return None
     with open_db() as db:
         by = runs.migrated_by(db, tenant, provider, {"kinds": chosen, "dry_run": False})
         if by is None:
@@ -138,8 +142,11 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                "next": "full run"}
     lonely = None
     if migrated is None and kinds_choice(kinds):  # what `migrate run` would say of these kinds' parents
-        with open_db() as db:
-            lonely = unlinked_kinds(provider, kinds_choice(kinds), ledger_reads.ledger_kinds(db, tenant))
+        if dbmod.missing_embedded():  # nothing migrated under MIGRATE_HOME: no database is made to say so
+            lonely = unlinked_kinds(provider, kinds_choice(kinds), [])
+        else:
+            with open_db() as db:
+                lonely = unlinked_kinds(provider, kinds_choice(kinds), ledger_reads.ledger_kinds(db, tenant))
         payload["note"] = lonely
     if migrated is not None:
         floor = est.sync_floor

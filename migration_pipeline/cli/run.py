@@ -83,7 +83,7 @@ def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool
     wanted = [k.strip() for k in kinds.split(",") if k.strip()] if kinds else None
     display = VerifyDisplay(tenant, as_json)
     try:
-        with open_db() as db, retries_summarised() as retried:
+        with open_db(create=False) as db, retries_summarised() as retried:
             result = run_verify(db, tenant, source, wanted, progress=display)
     finally:
         display.close()

@@ -1,0 +1,47 @@
+"""A command that only reads, where MIGRATE_HOME holds no embedded database.
+
+* `status`, `report`, `explain`, `rows`, `verify`, `stop`, `retry`, `resume` under a MIGRATE_HOME
+  without `pgdata` (a mistyped path, another directory's ./.migrate) refuse in one line naming where
+  they looked (exit 2), and make (initdb) and start nothing: an empty database there answered "no
+  tenant has a migration run yet", as if every tenant's data were gone. `plan` (before any run)
+  answers without one, and makes none either.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error
+
+pytestmark = pytest.mark.timeout(120)
+
+READERS = [["status"], ["status", "acme"], ["report", "acme"], ["explain", "acme", "persons", "1"],
+           ["rows", "acme"], ["verify", "acme"], ["stop", "acme"], ["retry", "acme"], ["resume", "acme"]]
+
+
+@pytest.mark.parametrize("args", READERS, ids=lambda a: "-".join(a))
+def test_a_read_without_an_embedded_database_says_where_it_looked_and_makes_none(args, tmp_path):
+    from tests.conftest import stop_embedded_server
+
+    home = tmp_path / "nonexistent" / "dir"
+    try:
+        out = _migrate_in_process(args, _env(MIGRATE_HOME=str(home)))
+        _one_line_error(out, f"no embedded database under {home} (MIGRATE_HOME)", "DATABASE_URL", "`migrate run`")
+        assert not home.exists(), list(home.iterdir())
+    finally:
+        if (home / "pgdata" / "postmaster.pid").exists():  # a server the command had started: not left running
+            stop_embedded_server(home / "pgdata")
+
+
+def test_plan_without_an_embedded_database_makes_none(tmp_path):
+    """`plan` is what a new user runs before any run: it answers (here: the missing token's line)
+    without making a database to learn that nothing was migrated."""
+    from tests.conftest import stop_embedded_server
+
+    home = tmp_path / "fresh"
+    try:
+        _one_line_error(_migrate_in_process(["plan", "acme"], _env(MIGRATE_HOME=str(home))), "PIPEDRIVE_")
+        assert not home.exists(), list(home.iterdir())
+    finally:
+        if (home / "pgdata" / "postmaster.pid").exists():
+            stop_embedded_server(home / "pgdata")
+
