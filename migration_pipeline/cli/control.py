@@ -20,17 +20,10 @@ from engine_core.errors import EngineError
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline.cli.output import console, emit, fail, open_db
+from migration_pipeline.cli.tenants import tenant_run
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_rollup, rollup_doc
 from migration_pipeline.instance import STORAGE_URL_ENV, dagster_env, dagster_home, open_instance
-
-
-def tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
-    """TENANT's latest engine run (of `source`, when given); one line and exit 2 when it has none."""
-    try:
-        return runs.latest_run(db, tenant, source)
-    except EngineError as e:
-        fail(e)
 
 
 @click.command()

@@ -27,6 +27,7 @@ from engine_core.source import catchup_kind, progress_weights
 from engine_core.target import crm
 from engine_core.verify import ledger_kind_of
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
+from migration_pipeline.cli.tenants import known_tenant, tenant_run
 from engine_core.plan import left_out_line
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.tables import (outcome_counts, phase_labels, phase_number, print_overview, print_rollup,
@@ -108,8 +109,8 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         emit(as_json, overview, lambda: print_overview(overview))
         return
     with open_db(create=False) as db:
+        run = tenant_run(db, tenant, source)
         try:
-            run = runs.latest_run(db, tenant, source)
             r = rollups.rollup(db, run.id)
         except EngineError as e:
             fail(e)
@@ -168,6 +169,7 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
     with open_db(create=False) as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
             check_explain(db, tenant, kind)
+        known_tenant(db, tenant)
         try:
             run = runs.latest_run(db, tenant) if run_id is None else runs.get_run(db, run_id)
         except EngineError as e:
@@ -435,10 +437,7 @@ def check_explain(db: dbmod.Database, tenant: str, kind: str | None, *, ledger: 
     `kind` None: the tenant alone is checked. Returns the kind to read: with `ledger`, the ledger
     kind it folds into (`verify.ledger_kind_of`: Pipedrive keeps `deals_archived` under `deals`),
     and the kinds named on refusal are ledger kinds; without, `kind` itself (task kinds, `report`)."""
-    tenants = runs_reads.tenants(db)
-    if tenant not in tenants:
-        shown = ", ".join(tenants[:20]) + (f", ... ({len(tenants)} in all)" if len(tenants) > 20 else "")
-        fail(f"no tenant {tenant!r} (tenants: {shown or 'none: no run has been started'})")
+    known_tenant(db, tenant)
     if kind is None:
         return None
     sources = runs_reads.tenant_sources(db, tenant)

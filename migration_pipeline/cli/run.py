@@ -13,7 +13,7 @@ from engine_core.config import Settings
 from engine_core.errors import EngineError
 from engine_core.providers.registry import provider_for
 from engine_core.verify import verify
-from migration_pipeline.cli.control import tenant_run
+from migration_pipeline.cli.tenants import tenant_run
 from migration_pipeline.cli.launching import (before_launch, collector_paused, exit_launched, launch_through_dagster,
                                               new_config, source_for)
 from migration_pipeline.cli.options import KINDS_HELP, SECONDS, kinds_choice, typed_options
@@ -99,7 +99,7 @@ def verify_cmd(tenant: str, source: str | None, kinds: str | None, as_json: bool
 def check_sync(db: dbmod.Database, tenant: str, source: str) -> None:
     """What would fail a sync, before anything is launched: an unknown tenant, or no succeeded
     (non-dry) run to sync from. One line, exit 2."""
-    runs.latest_run(db, tenant, source)  # RunNotFound names the tenant
+    tenant_run(db, tenant, source)  # an unknown tenant, or none of `source`: one line
     if runs.last_snapshot(db, tenant, source) is None:
         fail(f"tenant {tenant!r} has no succeeded {source} run to sync from; migrate it first "
               f"(migrate run --tenant {tenant})")

@@ -1,16 +1,22 @@
-"""A command that only reads, where MIGRATE_HOME holds no embedded database.
+"""A command that only reads, where MIGRATE_HOME holds no embedded database, and a tenant no run
+was started for.
 
 * `status`, `report`, `explain`, `rows`, `verify`, `stop`, `retry`, `resume` under a MIGRATE_HOME
   without `pgdata` (a mistyped path, another directory's ./.migrate) refuse in one line naming where
   they looked (exit 2), and make (initdb) and start nothing: an empty database there answered "no
   tenant has a migration run yet", as if every tenant's data were gone. `plan` (before any run)
   answers without one, and makes none either.
+* An unknown tenant is one line naming the tenants there are, the same from every command that
+  takes one.
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error
+from engine_core import db as dbmod
+from engine_core import runs
+from engine_core.providers.registry import provider_for
+from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_error, run_env  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,3 +51,14 @@ def test_plan_without_an_embedded_database_makes_none(tmp_path):
         if (home / "pgdata" / "postmaster.pid").exists():
             stop_embedded_server(home / "pgdata")
 
+
+@pytest.mark.parametrize("args", [["status", "nosuch"], ["stop", "nosuch"], ["report", "nosuch"],
+                                  ["retry", "nosuch"], ["resume", "nosuch"], ["verify", "nosuch"],
+                                  ["rows", "nosuch"], ["explain", "nosuch", "contacts", "1"]],
+                         ids=lambda a: a[0])
+def test_an_unknown_tenant_is_one_wording_naming_the_tenants(args, db_url, run_env):  # noqa: F811 - fixture
+    with dbmod.Database(db_url, max_size=2) as db:
+        runs.start_run(db, provider_for("example"), "known", options={"page_size": 20})
+    line = _one_line_error(_migrate_in_process(args, dict(run_env, MIGRATE_SOURCE="example")),
+                           "no tenant 'nosuch' (tenants: known)")
+    assert "has no migration run" not in line

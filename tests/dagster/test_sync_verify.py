@@ -77,8 +77,8 @@ def _one_line_error(out: subprocess.CompletedProcess, *needles: str) -> str:
 
 def test_verify_and_sync_of_an_unknown_tenant_or_one_never_succeeded_are_one_line(db_url, db):
     env = _env(db_url, MIGRATE_SOURCE="example")
-    _one_line_error(_migrate(["verify", "nobody"], env), "tenant 'nobody' has no migration run")
-    _one_line_error(_migrate(["sync", "nobody"], env), "tenant 'nobody' has no migration run")
+    _one_line_error(_migrate(["verify", "nobody"], env), "no tenant 'nobody' (tenants: none")
+    _one_line_error(_migrate(["sync", "nobody"], env), "no tenant 'nobody' (tenants: none")
     runs.start_run(db, provider_for("example"), "acme")  # running, never succeeded
     _one_line_error(_migrate(["sync", "acme"], env), "tenant 'acme' has no succeeded example run to sync from")
     _one_line_error(_migrate(["verify", "acme"], env), "the example source cannot list its ids")
