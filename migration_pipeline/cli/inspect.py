@@ -169,7 +169,8 @@ def report(tenant: str, kind: str | None, stat: str, top: int, run_id: int | Non
     with open_db(create=False) as db:
         if kind is not None:  # an unknown kind is one line naming the kinds, not an empty table
             check_explain(db, tenant, kind)
-        known_tenant(db, tenant)
+        if run_id is None:  # --run N names its own tenant when it is not TENANT
+            known_tenant(db, tenant)
         try:
             run = runs.latest_run(db, tenant) if run_id is None else runs.get_run(db, run_id)
         except EngineError as e:
