@@ -74,7 +74,7 @@ console = _Console(width=None if _TERMINAL else piped_width(), soft_wrap=not _TE
 def open_db(*, create: bool = True) -> dbmod.Database:
     """A pool on the engine database, sized for the lane's threads (2 a slot, 4 more). Without
     `create` (the commands that read a tenant's runs: `status`, `report`, `explain`, `rows`,
-    `verify`, `stop`, `retry`, `resume`), an embedded database MIGRATE_HOME does not hold is one
+    `verify`, `stop`, `retry`, `resume`, and `sync`, which follows a run), an embedded database MIGRATE_HOME does not hold is one
     line saying where it looked (ConfigError, exit 2), and none is made or started."""
     return dbmod.connect(max_size=Settings.from_env().lane_width * 2 + 4, create=create)
 

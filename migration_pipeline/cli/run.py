@@ -120,6 +120,6 @@ def sync_cmd(tenant: str, source: str | None, timeout: float | None, as_json: bo
             from migration_pipeline.jobs import SYNC_JOB
 
             src = source_for(source)
-        with open_db() as db:
+        with open_db(create=False) as db:  # a sync follows a run: an empty database cannot hold one
             check_sync(db, tenant, src)
     exit_launched(launch_through_dagster(tenant, src, new_config({}), as_json, timeout=timeout, job=SYNC_JOB))

@@ -1,7 +1,7 @@
 """A command that only reads, where MIGRATE_HOME holds no embedded database, and a tenant no run
 was started for.
 
-* `status`, `report`, `explain`, `rows`, `verify`, `stop`, `retry`, `resume` under a MIGRATE_HOME
+* `status`, `report`, `explain`, `rows`, `verify`, `stop`, `retry`, `resume`, `sync` under a MIGRATE_HOME
   without `pgdata` (a mistyped path, another directory's ./.migrate) refuse in one line naming where
   they looked (exit 2), and make (initdb) and start nothing: an empty database there answered "no
   tenant has a migration run yet", as if every tenant's data were gone. `plan` (before any run)
@@ -21,7 +21,7 @@ from tests.dagster.test_cli_errors import _env, _migrate_in_process, _one_line_e
 pytestmark = pytest.mark.timeout(120)
 
 READERS = [["status"], ["status", "acme"], ["report", "acme"], ["explain", "acme", "persons", "1"],
-           ["rows", "acme"], ["verify", "acme"], ["stop", "acme"], ["retry", "acme"], ["resume", "acme"]]
+           ["rows", "acme"], ["verify", "acme"], ["stop", "acme"], ["retry", "acme"], ["resume", "acme"], ["sync", "acme"]]
 
 
 @pytest.mark.parametrize("args", READERS, ids=lambda a: "-".join(a))
