@@ -85,6 +85,9 @@ class KindRollup:
     # kept mail) the catch-up failed after the phase closed that the phase had not; part of `failed`
     # and `seen` (so they agree with `migrate rows`), not of the phase's figures (`at_close`)
     failed_by_catchup: int = 0
+    # skipped rows the run holds under this kind beyond its phase's count: the catch-up's, after the
+    # phase closed; part of `skipped` and `seen` (as `migrate rows`), not of `at_close`'s figures
+    skipped_by_catchup: int = 0
     # {parent kind: records waiting for the catch-up whose rows of this kind were left to it unlisted}
     left: dict[str, int] = field(default_factory=dict)
 
@@ -105,9 +108,11 @@ class KindRollup:
 
     def at_close(self) -> KindRollup:
         """The kind's figures as its phase counted them - what its progress lines and its phase's
-        materialisation say - without the failures the catch-up added after it (`failed_by_catchup`)."""
-        return replace(self, failed=self.failed - self.failed_by_catchup, seen=self.seen - self.failed_by_catchup,
-                       failed_by_catchup=0)
+        materialisation say - without the rows the catch-up failed or skipped after it
+        (`failed_by_catchup`, `skipped_by_catchup`)."""
+        later = self.failed_by_catchup + self.skipped_by_catchup
+        return replace(self, failed=self.failed - self.failed_by_catchup, skipped=self.skipped - self.skipped_by_catchup,
+                       seen=self.seen - later, failed_by_catchup=0, skipped_by_catchup=0)
 
     def source_count_met(self) -> bool | None:
         """Whether the source's own count (`source_total`, taken when the kind's phase began) is met;
@@ -238,6 +243,7 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         kr = kinds.setdefault(r["kind"], KindRollup(kind=r["kind"], phase=r["phase"]))
         kr.left[r["parent"]] = kr.left.get(r["parent"], 0) + int(r["n"])
     failed_by_catchup(db, run, kinds)
+    skipped_by_catchup(db, run, kinds)
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
@@ -311,6 +317,48 @@ def failed_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> N
             kr.failed_by_catchup = extra
             kr.failed += extra
             kr.seen += extra
+
+
+# The skipped rows a run holds, per ledger kind: what `migrate rows --action skipped` lists of the run
+# (a placeholder left to the catch-up's walk is waiting, not skipped).
+_LEDGER_SKIPPED = """
+SELECT kind, count(*) AS n FROM migration_records
+ WHERE migration_id = %(run_id)s AND action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) = 0
+ GROUP BY kind
+"""
+
+
+def skipped_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
+    """Count into each kind's `skipped` and `seen` (and `skipped_by_catchup`) the skipped rows the run
+    holds under it beyond what its phase counted, so the kind's skipped figure is the one `migrate
+    rows` and `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the
+    catch-up's, listed and skipped after the phase closed (a kind a phase lists under written parents
+    only - deal products, mail, followers - has a skipped parent's rows listed by the catch-up
+    alone); the catch-up's row counts them too, as their carrier. A kind holding no rows of its
+    own name (archived deals under `deals`) nets its count against the phase's kind with the most
+    beyond its own; a kind holding fewer than its phase counted (the catch-up wrote some) keeps the
+    phase's figure. Closed phases with tasks of their own only, the catch-up's not (a sync's kinds
+    show none, as with `failed_by_catchup`); a dry run keeps no records."""
+    if run.dry_run:
+        return
+    held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_SKIPPED, {"run_id": run.id, "waits": WAITS_FOR_WALK})}
+    live = not run.terminal
+    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
+    for kr in kinds.values():
+        by_phase[kr.phase].append(kr)
+    for phase, mine in by_phase.items():
+        if (live and phase >= run.current_phase) or any(kr.handed_over for kr in mine) or not any(
+                kr.tasks for kr in mine):
+            continue  # open, the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
+        excess = {kr.kind: held.get(kr.kind, 0) - kr.skipped for kr in mine}
+        own = {k: n for k, n in excess.items() if k in held and n > 0}
+        if own:
+            own[max(own, key=own.__getitem__)] += sum(n for k, n in excess.items() if k not in held)
+        for k, n in own.items():
+            if n > 0:
+                kinds[k].skipped_by_catchup = n
+                kinds[k].skipped += n
+                kinds[k].seen += n
 
 
 def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str, int]]) -> list[str]:

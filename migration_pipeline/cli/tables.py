@@ -150,7 +150,7 @@ def print_rollup(r: rollups.RunRollup) -> None:
                                      written[2], "skipped", "tasks")), soft_wrap=False)
     for line in left_lines(r):  # rows a phase never listed, left to the catch-up with their parents
         console.print(line, highlight=False)
-    for line in failed_lines(r):  # a failed figure beyond its phase's: the catch-up's, said so
+    for line in catchup_lines(r):  # a skipped or failed figure beyond its phase's: the catch-up's, said so
         console.print(line, highlight=False)
     for problem in r.incomplete:  # completeness (engine_core.rollup): never a silent "succeeded"
         console.print(f"[red]does not add up: {problem}[/red]")
@@ -162,17 +162,22 @@ def print_rollup(r: rollups.RunRollup) -> None:
         console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
 
 
-def failed_lines(r: rollups.RunRollup) -> list[str]:
-    """One line per kind whose failed figure holds more than its phase counted (its progress lines
-    and its phase's materialisation): "emails: 9 failed: 8 as its phase counted them (4 of them records
-    kept apart), 1 the catch-up failed after the phase closed"."""
+def catchup_lines(r: rollups.RunRollup) -> list[str]:
+    """One line per kind and outcome whose figure holds more than its phase counted (its progress
+    lines and its phase's materialisation): "emails: 9 failed: 8 as its phase counted them (4 of them
+    records kept apart), 1 the catch-up failed after the phase closed", "deal_products: 38 skipped: 0
+    as its phase counted them, 38 the catch-up skipped after the phase closed"."""
     lines = []
     for k in r.kinds:
-        later = getattr(k, "failed_by_catchup", 0)
-        if later:
-            kept = f" ({k.kept_apart} of them records kept apart)" if getattr(k, "kept_apart", 0) else ""
-            lines.append(f"{k.kind}: {k.failed} failed: {k.failed - later} as its phase counted them{kept}, "
-                         f"{later} the catch-up failed after the phase closed")
+        for outcome in ("skipped", "failed"):
+            later = getattr(k, f"{outcome}_by_catchup", 0)
+            if not later:
+                continue
+            kept = (f" ({k.kept_apart} of them records kept apart)"
+                    if outcome == "failed" and getattr(k, "kept_apart", 0) else "")
+            total = getattr(k, outcome)
+            lines.append(f"{k.kind}: {total} {outcome}: {total - later} as its phase counted them{kept}, "
+                         f"{later} the catch-up {outcome} after the phase closed")
     return lines
 
 
