@@ -195,12 +195,13 @@ class RunRollup:
         return [k.at_close() if at_close else k for k in self.kinds if k.phase == phase]
 
     def as_dict(self) -> dict[str, Any]:
-        """The rollup as a plain dict (times as ISO text, with `complete`, `incomplete` and
-        `verdict`)."""
+        """The rollup as a plain dict (times as ISO text), with `counts_add_up` (`complete`: every
+        check adds up - a stopped run's too, so not "the run is done"), `incomplete`, `unfinished`
+        and `verdict`."""
         d = asdict(self)
         for key in ("started_at", "finished_at"):
             d[key] = d[key].isoformat() if d[key] else None
-        d["complete"] = self.complete
+        d["counts_add_up"] = self.complete
         d["incomplete"] = self.incomplete
         d["unfinished"] = self.unfinished
         d["verdict"] = self.verdict

@@ -187,7 +187,7 @@ def test_migrate_status_shows_grouped_skip_reasons_completeness_percent_and_eta(
     reasons = {(g["kind"], g["action"]): g for g in status["reasons"]}
     assert reasons[("deals", "skipped")]["count"] == 21 and reasons[("deals", "skipped")]["reason"] == "not linked to any record"
     assert reasons[("contacts", "failed")]["samples"] == ["2"]
-    assert status["complete"] is True and status["verdict"] == "succeeded"
+    assert status["counts_add_up"] is True and status["verdict"] == "succeeded"
     assert status["progress"]["percent"] == 100.0
 
     text = CliRunner().invoke(main, ["status", "told"])

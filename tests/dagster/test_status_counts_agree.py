@@ -166,6 +166,7 @@ def test_per_kind_skipped_is_what_rows_lists_and_the_catchups_part_is_said(db, d
     status = json.loads(_migrate_in_process(["status", TENANT, "--json"], env).stdout)
     said = {s["kind"]: s for s in status["kinds"]}
     assert said[k.kind]["skipped"] == k.skipped and said[k.kind]["skipped_by_catchup"] == k.skipped_by_catchup
+    assert status["counts_add_up"] is True and "complete" not in status
     text = _migrate_in_process(["status", TENANT], env).stdout
     assert (f"{k.kind}: {k.skipped} skipped: {closed.skipped} as its phase counted them, {k.skipped_by_catchup} "
             f"the catch-up skipped after the phase closed") in text, text
