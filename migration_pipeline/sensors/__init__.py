@@ -165,8 +165,8 @@ def _result(requests: list[RunRequest], quiet_reason: str) -> SensorResult | Ski
 
 
 def lane_state(db: Database, settings: Settings, below_width: dict[int, int], why: list[str]) -> str:
-    """Why a tick requested no drainer, as it is ("every lane full" was said when nothing
-    ran at all): "idle: no engine run in progress"; "every lane full (N run(s) at width W)";
+    """Why a tick requested no drainer, as it is: "idle: no engine run in progress"; "no slot to
+    fill: every run in progress has as many tasks running as the lane's width W (run #N W running)";
     "no run below the lane's width has a task to claim (...)" when runs below width have all their
     open tasks held or waiting on a phase barrier; or, for runs below width with tasks to claim,
     why each got no drainer (`drainer_requests`' `why`)."""
@@ -178,7 +178,8 @@ def lane_state(db: Database, settings: Settings, below_width: dict[int, int], wh
         return "no drainer needed: " + ("; ".join(why) if why else f"{len(below_width)} run(s) below width {width}")
     full = [d for d in demands if d.running >= width]
     if len(full) == len(demands):
-        return f"every lane full ({len(full)} run(s) at width {width})"
+        busy = ", ".join(f"run #{d.run_id} {d.running} running" for d in full[:5])
+        return f"no slot to fill: every run in progress has as many tasks running as the lane's width {width} ({busy})"
     idle = [d for d in demands if d.running < width]
     listed = ", ".join(f"run #{d.run_id} {d.running} of {width} running" for d in idle[:5])
     return (f"no run below the lane's width has a task to claim ({listed}; nothing enqueued)"

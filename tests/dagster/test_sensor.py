@@ -127,8 +127,8 @@ def test_the_reaper_skips_when_there_is_nothing_to_do(instance, engine_url):
 
 
 def test_the_lane_poller_says_why_it_requests_nothing(instance, engine_url, db):
-    """Issue 10: the poller said "every lane full" when nothing ran at all. Idle, a full lane, a
-    run its own workers drain and a tenant at its fair share each say so."""
+    """The poller says why it requests nothing as it is: idle, a run whose running tasks fill the
+    lane's width (which run, how many), a run its own workers drain and a tenant at its fair share."""
     _, lane = _sensors()
     res = resources(engine_url, lane_width=2)
     assert _tick(lane, instance, res).skip_message == "idle: no engine run in progress"
@@ -140,7 +140,8 @@ def test_the_lane_poller_says_why_it_requests_nothing(instance, engine_url, db):
     tasks = db.sql("SELECT id FROM migration_tasks WHERE migration_id = %(r)s ORDER BY id LIMIT 2", {"r": outsider.id})
     for i, t in enumerate(tasks):
         assert db.fetch_one("claim_task", {"task_id": t["id"], "worker": f"busy:{i}"})
-    assert _tick(lane, instance, res).skip_message == "every lane full (1 run(s) at width 2)"
+    assert _tick(lane, instance, res).skip_message == (f"no slot to fill: every run in progress has as many tasks "
+                                                       f"running as the lane's width 2 (run #{outsider.id} 2 running)")
 
     runs.stop(db, outsider.id)
     run, _ = runs.start_or_join(db, provider_for("example"), "acme", options=SMALL)
