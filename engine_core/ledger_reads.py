@@ -95,7 +95,8 @@ def tenant_entries(db: Database | Conn, tenant_id: str, source: str, kind: str) 
 
 
 def tenant_unreadable(db: Database | Conn, tenant_id: str, source: str, kind: str) -> list[dict[str, Any]]:
-    """Rows {source_id}: the ids of the tenant's rows of one kind kept without a readable id."""
+    """Rows {source_id}: the raw keys (`rows.unreadable_key`) of the tenant's rows of one kind kept
+    without a readable id, one per row."""
     return db.fetch_all("verify_unreadable", {"tenant_id": tenant_id, "source": source, "kind": kind})
 
 

@@ -8,8 +8,10 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
 * **missing**: at the source, but no live product row for it (none written, its product row gone,
   or marked `deleted_at_source` although the source lists it again). A source row the ledger
   accounts for as skipped or failed - with its reason, `migrate explain` tells it - is counted as
-  `unwritten`, not missing: the ledger says why it is not there. So is a row listed with an id
-  that is not one (`"abc"`), kept as failed beside the ledger (`migration_unreadable`). A placeholder
+  `unwritten`, not missing: the ledger says why it is not there. So is a row listed without a
+  readable id (none, or `"abc"`), kept as failed beside the ledger (`migration_unreadable`): the
+  listing serves each under the key its run kept it by (`rows.unreadable_key`), so every such row
+  counts once and is matched to its own record. A placeholder
   waiting for the catch-up's walk (a run stopped before it) is among them and said apart (`waiting`).
 * **extra**: live in the ledger or the product (not marked `deleted_at_source`) but gone at the
   source: a delete or a merge the product has not caught up with.
@@ -128,7 +130,8 @@ class KindResult:
     kept: list[str] = field(default_factory=list)
     # items whose children the source refuses to list ("deal 12" -> reason): not a difference
     unreachable: dict[str, str] = field(default_factory=dict)
-    # source ids that are not ids of the kind ("abc"): among `source` and `unwritten`, said apart
+    # rows served without a readable id, by their raw keys ("abc sha256:...", "sha256:..."): among
+    # `source` and `unwritten`, one each, said apart
     not_ids: list[str] = field(default_factory=list)
     checked: bool = True
     note: str = ""
@@ -226,8 +229,9 @@ class VerifyResult:
             if k.not_ids:
                 shown = ", ".join(repr(i) for i in k.not_ids[:cap]) + (f" ... (+{len(k.not_ids) - cap})"
                                                                      if len(k.not_ids) > cap else "")
-                out.append(f"  not an id {len(k.not_ids)}: {shown}: served by the source as a row's id, which it is "
-                           f"not; counted in the source's {k.source} and kept as failed (`migrate rows`)")
+                out.append(f"  without a readable id {len(k.not_ids)}: {shown}: served by the source without an id "
+                           f"or with one that is not one, each counted in the source's {k.source} under its own key "
+                           f"and kept apart as failed (`migrate rows {self.tenant_id} --kind {k.kind} --action failed`)")
             if k.kept:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
@@ -322,9 +326,9 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     (migration 0010); the action and the record say whether and where the product holds the row."""
     rows = tenant_entries(db, tenant_id, source, kind)
     entries = {_norm(r["source_id"]): dict(r) for r in rows}
-    # rows served with an id that is not one ("abc"): failed, kept beside the ledger under that id
-    # and a digest (migration 0013). The listing serves the same id, so it is unwritten with its
-    # reason, not missing (the run accounted for it)
+    # rows served without a readable id (none, or "abc"): failed, kept beside the ledger each under
+    # its raw key (migration 0013), the key the listing serves it under: unwritten with its reason,
+    # not missing (the run accounted for it), one by one
     for r in tenant_unreadable(db, tenant_id, source, kind):
         entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
                                                    "record_id": None, "version": None, "deleted": None,

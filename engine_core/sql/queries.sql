@@ -745,12 +745,12 @@ SELECT source_id, action, reason, record_type, record_id, source_version AS vers
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s;
 
 -- name: verify_unreadable --
--- The ids as served of one ledger kind's rows without a readable id (migration 0013: "abc" of
--- "abc sha256:..."; a row served without any id has none and is not listed either).
-SELECT DISTINCT split_part(raw_key, ' sha256:', 1) AS source_id
+-- One ledger kind's rows kept without a readable id (migration 0013), one per row, by their raw
+-- key ("abc sha256:...", "sha256:..." for a row served without an id): what the proof's listing
+-- serves such a row under (`mapping.unreadable_key`), so each is matched to its own record.
+SELECT raw_key AS source_id
   FROM migration_unreadable
- WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind IN (%(kind)s, %(kind)s || '_archived')
-   AND raw_key LIKE '%% sha256:%%';
+ WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind IN (%(kind)s, %(kind)s || '_archived');
 
 -- name: latest_status_per_tenant --
 -- Each of these tenants' latest (not dry) run of a source and its status (the sync schedule asks

@@ -364,10 +364,8 @@ def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
         return
     if kind not in V2_PATHS and kind not in V1_PATHS:
         raise NotImplementedError(f"the pipedrive provider has no id listing for {kind!r}")
-    for row in walk(meter, kind):
-        sid = row_id(row)
-        if sid is not None:
-            yield sid, version_of(kind, row)
+    for row in walk(meter, kind):  # a row without a readable id: under the key its run keeps it by
+        yield (row_id(row) if mapping.sound_id(row) else mapping.unreadable_key(row)), version_of(kind, row)
 
 
 def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
