@@ -37,7 +37,7 @@ from engine_core.providers.pipedrive import contents, lines, mapping, record_lis
 from engine_core.providers.pipedrive.errors import ItemRefused
 from engine_core.providers.pipedrive.kinds import (NEWEST_FIRST, PAGE, PARAMS, SINCE_KINDS, V1_PATHS, V2_PATHS,
                                                    VERSION_FIELD, page_of)
-from engine_core.providers.pipedrive.mail import message_of
+from engine_core.providers.pipedrive.mail import message_or_item, sound_message_id
 from engine_core.providers.pipedrive.meter import Meter
 from engine_core.providers.pipedrive.paging import settle_refusals
 from engine_core.providers.pipedrive.prefetch import answer_of
@@ -442,11 +442,6 @@ def _mail_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
                         f"the source answered HTTP {e.status} to the deal's mail listing",
                         meter.held(str(deal)) if meter.held is not None else [])
                 break  # 404: deleted since listed
-            for item in page.rows:
-                try:
-                    sid = row_id(dict(message_of(item)))
-                except mapping.MalformedRow:
-                    continue
-                if sid is not None:
-                    yield sid, None
+            for item in page.rows:  # one without a readable id: under the key its run keeps it by
+                yield sound_message_id(item) or mapping.unreadable_key(message_or_item(item)), None
             start = page.next_start if page.more else None
