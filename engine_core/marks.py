@@ -67,7 +67,6 @@ def mark_gone(tx: Conn, run: Run, kind: str, source_ids: Sequence[object]) -> in
     return ledger.mark_deleted(tx, run, kind, source_ids) if source_ids else 0
 
 
-
 def count_kept_apart(stats: Any, n: int) -> None:
     """Count `n` records kept apart (`KEPT_APART`) on a task's `stats`: each is a row the task saw
     and failed, so its phase's figures - the progress lines, the phase's materialisation, the run's

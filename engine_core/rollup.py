@@ -243,8 +243,11 @@ def rollup(db: Database, run_id: int) -> RunRollup:
     for r in db.fetch_all("rollup_left_to_catchup", {"run_id": run_id}):
         kr = kinds.setdefault(r["kind"], KindRollup(kind=r["kind"], phase=r["phase"]))
         kr.left[r["parent"]] = kr.left.get(r["parent"], 0) + int(r["n"])
-    failed_by_catchup(db, run, kinds)
-    skipped_by_catchup(db, run, kinds)
+    if not run.dry_run:  # a dry run keeps no records
+        held = db.sql(_LEDGER_HELD, {"run_id": run.id, "waits": WAITS_FOR_WALK})
+        closed = _closed_phases(run, kinds)
+        failed_by_catchup(closed, {r["kind"]: int(r["failed"]) for r in held})
+        skipped_by_catchup(kinds, closed, {r["kind"]: int(r["skipped"]) for r in held})
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
@@ -274,19 +277,31 @@ def rollup(db: Database, run_id: int) -> RunRollup:
     )
 
 
-# The failed records a run holds, per ledger kind: failed placeholders and the records kept apart
-# without a readable id (migration 0013), the rows `migrate rows` lists as failed.
-_LEDGER_FAILED = """
-SELECT kind, sum(n)::bigint AS n FROM (
-    SELECT kind, count(*) AS n FROM migration_records
-     WHERE migration_id = %(run_id)s AND action = 'failed' GROUP BY kind
+# The failed and skipped records a run holds, per ledger kind, in one read of its entries: failed
+# ones with those kept apart without a readable id (migration 0013), skipped ones but those waiting
+# for the catch-up's walk - what `migrate rows` lists as failed and skipped.
+_LEDGER_HELD = """
+SELECT kind, sum(failed)::bigint AS failed, sum(skipped)::bigint AS skipped FROM (
+    SELECT kind, count(*) FILTER (WHERE action = 'failed') AS failed,
+           count(*) FILTER (WHERE action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) = 0) AS skipped
+      FROM migration_records
+     WHERE migration_id = %(run_id)s AND action IN ('failed', 'skipped') GROUP BY kind
     UNION ALL
-    SELECT kind, count(*) FROM migration_unreadable WHERE migration_id = %(run_id)s GROUP BY kind
-) failed GROUP BY kind
+    SELECT kind, count(*), 0 FROM migration_unreadable WHERE migration_id = %(run_id)s GROUP BY kind
+) held GROUP BY kind
 """
 
 
-def failed_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
+def _closed_phases(run: Run, kinds: dict[str, KindRollup]) -> list[list[KindRollup]]:
+    """The kinds of each phase closed (every phase once the run ended): a record kept apart is
+    written before its task's stats are, so an open phase would credit it to the catch-up."""
+    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
+    for kr in kinds.values():
+        by_phase[kr.phase].append(kr)
+    return [mine for phase, mine in by_phase.items() if run.terminal or phase < run.current_phase]
+
+
+def failed_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> None:
     """Count into each kind's `failed` and `seen` (and `failed_by_catchup`) the failed records the
     run holds under it beyond what its tasks counted as failed rows - records kept apart among them
     (`marks.KEPT_APART`) - so the kind's failed figure is the one `migrate rows` and
@@ -297,19 +312,9 @@ def failed_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> N
     catch-up failed again is one record, so only its failures beyond the kind's own count are left
     out here (a sync's kinds, without tasks, show none). Per phase: a task kind may write under
     another kind's ledger identity there (archived deals under `deals`), so only the phase's whole
-    excess is known; the kind holding the most records beyond its count holds it. Read only once
-    the phase has closed (or the run ended): a record kept apart is written before its task's
-    stats are, and an open phase would credit it to the catch-up. A dry run keeps no records."""
-    if run.dry_run:
-        return
-    held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_FAILED, {"run_id": run.id})}
-    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
-    for kr in kinds.values():
-        by_phase[kr.phase].append(kr)
-    live = not run.terminal
-    for phase, mine in by_phase.items():
-        if live and phase >= run.current_phase:
-            continue
+    excess is known; the kind holding the most records beyond its count holds it. `closed`: the
+    kinds of each closed phase (`_closed_phases`); `held`: the run's failed records per kind."""
+    for mine in closed:
         excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed")
                   - max(0, _n(kr.caught_up, "failed") - kr.failed) for kr in mine}
         extra = sum(excess.values())
@@ -320,16 +325,9 @@ def failed_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> N
             kr.seen += extra
 
 
-# The skipped rows a run holds, per ledger kind: what `migrate rows --action skipped` lists of the run
-# (a placeholder left to the catch-up's walk is waiting, not skipped).
-_LEDGER_SKIPPED = """
-SELECT kind, count(*) AS n FROM migration_records
- WHERE migration_id = %(run_id)s AND action = 'skipped' AND position(%(waits)s IN COALESCE(reason, '')) = 0
- GROUP BY kind
-"""
 
 
-def skipped_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> None:
+def skipped_by_catchup(kinds: dict[str, KindRollup], closed: list[list[KindRollup]], held: dict[str, int]) -> None:
     """Count into each kind's `skipped` and `seen` (and `skipped_by_catchup`) the skipped rows the run
     holds under it beyond what its phase counted, so the kind's skipped figure is the one `migrate
     rows` and `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the
@@ -339,18 +337,11 @@ def skipped_by_catchup(db: Database, run: Run, kinds: dict[str, KindRollup]) -> 
     own name (archived deals under `deals`) nets its count against the phase's kind with the most
     beyond its own; a kind holding fewer than its phase counted (the catch-up wrote some) keeps the
     phase's figure. Closed phases with tasks of their own only, the catch-up's not (a sync's kinds
-    show none, as with `failed_by_catchup`); a dry run keeps no records."""
-    if run.dry_run:
-        return
-    held = {r["kind"]: int(r["n"]) for r in db.sql(_LEDGER_SKIPPED, {"run_id": run.id, "waits": WAITS_FOR_WALK})}
-    live = not run.terminal
-    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
-    for kr in kinds.values():
-        by_phase[kr.phase].append(kr)
-    for phase, mine in by_phase.items():
-        if (live and phase >= run.current_phase) or any(kr.handed_over for kr in mine) or not any(
-                kr.tasks for kr in mine):
-            continue  # open, the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
+    show none, as with `failed_by_catchup`); `held`: the run's skipped records per kind (not those
+    waiting for the catch-up's walk)."""
+    for mine in closed:
+        if any(kr.handed_over for kr in mine) or not any(kr.tasks for kr in mine):
+            continue  # the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
         excess = {kr.kind: held.get(kr.kind, 0) - kr.skipped for kr in mine}
         own = {k: n for k, n in excess.items() if k in held and n > 0}
         if own:
