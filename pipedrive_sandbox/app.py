@@ -15,6 +15,7 @@ import asyncio
 from typing import Any, Callable, Iterable
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -150,17 +151,13 @@ class SandboxApp:
             if fault.kind == "slow":
                 await asyncio.sleep(state.config.slow_seconds)
             q = Query(request, state.config.page_limit_max)
-            with state.lock:  # a live change lands between two answers, never inside one
-                try:
-                    handler: Callable[..., Any] = getattr(self.handlers[endpoint.api], endpoint.handler)
-                    payload = handler(endpoint, params, q)
-                    status = 200
-                except ApiError as exc:
-                    status, payload = exc.status, envelope_error(exc.status, exc.message)
-                if isinstance(payload, Download):
-                    state.stats.status(template, 200)
-                    return self._download(payload, headers, fault.kind == "badjson")
-                body = dumps(payload)
+            # The answer is built in a worker thread: the event loop stays free to admit (and count)
+            # the next requests as they arrive, as the source's edge counts them, instead of after
+            # the pages ahead of them are serialised.
+            status, payload, body = await run_in_threadpool(self._answer, endpoint, params, q)
+            if isinstance(payload, Download):
+                state.stats.status(template, 200)
+                return self._download(payload, headers, fault.kind == "badjson")
             state.stats.status(template, status)
             if status == 200:
                 if endpoint.listing:
@@ -174,6 +171,20 @@ class SandboxApp:
             return Response(body, status_code=status, headers=headers, media_type=JSON_TYPE)
         finally:
             state.stats.leave(template, is_body)
+
+    def _answer(self, endpoint: Endpoint, params: dict[str, str], q: Query) -> tuple[int, Any, bytes]:
+        """(status, payload, JSON body) of one API request: the endpoint's handler under the state's
+        lock (a live change lands between two answers, never inside one); a Download's body is b""."""
+        with self.state.lock:
+            try:
+                handler: Callable[..., Any] = getattr(self.handlers[endpoint.api], endpoint.handler)
+                payload = handler(endpoint, params, q)
+                status = 200
+            except ApiError as exc:
+                status, payload = exc.status, envelope_error(exc.status, exc.message)
+            if isinstance(payload, Download):
+                return 200, payload, b""
+            return status, payload, dumps(payload)
 
     def _download(self, download: Download, headers: dict[str, str], cut: bool) -> Response:
         """A file's bytes as `application/octet-stream`, streamed chunk by chunk with its
