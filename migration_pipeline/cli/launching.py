@@ -28,8 +28,8 @@ from engine_core.config import check_environment, number
 from engine_core.errors import EngineError
 from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, console, emit, fail, open_db, reader_gone,
-                                          stopped_by, stopped_line, what_now)
+from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, console, emit, err_console, fail, open_db,
+                                          reader_gone, stopped_by, stopped_line, what_now)
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup, rollup_doc
@@ -237,7 +237,7 @@ def started_with(run: Any) -> str:
 def _execute_here(instance: Any, run_id: str, progress: "Progress", home: Path, timeout: float | None) -> Any:
     """The Dagster run placed in this process (`launch.place_tenant_run(start_here=True)`),
     executed here (`launch.InProcessRun`), the progress shown meanwhile from its watcher thread on
-    the command's own stdout, Dagster's run output in DAGSTER_HOME/in-process-runs.log
+    the command's own stdout (stderr under --json), Dagster's run output in DAGSTER_HOME/in-process-runs.log
     (`launch.output_aside`); the finished run. A stop signal stops the run (CANCELED, the engine
     run stopped) and is raised afterwards as Interrupted (announced already); --timeout
     stops it the same way and raises TimeoutError."""
@@ -248,14 +248,19 @@ def _execute_here(instance: Any, run_id: str, progress: "Progress", home: Path, 
         # rich's own attribute: None while the console follows sys.stdout. The `file` property gives
         # sys.stdout itself, and putting that back pinned the console to that stream for good (under
         # click's test runner, every later command of the process printed to the real stdout)
-        previous = console._file
-        console.file = out
+        shown = progress.out
+        previous = shown._file
+        shown.file = err if shown is err_console else out
         try:
             here = InProcessRun(instance, run_id, on_tick=progress, err=err, timeout=timeout)
             dagster_run = here.execute()
+            if dagster_run is not None and here.signalled is None and not here.timed_out:
+                # the watcher's last tick may predate the run's end (it stops when the run does): the
+                # last phase's line, and the closing lines of those the barrier passed since, are said here
+                progress(dagster_run)
             progress.close()  # the bars end on the terminal, before it is handed back
         finally:
-            console.file = previous
+            shown.file = previous
     if here.signalled is not None:
         raise Interrupted(here.signalled, announced=True)
     if here.timed_out:
@@ -395,7 +400,8 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         instance = get_instance()
     home = Path(env["DAGSTER_HOME"])
     progress = Progress(as_json, instance)
-    say = (lambda m: None) if as_json else (lambda m: console.print(f"  {m}"))
+    shown = progress.out  # the launch line, the queue's and the progress lines: stderr under --json
+    say = lambda m: shown.print(f"  {m}")  # noqa: E731
     run_id = str(uuid.uuid4())
     job = job or TENANT_JOB
     try:
@@ -417,11 +423,10 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 except BaseException:
                     undo_failed_launch(instance, tenant, run_id, added)
                     raise
-                if not as_json:
-                    where = ("; executing it in this process (no daemon serves the instance)" if placed.here else
-                             f"; queued: {placed.why}" if placed.why else "")
-                    console.print(f"launched Dagster run {run_id} ({job}) for tenant {tenant!r} ({source}){where}; "
-                                  f"Dagster home {home}")
+                where = ("; executing it in this process (no daemon serves the instance)" if placed.here else
+                         f"; queued: {placed.why}" if placed.why else "")
+                shown.print(f"launched Dagster run {run_id} ({job}) for tenant {tenant!r} ({source}){where}; "
+                            f"Dagster home {home}")
                 if placed.here:
                     dagster_run = _execute_here(instance, run_id, progress, home, timeout)
                 else:
@@ -455,7 +460,17 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
             return _stopped_elsewhere(as_json, run_id, r, results, tenant, sync=job != TENANT_JOB)
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
-        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value, "message": why,
+        joined = (" (taken over: its worker was gone)" if taken_over else
+                  " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else "")
+        verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
+                   else f"Dagster run {dagster_run.status.value}")
+        again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
+        now_lines = what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again,
+                             dry_run=dry_run)
+        # "message": the verdict line the plain command ends with ("tenant 'acme': run #5 (...) succeeded,
+        # 0 row(s) skipped, 0 failed"); "failure": why the Dagster run failed, when no phase says it
+        payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value,
+                   "message": now_lines[0].removeprefix("what now: "), "failure": why,
                    "dry_run": dry_run, "left_out": left,
                    "phases": [{"asset": p.asset, "status": p.status, "message": p.message,
                                "metadata": {k: v for k, v in p.metadata.items() if not hasattr(v, "records")}}
@@ -473,14 +488,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                 console.print(f"source cost of {r.name if r else 'the run'}: {cost['requests']} requests, "
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
-            joined = (" (taken over: its worker was gone)" if taken_over else
-                      " (joined: another launch had started it)" if dagster_run.tags.get(tags.JOINED) == "true" else "")
-            verdict = (f"{r.name} {r.status}{' (a dry run)' if dry_run else ''}{joined}" if r is not None
-                       else f"Dagster run {dagster_run.status.value}")
-            again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
-            for line in (what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again,
-                                  dry_run=dry_run)
-                         if ends_with_what_now else ()):
+            for line in now_lines if ends_with_what_now else ():
                 console.print(line, highlight=False)
 
         code = emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)

@@ -69,6 +69,10 @@ class _Console(Console):
 
 
 console = _Console(width=None if _TERMINAL else piped_width(), soft_wrap=not _TERMINAL)
+# The same for stderr: what a --json command shows while it works (a launch's progress lines),
+# its stdout being the JSON document alone.
+_ERR_TERMINAL = sys.stderr.isatty()
+err_console = _Console(stderr=True, width=None if _ERR_TERMINAL else piped_width(), soft_wrap=not _ERR_TERMINAL)
 
 
 def open_db(*, create: bool = True) -> dbmod.Database:

@@ -9,7 +9,7 @@ from engine_core import db as dbmod
 from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.progress import ProgressBoard
-from migration_pipeline.cli.output import console, open_db
+from migration_pipeline.cli.output import console, err_console, open_db
 from migration_pipeline.cli.tables import phase_labels, phase_number, written_columns
 
 
@@ -31,7 +31,8 @@ def phase_label(r: Any, phase: int) -> str:
 
 
 class Progress:
-    """One line per change of the engine run's phase or counts while the Dagster run works."""
+    """One line per change of the engine run's phase or counts while the Dagster run works, on
+    stdout, or on stderr under --json (`out`: stdout is then the JSON document alone)."""
 
     EVERY = 10.0  # seconds between lines while the phase does not change
 
@@ -43,6 +44,7 @@ class Progress:
 
     def __init__(self, as_json: bool, instance: Any = None) -> None:
         self.as_json = as_json
+        self.out = err_console if as_json else console  # where the lines (or bars) go
         self.instance = instance  # the Dagster instance: the phase op's progress observations (retries)
         self.last: tuple | None = None
         self.printed = 0.0
@@ -56,15 +58,15 @@ class Progress:
 
     def __call__(self, dagster_run: Any) -> None:
         engine_id = dagster_run.tags.get("migration/run_id")
-        if self.as_json or not engine_id:
+        if not engine_id:
             return
         if self.db is None:
             self.db = open_db()
-        if console.is_terminal:  # one rich bar per phase (engine_core.progress.ProgressBoard)
+        if self.out.is_terminal:  # one rich bar per phase (engine_core.progress.ProgressBoard)
 
             if getattr(self, "board", None) is None:
                 engine_run = runs.get_run(self.db, int(engine_id))
-                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=console, dry_run=engine_run.dry_run,
+                self.board = ProgressBoard(int(engine_id), engine_run.plan, console=self.out, dry_run=engine_run.dry_run,
                                            labels=phase_labels(engine_run.source, engine_run.plan))
                 self.board.__enter__()
             self.board.update(self.db)
@@ -80,21 +82,23 @@ class Progress:
         state = (queued, r.status, phase, tuple((k.imported, k.updated, k.already_here, k.failed) for k in kinds))
         now = time.monotonic()
         # a phase the barrier moved past since the last line: its closing figures (a short phase
-        # otherwise showed only the counts it had when it started: "0 imported")
-        for closed in range(self.phase_printed if self.phase_printed is not None else phase, phase):
-            self._line(r, closed, "closed")
+        # otherwise showed only the counts it had when it started: "0 imported"); at the first
+        # line, every phase before the current one, which may have closed before this command's
+        # first tick (a phase 1 of a few rows closes within the first poll's interval)
+        for closed in range(self.phase_printed if self.phase_printed is not None else 0, phase):
+            self._line(r, closed, "closed", self.out)
         if self.phase_printed is None or phase > self.phase_printed:
             self.phase_printed = phase
         if state != self.last and (self.last is None or state[:3] != self.last[:3] or now - self.printed >= self.EVERY):
             self.last, self.printed = state, now
-            self._line(r, phase, phase_state(dagster_run.status.value, r, phase))
+            self._line(r, phase, phase_state(dagster_run.status.value, r, phase), self.out)
         # the source failing: the counts stand still while requests are retried (up to
         # MIGRATE_SOURCE_DOWN_SECONDS before the run pauses); say what is retried and why
         retrying = self._retrying(dagster_run.run_id, now) if r.status == "running" else None
         said, at = self.retry_said
         if retrying and (retrying != said or now - at >= self.EVERY):
             self.retry_said = (retrying, now)
-            console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
+            self.out.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) retrying: {retrying}: "
                           f"{r.name}", highlight=False)
 
     def _retrying(self, run_id: str, now: float) -> str | None:
@@ -121,7 +125,7 @@ class Progress:
         return self.retrying
 
     @staticmethod
-    def _line(r: Any, phase: int, state: str) -> None:
+    def _line(r: Any, phase: int, state: str, out: Any = None) -> None:
         # skipped rows and the results tables' words, a dry run's included (the
         # lines left skipped rows out, and a dry run's said "imported", then "0 updated" where the
         # tables said "would update")
@@ -129,7 +133,7 @@ class Progress:
         counts = ", ".join(f"{k.kind} {k.imported} {imported}/{k.updated} {updated}/{k.already_here} {here}/"
                            f"{k.skipped} skipped/" + (f"{k.waiting} waiting/" if k.waiting else "")
                            + f"{k.failed} failed" for k in r.phase_kinds(phase, at_close=True))
-        console.print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
+        (out or console).print(f"  phase {phase_label(r, phase)} ({', '.join(r.phases[phase])}) {state}: {r.name}: {counts}")
 
     def close(self) -> None:
         """End the bars (on a terminal) with the run's figures now, and close the progress's own
