@@ -9,7 +9,7 @@ import click
 from engine_core.config import check_environment
 from engine_core.errors import EngineError
 from migration_pipeline.cli import control, demo, inspect, plan, preloaded, run
-from migration_pipeline.cli.output import fail, lowercase_error
+from migration_pipeline.cli.output import JSON_ASKED, fail, lowercase_error
 from migration_pipeline.launch.checks import LaunchError
 
 
@@ -24,6 +24,12 @@ class _Commands(click.Group):
             return super().make_context(info_name, args, parent, **extra)
         except click.ClickException as e:
             raise lowercase_error(e) from None
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """click's, noting whether the command line holds --json (before any `--`) for an error
+        that ends the command before or after the command's own flags are parsed (`output.fail`)."""
+        ctx.meta[JSON_ASKED] = "--json" in (args[:args.index("--")] if "--" in args else args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         """Invoke the command; an EngineError or LaunchError becomes one line on stderr and exit 2,

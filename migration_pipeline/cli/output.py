@@ -97,10 +97,32 @@ def emit(as_json: bool, payload: Any, render: Any) -> None:
 
 ERROR_PREFIX = "error: "  # every failure's line, ours (`fail`) and click's usage errors (`lowercase_error`)
 
+# ctx.meta key (shared by the group's context and its command's): the command line holds --json
+JSON_ASKED = "migrate.json_asked"
+
+
+def json_asked() -> bool:
+    """Whether the command being run was given --json: its own parsed flag (`as_json`) while it
+    runs, else what the group saw in the command line before the command parsed it (an error of the
+    group's checks, or one raised out of the command: `main._Commands`)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    if "as_json" in ctx.params:
+        return bool(ctx.params["as_json"])
+    return bool(ctx.meta.get(JSON_ASKED))
+
 
 def fail(e: Exception | str) -> None:
-    """One line on stderr, no traceback, exit code 2."""
+    """One line on stderr, no traceback, exit code 2. Under --json, stdout gets the same line as a
+    JSON document on one line, {"error": "..."} (a JSON Lines command's too: `rows --json`), so a
+    script reading stdout gets JSON whatever happened."""
     message = " ".join(str(e).split()) or type(e).__name__
+    if json_asked():
+        try:
+            click.echo(json.dumps({"error": message}))
+        except BrokenPipeError:  # the reader has gone: the line on stderr still says it
+            reader_gone(sys.stdout)
     click.echo(f"{ERROR_PREFIX}{message}", err=True)
     sys.exit(2)
 

@@ -5,6 +5,9 @@
   the verdict line the plain command ends with (it had been "");
 * every phase gets its progress line, the first one too when it closed before the command's first
   tick (the lines had started at the phase the first tick saw);
+* an error under --json (an unknown tenant, a MIGRATE_HOME without a database, a bad setting, a
+  bad tenant name) is also `{"error": "<the line>"}` on stdout, one line; stderr and the exit
+  code (2) are as without --json.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
 from migration_pipeline.cli import progress as cli_progress
 from migration_pipeline.instance import to_url
-from tests.dagster.test_cli_errors import _migrate, run_env  # noqa: F401
+from tests.dagster.test_cli_errors import UNREACHABLE, _env, _migrate, _migrate_in_process, run_env  # noqa: F401
 from tests.engine.support import FAST
 
 pytestmark = pytest.mark.timeout(180)
@@ -60,3 +63,30 @@ def test_the_first_progress_line_names_the_phases_that_closed_before_it(db, db_u
     assert [line.split(" (")[0] for line in lines] == [f"phase {n}/5" for n in range(1, 6)], lines
     assert lines[0].startswith("phase 1/5 (companies) closed: ") and "companies 20 imported" in lines[0], lines
     assert " succeeded: " in lines[-1], lines
+
+
+def _json_error(out, *needles: str) -> str:
+    assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: "), out.stderr
+    (doc,) = [ln for ln in out.stdout.splitlines() if ln.strip()]  # one line: JSON Lines' `rows --json` too
+    assert json.loads(doc) == {"error": line.removeprefix("error: ")}, (doc, line)
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def test_an_error_under_json_is_a_json_document_on_stdout_as_well(db_url, run_env, tmp_path):
+    env = dict(run_env, PIPEDRIVE_BASE_URL="http://127.0.0.1:9", PIPEDRIVE_API_TOKEN="tok")
+    _json_error(_migrate_in_process(["status", "nosuch", "--json"], env), "'nosuch'")
+    _json_error(_migrate_in_process(["rows", "nosuch", "--json"], env), "'nosuch'")
+    _json_error(_migrate_in_process(["run", "--tenant", "bad name", "--json"], env), "not a valid tenant name")
+    # the group's check of the settings, before the command has parsed its flags
+    bad = _env(DATABASE_URL=UNREACHABLE, MIGRATE_HOME=str(tmp_path), MIGRATE_LANE_WIDTH="lots")
+    _json_error(_migrate_in_process(["run", "--tenant", "x", "--source", "example", "--json"], bad), "MIGRATE_LANE_WIDTH")
+    # a MIGRATE_HOME without an embedded database: refused, none made
+    home = _env(MIGRATE_HOME=str(tmp_path / "nothing-here"))
+    _json_error(_migrate_in_process(["status", "acme", "--json"], home), "no embedded database under")
+    # without --json stdout stays empty: the line is on stderr alone
+    plain = _migrate_in_process(["status", "nosuch"], env)
+    assert plain.returncode == 2 and plain.stdout == "" and plain.stderr.startswith("error: "), plain
