@@ -269,7 +269,10 @@ def require_tenant(context: Any) -> None:
     CLI cannot name could never be synced), before anything is written: every phase asset and check
     is per tenant, and Dagster's checks tab launches "Execute" with none (without this, the step
     fails with DagsterInvariantViolationError's "Cannot access partition_key for a non-partitioned run").
-    The invalid partition is deleted as it is refused: kept, it shows every phase and check failed."""
+    The invalid partition is deleted as it is refused: kept, it shows every phase and check failed.
+    The refusal ends the run CANCELED, not FAILURE: Dagster 1.13 counts every partition a FAILURE run
+    planned and did not materialise as failed (`partition_status_cache`), so one refused name turned
+    the partition of every phase asset red; a CANCELED run's planned partitions stay as they were."""
     if not context.has_partition_key:
         raise Failure(description="no tenant partition: the phase assets and their checks are per tenant - launch "
                                   "this with a tenant partition (the asset's Materialize, or the launchpad's "
@@ -283,7 +286,9 @@ def require_tenant(context: Any) -> None:
             said += " and the partition is removed"
         except Exception:  # noqa: BLE001 - the refusal stands either way; the partition can be deleted in the UI
             pass
-        raise Failure(description=f"{e}; {said} - add the tenant under a valid name", allow_retries=False) from None
+        message = f"{e}; {said} - add the tenant under a valid name"
+        context.instance.report_run_canceling(context.run, message=message)  # a CANCELING run whose step fails ends CANCELED
+        raise Failure(description=message, allow_retries=False) from None
 
 
 def require_run(db: Database, tenant: str, spec: PhaseSpec) -> None:
