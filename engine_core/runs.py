@@ -36,6 +36,7 @@ from engine_core.barrier import advance_phase, seed_phase
 from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
 from engine_core.runlog import RunLog
+from engine_core.runs_reads import tenant_sources
 from engine_core.source import (MAX_MARGIN_SECONDS, SNAPSHOT_MARGIN_SECONDS, Provider, catchup_kind,  # noqa: F401
                                 dependents, identity_of, margin_option, opt_in_kinds, snapshot_margin, source_time)
 
@@ -74,9 +75,14 @@ def live_run(db: Database, tenant_id: str, source: str) -> Run | None:
 
 def latest_run(db: Database, tenant_id: str, source: str | None = None) -> Run:
     """The tenant's latest run (of `source`, or of any source when None); raises RunNotFound when
-    the tenant has none."""
+    the tenant has none, or none of `source` ("tenant 'acme' has no run of source 'x' (its runs are
+    of: pipedrive)": a tenant known by another source's runs is not a tenant without runs)."""
     row = db.fetch_one("latest_run_for_tenant", {"tenant_id": tenant_id, "source": source})
     if row is None:
+        others = tenant_sources(db, tenant_id) if source is not None else []
+        if others:
+            raise RunNotFound(f"tenant {tenant_id!r} has no run of source {source!r} "
+                              f"(its runs are of: {', '.join(others)})")
         raise RunNotFound(f"tenant {tenant_id!r} has no migration run")
     return Run.from_row(row)
 
