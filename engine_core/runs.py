@@ -325,6 +325,16 @@ def pause(db: Database, run_id: int, reason: str) -> Run:
     return stop(db, run_id)
 
 
+def note_stop(db: Database, run_id: int, by: str) -> None:
+    """Say in the run's log who stopped it: "stopped " + `by` ("from Dagster (Dagster run 1a2b3c4d
+    terminated)"), an "info" entry that `migrate status` shows among the run's grouped reasons, as a
+    pause's reason is. The stop flag itself says only that a stop was asked for, not by whom."""
+    log = RunLog(run_id, None)
+    log.note("info", "run", f"stopped {by}")
+    with db.transaction() as tx:
+        log.flush(tx)
+
+
 def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, settings: Settings) -> Run:
     run = get_run(db, run_id)
     # settings that reach another source reopen nothing: the run stays as it is (reopened, every

@@ -64,6 +64,7 @@ from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.lane.terminate import hold_interrupts
 from migration_pipeline.lane.threads import LaunchLanes, launch_threads
+from migration_pipeline.launch.stop import STOPPED_BY
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
 from migration_pipeline.tags import RunTags, read_run_tags
@@ -202,6 +203,20 @@ def stop_after_termination(context: AssetExecutionContext, db: Database, source:
     return run
 
 
+def record_terminate(context: AssetExecutionContext, db: Database, run: Run | None) -> None:
+    """Say in the engine run's log who stopped it (`runs.note_stop`), for `migrate status`: the
+    command that launched this Dagster run when it tagged the run so (`STOPPED_BY`: its Ctrl-C),
+    else a terminate from Dagster, naming this run. Never raises: the termination matters more."""
+    if run is None:
+        return
+    with hold_interrupts():
+        try:
+            by = read_run_tags(context).get(STOPPED_BY) or f"from Dagster (Dagster run {context.run_id[:8]} terminated)"
+            runs.note_stop(db, run.id, by)
+        except Exception:  # noqa: BLE001 - the termination itself matters more
+            context.log.exception("could not record who stopped the engine run")
+
+
 class PhaseReporter:
     """Progress of the phase an op drains, every PROGRESS_SECONDS on the op's main thread: one log
     line and one AssetObservation of the phase's partition with numeric metadata (rows seen /
@@ -328,6 +343,7 @@ def ending_on_terminate(context: AssetExecutionContext, db: Database, source: st
             with hold_interrupts():
                 requested = terminate_requested(context)
             if requested:
+                record_terminate(context, db, run)
                 raise Failure(description=stopped_by_terminate(run), allow_retries=False) from None
         raise
 

@@ -11,6 +11,11 @@ from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launch.signals import INTERRUPT_WAIT_SECONDS
 from migration_pipeline.launch.statuses import FINISHED
 
+# Who stopped a run when the command that launched it did (its Ctrl-C, a signal, its queue timeout):
+# the phase op, interrupted, records it in the engine run's log (`runs.note_stop`) rather than
+# "from Dagster", which it says of a terminate from the UI.
+STOPPED_BY = "migration/stopped_by"
+
 
 def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[str], None] = print,
                       wait: float = INTERRUPT_WAIT_SECONDS) -> DagsterRunStatus | None:
@@ -31,7 +36,8 @@ def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[st
         # A stop the user asked for is not retried: a run that then fails (its worker dies with
         # our daemon, or it was still starting) would be re-executed by Dagster's run retries
         # (dagster.yaml), migrating again after the user asked to stop.
-        instance.add_run_tags(run_id, {MAX_RETRIES_TAG: "0"})
+        instance.add_run_tags(run_id, {MAX_RETRIES_TAG: "0",
+                                       STOPPED_BY: f"by the `migrate` command that launched it (Dagster run {run_id[:8]})"})
     deadline = time.monotonic() + wait
     asked = False
     while run is not None and run.status not in FINISHED:
