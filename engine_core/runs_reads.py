@@ -6,6 +6,8 @@ Read-only queries over the run and task tables (`migrations`, `migration_tasks`)
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from engine_core.db import Database
@@ -20,6 +22,17 @@ def tenant_sources(db: Database, tenant: str) -> list[str]:
     """The sources `tenant`'s runs were started from, sorted."""
     return [r["source"] for r in db.sql("SELECT DISTINCT source FROM migrations WHERE tenant_id = %(t)s ORDER BY 1",
                                         {"t": tenant})]
+
+
+def active_seconds(row: Mapping[str, Any], now: datetime | None = None) -> float | None:
+    """Seconds a run was running, from its `migrations` row: start to end (`finished_at`, else `now`)
+    less `stopped_seconds`, the spans it spent stopped, failed or ended before it was reopened
+    (`reopen_run`). A run stopped for a day then resumed has not run for a day. None before it started."""
+    started = row.get("started_at")
+    if started is None:
+        return None
+    end = row.get("finished_at") or now or datetime.now(started.tzinfo)
+    return max(0.0, (end - started).total_seconds() - float(row.get("stopped_seconds") or 0))
 
 
 def task_stat_keys(db: Database, run_id: int, kind: str | None = None) -> list[str]:

@@ -256,9 +256,11 @@ UPDATE migrations SET status = 'stopped', finished_at = now(), updated_at = now(
 RETURNING *;
 
 -- name: reopen_run --
--- Retry/resume: back to live; the partial unique index re-checks admission.
+-- Retry/resume: back to live; the partial unique index re-checks admission. The span since it
+-- ended (`finished_at`) was not running: counted apart, out of its elapsed time (0024).
 UPDATE migrations
    SET status = 'running', cancel_requested = false, finished_at = NULL,
+       stopped_seconds = stopped_seconds + GREATEST(0, extract(epoch FROM now() - COALESCE(finished_at, now()))),
        heartbeat_at = now(), updated_at = now()
  WHERE id = %(run_id)s AND status IN ('stopped', 'failed', 'succeeded')
 RETURNING *;
