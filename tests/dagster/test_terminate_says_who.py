@@ -58,3 +58,14 @@ def test_a_stop_by_the_launching_command_is_said_as_such(instance, engine_url, d
     by = "by the `migrate` command that launched it (Dagster run abcd1234)"
     _, said = _terminated(instance, engine_url, db, "ctrlc", tagged=by)
     assert [g["example"] for g in said] == [f"stopped {by}"], said
+
+
+def test_the_launching_command_tags_the_run_it_stops(instance):
+    from dagster._core.test_utils import create_run_for_test
+
+    from migration_pipeline.launch.stop import stop_launched_run
+
+    run = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTING)
+    stop_launched_run(instance, run.run_id, echo=lambda _: None, wait=0)
+    assert instance.get_run_by_id(run.run_id).tags[STOPPED_BY] == \
+        f"by the `migrate` command that launched it (Dagster run {run.run_id[:8]})"
