@@ -9,10 +9,11 @@ import time
 
 import pytest
 from dagster import DagsterRunStatus, RunsFilter
+from dagster._core.test_utils import create_run_for_test
 
 from engine_core import rollup as rollups
 from engine_core import runs
-from migration_pipeline.launch.stop import STOPPED_BY
+from migration_pipeline.launch.stop import STOPPED_BY, stop_launched_run
 from tests.dagster.support import materialize_tenant, resources
 from tests.dagster.test_ui_leftovers import TINY, _runs_of, _terminate_while_draining
 
@@ -61,10 +62,6 @@ def test_a_stop_by_the_launching_command_is_said_as_such(instance, engine_url, d
 
 
 def test_the_launching_command_tags_the_run_it_stops(instance):
-    from dagster._core.test_utils import create_run_for_test
-
-    from migration_pipeline.launch.stop import stop_launched_run
-
     run = create_run_for_test(instance, job_name="migrate_tenant", status=DagsterRunStatus.STARTING)
     stop_launched_run(instance, run.run_id, echo=lambda _: None, wait=0)
     assert instance.get_run_by_id(run.run_id).tags[STOPPED_BY] == \
