@@ -6,11 +6,15 @@ setup(
     version="0.1.0",
     description=__doc__,
     python_requires=">=3.11",
-    packages=find_packages(include=["engine_core*", "migration_pipeline*", "pipedrive_sandbox*"]),
+    # engine_core/sql and sql/migrations hold SQL only (no __init__.py: nothing there is imported);
+    # db.py reads them through importlib.resources. Named as packages, with their files as those
+    # packages' data, they ship in a wheel without setuptools' "Package would be ignored" warnings,
+    # which it gives for data folders found only through a parent's package_data.
+    packages=find_packages(include=["engine_core*", "migration_pipeline*", "pipedrive_sandbox*"])
+    + ["engine_core.sql", "engine_core.sql.migrations"],
     # dagster.yaml (the Dagster instance template) stays at the repository root beside workspace.yaml:
     # the project runs from its clone (`pip install -e .`), and migration_pipeline.instance reads it there.
-    package_data={"engine_core": ["sql/*.sql", "sql/migrations/*.sql"]},
-    include_package_data=True,
+    package_data={"engine_core.sql": ["*.sql"], "engine_core.sql.migrations": ["*.sql"]},
     install_requires=[
         # The Dagster trio is pinned together: unpinned, pip resolves dagster-postgres to 0.11.
         "dagster==1.13.27",
