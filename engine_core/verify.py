@@ -100,6 +100,9 @@ DEFAULT_TABLES: dict[str, str] = {
 # A ledger kind whose product rows are live only in a state of their own: a file's content is in
 # the product when its metadata row says it is stored (the row itself is the `files` kind's).
 LIVE_WHEN: dict[str, sql.Composable] = {"file_contents": sql.SQL("x.content_status = 'stored'")}
+# A ledger kind whose rows without a readable id are kept under another kind's: a file listed
+# without one fails as a `files` row, and its content, with no id to download it by, is never asked.
+UNREADABLE_UNDER: dict[str, tuple[str, ...]] = {"file_contents": ("files",)}
 
 
 @dataclass
@@ -329,7 +332,8 @@ def _ledger(db: Database, tenant_id: str, source: str, kind: str) -> dict[str, d
     # rows served without a readable id (none, or "abc"): failed, kept beside the ledger each under
     # its raw key (migration 0013), the key the listing serves it under: unwritten with its reason,
     # not missing (the run accounted for it), one by one
-    for r in tenant_unreadable(db, tenant_id, source, kind):
+    unreadable = [r for k in (kind, *UNREADABLE_UNDER.get(kind, ())) for r in tenant_unreadable(db, tenant_id, source, k)]
+    for r in unreadable:
         entries.setdefault(_norm(r["source_id"]), {"source_id": r["source_id"], "action": "failed", "record_type": None,
                                                    "record_id": None, "version": None, "deleted": None,
                                                    "not_an_id": True})

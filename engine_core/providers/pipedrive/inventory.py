@@ -370,7 +370,8 @@ def source_ids(meter: Meter, kind: str) -> Iterator[tuple[str, str | None]]:
 
 def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
     """Every deal product line the source serves now, with its version: both deal lists walked
-    for the deal ids, then their lines `lines.IDS_PER_CALL` deals a call (cursor pages)."""
+    for the deal ids, then their lines `lines.IDS_PER_CALL` deals a call (cursor pages). A line
+    without a readable id is listed under the key its run kept it by (`mapping.unreadable_key`)."""
     deals = sorted({row["id"] for kind in ("deals", "deals_archived") for row in walk(meter, kind)
                     if isinstance(row.get("id"), int) and not isinstance(row.get("id"), bool)})
     for j in range(0, len(deals), lines.IDS_PER_CALL):
@@ -378,9 +379,8 @@ def _line_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
         while at is not None:
             step = v2_step(meter, lines.PATH, {"deal_ids": deals[j : j + lines.IDS_PER_CALL]}, at)
             for row in step.rows:
-                sid = row_id(row)
-                if sid is not None:
-                    yield sid, version_of(lines.KIND, row)
+                sid = row_id(row) if mapping.sound_id(row) else mapping.unreadable_key(row)
+                yield sid, version_of(lines.KIND, row)
             at = step.after
 
 
@@ -391,10 +391,13 @@ def _content_ids(meter: Meter) -> Iterator[tuple[str, str | None]]:
     of another length than the listed `file_size` asked again) - the kind is opt-in, and so is
     proving it. A file the source refuses (403 private, 404 purged) has no content to compare, nor
     has one whose every try broke off: it is told unreachable (`meter.unreachable`, "file <id>")
-    with the reason, neither missing nor extra nor stale."""
+    with the reason, neither missing nor extra nor stale. A file listed without a readable id has
+    nothing to download by: listed under the key its `files` row was kept by
+    (`mapping.unreadable_key`), without a version (verify counts it with that row)."""
     for row in walk(meter, "files"):
         sid = row_id(row)
-        if sid is None or not sid.isdigit():
+        if sid is None or not sid.isdigit() or not mapping.sound_id(row):
+            yield mapping.unreadable_key(row), None
             continue
         size = row.get("file_size")
         expected = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
