@@ -1,6 +1,6 @@
 """A run's elapsed time is the time it was running (`runs_reads.active_seconds`): a run stopped for
 a day and then resumed has not run for a day. The spans it spent stopped (or failed, or ended) are
-counted apart as it is reopened (`stopped_seconds`, migration 0024)."""
+counted apart as it is reopened (`stopped_seconds`, migration 0023)."""
 from __future__ import annotations
 
 from engine_core import runs
