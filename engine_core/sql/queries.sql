@@ -257,7 +257,7 @@ RETURNING *;
 
 -- name: reopen_run --
 -- Retry/resume: back to live; the partial unique index re-checks admission. The span since it
--- ended (`finished_at`) was not running: counted apart, out of its elapsed time (0024).
+-- ended (`finished_at`) was not running: counted apart, out of its elapsed time (migration 0023).
 UPDATE migrations
    SET status = 'running', cancel_requested = false, finished_at = NULL,
        stopped_seconds = stopped_seconds + GREATEST(0, extract(epoch FROM now() - COALESCE(finished_at, now()))),
