@@ -24,9 +24,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from engine_core.db import Database
+from engine_core.runs_reads import active_seconds
 
 DONE = ("succeeded", "failed")
 SOURCE_DOWN_ENV = "MIGRATE_SOURCE_DOWN_SECONDS"
@@ -314,9 +316,10 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None,
     one begins, and the ETA is not a fraction of the mail's time while the mail runs ("weight" of
     each phase, percent of the run). The ETA extrapolates the pace of the phase the barrier is on
     (its share of the run done since its first task started) once that phase is `PACED_AFTER` done
-    and has run `PACED_SECONDS`, never below the run's elapsed time over its percent, which it is
-    before then: weights count requests and rows, not the time they take (under latency the mail's
-    requests take longer each than the listings before it), so the run's pace before the mail said
+    and has run `PACED_SECONDS`, never below the run's running time (`runs_reads.active_seconds`:
+    its spans stopped left out) over its percent, which it is before then: weights count requests
+    and rows, not the time they take (under latency the mail's requests take longer each than the
+    listings before it), so the run's pace before the mail said
     too little of the mail's time. None before anything is done or once the run is terminal. "idle_seconds", while the
     run is live (else None): seconds since anything worked on it (its heartbeat, a task's
     checkpoint or finish, a running task's lock renewed: `run_idle_seconds`). "unattended": a live
@@ -346,8 +349,10 @@ def run_progress(db: Database, run_id: int, stale_after: float | None = None,
         idle = round(float(db.fetch_one("run_idle_seconds", {"run_id": run_id})["idle_seconds"]), 1)
         if run["started_at"] is not None and 0 < percent < 100:
             now = time.time()
-            eta = round((now - run["started_at"].timestamp()) * (100 - percent) / percent, 1)
-            paced = _paced_eta(next((ph for ph in phases if not ph["closed"]), None), whole * (100 - percent) / 100, now)
+            ran = active_seconds(run, datetime.fromtimestamp(now, timezone.utc)) or 0.0  # a stop's span is no pace
+            eta = round(ran * (100 - percent) / percent, 1)
+            paced = _paced_eta(next((ph for ph in phases if not ph["closed"]), None), whole * (100 - percent) / 100,
+                               now, ran)
             if paced is not None:
                 eta = max(eta, paced)
     for ph in phases:
@@ -362,13 +367,14 @@ PACED_AFTER = 0.05  # share of its phase done before the phase's own pace gives 
 PACED_SECONDS = 5.0  # seconds the phase has run before its pace gives the run's ETA
 
 
-def _paced_eta(phase: dict[str, Any] | None, left: float, now: float) -> float | None:
+def _paced_eta(phase: dict[str, Any] | None, left: float, now: float, run_ran: float) -> float | None:
     """Seconds until `left` (weight of the run not done) is done at the pace of the open `phase`
     (its weight done since its first task started, `now` in epoch seconds); None when there is no
-    open phase, or it is under PACED_AFTER done or has run under PACED_SECONDS."""
+    open phase, or it is under PACED_AFTER done or has run under PACED_SECONDS. The phase ran no
+    longer than the run did (`run_ran`, its running time): a stop since the phase began is no pace."""
     if phase is None or phase["started"] is None or phase["weight"] <= 0:
         return None
-    ran = now - phase["started"].timestamp()
+    ran = min(now - phase["started"].timestamp(), run_ran)
     if phase["done"] / phase["weight"] < PACED_AFTER or ran < PACED_SECONDS:
         return None
     return round(left * ran / phase["done"], 1)

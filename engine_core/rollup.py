@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from engine_core import ledger_reads
+from engine_core import ledger_reads, runs_reads
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
@@ -155,7 +155,8 @@ class RunRollup:
     reasons: list[dict[str, Any]]
     started_at: datetime | None
     finished_at: datetime | None
-    seconds: float | None
+    seconds: float | None  # running time (`runs_reads.active_seconds`): the spans stopped are not in it
+    stopped_seconds: float = 0.0  # the spans it spent stopped, failed or ended before it was reopened
     # per closed phase: {"phase", "kinds", "complete", "problems": [str], per-kind figures}
     completeness: list[dict[str, Any]] = field(default_factory=list)
     # run-wide checks that are not one phase's (updates against the ledger's history), one line each
@@ -255,7 +256,6 @@ def rollup(db: Database, run_id: int) -> RunRollup:
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind))
         kr.deleted_at_source += counts.get("deleted", 0)
         kr.restored += counts.get("restored", 0)
-    end = row["finished_at"] or datetime.now(row["started_at"].tzinfo)
     kind_list = list(kinds.values())
     return RunRollup(
         run_id=run.id,
@@ -269,9 +269,9 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         tasks=dict(tasks),
         kinds=kind_list,
         reasons=grouped_reasons(db, run_id, row["log"], dry_run=run.dry_run),
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
-        seconds=(end - row["started_at"]).total_seconds() if row["started_at"] else None,
+        started_at=row["started_at"], finished_at=row["finished_at"],
+        seconds=runs_reads.active_seconds(row),
+        stopped_seconds=float(row.get("stopped_seconds") or 0),
         completeness=completeness(db, run, kind_list),
         problems=run_problems(run, kind_list, changes) + still_waiting(db, run),
     )

@@ -48,6 +48,8 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
                   lambda: console.print(f"{latest.name} {latest.status}: nothing to stop"))
             return
         run_id = latest.id
+        if latest.status == "running":  # `migrate status` names who stopped it, as it names a Dagster terminate
+            runs.note_stop(db, run_id, "by `migrate stop`")  # (a stopping run's stop was someone else's)
         if force:
             end_dead_process_runs(as_json)  # a killed `migrate run`'s Dagster run, shown in progress
             said: list[str] = []

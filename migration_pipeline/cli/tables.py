@@ -159,7 +159,17 @@ def print_rollup(r: rollups.RunRollup) -> None:
     if r.reasons:
         console.print(reasons_table(r.reasons, r.tenant_id), soft_wrap=False)
     if r.seconds is not None:
-        console.print(f"elapsed {r.seconds:.1f}s; tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
+        console.print(f"{elapsed_said(r.seconds, r.stopped_seconds)}; tasks: "
+                      + ", ".join(f"{n} {s}" for s, n in sorted(r.tasks.items())))
+
+
+def elapsed_said(seconds: float, stopped_seconds: float = 0.0) -> str:
+    """A run's elapsed time as `migrate status` says it: the time it was running ("elapsed 12.0s"),
+    and, once it was stopped and reopened, that the time stopped is left out ("elapsed 12.0s running
+    (stopped 24h00m, not counted)"): a run stopped overnight does not read as a day's work."""
+    if stopped_seconds < 0.5:
+        return f"elapsed {seconds:.1f}s"
+    return f"elapsed {seconds:.1f}s running (stopped {format_seconds(stopped_seconds)}, not counted)"
 
 
 def catchup_lines(r: rollups.RunRollup) -> list[str]:
