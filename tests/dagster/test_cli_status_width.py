@@ -37,7 +37,7 @@ def _rollup(dry_run: bool) -> SimpleNamespace:
              for i, group in enumerate(PLAN) for k in group]
     return SimpleNamespace(name="run #12 (pipedrive for tenant 'acme')", status="succeeded", dry_run=dry_run,
                            current_phase=len(PLAN), phases=PLAN, kinds=kinds, incomplete=[], unfinished=[], reasons=[],
-                           seconds=12.5, tasks={"succeeded": 200})
+                           seconds=12.5, stopped_seconds=0.0, tasks={"succeeded": 200})
 
 
 @pytest.mark.parametrize("width", [80, 60, 40])
