@@ -140,9 +140,9 @@ def start_run(
     if mode == "sync" and since is None:
         raise ConfigError("a sync needs since (the last succeeded run's snapshot): use runs.start_sync")
     plan = run_plan(provider, kinds)
-    identity = identity_of(provider)  # before the transaction: it may ask the source
+    identity = identity_of(provider, db=db)  # before the transaction: it may ask the source
     check_tenant_identity(db, tenant_id, provider.source, identity)
-    snapshot = source_time(provider)  # the source's clock; None: the database's (now() below)
+    snapshot = source_time(provider, db)  # the source's clock; None: the database's (now() below)
     try:
         with db.transaction() as tx:
             row = tx.fetch_one(
@@ -339,7 +339,7 @@ def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, 
     run = get_run(db, run_id)
     # settings that reach another source reopen nothing: the run stays as it is (reopened, every
     # task would refuse to claim - SourceMismatch - while status showed it running with an ETA)
-    identity = identity_of(provider)
+    identity = identity_of(provider, db=db)
     if identity is not None and run.source_identity is not None and identity != run.source_identity:
         raise SourceMismatch(run.name, run.source_identity, identity)
     try:

@@ -130,18 +130,24 @@ class Provider(Protocol):
         raise NotImplementedError(f"the {self.source} provider cannot list the ids of {kind!r}")
 
 
-def identity_of(provider: Provider, cost: dict[str, int] | None = None, *, warn: bool = True) -> str | None:
+def _taken(ask: Any, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of `given` (those not None) that the callable `ask` takes."""
+    accepted = inspect.signature(ask).parameters
+    return {name: value for name, value in given.items() if value is not None and name in accepted}
+
+
+def identity_of(provider: Provider, cost: dict[str, int] | None = None, *, warn: bool = True,
+                db: Any = None) -> str | None:
     """What the provider's data belongs to, or None when the source cannot tell now (unreachable, a
     revoked token): the tasks then meet that on their own (a warning says so unless `warn` is false:
     verify checks the credential itself then). `cost` (a dict of `requests` and
-    `tokens`, verify's) is handed to an `identity` that takes it, to count its request."""
+    `tokens`, verify's) is handed to an `identity` that takes it, to count its request; so is `db`
+    (a `Database`), through whose shared rate-limit budget its request is then paced."""
     identity = getattr(provider, "identity", None)
     if identity is None:
         return provider.account()
     try:
-        if cost is not None and "cost" in inspect.signature(identity).parameters:
-            return identity(cost=cost)
-        return identity()
+        return identity(**_taken(identity, cost=cost, db=db))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - an unanswered question, not a verdict
@@ -180,14 +186,15 @@ def progress_weights(provider: object) -> dict[str, float] | None:
     return dict(weights) if weights else None
 
 
-def source_time(provider: object) -> datetime | None:
+def source_time(provider: object, db: Any = None) -> datetime | None:
     """The source's clock now, when the provider can tell (`source_time()`); None otherwise, and
-    when asking fails (the database's clock then stands in)."""
+    when asking fails (the database's clock then stands in). `db` is handed to a `source_time`
+    that takes it: a request it makes is paced by the account's budget there."""
     ask = getattr(provider, "source_time", None)
     if ask is None:
         return None
     try:
-        moment = ask()
+        moment = ask(**_taken(ask, db=db))
     except ConfigError:
         raise
     except Exception as e:  # noqa: BLE001 - the database's clock is a fine stand-in

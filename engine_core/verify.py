@@ -488,7 +488,7 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
     cost = {"requests": 0, "tokens": 0}
     # another company's settings: refused before its listings spend that account's tokens
     check = getattr(provider, "check_credentials", None)
-    identity = identity_of(provider, cost, warn=not callable(check))
+    identity = identity_of(provider, cost, warn=not callable(check), db=db)
     if identity is None and callable(check):
         # unanswered (a refused token, a server that is no such API): the launch's own check names
         # the variable to fix in the words `migrate run` and `migrate plan` use, before any listing

@@ -124,7 +124,7 @@ class Worker:
         p = self._provider_cache.get(run.id)
         if p is None:
             p = self.providers(run)
-            identity = identity_of(p)
+            identity = identity_of(p, db=self.db)
             if identity is not None:
                 bound = run.source_identity
                 if bound is None:

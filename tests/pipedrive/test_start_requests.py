@@ -6,8 +6,13 @@ one TLS context (each built its own: ~15 ms of CPU reading the CA bundle). Real 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from engine_core.providers.pipedrive.client import PipedriveClient
-from tests.pipedrive.support import migrate, sandbox
+from engine_core import runs
+from engine_core.providers.pipedrive import provider as provider_module
+from engine_core.worker import drain_threads
+from tests.pipedrive.support import FAST, for_run, migrate, sandbox, start
 
 FIELD_LISTS = ("/api/v2/dealFields", "/api/v2/personFields", "/api/v2/organizationFields",
                "/api/v2/activityFields", "/v1/leadFields", "/v1/noteFields")
@@ -122,3 +127,29 @@ def test_a_run_without_the_fields_kind_asks_the_field_lists_as_its_first_discove
     first_page = min(end for path, _, end in asked if path in ("/api/v2/organizations", "/api/v2/persons"))
     fields = [started for path, started, _ in asked if path in FIELD_LISTS]
     assert len(fields) == len(FIELD_LISTS) and max(fields) < first_page, sorted(asked, key=lambda a: a[1])
+
+
+
+def test_every_request_of_a_run_is_paced_by_the_accounts_budget(db, monkeypatch) -> None:
+    """The budget's proof holds only if every request to the account takes a slot: the identity's
+    `/v1/users/me` at the run's start (which also dates the snapshot) went out unpaced, the one
+    request beyond the burst window's limit when the schedule filled a window (a 429 at the email
+    bench's turn from idle to busy)."""
+    unpaced: list[str] = []
+    attempt = PipedriveClient._attempt
+
+    def watched(self: PipedriveClient, path: str, query: Any, reservation: Any) -> Any:
+        if self._budget is None and reservation is None:
+            unpaced.append(path)
+        return attempt(self, path, query, reservation)
+
+    monkeypatch.setattr(PipedriveClient, "_attempt", watched)
+    with sandbox() as sb:
+        sb.reset_stats()
+        run = start(db, sb, kinds=["organizations"])
+        provider_module._identities.clear()  # as a worker process of its own asks again
+        drain_threads(db, run.id, width=2, settings=FAST, providers=for_run)
+        requests = sb.stats()["requests"]
+    assert runs.get_run(db, run.id).status == "succeeded"
+    assert requests.get("/v1/users/me") == 2, requests  # the start's, and the lanes' process's
+    assert unpaced == []

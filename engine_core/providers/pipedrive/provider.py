@@ -156,9 +156,8 @@ def budget_for(db: Database, account: str, burst_limit: int) -> Budget:
         return budget
 
 
-# The company a (base URL, token) reaches, as `/v1/users/me` said (`identity`): a Pipedrive token
-# belongs to one user of one company for its whole life, so the process asks once per base URL and
-# account (the token's fingerprint) - the run's start, its lanes and later runs alike. A few are kept.
+# The company a (base URL, token) reaches, as `/v1/users/me` said (`identity`): a token belongs to one
+# company for life, so a process asks once per base URL and account (the run's start, lanes, later runs).
 IDENTITIES_KEPT = 32
 # The `Date` of the identity's answer stands for the source's clock (`source_time`) this long after.
 CLOCK_FRESH_SECONDS = 5.0
@@ -167,9 +166,10 @@ _identities_lock = threading.Lock()
 _asking_identity: dict[tuple[str, str], threading.Lock] = {}
 
 
-def _ask_identity(cfg: SourceConfig) -> tuple[str, datetime | None]:
-    """(the company's identity, the source's clock when it answered) from one unpaced `/v1/users/me`."""
-    with PipedriveClient(cfg.base_url, cfg.token) as client:
+def _ask_identity(cfg: SourceConfig, budget: Budget | None) -> tuple[str, datetime | None]:
+    """(the company's identity, the source's clock when it answered) from one `/v1/users/me`, paced
+    by the account's `budget` when given (unpaced, it may be one beyond the burst window's limit)."""
+    with PipedriveClient(cfg.base_url, cfg.token, budget=budget) as client:
         me = client.me()
     return f"pipedrive company {me['company_id']}", _http_date(me.get("_date"))
 
@@ -287,11 +287,11 @@ class PipedriveProvider:
         """The rate-limit account (`SourceConfig.account`): no secret in it."""
         return self.config().account
 
-    def identity(self, cost: dict[str, int] | None = None) -> str:
+    def identity(self, cost: dict[str, int] | None = None, db: Database | None = None) -> str:
         """The Pipedrive company the token reaches (`/v1/users/me`, asked once per base URL and
         account in a process: a token never changes company): what a run's data belongs to. Two
         tokens of one company are one source; another company is not. `cost` (verify's counter:
-        `requests`, `tokens`) counts the request when one is made (2 tokens: a v1 single)."""
+        `requests`, `tokens`) counts the request when one is made (2 tokens); `db` paces it (`budget`)."""
         if self._identity is None:
             cfg = self.config()
             key = (cfg.base_url, cfg.account)
@@ -301,7 +301,7 @@ class PipedriveProvider:
                 with _identities_lock:
                     known = _identities.get(key)
                 if known is None:
-                    known, clock = _ask_identity(cfg)
+                    known, clock = _ask_identity(cfg, self.budget(db) if db is not None else None)
                     self._clock = (time.monotonic(), clock)
                     if cost is not None:
                         cost["requests"] = int(cost.get("requests", 0)) + 1
@@ -314,16 +314,16 @@ class PipedriveProvider:
                 self._identity = known
         return self._identity
 
-    def source_time(self) -> datetime | None:
+    def source_time(self, db: Database | None = None) -> datetime | None:
         """The source's clock now: the `Date` of this provider's identity request when it was made
         within `CLOCK_FRESH_SECONDS` (a run's start asks for both, one after the other), else of
-        one `/v1/users/me` asked now (2 tokens, unpaced, as `identity`; it also tells the identity).
-        None when the answer carries no date."""
+        one `/v1/users/me` asked now (2 tokens, paced as `identity` is with `db`; it also tells the
+        identity). None when the answer carries no date."""
         asked, clock = self._clock
         if clock is not None and time.monotonic() - asked <= CLOCK_FRESH_SECONDS:
             return clock + timedelta(seconds=time.monotonic() - asked)
         cfg = self.config()
-        known, clock = _ask_identity(cfg)
+        known, clock = _ask_identity(cfg, self.budget(db) if db is not None else None)
         with _identities_lock:
             _identities[(cfg.base_url, cfg.account)] = known
         return clock
