@@ -2,43 +2,43 @@
 
 One row in `source_budgets` per source account - not per tenant: two tenants importing one account
 share its allowance, and so do every lane thread, fetch thread and worker process. A worker leases
-a *chunk* of C slots with one statement under the row lock, spends them in-process (thread-safe, no
-database), and reports what the responses said (`source.RateObservation`) on its next lease. The hot path never writes
-the row per request: one statement per chunk, plus a write only when something happens that every
-worker must know at once (a burst 429, the daily budget spent).
+a *chunk* of up to C slots with one statement under the row lock, spends them in-process, and
+reports what the responses said (`source.RateObservation`) on its next lease: one statement per
+chunk, plus a write when every worker must know something at once (a burst 429, a spent day).
 
 The guarantee, and why it holds (the rate the source allows, not 0.55 of it)
 -------------------------------------------------------------------------------------
 The source counts requests in a *rolling* window of W seconds (2 s) and refuses a request when L
-were accepted within the W seconds before it. The row keeps a GCRA token bucket, one timestamp
-`tat`, and schedules every slot *individually*:
+were accepted within the W seconds before it. The row remembers the times of the account's last L
+granted slots (`recent`, migration 0024) and schedules every slot *individually*:
 
-* A lease of C slots starts at `start = max(now, tat, paused_until)` (database clock, under the row
-  lock), gives slot j the time `s_j = start + j*g` (j = 0..C-1) and moves `tat` to `start + C*g`
-  (plus 1 us against rounding). So any two slots ever granted for the account, by any process, are
-  at least g apart.
 * A slot may be sent only within [s_j, s_j + ttl] (`lease_ttl`; unsent, it expires), and the
   request reaches the source's counter at most `latency_margin` m after the check that let it go
   (m bounds the jitter of the one-way delay and the client's own time from check to socket: a
   constant delay shifts every request alike and changes no count). So it arrives in
-  [s_j, s_j + d] with d = ttl + m.
-* The requests that arrive in any window (t - W, t] therefore hold slots with s_j in
-  (t - W - d, t], a half-open interval of length W + d; points at least g apart number at most
-  ceil((W + d) / g) in it. With g = (W + d) / L that is L: never more than the limit, summed over
-  every worker sharing the account, at any alignment of the window. The sustained rate is
+  [s_j, s_j + d] with d = ttl + m, and the requests that arrive in any window (t - W, t] hold
+  slots with s_j in (t - W - d, t], a half-open interval of length W + d.
+* A lease of C slots (database clock, under the row lock) gives each the earliest time at or after
+  `max(now, paused_until)` that is at least W + d after the L-th slot granted before it, by any
+  process (`budget_slots`). So L + 1 slots never fit in W + d: never more than the limit, summed
+  over every worker sharing the account, at any alignment of the window. The sustained rate is
   L / (W + d): with ttl = 0.05 s and m = 0.075 s, 0.94 of the allowed L / W.
+* Into the first half of a window slots come at once: as many of a chunk as threads wait for
+  start together (a read-ahead of 14 pages does not wait 14 x g, g = (W + d) / L); the rest,
+  spares, are spread g apart, and fewer are leased once spares expire unsent (an unsent slot still
+  takes the window's room). Once L / 2 slots lie within W + d before it, a slot comes g after the
+  one before: a busy account's slots are even (bursts filling whole windows measured 0.75 of the
+  allowed rate against 0.94). Each slot is also more than d after the B-th before it (`lag`,
+  B = `burst_slots`): what the daily share's proof below needs. Every request to the account must
+  take a slot - one sent beside the budget is one beyond L in a window the schedule filled.
 * Every worker maps a database time onto its own monotonic clock conservatively: the database read
   its clock between `before` and `after` (local) of a lease statement, so the offset between the
   clocks lies in [before - db_now, after - db_now]; the tightest of the last 10 s of leases, each
   widened by 500 ppm of drift per second since, gives [lo, hi], and slot j is valid locally from
   `s_j + hi` to `s_j + lo + ttl` - an interval inside [s_j, s_j + ttl] on the database's clock. A
   slow statement only shortens slots' lives (they expire unspent: lost rate, never an extra
-  request), and one fast lease in ten seconds is enough to keep them whole.
-
-Two choices keep the bound tight: the chunk does not start all its slots at once (that would cost
-C per window), and a slot lives for `ttl` after its own time rather than a whole chunk's worth of
-time (that would cost ttl + m of every W + ttl + m). A fetch round's `reserve(n)` holds
-n *scheduled* slots; each fetch thread waits locally for its slot's time, with no database.
+  request), and one fast lease in ten seconds is enough to keep them whole. A fetch round's
+  `reserve(n)` holds n *scheduled* slots; each fetch thread waits for its locally.
 
 Self-correction from what the source says
 -----------------------------------------
@@ -47,11 +47,10 @@ corrects it when that is not so (another integration on the same token, a jitter
 provider's client reads it into a `RateObservation` (Pipedrive: the `x-ratelimit-*` headers):
 
 * a `limit` lower than configured lowers the limit in force at the next lease.
-* `remaining` 0 on an accepted request: the window was full when it arrived, which
-  at L / (W + d) happens only when a jitter beyond m (or another spender) used the margin up. This
-  process holds off until the window resets (`reset`, capped at W), and every worker
-  slows down before the source has to refuse anything: `rate_scale` drops to 0.9 of what was in
-  force (one row write per process per window at most).
+* `remaining` 0 on an accepted request: the window was full when it arrived. This process holds
+  off until the window resets (`reset`, capped at W), and every worker slows down before the
+  source has to refuse anything: `rate_scale` drops to 0.9 of what was in force (one row write
+  per process per window at most).
 * A burst 429 (`Retry-After`): `paused_until` is written once, so no slot of any worker starts
   before the window has emptied, and `rate_scale` drops to 3/4 of what was in force (at least
   `min_rate_scale`): every lease's spacing is g / rate_scale, recovering linearly to g at
@@ -66,8 +65,8 @@ F = ceil((1 - share) * limit), `limit` being the observed `daily_limit`.
 
 * Each granted slot has a sequence number (the row's `slots_leased` count). A response's
   observed `daily_remaining` R, reported with the number k of the slot its request used,
-  counts every request that reached the source before it; slots numbered below k - lag (lag =
-  ceil(d / g) + 1) arrived before slot k did (they are >= lag*g > d earlier), so they are in R.
+  counts every request that reached the source before it; slots numbered below k - lag (lag = B)
+  arrived before slot k did (they are more than d earlier), so they are in R.
 * Every request costs at most `max_cost` tokens (80: the largest `x-token-cost` in the spec). So
   after a lease that brings the count to n, the tokens our requests may have spent beyond R are at
   most max_cost * (n - k + lag). A lease is granted only if R - max_cost * (n - k + lag) >= F;
@@ -79,8 +78,8 @@ F = ceil((1 - share) * limit), `limit` being the observed `daily_limit`.
   kept k + lag: a day that reset reports a larger R), and forgets its numbers when a parked day's
   reset time has passed. A report carried by a slot leased before that reset is the old day's and
   is not taken (a worker parked with a report of the old day delivers it with its first lease of
-  the new one: taken, it parked the account for the whole new day). Before the source has reported a limit nothing is known and nothing is
-  held back.
+  the new one: taken, it parked the account for the whole new day). Before the source has
+  reported a limit nothing is known and nothing is held back.
 * A share of 1 (the whole budget) leaves the source to say when the day is spent: no share
   check, and the park's exact wait comes from the daily 429's `Retry-After`. (A share below 1
   parks on the `daily_reset` rule instead, so that rule must not be early: an early resume spends
@@ -90,8 +89,7 @@ F = ceil((1 - share) * limit), `limit` being the observed `daily_limit`.
   its task parks until the reset instead of burning attempts on a wait measured in hours;
   `budget_waiting.waiting_state(db, account)` says why and until when, for the run's status.
 
-Statements on the row (`budget_row.py`): one per C requests, plus one per burst 429 or daily park.
-A fetch round's reserved slots: `budget_reservation.py`; what status shows: `budget_waiting.py`.
+Statements: `budget_row.py`; a fetch round's slots: `budget_reservation.py`; status: `budget_waiting.py`.
 """
 from __future__ import annotations
 
@@ -101,12 +99,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
 from typing import Any, Literal
 
 from engine_core.budget_reservation import Reservation
-from engine_core.budget_row import CREATE_SQL, LEASE_SQL, PARK_SQL, PAUSE_SQL, PendingNote
+from engine_core.budget_row import CREATE_SQL, LEASE_SQL, PARK_SQL, PAUSE_SQL, BudgetStats, PendingNote, Slot, seconds_to_utc_midnight
 from engine_core.config import daily_token_share
 from engine_core.db import Database
 from engine_core.errors import BudgetCancelled, RateLimitParked
@@ -118,35 +114,6 @@ POLL = 0.1  # how often a waiter looks at its cancel event
 OFFSET_MEMORY = 10.0  # seconds of lease round trips that bound this process's clock offset
 CLOCK_DRIFT = 5e-4  # the most two clocks drift apart per second (NTP slews at most 500 ppm)
 MAX_TOKEN_COST = 80  # the largest x-token-cost in Pipedrive's spec (/v1/deals/summary/archived)
-
-
-@dataclass(frozen=True)
-class BudgetStats:
-    """What this process's Budget did: statements against the row, and the fate of its slots."""
-
-    statements: int
-    writes: int
-    leases: int
-    slots_leased: int
-    slots_spent: int
-    slots_expired: int
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One scheduled slot on this process's monotonic clock: send within [valid_from, expires_at]."""
-
-    valid_from: float
-    expires_at: float
-    seq: int  # the row's slot numbering (slots_leased before this chunk + j)
-
-
-def seconds_to_utc_midnight(now: float) -> float:
-    """Seconds from `now` (epoch seconds) to the next UTC midnight: Pipedrive's daily budget is
-    counted per UTC day when the source does not say when it resets (at least 1 s)."""
-    moment = datetime.fromtimestamp(now, tz=timezone.utc)
-    midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return max(1.0, midnight.timestamp() - now)
 
 
 class Budget:
@@ -170,6 +137,7 @@ class Budget:
         burst_limit: int = 80,
         window_seconds: float = 2.0,
         chunk: int = 8,
+        burst_slots: int = 16,
         lease_ttl: float = 0.05,
         latency_margin: float = 0.075,
         max_ahead: float = 5.0,
@@ -184,8 +152,8 @@ class Budget:
     ) -> None:
         if burst_limit < 2:
             raise ValueError(f"burst_limit must be >= 2, got {burst_limit}")
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        if chunk < 1 or burst_slots < 1:
+            raise ValueError(f"chunk and burst_slots must be >= 1, got {chunk} and {burst_slots}")
         if window_seconds <= 0 or lease_ttl <= 0 or latency_margin < 0 or max_ahead < 0:
             raise ValueError("window_seconds and lease_ttl must be > 0; latency_margin and max_ahead >= 0")
         share = daily_token_share() if daily_share is None else daily_share
@@ -201,6 +169,7 @@ class Budget:
         self.burst_limit = burst_limit
         self.window_seconds = window_seconds
         self.chunk = chunk
+        self.burst_slots = burst_slots
         self.lease_ttl = lease_ttl
         self.latency_margin = latency_margin
         self.max_ahead = max_ahead
@@ -216,7 +185,10 @@ class Budget:
         self._local = threading.local()  # .seq: the slot this thread's last request used
         self._slots: list[Slot] = []  # held, sorted by valid_from
         self._leasing = False
+        self._wanting = 0  # slots asked for by threads in `_take` now
         self._reported_limit: int | None = None
+        self._gap = self.spacing()  # seconds between the last lease's spare slots
+        self._spares = self.lease_size() - 1  # slots a lease holds beyond the waiting threads'
         self._paused_until = -math.inf  # local: no slot is spent before this
         self._row_paused_until = -math.inf  # what this process last wrote to the row
         self._row_slowed_until = -math.inf  # no second "near" slow-down from this process before this
@@ -266,8 +238,12 @@ class Budget:
         return 1.0 / self.spacing(limit)
 
     def lag(self, limit: int | None = None) -> int:
-        """Slots that may still be on their way when a later slot's response reports (ceil(d/g)+1)."""
-        return math.ceil((self.lease_ttl + self.latency_margin) / self.spacing(limit)) + 1
+        """B: slots that may still be on their way when a later slot's response reports - the
+        schedule keeps slot k more than d after slot k - B (`burst_slots`, at least ceil(d/g)+1,
+        at most L): also the most slots that start within d of each other."""
+        limit = self.limit if limit is None else limit
+        least = math.ceil((self.lease_ttl + self.latency_margin) / self.spacing(limit)) + 1
+        return min(limit, max(least, self.burst_slots))
 
     def stats(self) -> BudgetStats:
         """Counters of this budget object so far (statements, row writes, leases, slots leased and
@@ -328,10 +304,10 @@ class Budget:
                 if now >= start:
                     if now <= slot.expires_at:
                         return True
-                    self._slots_expired += 1
+                    self._lapsed(1)
                     return False
                 if start > slot.expires_at:
-                    self._slots_expired += 1  # a pause outlives the slot
+                    self._lapsed(1)  # a pause outlives the slot
                     return False
             wait = min(start - now, POLL if cancel is not None else 1.0)
             if cancel is not None:
@@ -341,25 +317,32 @@ class Budget:
                 time.sleep(wait)
 
     def _take(self, n: int, cancel: threading.Event | None) -> list[Slot]:
-        """Take the n earliest held slots (valid now or later), leasing chunks as needed."""
+        """Take the n earliest held slots, leasing chunks as needed: a held slot further than one of
+        the last lease's gaps away is not waited for while fewer than a chunk are held - a lease
+        starts the waiting threads' slots at once, window permitting."""
         if not 1 <= n <= self.lease_size():
             raise ValueError(f"can hold 1..{self.lease_size()} slots at once, asked for {n}")
         taken: list[Slot] = []
+        with self._cond:
+            self._wanting += n  # a lease starts as many slots at once as threads wait for
         try:
             while len(taken) < n:
                 i_lease = False
                 with self._cond:
                     self._check(cancel)
                     now = self._clock()
-                    self._drop_expired(now)
-                    k = min(n - len(taken), len(self._slots))
+                    self._drop_expired(max(now, self._paused_until))  # a paused process leases after the pause
+                    need, soon = n - len(taken), self._soon(now)
+                    k = min(need, len(self._slots)) if soon >= need or len(self._slots) >= self.lease_size() else soon
+                    self._spares = min(self.lease_size() - 1, self._spares + sum(s.spare for s in self._slots[:k]))
+                    self._wanting -= k
                     taken.extend(self._slots[:k])
                     del self._slots[:k]
                     if len(taken) >= n:
                         break
                     wait: float | None = None  # None: until another thread's lease lands
-                    if now < self._not_before:
-                        wait = self._not_before - now
+                    if now < max(self._not_before, self._paused_until):
+                        wait = max(self._not_before, self._paused_until) - now
                     elif not self._leasing:
                         # One lease in flight per process: the other threads wait for it.
                         self._leasing = i_lease = True
@@ -375,7 +358,15 @@ class Budget:
         except BaseException:
             self.give_back(taken)
             raise
+        finally:
+            with self._cond:
+                self._wanting -= n - len(taken)
         return taken
+
+    def _soon(self, now: float) -> int:
+        """Under the lock: held slots valid within one gap of the last lease's spares from now."""
+        soon = max(now, self._paused_until) + self._gap
+        return next((i for i, slot in enumerate(self._slots) if slot.valid_from > soon), len(self._slots))
 
     def _wait_time(self, wait: float | None, cancel: threading.Event | None) -> float:
         limit = POLL if cancel is not None else 1.0
@@ -383,8 +374,13 @@ class Budget:
 
     def _drop_expired(self, now: float) -> None:
         kept = [s for s in self._slots if s.expires_at > now]
-        self._slots_expired += len(self._slots) - len(kept)
+        self._lapsed(len(self._slots) - len(kept))
         self._slots = kept
+
+    def _lapsed(self, n: int) -> None:
+        """Under the lock: n slots expired unsent - and the next leases hold as many fewer spares."""
+        self._slots_expired += n
+        self._spares = max(0, self._spares - n)
 
     def give_back(self, slots: list[Slot]) -> None:
         """Take unspent `slots` back into this process's held ones (a lapsed one counts as expired)."""
@@ -396,7 +392,7 @@ class Budget:
                 if slot.expires_at > now:
                     self._slots.append(slot)
                 else:
-                    self._slots_expired += 1
+                    self._lapsed(1)
             self._slots.sort(key=lambda s: s.valid_from)
             self._cond.notify_all()
 
@@ -427,7 +423,8 @@ class Budget:
         """One statement: lease a chunk (or learn that the account is parked). Called unlocked."""
         with self._cond:
             limit = self.limit
-            size = self.lease_size(limit)
+            ready = max(1, min(self.lease_size(limit), self._wanting - self._soon(self._clock())))
+            size = min(self.lease_size(limit), ready + self._spares)  # spares that expired are not leased again
             report = self._report
             params: dict[str, Any] = {
                 "source": self.source,
@@ -435,6 +432,10 @@ class Budget:
                 "spacing": self.spacing(limit),
                 "burst_limit": limit,
                 "chunk": size,
+                "ready": ready,
+                "horizon": self.horizon,
+                "gap": self.lease_ttl + self.latency_margin + 1e-5,
+                "half": max(1, limit // 2),
                 "max_ahead": self.max_ahead,
                 "rem": report[0] if report else None,
                 "seq": report[1] if report else None,
@@ -471,14 +472,13 @@ class Budget:
                 return
             self._lease_count += 1
             self._slots_leased += size
-            g = float(row["slot_spacing"])
             first = int(row["first_seq"])
             lo, hi = self._offset(before, after, float(row["db_now"]))
-            start = float(row["db_start"])
             if hi - lo > self.lease_ttl / 2:
                 log.debug("budget lease for %s/%s: clock offset known to %.3fs of a %.3fs ttl", self.source, self.account, hi - lo, self.lease_ttl)
-            for j in range(size):
-                self._slots.append(Slot(start + j * g + hi, start + j * g + lo + self.lease_ttl, first + j))
+            self._gap = max([b - a for a, b in zip(row["slots"], row["slots"][1:])] + [self.spacing(limit)]) + 1e-6
+            for j, s in enumerate(row["slots"]):
+                self._slots.append(Slot(s + hi, s + lo + self.lease_ttl, first + j, spare=j >= ready))
             self._slots.sort(key=lambda s: s.valid_from)
 
     def _offset(self, before: float, after: float, db_now: float) -> tuple[float, float]:

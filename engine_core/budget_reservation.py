@@ -17,7 +17,8 @@ from engine_core.errors import BudgetCancelled
 from engine_core.source import RateObservation
 
 if TYPE_CHECKING:
-    from engine_core.budget import Budget, Slot
+    from engine_core.budget import Budget
+    from engine_core.budget_row import Slot
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,14 @@
 """The statements on an account's shared row in `source_budgets`: lease a chunk of scheduled slots
-(the GCRA spacing and the daily share's check, `budget.py`'s proof), create the row, pause it on a
-burst 429 or a full window, park it on a spent day or our share used. `PendingNote` is a pause or
-park owed to the row by a thread that may not use the database.
+(the burst schedule - migration 0024's `budget_slots` - and the daily share's check, `budget.py`'s
+proof), create the row, pause it on a burst 429 or a full window, park it on a spent day or our
+share used. `PendingNote` is a pause or
+park owed to the row by a thread that may not use the database; `Slot` a leased slot; `BudgetStats`
+what a process's budget did; `seconds_to_utc_midnight` the daily reset when the source does not say.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 LEASE_SQL = """
@@ -42,8 +45,10 @@ WITH locked AS (
       FROM report r
 ), plan AS (
     SELECT k.*,
-           GREATEST(k.now, k.tat, COALESCE(k.paused_until, k.now)) AS start,
-           %(spacing)s::float8 / k.scale AS slot_spacing,
+           budget_slots(k.recent, EXTRACT(EPOCH FROM GREATEST(k.now, COALESCE(k.paused_until, k.now)))::float8,
+                        %(chunk)s, %(ready)s, %(spacing)s::float8 / k.scale, %(burst_limit)s,
+                        %(horizon)s::float8 / k.scale, %(lag)s, %(gap)s::float8,
+                        %(half)s) AS slots,
            (k.reset_at IS NOT NULL AND k.reset_at > k.now) AS parked_before,
            (%(share)s::float8 < 1.0 AND k.rem IS NOT NULL AND k.kseq IS NOT NULL AND k.lim IS NOT NULL
             AND k.rem - %(max_cost)s * (k.slots_leased + %(chunk)s - k.kseq + %(lag)s)
@@ -52,14 +57,15 @@ WITH locked AS (
 ), decided AS (
     SELECT p.*,
            (NOT p.parked_before AND NOT p.share_reached
-            AND p.start <= p.now + make_interval(secs => %(max_ahead)s)) AS grant_it,
+            AND p.slots[1] <= EXTRACT(EPOCH FROM p.now)::float8 + %(max_ahead)s) AS grant_it,
            (NOT p.parked_before AND p.share_reached) AS park_now
       FROM plan p
 ), written AS (
     UPDATE source_budgets b
-       SET tat = CASE WHEN d.grant_it
-                      THEN d.start + make_interval(secs => d.slot_spacing * %(chunk)s + 0.000001)
-                      ELSE b.tat END,
+       SET recent = CASE WHEN d.grant_it
+                         THEN (b.recent || d.slots)[GREATEST(1, cardinality(b.recent) + %(chunk)s - %(burst_limit)s + 1):]
+                         ELSE b.recent END,
+           tat = CASE WHEN d.grant_it THEN to_timestamp(d.slots[%(chunk)s]) ELSE b.tat END,
            burst_limit = %(burst_limit)s,
            daily_remaining = d.rem,
            daily_seq = d.kseq,
@@ -75,10 +81,9 @@ WITH locked AS (
      WHERE b.source = d.source AND b.account = d.account
     RETURNING b.daily_reset_at, b.daily_reason
 )
-SELECT EXTRACT(EPOCH FROM d.start - d.now)::float8 AS delay,
+SELECT d.slots[1] - EXTRACT(EPOCH FROM d.now)::float8 AS delay,
        EXTRACT(EPOCH FROM d.now)::float8 AS db_now,
-       EXTRACT(EPOCH FROM d.start)::float8 AS db_start,
-       d.slot_spacing,
+       d.slots,
        d.slots_leased AS first_seq,
        d.grant_it AS granted,
        (d.parked_before OR d.park_now) AS parked,
@@ -126,6 +131,28 @@ UPDATE source_budgets
 
 
 @dataclass(frozen=True)
+class BudgetStats:
+    """What this process's Budget did: statements against the row, and the fate of its slots."""
+
+    statements: int
+    writes: int
+    leases: int
+    slots_leased: int
+    slots_spent: int
+    slots_expired: int
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One scheduled slot on this process's monotonic clock: send within [valid_from, expires_at]."""
+
+    valid_from: float
+    expires_at: float
+    seq: int  # the row's slot numbering (slots_leased before this chunk + j)
+    spare: bool = False  # leased beyond the threads that waited (`Budget._spares`)
+
+
+@dataclass(frozen=True)
 class PendingNote:
     """A rate-limit note owed to the shared row: the statement (PAUSE_SQL or PARK_SQL), until when
     it holds on the local clock, and its parameters. Made by `note_locally` on any thread,
@@ -133,3 +160,11 @@ class PendingNote:
     statement: str  # PAUSE_SQL | PARK_SQL
     until: float  # local clock
     params: dict[str, Any]
+
+
+def seconds_to_utc_midnight(now: float) -> float:
+    """Seconds from `now` (epoch seconds) to the next UTC midnight: Pipedrive's daily budget is
+    counted per UTC day when the source does not say when it resets (at least 1 s)."""
+    moment = datetime.fromtimestamp(now, tz=timezone.utc)
+    midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1.0, midnight.timestamp() - now)

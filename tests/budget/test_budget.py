@@ -1,5 +1,7 @@
-"""The budget row on real Postgres: chunks are leased with one statement each and spaced by the
-bucket's rate (racing leases never share a start), 1,000 requests cost ~1000/chunk statements, a
+"""The budget row on real Postgres: chunks are leased with one statement each; waiting threads get
+their slots at once and the rest of a chunk is spread at the sustained rate; racing leases never
+lose one another's slots, and no window of W + d ever holds more than L of them nor d more than B;
+1,000 requests cost ~1000/chunk statements, a
 burst 429 pauses every worker with one write, a spent daily budget parks every worker sharing the
 account without a call to the source, a fetch round's reserved slots are spent with no database,
 and stops end a wait early.
@@ -7,6 +9,7 @@ and stops end a wait early.
 from __future__ import annotations
 
 import threading
+from contextlib import ExitStack
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 import time
@@ -31,7 +34,35 @@ def row(db: Database, account: str = "acct") -> dict:
     return found
 
 
-def test_first_lease_creates_the_row_and_chunks_are_spaced(db: Database) -> None:
+def recent(db: Database, account: str = "acct") -> list[float]:
+    """The row's granted slot times (database epoch seconds, oldest first)."""
+    return list(row(db, account)["recent"])
+
+
+def log_leases(db: Database) -> None:
+    """A trigger logging each granted lease's row state before and after (`granted_slots` reads it)."""
+    db.sql("CREATE TABLE lease_log (id bigserial PRIMARY KEY, old_recent float8[], new_recent float8[], n int)")
+    db.sql(
+        "CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.leases > OLD.leases THEN"
+        " INSERT INTO lease_log (old_recent, new_recent, n) VALUES (OLD.recent, NEW.recent, NEW.slots_leased - OLD.slots_leased);"
+        " END IF; RETURN NEW; END $$"
+    )
+    db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
+
+
+def granted_slots(db: Database, limit: int) -> tuple[list[float], int]:
+    """Every slot the account was granted since `log_leases`, in order, asserting that in commit
+    order each lease built on every slot granted before it (no lost update); and the leases' number."""
+    log = db.sql("SELECT old_recent, new_recent, n FROM lease_log ORDER BY id")
+    granted: list[float] = list(log[0]["old_recent"]) if log else []
+    for entry in log:
+        assert list(entry["old_recent"]) == pytest.approx(granted[-limit:], abs=1e-9)
+        granted += list(entry["new_recent"])[-entry["n"]:]
+        assert list(entry["new_recent"]) == pytest.approx(granted[-limit:], abs=1e-9)
+    return granted[len(log[0]["old_recent"]) if log else 0:], len(log)
+
+
+def test_first_lease_creates_the_row_and_a_lone_thread_s_chunk_is_spread(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=1.0, latency_margin=0.25)
     assert budget.spacing() == pytest.approx(3.25 / 80)  # per slot: (W + ttl + margin) / L
     times = []
@@ -43,11 +74,38 @@ def test_first_lease_creates_the_row_and_chunks_are_spaced(db: Database) -> None
     assert stats.leases == 3 and stats.slots_leased == 24 and stats.slots_spent == 17
     assert stats.statements == 5  # a lease that found no row, the insert, then three leases
     assert stats.writes == 4  # the insert and three granted leases
-    # every slot waits for its own time: slot j is j spacings after the first (never earlier)
-    for j in (1, 7, 8, 16):
+    # one thread waited for each lease: its first slot at once, the rest g apart, each waited for
+    for j in range(1, 8):
         assert times[j] >= j * budget.spacing() - 0.005
+    slots = recent(db)
+    assert len(slots) == 24
+    for chunk in (slots[:8], slots[8:16], slots[16:]):
+        assert [b - a for a, b in zip(chunk, chunk[1:])] == pytest.approx([budget.spacing()] * 7, abs=1e-5)
     found = row(db)
     assert found["leases"] == 3 and found["slots_leased"] == 24 and found["burst_limit"] == 80
+
+
+def test_waiting_threads_start_at_once_into_half_a_window_then_evenly(db: Database) -> None:
+    # L = 16 per W + d = 0.5 + 1.0 + 0.05 s; a reservation of 4 is four threads waiting at once,
+    # held by six workers, not spent: the schedule is the row's, whatever the workers then do
+    budgets = [Budget(db, "pipedrive", "acct", burst_limit=16, window_seconds=0.5, chunk=4, lease_ttl=1.0,
+                      latency_margin=0.05, burst_slots=16) for _ in range(6)]
+    horizon = budgets[0].horizon
+    with ExitStack() as held:
+        held.enter_context(budgets[0].reserve(4))  # the row exists: every reservation below is a logged lease
+        log_leases(db)
+        for b in budgets[1:]:
+            held.enter_context(b.reserve(4))
+    slots, leases = granted_slots(db, 16)
+    assert leases == 5 and len(slots) == 20 and len(recent(db)) == 16  # the row keeps the last L
+    # the second lease's four start together, as the first's did: the window held fewer than L / 2 ...
+    assert len(set(slots[:4])) == 1
+    # ... then, half the window used, each slot comes g after the one before (the sustained rate) ...
+    g = budgets[0].spacing()
+    assert all(b - a >= g - 1e-6 for a, b in zip(slots[3:], slots[4:]))
+    # ... and none earlier than W + d after the L-th before it: no L + 1 in W + d
+    every = list(db.sql("SELECT old_recent FROM lease_log ORDER BY id LIMIT 1")[0]["old_recent"]) + slots
+    assert len(every) == 24 and all(b - a >= horizon - 1e-5 for a, b in zip(every, every[16:]))
 
 
 def test_the_row_is_one_per_account_not_per_tenant(db: Database) -> None:
@@ -231,6 +289,25 @@ def test_unspent_slots_expire(db: Database) -> None:
     assert stats.leases >= 2 and stats.slots_spent == 2 and stats.slots_expired >= 7
 
 
+def test_spares_that_expired_are_not_leased_again(db: Database) -> None:
+    # a chunk's spare slots (beyond the threads waiting) spend the window's room whether sent or not:
+    # a process whose spares lapse leases only what its threads wait for, until spares are used again
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2)
+    budget.acquire()
+    time.sleep(0.6)  # the chunk's last spare is 7 spacings (0.2 s) after its first, plus its ttl
+    budget.acquire()
+    assert budget.stats().slots_expired >= 7 and budget.stats().leases == 2
+    assert row(db)["slots_leased"] == 8 + 1
+
+
+def test_threads_do_not_wait_for_far_spares_while_a_lease_can_start_them(db: Database) -> None:
+    # g = (4 + 1 + 0.075) / 16 = 0.32 s: a lone thread's lease holds spares at +g, +2g, +3g
+    budget = Budget(db, "pipedrive", "acct", burst_limit=16, window_seconds=4.0, chunk=4, lease_ttl=1.0)
+    budget.acquire()
+    with budget.reserve(2):  # two threads at once: one takes the spare a gap away, the other a new slot
+        assert budget.stats().leases == 2  # (not the spare two gaps away)
+
+
 def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
     budget = Budget(db, "pipedrive", "acct", burst_limit=80)
     budget.acquire()
@@ -243,23 +320,20 @@ def test_cancel_ends_a_wait_for_slots(db: Database) -> None:
     assert time.monotonic() - started < 5.0  # the pause is 20-30 s: only a cancel ends it this soon
 
 
-def test_racing_leases_never_share_a_start(db: Database) -> None:
-    # Six workers hammer the row at once; the row lock must hand each lease a fresh start,
-    # spaced from the previous one, or two chunks would overlap in the source's window.
-    db.sql("CREATE TABLE lease_log (id bigserial PRIMARY KEY, old_tat timestamptz, new_tat timestamptz)")
-    db.sql(
-        "CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS "
-        "$$ BEGIN IF NEW.leases > OLD.leases THEN INSERT INTO lease_log (old_tat, new_tat) VALUES (OLD.tat, NEW.tat); END IF; RETURN NEW; END $$"
-    )
-    db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
-    # (a long ttl: no slot may expire under the six-way contention, so leases are exactly 6 x 15)
-    workers = [Budget(db, "pipedrive", "acct", burst_limit=20_000, chunk=8, lease_ttl=5.0) for _ in range(6)]
-    spacing = 8 * workers[0].spacing()  # a chunk's eight slots
+def test_racing_leases_never_lose_a_slot_nor_crowd_a_window(db: Database) -> None:
+    # Six workers hammer the row at once; the row lock must hand each lease the slots granted before
+    # it, or two chunks would overlap in the source's window.
+    limit = 24
+    workers = [Budget(db, "pipedrive", "acct", burst_limit=limit, window_seconds=0.3, chunk=4, lease_ttl=0.3,
+                      latency_margin=0.05, burst_slots=6) for _ in range(6)]
+    horizon, lag, d = workers[0].horizon, workers[0].lag(), 0.35
+    workers[0].acquire()  # the row exists: every lease below is logged
+    log_leases(db)
     barrier = threading.Barrier(len(workers))
 
     def work(budget: Budget) -> None:
         barrier.wait()
-        for _ in range(8 * 15):
+        for _ in range(4 * 5):
             budget.acquire()
 
     threads = [threading.Thread(target=work, args=(b,)) for b in workers]
@@ -267,14 +341,11 @@ def test_racing_leases_never_share_a_start(db: Database) -> None:
         t.start()
     for t in threads:
         t.join()
-    log = db.sql("SELECT EXTRACT(EPOCH FROM new_tat)::float8 AS new, EXTRACT(EPOCH FROM old_tat)::float8 AS old FROM lease_log ORDER BY id")
-    assert len(log) == sum(b.stats().leases for b in workers) == 6 * 15
-    news = [r["new"] for r in log]
-    assert len(set(news)) == len(news)
-    # in commit order, each lease built on the previous one's tat (no lost update) ...
-    assert all(cur["old"] == pytest.approx(prev["new"], abs=1e-6) for prev, cur in zip(log, log[1:]))
-    # ... and moved it by at least a chunk's spacings
-    assert all(cur["new"] - prev["new"] >= spacing - 1e-6 for prev, cur in zip(log, log[1:]))
+    granted, leases = granted_slots(db, limit)
+    assert leases == sum(b.stats().leases for b in workers) - 1 >= 6 * 5 - 1
+    # across every worker no L + 1 slots fit in W + d, nor B + 1 in d
+    assert all(b - a >= horizon - 1e-5 for a, b in zip(granted, granted[limit:]))
+    assert all(b - a > d for a, b in zip(granted, granted[lag:]))
 
 
 def test_fetch_round_reserves_four_then_fetches_with_no_database(db: Database) -> None:
@@ -398,28 +469,22 @@ def test_a_burst_429_slows_every_workers_leases_and_the_rate_recovers(db: Databa
     assert row(db)["rate_scale"] == 1.0
     a.note_rate_limited("burst", 0.0)  # one write: pause (none left) and a slower rate for everyone
     assert row(db)["rate_scale"] == pytest.approx(0.75)
-    db.sql("CREATE TABLE lease_log (spacing float8)")
-    db.sql(
-        "CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS "
-        "$$ BEGIN IF NEW.leases > OLD.leases THEN INSERT INTO lease_log VALUES "
-        "(EXTRACT(EPOCH FROM NEW.tat - GREATEST(OLD.tat, clock_timestamp() - interval '1 hour'))); END IF; RETURN NEW; END $$"
-    )
-    db.sql("CREATE TRIGGER log_lease AFTER UPDATE ON source_budgets FOR EACH ROW EXECUTE FUNCTION log_lease()")
-    b.acquire()  # another worker's lease right after the 429: its chunk spans ~8 spacings / 0.75
-    (first,) = db.sql("SELECT max(spacing) AS s FROM lease_log")
-    assert first["s"] >= 8 * b.spacing() / 0.8  # (0.25 per second of recovery: well below 0.8 yet)
+    log_leases(db)
+    b.acquire()  # another worker's lease right after the 429: its chunk's spare slots g / 0.75 apart
+    slots, _ = granted_slots(db, 80)
+    assert slots[7] - slots[0] >= 7 * b.spacing() / 0.8  # (0.25 per second of recovery: well below 0.8 yet)
     time.sleep(1.1)  # back to the full rate
-    db.sql("DELETE FROM lease_log")
     for _ in range(24):
         b.acquire()
-    (later,) = db.sql("SELECT min(spacing) AS s FROM lease_log")  # leases that built on the last one
-    assert later["s"] == pytest.approx(8 * b.spacing(), abs=1e-4)
+    slots, _ = granted_slots(db, 80)
+    assert slots[-1] - slots[-8] == pytest.approx(7 * b.spacing(), abs=1e-4)
 
 
 def test_leases_stop_at_the_daily_share_counting_every_slot_since_the_report(db: Database) -> None:
     # limit 1,000, share 0.5: the floor is 500. A report of 800 left, carried by slot 0; every slot
-    # may cost 10 tokens; lag = ceil((ttl + margin) / g) + 1 slots may still be on their way.
-    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, lease_ttl=0.2, latency_margin=0.0,
+    # may cost 10 tokens; lag = ceil((ttl + margin) / g) + 1 slots may still be on their way (no
+    # burst beyond that: `burst_slots` 1).
+    budget = Budget(db, "pipedrive", "acct", burst_limit=80, chunk=8, burst_slots=1, lease_ttl=0.2, latency_margin=0.0,
                     daily_share=0.5, max_cost=10, daily_reset=lambda now: 0.5)
     lag = budget.lag()
     budget.acquire()  # slot 0 (the first chunk: 0..7)

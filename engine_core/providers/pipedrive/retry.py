@@ -15,11 +15,12 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timezone
 from typing import Protocol
 
 import httpx
 
+from engine_core.budget_row import seconds_to_utc_midnight
 from engine_core.source import RateObservation
 from engine_core.providers.pipedrive.errors import (
     BadResponse,
@@ -114,13 +115,6 @@ def parse_retry_after(
         if seconds is not None:
             return seconds
     return default
-
-
-def seconds_to_utc_midnight(now: float) -> float:
-    """Pipedrive's daily budget is counted per UTC day."""
-    moment = datetime.fromtimestamp(now, tz=timezone.utc)
-    midnight = (moment + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return max(1.0, midnight.timestamp() - now)
 
 
 def parse_daily_wait(headers: Mapping[str, str], *, now: float | None = None) -> float:
