@@ -6,6 +6,7 @@
   source (`PIPEDRIVE_BASE_URL`, `PIPEDRIVE_API_TOKEN` through `EnvVar`: Dagster shows the variable's
   name, never its value). The project's own (`source_resource`) takes the token only as `{env: VAR}`:
   a token typed into the launchpad is refused at launch, before the run (and its stored config) exists.
+  Each field defaults to its variable on its own, so a launchpad config may give just one of them.
 * `LaneSettings`: the engine's lane settings (MIGRATE_* variables unless overridden) and the
   drainer's turn length.
 * `NewRunOptions`: what a newly started engine run is limited to (kinds, dry run, provider options);
@@ -30,6 +31,8 @@ from typing import Any
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
 from dagster._config.config_type import Noneable
+from dagster._config.field import Field
+from dagster._config.field_utils import FIELD_NO_DEFAULT_PROVIDED
 from dagster._config.errors import PostProcessingError
 from dagster._config.source import StringSourceType
 from pydantic import PrivateAttr
@@ -96,11 +99,12 @@ class SourceResource(ConfigurableResource):
 
 
 class PipedriveSource(SourceResource):
-    """Pipedrive: the API's base URL and token. The token is only handed to the provider."""
+    """Pipedrive: the API's base URL and token; None leaves it to the provider, which reads
+    PIPEDRIVE_BASE_URL / PIPEDRIVE_API_TOKEN itself. The token is only handed to the provider."""
 
     source: str = "pipedrive"
-    base_url: str
-    api_token: str
+    base_url: str | None = None
+    api_token: str | None = None
 
     def provider(self, run: Run | None = None) -> Provider:
         """A PipedriveProvider with the base URL and token Dagster resolved for this run (they win
@@ -140,10 +144,38 @@ class EnvOnlyStringSource(StringSourceType):
                                 f"({{env: {self.variable}}}), not the token itself: a run's config is stored and shown")
         name = value.get("env")
         if isinstance(name, str) and os.environ.get(name) is None:
-            raise UnsetSecretVariable(f"{self.path}: the environment variable {name} is not set where the code "
-                                      f"server runs (`migrate ui`'s environment); set it there, or give "
-                                      f"{{env: {self.variable}}}")
+            raise UnsetSecretVariable(unset_line(self.path, name, self.variable))
         return super().post_process(value)
+
+
+class EnvDefaultStringSource(StringSourceType):
+    """Dagster's StringSource (same key and snapshot) for a field whose default is `{env: VAR}`:
+    `VAR` unset resolves to None, so the provider applies its own rule (Pipedrive's base URL: the
+    variable, else the run's `base_url` option, else one line naming the variable); another variable
+    named in the launchpad and unset is one line naming the field and the variable, not a silent
+    fallback. `path`: the field, for that line."""
+
+    def __init__(self, path: str, variable: str) -> None:
+        super().__init__()
+        self.path, self.variable = path, variable
+
+    def post_process(self, value: Any) -> Any:
+        """The string, or the variable's value for `{env: VAR}`; None for the default variable unset;
+        UnsetSecretVariable (one line) for another variable unset."""
+        name = value.get("env") if isinstance(value, dict) else None
+        if isinstance(name, str) and os.environ.get(name) is None:
+            if name == self.variable:
+                return None
+            raise UnsetSecretVariable(unset_line(self.path, name, self.variable))
+        return super().post_process(value)
+
+
+def unset_line(path: str, name: str, variable: str) -> str:
+    """The one line for a field `path` naming an environment variable `name` that is not set here;
+    `variable`: the field's default variable, offered when `name` is another one."""
+    other = "" if name == variable else f", or give {{env: {variable}}}"
+    return (f"{path}: the environment variable {name} is not set where the code server runs "
+            f"(`migrate ui`'s environment); set it there{other}")
 
 
 class CheckedOptionsJson(StringSourceType):
@@ -175,13 +207,16 @@ class CheckedOptionsJson(StringSourceType):
         return value
 
 
-def retyped(resource: ConfigurableResource, name: str, config_type: StringSourceType) -> ConfigurableResource:
+def retyped(resource: ConfigurableResource, name: str, config_type: StringSourceType,
+            default: Any = FIELD_NO_DEFAULT_PROVIDED) -> ConfigurableResource:
     """`resource` with its field `name` typed `config_type` (a StringSourceType; inside Noneable when
     Dagster typed the field so) in this instance's config schema only: Dagster shares the field, its
     type and its Shape (memoized by key) with every resource of the same fields (tests build a
     PipedriveSource with a literal token), so this instance gets copies; the field's type keeps its
-    key, so the UI shows and checks it as before. Raises TypeError when Dagster typed the field
-    otherwise (a Dagster upgrade changed the inference)."""
+    key, so the UI shows and checks it as before. `default` (e.g. `{"env": VAR}`) becomes the
+    field's own default: Dagster's defaults for a resource built with values sit on the resource's
+    whole `config`, so a launchpad giving any one field would otherwise have to give every field.
+    Raises TypeError when Dagster typed the field otherwise (a Dagster upgrade changed the inference)."""
     state = resource._state__internal__  # noqa: SLF001
     outer = state.config_schema.as_field()
     shape = object.__new__(type(outer.config_type))  # Shape() would return the shared one (memoized by key)
@@ -195,10 +230,13 @@ def retyped(resource: ConfigurableResource, name: str, config_type: StringSource
         field.config_type = config_type
     else:
         raise TypeError(f"{name}: Dagster typed the field {type(was).__name__}, not StringSource")
+    if default is not FIELD_NO_DEFAULT_PROVIDED:
+        field = Field(field.config_type, default_value=default, is_required=False,
+                      description=field.description, is_secret=field.is_secret)
     shape.fields = {**shape.fields, name: field}
     # its own key: Dagster memoizes the Shapes around it by their fields' keys, and would otherwise
     # hand this resource's jobs the unchecked Shape of another resource with the same defaults
-    shape.key = "Shape." + hashlib.sha1(f"{shape.key}:{type(config_type).__name__}:{name}".encode()).hexdigest()
+    shape.key = "Shape." + hashlib.sha1(f"{shape.key}:{type(config_type).__name__}:{name}:{default!r}".encode()).hexdigest()
     checked = copy.copy(outer)
     checked.config_type = shape
     resource._state__internal__ = state._replace(config_schema=DefinitionConfigSchema(checked))  # noqa: SLF001
@@ -206,12 +244,18 @@ def retyped(resource: ConfigurableResource, name: str, config_type: StringSource
 
 
 def source_resource(source: str) -> SourceResource:
-    """The `source` resource for a source name: Pipedrive's reads its URL and token through EnvVar
-    (a launch fails clearly when they are unset), and its token only so (`EnvOnlyStringSource`);
-    any other source needs no settings."""
+    """The `source` resource for a source name; any other source than Pipedrive needs no settings.
+    Pipedrive's reads its URL and token through EnvVar, each field on its own: a launchpad config
+    giving only one of them takes the other from its variable. The token is taken only as
+    `{env: VAR}` (`EnvOnlyStringSource`), and its variable unset fails the launch in one line; the
+    URL's variable unset leaves the URL to the provider (`EnvDefaultStringSource`)."""
     if source == "pipedrive":
-        resource = PipedriveSource(base_url=EnvVar("PIPEDRIVE_BASE_URL"), api_token=EnvVar("PIPEDRIVE_API_TOKEN"))
-        return retyped(resource, "api_token", EnvOnlyStringSource("resources.source.config.api_token", "PIPEDRIVE_API_TOKEN"))
+        url, token = "PIPEDRIVE_BASE_URL", "PIPEDRIVE_API_TOKEN"
+        resource = PipedriveSource(base_url=EnvVar(url), api_token=EnvVar(token))
+        resource = retyped(resource, "base_url", EnvDefaultStringSource("resources.source.config.base_url", url),
+                           default={"env": url})
+        return retyped(resource, "api_token", EnvOnlyStringSource("resources.source.config.api_token", token),
+                       default={"env": token})
     return SourceResource(source=source)
 
 
