@@ -26,7 +26,13 @@ Opener = Callable[[], AbstractContextManager[Database]]
 
 @contextmanager
 def hold_interrupts() -> Iterator[None]:
-    """A second Ctrl-C / terminate must not cut the stop short."""
+    """A second Ctrl-C / terminate must not cut the stop short.
+
+    Dagster's `capture_interrupts`: an interrupt landing inside is dropped on exit (its flag is
+    cleared, not handed to the enclosing handler). So enter it only once the terminate has raised (a
+    stop handler) or after the run's last step: a run worker gets ONE SIGINT per terminate, and one
+    landing in a hold entered between steps would never reach the next step
+    (tests/dagster/test_run_worker_terminate_held.py)."""
     try:
         from dagster._utils.interrupts import capture_interrupts
     except ImportError:  # pragma: no cover - the helper moved
