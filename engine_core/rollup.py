@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from engine_core import ledger_reads, runs_reads
+from engine_core import ledger_reads, rollup_catchup, runs_reads
 from engine_core.db import Database
 from engine_core.errors import RunNotFound
 from engine_core.models import Run
@@ -246,9 +246,9 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         kr.left[r["parent"]] = kr.left.get(r["parent"], 0) + int(r["n"])
     if not run.dry_run:  # a dry run keeps no records
         held = db.sql(_LEDGER_HELD, {"run_id": run.id, "waits": WAITS_FOR_WALK})
-        closed = _closed_phases(run, kinds)
-        failed_by_catchup(closed, {r["kind"]: int(r["failed"]) for r in held})
-        skipped_by_catchup(kinds, closed, {r["kind"]: int(r["skipped"]) for r in held})
+        closed = rollup_catchup.closed_phase_kinds(run, kinds)
+        rollup_catchup.failed_by_catchup(closed, {r["kind"]: int(r["failed"]) for r in held})
+        rollup_catchup.skipped_by_catchup(kinds, closed, {r["kind"]: int(r["skipped"]) for r in held})
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
         kr = kinds.get(kind)
@@ -290,67 +290,6 @@ SELECT kind, sum(failed)::bigint AS failed, sum(skipped)::bigint AS skipped FROM
     SELECT kind, count(*), 0 FROM migration_unreadable WHERE migration_id = %(run_id)s GROUP BY kind
 ) held GROUP BY kind
 """
-
-
-def _closed_phases(run: Run, kinds: dict[str, KindRollup]) -> list[list[KindRollup]]:
-    """The kinds of each phase closed (every phase once the run ended): a record kept apart is
-    written before its task's stats are, so an open phase would credit it to the catch-up."""
-    by_phase: dict[int, list[KindRollup]] = defaultdict(list)
-    for kr in kinds.values():
-        by_phase[kr.phase].append(kr)
-    return [mine for phase, mine in by_phase.items() if run.terminal or phase < run.current_phase]
-
-
-def failed_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> None:
-    """Count into each kind's `failed` and `seen` (and `failed_by_catchup`) the failed records the
-    run holds under it beyond what its tasks counted as failed rows - records kept apart among them
-    (`marks.KEPT_APART`) - so the kind's failed figure is the one `migrate rows` and
-    `ledger_reads.bad_row_counts` give, and its row still adds up (`seen` = `accounted`). Such
-    records are the catch-up's: rows (or a deal's mail) it failed that the phase had not. The
-    catch-up's failures of a kind (its "failed@<kind>", `caught_up`) are rows a task counted - the
-    catch-up's, in its own row and the kind's `by catch-up` - and a row its phase failed and the
-    catch-up failed again is one record, so only its failures beyond the kind's own count are left
-    out here (a sync's kinds, without tasks, show none). Per phase: a task kind may write under
-    another kind's ledger identity there (archived deals under `deals`), so only the phase's whole
-    excess is known; the kind holding the most records beyond its count holds it. `closed`: the
-    kinds of each closed phase (`_closed_phases`); `held`: the run's failed records per kind."""
-    for mine in closed:
-        excess = {kr.kind: held.get(kr.kind, 0) - kr.failed + _n(kr.handed_over, "failed")
-                  - max(0, _n(kr.caught_up, "failed") - kr.failed) for kr in mine}
-        extra = sum(excess.values())
-        if extra > 0:
-            kr = next(k for k in mine if k.kind == max(excess, key=excess.__getitem__))
-            kr.failed_by_catchup = extra
-            kr.failed += extra
-            kr.seen += extra
-
-
-
-
-def skipped_by_catchup(kinds: dict[str, KindRollup], closed: list[list[KindRollup]], held: dict[str, int]) -> None:
-    """Count into each kind's `skipped` and `seen` (and `skipped_by_catchup`) the skipped rows the run
-    holds under it beyond what its phase counted, so the kind's skipped figure is the one `migrate
-    rows` and `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the
-    catch-up's, listed and skipped after the phase closed (a kind a phase lists under written parents
-    only - deal products, mail, followers - has a skipped parent's rows listed by the catch-up
-    alone); the catch-up's row counts them too, as their carrier. A kind holding no rows of its
-    own name (archived deals under `deals`) nets its count against the phase's kind with the most
-    beyond its own; a kind holding fewer than its phase counted (the catch-up wrote some) keeps the
-    phase's figure. Closed phases with tasks of their own only, the catch-up's not (a sync's kinds
-    show none, as with `failed_by_catchup`); `held`: the run's skipped records per kind (not those
-    waiting for the catch-up's walk)."""
-    for mine in closed:
-        if any(kr.handed_over for kr in mine) or not any(kr.tasks for kr in mine):
-            continue  # the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
-        excess = {kr.kind: held.get(kr.kind, 0) - kr.skipped for kr in mine}
-        own = {k: n for k, n in excess.items() if k in held and n > 0}
-        if own:
-            own[max(own, key=own.__getitem__)] += sum(n for k, n in excess.items() if k not in held)
-        for k, n in own.items():
-            if n > 0:
-                kinds[k].skipped_by_catchup = n
-                kinds[k].skipped += n
-                kinds[k].seen += n
 
 
 def run_problems(run: Run, kinds: list[KindRollup], changes: dict[str, dict[str, int]]) -> list[str]:
