@@ -49,10 +49,10 @@ def test_progress_lines_say_the_retries_in_progress_and_their_cause(db_url, inst
     assert len(lines) == 2, lines
 
 
-def test_the_json_output_reads_nothing(instance):
+def test_the_json_output_shows_its_progress_on_stderr_not_stdout(instance):
+    """Under --json stdout is the JSON document alone: the progress lines go to stderr."""
+    from migration_pipeline.cli.output import err_console
     from migration_pipeline.cli.progress import Progress
 
-    progress = Progress(as_json=True, instance=instance)
-    progress(DagsterRun(job_name="migrate_tenant", run_id="r-json", status=DagsterRunStatus.STARTED,
-                        tags={"migration/run_id": "1"}))
-    assert progress.observed is None and progress.db is None
+    assert Progress(as_json=True, instance=instance).out is err_console
+    assert Progress(as_json=False, instance=instance).out is not err_console

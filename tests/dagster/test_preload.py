@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 COUNTS = {"companies": 30, "contacts": 30, "deals": 10, "activities": 10, "notes": 10}
-SLOW = {"page_size": 10, "counts": COUNTS, "row_delay": 0.05}
+SLOW = {"page_size": 10, "counts": COUNTS, "row_delay": 0.1}  # ~9 s of writes: a loaded machine still catches it mid-run
 
 
 @pytest.fixture
