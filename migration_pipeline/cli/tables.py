@@ -253,10 +253,24 @@ def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
 def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
     """A run's row outcomes summed over its kinds (or one kind): {"seen", "imported", "matched",
     "already_here", "updated", "skipped", "waiting" (left to the catch-up's walk by a walk before
-    it: the catch-up's own count says what became of them), "failed", "deleted_at_source"}; the
-    catch-up's rows are counted once, by the catch-up kind's own tasks."""
-    chosen = [k for k in r.kinds if kind is None or k.kind == kind]
-    return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
+    it: the catch-up's own count says what became of them), "failed", "deleted_at_source"}. Each row
+    is counted once: skipped and failed as each kind holds them (its phase's and what the catch-up
+    skipped or failed of it after: the ledger's count, as `migrate rows` and `status` say it), not
+    again in the catch-up kind's own figures (the catch-up meets every row still skipped again); the
+    rest as the catch-up kind's tasks and the phases counted them."""
+    if kind is not None:
+        chosen = [k for k in r.kinds if k.kind == kind]
+        return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
+    try:
+        catchup = getattr(provider_for(r.source), "catchup_kind", None)
+    except Exception:  # noqa: BLE001 - a source that no longer loads: no catch-up kind to tell apart
+        catchup = None
+    own = [k for k in r.kinds if k.kind != catchup]
+    out = {c: sum(int(getattr(k, c)) for k in r.kinds) for c in OUTCOMES}
+    for c in ("skipped", "failed"):
+        out[c] = sum(int(getattr(k, c)) for k in own)
+    out["seen"] -= sum(int(getattr(k, "skipped_by_catchup", 0)) + int(getattr(k, "failed_by_catchup", 0)) for k in own)
+    return out
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
