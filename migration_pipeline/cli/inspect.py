@@ -80,6 +80,15 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     return overview
 
 
+OVERVIEW_TIMES = ("started_at", "finished_at", "no_live_worker_since")
+
+
+def overview_doc(overview: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`tenant_overview` as `migrate status --json` writes it: its times in ISO 8601, as
+    `migrate status TENANT --json` writes a run's (json's `default=str` would write "2026-12-07 13:47:05")."""
+    return [{**o, **{key: o[key].isoformat() if o[key] else None for key in OVERVIEW_TIMES}} for o in overview]
+
+
 def no_live_worker_line(progress: dict[str, Any]) -> str:
     """`status_line` for a run whose workers are all gone (`progress["no_live_worker_since"]`, UTC):
     "40% done; no live worker since 2026-12-03 21:10:04 UTC ...; phase 2 (...)", with no ETA."""
@@ -106,7 +115,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     if tenant is None:
         with open_db(create=False) as db:
             overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
-        emit(as_json, overview, lambda: print_overview(overview))
+        emit(as_json, overview_doc(overview), lambda: print_overview(overview))
         return
     with open_db(create=False) as db:
         run = tenant_run(db, tenant, source)
