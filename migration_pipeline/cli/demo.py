@@ -298,6 +298,41 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
             instance.dispose()
 
 
+# `python -m pipedrive_sandbox`'s limits and API shapes, by SandboxConfig's own names (the keyword each
+# passes to SandboxConfig.from_options); defaults as SandboxConfig's (tests/dagster/test_sandbox_cli.py)
+SECONDS = click.FloatRange(min=0, min_open=True)
+SANDBOX_TUNING: list[tuple[str, Any, Any, str]] = [
+    ("burst_limit", 80, click.IntRange(min=1), "requests a burst window lets through before 429"),
+    ("burst_window_seconds", 2.0, SECONDS, "the burst window's length"),
+    ("day_seconds", 86400.0, SECONDS, "the length of the daily budget's day (shorter to rehearse a reset)"),
+    ("page_limit_max", 500, click.IntRange(min=1), "the most rows a page serves whatever limit asks"),
+    ("slow_seconds", 30.0, SECONDS, "how long a 'slow' fault stalls"),
+    ("big_deal_messages", None, click.IntRange(min=0), "mail messages on the account's biggest deal (default: the scale's)"),
+    ("live_mix", "", None, "with --live: op weights 'op:weight,...' (`python -m pipedrive_sandbox --help` names the ops)"),
+    ("page_cap", 0, click.IntRange(min=0), "API shape: serve at most N rows a page whatever limit asks (0 = off)"),
+    ("empty_pages", False, None, "API shape: v2 lists answer data: [] with a next_cursor on their first page"),
+    ("null_update_time", 0, click.IntRange(min=0), "API shape: N rows of each kind have update_time null"),
+    ("archive_flip", 0, click.IntRange(min=0), "API shape: N active deals and leads move to the archived list once served"),
+    ("hostile_mail", False, None, "API shape: four extra messages: huge, NUL, lone surrogate, invalid UTF-8"),
+    ("private_mail", 0, click.IntRange(min=0), "API shape: N messages whose body fetch answers 403 / 404"),
+    ("forbidden_fanout", 0, click.IntRange(min=0), "API shape: N deals, persons and organizations whose per-row lists answer 403"),
+    ("private_deal_mail", 0, click.IntRange(min=0), "API shape: N deals with mail whose mail listing answers 403"),
+    ("long_notes", 0, click.IntRange(min=0), "API shape: N notes served with 1,500,000+ characters"),
+]
+
+
+def sandbox_tuning_options(command: Any) -> Any:
+    """Decorate `command` with one option per SANDBOX_TUNING entry (a flag for a False default)."""
+    for name, default, kind, help_text in reversed(SANDBOX_TUNING):
+        flag = "--" + name.replace("_", "-")
+        if default is False:
+            command = click.option(flag, is_flag=True, help=help_text)(command)
+        else:
+            command = click.option(flag, default=default, type=kind, show_default=default is not None,
+                                   help=help_text)(command)
+    return command
+
+
 @click.command()
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--scale", default="small", show_default=True, help=SANDBOX_HELP["scale"])
@@ -311,13 +346,13 @@ def ui(port: int, with_sandbox: bool, sandbox_port: int, scale: str, seed: str, 
 @click.option("--daily-budget", default=None, type=click.IntRange(min=0), metavar="TOKENS",
               help="the account's daily token budget, sent as x-daily-ratelimit-token-limit (`migrate plan` "
                    "reads it for its days); default: unlimited, no such header")
+@sandbox_tuning_options
 def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: str, live_rate: float | None,
-            live_max: int | None, daily_budget: int | None) -> None:
+            live_max: int | None, daily_budget: int | None, **tuning: Any) -> None:
     """Serve a sandbox Pipedrive account in the foreground (with --live, one that changes as it serves).
     Its truth (counts, malformed rows, ...) is at /_sandbox/truth, a kind's rows at
-    /_sandbox/truth?kind=persons&rows=1; the awkward
-    shapes of the real API (capped pages, archive flips, private mail, ...) are options of
-    `python -m pipedrive_sandbox --help`."""
+    /_sandbox/truth?kind=persons&rows=1, its traffic, limits and config at /_sandbox/stats. It takes
+    `python -m pipedrive_sandbox`'s options, with the same defaults (that one also takes --host)."""
     # the sandbox (uvicorn and its app): only the commands that serve it import it
     from pipedrive_sandbox.config import SandboxConfig
     from pipedrive_sandbox.server import serve
@@ -331,9 +366,11 @@ def sandbox(port: int, scale: str, seed: str, token: str, latency: str, faults: 
         if live_max < 0:
             fail(f"--live-max must be at least 0, got {live_max}")
         live["live_max"] = live_max
+    if tuning["live_mix"] and live_rate is None:
+        fail("--live-mix needs --live RATE")
     try:
         config = SandboxConfig.from_options(scale=scale, seed=seed, token=token, latency=latency, faults=faults,
-                                            daily_budget=daily_budget, **live)
+                                            daily_budget=daily_budget, **live, **tuning)
     except (TypeError, ValueError) as e:
         fail(e)
 
