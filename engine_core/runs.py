@@ -325,14 +325,28 @@ def pause(db: Database, run_id: int, reason: str) -> Run:
     return stop(db, run_id)
 
 
-def note_stop(db: Database, run_id: int, by: str) -> None:
+def note_stop(db: Database, run_id: int, by: str, unless_noted_since: datetime | None = None) -> None:
     """Say in the run's log who stopped it: "stopped " + `by` ("from Dagster (Dagster run 1a2b3c4d
     terminated)"), an "info" entry that `migrate status` shows among the run's grouped reasons, as a
-    pause's reason is. The stop flag itself says only that a stop was asked for, not by whom."""
+    pause's reason is. The stop flag itself says only that a stop was asked for, not by whom.
+    `unless_noted_since`: nothing is written when a stop was noted at or after that moment (the
+    terminate that follows `migrate stop`'s own stop is that stop, not a second one)."""
+    if unless_noted_since is not None and stop_noted(db, run_id, unless_noted_since):
+        return
     log = RunLog(run_id, None)
     log.note("info", "run", f"stopped {by}")
     with db.transaction() as tx:
         log.flush(tx)
+
+
+def stop_noted(db: Database, run_id: int, since: datetime) -> str | None:
+    """The latest "stopped ..." entry `note_stop` wrote in the run's log at or after `since` (the
+    log's times are whole seconds), or None."""
+    (row,) = db.sql("SELECT log FROM migrations WHERE id = %(id)s", {"id": run_id}) or [{"log": []}]
+    floor = since.replace(microsecond=0).isoformat(timespec="seconds")
+    said = [e for e in row["log"] or [] if e.get("kind") == "run" and str(e.get("reason", "")).startswith("stopped ")
+            and datetime.fromisoformat(e["at"]) >= datetime.fromisoformat(floor)]
+    return said[-1]["reason"] if said else None
 
 
 def _reopen(db: Database, run_id: int, statuses: list[str], provider: Provider, settings: Settings) -> Run:

@@ -64,7 +64,7 @@ from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.lane.terminate import hold_interrupts
 from migration_pipeline.lane.threads import LaunchLanes, launch_threads
-from migration_pipeline.launch.stop import STOPPED_BY
+from migration_pipeline.launch.stop import STOPPED_BY, run_started_at
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import LaneSettings, MigrationDatabase, NewRunOptions, SourceResource
 from migration_pipeline.tags import RunTags, read_run_tags
@@ -206,13 +206,16 @@ def stop_after_termination(context: AssetExecutionContext, db: Database, source:
 def record_terminate(context: AssetExecutionContext, db: Database, run: Run | None) -> None:
     """Say in the engine run's log who stopped it (`runs.note_stop`), for `migrate status`: the
     command that launched this Dagster run when it tagged the run so (`STOPPED_BY`: its Ctrl-C),
-    else a terminate from Dagster, naming this run. Never raises: the termination matters more."""
+    else a terminate from Dagster, naming this run - unless the stop was named already since this
+    Dagster run started (`migrate stop` noted its own; the terminate is that stop's end here, as in
+    an in-process run whose watcher interrupts the op that marked the run CANCELING for it). Never
+    raises: the termination matters more."""
     if run is None:
         return
     with hold_interrupts():
         try:
             by = read_run_tags(context).get(STOPPED_BY) or f"from Dagster (Dagster run {context.run_id[:8]} terminated)"
-            runs.note_stop(db, run.id, by)
+            runs.note_stop(db, run.id, by, unless_noted_since=run_started_at(context.instance, context.run_id))
         except Exception:  # noqa: BLE001 - the termination itself matters more
             context.log.exception("could not record who stopped the engine run")
 

@@ -19,7 +19,7 @@ from engine_core.config import Settings
 from engine_core.errors import EngineError
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
-from migration_pipeline.cli.output import console, emit, fail, open_db
+from migration_pipeline.cli.output import MIGRATE_STOP, console, emit, fail, open_db
 from migration_pipeline.cli.tenants import tenant_run
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_rollup, rollup_doc
@@ -49,7 +49,7 @@ def stop(tenant: str, source: str | None, force: bool, as_json: bool) -> None:
             return
         run_id = latest.id
         if latest.status == "running":  # `migrate status` names who stopped it, as it names a Dagster terminate
-            runs.note_stop(db, run_id, "by `migrate stop`")  # (a stopping run's stop was someone else's)
+            runs.note_stop(db, run_id, MIGRATE_STOP)  # (a stopping run's stop was someone else's)
         if force:
             end_dead_process_runs(as_json)  # a killed `migrate run`'s Dagster run, shown in progress
             said: list[str] = []

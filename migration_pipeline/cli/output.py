@@ -201,17 +201,22 @@ def again_line(tenant: str, status: str | None, sync: bool = False) -> tuple[str
 # check, --timeout), STOPPED_ELSEWHERE a stop from outside this command (`migrate stop`, the UI's
 # Terminate, the engine's pause) ended it resumable, 128 + N this command got signal N (130: Ctrl-C).
 STOPPED_ELSEWHERE = 3
+# Who `migrate stop` says stopped a run, in the engine run's log (`runs.note_stop`)
+MIGRATE_STOP = "by `migrate stop`"
 
 
-def stopped_by(signo: int | None = None, step_messages: tuple[str, ...] = ()) -> str:
+def stopped_by(signo: int | None = None, step_messages: tuple[str, ...] = (), noted: str | None = None) -> str:
     """Who stopped a run, as the stop line says it: this command's signal `signo` ("this command's
-    Ctrl-C (SIGINT)", "SIGTERM to this command"), else - a stop from outside, read from the
-    phase steps' one-line messages (`migration_pipeline.assets.phases`: a pause says "paused: why",
-    a terminate "stopped by a terminate request") - the engine's pause, the UI's Terminate, or
-    `migrate stop`."""
+    Ctrl-C (SIGINT)", "SIGTERM to this command"), else - a stop from outside - `migrate stop` when
+    the engine run's log says so (`noted`: its stop note since this launch, `runs.stop_noted`; the
+    op it stopped may have been interrupted as by a terminate), else read from the phase steps'
+    one-line messages (`migration_pipeline.assets.phases`: a pause says "paused: why", a terminate
+    "stopped by a terminate request") - the engine's pause, the UI's Terminate, or `migrate stop`."""
     if signo is not None:
         name = signal.Signals(signo).name
         return f"this command's Ctrl-C ({name})" if signo == signal.SIGINT else f"{name} to this command"
+    if noted == f"stopped {MIGRATE_STOP}":
+        return "`migrate stop` from elsewhere"
     paused = next((m for m in step_messages if "(paused: " in m), None)
     if paused:  # "... closed (paused: the source failed ... (last: HTTP 503)); launch the partition again ..."
         return f"the engine's pause ({paused.split('(paused: ', 1)[1].rsplit('); ', 1)[0]})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from dagster import DagsterInstance, DagsterRunStatus
 
@@ -15,6 +16,19 @@ from migration_pipeline.launch.statuses import FINISHED
 # the phase op, interrupted, records it in the engine run's log (`runs.note_stop`) rather than
 # "from Dagster", which it says of a terminate from the UI.
 STOPPED_BY = "migration/stopped_by"
+
+
+def stopped_by_launcher(run_id: str) -> str:
+    """The `STOPPED_BY` tag's value a launching command sets before it stops the run it launched."""
+    return f"by the `migrate` command that launched it (Dagster run {run_id[:8]})"
+
+
+def run_started_at(instance: DagsterInstance, run_id: str) -> datetime:
+    """When the Dagster run started (else was created): who stopped its engine run since then is
+    this run's story (`runs.stop_noted`); the epoch when the run is unknown."""
+    record = instance.get_run_record_by_id(run_id)
+    at = (record.start_time or record.create_timestamp.timestamp()) if record is not None else 0.0
+    return datetime.fromtimestamp(at, timezone.utc)
 
 
 def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[str], None] = print,
@@ -37,7 +51,7 @@ def stop_launched_run(instance: DagsterInstance, run_id: str, echo: Callable[[st
         # our daemon, or it was still starting) would be re-executed by Dagster's run retries
         # (dagster.yaml), migrating again after the user asked to stop.
         instance.add_run_tags(run_id, {MAX_RETRIES_TAG: "0",
-                                       STOPPED_BY: f"by the `migrate` command that launched it (Dagster run {run_id[:8]})"})
+                                       STOPPED_BY: stopped_by_launcher(run_id)})
     deadline = time.monotonic() + wait
     asked = False
     while run is not None and run.status not in FINISHED:
