@@ -25,14 +25,13 @@ from engine_core import ledger_reads
 from engine_core import rollup as rollups
 from engine_core import runs, runs_reads
 from engine_core.config import check_environment, number
-from engine_core.errors import EngineError
 from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
-from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, console, emit, err_console, fail, open_db,
-                                          reader_gone, stopped_by, stopped_line, what_now)
+from migration_pipeline.cli.output import again_line, console, emit, err_console, fail, open_db, what_now
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
 from migration_pipeline.cli.tables import print_phase_results, print_rollup, rollup_doc
+from migration_pipeline.cli.stopping import asset_order, stop_what_we_started, stopped_elsewhere
 from migration_pipeline import preload, stack, tags
 from migration_pipeline.alembic_later import storage_modules
 from migration_pipeline.instance import dagster_env, get_instance
@@ -57,91 +56,6 @@ def source_for(requested: str | None) -> str:
     from migration_pipeline.definitions import resolve_source  # Dagster: a launch only, in its paused collector
 
     return resolve_source(requested)
-
-
-def asset_order(source: str) -> list[str]:
-    """The source's phase assets' keys ("pipedrive/phase_1_users"), in plan order."""
-    from migration_pipeline.assets.specs import phase_specs  # Dagster: a launch's results only
-
-    return [spec.key.to_user_string() for spec in phase_specs(source)]
-
-
-def stop_what_we_started(instance: Any, keeper: Any, run_id: str | None, tenant: str, signalled: Any,
-                         source: str | None = None, sync: bool = False) -> None:
-    """A `migrate run` / `sync` / `demo` stopped by SIGINT, SIGTERM or SIGHUP stops what it started
-    (what a user stopping a foreground command expects; nothing is lost: the engine run keeps its
-    checkpoints and `migrate run --tenant T` resumes it): the Dagster run it launched is cancelled
-    from the queue or terminated, with its engine run's stop flag set (`launch.stop_launched_run`),
-    then the daemon it started for the duration is stopped (a daemon it did not start - the UI's -
-    is left alone). A run still in progress when our daemon (its run worker's parent) is gone is
-    marked CANCELED. Lines go to stderr, also under --json; a stopped engine run ends with the one
-    `stopped_line` a stop from elsewhere ends with too (`sync`: resumed by `migrate sync`)."""
-    # Dagster (~2 s of imports): only a launch needs it
-    from migration_pipeline.launch.statuses import FINISHED
-    from migration_pipeline.launch.stop import mark_canceled, stop_launched_run
-
-    def say(line: str) -> None:
-        try:
-            click.echo(line, err=True)
-        except BrokenPipeError:  # stderr's reader has gone (`2>&1 | head`): the stop goes on unsaid
-            reader_gone(sys.stderr)
-
-    name = signal_name(signalled.signo)
-    if not getattr(signalled, "announced", False):  # an in-process run's watcher said it when it stopped the run
-        say(f"{name}: stopping what this command started")
-    if run_id and instance.get_run_by_id(run_id) is None:
-        run_id = None  # interrupted before submit_tenant_run created it
-    status = stop_launched_run(instance, run_id, say) if run_id else None
-    ours = keeper.proc is not None
-    if run_id and ours:
-        # before our daemon (its run worker's parent) goes: a run still starting then ends CANCELED
-        # (its worker, if it starts at all, finds it cancelled and executes nothing) rather than
-        # FAILURE when the worker dies with the daemon
-        mark_canceled(instance, run_id, f"`migrate run` got {name}; the daemon it started is stopped")
-    keeper.close(30.0)
-    if run_id and ours:
-        status = instance.get_run_by_id(run_id).status
-    if run_id:
-        run = instance.get_run_by_id(run_id)
-        engine = run.tags.get("migration/run_id") if run is not None else None
-        if not engine and run is not None and run.status not in FINISHED:
-            # stopped before its op attached an engine run: nothing of it is worth keeping, and
-            # left STARTED or queued it would hold the tenant's partition in the UI for ever
-            mark_canceled(instance, run_id, f"`migrate run` got {name} before the run reached its engine "
-                                                   "run; nothing was migrated")
-            run = instance.get_run_by_id(run_id)
-            status = run.status if run is not None else status
-        dagster = f"Dagster run {run_id}: {status.value if status else 'gone'}{', our daemon stopped' if ours else ''}"
-        with open_db() as db:
-            er = runs.get_run(db, int(engine)) if engine else None
-            if er is not None and er.status in ("stopping", "stopped"):
-                say(stopped_line(er.name, er.status, stopped_by(signalled.signo), tenant, dagster, sync))
-                return
-            if er is not None:  # it ended on its own before the stop reached it
-                again = again_line(tenant, er.status, sync)
-                after = f"; {er.name} is {er.status}" + (f"; `{again[0]}` {again[1]}" if again else "")
-            else:  # what a relaunch meets: the engine run this launch would have attached, if any
-                try:
-                    er = runs.latest_run(db, tenant, source)
-                except EngineError:
-                    er = None
-                if er is not None and er.status != "succeeded":
-                    after = (f"; it had not reached an engine run yet ({er.name} is {er.status}); "
-                             f"`migrate run --tenant {tenant}` resumes {er.name}")
-                else:
-                    after = (f"; no engine run was started (nothing was read or written; the tenant's "
-                             f"partition stays in the UI, empty); `migrate run --tenant {tenant}` starts one")
-        say(f"Dagster run {run_id}: {status.value if status else 'gone'}"
-            f"{' (our daemon stopped)' if ours else ''}{after}")
-    elif ours:
-        say("nothing was launched; the daemon this command started is stopped")
-    else:
-        say("nothing was launched")
-
-
-def signal_name(signo: int) -> str:
-    """"SIGINT" for 2: the signal's name, as the stop lines say it."""
-    return signal.Signals(signo).name
 
 
 def check_not_migrated(db: dbmod.Database, tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
@@ -393,6 +307,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         from migration_pipeline.jobs import TENANT_JOB
         from migration_pipeline.launch.daemon import daemon_for_duration, daemon_liveness
         from migration_pipeline.launch.in_process import run_in_process
+        from migration_pipeline.launch.stop import run_started_at
         from migration_pipeline.launch.place import add_tenant, place_tenant_run, undo_failed_launch, wait_for_run
         from migration_pipeline.launch.results import phase_results, run_failure_message, wait_tenant_quiet
 
@@ -444,12 +359,13 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                     cost = runs_reads.run_cost(db, int(engine_id)) if engine_id else None
                     bad = ledger_reads.bad_row_counts(db, tenant)
                     left = left_out_of(runs.get_run(db, int(engine_id)), db) if engine_id else {}
+                    noted = runs.stop_noted(db, int(engine_id), run_started_at(instance, run_id)) if engine_id else None
             except Interrupted as signalled:
                 with signals_held():
                     progress.close()
                     # the run exists once place_tenant_run has created it, maybe before it was queued
                     stop_what_we_started(instance, keeper, run_id, tenant, signalled, source,
-                                         sync=job != TENANT_JOB)
+                                         sync=job != TENANT_JOB, as_json=as_json)
                 sys.exit(signalled.exit_code)
         if outcome is not None:
             outcome.update(engine_run_id=int(engine_id) if engine_id else None, name=r.name if r else None,
@@ -457,7 +373,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                            ui=live.address if live.alive else None)
         dry_run = bool(r.dry_run) if r is not None else bool(new_cfg.get("dry_run"))
         if dagster_run.status.value == "CANCELED" and r is not None and r.status in ("stopping", "stopped"):
-            return _stopped_elsewhere(as_json, run_id, r, results, tenant, sync=job != TENANT_JOB)
+            return stopped_elsewhere(as_json, instance, run_id, r, results, tenant, job != TENANT_JOB, noted, source)
         ok = dagster_run.status.value == "SUCCESS"
         why = "" if ok or any(p.status == "failed" for p in results) else run_failure_message(instance, run_id)
         joined = (" (taken over: its worker was gone)" if taken_over else
@@ -504,18 +420,6 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
         progress.close()
         instance.dispose()
 
-
-def _stopped_elsewhere(as_json: bool, run_id: str, r: Any, results: list[Any], tenant: str, sync: bool) -> int:
-    """The end of a launch whose run a stop from outside this command ended (`migrate stop`, the UI's
-    Terminate, the engine's pause): as a Ctrl-C's, one `stopped_line` on stderr (not the tables, the
-    "what now" and the phase step's own Dagster-worded message, which had printed it twice and
-    called the stop "failed"); under --json, stdout's document first (`stopped_by`). Exit code
-    STOPPED_ELSEWHERE: not 1, which says the run failed."""
-    by = stopped_by(step_messages=tuple(p.message for p in results if p.status == "failed"))
-    emit(as_json, {"dagster_run_id": run_id, "dagster_status": "CANCELED", "stopped_by": by,
-                   "engine": rollup_doc(r)}, lambda: None)
-    click.echo(stopped_line(r.name, r.status, by, tenant, f"Dagster run {run_id}: CANCELED", sync), err=True)
-    return STOPPED_ELSEWHERE
 
 
 def emit_outcome(as_json: bool, payload: Any, render: Any, verdict: str, ok: bool) -> int:

@@ -23,7 +23,7 @@ from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launch.checks import LaunchError
 from migration_pipeline.launch.signals import STOP_SIGNALS
 from migration_pipeline.launch.statuses import FINISHED
-from migration_pipeline.launch.stop import mark_canceled
+from migration_pipeline.launch.stop import STOPPED_BY, mark_canceled, stopped_by_launcher
 from migration_pipeline.launcher import IN_PROCESS_TAG, fail_runs_of_dead_processes, process_identity
 
 
@@ -442,7 +442,8 @@ class InProcessRun:
                       flush=True)
             except OSError:  # stderr's reader has gone (`2>&1 | head`): the stop goes on unsaid
                 pass
-        self.instance.add_run_tags(self.run_id, {MAX_RETRIES_TAG: "0"})
+        # tagged before the stop reaches the op: it names this command as the stopper (`STOPPED_BY`)
+        self.instance.add_run_tags(self.run_id, {MAX_RETRIES_TAG: "0", STOPPED_BY: stopped_by_launcher(self.run_id)})
         stop_engine_run(self.instance, self.run_id)
         run = self.instance.get_run_by_id(self.run_id)
         if run is not None and run.status not in FINISHED and run.status != DagsterRunStatus.CANCELING:
