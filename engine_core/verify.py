@@ -11,7 +11,12 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   `unwritten`, not missing: the ledger says why it is not there. So is a row listed without a
   readable id (none, or `"abc"`), kept as failed beside the ledger (`migration_unreadable`): the
   listing serves each under the key its run kept it by (`rows.unreadable_key`), so every such row
-  counts once and is matched to its own record. A placeholder
+  counts once and is matched to its own record. The children of a record served without a
+  readable id cannot be listed (they are asked by its id: Pipedrive's mail of a deal): the listing
+  serves each such record once under the key its run kept them by (one record kept apart as failed,
+  "deal sha256:..."), so they count as the run counts them - one row of the source's figure, said
+  among the rows without a readable id, whose kept reason (`migrate rows`) names how many children
+  the source reports. A placeholder
   waiting for the catch-up's walk (a run stopped before it) is among them and said apart (`waiting`).
 * **extra**: live in the ledger or the product (not marked `deleted_at_source`) but gone at the
   source: a delete or a merge the product has not caught up with.
@@ -103,6 +108,10 @@ LIVE_WHEN: dict[str, sql.Composable] = {"file_contents": sql.SQL("x.content_stat
 # A ledger kind whose rows without a readable id are kept under another kind's: a file listed
 # without one fails as a `files` row, and its content, with no id to download it by, is never asked.
 UNREADABLE_UNDER: dict[str, tuple[str, ...]] = {"file_contents": ("files",)}
+# A ledger kind whose rows are listed through a parent record: the children of a parent served
+# without a readable id are kept as one record, keyed by this word and the parent's key
+# ("deal sha256:...": the mail of a deal), and listed so (module docstring).
+KEPT_FOR_PARENT: dict[str, str] = {"emails": "deal"}
 
 
 @dataclass
@@ -232,9 +241,14 @@ class VerifyResult:
             if k.not_ids:
                 shown = ", ".join(repr(i) for i in k.not_ids[:cap]) + (f" ... (+{len(k.not_ids) - cap})"
                                                                      if len(k.not_ids) > cap else "")
+                word = KEPT_FOR_PARENT.get(k.kind)
+                parents = sum(1 for i in k.not_ids if word and i.startswith(word + " "))
+                of_parents = (f" ({parents} of them a {word} served so, whose {k.kind} cannot be listed: one key "
+                              f"a {word}, its reason there says how many the source reports)" if parents else "")
                 out.append(f"  without a readable id {len(k.not_ids)}: {shown}: served by the source without an id "
-                           f"or with one that is not one, each counted in the source's {k.source} under its own key "
-                           f"and kept apart as failed (`migrate rows {self.tenant_id} --kind {k.kind} --action failed`)")
+                           f"or with one that is not one{of_parents}, each counted in the source's {k.source} under "
+                           f"its own key and kept apart as failed "
+                           f"(`migrate rows {self.tenant_id} --kind {k.kind} --action failed`)")
             if k.kept:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
