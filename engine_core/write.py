@@ -50,20 +50,14 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
+from engine_core.ledger_reads import tenant_unreadable
 from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values,
                               owed_links, unreadable_key)
+from engine_core.skip_reason import DANGLING, NOT_LINKED, NOT_WRITTEN, OWED, dangling_reason, not_linked  # noqa: F401
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
-NOT_LINKED = "not linked to any record"
-# Said of a parent the source does not have: it answered 404 to GET by id, or left the id out of
-# its v2 list asked with `ids=` (where absence is the answer). No status in the text: most are
-# proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
-DANGLING = "does not exist at the source"
-NOT_WRITTEN = "exists at the source but is not written"
-# Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
-# fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
-OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
+# The words of the reasons (NOT_LINKED, DANGLING, NOT_WRITTEN, OWED) are `skip_reason`'s.
 # Said of a parent the probe left to the catch-up's walk (answered None): no request now; that walk
 # links the row, or - the parent not listed by it - finds it gone (the provider's proof). The row's
 # outcome is `rows.WAITING`, not skipped (`WAITS_FOR_WALK`, `_outcome_of_skip`).
@@ -138,21 +132,6 @@ def missing_parents(mapped: Iterable[Mapped | None], found: Mapping[Pair, int], 
     return out
 
 
-def _describe_missing(ref: Ref, exists: Mapping[Pair, bool | None]) -> str:
-    pair = (ref.parent_kind, ref.source_id)
-    if exists.get(pair) is True:
-        return ref.describe().replace("is not here", NOT_WRITTEN)
-    if pair in exists and exists[pair] is None:
-        return f"{ref.describe()}, {WAITS_FOR_WALK}"
-    return ref.describe()
-
-
-def _not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None]) -> str:
-    """The reason a row whose parents are not written is skipped (a placeholder)."""
-    words = [d for d in (_describe_missing(ref, exists) for ref in missing) if d]
-    return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
-
-
 def parents_json(mapped: Mapped, missing: Collection[Ref]) -> str:
     """A placeholder's parents as its ledger entry keeps them (migration 0019, JSON text): every
     parent of `mapped` - `{"kinds": [ledger kinds], "id": source id, "missing": bool}` - so a later
@@ -178,18 +157,10 @@ def _write_for(tx: Conn, mapped: Mapped, values: dict[str, Any]) -> Callable[[],
     return lambda: crm.write(tx, mapped.table, values)
 
 
-def dangling_reason(refs: list[dict[str, Any]]) -> str | None:
-    """An imported row's reason for its dangling and owed references (None: it has none)."""
-    if not refs:
-        return None
-    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} "
-                                    f"{OWED.format(kind=r['parent_kind']) if r.get('owed') else DANGLING}" for r in refs)
-
-
 def write_mapped(
     tx: Conn, run: Run, kind: str, mapped: Mapped, found: Mapping[Pair, int],
     dry: Collection[Pair] | None = None, *, exists: Mapping[Pair, bool | None] | None = None,
-    on_event: Event | None = None, held: ledger.Held | None = None,
+    on_event: Event | None = None, held: ledger.Held | None = None, parents: PageRefs | None = None,
 ) -> str:
     """One row, per row: link, then write once through the ledger: imported, matched,
     already_here, updated or skipped.
@@ -203,7 +174,8 @@ def write_mapped(
     the product row keeps its version; a retry's revisit of the task tries it again) (stats of
     the task). `held`: the row's ledger entry as its page read it (`ledger.held`), so a row
     already here at this version costs no write. Resolved references fill the values as plain
-    data says (`rows.apply_links`).
+    data says (`rows.apply_links`). `parents`: the page's references (`PageRefs`), whose unwritten
+    parents' ledger states word a placeholder's reason (`skip_reason`).
     """
     exists = exists or {}
     resolved: dict[Ref, int | None] = {}
@@ -223,7 +195,8 @@ def write_mapped(
         if run.dry_run and would_exist:
             pending = True  # a dry run: this run would have created the parent first
         else:
-            why = _not_linked(missing, exists)
+            why = not_linked(missing, exists, parents.held_as if parents else None,
+                             parents.kept_apart if parents else None, run.tenant_id)
             outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version,
                                                    parents_json(mapped, missing)), why)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
@@ -286,6 +259,8 @@ class PageRefs:
     dry: set[Pair] | None = None  # a dry run's would-be writes
     held: dict[str, ledger.Held | None] = field(default_factory=dict)  # the page's rows written already
     exists: dict[Pair, bool | None] = field(default_factory=dict)  # the probe's answers
+    held_as: dict[Pair, str] = field(default_factory=dict)  # unwritten parents the ledger holds: failed, skipped
+    kept_apart: dict[str, int] = field(default_factory=dict)  # kind -> rows kept without a readable id (`skip_reason`)
 
 
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
@@ -307,7 +282,24 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     exists: dict[Pair, bool | None] = dict(probe(unknown)) if unknown and probe is not None else {}
     if probe is not None:
         exists.update((p, None) for p in missing_parents(mapped, found, dry) if known.get(p) == WAITING)
-    return PageRefs(found, dry, held, exists)
+    return PageRefs(found, dry, held, exists, held_as(known), _kept_apart(ctx, exists))
+
+
+def held_as(known: Mapping[Pair, str]) -> dict[Pair, str]:
+    """The references `ledger.references` found held unwritten (failed or skipped, not waiting):
+    a child's reason names that state (`skip_reason`)."""
+    return {p: action for p, action in known.items() if action in (ledger.FAILED, ledger.SKIPPED)}
+
+
+def _kept_apart(ctx: TaskContext, exists: Mapping[Pair, bool | None]) -> dict[str, int]:
+    """Per kind of a parent the probe found existing though unwritten: how many of the tenant's
+    rows of it were kept without a readable id (`skip_reason`: perhaps the parent itself)."""
+    kinds = sorted({kind for (kind, _), there in exists.items() if there is True})
+    if not kinds:
+        return {}
+    with ctx.db.connection() as conn:
+        counts = {k: len(tenant_unreadable(conn, ctx.run.tenant_id, ctx.run.source, k)) for k in kinds}
+    return {k: n for k, n in counts.items() if n}
 
 
 def unknown_parents(ctx: TaskContext, prepared: Sequence[Prepared]) -> list[Pair]:
@@ -366,7 +358,7 @@ def write_mapped_page(
         if row["error"] is not None:
             raise row["error"]
         return write_mapped(tx, ctx.run, kind, row["mapped"], page.found, page.dry, exists=page.exists,
-                            on_event=ctx.stats.bump, held=page.held.get(row["id"]))
+                            on_event=ctx.stats.bump, held=page.held.get(row["id"]), parents=page)
 
     batch = window_batch(ctx, kind, page) if optimistic and not ctx.run.dry_run else None
     return ctx.write_rows(list(prepared), writer, kind=kind, batch=batch, resume_from=resume_from,
@@ -434,7 +426,7 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Sequ
     return _Plain(0, m, values, refs + owed)
 
 
-def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[str, str] | None:
+def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts, tenant: str = "") -> tuple[str, str] | None:
     """The reason the set-based part skips the row (a parent neither written nor gone at the
     source: `write_mapped`'s placeholder) and its parents (`parents_json`), or None when it does
     not. A row the page found written (`page.held`: its newer version may be an `update_skipped`) goes per row."""
@@ -443,7 +435,8 @@ def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[
         return None
     missing = [ref for ref in m.parents
                if lookup(page.found, ref) is None and page.exists.get((ref.parent_kind, ref.source_id)) is not False]
-    return (_not_linked(missing, page.exists), parents_json(m, missing)) if missing else None
+    return (not_linked(missing, page.exists, page.held_as, page.kept_apart, tenant),
+            parents_json(m, missing)) if missing else None
 
 
 def _same_columns(spec: crm.Table, rows: list[_Plain]) -> list[tuple[_Plain, dict[str, Any]]]:
@@ -504,7 +497,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 p.pos = pos
                 plain.append(p)
                 continue
-            skipped = _skipped(row, page, parts)
+            skipped = _skipped(row, page, parts, run.tenant_id)
             if skipped is not None:
                 m = parts(row)[0]
                 skips[m.source_id] = (pos, skipped[0], m.version, skipped[1])  # type: ignore[union-attr]

@@ -441,6 +441,7 @@ class EmailTask:
         self.refs.found.update(decided.refs.found)
         self.refs.held.update(decided.refs.held)
         self.refs.exists.update(decided.refs.exists)  # deals left to the catch-up's walk
+        self.refs.held_as.update(decided.refs.held_as)  # deals failed or skipped: the mail's reason says so
         if self.refs.dry is not None and decided.refs.dry:
             self.refs.dry |= decided.refs.dry
         for r, outcome, fetch in zip(rows, decided.outcomes, decided.fetch):

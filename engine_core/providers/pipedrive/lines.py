@@ -127,7 +127,7 @@ def write_chunk(ctx: TaskContext, client: Any, mapper: Mapper, rows: Sequence[An
             if row["error"] is not None:
                 raise row["error"]
             return write.write_mapped(tx, ctx.run, KIND, row["mapped"], page.found, page.dry, exists=page.exists,
-                                      on_event=ctx.stats.bump, held=page.held.get(row["id"]))
+                                      on_event=ctx.stats.bump, held=page.held.get(row["id"]), parents=page)
 
         batch = write.window_batch(ctx, KIND, page) if not ctx.run.dry_run else None
         ctx.write_rows(list(prepared), writer, kind=KIND, resume_from=0, offset_after=lambda _: at,

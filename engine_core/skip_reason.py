@@ -1,0 +1,71 @@
+"""The words of a row's reasons about its parents: why a placeholder is not linked, and what an
+imported row's dangling and owed links are.
+
+A missing parent is named by what the engine knows of it, so the reason points the right way:
+
+* held in the ledger as failed or skipped (`PageRefs.held_as`, read with the page's references):
+  "organization 99 failed at import (`migrate explain acme organizations 99` says why)" - the
+  parent's own reason is one command away, and the child's stays one line;
+* answered by the probe as existing, though not written ("exists at the source but is not
+  written"): when the parent's list served rows without a readable id, kept apart as failed
+  (`PageRefs.kept_apart`), the reason says how many and where they are listed - such a row is
+  served without the id its children point at, so it may well be the parent;
+* left to the catch-up's walk: `WAITS_FOR_WALK`;
+* else "organization 42 is not here" (`rows.Ref.describe`).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from engine_core.rows import WAITS_FOR_WALK, Ref
+
+Pair = tuple[str, str]  # (ledger kind, source id)
+
+NOT_LINKED = "not linked to any record"
+# Said of a parent the source does not have: it answered 404 to GET by id, or left the id out of
+# its v2 list asked with `ids=` (where absence is the answer). No status in the text: most are
+# proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
+DANGLING = "does not exist at the source"
+NOT_WRITTEN = "exists at the source but is not written"
+# Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
+# fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
+OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
+# Said of a parent the ledger holds as failed or skipped, by its ledger action
+HELD_AS = {"failed": "failed at import", "skipped": "is skipped itself"}
+
+
+def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
+                     kept_apart: Mapping[str, int] | None = None, tenant: str = "") -> str:
+    """Why `ref`'s parent is not linked, in words (module docstring): `exists` the probe's answers,
+    `held_as` the ledger's action of parents it holds unwritten, `kept_apart` per ledger kind the
+    rows kept without a readable id, `tenant` for the commands the words name."""
+    pair = (ref.parent_kind, ref.source_id)
+    noun = ref.noun or ref.ref
+    held = (held_as or {}).get(pair)
+    if held in HELD_AS:
+        return (f"{noun} {ref.source_id} {HELD_AS[held]} "
+                f"(`migrate explain {tenant} {ref.parent_kind} {ref.source_id}` says why)")
+    if exists.get(pair) is True:
+        n = (kept_apart or {}).get(ref.parent_kind, 0)
+        apart = (f" - its list served {n} {ref.parent_kind} row(s) without a readable id, kept apart as failed "
+                 f"(`migrate rows {tenant} --kind {ref.parent_kind} --action failed`)") if n else ""
+        return f"{noun} {ref.source_id} {NOT_WRITTEN}{apart}"
+    if pair in exists and exists[pair] is None:
+        return f"{ref.describe()}, {WAITS_FOR_WALK}"
+    return ref.describe()
+
+
+def not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
+               kept_apart: Mapping[str, int] | None = None, tenant: str = "") -> str:
+    """The reason a row whose parents are not written is skipped (a placeholder), one line."""
+    words = [d for d in (describe_missing(ref, exists, held_as, kept_apart, tenant) for ref in missing) if d]
+    return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
+
+
+def dangling_reason(refs: list[dict[str, Any]]) -> str | None:
+    """An imported row's reason for its dangling and owed references (None: it has none)."""
+    if not refs:
+        return None
+    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} "
+                                    f"{OWED.format(kind=r['parent_kind']) if r.get('owed') else DANGLING}" for r in refs)
