@@ -4,8 +4,9 @@ imported row's dangling and owed links are.
 A missing parent is named by what the engine knows of it, so the reason points the right way:
 
 * held in the ledger as failed or skipped (`PageRefs.held_as`, read with the page's references):
-  "organization 99 failed at import (`migrate explain acme organizations 99` says why)" - the
-  parent's own reason is one command away, and the child's stays one line;
+  "organization 99 failed at import (`migrate explain` of organizations 99 says why)" - the
+  parent's own reason is one command away, and the child's stays one line (no tenant in it: a
+  reason is the same words whichever tenant's ledger holds it);
 * answered by the probe as existing, though not written ("exists at the source but is not
   written"): when the parent's list served rows without a readable id, kept apart as failed
   (`PageRefs.kept_apart`), the reason says how many and where they are listed - such a row is
@@ -36,20 +37,20 @@ HELD_AS = {"failed": "failed at import", "skipped": "is skipped itself"}
 
 
 def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
-                     kept_apart: Mapping[str, int] | None = None, tenant: str = "") -> str:
+                     kept_apart: Mapping[str, int] | None = None) -> str:
     """Why `ref`'s parent is not linked, in words (module docstring): `exists` the probe's answers,
     `held_as` the ledger's action of parents it holds unwritten, `kept_apart` per ledger kind the
-    rows kept without a readable id, `tenant` for the commands the words name."""
+    rows kept without a readable id."""
     pair = (ref.parent_kind, ref.source_id)
     noun = ref.noun or ref.ref
     held = (held_as or {}).get(pair)
     if held in HELD_AS:
         return (f"{noun} {ref.source_id} {HELD_AS[held]} "
-                f"(`migrate explain {tenant} {ref.parent_kind} {ref.source_id}` says why)")
+                f"(`migrate explain` of {ref.parent_kind} {ref.source_id} says why)")
     if exists.get(pair) is True:
         n = (kept_apart or {}).get(ref.parent_kind, 0)
-        apart = (f" - its list served {n} {ref.parent_kind} row(s) without a readable id, kept apart as failed "
-                 f"(`migrate rows {tenant} --kind {ref.parent_kind} --action failed`)") if n else ""
+        apart = (f" - {n} {ref.parent_kind} row(s) were served without a readable id, kept apart as failed "
+                 f"(`migrate rows --kind {ref.parent_kind} --action failed` lists them)") if n else ""
         return f"{noun} {ref.source_id} {NOT_WRITTEN}{apart}"
     if pair in exists and exists[pair] is None:
         return f"{ref.describe()}, {WAITS_FOR_WALK}"
@@ -57,9 +58,9 @@ def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapp
 
 
 def not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
-               kept_apart: Mapping[str, int] | None = None, tenant: str = "") -> str:
+               kept_apart: Mapping[str, int] | None = None) -> str:
     """The reason a row whose parents are not written is skipped (a placeholder), one line."""
-    words = [d for d in (describe_missing(ref, exists, held_as, kept_apart, tenant) for ref in missing) if d]
+    words = [d for d in (describe_missing(ref, exists, held_as, kept_apart) for ref in missing) if d]
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
 
 

@@ -196,7 +196,7 @@ def write_mapped(
             pending = True  # a dry run: this run would have created the parent first
         else:
             why = not_linked(missing, exists, parents.held_as if parents else None,
-                             parents.kept_apart if parents else None, run.tenant_id)
+                             parents.kept_apart if parents else None)
             outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version,
                                                    parents_json(mapped, missing)), why)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
@@ -426,7 +426,7 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Sequ
     return _Plain(0, m, values, refs + owed)
 
 
-def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts, tenant: str = "") -> tuple[str, str] | None:
+def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[str, str] | None:
     """The reason the set-based part skips the row (a parent neither written nor gone at the
     source: `write_mapped`'s placeholder) and its parents (`parents_json`), or None when it does
     not. A row the page found written (`page.held`: its newer version may be an `update_skipped`) goes per row."""
@@ -435,7 +435,7 @@ def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts, tenant: s
         return None
     missing = [ref for ref in m.parents
                if lookup(page.found, ref) is None and page.exists.get((ref.parent_kind, ref.source_id)) is not False]
-    return (not_linked(missing, page.exists, page.held_as, page.kept_apart, tenant),
+    return (not_linked(missing, page.exists, page.held_as, page.kept_apart),
             parents_json(m, missing)) if missing else None
 
 
@@ -497,7 +497,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
                 p.pos = pos
                 plain.append(p)
                 continue
-            skipped = _skipped(row, page, parts, run.tenant_id)
+            skipped = _skipped(row, page, parts)
             if skipped is not None:
                 m = parts(row)[0]
                 skips[m.source_id] = (pos, skipped[0], m.version, skipped[1])  # type: ignore[union-attr]

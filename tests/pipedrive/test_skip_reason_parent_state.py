@@ -35,13 +35,13 @@ def test_a_childs_reason_names_its_parents_failure_or_its_parent_kept_apart(db) 
             for org, words in ORG.findall(r["reason"] or ""):
                 assert org in orgs_served, (kind, sid, r["reason"])  # every such parent is at the source
                 if org in failed:
-                    assert words == (f"failed at import (`migrate explain {TENANT} organizations {org}` says why)"), \
+                    assert words == (f"failed at import (`migrate explain` of organizations {org} says why)"), \
                         (kind, sid, r["reason"])
                     told["failed"] += 1
                 elif org in without_id:
-                    assert words == (f"exists at the source but is not written - its list served {kept_apart} "
-                                     f"organizations row(s) without a readable id, kept apart as failed "
-                                     f"(`migrate rows {TENANT} --kind organizations --action failed`)"), \
+                    assert words == (f"exists at the source but is not written - {kept_apart} organizations row(s) "
+                                     f"were served without a readable id, kept apart as failed "
+                                     f"(`migrate rows --kind organizations --action failed` lists them)"), \
                         (kind, sid, r["reason"])
                     told["apart"] += 1
     assert told["failed"] and told["apart"], told
