@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(300)
 
 MIGRATE = str(Path(sys.executable).parent / "migrate")
 COUNTS = {"companies": 30, "contacts": 30, "deals": 10, "activities": 10, "notes": 10}
-SLOW = {"page_size": 10, "counts": COUNTS, "row_delay": 0.1}  # ~9 s of writes: a loaded machine still catches it mid-run
+SLOW = {"page_size": 10, "counts": COUNTS, "row_delay": 0.05}
 
 
 @pytest.fixture
@@ -60,9 +60,12 @@ def _slow_run_under_way(env: dict[str, str], **popen: object) -> tuple[int, subp
     first = _run(env, "warm-up", {"page_size": 10, "counts": {k: 2 for k in COUNTS}})
     assert first.returncode == 0, first.stderr[-3000:]
     server = _server(env)
+    # the warm-up's forked child may still be on its way out: the command's child is the new one
+    before = set(preload.children_of(server))
     command = subprocess.Popen([MIGRATE, "run", "--tenant", "acme", "--options", json.dumps(SLOW), "--json"],
                                env=env, **popen)
-    child = _wait_for("the command's child", lambda: preload.children_of(server), timeout=60)[0]
+    child = _wait_for("the command's child", lambda: [c for c in preload.children_of(server) if c not in before],
+                      timeout=60)[0]
     with psycopg.connect(env["DATABASE_URL"]) as c:
         _wait_for("a task started", lambda: c.execute(
             "SELECT 1 FROM migration_tasks t JOIN migrations r ON r.id = t.migration_id"
