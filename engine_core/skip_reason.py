@@ -3,7 +3,7 @@ imported row's dangling and owed links are.
 
 A missing parent is named by what the engine knows of it, so the reason points the right way:
 
-* held in the ledger as failed or skipped (`PageRefs.held_as`, read with the page's references):
+* held in the ledger as failed (`PageRefs.held_as`, read with the page's references):
   "organization 99 failed at import (`migrate explain` of organizations 99 says why)" - the
   parent's own reason is one command away, and the child's stays one line (no tenant in it: a
   reason is the same words whichever tenant's ledger holds it);
@@ -32,8 +32,9 @@ NOT_WRITTEN = "exists at the source but is not written"
 # Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
 # fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
 OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
-# Said of a parent the ledger holds as failed or skipped, by its ledger action
-HELD_AS = {"failed": "failed at import", "skipped": "is skipped itself"}
+# Said of a parent the ledger holds as failed. Not of a skipped one: a dry run's skipped rows roll
+# back with their savepoints, so its children could not say it, and its reasons must be a real run's.
+HELD_AS = {"failed": "failed at import"}
 
 
 def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,

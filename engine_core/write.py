@@ -259,7 +259,7 @@ class PageRefs:
     dry: set[Pair] | None = None  # a dry run's would-be writes
     held: dict[str, ledger.Held | None] = field(default_factory=dict)  # the page's rows written already
     exists: dict[Pair, bool | None] = field(default_factory=dict)  # the probe's answers
-    held_as: dict[Pair, str] = field(default_factory=dict)  # unwritten parents the ledger holds: failed, skipped
+    held_as: dict[Pair, str] = field(default_factory=dict)  # parents the ledger holds as failed
     kept_apart: dict[str, int] = field(default_factory=dict)  # kind -> rows kept without a readable id (`skip_reason`)
 
 
@@ -286,9 +286,9 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
 
 
 def held_as(known: Mapping[Pair, str]) -> dict[Pair, str]:
-    """The references `ledger.references` found held unwritten (failed or skipped, not waiting):
-    a child's reason names that state (`skip_reason`)."""
-    return {p: action for p, action in known.items() if action in (ledger.FAILED, ledger.SKIPPED)}
+    """The references `ledger.references` found held as failed: a child's reason names that state
+    (`skip_reason.HELD_AS`)."""
+    return {p: action for p, action in known.items() if action == ledger.FAILED}
 
 
 def _kept_apart(ctx: TaskContext, exists: Mapping[Pair, bool | None]) -> dict[str, int]:
