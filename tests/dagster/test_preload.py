@@ -242,7 +242,11 @@ def _state(pid: int) -> str:
 
 
 def test_ctrl_z_stops_the_forked_command_and_fg_continues_it_to_the_end(env):
-    server, command, child = _slow_run_under_way(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the command in a process group of its own, as a shell starts a job: were the suite's group
+    # orphaned (started in the background by a shell that has exited), the kernel would discard the
+    # SIGTSTP the command sends itself to stop, and it would continue its child at once
+    server, command, child = _slow_run_under_way(env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                                 process_group=0)
     command.send_signal(signal.SIGTSTP)
     _wait_for("the child stopped", lambda: _state(child) == "T", timeout=20)
     _wait_for("the command stopped", lambda: _state(command.pid) == "T", timeout=20)
