@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-from dagster import DagsterInstance, instance_for_test, materialize
+from dagster import DagsterEventType, DagsterInstance, instance_for_test, materialize
 
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.instance import to_url
@@ -165,3 +165,10 @@ def side_by_side(scenarios: dict[str, Callable[[], Any]], timeout: float, where:
         traceback.print_exception(e)
     if errors:
         raise AssertionError(f"failed: {', '.join(errors)}{where}: {errors}") from next(iter(errors.values()))
+
+
+def step_succeeded(record: Any, step_key: str) -> bool:
+    """Whether a log record of a Dagster run logger is `step_key`'s STEP_SUCCESS (where Dagster
+    holds interrupts: the held-terminate tests act there)."""
+    event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
+    return event is not None and event.event_type == DagsterEventType.STEP_SUCCESS and event.step_key == step_key

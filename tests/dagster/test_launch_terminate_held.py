@@ -22,7 +22,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError
 
 from migration_pipeline.lane.executors import stopping_in_process_executor
 from migration_pipeline.launch.in_process import InProcessRun, mark_starting
-from tests.dagster.support import tmpfs_instance
+from tests.dagster.support import step_succeeded, tmpfs_instance
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,8 +35,7 @@ class _TerminateAfterFirstStep(logging.Handler):
     wait until the watcher's delivery has landed on this (the main) thread."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
-        if event is None or event.event_type != DagsterEventType.STEP_SUCCESS or event.step_key != "first":
+        if not step_succeeded(record, "first"):
             return
         instance: DagsterInstance = _HERE["instance"]
         executed: InProcessRun = _HERE["run"]

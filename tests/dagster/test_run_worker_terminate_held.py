@@ -34,7 +34,7 @@ from engine_core import runs
 from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.lane.executors import stopping_in_process_executor
-from tests.dagster.support import tmpfs_instance
+from tests.dagster.support import step_succeeded, tmpfs_instance
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -49,8 +49,7 @@ class _AtFirstStepSuccess(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         from dagster._utils import interrupts
 
-        event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
-        if event is None or event.event_type != DagsterEventType.STEP_SUCCESS or event.step_key != "first":
+        if not step_succeeded(record, "first"):
             return
         with open(os.environ[FIFO_ENV], "wb", buffering=0) as fifo:
             fifo.write(b"h")
