@@ -35,6 +35,8 @@ from dagster._config.field import Field
 from dagster._config.field_utils import FIELD_NO_DEFAULT_PROVIDED
 from dagster._config.errors import PostProcessingError
 from dagster._config.source import StringSourceType
+from dagster._core.errors import DagsterUserCodeProcessError
+from dagster._utils.error import SerializableErrorInfo
 from pydantic import PrivateAttr
 
 from engine_core import db as dbmod
@@ -115,11 +117,24 @@ class PipedriveSource(SourceResource):
         return provider_for(self.source, run, base_url=self.base_url, token=self.api_token)
 
 
-class LiteralSecret(ConfigError):
+class LaunchRefusal(ConfigError, DagsterUserCodeProcessError):
+    """A run config refused while the code server plans a run, before the run exists: the launchpad
+    (GraphQL `launchRun`'s PythonError), a sensor or a schedule shows this one line and nothing else.
+    Dagster serializes an error raised on the code server with its stack trace, which the launchpad
+    shows beneath the message, except a DagsterUserCodeProcessError holding one error info: that info
+    is passed on as it is (`dagster._utils.error.serializable_error_info_from_exc_info`), here the
+    line with an empty stack. Still a ConfigError: the CLI's in-process check ends in the same line."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)  # DagsterUserCodeProcessError's own takes the infos as a keyword
+        self.user_code_process_error_infos = [SerializableErrorInfo(message, [], type(self).__name__)]
+
+
+class LiteralSecret(LaunchRefusal):
     """A run config gives a secret itself where only the environment variable holding it is taken."""
 
 
-class UnsetSecretVariable(ConfigError):
+class UnsetSecretVariable(LaunchRefusal):
     """A run config names an environment variable for a secret that is not set where the run is planned."""
 
 
@@ -190,7 +205,7 @@ class CheckedOptionsJson(StringSourceType):
         self.source = source
 
     def post_process(self, value: Any) -> Any:
-        """`value` unchanged; ConfigError (one line, naming the field and the option, not as
+        """`value` unchanged; LaunchRefusal (one line, naming the field and the option, not as
         PostProcessingError: Dagster's message for it repeats the value) when the provider refuses
         the options (malformed JSON is left to `NewRunOptions.options`)."""
         value = super().post_process(value)
@@ -203,7 +218,7 @@ class CheckedOptionsJson(StringSourceType):
             try:
                 check_options(options)
             except ConfigError as e:
-                raise ConfigError(f"resources.new_run.config.options_json: {e}") from None
+                raise LaunchRefusal(f"resources.new_run.config.options_json: {e}") from None
         return value
 
 

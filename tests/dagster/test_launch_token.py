@@ -3,7 +3,7 @@ run exists, so it is never stored (the run's config is kept in Dagster's `runs` 
 "View tags and config"): the source resource's `api_token` takes only `{env: VAR}`
 (`resources.EnvOnlyStringSource`), and `new_run`'s `options_json` is judged by the provider's
 `check_options` there (`resources.CheckedOptionsJson`), which refuses a token among the options. The launch goes through the UI's launchRun (GraphQL against a code
-server); the refusal is one line naming the field, never the token. `{env: VAR}` with VAR unset
+server); the refusal is one line naming the field, never the token, with no stack trace beneath it. `{env: VAR}` with VAR unset
 is one line naming the field and the variable (`resources.UnsetSecretVariable`). `{env: PIPEDRIVE_API_TOKEN}`, the
 default, still launches, and a PipedriveSource built in Python with a token (as tests do) still works."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tests.dagster.support import tmpfs_instance
 
 DEFINITIONS = Path(__file__).resolve().parents[2] / "migration_pipeline" / "definitions.py"
 LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
-            ... on RunConfigValidationInvalid { errors { message } } ... on PythonError { message } } }"""
+            ... on RunConfigValidationInvalid { errors { message } } ... on PythonError { message stack } } }"""
 SECRET = "customer-secret-7f3a"
 LINE = ("resources.source.config.api_token: give the environment variable that holds the token "
         "({env: PIPEDRIVE_API_TOKEN}), not the token itself: a run's config is stored and shown")
@@ -61,8 +61,10 @@ def test_the_launchpad_refuses_a_literal_token_before_any_run_exists(monkeypatch
         assert SECRET not in repr(instance.get_runs())
     for job, out in outs.items():
         assert out["__typename"] == "PythonError", (job, out)
-        assert LINE in out["message"] and SECRET not in out["message"], (job, out["message"])
+        assert out["message"] == LINE, (job, out["message"])
     assert options["__typename"] == "PythonError" and SECRET not in options["message"], options
+    # the launchpad shows a PythonError's stack beneath its message: each refusal is its one line alone
+    assert [out["stack"] for out in (*outs.values(), unset, options)] == [[]] * (len(outs) + 2)
     # a variable that is not set: one line naming it, not StringSource's PostProcessingError and its stack trace
     assert unset["__typename"] == "PythonError", unset
     assert UNSET in unset["message"] and len(unset["message"].strip().splitlines()) == 1, unset["message"]
