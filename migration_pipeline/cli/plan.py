@@ -70,14 +70,15 @@ def plan_lines(est: Any) -> list[str]:
     return lines
 
 
-def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None) -> dict[str, Any] | None:
+def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None, missing: str | None) -> dict[str, Any] | None:
     """When `tenant`'s next run is a sync - its succeeded full runs (no dry run) already took the
     kinds asked for (`chosen`; None: the defaults; `runs.migrated_by`), so `migrate run` would
     refuse it - {"kinds": the kinds a sync takes (`runs.synced_kinds`), "by": the id of the run
     that migrated it, "last_sync": {"run_id", "requests", "tokens"} of its latest sync or None};
-    else None (a tenant not migrated yet: its next run is a full run). No embedded database under
-    MIGRATE_HOME: nothing was migrated there, and none is made (initdb) or started to say so."""
-    if dbmod.missing_embedded():
+    else None (a tenant not migrated yet: its next run is a full run). `missing`: `missing_embedded()`
+    as the command read it once - no embedded database under MIGRATE_HOME: nothing was migrated
+    there, and none is made (initdb) or started to say so."""
+    if missing:
         return None
     with open_db() as db:
         by = runs.migrated_by(db, tenant, provider, {"kinds": chosen, "dry_run": False})
@@ -121,7 +122,8 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     except ConfigError as e:  # as `migrate run` says it (`launch.checks.check_kinds`)
         fail(f"--kinds: {e}")
     planned = chosen if chosen is not None else phases
-    migrated = next_is_sync(tenant, provider, chosen)
+    missing = dbmod.missing_embedded()  # read once: nothing migrated under MIGRATE_HOME, and no database made to say so
+    migrated = next_is_sync(tenant, provider, chosen, missing)
     if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
         planned = migrated["kinds"]
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
@@ -142,7 +144,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                "next": "full run"}
     lonely = None
     if migrated is None and kinds_choice(kinds):  # what `migrate run` would say of these kinds' parents
-        if dbmod.missing_embedded():  # nothing migrated under MIGRATE_HOME: no database is made to say so
+        if missing:
             lonely = unlinked_kinds(provider, kinds_choice(kinds), [])
         else:
             with open_db() as db:

@@ -62,3 +62,25 @@ def test_an_unknown_tenant_is_one_wording_naming_the_tenants(args, db_url, run_e
     line = _one_line_error(_migrate_in_process(args, dict(run_env, MIGRATE_SOURCE="example")),
                            "no tenant 'nosuch' (tenants: known)")
     assert "has no migration run" not in line
+
+
+def test_plan_reads_where_the_database_is_once(tmp_path, monkeypatch):
+    """`plan --kinds` asks whether there is an embedded database once, for both of its reads (is the
+    next run a sync; which kinds' parents the tenant already has), not once for each."""
+    from tests.conftest import stop_embedded_server
+    from tests.pipedrive.support import TOKEN, sandbox
+
+    calls: list[str | None] = []
+    looked = dbmod.missing_embedded
+    monkeypatch.setattr(dbmod, "missing_embedded", lambda env=None: calls.append(looked(env)) or calls[-1])
+    home = tmp_path / "fresh"
+    try:
+        with sandbox() as sb:
+            out = _migrate_in_process(["plan", "acme", "--kinds", "persons,deals", "--json"],
+                                      _env(MIGRATE_HOME=str(home), PIPEDRIVE_BASE_URL=sb.base_url, PIPEDRIVE_API_TOKEN=TOKEN))
+        assert out.returncode == 0, out.stderr
+        assert len(calls) == 1 and calls[0].startswith("no embedded database under"), calls
+        assert not home.exists(), list(home.iterdir())
+    finally:
+        if (home / "pgdata" / "postmaster.pid").exists():
+            stop_embedded_server(home / "pgdata")
