@@ -7,7 +7,7 @@ from typing import Any
 
 from engine_core import db as dbmod
 from engine_core import runs, runs_reads
-from engine_core.errors import EngineError
+from engine_core.errors import EngineError, RunNotFound
 from migration_pipeline.cli.output import fail
 
 SHOWN = 20  # tenants named in the line; more are counted
@@ -24,10 +24,13 @@ def known_tenant(db: dbmod.Database, tenant: str) -> None:
 
 
 def tenant_run(db: dbmod.Database, tenant: str, source: str | None) -> Any:
-    """TENANT's latest engine run (of `source`, when given); one line and exit 2 when it has none
-    (an unknown tenant: `known_tenant`'s line)."""
-    known_tenant(db, tenant)
+    """TENANT's latest engine run (of `source`, when given): one read when it has one (its run
+    proves the tenant known). One line and exit 2 when it has none: an unknown tenant, `known_tenant`'s
+    line naming the tenants there are; a tenant with runs of other sources only, `runs.latest_run`'s."""
     try:
         return runs.latest_run(db, tenant, source)
+    except RunNotFound as e:
+        known_tenant(db, tenant)
+        fail(e)
     except EngineError as e:
         fail(e)

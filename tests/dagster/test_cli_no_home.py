@@ -84,3 +84,23 @@ def test_plan_reads_where_the_database_is_once(tmp_path, monkeypatch):
     finally:
         if (home / "pgdata" / "postmaster.pid").exists():
             stop_embedded_server(home / "pgdata")
+
+
+def test_a_tenants_run_is_one_read_and_its_refusals_keep_their_lines(db, monkeypatch, capsys):
+    """`tenant_run` reads the tenant's latest run and nothing else when it has one (the run proves
+    the tenant known); the tenants' list is read only to name them when it has none."""
+    from engine_core import runs_reads
+    from migration_pipeline.cli.tenants import tenant_run
+
+    run = runs.start_run(db, provider_for("example"), "known", options={"page_size": 20})
+    listed: list[int] = []
+    tenants = runs_reads.tenants
+    monkeypatch.setattr(runs_reads, "tenants", lambda d: listed.append(1) or tenants(d))
+    assert tenant_run(db, "known", "example").id == run.id and tenant_run(db, "known", None).id == run.id
+    assert listed == [], "the tenants' list was read for a tenant whose run was found"
+    for tenant, source, line in (("nosuch", "example", "no tenant 'nosuch' (tenants: known)"),
+                                 ("nosuch", None, "no tenant 'nosuch' (tenants: known)"),
+                                 ("known", "pipedrive", "tenant 'known' has no run of source 'pipedrive' (its runs are of: example)")):
+        with pytest.raises(SystemExit) as ended:
+            tenant_run(db, tenant, source)
+        assert ended.value.code == 2 and capsys.readouterr().err == f"error: {line}\n", (tenant, source)
