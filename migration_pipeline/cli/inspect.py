@@ -109,7 +109,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     every phase number from 1 in the run's own `phases` it lists (`current_phase`, `kinds[].phase`,
     `completeness[].phase`, `progress.phases[].phase`: `tables.rollup_doc`), `phase` ("2/2") in the same
     numbering, `phase_asset` ("9/9") and `phase_assets` (one a phase of `phases`) as the phase assets
-    number them (the table's title says both where they differ, `tables.phase_said`),
+    number them (as the table, its title and the progress lines number them),
     `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
     overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
     if tenant is None:

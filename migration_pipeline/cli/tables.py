@@ -60,13 +60,6 @@ def rollup_doc(r: rollups.RunRollup) -> dict[str, Any]:
     return doc
 
 
-def phase_said(own: str, asset: str) -> str:
-    """A run's phase as the status table's title says it: "2/2 (phase asset 9/9)" for a run of some
-    kinds, read against the run's own plan as `migrate status --json` numbers it; "3/9" when the
-    run's plan is the provider's and the numbers agree."""
-    return own if own == asset else f"{own} (phase asset {asset})"
-
-
 # How a dry run's state is listed, before the state: "dry run: succeeded" reads as no migration
 # where "succeeded (dry run)", folded on a narrow console, showed "succeeded" first like a real run
 DRY_RUN_MARK = "dry run: "
@@ -130,8 +123,10 @@ def print_rollup(r: rollups.RunRollup) -> None:
     a phase left to the catch-up unlisted with their parents (`rollup_left`: counted nowhere above)."""
     title = f"{r.name}{', a dry run' if r.dry_run else ''}: {r.status}"
     labels = phase_labels(getattr(r, "source", ""), r.phases)
-    _, own, asset = run_phase(getattr(r, "source", ""), r.phases, r.current_phase)
-    phase_note = f"phase {phase_said(own, asset)}" if r.status in ("running", "stopping") and labels else ""
+    # the phase assets' numbering ("9/9" for the catch-up of a run of some kinds), as the table's
+    # phase column, the progress lines and the overview number it: one count, not the run's own beside it
+    asset = run_phase(getattr(r, "source", ""), r.phases, r.current_phase)[2]
+    phase_note = f"phase {asset}" if r.status in ("running", "stopping") and labels else ""
     written = written_columns(r.dry_run)
     columns = [(col, "left" if col in ("kind", "tasks") else "right") for col in
                ("phase", "kind", "tasks", "seen", *written, "skipped", "left to catch-up", "failed",

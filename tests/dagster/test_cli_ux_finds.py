@@ -73,14 +73,19 @@ def _running(plan: list[list[str]], at: int) -> SimpleNamespace:
                            reasons=[], seconds=None, tasks={}, run_id=3)
 
 
-def test_the_status_title_numbers_the_phase_in_the_runs_own_plan_with_the_assets_beside():
+def test_the_status_title_numbers_the_phase_once_as_the_phase_assets_and_progress_lines_do():
     from migration_pipeline.assets.specs import plan_of
     from migration_pipeline.cli.tables import print_rollup, run_phase
 
     assert run_phase("pipedrive", [["users"], ["catchup"]], 1) == (2, "2/2", "9/9")
     assert run_phase("pipedrive", [["users"], ["catchup"]], 2) == (2, "2/2", "9/9")  # finished: its last phase
     text = _captured(print_rollup, _running([["users"], ["catchup"]], 1))
-    assert "running phase 2/2 (phase asset 9/9)" in text, text
+    assert "running phase 9/9" in text and "2/2" not in text and "phase asset" not in text, text
+    from migration_pipeline.cli.progress import Progress
+
+    running = _running([["users"], ["catchup"]], 1)
+    running.phase_kinds = lambda phase, at_close=False: []
+    assert _captured(Progress._line, running, 1, "running").startswith("  phase 9/9 (catchup) running: ")  # the same count
     full = plan_of("pipedrive")
     text = _captured(print_rollup, _running(full, 2))
     assert "running phase 3/9" in text and "phase asset" not in text, text
