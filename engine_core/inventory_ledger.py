@@ -98,12 +98,19 @@ def unlisted(conn: Conn, run: Run, pairs: Iterable[tuple[str, str]]) -> set[tupl
     """The (ledger kind, source id) pairs among `pairs` this run's inventory does not hold (no page
     of its catch-up's listing served them), in one query; none of a kind of which the run recorded
     a row without a readable id (`ledger.note_unreadable`: it may be any of them)."""
+    return listed(conn, run, pairs)[0]
+
+
+def listed(conn: Conn, run: Run, pairs: Iterable[tuple[str, str]]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """`(unlisted, served)` among `pairs` ((ledger kind, source id)), in one query: `unlisted` as
+    that function says; `served`: the pairs a page of this run's catch-up listing served itself."""
     wanted = sorted(set(pairs))
     if not wanted:
-        return set()
+        return set(), set()
     rows = conn.fetch_all("inventory_seen", {"r": run.id, "kinds": ledger.array([k for k, _ in wanted]),
                                              "source_ids": ledger.array([s for _, s in wanted])})
-    return set(wanted) - {(r["kind"], r["source_id"]) for r in rows}
+    return (set(wanted) - {(r["kind"], r["source_id"]) for r in rows},
+            {(r["kind"], r["source_id"]) for r in rows if r["served"]})
 
 
 def forget_older(conn: Conn, run: Run) -> None:

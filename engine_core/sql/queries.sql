@@ -806,11 +806,13 @@ SELECT source_id, action, source_version, deleted_at_source FROM migration_recor
 -- Which of these (ledger kind, source id) pairs this run's inventory holds: served by its catch-up's
 -- listing (`inventory_ledger.unlisted`: a parent the whole walk did not serve is gone) - or, as
 -- far as anyone can tell, may have been: a row of the kind without a readable id the run recorded
--- (migration_unreadable) may be any of them.
-SELECT want.kind, want.source_id
-  FROM unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id)
- WHERE EXISTS (SELECT 1 FROM migration_inventory i
-                WHERE i.migration_id = %(r)s AND i.kind = want.kind AND i.source_id = want.source_id)
+-- (migration_unreadable) may be any of them. `served`: the inventory holds the pair itself.
+SELECT want.kind, want.source_id, served
+  FROM unnest(%(kinds)s::text[], %(source_ids)s::text[]) AS want(kind, source_id),
+       LATERAL (SELECT EXISTS (SELECT 1 FROM migration_inventory i
+                                WHERE i.migration_id = %(r)s AND i.kind = want.kind
+                                  AND i.source_id = want.source_id) AS served) s
+ WHERE served
     OR EXISTS (SELECT 1 FROM migration_unreadable u WHERE u.migration_id = %(r)s AND u.kind = want.kind);
 
 -- name: ledger_waiting_counts --

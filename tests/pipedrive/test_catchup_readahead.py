@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from engine_core.providers.pipedrive import catchup, inventory, writers
+from engine_core.providers.pipedrive import catchup, inventory, walk_proof, writers
 from engine_core.providers.pipedrive.inventory import ReadAhead, Step
 from tests.pipedrive.support import failed_tasks, migrate, sandbox
 
@@ -174,10 +174,14 @@ def test_a_read_ahead_tells_each_page_read_and_when_no_page_of_a_list_is_being_r
 
 def test_the_last_levels_parents_are_asked_while_the_chain_writes_once_a_kind(db, monkeypatch) -> None:
     """Activities and notes whose deal or lead is archived (lists this run does not take) stay
-    placeholders, and the catch-up retakes them: their parents are asked of the source while the
+    placeholders, and the catch-up retakes them: in a run whose walk does not settle them (as a
+    sync's: here the lists a full run walks only to settle parents are turned off,
+    `walk_proof.proof_lists`), their parents are asked of the source while the
     chain still writes, the pages' parents together - one `ids=` question for the deals, each lead
     once - and the requests counted by the last level's tasks as the source counted them."""
     kinds = ["organizations", "persons", "deals", "leads", "activities", "notes"]
+    monkeypatch.setattr(walk_proof, "proof_lists", lambda kinds: ())
+    monkeypatch.setattr(catchup, "proof_lists", lambda kinds: ())
     questions: list[list[tuple[str, str]]] = []
     catching = threading.Event()
     asked = threading.Event()

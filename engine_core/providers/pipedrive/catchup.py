@@ -97,7 +97,7 @@ from engine_core.providers.pipedrive.kinds import LAST_LEVEL, SINGLE_PATHS, ledg
 from engine_core.providers.pipedrive.mapping import MalformedRow, sound_id, unreadable_key
 from engine_core.providers.pipedrive.meter import CountingClient, Meter
 from engine_core.providers.pipedrive.stripes import rfc3339
-from engine_core.providers.pipedrive.walk_proof import mail_left_to_catchup, settled_by_walk
+from engine_core.providers.pipedrive.walk_proof import WALKED_LISTS, mail_left_to_catchup, proof_lists, settled_by_walk
 
 CATCHUP = "catchup"
 DEALS_PER_TASK = 10
@@ -124,8 +124,16 @@ def changed_since(run: Run) -> str | None:
 
 
 def catchup_kinds(run: Run) -> list[str]:
-    """The run's kinds the catch-up walks, in walking order."""
-    return [k for k in ORDER if k in run.kinds]
+    """The lists the catch-up walks, in walking order: the run's kinds, and - in a full run, not
+    dry - the lists it walks only to settle parents (`proof_kinds`)."""
+    proof = proof_kinds(run)
+    return [k for k in ORDER if k in run.kinds or k in proof]
+
+
+def proof_kinds(run: Run) -> tuple[str, ...]:
+    """The lists a full run's catch-up (not dry) walks only to settle the parents its walks left to it
+    (`walk_proof.proof_lists`); a sync's and a dry run's none (they ask the source instead)."""
+    return () if run.is_sync or run.dry_run else proof_lists(run.kinds)
 
 
 def catchup_seeds(run: Run) -> list[Successor]:
@@ -227,23 +235,35 @@ def counted_as(ctx: TaskContext, kind: str, work: Any) -> Any:
 
 
 def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
-                  rows: Sequence[dict[str, Any]], *, full: bool = False,
+                  rows: Sequence[dict[str, Any]], *, full: bool = False, proof: bool = False,
                   before: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Record the rows as seen, write those the ledger does not hold at their version; returns
     the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
     rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
     `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup).
     `before(rows)`: called with the rows to write before any is written (`owed`: a retry finds
-    them written at their version, so what they owe must be known before)."""
+    them written at their version, so what they owe must be known before).
+
+    `proof`: a list walked only to settle parents (`proof_kinds`: not a kind of the run) writes only the
+    rows the ledger holds already (a deal the run wrote, archived since: what the kind's deletes
+    task would have asked by id and written), counted under the run's own list of the ledger kind;
+    its other rows are only recorded as seen, and it counts no `listed@`."""
     listed = [(row_id(r), r) for r in rows if isinstance(r, dict)]
     with ctx.db.connection() as conn:
-        wanted = inventory_ledger.to_write(conn, ctx.run, lk, [(sid, version_of(kind, r)) for sid, r in listed if sid is not None])
-    changed = [r for sid, r in listed if sid is None or sid in wanted]
+        pairs = [(sid, version_of(kind, r)) for sid, r in listed if sid is not None]
+        if proof:
+            held = inventory_ledger.remember_and_compare(conn, ctx.run, lk, [sid for sid, _ in pairs])
+            wanted = {sid for sid, version in pairs
+                      if sid in held and inventory_ledger.needs_write(held[sid], version, ctx.run)}
+        else:
+            wanted = inventory_ledger.to_write(conn, ctx.run, lk, pairs)
+    changed = [r for sid, r in listed if (sid is None and not proof) or sid in wanted]
     if changed and before is not None:
         before(changed)
     ctx.stats.bump("inventory_listed", len(listed))
     ctx.stats.bump("unchanged", len(listed) - len(changed))
-    if full:
+    credit = next(k for k in WALKED_LISTS[lk] if k in ctx.run.kinds) if proof else kind
+    if full and not proof:
         ctx.stats.bump(f"listed@{kind}", len(listed))
         ctx.stats.bump(f"unchanged@{kind}", len(listed) - len(changed))
     if changed:
@@ -257,7 +277,7 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
                 # one malformed row failing again) failed alone, each with its reason in the ledger
                 pass
 
-        counted_as(ctx, kind, write)
+        counted_as(ctx, credit, write)
     return changed
 
 
@@ -407,7 +427,8 @@ def run_page(ctx: TaskContext, client: PipedriveClient, mapper_of: Any) -> TaskO
         if ctx.run.dry_run:
             ctx.stats.bump("inventory_listed", len(step.rows))
         else:
-            write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None, before=owing)
+            write_changed(ctx, client, mapper_of, kind, lk, step.rows, full=since is None,
+                          proof=kind in proof_kinds(ctx.run), before=owing)
         if parents is not None and kind in LAST_LEVEL:
             asked, tokens = parents.uncounted()  # the parents asked ahead (this page's waited for)
             ctx.stats.bump("requests", asked)

@@ -489,11 +489,18 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
             over = deal_count if k.name != "followers" else deal_count + rows["persons"][0] + rows["organizations"][0]
             costs[k.name] = KindCost(k.name, over, False, over, over * k.cost, seconds=over * trip["list"])
         costs[k.name].opt_in = not k.default if k.name in costs else False
-    catchup_kinds = [n for n in K.CATCHUP_ORDER if n in planned and n in rows]
-    catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds), all(rows[n][1] for n in catchup_kinds))
+    # the catch-up walks the run's lists, and the lists it walks only to settle parents (`proof_lists`)
+    proof = walk_proof.proof_lists(planned)
+    catchup_kinds = [n for n in K.CATCHUP_ORDER if (n in planned or n in proof) and n in rows]
+    catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds if n in planned),
+                       all(rows[n][1] for n in catchup_kinds))
+    walk = [0, 0]  # a sync's walk: the run's lists only (it asks the source instead)
     for n in catchup_kinds:
-        catchup.requests += pages(rows[n][0], K.page_of(n))
-        catchup.tokens += pages(rows[n][0], K.page_of(n)) * K.BY_NAME[n].cost
+        calls = pages(rows[n][0], K.page_of(n))
+        catchup.requests += calls
+        catchup.tokens += calls * K.BY_NAME[n].cost
+        if n in planned:
+            walk = [walk[0] + calls, walk[1] + calls * K.BY_NAME[n].cost]
     if "deal_products" in planned and "deals" in catchup_kinds:
         # the deals written by the catch-up (a parent missing after the walks): their lines, 100 a call
         late = round(rows["deals"][0] * waiting_share(samples["deals"], missing, planned))
@@ -508,8 +515,7 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
     # one walk of every list (whole: it finds deletions by what a list no longer serves); mail,
     # fan-outs and probes come on top as more changed
     floor = KindCost("sync", 0, True, out[0].requests + costs["fields"].requests * ("fields" in planned)
-                     + catchup.requests, out[0].tokens + costs["fields"].tokens * ("fields" in planned)
-                     + catchup.tokens)
+                     + walk[0], out[0].tokens + costs["fields"].tokens * ("fields" in planned) + walk[1])
     floor.days = days_of(floor.tokens, daily_limit, share)
     width = lane_width if lane_width is not None else Settings.from_env().lane_width
     return Estimate(out, opt_in, daily_limit, share, burst_limit, {"requests": c.requests, "tokens": c.tokens},

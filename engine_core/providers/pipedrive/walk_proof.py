@@ -31,6 +31,13 @@ parents' lists are written (one chain, parents first; the last level after the c
 (`writers.SourceAnswers`): a resumed run's catch-up, in any process, settles the placeholders a
 run stopped before its catch-up left.
 
+A run that imports one list of a ledger kind and not the other (deals but not archived deals: the
+six kinds a plain loader reads) has its catch-up walk the other list too, only to settle parents
+(`proof_lists`): an activity's deal that neither list served is gone (imported with the link
+empty), one only the list the run does not import served exists and is not written (the activity
+stays a placeholder saying so) - the answers asking would give, for a page per 500 rows of that list
+instead of a question per page that names one (`settled_by_walk`).
+
 A deal left waiting has its mail left to the catch-up too (`mail_left_to_catchup`): the catch-up
 writes the deal (a placeholder is always taken over) and lists the mail of every deal it writes
 whose `email_messages_count` exceeds the mail held (`catchup.mail_wanted`), so the emails phase
@@ -77,6 +84,26 @@ def _read_again(kinds: Collection[str], lk: str) -> bool:
     return True
 
 
+def proof_lists(kinds: Collection[str]) -> tuple[str, ...]:
+    """The lists a full run's catch-up walks only to settle parents (in `kinds.CATCHUP_ORDER`): the
+    other lists of a ledger kind one of whose lists the run imports (`kinds` holds `deals` but not
+    `deals_archived`: the archived deals). A parent of that kind missing from the ledger is then
+    settled by the walk like any other (module docstring): not served by either list, it is gone;
+    served only by a list the run does not import, it exists and is not written (its child stays a
+    placeholder saying so) - one walk of the list (a page per 500 rows: the seed customer's 4,960
+    archived deals are 10 pages) instead of an `ids=` probe of both deal lists per page that names
+    one (two lists, 30 tokens) or a `GET` per lead (leads take no `ids`; 3,443 `GET /v1/leads/{id}`
+    on the seed customer's six kinds). Its rows are written only when the ledger holds them already
+    (`catchup.write_changed`'s `held_only`: a deal the run wrote, archived since), as the kind's
+    deletes task would have written them when asked by id. Only lists of a ledger kind some kind of
+    the run links to (`Kind.depends_on`)."""
+    imported = set(kinds)
+    linked = {ledger_kind(parent) for name in imported if name in BY_NAME for parent in BY_NAME[name].depends_on}
+    return tuple(name for name, k in sorted(BY_NAME.items(), key=lambda kv: kv[1].catchup or 0)
+                 if k.catchup is not None and name not in imported and k.ledger in linked
+                 and any(other in imported for other in WALKED_LISTS[k.ledger]))
+
+
 def left_to_catchup(kinds: Collection[str], kind: str, parent_kind: str) -> bool:
     """Whether a full run of `kinds` leaves a missing parent of ledger kind `parent_kind` of a row of
     listing kind `kind` to its catch-up's walk: `kind` walked by the catch-up, and every list of the
@@ -90,8 +117,9 @@ def left_to_catchup(kinds: Collection[str], kind: str, parent_kind: str) -> bool
         return False
     if not _read_again(kinds, ledger_kind(kind)):
         return False
-    return all(name in kinds and name not in LAST_LEVEL and (BY_NAME[name].catchup or 0) < child.catchup
-               for name in lists)
+    proof = proof_lists(kinds)
+    return all((name in kinds or name in proof) and name not in LAST_LEVEL
+               and (BY_NAME[name].catchup or 0) < child.catchup for name in lists)
 
 
 def walk_settles(run: Run, kind: str, parent_kind: str) -> bool:
@@ -103,16 +131,19 @@ def walk_settles(run: Run, kind: str, parent_kind: str) -> bool:
 
 
 def settled_by_walk(ctx: TaskContext, kind: str, prepared: Sequence[write.Prepared], pairs: Iterable[Pair],
-                    *, gone: bool = True) -> set[Pair]:
+                    *, gone: bool = True) -> dict[Pair, bool]:
     """The parents among `pairs` of a catch-up page of listing kind `kind` (`prepared`) that its walk
-    settles without a request: `walk_settles`, and every row of the page pointing at the parent
-    waits for the catch-up's walk at the version listed now (`inventory_ledger.waiting_at`: the
-    reference a walk before the catch-up saw). `gone`: only those this run's inventory does not hold
-    (no page of the catch-up's walk served them: gone at the source); False: all of them (asked
-    before the parents' walks are done: `LastParents`). Reads the ledger; holds no connection after."""
+    settles without a request, with the answer a probe would give: `walk_settles`, and every row of
+    the page pointing at the parent waits for the catch-up's walk at the version listed now
+    (`inventory_ledger.waiting_at`: the reference a walk before the catch-up saw). `gone`: those this
+    run's inventory does not hold (no page of the catch-up's walk served them: gone at the source,
+    False) and those a page of it served though the ledger does not know them (served by a list the
+    run walks only to settle parents, `proof_lists`: there, True); False: all of them, unanswered
+    (asked before the parents' walks are done: `LastParents`, which only leaves them unasked).
+    Reads the ledger; holds no connection after."""
     pairs = sorted(p for p in set(pairs) if walk_settles(ctx.run, kind, p[0]))
     if not pairs:
-        return set()
+        return {}
     pointing: dict[Pair, set[str]] = {p: set() for p in pairs}
     versions: dict[str, str | None] = {}
     for row in prepared:
@@ -123,8 +154,12 @@ def settled_by_walk(ctx: TaskContext, kind: str, prepared: Sequence[write.Prepar
                 versions[m.source_id] = m.version
     with ctx.db.connection() as conn:
         waiting = inventory_ledger.waiting_at(conn, ctx.run, ledger_kind(kind), versions.items())
-        unlisted = inventory_ledger.unlisted(conn, ctx.run, pairs) if gone else set(pairs)
-    return {p for p in unlisted if pointing[p] and pointing[p] <= waiting}
+        if gone:
+            unlisted, served = inventory_ledger.listed(conn, ctx.run, pairs)
+        else:
+            unlisted, served = set(pairs), set()
+    settled = [p for p in pairs if pointing[p] and pointing[p] <= waiting]
+    return {p: p not in unlisted for p in settled if p in unlisted or p in served}
 
 
 def mail_left_to_catchup(ctx: TaskContext, deals: Collection[int]) -> set[int]:

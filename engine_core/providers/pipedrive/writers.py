@@ -409,8 +409,8 @@ def probe_of(ctx: TaskContext, client: Getter, *, kind: str | None = None,
 
     `kind`: the page's listing kind (default the task's). A walk before the catch-up leaves the
     parents its catch-up settles (`walk_settles`) to it: answered None (`write.WAITS_FOR_WALK`), no request.
-    `walked`: the page (mapped) is the catch-up's listing of `kind`: the parents its walk proves
-    gone (`settled_by_walk`) are answered False, no request."""
+    `walked`: the page (mapped) is the catch-up's listing of `kind`: the parents its walk settles
+    (`settled_by_walk`: gone, or served by a list the run walks only for that) are answered, no request."""
     key = answers_key(ctx)
     listing = kind or ctx.task.kind
     catchup = ctx.task.kind == CATCHUP_KIND
@@ -419,7 +419,7 @@ def probe_of(ctx: TaskContext, client: Getter, *, kind: str | None = None,
         asked = askable(ctx.run, pairs, {})
         out: dict[Pair, bool | None] = {}
         if walked is not None:
-            out.update(dict.fromkeys(settled_by_walk(ctx, listing, walked, asked), False))
+            out.update(settled_by_walk(ctx, listing, walked, asked))
         elif not catchup:
             out.update((p, None) for p in asked if walk_settles(ctx.run, listing, p[0]))
         rest = [p for p in asked if p not in out]
