@@ -33,11 +33,16 @@ def scaled_seed(monkeypatch):
     data.dataset_for.cache_clear()
 
 
-@pytest.mark.parametrize("scale, mail", [("tiny", True), ("small", True), ("seed-customer", False)])
-def test_the_plan_is_within_ten_percent_of_the_runs_spend(db, request, scale: str, mail: bool) -> None:
+# the six kinds a plain loader reads: the archived lists are walked only to settle parents
+SIX = ["organizations", "persons", "deals", "leads", "activities", "notes"]
+
+
+@pytest.mark.parametrize("scale, mail, six", [("tiny", True, False), ("small", True, False),
+                                              ("seed-customer", False, False), ("small", False, True)])
+def test_the_plan_is_within_ten_percent_of_the_runs_spend(db, request, scale: str, mail: bool, six: bool) -> None:
     if scale == "seed-customer":
         request.getfixturevalue("scaled_seed")
-    kinds = [k.name for k in pd_kinds.KINDS if k.default and (mail or k.name != "emails")]
+    kinds = SIX if six else [k.name for k in pd_kinds.KINDS if k.default and (mail or k.name != "emails")]
     with sandbox(scale=scale, daily_budget=10_000_000) as sb:
         est = PipedriveProvider(base_url=sb.base_url).estimate(kinds, share=0.8)
         sb.reset_stats()

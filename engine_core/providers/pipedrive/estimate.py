@@ -489,6 +489,12 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
             over = deal_count if k.name != "followers" else deal_count + rows["persons"][0] + rows["organizations"][0]
             costs[k.name] = KindCost(k.name, over, False, over, over * k.cost, seconds=over * trip["list"])
         costs[k.name].opt_in = not k.default if k.name in costs else False
+    if "fields" not in planned and any(n in K.ENTITY_OF_KIND for n in planned):
+        # no `fields` kind, yet a kind with custom fields maps them by the definitions: the run reads
+        # every field list once before its first such page (`provider._fields_ahead`)
+        book = costs["fields"]
+        out[0].requests, out[0].tokens = out[0].requests + book.requests, out[0].tokens + book.tokens
+        out[0].seconds += book.seconds
     # the catch-up walks the run's lists, and the lists it walks only to settle parents (`proof_lists`)
     proof = walk_proof.proof_lists(planned)
     catchup_kinds = [n for n in K.CATCHUP_ORDER if (n in planned or n in proof) and n in rows]
