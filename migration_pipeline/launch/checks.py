@@ -191,11 +191,11 @@ def check_tenant_source(db: Any, tenant: str, source: str) -> None:
     the tenant's data came from (another Pipedrive company) are refused in one line
     (TenantSourceMismatch, `runs.check_tenant_identity`) - the engine refuses them too, but only
     inside the Dagster run, whose step then failed and left a FAILURE run in the partition's
-    history. One request (the source's company) when the tenant has a run;
-    none for a new tenant."""
+    history. One request (the source's company, paced by the account's budget in `db`) when the
+    tenant has a run; none for a new tenant."""
     if runs.tenant_identity(db, tenant, source) is None:
         return
-    runs.check_tenant_identity(db, tenant, source, identity_of(provider_for(source)))
+    runs.check_tenant_identity(db, tenant, source, identity_of(provider_for(source), db=db))
 
 
 def check_source_token(provider: Any, timeout: float = CONNECT_TIMEOUT_SECONDS) -> None:

@@ -91,7 +91,7 @@ def drainer_requests(
             context.log.info(f"{run.name} was not launched through Dagster; its own workers drain it")
             why.append(f"{run.name}: not launched through Dagster, its own workers drain it")
             continue
-        if not same_source(context, run):
+        if not same_source(context, run, db):
             why.append(f"{run.name}: read with other source settings, its own launch drains it")
             continue
         counts = runs_reads.open_task_counts(db, run_id)
@@ -134,7 +134,7 @@ def drainer_requests(
 _identities: dict[tuple[str, str], str] = {}
 
 
-def same_source(context: SensorEvaluationContext, run: Run) -> bool:
+def same_source(context: SensorEvaluationContext, run: Run, db: Database | None = None) -> bool:
     """Whether drainers (built from the deployment's source settings) would read the run's source.
 
     A tenant launched with other source settings (a launchpad override reaching another company) is
@@ -149,7 +149,7 @@ def same_source(context: SensorEvaluationContext, run: Run) -> bool:
     if run.source_identity is None:
         return True
     if key not in _identities:
-        identity = identity_of(provider)
+        identity = identity_of(provider, db=db)  # paced by the account's budget (`db`)
         if identity is None:
             return True
         _identities[key] = identity

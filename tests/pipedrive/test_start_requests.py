@@ -153,3 +153,36 @@ def test_every_request_of_a_run_is_paced_by_the_accounts_budget(db, monkeypatch)
     assert runs.get_run(db, run.id).status == "succeeded"
     assert requests.get("/v1/users/me") == 2, requests  # the start's, and the lanes' process's
     assert unpaced == []
+
+
+def test_the_launch_and_the_lane_sensor_ask_the_identity_through_the_accounts_budget(db, monkeypatch) -> None:
+    """A tenant's launch checks that its settings reach the company of the tenant's data, and the lane
+    sensor that a run's source is the deployment's: each one `/v1/users/me`, taken from the same
+    budget as the runs' requests (a launch beside a busy run of the same account would otherwise go
+    out beyond the burst window's limit)."""
+    from types import SimpleNamespace
+
+    from migration_pipeline.launch.checks import check_tenant_source
+    from migration_pipeline.sensors import _identities, same_source
+
+    unpaced: list[str] = []
+    attempt = PipedriveClient._attempt
+
+    def watched(self: PipedriveClient, path: str, query: Any, reservation: Any) -> Any:
+        if self._budget is None and reservation is None:
+            unpaced.append(path)
+        return attempt(self, path, query, reservation)
+
+    with sandbox() as sb:
+        run = start(db, sb, kinds=["organizations"])
+        monkeypatch.setattr(PipedriveClient, "_attempt", watched)
+        provider_module._identities.clear()  # as a launch's and the daemon's processes ask
+        sb.reset_stats()
+        check_tenant_source(db, run.tenant_id, run.source)
+        provider_module._identities.clear()
+        _identities.clear()
+        context = SimpleNamespace(log=SimpleNamespace(info=lambda *a, **k: None))
+        assert same_source(context, run, db)
+        requests = sb.stats()["requests"]
+    assert requests.get("/v1/users/me") == 2, requests
+    assert unpaced == []
