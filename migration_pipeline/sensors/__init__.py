@@ -139,7 +139,8 @@ def same_source(context: SensorEvaluationContext, run: Run, db: Database | None 
 
     A tenant launched with other source settings (a launchpad override reaching another company) is
     drained by its own launch only: a drainer would refuse it anyway (engine SourceMismatch). When
-    either side is not known yet, drainers are requested and decide for themselves."""
+    either side is not known yet, drainers are requested and decide for themselves. `db`: the
+    engine's database, whose budget of the account paces the one identity request (`/v1/users/me`)."""
     try:
         provider = provider_for(run.source, run)
         key = (run.source, provider.account())
