@@ -177,3 +177,20 @@ def test_an_analyze_skips_the_jsonb_columns_and_keeps_the_expression_index(db, d
     assert {"custom_fields", "phones", "emails"} <= jsonb
     assert not stats & jsonb
     assert {"tenant_id", "email", "name", "lower"} <= stats  # `lower`: the expression index's column
+
+
+def test_an_analyze_of_the_ledger_skips_dangling_and_keeps_its_lookup_columns(db, db_url) -> None:
+    # Migration 0025: `dangling` (jsonb) was most of an ANALYZE of migration_records' cost.
+    with psycopg.connect(db_url, autocommit=True) as c:
+        run = c.execute("INSERT INTO migrations (tenant_id, source, source_account, plan)"
+                        " VALUES ('t', 'pipedrive', 'a', '[]')"
+                        " RETURNING id").fetchone()[0]
+        c.execute("INSERT INTO migration_records (migration_id, tenant_id, source, kind, source_id, action, dangling)"
+                  " SELECT %s, 't', 'pipedrive', 'deals', g::text, 'created',"
+                  " jsonb_build_array(jsonb_build_object('owed', true, 'parent_id', g::text)) FROM generate_series(1, 200) g",
+                  (run,))
+        c.execute("ANALYZE migration_records")
+        stats = {r[0] for r in c.execute("SELECT attname FROM pg_stats WHERE schemaname = 'public'"
+                                         " AND tablename = 'migration_records'").fetchall()}
+    assert "dangling" not in stats
+    assert {"tenant_id", "source", "kind", "source_id", "action", "migration_id"} <= stats
