@@ -190,8 +190,9 @@ def owed_links(mapped: Mapped, record_ids: Sequence[int | None], taken: Collecti
     (none of the ledger kinds it may be written under is in `taken`: the run's kinds), as
     `Ref.owed` keeps them; `record_ids`: the local ids of `mapped.refs()` in order (None: not
     found). A link the run could have filled and did not find stays empty and unrecorded."""
-    return [ref.owed() for ref, record_id in zip(mapped.refs()[len(mapped.parents):], record_ids[len(mapped.parents):])
-            if record_id is None and not any(k in taken for k in ref.kinds)]
+    kinds = taken if isinstance(taken, (set, frozenset)) else frozenset(taken)
+    return [ref.owed() for ref, record_id in zip(mapped.links, record_ids[len(mapped.parents):])
+            if record_id is None and kinds.isdisjoint(ref.kinds)]
 
 
 def apply_links(mapped: Mapped, found: Mapping[Ref, int | None]) -> dict[str, Any]:

@@ -100,14 +100,15 @@ class Prepared(dict):
         return cls(id=mapped.source_id, mapped=mapped, error=None)
 
 
-def ledger_refs(mapped: Iterable[Mapped | None]) -> list[Pair]:
-    """Every (ledger kind, source id) the rows' references may be found under."""
-    pairs: list[Pair] = []
+def ledger_refs(mapped: Iterable[Mapped | None]) -> set[Pair]:
+    """Every (ledger kind, source id) the rows' references may be found under, each once (a
+    page's rows share most of their parents: `ledger.references` reads each pair once)."""
+    pairs: set[Pair] = set()
     for m in mapped:
         if m is None:
             continue
         for ref in m.refs():
-            pairs.extend((kind, ref.source_id) for kind in ref.kinds)
+            pairs.update((kind, ref.source_id) for kind in ref.kinds)
     return pairs
 
 
@@ -398,7 +399,7 @@ def _prepared_parts(row: Any) -> tuple[Mapped | None, BaseException | None]:
     return row["mapped"], row["error"]
 
 
-def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Sequence[str] = ()) -> _Plain | None:
+def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Collection[str] = ()) -> _Plain | None:
     """The row as the set-based part writes it, or None when it goes per row."""
     m, error = parts(row)
     if m is None or error is not None or m.source_id in page.held or m.table not in crm.TABLES:
@@ -487,12 +488,13 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
 
     def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:
         counts = Counter(row["id"] for _, row in todo)
+        taken = frozenset(run.kinds)  # (`Run.kinds` builds its tuple at every call)
         plain: list[_Plain] = []
         skips: dict[str, tuple[int, str, str | None, str]] = {}  # source id -> (position, reason, version, parents)
         for pos, row in todo:
             if row["id"] is None or counts[row["id"]] > 1:
                 continue  # a duplicate id in the window: per row, in order
-            p = _plain(row, page, parts, run.kinds)
+            p = _plain(row, page, parts, taken)
             if p is not None:
                 p.pos = pos
                 plain.append(p)
