@@ -125,6 +125,8 @@ class KindResult:
     product: int = 0  # source ids with a live product row
     unwritten: int = 0  # source ids the ledger accounts for as skipped or failed (or waiting)
     waiting: int = 0  # of those, placeholders waiting for the catch-up's walk (`rows.WAITS_FOR_WALK`)
+    skipped: int = 0  # of those, skipped with a reason (not waiting)
+    failed: int = 0  # of those, failed (rows without a readable id included)
     unwritten_ids: list[str] = field(default_factory=list)
     deleted_marked: int = 0  # ledger rows marked deleted at the source
     unversioned: int = 0  # ledger rows without a source version (not compared)
@@ -158,7 +160,7 @@ class KindResult:
         return {
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
             "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
-            "waiting": self.waiting,
+            "waiting": self.waiting, "skipped": self.skipped, "failed": self.failed,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
             "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
             "not_ids": list(self.not_ids), "owed_to": {k: list(v) for k, v in self.owed_to.items()},
@@ -199,9 +201,41 @@ class VerifyResult:
         kind asked for was left out (`left_out`)."""
         return (any(k.checked for k in self.kinds) or self.left_out) and self.differences == 0
 
+    def accounted(self) -> dict[str, int]:
+        """What the source's rows of the checked kinds are, in rows: {"source", "in_product" (a live
+        product row), "skipped", "failed", "waiting"} - the last three kept in the ledger with a
+        reason and not in the product, which a PASSED accounts for but does not import."""
+        checked = [k for k in self.kinds if k.checked]
+        return {"source": sum(k.source for k in checked), "in_product": sum(k.product for k in checked),
+                **{n: sum(getattr(k, n) for k in checked) for n in ("skipped", "failed", "waiting")}}
+
+    def verdict(self) -> str:
+        """The verdict in words. PASSED says what passed: every source row is accounted for, and
+        how many of them are not in the product (skipped, failed, waiting: `accounted`) with where
+        their reasons are - or, when none, that every row is in the product. FAILED says how many
+        differences (or that no kind could be listed)."""
+        if not self.passed:
+            return (f"FAILED: {self.differences} difference(s)" if self.differences
+                    else "FAILED: the source could list no kind")
+        owed = sorted({p for k in self.kinds for p in k.owed_to})
+        owed_said = f" (links owed to {', '.join(owed)}, a kind no run took: see above)" if owed else ""
+        if not any(k.checked for k in self.kinds):
+            return "PASSED" + owed_said
+        a = self.accounted()
+        out = [f"{a[n]:,} {word}" for n, word in (("skipped", "skipped"), ("failed", "failed"),
+                                                  ("waiting", "waiting for the catch-up")) if a[n]]
+        if not out:
+            return f"PASSED: every source row is in the product ({a['in_product']:,}){owed_said}"
+        listed = out[0] if len(out) == 1 else ", ".join(out[:-1]) + " and " + out[-1]
+        return (f"PASSED: every source row is accounted for - {a['in_product']:,} in the product, {listed} "
+                f"{'is' if sum(a[n] for n in ('skipped', 'failed', 'waiting')) == 1 else 'are'} not "
+                f"(kept with their reasons: `migrate rows {self.tenant_id}`){owed_said}")
+
     def as_dict(self) -> dict[str, Any]:
-        """The result as a plain dict (`migrate verify --json`, Dagster metadata)."""
+        """The result as a plain dict (`migrate verify --json`, Dagster metadata): `verdict` the
+        line's words, `accounted` its counts."""
         return {"tenant": self.tenant_id, "source": self.source, "passed": self.passed, "unfinished": self.unfinished,
+                "verdict": self.verdict(), "accounted": self.accounted(),
                 "differences": self.differences, "requests": self.requests, "tokens": self.tokens,
                 "seconds": round(self.seconds, 2), "kinds": [k.as_dict() for k in self.kinds]}
 
@@ -253,11 +287,7 @@ class VerifyResult:
                 shown = ", ".join(k.kept[:cap]) + (f" ... (+{len(k.kept) - cap})" if len(k.kept) > cap else "")
                 out.append(f"  kept {len(k.kept)} (matched, source newer, not overwritten: run with "
                            f"overwrite_matched to take them): {shown}")
-        owed = sorted({p for k in self.kinds for p in k.owed_to})
-        verdict = ("PASSED" + (f" (links owed to {', '.join(owed)}, a kind no run took: see above)" if owed else "")
-                   if self.passed else (f"FAILED: {self.differences} difference(s)" if self.differences
-                                        else "FAILED: the source could list no kind"))
-        out.append(f"verify {self.tenant_id} ({self.source}): {verdict}; {self.cost_line()}")
+        out.append(f"verify {self.tenant_id} ({self.source}): {self.verdict()}; {self.cost_line()}")
         return out
 
 
@@ -415,8 +445,12 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             if entry is not None and entry["action"] in PLACEHOLDERS:
                 result.unwritten += 1
                 result.unwritten_ids.append(sid)
-                if entry["action"] == "skipped" and WAITS_FOR_WALK in (entry.get("reason") or ""):
+                if entry["action"] == "failed":
+                    result.failed += 1
+                elif WAITS_FOR_WALK in (entry.get("reason") or ""):
                     result.waiting += 1
+                else:
+                    result.skipped += 1
                 if entry.get("not_an_id"):
                     result.not_ids.append(sid)
             else:
