@@ -330,6 +330,26 @@ def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[di
     return db.fetch_all("explain_story", {"tenant_id": tenant, "kind": kind, "source_id": str(source_id)})
 
 
+CHANGED_BODIES_SQL = """
+SELECT (SELECT count(*) FROM crm.emails WHERE tenant_id = %(t)s AND deleted_at_source IS NULL AND body_truncated)
+         AS emails_cut,
+       (SELECT count(*) FROM crm.emails WHERE tenant_id = %(t)s AND deleted_at_source IS NULL
+           AND body_unavailable IS NOT NULL) AS emails_unavailable,
+       (SELECT count(*) FROM crm.notes WHERE tenant_id = %(t)s AND deleted_at_source IS NULL AND content_truncated)
+         AS notes_cut
+"""
+
+
+def changed_bodies(db: Database | Conn, tenant: str) -> dict[str, int]:
+    """The tenant's live product rows imported with a body other than the source's, in rows:
+    {"emails_cut": mail bodies cut at `rows.EMAIL_BODY_MAX` (`body_truncated`, migration 0009),
+    "emails_unavailable": mail imported without its body, the source refusing it (403/404,
+    `body_unavailable`), "notes_cut": notes cut at `rows.NOTE_CONTENT_MAX` (`content_truncated`,
+    migration 0014)}. Such rows are imported, so neither skipped nor failed: only this says them."""
+    row = db.sql(CHANGED_BODIES_SQL, {"t": tenant})[0]
+    return {k: int(v) for k, v in row.items()}
+
+
 BAD_ROWS_SQL = """
 SELECT kind, count(*) FILTER (WHERE action = 'skipped' AND NOT waits) AS skipped,
        count(*) FILTER (WHERE action = 'failed') AS failed, count(*) FILTER (WHERE waits) AS waiting

@@ -13,9 +13,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
+import psycopg
+from psycopg.rows import dict_row
 from rich.console import Console
 
 from engine_core import db as dbmod
+from engine_core import ledger_reads
+from engine_core.rows import EMAIL_BODY_MAX, NOTE_CONTENT_MAX
 from engine_core.config import Settings
 
 
@@ -143,8 +147,43 @@ def lowercase_error(e: click.ClickException) -> click.ClickException:
     return e
 
 
+def changed_now(tenant: str) -> dict[str, int]:
+    """`ledger_reads.changed_bodies` of `tenant`, read on one short connection to the engine
+    database (none made or started: `database_url(create=False)`); {} when it cannot be read -
+    a line of hints never fails the command that prints it."""
+    try:
+        url = dbmod.database_url(create=False)
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row, **dbmod.connect_kwargs(url)) as raw:
+            return ledger_reads.changed_bodies(dbmod.Conn(raw), tenant)
+    except Exception:  # noqa: BLE001 - the hints go without the figure, the command does not fail
+        return {}
+
+
+def changed_said(changed: dict[str, int]) -> str:
+    """", 2 imported with a changed body: 1 email body cut at 1,000,000 characters (body_truncated);
+    1 email without its body, refused by the source (body_unavailable)" for `changed`
+    (`ledger_reads.changed_bodies`, rows); "" when none."""
+    said = [f"{n} email bod{'y' if n == 1 else 'ies'} cut at {EMAIL_BODY_MAX:,} characters (body_truncated)"
+            for n in [changed.get("emails_cut", 0)] if n]
+    said += [f"{n} email{'' if n == 1 else 's'} without {'its' if n == 1 else 'their'} body, refused by the source "
+             "(body_unavailable)" for n in [changed.get("emails_unavailable", 0)] if n]
+    said += [f"{n} note{'' if n == 1 else 's'} cut at {NOTE_CONTENT_MAX:,} characters (content_truncated)"
+             for n in [changed.get("notes_cut", 0)] if n]
+    return f", {sum(changed.values())} imported with a changed body: {'; '.join(said)}" if said else ""
+
+
+def db_shell(env: dict[str, str] | None = None) -> str:
+    """How a user's shell reaches the engine database, for a psql line: `"$DATABASE_URL"` when it is
+    set (`migrate db url` hides its password as ***, which cannot log in), else `"$(migrate db url)"`,
+    the embedded server's URL, which has no password (it trusts local connections). Never the
+    secret itself."""
+    given = (os.environ if env is None else env).get("DATABASE_URL", "").strip()
+    return '"$DATABASE_URL"' if given else '"$(migrate db url)"'
+
+
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
-             left_out: str | None = None, again: tuple[str, str] | None = None, *, dry_run: bool = False) -> list[str]:
+             left_out: str | None = None, again: tuple[str, str] | None = None, *, dry_run: bool = False,
+             changed: dict[str, int] | None = None, env: dict[str, str] | None = None) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
     succeeded") with the tenant's skipped and failed rows (`bad`: `ledger_reads.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
@@ -156,14 +195,21 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
 
     A `dry_run` wrote nothing (no ledger row, no product row): its lines point at what it did
     leave - its counts (`migrate status`), its task durations (`migrate report`) - and at the run
-    that writes, not at the ledger or `migrate rows`, which it left empty."""
+    that writes, not at the ledger or `migrate rows`, which it left empty.
+
+    Rows imported with a body other than the source's (cut, or refused by the source: `changed`,
+    `ledger_reads.changed_bodies`, read here by `changed_now` when not given) are neither skipped
+    nor failed, so the verdict line says them apart. The psql line counts the ledger's rows with
+    the failed rows kept without a readable id (`migration_unreadable`, beside the ledger), so its
+    failed figures are the verdict's; it connects as `db_shell` says (`env`: default os.environ)."""
     skipped = sum(v["skipped"] for v in bad.values())
     failed = sum(v["failed"] for v in bad.values())
     if dry_run:
         lines = [f"what now: tenant {tenant!r}: {verdict}: nothing was written; its tables are what a real run would "
                  "do (would import, would match, would update, skipped, failed)"]
     else:
-        lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed"]
+        changed = changed_now(tenant) if changed is None else changed
+        lines = [f"what now: tenant {tenant!r}: {verdict}, {skipped} row(s) skipped, {failed} failed{changed_said(changed)}"]
     lines += [f"  {line}" for line in (left_out or "").splitlines()]
     if again:
         lines.append(f"  {again[0]}{' ' * max(2, 26 - len(again[0]))}{again[1]}")
@@ -178,9 +224,10 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
     if skipped or failed:
         lines.append(f"  migrate rows {tenant}        the skipped and failed rows with their reasons")
     lines.append(f"  migrate status {tenant}      its runs and counts")
-    query = (f"SELECT kind, action, count(*) FROM migration_records WHERE tenant_id = '{tenant}' "
+    query = (f"SELECT kind, action, count(*) FROM (SELECT kind, action FROM migration_records WHERE tenant_id = "
+             f"'{tenant}' UNION ALL SELECT kind, 'failed' FROM migration_unreadable WHERE tenant_id = '{tenant}') r "
              "GROUP BY 1, 2 ORDER BY 1, 2")
-    lines.append(f"  psql \"$(migrate db url)\" -c \"{query}\"")
+    lines.append(f"  psql {db_shell(env)} -c \"{query}\"")
     return lines
 
 

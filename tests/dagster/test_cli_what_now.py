@@ -95,12 +95,13 @@ def test_run_after_a_sync_names_the_run_that_migrated_the_tenant(env, db_url):
 
 def test_what_now_names_the_tenant_its_bad_rows_and_where_to_look():
     bad = {"contacts": {"skipped": 0, "failed": 2}, "notes": {"skipped": 3, "failed": 0}}
-    lines = what_now("acme", "run #4 (example for tenant 'acme') succeeded", bad, "http://127.0.0.1:3000")
+    lines = what_now("acme", "run #4 (example for tenant 'acme') succeeded", bad, "http://127.0.0.1:3000", changed={},
+                     env={})
     assert lines[0] == "what now: tenant 'acme': run #4 (example for tenant 'acme') succeeded, 3 row(s) skipped, 2 failed"
     text = "\n".join(lines)
     assert "http://127.0.0.1:3000" in text and "migrate rows acme" in text and "migrate status acme" in text
     assert 'psql "$(migrate db url)" -c "SELECT' in text and "tenant_id = 'acme'" in text
-    clean = "\n".join(what_now("acme", "run #4 succeeded", {}, None))
+    clean = "\n".join(what_now("acme", "run #4 succeeded", {}, None, changed={}))
     assert "migrate rows" not in clean and "UI" not in clean and "0 row(s) skipped, 0 failed" in clean
     assert again_line("acme", "succeeded") is None
     stopped = what_now("acme", "run #4 stopped", {}, None, again=again_line("acme", "stopped"))
