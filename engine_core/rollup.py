@@ -6,7 +6,8 @@ phase, rows seen = rows accounted for (imported + matched + already here + updat
 waiting + failed in the task stats); rows claimed in the ledger by this run = imported + matched (per phase,
 so a task kind whose rows keep another kind's ledger identity - Pipedrive's archived deals under
 `deals` - is compared with its phase); and rows seen = the source's own count where a discovery
-task recorded one (`source_total` in its stats). For the whole run: rows updated in place
+task recorded one (`source_total` in its stats); and no row counted twice across the phase and the
+catch-up (`rollup_catchup.beyond_listing`: a row the phase left waiting is not the catch-up's skip too). For the whole run: rows updated in place
 in the task stats = the ledger history's `updated` and `restored` rows of this run (a sighting that
 changed a row writes one, in the window that counts it, so this holds at any moment; run-wide
 because a catch-up task writes rows of many ledger kinds). What does not add up is listed in
@@ -88,6 +89,9 @@ class KindRollup:
     # skipped rows the run holds under this kind beyond its phase's count: the catch-up's, after the
     # phase closed; part of `skipped` and `seen` (as `migrate rows`), not of `at_close`'s figures
     skipped_by_catchup: int = 0
+    # of the rows the phase left to the catch-up (`waiting`), those the catch-up skipped: counted in
+    # `skipped` (the ledger's), no longer in `waiting`, and not again in `seen` (`rollup_catchup`)
+    waiting_skipped: int = 0
     # {parent kind: records waiting for the catch-up whose rows of this kind were left to it unlisted}
     left: dict[str, int] = field(default_factory=dict)
 
@@ -106,13 +110,21 @@ class KindRollup:
         return (self.imported + self.matched - _n(self.handed_over, "imported") - _n(self.handed_over, "matched")
                 + _n(self.caught_up, "imported") + _n(self.caught_up, "matched"))
 
+    @property
+    def added_by_catchup(self) -> int:
+        """Rows in `seen` its phase did not count: what the catch-up failed or skipped after the phase
+        closed (`failed_by_catchup`, `skipped_by_catchup`) but the phase's own rows it left waiting
+        and the catch-up skipped (`waiting_skipped`: already seen). Per ledger kind: an archived
+        kind whose waiting rows the catch-up skipped under `deals` has a negative share."""
+        return self.failed_by_catchup + self.skipped_by_catchup - self.waiting_skipped
+
     def at_close(self) -> KindRollup:
         """The kind's figures as its phase counted them - what its progress lines and its phase's
         materialisation say - without the rows the catch-up failed or skipped after it
-        (`failed_by_catchup`, `skipped_by_catchup`)."""
-        later = self.failed_by_catchup + self.skipped_by_catchup
+        (`failed_by_catchup`, `skipped_by_catchup`), its skipped waiting rows back in `waiting`."""
         return replace(self, failed=self.failed - self.failed_by_catchup, skipped=self.skipped - self.skipped_by_catchup,
-                       seen=self.seen - later, failed_by_catchup=0, skipped_by_catchup=0)
+                       waiting=self.waiting + self.waiting_skipped, seen=self.seen - self.added_by_catchup,
+                       failed_by_catchup=0, skipped_by_catchup=0, waiting_skipped=0)
 
     def source_count_met(self) -> bool | None:
         """Whether the source's own count (`source_total`, taken when the kind's phase began) is met;
@@ -376,6 +388,8 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
                 line = f"{k.kind}: {k.seen} seen of the source's own count {k.source_total}{caught}"
                 why = cut_short(run, kinds, phase, waiting)
                 (unfinished if why else problems).append(f"{line} so far: {why}" if why else line)
+        if not run.dry_run:
+            problems.extend(rollup_catchup.beyond_listing(mine))
         stats_written = sum(k.written for k in mine)
         ledger_written = sum(written.get(k.kind, 0) for k in mine)
         if not run.dry_run and stats_written != ledger_written:

@@ -1,5 +1,6 @@
 """What the catch-up failed and skipped of the kinds whose phase had closed: the rollup's
-`failed_by_catchup` and `skipped_by_catchup`.
+`failed_by_catchup` and `skipped_by_catchup`, and the check that neither counts a row twice
+(`beyond_listing`).
 
 The catch-up writes rows of every kind after their phases closed. The failed and skipped records
 the run holds per kind (one read, `rollup._LEDGER_HELD`, grouped by the ledger entries' kind)
@@ -65,24 +66,68 @@ def failed_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> N
 
 
 def skipped_by_catchup(kinds: dict[str, KindRollup], closed: list[list[KindRollup]], held: dict[str, int]) -> None:
-    """Count into each kind's `skipped` and `seen` (and `skipped_by_catchup`) the skipped rows the run
-    holds under it beyond what its phase counted, so the kind's skipped figure is the one `migrate
-    rows` and `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the
-    catch-up's, listed and skipped after the phase closed (a kind a phase lists under written parents
-    only - deal products, mail, followers - has a skipped parent's rows listed by the catch-up
-    alone); the catch-up's row counts them too, as their carrier. Per ledger kind of each phase
-    (`_identities`): a kind holding no rows of its own name (archived deals under `deals`) nets its
-    count against the kind that holds them, never another kind of the phase; a ledger kind holding
-    fewer than its phase counted (the catch-up wrote some) keeps the phase's figure. Closed phases
-    with tasks of their own only, the catch-up's not (a sync's kinds show none, as with
-    `failed_by_catchup`); `held`: the run's skipped records per kind (not those waiting for the
-    catch-up's walk)."""
+    """Count into each kind's `skipped` (and `skipped_by_catchup`) the skipped rows the run holds under
+    it beyond what its phase counted, so the kind's skipped figure is the one `migrate rows` and
+    `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the catch-up's,
+    skipped after the phase closed, of two sorts, each counted once:
+
+    * rows the phase left to the catch-up's walk (its `waiting`, already rows seen): the catch-up
+      skipped them, so they move from `waiting` to `skipped` (`waiting_skipped`), `seen` unchanged;
+    * rows the phase never counted (a kind a phase lists under written parents only - deal products,
+      mail, followers - has a skipped parent's rows listed by the catch-up alone): added to
+      `skipped` and to `seen`.
+
+    Which of a kind's rows beyond its phase's skipped count were waiting is not in the ledger (a
+    settled placeholder keeps no trace of having waited), so the phase's waiting rows take them
+    first: a kind whose phase left none waiting has only rows it never counted, and a kind whose
+    phase listed every row (the catch-up's whole listing serves none new, `beyond_listing`) has
+    only waiting ones. Per ledger kind of each phase (`_identities`): a kind holding no rows of its
+    own name (archived deals under `deals`) nets its count against the kind that holds them, never
+    another kind of the phase; a ledger kind holding fewer than its phase counted (the catch-up
+    wrote some) keeps the phase's figure. Closed phases with tasks of their own only, the
+    catch-up's not (a sync's kinds show none, as with `failed_by_catchup`); `held`: the run's
+    skipped records per kind (not those waiting for the catch-up's walk)."""
     for mine in closed:
         if any(kr.handed_over for kr in mine) or not any(kr.tasks for kr in mine):
             continue  # the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
         for ledger_kind, group in _identities(mine).items():
             n = sum(held.get(kr.kind, 0) - kr.skipped for kr in group)
-            if n > 0:
-                kinds[ledger_kind].skipped_by_catchup = n
-                kinds[ledger_kind].skipped += n
-                kinds[ledger_kind].seen += n
+            if n <= 0:
+                continue
+            kr = kinds[ledger_kind]
+            kr.skipped_by_catchup = n
+            kr.skipped += n
+            for member in sorted(group, key=lambda m: m.kind != ledger_kind):  # the ledger kind's own first
+                moved = min(n, member.waiting)
+                member.waiting -= moved
+                member.waiting_skipped = moved
+                if member is not kr:  # an archived kind's waiting rows are skipped rows of the kind holding them
+                    member.seen -= moved
+                    kr.seen += moved
+                n -= moved
+            kr.seen += n  # rows its phase never counted
+
+
+def beyond_listing(mine: list[KindRollup]) -> list[str]:
+    """The check that no row is counted twice across a phase and the catch-up: per ledger kind of
+    a phase (`_identities`) whose catch-up listed every member kind whole (`caught_up["listed"]`),
+    the rows the rollup counted beyond what the phase saw (`KindRollup.added_by_catchup`: rows
+    the catch-up skipped or failed that its phase never counted) are rows that listing served and
+    the phase had not - at most the listing's rows plus those deleted at the source since, less the
+    phase's rows seen. A row counted both as left to the catch-up and as the catch-up's skip breaks
+    it. One line per ledger kind that does ("persons: 13 rows counted beyond the 1500 its phase
+    saw, but the catch-up's listing of 1500 (0 deleted at the source) served none new")."""
+    out = []
+    for ledger_kind, group in _identities(mine).items():
+        added = sum(kr.added_by_catchup for kr in group)
+        if not added or not all("listed" in kr.caught_up for kr in group):
+            continue
+        phase_seen = sum(kr.seen - kr.added_by_catchup for kr in group)
+        listed = sum(kr.caught_up["listed"] for kr in group)
+        deleted = sum(kr.deleted_at_source for kr in group)
+        new = max(0, listed + deleted - phase_seen)
+        if added > new:
+            out.append(f"{ledger_kind}: {added} row{'' if added == 1 else 's'} counted beyond the {phase_seen} its "
+                       f"phase saw, but the catch-up's listing of {listed} ({deleted} deleted at the source) served "
+                       f"{new or 'none'} new")
+    return out

@@ -171,7 +171,10 @@ def catchup_lines(r: rollups.RunRollup) -> list[str]:
     """One line per kind and outcome whose figure holds more than its phase counted (its progress
     lines and its phase's materialisation): "emails: 9 failed: 8 as its phase counted them (4 of them
     records kept apart), 1 the catch-up failed after the phase closed", "deal_products: 38 skipped: 0
-    as its phase counted them, 38 the catch-up skipped after the phase closed"."""
+    as its phase counted them, 38 the catch-up skipped after the phase closed", and of a kind whose
+    phase left rows to the catch-up, how many of those it skipped ("persons: 42 skipped: 29 as its
+    phase counted them, 13 the catch-up skipped after the phase closed (13 of them rows the phase
+    left to the catch-up: counted here, no longer in left to catch-up)")."""
     lines = []
     for k in r.kinds:
         for outcome in ("skipped", "failed"):
@@ -181,8 +184,12 @@ def catchup_lines(r: rollups.RunRollup) -> list[str]:
             kept = (f" ({k.kept_apart} of them records kept apart)"
                     if outcome == "failed" and getattr(k, "kept_apart", 0) else "")
             total = getattr(k, outcome)
+            waited = sum(int(getattr(w, "waiting_skipped", 0)) for w in r.kinds
+                         if w.kind.removesuffix("_archived") == k.kind) if outcome == "skipped" else 0
+            left = (f" ({waited} of them rows the phase left to the catch-up: counted here, no longer in left to "
+                    f"catch-up)" if waited else "")
             lines.append(f"{k.kind}: {total} {outcome}: {total - later} as its phase counted them{kept}, "
-                         f"{later} the catch-up {outcome} after the phase closed")
+                         f"{later} the catch-up {outcome} after the phase closed{left}")
     return lines
 
 
@@ -264,7 +271,7 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
     out = {c: sum(int(getattr(k, c)) for k in r.kinds) for c in OUTCOMES}
     for c in ("skipped", "failed"):
         out[c] = sum(int(getattr(k, c)) for k in own)
-    out["seen"] -= sum(int(getattr(k, "skipped_by_catchup", 0)) + int(getattr(k, "failed_by_catchup", 0)) for k in own)
+    out["seen"] -= sum(int(getattr(k, "added_by_catchup", 0)) for k in own)
     return out
 
 
