@@ -20,7 +20,6 @@ import pytest
 
 from engine_core import rollup
 from engine_core.providers.pipedrive import catchup, walk_proof
-from engine_core.providers.pipedrive.plan import PHASES
 from engine_core.worker import Worker
 from engine_core.providers.registry import for_run
 from tests.pipedrive.support import FAST, failed_tasks, migrate, sandbox, start
@@ -93,10 +92,10 @@ def _totals(report: Any) -> dict[str, tuple[int, int, int]]:
 
 
 def test_a_deal_archived_before_the_catch_up_is_written_archived_by_the_walk_of_the_archived_list(db) -> None:
-    deals_phase = next(i for i, group in enumerate(PHASES) if "deals" in group)
     with sandbox() as sb:
         run = start(db, sb, "acme", kinds=["organizations", "persons", "deals", "activities"])
         assert catchup.proof_kinds(run) == ("deals_archived",)
+        deals_phase = next(i for i, group in enumerate(run.plan) if "deals" in group)
         Worker(db, settings=FAST, providers=for_run).drain(run.id, until_phase_closed=deals_phase)
         deal = min(int(i) for i in sb.truth("deals")["ids"]["deals"])
         assert entry(db, "deals", deal)["action"] == "created"
