@@ -8,36 +8,37 @@ one inventory walk per kind, parents first (users, pipelines, stages, organizati
 deals + archived deals, leads + archived leads, written one after another in one chain of tasks;
 then activities and notes, which nothing links to, at once in a task each: `LAST_LEVEL`). Only the
 writing needs that order: the chain's first page starts a read-ahead of every list of the walk at
-once (`inventory.ReadAhead`, a few pages a list, in this process), and each page is taken from it
-as the chain comes to it, so under latency the chain waits about as long as its longest list's
-walk, not for every page of every list in turn. A page is still asked once, in the walk's own
-sequence per list, and counted by the task that takes it. A row that moved between two lists
-read at once could be in neither page, so the lists of one ledger kind are read one after the
-other (archived deals once the deals' last page is read), as the chain walks them. A page's rows are
-compared with the ledger in one query: rows the ledger lacks, holds only as a placeholder, holds
-at an older version or holds as deleted are written through the engine's write path (created,
-or updated in place with the ledger's history); which rows need writing is the engine's rule
-(`inventory_ledger.to_write`); the rest cost nothing more. The placeholders a full run's walks
-left to this walk (`walk_proof`: a parent not known then, not asked) are settled here without a
-request: a parent the chain wrote links them; one its whole walk did not serve is gone, and the row
-is imported with that link dangling (`writers.probe_of` with the page, `LastParents` for the last
-level). Other missing parents are asked of the source as before; what the catch-up writes is
-counted under the row's kind too (`PerKindStats`).
-Every id served is recorded in `migration_inventory`. When a ledger kind's lists are done, a
-`deletes` task takes the kind's live ledger entries the inventory did not see, asks the source
-for each (`GET` by id: 1-2 tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers
-404 and its children were re-pointed to the survivor, whose update moved them into this walk)
-and is marked (`marks.mark_gone`); a row that answers is written as served (it moved
-between lists while the walk passed). Changed deals with more mail than the product holds for
-them (`email_messages_count` against crm.emails) get email tasks of ten deals (`emails.py`), so
-mail is fetched only for deals whose mail changed (and only in runs that import mail); these
-tasks take over the run's own mail placeholders (mail the emails phase skipped because its deal,
-created meanwhile, was not written yet), and list once the mail of the deals that waited for this
-walk, which the emails phase left to them (`walk_proof.mail_left_to_catchup`; a deal written by id
-in its `deletes` task gets its mail task there). What a task owes for the rows it writes - their
-mail, a deal's product lines, a record's per-record lists - is named in its cursor before they are
-written (`owed`): a task that dies after the write and before those tasks are committed finds the
-rows written on its retry, no longer changed nor waiting, and makes them all the same.
+once (`inventory.ReadAhead`, in this process, its pages held compact: the rows the ledger holds at
+their version as {id, version}, `compact`, so a whole list of a large account is read ahead), and
+each page is taken from it as the chain comes to it, so under latency the chain waits about as
+long as its longest list's walk, not for every page of every list in turn. A page is still
+asked once, in the walk's own sequence per list, and counted by the task that takes it. A row
+that moved between two lists read at once could be in neither page, so the lists of one ledger
+kind are read one after the other (archived deals once the deals' last page is read), as the chain
+walks them. A page's rows are compared with the ledger in one query: rows the ledger lacks, holds
+only as a placeholder, holds at an older version or holds as deleted are written through the
+engine's write path (created, or updated in place with the ledger's history); which rows need
+writing is the engine's rule (`inventory_ledger.to_write`); the rest cost nothing more. The
+placeholders a full run's walks left to this walk (`walk_proof`: a parent not known then, not
+asked) are settled here without a request: a parent the chain wrote links them; one its whole walk
+did not serve is gone, and the row is imported with that link dangling (`writers.probe_of` with the
+page, `LastParents` for the last level). Other missing parents are asked of the source as before;
+what the catch-up writes is counted under the row's kind too (`PerKindStats`). Every id served is
+recorded in `migration_inventory`. When a ledger kind's lists are done, a `deletes` task takes the
+kind's live ledger entries the inventory did not see, asks the source for each (`GET` by id: 1-2
+tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers 404 and its children were
+re-pointed to the survivor, whose update moved them into this walk) and is marked
+(`marks.mark_gone`); a row that answers is written as served (it moved between lists while the walk
+passed). Changed deals with more mail than the product holds for them (`email_messages_count`
+against crm.emails) get email tasks of ten deals (`emails.py`), so mail is fetched only for deals
+whose mail changed (and only in runs that import mail); these tasks take over the run's own mail
+placeholders (mail the emails phase skipped because its deal, created meanwhile, was not written
+yet), and list once the mail of the deals that waited for this walk, which the emails phase left to
+them (`walk_proof.mail_left_to_catchup`; a deal written by id in its `deletes` task gets its mail
+task there). What a task owes for the rows it writes - their mail, a deal's product lines, a
+record's per-record lists - is named in its cursor before they are written (`owed`): a task that
+dies after the write and before those tasks are committed finds the rows written on its retry, no
+longer changed nor waiting, and makes them all the same.
 
 **A sync** (`runs.start_sync`, mode 'sync') is this phase: the provider seeds nothing else but
 the field definitions, and the catch-up brings every change and deletion since the last succeeded
@@ -88,7 +89,7 @@ from engine_core.errors import PageFailed
 from engine_core.ledger_reads import mail_held, unseen_live, unseen_skipped
 from engine_core.models import Run, Stats, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
-from engine_core.providers.pipedrive import contents, lines, owed, record_lists, retake, writers
+from engine_core.providers.pipedrive import compact, contents, lines, owed, record_lists, retake, writers
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
@@ -258,6 +259,7 @@ def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kin
         else:
             wanted = inventory_ledger.to_write(conn, ctx.run, lk, pairs)
     changed = [r for sid, r in listed if (sid is None and not proof) or sid in wanted]
+    changed = compact.full_rows(ctx, client, kind, changed)  # a row read ahead compact: whole again
     if changed and before is not None:
         before(changed)
     ctx.stats.bump("inventory_listed", len(listed))
@@ -365,7 +367,9 @@ def reader_of(ctx: TaskContext, client: Any, kinds: Sequence[str], since: str | 
             # the lists of one ledger kind (deals, then archived deals) are read one after the other
             follows = {k: before for before, k in zip(kinds, kinds[1:]) if ledger_kind(k) == ledger_kind(before)}
             parents = None if ctx.run.dry_run or mapper_of is None else LastParents(ctx, inner, mapper_of)
-            reader = _readers[scope] = ReadAhead(inner, kinds, since, step=lambda m, k, a, s: list_step(m, k, a, s),
+            # pages held compact (`compact`): a whole list of a large account read ahead
+            reader = _readers[scope] = ReadAhead(inner, kinds, since, step=compact.compacting(ctx, lambda m, k, a, s: list_step(m, k, a, s)),
+                                                 ahead=compact.AHEAD,
                                                  follows=follows, arrived=parents.arrived if parents else None)
             if parents is not None:
                 parents.reader = reader
