@@ -94,7 +94,7 @@ def proof_lists(kinds: Collection[str]) -> tuple[str, ...]:
     archived deals are 10 pages) instead of an `ids=` probe of both deal lists per page that names
     one (two lists, 30 tokens) or a `GET` per lead (leads take no `ids`; 3,443 `GET /v1/leads/{id}`
     on the seed customer's six kinds). Its rows are written only when the ledger holds them already
-    (`catchup.write_changed`'s `held_only`: a deal the run wrote, archived since), as the kind's
+    (`catchup.write_changed`'s `proof`: a deal the run wrote, archived since), as the kind's
     deletes task would have written them when asked by id. Only lists of a ledger kind some kind of
     the run links to (`Kind.depends_on`)."""
     imported = set(kinds)
