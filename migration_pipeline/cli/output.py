@@ -245,11 +245,24 @@ def again_line(tenant: str, status: str | None, sync: bool = False) -> tuple[str
 
 # `migrate run` / `sync`'s exit codes (README "From the command line", docs/commands.md): 0 the run
 # succeeded, 1 it failed (retry: the same command), 2 refused before anything ran (bad input, a
-# check, --timeout), STOPPED_ELSEWHERE a stop from outside this command (`migrate stop`, the UI's
-# Terminate, the engine's pause) ended it resumable, 128 + N this command got signal N (130: Ctrl-C).
+# check, --timeout), STOPPED_ELSEWHERE an operator's stop from outside this command (`migrate stop`,
+# the UI's Terminate) ended it resumable, SOURCE_FAILED the engine paused it, resumable, because the
+# source failed every request for MIGRATE_SOURCE_DOWN_SECONDS (`runs.pause`), 128 + N this command
+# got signal N (130: Ctrl-C).
 STOPPED_ELSEWHERE = 3
+SOURCE_FAILED = 4
 # Who `migrate stop` says stopped a run, in the engine run's log (`runs.note_stop`)
 MIGRATE_STOP = "by `migrate stop`"
+ENGINE_PAUSE = "the engine's pause"
+
+
+def paused_reason(step_messages: tuple[str, ...]) -> str | None:
+    """Why the engine paused the run, from the phase steps' one-line messages
+    (`migration_pipeline.assets.phases`: "... closed (paused: the source failed every request for
+    5m00s (last: HTTP 503)); launch the partition again ..."): "the source failed every request for
+    5m00s (last: HTTP 503)", or None when no step says it was paused."""
+    paused = next((m for m in step_messages if "(paused: " in m), None)
+    return paused.split("(paused: ", 1)[1].rsplit("); ", 1)[0] if paused else None
 
 
 def stopped_by(signo: int | None = None, step_messages: tuple[str, ...] = (), noted: str | None = None) -> str:
@@ -257,28 +270,42 @@ def stopped_by(signo: int | None = None, step_messages: tuple[str, ...] = (), no
     Ctrl-C (SIGINT)", "SIGTERM to this command"), else - a stop from outside - `migrate stop` when
     the engine run's log says so (`noted`: its stop note since this launch, `runs.stop_noted`; the
     op it stopped may have been interrupted as by a terminate), else read from the phase steps'
-    one-line messages (`migration_pipeline.assets.phases`: a pause says "paused: why", a terminate
-    "stopped by a terminate request") - the engine's pause, the UI's Terminate, or `migrate stop`."""
+    one-line messages (`paused_reason`; a terminate says "stopped by a terminate request") - the
+    engine's pause ("the engine's pause (why)"), the UI's Terminate, or `migrate stop`."""
     if signo is not None:
         name = signal.Signals(signo).name
         return f"this command's Ctrl-C ({name})" if signo == signal.SIGINT else f"{name} to this command"
     if noted == f"stopped {MIGRATE_STOP}":
         return "`migrate stop` from elsewhere"
-    paused = next((m for m in step_messages if "(paused: " in m), None)
-    if paused:  # "... closed (paused: the source failed ... (last: HTTP 503)); launch the partition again ..."
-        return f"the engine's pause ({paused.split('(paused: ', 1)[1].rsplit('); ', 1)[0]})"
+    paused = paused_reason(step_messages)
+    if paused:
+        return f"{ENGINE_PAUSE} ({paused})"
     if any("terminate request" in m for m in step_messages):
         return "a Terminate from elsewhere (the Dagster UI's)"
     return "`migrate stop` from elsewhere"
+
+
+def stopped_exit_code(by: str) -> int:
+    """The exit code of a launch a stop from outside it ended, by who stopped it (`stopped_by`):
+    SOURCE_FAILED for the engine's pause (the source failed every request), STOPPED_ELSEWHERE for
+    an operator's stop (`migrate stop`, the UI's Terminate)."""
+    return SOURCE_FAILED if by.startswith(ENGINE_PAUSE) else STOPPED_ELSEWHERE
 
 
 def stopped_line(run_name: str, status: str, by: str, tenant: str, dagster: str, sync: bool = False) -> str:
     """The one line a stopped `migrate run` / `sync` ends with, whoever stopped it (`stopped_by`):
     "run #5 (...) stopped by this command's Ctrl-C (SIGINT); `migrate run --tenant acme` resumes it
     where it stopped (Dagster run R: CANCELED)". `status` is the engine run's ("stopping": a task
-    still reaching its checkpoint, said in brackets); `dagster` the Dagster side in a few words."""
+    still reaching its checkpoint, said in brackets); `dagster` the Dagster side in a few words. The
+    engine's pause is the source's failure, said as such: "run #5 (...) paused by the engine: the
+    source failed every request for 3m00s (last: HTTP 503); `migrate run --tenant acme` resumes it
+    where it stopped once the source answers (...)"."""
     command = f"migrate sync {tenant}" if sync else f"migrate run --tenant {tenant}"
     still = "" if status == "stopped" else f" (still {status}: its running tasks stop at their next checkpoint)"
+    if by.startswith(f"{ENGINE_PAUSE} ("):  # the source's failure, not a stop: resuming waits for the source
+        why = by.removeprefix(f"{ENGINE_PAUSE} (").removesuffix(")")
+        return (f"{run_name} paused by the engine: {why}{still}; `{command}` resumes it where it stopped "
+                f"once the source answers ({dagster})")
     return f"{run_name} stopped by {by}{still}; `{command}` resumes it where it stopped ({dagster})"
 
 

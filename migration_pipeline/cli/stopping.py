@@ -15,7 +15,7 @@ from engine_core import rollup as rollups
 from engine_core import runs
 from engine_core.errors import EngineError
 from migration_pipeline import tags
-from migration_pipeline.cli.output import (STOPPED_ELSEWHERE, again_line, emit, open_db, reader_gone, stopped_by,
+from migration_pipeline.cli.output import (again_line, emit, open_db, reader_gone, stopped_by, stopped_exit_code,
                                           stopped_line)
 from migration_pipeline.cli.tables import rollup_doc
 
@@ -146,9 +146,10 @@ def stopped_elsewhere(as_json: bool, instance: Any, run_id: str, r: Any, results
     "what now" and the phase step's own Dagster-worded message, which had printed it twice and
     called the stop "failed"); under --json, stdout's document first (`stopped_doc`). Who stopped
     it: `noted`, the engine run's stop note since this launch, else the steps' messages. Exit code
-    STOPPED_ELSEWHERE: not 1, which says the run failed."""
+    (`stopped_exit_code`) STOPPED_ELSEWHERE for an operator's stop, SOURCE_FAILED for the engine's
+    pause of a failing source: not 1, which says the run failed."""
     by = stopped_by(step_messages=tuple(p.message for p in results if p.status == "failed"), noted=noted)
     line = stopped_line(r.name, r.status, by, tenant, f"Dagster run {run_id}: CANCELED", sync)
     emit(as_json, stopped_doc(instance, run_id, source, by, line, r), lambda: None)
     click.echo(line, err=True)
-    return STOPPED_ELSEWHERE
+    return stopped_exit_code(by)

@@ -29,7 +29,8 @@ from engine_core import ledger_reads, runs
 from engine_core.config import Settings
 from engine_core.providers.registry import for_run, provider_for
 from engine_core.worker import drain_threads
-from migration_pipeline.cli.output import again_line, stopped_by, stopped_line, what_now
+from migration_pipeline.cli.output import (SOURCE_FAILED, STOPPED_ELSEWHERE, again_line, stopped_by, stopped_exit_code,
+                                          stopped_line, what_now)
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 
 pytestmark = pytest.mark.timeout(300)
@@ -160,3 +161,17 @@ def test_a_stopped_runs_line_says_who_stopped_it_and_how_it_resumes():
                     "`migrate run --tenant acme` resumes it where it stopped (Dagster run R: CANCELED)")
     assert "`migrate sync acme` resumes it" in stopped_line("sync #5", "stopping", "x", "acme", "d", sync=True)
     assert "launch the partition" not in line and "failed" not in line
+
+
+def test_the_engines_pause_is_said_as_the_sources_failure_with_its_own_exit_code():
+    """A failing source's pause is not an operator's stop: its line names the source's failure and
+    the resume once the source answers, its exit code is SOURCE_FAILED; the stops keep theirs."""
+    by = stopped_by(step_messages=("run #4 was stopped before phase 3 closed (paused: the source failed every "
+                                   "request for 5m00s (last: HTTP 503)); launch the partition again to resume",))
+    line = stopped_line("run #4 (x)", "stopped", by, "acme", "Dagster run R: CANCELED")
+    assert line == ("run #4 (x) paused by the engine: the source failed every request for 5m00s (last: HTTP 503); "
+                    "`migrate run --tenant acme` resumes it where it stopped once the source answers "
+                    "(Dagster run R: CANCELED)")
+    assert stopped_exit_code(by) == SOURCE_FAILED
+    for stop in ("`migrate stop` from elsewhere", "a Terminate from elsewhere (the Dagster UI's)"):
+        assert stopped_exit_code(stop) == STOPPED_ELSEWHERE
