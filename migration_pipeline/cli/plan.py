@@ -48,8 +48,9 @@ def wall_line(est: Any) -> str:
             f"the burst limit, {est.burst_limit} per 2 s: {_wall(est.burst_seconds)})")
 
 
-def plan_lines(est: Any) -> list[str]:
-    """The plan as lines of text: a row per kind, the total, the burst floor, the opt-in kinds."""
+def plan_lines(est: Any, opt_in: bool = True) -> list[str]:
+    """The plan as lines of text: a row per kind, the total, the burst floor, the opt-in kinds
+    (not with `opt_in` False: a run that is resumed keeps its kinds, no --kinds adds one)."""
     lines = [f"{'kind':<16}{'rows':>10}  {'requests':>9}{'tokens':>11}{'days':>8}"]
     for k in est.kinds:
         rows = f"{'' if k.exact else '~'}{k.rows:,}"
@@ -61,7 +62,7 @@ def plan_lines(est: Any) -> list[str]:
              if est.daily_limit else "no daily token limit reported by the source: days not known")
     lines.append(f"budget: {limit}")
     lines.append(wall_line(est))
-    for k in est.opt_in:
+    for k in est.opt_in if opt_in else ():
         days = (f"+{k.days:.2f} days" if k.days is not None else "days unknown without the account's daily limit")
         lines.append(f"opt-in {k.kind}: +{k.requests:,} requests, +{k.tokens:,} tokens, {days} "
                      f"(add with --kinds +{k.kind})")
@@ -89,6 +90,48 @@ def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None, missing: 
         return {"kinds": runs.synced_kinds(db, tenant, provider) or list(by.kinds), "by": by.id, "last_sync": last}
 
 
+def next_is_existing(tenant: str, provider: Any, missing: str | None) -> Any:
+    """The run `tenant`'s next `migrate run` works on instead of starting one, as the launch decides
+    it (`runs.existing_attachment`: its live run, joined, else its latest run when that was stopped
+    - resumed - or failed - retried; with --new-run and --kinds alike, which a stopped or failed run
+    ignores), as an `Attached`; None when the next run is a new one. `missing`: as `next_is_sync`'s."""
+    if missing:
+        return None
+    with open_db() as db:
+        return runs.existing_attachment(db, tenant, provider.source)
+
+
+def kinds_left(run: Any, skip: tuple[str, ...] = ("catchup",)) -> list[str]:
+    """The kinds of `run`'s phases that have not closed (its current phase and those after it:
+    `run.current_phase`, 0-based, over `run.plan`), each once, without the `skip` kinds (the
+    catch-up, which `migrate plan` does not price): what resuming the run still reads."""
+    left = [k for group in run.plan[run.current_phase:] for k in group if k not in skip]
+    return list(dict.fromkeys(left))
+
+
+def existing_words(tenant: str, existing: Any, left: list[str]) -> list[str]:
+    """The plan's headline for a tenant whose next launch works on an existing run (`next_is_existing`):
+    which run, what the launch does with it (joins, resumes, retries), that --new-run and --kinds do
+    not change that, and what the figures below are (the kinds of its phases not closed yet)."""
+    run = existing.run
+    command = f"migrate sync {tenant}" if run.is_sync else f"migrate run --tenant {tenant}"
+    at = f"at phase {min(run.current_phase, len(run.plan) - 1) + 1} of {len(run.plan)}"
+    does = {"joined": f"joins the running run #{run.id} ({at})",
+            "rerun": (f"resumes the stopped run #{run.id} where it stopped ({at}, each task from its checkpoint)"
+                      if run.status in ("stopped", "stopping") else
+                      f"retries the failed run #{run.id}'s failed tasks and goes on ({at})")}[existing.action]
+    dry = "; a dry run: it writes nothing" if run.dry_run else ""
+    lines = [f"plan for {tenant}: the next `{command}` {does}{dry}; --new-run and --kinds do not change "
+             f"that: a run is started anew only once run #{run.id} has succeeded"]
+    if left:
+        lines.append(f"what is left of it: the kinds of its phases not closed yet ({', '.join(left)}), each "
+                     "counted whole below (the checkpoints of the phase it is in make that phase's part less), "
+                     "with a run's start and catch-up")
+    else:
+        lines.append("what is left of it: its catch-up; the figures below are a run's start and catch-up")
+    return lines
+
+
 def run_words(entries: list[str] | None, planned: list[str]) -> str:
     """What a run of `--kinds` `entries` takes, in words, each kind said once: "the default kinds"
     (no entries), "the default kinds and deal_history, without notes" (+kind/-kind), "every kind"
@@ -113,7 +156,9 @@ def run_words(entries: list[str] | None, planned: list[str]) -> str:
 def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     """What migrating TENANT will cost at the source (Pipedrive, from the environment's settings),
     before any run: per kind the rows, requests, tokens and days of the daily budget, the total,
-    and the wall time (round trips and burst limit); opt-in kinds with their price."""
+    and the wall time (round trips and burst limit); opt-in kinds with their price. A tenant whose
+    next `migrate run` works on an existing run (stopped: resumed, failed: retried, running:
+    joined; --new-run and --kinds alike) gets that run named and what is left of it priced."""
     check_tenant(tenant, "TENANT")
     provider = provider_for("pipedrive")
     phases = [k for group in provider.phases() for k in group if k != "catchup"]
@@ -126,6 +171,10 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     migrated = next_is_sync(tenant, provider, chosen, missing)
     if migrated is not None:  # the next run is the sync, of the kinds the tenant's runs took
         planned = migrated["kinds"]
+    # a run the next launch works on (stopped: resumed, failed: retried, running: joined): what is left of it
+    existing = next_is_existing(tenant, provider, missing) if migrated is None else None
+    if existing is not None:
+        planned = kinds_left(existing.run)
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
     check_source_token(provider)  # a refused token: the line `migrate run` and `migrate verify` give
     if not as_json:  # the counting is paced to half the burst: under real latency it takes half a minute
@@ -143,7 +192,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                "kinds": [vars(k) for k in est.kinds], "opt_in": [vars(k) for k in est.opt_in],
                "next": "full run"}
     lonely = None
-    if migrated is None and kinds_choice(kinds):  # what `migrate run` would say of these kinds' parents
+    if migrated is None and existing is None and kinds_choice(kinds):  # what `migrate run` would say of these kinds' parents
         if missing:
             lonely = unlinked_kinds(provider, kinds_choice(kinds), [])
         else:
@@ -154,6 +203,11 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
         floor = est.sync_floor
         payload.update(next="sync", sync={"requests": floor.requests, "tokens": floor.tokens, "days": floor.days,
                                           "last": migrated["last_sync"]}, migrated_by=migrated["by"])
+    if existing is not None:  # the figures are what is left of that run: the kinds of its phases not closed yet
+        r = existing.run
+        payload.update(next={"joined": "join", "rerun": "resume" if r.status in ("stopped", "stopping") else "retry"}
+                       [existing.action], run={"run_id": r.id, "status": r.status, "phase": r.current_phase + 1,
+                                               "phases": len(r.plan), "kinds_left": planned, "dry_run": r.dry_run})
 
     def render() -> None:
         if migrated is not None:
@@ -165,12 +219,15 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                        f"{floor.tokens:,} tokens{'' if floor.days is None else f', {floor.days:.2f} days'} (the field "
                        f"lists and one walk of every list), more as more changed{said}")
             click.echo(f"a full run again from scratch (`migrate run --tenant {tenant} --new-run`) would be:")
+        elif existing is not None:
+            for line in existing_words(tenant, existing, planned):
+                click.echo(line)
         else:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
         if lonely:  # read before the figures it qualifies, wrapped at a clause, not one long line
             for line in textwrap.wrap(lonely, width=100, subsequent_indent="  ", break_on_hyphens=False):
                 click.echo(line)
-        for line in plan_lines(est):
+        for line in plan_lines(est, opt_in=existing is None):
             click.echo(line)
 
     emit(as_json, payload, render)
