@@ -46,8 +46,10 @@ import warnings
 from typing import Any
 
 from dagster import PreviewWarning
-from dagster import (AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, AssetCheckSeverity, AssetChecksDefinition,
-                     AssetCheckSpec, Failure, MetadataValue, multi_asset_check)
+from dagster import (AssetCheckEvaluation, AssetCheckExecutionContext, AssetCheckKey, AssetCheckResult, AssetCheckSeverity,
+                     AssetChecksDefinition, AssetCheckSpec, AssetRecordsFilter, DagsterEventType, Failure,
+                     MetadataValue, multi_asset_check)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
 from engine_core import rollup as rollups
 from engine_core import runs
@@ -232,6 +234,56 @@ def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected:
             results.append(AssetCheckResult(asset_key=spec.key, check_name=ALL_ROWS_LANDED, passed=passed,
                                             metadata=md, severity=AssetCheckSeverity.WARN))
     return results
+
+
+LEDGER_CHECKS = frozenset({LEDGER_MATCHES_TARGET, NO_DUPLICATE_CLAIMS, KINDS_ADD_UP, ALL_ROWS_LANDED})
+
+
+def settle_planned_checks(context: Any, db: Database, source: str) -> int:
+    """Evaluate now the ledger checks this Dagster run planned on its tenant partition and has not
+    evaluated yet (of every phase), each logged as an AssetCheckEvaluation of
+    the partition's latest materialisation; the number logged. For a step that ends without
+    materialising its phase: a launch refused because the tenant's latest run succeeded, a phase
+    out of the run's plan with no planned phase after it (Dagster then skips every later step). Dagster 1.13 resolves a check its run planned and never evaluated as
+    SKIPPED (or EXECUTION_FAILED in a FAILURE run; `AssetCheckExecutionRecord.resolve_status`,
+    `asset_check_state._process_run_statuses`), and the Checks tab shows a check's latest
+    execution: one refused relaunch listed every check of every phase as skipped over the passed
+    evaluations of the run that materialised them. A phase whose partition was never materialised
+    is left as Dagster resolves it (nothing to check). Never raises: the step's own end matters more."""
+    try:
+        tenant = context.partition_key
+        records = context.instance.get_records_for_run(context.run_id, of_type={
+            DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED, DagsterEventType.ASSET_CHECK_EVALUATION}).records
+        planned: set[AssetCheckKey] = set()
+        for r in records:
+            event = r.event_log_entry.dagster_event
+            data = event.event_specific_data
+            key = data.asset_check_key
+            if event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+                planned.discard(key)
+            elif key.name in LEDGER_CHECKS:
+                planned.add(key)
+        logged = 0
+        for spec in phase_specs(source):
+            names = {k.name for k in planned if k.asset_key == spec.key}
+            latest = context.instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=spec.key, asset_partitions=[tenant]), limit=1).records if names else []
+            if not latest:
+                continue
+            target = AssetCheckEvaluationTargetMaterializationData(
+                storage_id=latest[0].storage_id, run_id=latest[0].run_id, timestamp=latest[0].timestamp)
+            for result in evaluate_ledger_checks(db, tenant, spec, names):
+                context.log_event(AssetCheckEvaluation(
+                    asset_key=spec.key, check_name=result.check_name, passed=result.passed, partition=tenant,
+                    metadata={**result.metadata, "evaluated_by": MetadataValue.text(
+                        f"Dagster run {context.run_id[:8]}, which did not materialise the phase: the tenant's "
+                        f"rows as they are, checked against its materialisation by run {latest[0].run_id[:8]}")},
+                    severity=result.severity, target_materialization_data=target))
+                logged += 1
+        return logged
+    except Exception:  # noqa: BLE001 - the checks stay as Dagster resolves them
+        context.log.exception("could not evaluate the run's planned ledger checks")
+        return 0
 
 
 def source_check(db: Database, provider: Any, tenant: str, spec: PhaseSpec, settings: Any = None) -> tuple[bool, dict[str, Any]]:

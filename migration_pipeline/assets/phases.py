@@ -57,7 +57,8 @@ from engine_core.plan import kinds_left_out, left_out_line
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
-from migration_pipeline.assets.checks import evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant
+from migration_pipeline.assets.checks import (evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant,
+                                              settle_planned_checks)
 from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata, run_end_metadata
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.lane import carry
@@ -115,6 +116,7 @@ def attach_run(context: AssetExecutionContext, db: Database, source: SourceResou
         # CANCELED, not FAILURE: Dagster counts every partition a FAILURE run planned and did not
         # materialise as failed (storage/partition_status_cache.py), which would turn the tenant's
         # phases red over a refusal, and run retries would relaunch a FAILURE run
+        settle_planned_checks(context, db, source.source)  # else every planned check shows skipped
         cancel_this_run(context, already_migrated_message(e, context.partition_key))
     except (AdmissionRefused, NothingToSync) as e:
         raise Failure(str(e), allow_retries=False) from None
@@ -536,8 +538,9 @@ def phase_step(
 
         result = materialize_phase(context, spec, database, source, lane, new_run,
                                    on_closed=start_checks if checks else None, attached=attached)
-        if result is None:
-            return  # not materialised: nothing for the checks to check
+        if result is None:  # not materialised, nor any later phase (Dagster skips their steps): their checks
+            settle_planned_checks(context, database.database(), source.source)  # read the last materialisations
+            return
         yield MaterializeResult(asset_key=spec.key, metadata=result.metadata)
         if checks:  # a phase materialised as not planned was never seen closed: checked here
             with ending_on_terminate(context, database.database(), source.source, attached):
