@@ -59,7 +59,8 @@ from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import (evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant,
                                               settle_planned_checks)
-from migration_pipeline.assets.metadata import busy_windows, phase_metadata, progress_metadata, run_end_metadata
+from migration_pipeline.assets.metadata import (busy_windows, not_planned_metadata, phase_metadata, progress_metadata,
+                                                run_end_metadata)
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
@@ -288,8 +289,8 @@ def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run, provi
     materialisation, or stays missing - unless a later phase of this Dagster run is planned: Dagster
     skips every step downstream of an output that was not yielded (`ActiveExecution._should_skip_step`;
     `AssetSpec.skippable`: "causing downstream dependencies to skip"), so there the phase yields a
-    materialisation that says `phase_status: not in this run's plan` and carries no counts, but
-    `left_out` (`provider`'s kinds the run did not take: opt-in or not chosen)."""
+    materialisation whose first entry says "no kind of this phase in the run" (`not_planned_metadata`)
+    and carries no counts, but `left_out` (`provider`'s kinds the run did not take: opt-in or not chosen)."""
     what = f"phase {spec.index + 1} ({', '.join(spec.kinds)}) is not in {run.name}'s plan ({', '.join(run.kinds)})"
     later = planned_after(context, spec, run)
     if not later:
@@ -297,16 +298,10 @@ def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run, provi
         return None
     context.log.info(f"{what}: materialised as not planned, for {later[0].key.to_user_string()} after it to run")
     left = kinds_left_out(provider, run) if provider is not None else {}
-    return MaterializeResult(metadata={
-        "phase_status": MetadataValue.text("not in this run's plan"),
-        **({"left_out": MetadataValue.text(left_out_line(left))} if left else {}),
-        "engine_run": MetadataValue.text(run.name),
-        "engine_run_id": MetadataValue.int(run.id),
-        "note": MetadataValue.text(
-            f"{', '.join(spec.kinds)} not in this run's plan: nothing migrated. Materialised only because "
-            f"{later[0].key.to_user_string()} after it is planned (Dagster skips every step after a phase "
-            "that is not materialised)"),
-    })
+    return MaterializeResult(metadata=not_planned_metadata(
+        spec.kinds, run, left_out_line(left) if left else None,
+        f"Materialised only because {later[0].key.to_user_string()} after it is planned (Dagster skips every "
+        "step after a phase that is not materialised)"))
 
 
 def materialize_phase(
