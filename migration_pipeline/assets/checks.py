@@ -137,7 +137,8 @@ def landed_check(db: Database, tenant: str, kinds: list[str], catchup: bool = Fa
     """The `all_rows_landed` check of a phase's `kinds`: (passed, metadata). Every row accounted for:
     fails (severity WARN) when the tenant has skipped or failed rows of those kinds now
     (`ledger_reads.bad_row_counts`, the rows `migrate rows` lists), so a phase that closed with bad
-    rows is a success with a warning in the asset graph and the partition list, not plain green.
+    rows is a success with a warning in the Checks tab, not plain green (the asset's partition list
+    stays green: Dagster colours it by materialisation only, docs/dagster.md).
     A row a walk left to the catch-up's walk (`waiting`) is accounted for at a data phase's close -
     the catch-up settles it - and is shown, not failed. The catch-up phase's own check (`catchup`)
     is where that promise is kept: it fails while any row of the tenant, of any kind, still waits."""
