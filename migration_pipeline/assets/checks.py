@@ -242,18 +242,15 @@ LEDGER_CHECKS = frozenset({LEDGER_MATCHES_TARGET, NO_DUPLICATE_CLAIMS, KINDS_ADD
 
 def settle_planned_checks(context: Any, db: Database, source: str) -> int:
     """Evaluate now the ledger checks this Dagster run planned on its tenant partition and has not
-    evaluated yet (of every phase), each logged as an AssetCheckEvaluation of the partition's latest
-    materialisation (or of none, for a phase never materialised for the tenant: its rows of the
-    phase's kinds as they are); the number logged. Never raises: the step's own end matters more.
-
-    For a step that ends without materialising its phase: a launch refused because the tenant's
-    latest run succeeded (Dagster then skips every later step), a phase out of the run's plan with
-    no planned phase after it. Dagster 1.13 resolves a check its run planned and never evaluated as
-    SKIPPED (EXECUTION_FAILED in a FAILURE run; `AssetCheckExecutionRecord.resolve_status`,
-    `asset_check_state._process_run_statuses`), and the Checks tab lists a partitioned check as
-    Skipped when any tenant's latest execution is skipped, whatever the others' (ui-core
-    asset-checks/util.tsx `getAggregateCheckIconType`), while "Latest execution" is the newest
-    record of any tenant: one refused relaunch listed every check Skipped beside a Passed."""
+    evaluated yet (of every phase), each logged as an AssetCheckEvaluation of
+    the partition's latest materialisation; the number logged. For a step that ends without
+    materialising its phase: a launch refused because the tenant's latest run succeeded, a phase
+    out of the run's plan with no planned phase after it (Dagster then skips every later step). Dagster 1.13 resolves a check its run planned and never evaluated as
+    SKIPPED (or EXECUTION_FAILED in a FAILURE run; `AssetCheckExecutionRecord.resolve_status`,
+    `asset_check_state._process_run_statuses`), and the Checks tab shows a check's latest
+    execution: one refused relaunch listed every check of every phase as skipped over the passed
+    evaluations of the run that materialised them. A phase whose partition was never materialised
+    is left as Dagster resolves it (nothing to check). Never raises: the step's own end matters more."""
     try:
         tenant = context.partition_key
         records = context.instance.get_records_for_run(context.run_id, of_type={
@@ -270,20 +267,18 @@ def settle_planned_checks(context: Any, db: Database, source: str) -> int:
         logged = 0
         for spec in phase_specs(source):
             names = {k.name for k in planned if k.asset_key == spec.key}
-            if not names:
-                continue
             latest = context.instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=spec.key, asset_partitions=[tenant]), limit=1).records
+                AssetRecordsFilter(asset_key=spec.key, asset_partitions=[tenant]), limit=1).records if names else []
+            if not latest:
+                continue
             target = AssetCheckEvaluationTargetMaterializationData(
-                storage_id=latest[0].storage_id, run_id=latest[0].run_id, timestamp=latest[0].timestamp) if latest else None
-            against = (f"against its materialisation by run {latest[0].run_id[:8]}" if latest else
-                       "the phase has no materialisation for this tenant")
+                storage_id=latest[0].storage_id, run_id=latest[0].run_id, timestamp=latest[0].timestamp)
             for result in evaluate_ledger_checks(db, tenant, spec, names):
                 context.log_event(AssetCheckEvaluation(
                     asset_key=spec.key, check_name=result.check_name, passed=result.passed, partition=tenant,
                     metadata={**result.metadata, "evaluated_by": MetadataValue.text(
                         f"Dagster run {context.run_id[:8]}, which did not materialise the phase: the tenant's "
-                        f"rows as they are, {against}")},
+                        f"rows as they are, checked against its materialisation by run {latest[0].run_id[:8]}")},
                     severity=result.severity, target_materialization_data=target))
                 logged += 1
         return logged

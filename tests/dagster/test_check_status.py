@@ -60,16 +60,3 @@ def test_phase_out_of_plan_keeps_each_check_its_result(db_url):
         shown = statuses(instance, keys, "acme")
         assert not [k for k, s in shown.items() if s != {"SUCCEEDED"}], shown
         assert all(latest(instance, k).run_id == limited.run_id for k in keys)
-
-
-def test_a_tenant_whose_phases_were_never_materialised_does_not_show_them_skipped(db_url):
-    """The tab lists a check Skipped when any tenant's latest execution is: a tenant whose first run
-    took some kinds only must not turn the later phases' checks Skipped for every tenant."""
-    with tmpfs_instance() as instance:
-        res = resources(db_url)
-        res["new_run"] = NewRunOptions(kinds=["companies", "contacts"])
-        limited = materialize_tenant(instance, "fresh", res)
-        assert limited.success
-        assert not instance.fetch_materializations(ledger_check_keys({"phase_5_notes"})[0].asset_key, limit=1).records
-        shown = statuses(instance, ledger_check_keys(), "fresh")
-        assert not [k for k, s in shown.items() if s != {"SUCCEEDED"}], shown
