@@ -242,15 +242,19 @@ LEDGER_CHECKS = frozenset({LEDGER_MATCHES_TARGET, NO_DUPLICATE_CLAIMS, KINDS_ADD
 
 def settle_planned_checks(context: Any, db: Database, source: str) -> int:
     """Evaluate now the ledger checks this Dagster run planned on its tenant partition and has not
-    evaluated yet (of every phase), each logged as an AssetCheckEvaluation of
-    the partition's latest materialisation; the number logged. For a step that ends without
-    materialising its phase: a launch refused because the tenant's latest run succeeded, a phase
-    out of the run's plan with no planned phase after it (Dagster then skips every later step). Dagster 1.13 resolves a check its run planned and never evaluated as
-    SKIPPED (or EXECUTION_FAILED in a FAILURE run; `AssetCheckExecutionRecord.resolve_status`,
-    `asset_check_state._process_run_statuses`), and the Checks tab shows a check's latest
-    execution: one refused relaunch listed every check of every phase as skipped over the passed
-    evaluations of the run that materialised them. A phase whose partition was never materialised
-    is left as Dagster resolves it (nothing to check). Never raises: the step's own end matters more."""
+    evaluated yet (of every phase), each logged as an AssetCheckEvaluation of the partition's latest
+    materialisation; the number logged. Never raises: the step's own end matters more.
+
+    For a step that ends without materialising its phase: a launch refused because the tenant's
+    latest run succeeded (Dagster then skips every later step), a phase out of the run's plan with
+    no planned phase after it. Dagster 1.13 resolves a check its run planned and never evaluated as
+    SKIPPED (EXECUTION_FAILED in a FAILURE run; `AssetCheckExecutionRecord.resolve_status`,
+    `asset_check_state._process_run_statuses`), and the Checks tab lists a partitioned check as
+    Skipped when any tenant's latest execution is skipped, whatever the others' (ui-core
+    asset-checks/util.tsx `getAggregateCheckIconType`), while "Latest execution" is the newest
+    record of any tenant: one refused relaunch listed every check Skipped beside a Passed. A phase
+    never materialised for the tenant is left Skipped: a 0 = 0 pass on a phase never migrated
+    would mislead more (see `require_run`)."""
     try:
         tenant = context.partition_key
         records = context.instance.get_records_for_run(context.run_id, of_type={
