@@ -53,7 +53,7 @@ from engine_core.providers.registry import provider_for
 from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
-from migration_pipeline.assets.metadata import busy_windows, phase_metadata, phase_summary
+from migration_pipeline.assets.metadata import busy_windows, not_planned_metadata, phase_metadata, phase_summary
 from migration_pipeline.assets.phases import cancel_this_run
 from migration_pipeline.assets.specs import phase_specs
 from migration_pipeline.lane.fair import lane_picture
@@ -278,21 +278,18 @@ def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by
 def _not_planned(instance: Any, run: Run, spec: Any, specs: list[Any], by: str) -> AssetMaterialization | None:
     """The empty materialisation of a phase `run` does not plan (`spec`), when a later phase of
     `specs` is planned and closed and the phase has none for this engine run yet; else None. Its
-    metadata is the phase op's (`assets.phases.not_in_plan`): no counts, the kinds left out."""
+    metadata is the phase op's (`metadata.not_planned_metadata`): "no kind of this phase in the run"
+    first, no counts, the kinds left out."""
     later = [s for s in specs[spec.index + 1:] if s.run_phase(run) is not None]
     if not any(s.run_phase(run) < run.current_phase or run.status == "succeeded" for s in later):
         return None
     if _materialized_since(instance, spec.key, run.tenant_id, run.id, None):
         return None
     left = kinds_left_out(provider_for(run.source), run)
-    return AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata={
-        "phase_status": MetadataValue.text("not in this run's plan"),
-        **({"left_out": MetadataValue.text(left_out_line(left))} if left else {}),
-        "engine_run": MetadataValue.text(run.name),
-        "engine_run_id": MetadataValue.int(run.id),
-        "materialized_by": MetadataValue.text(f"{by} (a later phase closed)"),
-        "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan: nothing migrated"),
-    })
+    metadata = not_planned_metadata(spec.kinds, run, left_out_line(left) if left else None,
+                                    f"Materialised by {by}: a later phase closed")
+    metadata["materialized_by"] = MetadataValue.text(f"{by} (a later phase closed)")
+    return AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
 
 
 def drainer_job() -> JobDefinition:

@@ -25,6 +25,7 @@ import pytest
 from engine_core import db as dbmod
 from engine_core import runs
 from engine_core.providers.registry import for_run, provider_for
+from migration_pipeline.assets.metadata import NO_KIND_IN_RUN
 from migration_pipeline.cli.launching import ignored_on_relaunch
 from migration_pipeline.instance import STORAGE_URL_ENV, to_url
 from migration_pipeline.launch.checks import new_run_config
@@ -521,6 +522,8 @@ def test_resume_drain_materialises_an_unplanned_phase_and_tags_the_canceled_laun
         assert records, "the unplanned deals phase was not materialised"
         md = records[0].event_log_entry.asset_materialization.metadata
         assert md["phase_status"].value == "not in this run's plan" and md["engine_run_id"].value == run.id, md
+        # the drainer's materialisation says first what the phase op's does: none of its kinds was taken
+        assert next(iter(md)) == "run_kinds" and md["run_kinds"].value.startswith(NO_KIND_IN_RUN), md
         said = instance.get_run_by_id(launch.run_id).tags.get(FINISHED_BY_DRAIN, "")
         assert said.startswith("succeeded: every row accounted for"), said
         assert "nodeals is done" in out.stderr, out.stderr
