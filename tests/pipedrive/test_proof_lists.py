@@ -106,3 +106,23 @@ def test_a_deal_archived_before_the_catch_up_is_written_archived_by_the_walk_of_
         row = assert_current(db, sb, "deals", deal, truth_kind="deals_archived")
     assert row["archived"] is True
     assert requests.get("/api/v2/deals/archived", 0) >= 1 and requests.get("/api/v2/deals/{id}", 0) == 0
+
+
+def test_a_run_of_the_archived_lists_alone_asks_no_record_an_earlier_run_wrote_from_the_other_lists(db) -> None:
+    """The deletes task asks by id each record of the ledger kind the catch-up's walk did not serve:
+    a run of the archived lists alone, after one of the active lists, asked every active deal and
+    lead the first run wrote. Its catch-up walks the active lists too, only to settle them."""
+    with sandbox() as sb:
+        first = migrate(db, sb, "acme", kinds=["organizations", "persons", "deals", "leads"])
+        sb.reset_stats()
+        second = migrate(db, sb, "acme", kinds=["deals_archived", "leads_archived"])
+        requests = sb.stats()["requests"]
+        truth = sb.truth()["ids"]
+    assert first.status == second.status == "succeeded", (failed_tasks(db, first.id), failed_tasks(db, second.id))
+    assert catchup.proof_kinds(second) == ("deals", "leads")
+    assert requests.get("/api/v2/deals/{id}", 0) == 0 and requests.get("/v1/leads/{id}", 0) == 0, requests
+    # nothing marked deleted that the source still has
+    marked = db.sql("SELECT kind, source_id FROM migration_records WHERE tenant_id = 'acme'"
+                    " AND deleted_at_source IS NOT NULL AND kind IN ('deals', 'leads')")
+    live = {("deals", str(i)) for i in truth["deals"]} | {("leads", str(i).lower()) for i in truth["leads"]}
+    assert not {(r["kind"], r["source_id"]) for r in marked} & live
