@@ -559,11 +559,12 @@ def verify(db: Database, provider: Provider, tenant_id: str, settings: Settings 
             if progress is not None:
                 progress(VerifyStep(lk, index, len(to_read), n, int(cost["requests"]), done))
         step(0)
+        # a list no run took (archived deals not chosen): only its rows a run wrote count (moved there)
+        held = _ledger(db, tenant_id, provider.source, lk) if any(k in left for k in plan_kinds) else {}
         try:
             for k in plan_kinds:
-                before = len(at_source)
-                at_source.update(list_source(provider, k, settings, options,
-                                             lambda n, before=before: step(before + n)))
+                served = list_source(provider, k, settings, options, lambda n, before=len(at_source): step(before + n))
+                at_source.update((sid, v) for sid, v in served.items() if k not in left or sid in held)
             step(len(at_source), True)
         except NotImplementedError as e:
             results.append(KindResult(lk, tuple(plan_kinds), checked=False,

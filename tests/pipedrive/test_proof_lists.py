@@ -126,3 +126,30 @@ def test_a_run_of_the_archived_lists_alone_asks_no_record_an_earlier_run_wrote_f
                     " AND deleted_at_source IS NOT NULL AND kind IN ('deals', 'leads')")
     live = {("deals", str(i)) for i in truth["deals"]} | {("leads", str(i).lower()) for i in truth["leads"]}
     assert not {(r["kind"], r["source_id"]) for r in marked} & live
+
+
+def test_verify_of_a_tenant_without_the_archived_lists_misses_no_archived_row(db) -> None:
+    """Verify lists a ledger kind's every list; one no run of the tenant took (archived deals and
+    leads, not chosen) counts only the rows a run wrote that moved there (archived since): the rest
+    are not this tenant's, not missing (it said FAILED: "deals: missing 99")."""
+    from engine_core.providers.pipedrive.provider import PipedriveProvider
+    from engine_core.verify import verify
+
+    with sandbox() as sb:
+        run = migrate(db, sb, "acme", kinds=SIX)
+        provider = PipedriveProvider(base_url=sb.base_url)
+        before = verify(db, provider, "acme", FAST)
+        deal = min(int(i) for i in sb.truth("deals")["ids"]["deals"])
+        assert entry(db, "deals", deal)["action"] == "created"
+        change(sb, "archive", "deals", deal)  # written active, archived since: still the tenant's
+        after = verify(db, provider, "acme", FAST)
+        archived = len(sb.truth()["ids"]["deals_archived"])
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    assert archived > 1
+    assert before.passed, "\n".join(before.lines())
+    deals = [next(k for k in proof.kinds if k.kind == "deals") for proof in (before, after)]
+    assert deals[0].checked and deals[0].source == deals[0].ledger + deals[0].skipped + deals[0].failed
+    # the deal archived since is found in the archived list (changed there: stale until a sync), not missing
+    assert deals[1].source == deals[0].source and deals[1].differences == 1, deals[1].as_dict()
+    line = next(x for x in after.lines() if x.startswith("deals:"))
+    assert "missing" not in line and "stale 1" in "\n".join(after.lines()), after.lines()
