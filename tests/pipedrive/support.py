@@ -157,6 +157,18 @@ def failed_tasks(db: dbmod.Database, run_id: int) -> list[dict[str, Any]]:
     return db.sql("SELECT kind, cursor_key, error FROM migration_tasks WHERE migration_id = %(r)s AND status = 'failed'", {"r": run_id})
 
 
+def migrated_rollup(db: dbmod.Database, sb: SandboxServer, tenant: str) -> tuple[Run, Any, dict[str, Any], dict[str, Any]]:
+    """A full run of `tenant` (`migrate`) that succeeded with its figures complete: (the run, its
+    rollup, the rollup's kinds by name, `ledger_reads.bad_row_counts` of the tenant)."""
+    from engine_core import ledger_reads
+
+    run = migrate(db, sb, tenant)
+    assert run.status == "succeeded", failed_tasks(db, run.id)
+    r = rollup.rollup(db, run.id)
+    assert r.complete, r.incomplete
+    return run, r, {k.kind: k for k in r.kinds}, ledger_reads.bad_row_counts(db, tenant)
+
+
 
 # --- live changes, then a sync: the field reports' shapes ------------------------------------------
 

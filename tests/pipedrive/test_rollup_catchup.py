@@ -6,8 +6,7 @@ rows` counts them; the archived leads' count is netted against `leads`, not agai
 the phase with the most rows beyond its count (`deals`)."""
 from __future__ import annotations
 
-from engine_core import ledger_reads, rollup
-from tests.pipedrive.support import failed_tasks, migrate, sandbox
+from tests.pipedrive.support import migrated_rollup, sandbox
 
 TENANT = "acme"
 # seed 2: the catch-up skips deals and leads the phase did not, and the phase skips archived leads
@@ -17,12 +16,7 @@ IDENTITIES = {"deals": ("deals", "deals_archived"), "leads": ("leads", "leads_ar
 
 def test_the_catchups_skips_of_two_kinds_of_one_phase_stay_each_its_own(db) -> None:
     with sandbox(**ACCOUNT) as sb:
-        run = migrate(db, sb, TENANT)
-    assert run.status == "succeeded", failed_tasks(db, run.id)
-    r = rollup.rollup(db, run.id)
-    assert r.complete, r.incomplete
-    kinds = {k.kind: k for k in r.kinds}
-    held = ledger_reads.bad_row_counts(db, TENANT)
+        _, r, kinds, held = migrated_rollup(db, sb, TENANT)
     # the situation: the phase skipped archived leads, and the catch-up skipped rows of both kinds
     assert kinds["leads_archived"].at_close().skipped > 0, kinds["leads_archived"]
     said = {k["kind"]: k for k in r.as_dict()["kinds"]}

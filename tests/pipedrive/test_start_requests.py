@@ -130,11 +130,8 @@ def test_a_run_without_the_fields_kind_asks_the_field_lists_as_its_first_discove
 
 
 
-def test_every_request_of_a_run_is_paced_by_the_accounts_budget(db, monkeypatch) -> None:
-    """The budget's proof holds only if every request to the account takes a slot: the identity's
-    `/v1/users/me` at the run's start (which also dates the snapshot) went out unpaced, the one
-    request beyond the burst window's limit when the schedule filled a window (a 429 at the email
-    bench's turn from idle to busy)."""
+def _unpaced(monkeypatch) -> list[str]:
+    """The paths of the requests sent from now on outside the account's budget (no budget, no slot)."""
     unpaced: list[str] = []
     attempt = PipedriveClient._attempt
 
@@ -144,6 +141,15 @@ def test_every_request_of_a_run_is_paced_by_the_accounts_budget(db, monkeypatch)
         return attempt(self, path, query, reservation)
 
     monkeypatch.setattr(PipedriveClient, "_attempt", watched)
+    return unpaced
+
+
+def test_every_request_of_a_run_is_paced_by_the_accounts_budget(db, monkeypatch) -> None:
+    """The budget's proof holds only if every request to the account takes a slot: the identity's
+    `/v1/users/me` at the run's start (which also dates the snapshot) went out unpaced, the one
+    request beyond the burst window's limit when the schedule filled a window (a 429 at the email
+    bench's turn from idle to busy)."""
+    unpaced = _unpaced(monkeypatch)
     with sandbox() as sb:
         sb.reset_stats()
         run = start(db, sb, kinds=["organizations"])
@@ -165,17 +171,9 @@ def test_the_launch_and_the_lane_sensor_ask_the_identity_through_the_accounts_bu
     from migration_pipeline.launch.checks import check_tenant_source
     from migration_pipeline.sensors import _identities, same_source
 
-    unpaced: list[str] = []
-    attempt = PipedriveClient._attempt
-
-    def watched(self: PipedriveClient, path: str, query: Any, reservation: Any) -> Any:
-        if self._budget is None and reservation is None:
-            unpaced.append(path)
-        return attempt(self, path, query, reservation)
-
     with sandbox() as sb:
         run = start(db, sb, kinds=["organizations"])
-        monkeypatch.setattr(PipedriveClient, "_attempt", watched)
+        unpaced = _unpaced(monkeypatch)
         provider_module._identities.clear()  # as a launch's and the daemon's processes ask
         sb.reset_stats()
         check_tenant_source(db, run.tenant_id, run.source)
