@@ -358,6 +358,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                     r = rollups.rollup(db, int(engine_id)) if engine_id else None
                     cost = runs_reads.run_cost(db, int(engine_id)) if engine_id else None
                     bad = ledger_reads.bad_row_counts(db, tenant)
+                    changed = ledger_reads.changed_bodies(db, tenant)  # for the hints: no second connection
                     left = left_out_of(runs.get_run(db, int(engine_id)), db) if engine_id else {}
                     noted = runs.stop_noted(db, int(engine_id), run_started_at(instance, run_id)) if engine_id else None
             except Interrupted as signalled:
@@ -382,7 +383,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                    else f"Dagster run {dagster_run.status.value}")
         again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
         now_lines = what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again,
-                             dry_run=dry_run)
+                             dry_run=dry_run, changed=changed)
         # "message": the verdict line the plain command ends with ("tenant 'acme': run #5 (...) succeeded,
         # 0 row(s) skipped, 0 failed"); "failure": why the Dagster run failed, when no phase says it
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value,
