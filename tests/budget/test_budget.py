@@ -170,7 +170,9 @@ def test_burst_429_pauses_every_worker_with_one_write(db: Database) -> None:
     a.acquire()
     b.acquire()
     writes = a.stats().writes
-    threads = [threading.Thread(target=a.note_rate_limited, args=("burst", 1.0)) for _ in range(8)]
+    # a pause of 3 s: the waits below are measured after the setup in between, which took over
+    # a second on a loaded machine (a pause of 1 s had then ended before either acquired)
+    threads = [threading.Thread(target=a.note_rate_limited, args=("burst", 3.0)) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
