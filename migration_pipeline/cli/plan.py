@@ -101,11 +101,13 @@ def next_is_existing(tenant: str, provider: Any, missing: str | None) -> Any:
         return runs.existing_attachment(db, tenant, provider.source)
 
 
-def kinds_left(run: Any, skip: tuple[str, ...] = ("catchup",)) -> list[str]:
+def kinds_left(run: Any, skip: tuple[str, ...] = ("catchup",), from_phase: int | None = None) -> list[str]:
     """The kinds of `run`'s phases that have not closed (its current phase and those after it:
-    `run.current_phase`, 0-based, over `run.plan`), each once, without the `skip` kinds (the
-    catch-up, which `migrate plan` does not price): what resuming the run still reads."""
-    left = [k for group in run.plan[run.current_phase:] for k in group if k not in skip]
+    `run.current_phase`, 0-based, over `run.plan`; `from_phase` 0: every phase's), each once,
+    without the `skip` kinds (the catch-up, which `migrate plan` prices as its own line): what
+    resuming the run still reads."""
+    start = run.current_phase if from_phase is None else from_phase
+    left = [k for group in run.plan[start:] for k in group if k not in skip]
     return list(dict.fromkeys(left))
 
 
@@ -173,15 +175,16 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
         planned = migrated["kinds"]
     # a run the next launch works on (stopped: resumed, failed: retried, running: joined): what is left of it
     existing = next_is_existing(tenant, provider, missing) if migrated is None else None
+    walked = None  # the kinds the catch-up walks: a resumed run's catch-up walks every list of the run
     if existing is not None:
-        planned = kinds_left(existing.run)
+        planned, walked = kinds_left(existing.run), kinds_left(existing.run, from_phase=0)
     provider.config()  # a missing or bad setting: one line naming it (ConfigError)
     check_source_token(provider)  # a refused token: the line `migrate run` and `migrate verify` give
     if not as_json:  # the counting is paced to half the burst: under real latency it takes half a minute
         click.echo("asking the source for its counts (a few cheap requests, paced to half the burst limit) ...",
                    err=True)
     try:
-        est = provider.estimate(planned)
+        est = provider.estimate(planned, walked=walked)
     except Exception as e:  # noqa: BLE001 - the source's own errors: one line, never a traceback
         fail(f"plan {tenant!r}: the pipedrive source failed: {type(e).__name__}: {e}")
     payload = {"tenant": tenant, "requests": est.requests, "tokens": est.tokens, "days": est.days,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import psycopg
 import pytest
 
 from engine_core import db as dbmod
@@ -52,3 +53,22 @@ def test_what_is_left_is_the_kinds_of_the_phases_not_closed():
     run = SimpleNamespace(plan=(("users",), ("persons", "organizations"), ("deals",), ("catchup",)), current_phase=1)
     assert kinds_left(run) == ["persons", "organizations", "deals"]
     assert kinds_left(SimpleNamespace(plan=run.plan, current_phase=3)) == []
+
+
+def test_a_run_stopped_in_its_catch_up_is_priced_by_the_catch_up_of_all_its_kinds(db_url, run_env):  # noqa: F811
+    """A run stopped in its last phase has no list phase left, yet its catch-up walks every list
+    of the run: the plan prices that walk, as a plan of the run's kinds prices its catch-up."""
+    with sandbox() as sb, dbmod.Database(db_url, max_size=4) as db:
+        env = dict(run_env, PIPEDRIVE_BASE_URL=sb.base_url, PIPEDRIVE_API_TOKEN=TOKEN)
+        run = start(db, sb, "late", kinds=["persons", "deals"])
+        assert runs.stop(db, run.id).status == "stopped"
+        with psycopg.connect(db_url, autocommit=True) as c:
+            c.execute("UPDATE migrations SET current_phase = %s WHERE id = %s", (len(run.plan) - 1, run.id))
+        stopped = json.loads(_migrate_in_process(["plan", "late", "--json"], env).stdout)
+        fresh = json.loads(_migrate_in_process(["plan", "anew", "--kinds", "persons,deals", "--json"], env).stdout)
+    assert stopped["next"] == "resume" and stopped["run"]["kinds_left"] == [], stopped
+    catchup = {k["kind"]: k for k in stopped["kinds"]}["catchup"]
+    assert catchup["requests"] > 0 and catchup["rows"] > 0, stopped
+    anew = {k["kind"]: k for k in fresh["kinds"]}["catchup"]
+    assert [catchup[f] for f in ("rows", "requests", "tokens")] == [anew[f] for f in ("rows", "requests", "tokens")], \
+        (catchup, anew)

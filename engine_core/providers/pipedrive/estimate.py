@@ -425,8 +425,10 @@ def waiting_share(sample: tuple[int, dict[str, set[str]]], missing: dict[str, se
 
 def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: int,
              daily_limit: int | None = None, lane_width: int | None = None,
-             counter: Counter | None = None) -> Estimate:
-    """The cost of a full run of `kinds` (module docstring). `client`: the provider's
+             counter: Counter | None = None, walked: Sequence[str] | None = None) -> Estimate:
+    """The cost of a full run of `kinds` (module docstring). `walked`: the kinds the run's catch-up
+    walks (None: `kinds`; a resumed run's own kinds when `kinds` are only those of its phases not
+    closed, since its catch-up walks every list of the run). `client`: the provider's
     `PipedriveClient` (its requests are the counting's, `Estimate.spent`); `share`: the engine's
     daily share (MIGRATE_DAILY_TOKEN_SHARE); `burst_limit`: requests per 2 s; `daily_limit`: the
     account's `x-daily-ratelimit-token-limit` (None: not known); `lane_width`: the run's lane
@@ -496,9 +498,10 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
         out[0].requests, out[0].tokens = out[0].requests + book.requests, out[0].tokens + book.tokens
         out[0].seconds += book.seconds
     # the catch-up walks the run's lists, and the lists it walks only to settle parents (`proof_lists`)
-    proof = walk_proof.proof_lists(planned)
-    catchup_kinds = [n for n in K.CATCHUP_ORDER if (n in planned or n in proof) and n in rows]
-    catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds if n in planned),
+    walks = list(walked) if walked is not None else planned
+    proof = walk_proof.proof_lists(walks)
+    catchup_kinds = [n for n in K.CATCHUP_ORDER if (n in walks or n in proof) and n in rows]
+    catchup = KindCost("catchup", sum(rows[n][0] for n in catchup_kinds if n in walks),
                        all(rows[n][1] for n in catchup_kinds))
     walk = [0, 0]  # a sync's walk: the run's lists only (it asks the source instead)
     for n in catchup_kinds:
@@ -507,9 +510,9 @@ def estimate(client: Any, *, kinds: Sequence[str], share: float, burst_limit: in
         catchup.tokens += calls * K.BY_NAME[n].cost
         if n in planned:
             walk = [walk[0] + calls, walk[1] + calls * K.BY_NAME[n].cost]
-    if "deal_products" in planned and "deals" in catchup_kinds:
+    if "deal_products" in walks and "deals" in catchup_kinds:
         # the deals written by the catch-up (a parent missing after the walks): their lines, 100 a call
-        late = round(rows["deals"][0] * waiting_share(samples["deals"], missing, planned))
+        late = round(rows["deals"][0] * waiting_share(samples["deals"], missing, walks))
         catchup.requests += pages(late, IDS_PER_CALL) if late else 0
         catchup.tokens += (pages(late, IDS_PER_CALL) if late else 0) * K.BY_NAME["deal_products"].cost
     catchup.seconds = catchup.requests * trip["list"]

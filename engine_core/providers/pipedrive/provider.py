@@ -328,18 +328,18 @@ class PipedriveProvider:
             _identities[(cfg.base_url, cfg.account)] = known
         return clock
 
-    def estimate(self, kinds: list[str] | None = None, *, share: float | None = None) -> Any:
-        """What a full run of `kinds` (None: the default kinds) will cost at the source
-        (`estimate.estimate`, an `Estimate`): counted with a few cheap calls through an unpaced
-        client, at the account's daily token limit and burst limit as its headers say (the
-        configured burst limit where they say none) and the engine's daily share (`share`, default
-        MIGRATE_DAILY_TOKEN_SHARE). Raises ConfigError for a bad configuration, else as the client does."""
+    def estimate(self, kinds: list[str] | None = None, *, share: float | None = None, walked: Any = None) -> Any:
+        """What a full run of `kinds` (None: the default kinds; `walked`: the kinds its catch-up walks,
+        default `kinds`) costs at the source (`estimate.estimate`, an `Estimate`): counted with a few
+        cheap calls through an unpaced client, at the account's daily token limit and burst limit as
+        its headers say (else the configured burst limit) and the engine's daily share (`share`,
+        default MIGRATE_DAILY_TOKEN_SHARE). Raises ConfigError for a bad configuration, else as the client does."""
         cfg = self.config()
         planned = list(kinds) if kinds is not None else [k.name for k in kinds_module_default()]
         daily, burst = costs.observed_limits(cfg.base_url, cfg.token)
         with PipedriveClient(cfg.base_url, cfg.token) as client:
             return costs.estimate(client, kinds=planned, share=daily_token_share() if share is None else share,
-                                  burst_limit=burst or cfg.burst_limit, daily_limit=daily)
+                                  burst_limit=burst or cfg.burst_limit, daily_limit=daily, walked=walked)
 
     def progress_weights(self) -> dict[str, float]:
         """What each kind costs a run, relative to the others (`estimate.reference_weights`): how
