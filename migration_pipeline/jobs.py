@@ -200,8 +200,10 @@ def drain_tenant_run(
         raise Failure(f"engine run {run.id} disappeared")
     after = runs.get_run(db, run.id)
     yield from closed_phase_materializations(context, db, after, source.source)
-    if after.status in ("stopping", "stopped"):
-        cancel_this_run(context, f"{after.name} was stopped during this drainer's turn")
+    if after.status in ("stopping", "stopped"):  # by this turn's pause (its reason) or from elsewhere
+        cancel_this_run(context, f"{after.name} was paused during this drainer's turn: {paused[0]}; a launch "
+                                 "resumes it once the source answers" if paused else
+                                 f"{after.name} was stopped during this drainer's turn")
     if after.status == "failed":
         # the failed phase is the phase asset's to report; the drainer stops working on the run
         context.log.warning(f"{after.name} failed at phase {after.current_phase + 1}; no drainer works on it")
