@@ -43,6 +43,11 @@ listing carries one), reads the tenant's ledger (`migration_records`) and the pr
   then takes the new version), so this is the user's choice, named with what to do about it, and
   it does not fail the proof.
 
+The **ledger** figure of a kind is every live entry the ledger holds for it: the claims (created
+or matched, not marked deleted: `imported`) and the placeholders held with a reason (skipped,
+failed, waiting; the rows `migrate rows` lists), so that it agrees with the verdict's "every source
+row is accounted for"; a kind's line names its parts.
+
 Kinds fold into ledger identities (`deals_archived` into `deals`, `leads_archived` into `leads`:
 one identity per source record, whichever list serves it). A kind the provider cannot list
 (`NotImplementedError`: Pipedrive's field definitions, refreshed by every run) is reported as not
@@ -248,9 +253,15 @@ def compare(kind: str, listed_as: Iterable[str], at_source: dict[str, str | None
             if entry["deleted"] is not None:
                 result.deleted_marked += 1
             else:
-                result.ledger += 1
+                result.imported += 1
             if entry["version"] is None:
                 result.unversioned += 1
+        elif entry["action"] in PLACEHOLDERS:
+            # held with a reason, as `migrate rows` lists it: part of what the ledger accounts for
+            result.ledger += 1
+            if sid not in at_source:
+                result.unlisted_placeholders += 1
+    result.ledger += result.imported
     live = {sid for sid in set(product_rows) | set(ledger) if live_in_product(sid)}
     result.product = len(live)
     for sid, version in at_source.items():

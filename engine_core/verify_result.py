@@ -25,7 +25,11 @@ class KindResult:
     kind: str
     listed_as: tuple[str, ...]  # the provider kinds whose listings fold into this ledger kind
     source: int = 0  # ids the source lists now
-    ledger: int = 0  # live ledger claims (created or matched, not marked deleted at the source)
+    # every live entry the ledger holds for the kind: `imported` and the placeholders (skipped,
+    # failed, waiting: the rows `migrate rows` lists), marked-deleted claims apart (`deleted_marked`)
+    ledger: int = 0
+    imported: int = 0  # of those, live claims (created or matched, not marked deleted at the source)
+    unlisted_placeholders: int = 0  # of those, placeholders whose row the source no longer lists
     product: int = 0  # source ids with a live product row
     unwritten: int = 0  # source ids the ledger accounts for as skipped or failed (or waiting)
     waiting: int = 0  # of those, placeholders waiting for the catch-up's walk (`rows.WAITS_FOR_WALK`)
@@ -63,7 +67,8 @@ class KindResult:
         """The kind's result as a plain dict (`migrate verify --json`, Dagster metadata)."""
         return {
             "kind": self.kind, "listed_as": list(self.listed_as), "checked": self.checked, "note": self.note,
-            "source": self.source, "ledger": self.ledger, "product": self.product, "unwritten": self.unwritten,
+            "source": self.source, "ledger": self.ledger, "imported": self.imported,
+            "unlisted_placeholders": self.unlisted_placeholders, "product": self.product, "unwritten": self.unwritten,
             "waiting": self.waiting, "skipped": self.skipped, "failed": self.failed,
             "deleted_marked": self.deleted_marked, "unversioned": self.unversioned,
             "unwritten_ids": list(self.unwritten_ids), "kept": list(self.kept), "unreachable": dict(self.unreachable),
@@ -154,15 +159,16 @@ class VerifyResult:
             if not k.checked:
                 out.append(f"{k.kind}: {k.note}" if k.note.startswith("left out") else f"{k.kind}: not checked ({k.note})")
                 continue
-            bad = k.unwritten - k.waiting
-            extra = f", {bad} skipped/failed with reasons (migrate explain)" if bad else ""
-            extra += (f", {k.waiting} waiting for the catch-up's walk (`migrate rows {self.tenant_id} --action waiting`)"
-                      if k.waiting else "")
+            extra = ""
+            if k.skipped or k.failed or k.unlisted_placeholders:
+                extra += f" (reasons: `migrate rows {self.tenant_id} --kind {k.kind}`)"
+            extra += (f" (`migrate rows {self.tenant_id} --action waiting`)" if k.waiting else "")
             extra += f", {k.deleted_marked} marked deleted" if k.deleted_marked else ""
             extra += f", {k.unversioned} without version" if k.unversioned else ""
             extra += f", {len(k.unreachable)} unreachable at the source" if k.unreachable else ""
             verdict = "ok" if not k.differences else f"{k.differences} difference(s)"
-            out.append(f"{k.kind}: source {k.source}, ledger {k.ledger}, product {k.product}{extra}: {verdict}")
+            out.append(f"{k.kind}: source {k.source}, ledger {k.ledger}{ledger_parts(k)}, product {k.product}{extra}: "
+                       f"{verdict}")
             for d in DIFFERENCES:
                 ids = getattr(k, d)
                 if ids:
@@ -193,3 +199,17 @@ class VerifyResult:
                            f"overwrite_matched to take them): {shown}")
         out.append(f"verify {self.tenant_id} ({self.source}): {self.verdict()}; {self.cost_line()}")
         return out
+
+
+def ledger_parts(k: KindResult) -> str:
+    """What a kind's ledger figure is made of, for its line: " (44 imported, 4 skipped, 2 failed, 1
+    waiting for the catch-up's walk)" - the skipped, failed and waiting counts of rows the source
+    lists, the verdict's; placeholders of rows it no longer lists said apart - so the ledger figure
+    is the sum of the parts `migrate rows` and the verdict name; "" when the ledger holds imported
+    rows only."""
+    if not (k.skipped or k.failed or k.waiting or k.unlisted_placeholders):
+        return ""
+    parts = [f"{k.imported} imported"] + [f"{n} {word}" for n, word in (
+        (k.skipped, "skipped"), (k.failed, "failed"), (k.waiting, "waiting for the catch-up's walk"),
+        (k.unlisted_placeholders, "skipped/failed no longer listed by the source")) if n]
+    return f" ({', '.join(parts)})"
