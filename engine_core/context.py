@@ -3,6 +3,7 @@ and the window writer (`window.Windows`)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine_core import window as windows
@@ -29,6 +30,9 @@ class TaskContext(Checkpoints, Windows):
     cancel: threading.Event = field(default_factory=threading.Event)
     stats: Stats = field(default_factory=Stats)
     offset: int = 0
+    # the ledger kinds the source lists through several of its kinds (`source.ledger_lists`): a
+    # placeholder's reason names the lists of its parent's kind the run does not take
+    lists: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     window: int = WINDOW
     # rows per window when the window is written set-based (optimistic windows): no savepoints, so
     # the subxid cache does not bound it; a refused one is written again per row in windows of

@@ -11,12 +11,17 @@ A missing parent is named by what the engine knows of it, so the reason points t
   written"): when the parent's list served rows without a readable id, kept apart as failed
   (`PageRefs.kept_apart`), the reason says how many and where they are listed - such a row is
   served without the id its children point at, so it may well be the parent;
+  When the source lists the parent's kind through several lists and the run does not take all of
+  them (`untaken_lists`: the six kinds a plain loader picks take the active deals and leads, not
+  the archived ones), the reason names the lists it did not take and the remedy - a run of those
+  kinds, then a sync, which takes the placeholders over (a sync walks every list of the kinds the
+  tenant took) - so a skipped activity of an archived deal says what to do, not only what is;
 * left to the catch-up's walk: `WAITS_FOR_WALK`;
 * else "organization 42 is not here" (`rows.Ref.describe`).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from engine_core.rows import WAITS_FOR_WALK, Ref
@@ -29,6 +34,9 @@ NOT_LINKED = "not linked to any record"
 # proven by a list, which answers 200 (and a parent gone with 410 is as gone as with 404).
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
+# Said after NOT_WRITTEN of a parent whose kind has lists the run did not take (`untaken_lists`).
+UNTAKEN_MARK = "{lists} {verb} not part of the run"
+UNTAKEN = UNTAKEN_MARK + ": a run of `--kinds {lists}`, then `migrate sync`, link{s} it"
 # Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
 # fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
 OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
@@ -37,11 +45,36 @@ OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
 HELD_AS = {"failed": "failed at import"}
 
 
+def untaken_lists(lists: Mapping[str, tuple[str, ...]], taken: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """Per ledger kind the source lists through several kinds (`lists`: `source.ledger_lists`), the
+    lists of it a run of kinds `taken` does not take, when it takes some: {"deals": ("deals_archived",)}
+    for a run of the active deals alone. A parent of that kind the source has and the run did not
+    write may be served by those alone (an archived deal)."""
+    taken = set(taken)
+    out = {lk: tuple(k for k in ks if k not in taken) for lk, ks in lists.items()}
+    return {lk: left for lk, left in out.items() if left and len(left) < len(lists[lk])}
+
+
+def untaken_said(kinds: tuple[str, ...]) -> str:
+    """UNTAKEN for these lists: "deals_archived was not part of the run: a run of `--kinds
+    deals_archived`, then `migrate sync`, link it"."""
+    many = len(kinds) > 1
+    return UNTAKEN.format(lists=",".join(kinds), verb="were" if many else "was", s="" if many else "s")
+
+
+def untaken_mark(kind: str) -> str:
+    """The words a reason holds when it names the list `kind` as not taken (`untaken_said`): what
+    the ledger is searched by for the rows that wait for that list (`ledger_reads.skipped_naming`)."""
+    return UNTAKEN_MARK.format(lists=kind, verb="was")
+
+
 def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
-                     kept_apart: Mapping[str, int] | None = None) -> str:
+                     kept_apart: Mapping[str, int] | None = None,
+                     untaken: Mapping[str, tuple[str, ...]] | None = None) -> str:
     """Why `ref`'s parent is not linked, in words (module docstring): `exists` the probe's answers,
     `held_as` the ledger's action of parents it holds unwritten, `kept_apart` per ledger kind the
-    rows kept without a readable id."""
+    rows kept without a readable id, `untaken` per ledger kind the lists the run did not take
+    (`untaken_lists`)."""
     pair = (ref.parent_kind, ref.source_id)
     noun = ref.noun or ref.ref
     held = (held_as or {}).get(pair)
@@ -52,16 +85,19 @@ def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapp
         n = (kept_apart or {}).get(ref.parent_kind, 0)
         apart = (f" - {n} {ref.parent_kind} row(s) were served without a readable id, kept apart as failed "
                  f"(`migrate rows --kind {ref.parent_kind} --action failed` lists them)") if n else ""
-        return f"{noun} {ref.source_id} {NOT_WRITTEN}{apart}"
+        lists = (untaken or {}).get(ref.parent_kind)
+        remedy = f" - {untaken_said(lists)}" if lists else ""
+        return f"{noun} {ref.source_id} {NOT_WRITTEN}{remedy}{apart}"
     if pair in exists and exists[pair] is None:
         return f"{ref.describe()}, {WAITS_FOR_WALK}"
     return ref.describe()
 
 
 def not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
-               kept_apart: Mapping[str, int] | None = None) -> str:
-    """The reason a row whose parents are not written is skipped (a placeholder), one line."""
-    words = [d for d in (describe_missing(ref, exists, held_as, kept_apart) for ref in missing) if d]
+               kept_apart: Mapping[str, int] | None = None, untaken: Mapping[str, tuple[str, ...]] | None = None) -> str:
+    """The reason a row whose parents are not written is skipped (a placeholder), one line
+    (`describe_missing`'s words for each parent)."""
+    words = [d for d in (describe_missing(ref, exists, held_as, kept_apart, untaken) for ref in missing) if d]
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
 
 

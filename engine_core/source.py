@@ -203,6 +203,23 @@ def source_time(provider: object, db: Any = None) -> datetime | None:
     return moment if isinstance(moment, datetime) and moment.tzinfo is not None else None
 
 
+def ledger_lists(provider: object) -> dict[str, tuple[str, ...]]:
+    """The ledger kinds the provider lists through more than one of its kinds, each with those
+    kinds in plan order: Pipedrive's {"deals": ("deals", "deals_archived"), "leads": ("leads",
+    "leads_archived")} (its `ledger_kind` fold: one identity per source record, whichever list
+    serves it). {} for a provider without the fold."""
+    fold = getattr(provider, "ledger_kind", None)
+    if not callable(fold):
+        return {}
+    ck = catchup_kind(provider)
+    lists: dict[str, list[str]] = {}
+    for group in provider.phases():  # type: ignore[attr-defined]
+        for k in group:
+            if k != ck:
+                lists.setdefault(fold(k), []).append(k)
+    return {lk: tuple(ks) for lk, ks in lists.items() if len(ks) > 1}
+
+
 def dependents(provider: object, kinds: Iterable[str], plan_kinds: Iterable[str]) -> set[str]:
     """Kinds whose rows may have been skipped because rows of `kinds` were missing (transitively)."""
     every = list(plan_kinds)

@@ -26,7 +26,7 @@ from engine_core.models import Run, Stats, Task, TaskOutcome
 from engine_core import statistics
 from engine_core.barrier import advance_phase
 from engine_core.topup import WORK, insert_tasks, top_up, top_up_in
-from engine_core.source import Provider, ProviderResolver, identity_of
+from engine_core.source import Provider, ProviderResolver, identity_of, ledger_lists
 from engine_core.runlog import RunLog, failure_reason
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class Worker:
         ctx = TaskContext(
             db=self.db, run=run, task=task, worker=self.worker_id, settings=self.settings, log=runlog,
             cancel=self.cancel, stats=Stats(dict(task.stats)), offset=task.processed_offset,
+            lists=ledger_lists(provider),
         )
         keeper = claim.LockKeeper.for_task(self.db, task.id, self.worker_id, self.settings, ctx.lock_lost)
         try:

@@ -53,7 +53,8 @@ from engine_core.models import Run
 from engine_core.ledger_reads import tenant_unreadable
 from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values,
                               owed_links, unreadable_key)
-from engine_core.skip_reason import DANGLING, NOT_LINKED, NOT_WRITTEN, OWED, dangling_reason, not_linked  # noqa: F401
+from engine_core.skip_reason import (DANGLING, NOT_LINKED, NOT_WRITTEN, OWED, dangling_reason, not_linked,  # noqa: F401
+                                     untaken_lists)
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -197,7 +198,7 @@ def write_mapped(
             pending = True  # a dry run: this run would have created the parent first
         else:
             why = not_linked(missing, exists, parents.held_as if parents else None,
-                             parents.kept_apart if parents else None)
+                             parents.kept_apart if parents else None, parents.untaken if parents else None)
             outcome = _outcome_of_skip(ledger.skip(tx, run, kind, mapped.source_id, why, mapped.version,
                                                    parents_json(mapped, missing)), why)
             if outcome == ledger.ALREADY_HERE and held is not None and ledger.newer(mapped.version, held.version):
@@ -262,6 +263,7 @@ class PageRefs:
     exists: dict[Pair, bool | None] = field(default_factory=dict)  # the probe's answers
     held_as: dict[Pair, str] = field(default_factory=dict)  # parents the ledger holds as failed
     kept_apart: dict[str, int] = field(default_factory=dict)  # kind -> rows kept without a readable id (`skip_reason`)
+    untaken: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `untaken_lists` (`skip_reason`)
 
 
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
@@ -283,7 +285,8 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     exists: dict[Pair, bool | None] = dict(probe(unknown)) if unknown and probe is not None else {}
     if probe is not None:
         exists.update((p, None) for p in missing_parents(mapped, found, dry) if known.get(p) == WAITING)
-    return PageRefs(found, dry, held, exists, held_as(known), _kept_apart(ctx, exists))
+    return PageRefs(found, dry, held, exists, held_as(known), _kept_apart(ctx, exists),
+                    untaken_lists(ctx.lists, ctx.run.kinds))
 
 
 def held_as(known: Mapping[Pair, str]) -> dict[Pair, str]:
@@ -436,7 +439,7 @@ def _skipped(row: Any, page: PageRefs, parts: Parts = _prepared_parts) -> tuple[
         return None
     missing = [ref for ref in m.parents
                if lookup(page.found, ref) is None and page.exists.get((ref.parent_kind, ref.source_id)) is not False]
-    return (not_linked(missing, page.exists, page.held_as, page.kept_apart),
+    return (not_linked(missing, page.exists, page.held_as, page.kept_apart, page.untaken),
             parents_json(m, missing)) if missing else None
 
 
