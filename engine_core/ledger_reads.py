@@ -432,14 +432,29 @@ def unseen_skipped(conn: Database | Conn, tenant_id: str, source: str, kind: str
 
 
 def takeable(conn: Database | Conn, tenant_id: str, source: str, kinds: Sequence[str],
-             missing_of: str | None = None) -> list[tuple[str, str, list[dict[str, Any]]]]:
+             missing_of: str | None = None, *, source_id: str | None = None) -> list[tuple[str, str, list[dict[str, Any]]]]:
     """Skipped placeholders of `kinds` whose every parent is written now (migration 0019's
     `parents`; placeholders noted before it kept none and are not found): (kind, source id,
     parents as `write.parents_json` keeps them), by kind and id. `missing_of`: only those skipped
-    for a missing parent of that ledger kind. A skip whose reason no longer holds - the row was read
+    for a missing parent of that ledger kind; `source_id`: only that row. A skip whose reason no longer holds - the row was read
     before its parent was written - not a settled one."""
     if not kinds:
         return []
     rows = conn.fetch_all("takeable_placeholders", {"t": tenant_id, "s": source, "kinds": list(kinds),
-                                                     "missing_of": missing_of})
+                                                     "missing_of": missing_of, "id": source_id})
     return [(r["kind"], r["source_id"], list(r["parents"] or ())) for r in rows]
+
+
+def skipped_naming(conn: Database | Conn, tenant_id: str, source: str, words: Sequence[str]) -> int:
+    """How many of the tenant's skipped rows (not found deleted at the source) have any of `words`
+    in their reason: the rows waiting for a list their run did not take (`skip_reason.untaken_mark`)."""
+    row = conn.fetch_one("skipped_naming", {"t": tenant_id, "s": source, "words": list(words)})
+    return int(row["n"]) if row else 0
+
+
+def skipped_for_parent(conn: Database | Conn, tenant_id: str, source: str, kind: str, source_id: str) -> dict[str, int]:
+    """Per kind, the tenant's skipped rows that missed the parent `kind` `source_id` (the parents
+    they kept, migration 0019): what writing that parent would let a sync take."""
+    return {r["kind"]: int(r["n"]) for r in conn.fetch_all(
+        "skipped_for_parent", {"t": tenant_id, "s": source, "k": kind, "id": str(source_id)})}
+

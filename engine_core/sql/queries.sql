@@ -849,11 +849,13 @@ SELECT r.source_id, count(e.id) AS n FROM migration_records r
 -- name: takeable_placeholders --
 -- Skipped placeholders of these kinds (not deleted at the source) that kept their parents
 -- (migration 0019) and whose every parent has a written (created/matched) entry now: rows the
--- engine can still take. With `missing_of`: only those that missed a parent of that ledger kind.
+-- engine can still take. With `missing_of`: only those that missed a parent of that ledger kind;
+-- with `id`: only the row of that source id.
 SELECT r.kind, r.source_id, r.parents
   FROM migration_records r
  WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = ANY(%(kinds)s::text[]) AND r.action = 'skipped'
    AND r.deleted_at_source IS NULL AND r.parents IS NOT NULL
+   AND (%(id)s::text IS NULL OR r.source_id = %(id)s::text)
    AND (%(missing_of)s::text IS NULL OR EXISTS (
         SELECT 1 FROM jsonb_array_elements(r.parents) p
          WHERE (p->>'missing')::boolean AND p->'kinds' ? %(missing_of)s::text))
@@ -891,3 +893,20 @@ SELECT source_id, d->>'parent_kind' AS parent_kind
   FROM migration_records, jsonb_array_elements(dangling) d
  WHERE dangling @> '[{"owed": true}]' AND tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s
    AND action IN ('created', 'matched') AND d @> '{"owed": true}';
+
+-- name: skipped_naming --
+-- A tenant's skipped rows (not found deleted at the source) whose reason holds any of these words:
+-- the rows skipped for a parent served by a list their run did not take (`skip_reason.UNTAKEN`).
+SELECT count(*) AS n
+  FROM migration_records
+ WHERE tenant_id = %(t)s AND source = %(s)s AND action = 'skipped' AND deleted_at_source IS NULL
+   AND EXISTS (SELECT 1 FROM unnest(%(words)s::text[]) w WHERE position(w IN COALESCE(reason, '')) > 0);
+
+-- name: skipped_for_parent --
+-- A tenant's skipped rows that kept this parent as missing (migration 0019's `parents`), per kind.
+SELECT r.kind, count(*) AS n
+  FROM migration_records r
+ WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.action = 'skipped' AND r.deleted_at_source IS NULL
+   AND EXISTS (SELECT 1 FROM jsonb_array_elements(r.parents) p
+                WHERE p->>'id' = %(id)s::text AND (p->>'missing')::boolean AND p->'kinds' ? %(k)s::text)
+ GROUP BY r.kind ORDER BY r.kind;

@@ -26,6 +26,7 @@ from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import catchup_kind, progress_weights
 from engine_core.target import crm
 from engine_core.verify import ledger_kind_of
+from migration_pipeline.cli import remedy
 from migration_pipeline.cli.output import console, emit, fail, open_db, reader_gone
 from migration_pipeline.cli.tenants import known_tenant, tenant_run
 from engine_core.plan import left_out_line
@@ -312,14 +313,16 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             if form is not None and ":" not in raw:  # a bare id of a kind keyed by a pair
                 said += (f"; {kind} rows are keyed {form[0]}, not by a bare id (e.g. `migrate explain {tenant} {kind} "
                          f"{raw}:{form[1]}`); {form[2].format(tenant=tenant, id=raw)}")
+            # a list no run of the tenant took may serve it alone: said instead of "no run has ..."
+            why = remedy.for_absent(db, tenant, kind, source_id) or "no run has written, skipped or failed it"
             emit(as_json, None, lambda: console.print(
-                f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: no run has written, skipped or failed it"
-                f"{said}", highlight=False))
+                f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: {why}{said}", highlight=False))
             sys.exit(1)
 
         waits = story["action"] == "skipped" and WAITS_FOR_WALK in (story["reason"] or "")
         story["outcome"] = "waiting" if waits else story["action"]
         story["next"] = next_for_placeholder(db, tenant, story) if story["action"] == "skipped" else None
+        story["remedy"] = remedy.for_row(db, tenant, story)  # what brings it, when a run can still bring it
         # the product row's archived flag (deals, leads; else None): archived rows share their kind's ledger
         story["archived"] = crm.archived(db, story.get("record_type"), story.get("record_id"))
 
@@ -334,8 +337,9 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
             console.print(line)
             for said in since_lines(kind, story):  # what later runs did to the row, then where it stands
                 console.print(said, highlight=False)
-            if story["next"]:
-                console.print(story["next"], highlight=False)
+            for then in (story["next"], story["remedy"]):
+                if then:
+                    console.print(then, highlight=False)
             if story.get("unreadable") and story.get("excerpt"):
                 console.print(f"as served: {story['excerpt']}", markup=False, highlight=False)
             others = story.get("others") or []

@@ -30,6 +30,7 @@ from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import again_line, console, emit, err_console, fail, open_db, what_now
 from migration_pipeline.cli.options import left_out_of
 from migration_pipeline.cli.progress import Progress
+from migration_pipeline.cli.remedy import remedies
 from migration_pipeline.cli.tables import print_phase_results, print_rollup, rollup_doc
 from migration_pipeline.cli.stopping import asset_order, stop_what_we_started, stopped_elsewhere
 from migration_pipeline import preload, stack, tags
@@ -360,6 +361,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                     bad = ledger_reads.bad_row_counts(db, tenant)
                     changed = ledger_reads.changed_bodies(db, tenant)  # for the hints: no second connection
                     left = left_out_of(runs.get_run(db, int(engine_id)), db) if engine_id else {}
+                    remedy = remedies(db, tenant, source)  # the lists skipped rows wait for, or the sync
                     noted = runs.stop_noted(db, int(engine_id), run_started_at(instance, run_id)) if engine_id else None
             except Interrupted as signalled:
                 with signals_held():
@@ -383,7 +385,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                    else f"Dagster run {dagster_run.status.value}")
         again = again_line(tenant, r.status if r is not None else None, sync=job != TENANT_JOB)
         now_lines = what_now(tenant, verdict, bad, live.address if live.alive else None, left_out_line(left), again,
-                             dry_run=dry_run, changed=changed)
+                             dry_run=dry_run, changed=changed, remedies=remedy)
         # "message": the verdict line the plain command ends with ("tenant 'acme': run #5 (...) succeeded,
         # 0 row(s) skipped, 0 failed"); "failure": why the Dagster run failed, when no phase says it
         payload = {"dagster_run_id": run_id, "dagster_status": dagster_run.status.value,

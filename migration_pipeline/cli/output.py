@@ -183,7 +183,8 @@ def db_shell(env: dict[str, str] | None = None) -> str:
 
 def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_address: str | None,
              left_out: str | None = None, again: tuple[str, str] | None = None, *, dry_run: bool = False,
-             changed: dict[str, int] | None = None, env: dict[str, str] | None = None) -> list[str]:
+             changed: dict[str, int] | None = None, env: dict[str, str] | None = None,
+             remedies: list[tuple[str, str]] | None = None) -> list[str]:
     """The few lines a finished `demo`, `run` or `sync` ends with: the `verdict` ("run #7 (...)
     succeeded") with the tenant's skipped and failed rows (`bad`: `ledger_reads.bad_row_counts`, the rows
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
@@ -192,6 +193,8 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
     `left_out` (`engine_core.plan.left_out_line`, one or two lines), when given, follows the verdict:
     the kinds the run did not take and how to add them. `again` (`again_line`: the command and what it does),
     when given, comes first of the commands: how a stopped run resumes, a failed one is retried.
+    `remedies` (`remedy.remedies`: the command and what it does) follow it: what brings the skipped
+    rows a run of the tenant can still bring (the lists their parents are served by, then a sync).
 
     A `dry_run` wrote nothing (no ledger row, no product row): its lines point at what it did
     leave - its counts (`migrate status`), its task durations (`migrate report`) - and at the run
@@ -213,6 +216,8 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
     lines += [f"  {line}" for line in (left_out or "").splitlines()]
     if again:
         lines.append(f"  {again[0]}{' ' * max(2, 26 - len(again[0]))}{again[1]}")
+    if not dry_run:
+        lines += [f"  {command}{' ' * max(2, 26 - len(command))}{what}" for command, what in remedies or ()]
     if ui_address:
         lines.append(f"  the Dagster UI: {ui_address} (each phase asset's partition {tenant!r})")
     if dry_run:
