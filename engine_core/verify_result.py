@@ -8,7 +8,7 @@ from typing import Any
 
 DIFFERENCES = ("missing", "extra", "duplicated", "stale", "takeable", "owed")
 TAKEABLE_WHY = (" - skipped, but every parent they were skipped for is written now: not a settled skip; "
-                "`migrate sync --tenant {tenant}` takes them")
+                "`migrate sync {tenant}` takes them")
 OWED_WHY = (" - imported with that link empty: no run of the tenant took {kind}; "
             "`migrate run --tenant {tenant} --kinds {kind}` fills them")
 DISPLAY_CAP = 10  # ids shown per difference in the text form; the JSON form carries all of them

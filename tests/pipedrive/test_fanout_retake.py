@@ -79,7 +79,7 @@ def test_verify_fails_on_a_skipped_row_whose_parent_is_written_now_and_a_sync_ta
         (kind,) = proof.kinds
         assert kind.takeable == sorted(participants, key=lambda s: (len(s), s)), proof.lines()
         said = [line for line in proof.lines() if line.startswith("  takeable")]
-        assert len(said) == 1 and f"migrate sync --tenant {TENANT}" in said[0], proof.lines()
+        assert len(said) == 1 and f"`migrate sync {TENANT}` takes them" in said[0], proof.lines()
         monkeypatch.undo()
         sync(db, sb, TENANT)
         got = ledger(db, TENANT, "participants")
