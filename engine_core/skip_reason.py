@@ -10,8 +10,7 @@ A missing parent is named by what the engine knows of it, so the reason points t
 * answered by the probe as existing, though not written ("exists at the source but is not
   written"): when the parent's list served rows without a readable id, kept apart as failed
   (`PageRefs.kept_apart`), the reason says how many and where they are listed - such a row is
-  served without the id its children point at, so it may well be the parent;
-  When the source lists the parent's kind through several lists and the run does not take all of
+  served without the id its children point at, so it may well be the parent. When the source lists the parent's kind through several lists and the run does not take all of
   them (`untaken_lists`: the six kinds a plain loader picks take the active deals and leads, not
   the archived ones), the reason names the lists it did not take and the remedy - a run of those
   kinds, then a sync, which takes the placeholders over (a sync walks every list of the kinds the
@@ -35,8 +34,8 @@ NOT_LINKED = "not linked to any record"
 DANGLING = "does not exist at the source"
 NOT_WRITTEN = "exists at the source but is not written"
 # Said after NOT_WRITTEN of a parent whose kind has lists the run did not take (`untaken_lists`).
-UNTAKEN_MARK = "{lists} {verb} not part of the run"
-UNTAKEN = UNTAKEN_MARK + ": a run of `--kinds {lists}`, then `migrate sync`, link{s} it"
+UNTAKEN_MARK = "{kind} was not part of the run"
+UNTAKEN = "{marks}: a run of `--kinds {kinds}`, then `migrate sync`, links it"
 # Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
 # fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
 OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
@@ -57,15 +56,14 @@ def untaken_lists(lists: Mapping[str, tuple[str, ...]], taken: Collection[str]) 
 
 def untaken_said(kinds: tuple[str, ...]) -> str:
     """UNTAKEN for these lists: "deals_archived was not part of the run: a run of `--kinds
-    deals_archived`, then `migrate sync`, link it"."""
-    many = len(kinds) > 1
-    return UNTAKEN.format(lists=",".join(kinds), verb="were" if many else "was", s="" if many else "s")
+    deals_archived`, then `migrate sync`, links it" (each list's `untaken_mark`, then the remedy)."""
+    return UNTAKEN.format(marks=", ".join(untaken_mark(k) for k in kinds), kinds=",".join(kinds))
 
 
 def untaken_mark(kind: str) -> str:
     """The words a reason holds when it names the list `kind` as not taken (`untaken_said`): what
     the ledger is searched by for the rows that wait for that list (`ledger_reads.skipped_naming`)."""
-    return UNTAKEN_MARK.format(lists=kind, verb="was")
+    return UNTAKEN_MARK.format(kind=kind)
 
 
 def describe_missing(ref: Ref, exists: Mapping[Pair, bool | None], held_as: Mapping[Pair, str] | None = None,
