@@ -260,11 +260,13 @@ def rollup(db: Database, run_id: int) -> RunRollup:
         held = db.sql(_LEDGER_HELD, {"run_id": run.id, "waits": WAITS_FOR_WALK})
         closed = rollup_catchup.closed_phase_kinds(run, kinds)
         rollup_catchup.failed_by_catchup(closed, {r["kind"]: int(r["failed"]) for r in held})
-        rollup_catchup.skipped_by_catchup(kinds, closed, {r["kind"]: int(r["skipped"]) for r in held})
+        rollup_catchup.skipped_by_catchup(closed, {r["kind"]: int(r["skipped"]) for r in held})
     changes = ledger_reads.history_counts(db, run_id)
     for kind, counts in changes.items():
-        kr = kinds.get(kind)
-        if kr is None:  # a ledger kind no task kind of the plan is named after
+        # a ledger kind no task kind of the plan is named after: the plan's kind held under it (an
+        # archived list taken alone), else a kind of its own
+        kr = kinds.get(kind) or next((k for k in kinds.values() if rollup_catchup.ledger_kind_named(k.kind) == kind), None)
+        if kr is None:
             kr = kinds[kind] = KindRollup(kind=kind, phase=_phase_of(run, kind))
         kr.deleted_at_source += counts.get("deleted", 0)
         kr.restored += counts.get("restored", 0)
@@ -391,7 +393,9 @@ def completeness(db: Database, run: Run, kinds: list[KindRollup]) -> list[dict[s
         if not run.dry_run:
             problems.extend(rollup_catchup.beyond_listing(mine))
         stats_written = sum(k.written for k in mine)
-        ledger_written = sum(written.get(k.kind, 0) for k in mine)
+        # per ledger kind the phase's rows are held under, once each: a phase of archived deals alone
+        # claims them under `deals` (`rollup_catchup.ledger_kind_named`)
+        ledger_written = sum(written.get(lk, 0) for lk in {rollup_catchup.ledger_kind_named(k.kind) for k in mine})
         if not run.dry_run and stats_written != ledger_written:
             problems.append(f"phase {phase + 1} ({', '.join(k.kind for k in mine)}): {stats_written} imported or "
                             f"matched in the task stats but {ledger_written} claimed in the ledger by this run")

@@ -28,16 +28,28 @@ def closed_phase_kinds(run: Run, kinds: dict[str, KindRollup]) -> list[list[Kind
     return [mine for phase, mine in by_phase.items() if run.terminal or phase < run.current_phase]
 
 
+def ledger_kind_named(kind: str) -> str:
+    """The ledger kind a task kind's rows are held under, by name: `<kind>_archived` under `<kind>`
+    (archived deals under `deals`, as `migrate rows` and `verify` fold them; Pipedrive's
+    `kinds.ledger_kind`, which a test holds this to), every other kind under its own name. The
+    engine has no provider here, so the rule is the name's."""
+    return kind.removesuffix("_archived")
+
+
 def _identities(mine: list[KindRollup]) -> dict[str, list[KindRollup]]:
-    """A phase's kinds by the ledger kind their rows are held under: `<kind>_archived` beside
-    `<kind>` under `<kind>` (archived deals under `deals`, as `migrate rows` and `verify` fold
-    them), every other kind under its own name."""
-    names = {kr.kind for kr in mine}
+    """A phase's kinds by the ledger kind their rows are held under (`ledger_kind_named`): a phase
+    of an archived list alone (a run of `deals_archived` after one of `deals`) holds its rows under
+    `deals` too."""
     out: dict[str, list[KindRollup]] = defaultdict(list)
     for kr in mine:
-        stem = kr.kind.removesuffix("_archived")
-        out[stem if stem in names else kr.kind].append(kr)
+        out[ledger_kind_named(kr.kind)].append(kr)
     return out
+
+
+def _holder(ledger_kind: str, group: list[KindRollup]) -> KindRollup:
+    """The kind of `group` that the records of `ledger_kind` are credited to: the one named so, else
+    the first (an archived list taken alone)."""
+    return next((k for k in group if k.kind == ledger_kind), group[0])
 
 
 def failed_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> None:
@@ -56,16 +68,16 @@ def failed_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> N
     closed phase (`closed_phase_kinds`); `held`: the run's failed records per kind."""
     for mine in closed:
         for ledger_kind, group in _identities(mine).items():
-            extra = sum(held.get(kr.kind, 0) - kr.failed + kr.handed_over.get("failed", 0)
-                        - max(0, kr.caught_up.get("failed", 0) - kr.failed) for kr in group)
+            extra = held.get(ledger_kind, 0) - sum(kr.failed - kr.handed_over.get("failed", 0)
+                                                   + max(0, kr.caught_up.get("failed", 0) - kr.failed) for kr in group)
             if extra > 0:
-                kr = next(k for k in group if k.kind == ledger_kind)
+                kr = _holder(ledger_kind, group)
                 kr.failed_by_catchup = extra
                 kr.failed += extra
                 kr.seen += extra
 
 
-def skipped_by_catchup(kinds: dict[str, KindRollup], closed: list[list[KindRollup]], held: dict[str, int]) -> None:
+def skipped_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> None:
     """Count into each kind's `skipped` (and `skipped_by_catchup`) the skipped rows the run holds under
     it beyond what its phase counted, so the kind's skipped figure is the one `migrate rows` and
     `ledger_reads.bad_row_counts` give and its row still adds up. Such rows are the catch-up's,
@@ -91,10 +103,10 @@ def skipped_by_catchup(kinds: dict[str, KindRollup], closed: list[list[KindRollu
         if any(kr.handed_over for kr in mine) or not any(kr.tasks for kr in mine):
             continue  # the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
         for ledger_kind, group in _identities(mine).items():
-            n = sum(held.get(kr.kind, 0) - kr.skipped for kr in group)
+            n = held.get(ledger_kind, 0) - sum(kr.skipped for kr in group)
             if n <= 0:
                 continue
-            kr = kinds[ledger_kind]
+            kr = _holder(ledger_kind, group)
             kr.skipped_by_catchup = n
             kr.skipped += n
             for member in sorted(group, key=lambda m: m.kind != ledger_kind):  # the ledger kind's own first
