@@ -46,6 +46,20 @@ def waiting_counts(db: Database | Conn, run_id: int) -> dict[str, int]:
     return {r["kind"]: int(r["n"]) for r in rows}
 
 
+def placeholders_of_run(conn: Conn, run: Any, kind: str, ids: Sequence[str], raw_keys: Sequence[str]) -> dict[str, str]:
+    """The placeholders run `run` holds among a window's rows of ledger kind `kind`, before the
+    window writes them: source id (or "raw:" + raw key, a row without a readable id, migration
+    0013) -> what the run counted it as: "waiting" (skipped, its reason `rows.WAITS_FOR_WALK`),
+    "skipped" or "failed". Rows it holds written, rows another run holds and rows it does not hold
+    are absent. What a catch-up's stats hear (`models.Stats.heard`)."""
+    if not ids and not raw_keys:
+        return {}
+    rows = conn.fetch_all("placeholders_of_run", {"r": run.id, "t": run.tenant_id, "s": run.source, "k": kind,
+                                                  "ids": list(ids), "raws": list(raw_keys)})
+    return {r["key"]: ("waiting" if r["action"] == "skipped" and WAITS_FOR_WALK in (r["reason"] or "") else r["action"])
+            for r in rows}
+
+
 def written_by_kind(db: Database | Conn, run_id: int) -> list[dict[str, Any]]:
     """Rows {kind, created, matched}: the ledger entries a run holds written, per ledger kind."""
     return db.fetch_all("ledger_written_by_kind", {"run_id": run_id})

@@ -141,3 +141,12 @@ class Stats:
     def copy(self) -> Stats:
         """An independent copy (a window keeps one to restore on rollback)."""
         return Stats(dict(self.values))
+
+    # True: each row a window writes is told to `heard`, with what the run held it as before (a
+    # catch-up's counts of the rows a walk before it had counted: `ledger_reads.placeholders_of_run`)
+    hears_rows = False
+
+    def heard(self, outcome: str, before: str | None) -> None:
+        """One row a window wrote, in the window's transaction (so what it counts is checkpointed
+        with the window): its `outcome` and what the run held it as before ("waiting", "skipped",
+        "failed"; None: not a placeholder of the run). Nothing here; a task's stats may count it."""

@@ -331,7 +331,7 @@ def still_waiting(db: Database, run: Run) -> list[str]:
 
 
 # Counters a task credited to another kind: its stats' "<counter>@<kind>" entries (the Pipedrive
-# catch-up's `catchup.PerKindStats`), summed per task kind.
+# catch-up's `catchup_stats.PerKindStats`), summed per task kind.
 _CREDITED = """
 SELECT t.kind AS task_kind, min(t.phase) AS phase, e.key, sum(e.value::bigint) AS n
   FROM migration_tasks t CROSS JOIN LATERAL jsonb_each_text(t.stats) e

@@ -14,9 +14,15 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from engine_core.rows import AGAIN, SKIPPED_WAITING
+
 if TYPE_CHECKING:
     from engine_core.models import Run
     from engine_core.rollup import KindRollup
+
+
+# the catch-up's counts of the rows it met that the run held as placeholders (`rows.AGAIN`)
+_HEARD = frozenset({*AGAIN.values(), SKIPPED_WAITING})
 
 
 def closed_phase_kinds(run: Run, kinds: dict[str, KindRollup]) -> list[list[KindRollup]]:
@@ -90,15 +96,17 @@ def skipped_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> 
       `skipped` and to `seen`.
 
     Which of a kind's rows beyond its phase's skipped count were waiting is not in the ledger (a
-    settled placeholder keeps no trace of having waited), so the phase's waiting rows take them
-    first: a kind whose phase left none waiting has only rows it never counted, and a kind whose
-    phase listed every row (the catch-up's whole listing serves none new, `beyond_listing`) has
-    only waiting ones. Per ledger kind of each phase (`_identities`): a kind holding no rows of its
+    settled placeholder keeps no trace of having waited): the catch-up counts them as it skips them
+    (`caught_up["skipped_waiting"]`, `rows.SKIPPED_WAITING`), and the rest are rows the phase never
+    counted. A catch-up that kept no such count (its tasks' stats have no `rows.AGAIN` count of any
+    kind: written before it counted them) leaves an estimate: the phase's waiting rows take them
+    first. Per ledger kind of each phase (`_identities`): a kind holding no rows of its
     own name (archived deals under `deals`) nets its count against the kind that holds them, never
     another kind of the phase; a ledger kind holding fewer than its phase counted (the catch-up
     wrote some) keeps the phase's figure. Closed phases with tasks of their own only, the
     catch-up's not (a sync's kinds show none, as with `failed_by_catchup`); `held`: the run's
     skipped records per kind (not those waiting for the catch-up's walk)."""
+    counted = any(key in _HEARD for mine in closed for kr in mine for key in kr.caught_up)
     for mine in closed:
         if any(kr.handed_over for kr in mine) or not any(kr.tasks for kr in mine):
             continue  # the catch-up's own, or no task's (a sync's kinds): the catch-up's row counts them
@@ -109,8 +117,12 @@ def skipped_by_catchup(closed: list[list[KindRollup]], held: dict[str, int]) -> 
             kr = _holder(ledger_kind, group)
             kr.skipped_by_catchup = n
             kr.skipped += n
-            for member in sorted(group, key=lambda m: m.kind != ledger_kind):  # the ledger kind's own first
-                moved = min(n, member.waiting)
+            # the waiting rows it skipped: as the catch-up counted them, or (no count kept) an estimate
+            waited = min(n, sum(m.caught_up.get(SKIPPED_WAITING, 0) for m in group)) if counted else n
+            # the kind that counted them first, then the ledger kind's own
+            for member in sorted(group, key=lambda m: (-m.caught_up.get(SKIPPED_WAITING, 0), m.kind != ledger_kind)):
+                moved = min(waited, member.waiting)
+                waited -= moved
                 member.waiting -= moved
                 member.waiting_skipped = moved
                 if member is not kr:  # an archived kind's waiting rows are skipped rows of the kind holding them

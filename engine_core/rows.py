@@ -50,6 +50,12 @@ WAITS_FOR_WALK = "waits for the catch-up's walk"
 # has written the record. Those rows were never seen: no outcome, no ledger row (`rollup.KindRollup.left`).
 LEFT_TO_CATCHUP = "left_to_catchup"
 GONE_BEFORE_WALK = "deleted at the source before the catch-up's walk took it over"
+# A catch-up's per-kind counts of the rows it wrote that the run held as placeholders before
+# ("<counter>@<kind>" task stats, `models.Stats.heard`): by what they were held as ("again_waiting":
+# a row a walk left waiting, "again_skipped", "again_failed"), and of the waiting ones, those it
+# skipped (`SKIPPED_WAITING`). The rollup takes them off to count each row once.
+AGAIN = {WAITING: "again_waiting", "skipped": "again_skipped", "failed": "again_failed"}
+SKIPPED_WAITING = "skipped_waiting"
 
 
 def left_to_catchup(parent: str) -> str:

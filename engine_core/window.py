@@ -66,6 +66,16 @@ def row_id(row: Any) -> str | None:
     return None
 
 
+def _held_key(row: Any) -> str:
+    """A row's key in `ledger_reads.placeholders_of_run`: its source id, or "raw:" + the raw key of
+    a row without a readable id, as `_write_row` records it (migration 0013)."""
+    sid = row_id(row)
+    if sid is not None:
+        return sid
+    raw = row.get("raw", row) if isinstance(row, Mapping) else row
+    return "raw:" + ((row.get("raw_key") if isinstance(row, Mapping) else None) or unreadable_key(raw))
+
+
 class Windows:
     """The window writer half of `TaskContext` (a mixin: the context's dataclass holds the fields)."""
 
@@ -180,6 +190,7 @@ class Windows:
         counts: dict[str, int] = {}
         try:
             with self.db.transaction() as tx:
+                before_rows = self._placeholders(tx, kind, window[max(0, start - w):]) if self.stats.hears_rows else None
                 batched: dict[int, str] = {}
                 if batch is not None:
                     todo = [(j, row) for j, row in enumerate(window)
@@ -203,6 +214,8 @@ class Windows:
                         outcome = self._write_row(tx, kind, row, writer)
                     seen += 1
                     counts[outcome] = counts.get(outcome, 0) + 1
+                    if before_rows is not None:
+                        self.stats.heard(outcome, before_rows.get(_held_key(row)))
                 # counted once a window (the checkpoint below writes them with the offset)
                 if seen:
                     self.stats.bump("seen", seen)
@@ -217,6 +230,12 @@ class Windows:
             self.stats = before  # the window is gone; so are its counts
             raise
         return counts
+
+    def _placeholders(self, tx: Conn, kind: str, rows: Sequence[Any]) -> dict[str, str]:
+        """The run's placeholders among `rows` before they are written (`ledger_reads.placeholders_of_run`)."""
+        keys = [_held_key(row) for row in rows]
+        return ledger_reads.placeholders_of_run(tx, self.run, kind, [k for k in keys if not k.startswith("raw:")],
+                                                [k[4:] for k in keys if k.startswith("raw:")])
 
     def _write_batch(self, tx: Conn, todo: list[tuple[int, Any]], batch: Batch) -> dict[int, str]:
         """A window's set-based part in the window's transaction (no savepoint): its outcomes by

@@ -825,6 +825,32 @@ SELECT kind, count(*) AS n FROM migration_records
    AND position(%(waiting)s IN reason) > 0
  GROUP BY kind ORDER BY kind;
 
+-- name: run_source_retries --
+-- A run's tasks released after a failure of the source and not finished (`source_retries`): how many,
+-- since when, the latest error, the soonest retry, and the run's last task that succeeded (none
+-- since the first of them: every task that asked the source failed). `not_source`: errors that are
+-- not the source's (LIKE patterns).
+SELECT count(*) AS tasks, min(t.updated_at) AS since,
+       (array_agg(t.error ORDER BY t.updated_at DESC))[1] AS last_error,
+       min(t.not_before) FILTER (WHERE t.status = 'pending') AS next_try,
+       (SELECT max(o.finished_at) FROM migration_tasks o
+         WHERE o.migration_id = %(run_id)s AND o.status = 'succeeded') AS last_success
+  FROM migration_tasks t
+ WHERE t.migration_id = %(run_id)s AND t.status IN ('pending', 'running') AND t.error IS NOT NULL
+   AND NOT t.error LIKE ANY(%(not_source)s::text[]);
+
+-- name: placeholders_of_run --
+-- A window's rows the run holds as placeholders (skipped or failed) before the window writes them:
+-- by source id, and those without a readable id by raw key (migration 0013); only this run's, so a
+-- row another run left is none of the run's own counts.
+SELECT source_id AS key, action, reason FROM migration_records
+ WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND source_id = ANY(%(ids)s::text[])
+   AND migration_id = %(r)s AND action IN ('skipped', 'failed')
+UNION ALL
+SELECT 'raw:' || raw_key, 'failed', reason FROM migration_unreadable
+ WHERE tenant_id = %(t)s AND source = %(s)s AND kind = %(k)s AND raw_key = ANY(%(raws)s::text[])
+   AND migration_id = %(r)s;
+
 -- name: ledger_waiting_at --
 -- Which of these source ids of one ledger kind the ledger holds as skipped, waiting for the catch-up's
 -- walk (their reason says so: `write.WAITS_FOR_WALK`), and at which version they were listed then.

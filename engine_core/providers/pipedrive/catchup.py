@@ -23,7 +23,7 @@ placeholders a full run's walks left to this walk (`walk_proof`: a parent not kn
 asked) are settled here without a request: a parent the chain wrote links them; one its whole walk
 did not serve is gone, and the row is imported with that link dangling (`writers.probe_of` with the
 page, `LastParents` for the last level). Other missing parents are asked of the source as before;
-what the catch-up writes is counted under the row's kind too (`PerKindStats`). Every id served is
+what the catch-up writes is counted under the row's kind too (`catchup_stats.PerKindStats`). Every id served is
 recorded in `migration_inventory`. When a ledger kind's lists are done, a `deletes` task takes the
 kind's live ledger entries the inventory did not see, asks the source for each (`GET` by id: 1-2
 tokens): 404 is a deletion (or a merge: Pipedrive's merged id answers 404 and its children were
@@ -87,9 +87,10 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.errors import PageFailed
 from engine_core.ledger_reads import mail_held, unseen_live, unseen_skipped
-from engine_core.models import Run, Stats, Successor, TaskOutcome
+from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
 from engine_core.providers.pipedrive import compact, contents, lines, owed, record_lists, retake, writers
+from engine_core.providers.pipedrive.catchup_stats import counted_as
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
@@ -199,47 +200,11 @@ def mail_tasks(kind: str, page: int, deals: Sequence[int]) -> list[Successor]:
     ]
 
 
-# Row outcomes (and `seen`) a catch-up task also counts per listing kind, as "<counter>@<kind>"
-# (`PerKindStats`): the rollup adds them to that kind's figures (engine_core.rollup).
-PER_KIND = frozenset({"seen", "imported", "matched", "already_here", "updated", "skipped", "failed"})
-
-
-class PerKindStats(Stats):
-    """A catch-up task's stats while it writes rows of one listing kind: every row outcome (and
-    `seen`) is counted twice, under its own name and as "<counter>@<kind>" (e.g. `imported@deals`),
-    so the rollup can credit the rows the catch-up wrote to the kind they belong to (a
-    source's count is met by the kind's phase plus the catch-up; the ledger's claims of a kind =
-    its phase's + the catch-up's). Both counts land in the same window's checkpoint."""
-
-    def __init__(self, values: dict[str, int], kind: str) -> None:
-        super().__init__(values)
-        self.kind = kind
-
-    def bump(self, key: str, n: int = 1) -> None:
-        """Add `n` to `key`, and to `key@kind` too when `key` is a row outcome (`PER_KIND`)."""
-        super().bump(key, n)
-        if key in PER_KIND:
-            super().bump(f"{key}@{self.kind}", n)
-
-    def copy(self) -> PerKindStats:
-        """An independent copy (the values before a window, restored when it fails)."""
-        return PerKindStats(dict(self.values), self.kind)
-
-
-def counted_as(ctx: TaskContext, kind: str, work: Any) -> Any:
-    """Run `work()` with the task's row outcomes also counted under `kind` (`PerKindStats`)."""
-    ctx.stats = PerKindStats(ctx.stats.values, kind)
-    try:
-        return work()
-    finally:
-        ctx.stats = Stats(ctx.stats.values)
-
-
 def write_changed(ctx: TaskContext, client: PipedriveClient, mapper_of: Any, kind: str, lk: str,
                   rows: Sequence[dict[str, Any]], *, full: bool = False, proof: bool = False,
                   before: Callable[[list[dict[str, Any]]], None] | None = None) -> list[dict[str, Any]]:
     """Record the rows as seen, write those the ledger does not hold at their version; returns
-    the rows written. Outcomes are also counted per listing kind (`PerKindStats`); `full`: these
+    the rows written. Outcomes are also counted per listing kind (`catchup_stats.PerKindStats`); `full`: these
     rows are a page of the kind's whole list (not only what changed), so `listed@kind` and
     `unchanged@kind` are counted too (the source's count at the catch-up, for the rollup).
     `before(rows)`: called with the rows to write before any is written (`owed`: a retry finds
