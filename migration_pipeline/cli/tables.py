@@ -13,6 +13,7 @@ from rich.table import Table
 from engine_core import rollup as rollups
 from engine_core.progress import format_seconds
 from engine_core.rollup_left import left_lines
+from engine_core.rollup_totals import run_totals
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import console
 
@@ -254,12 +255,11 @@ def reasons_table(reasons: list[dict[str, Any]], tenant: str) -> Table:
 
 def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, int]:
     """A run's row outcomes summed over its kinds (or one kind): {"seen", "imported", "matched",
-    "already_here", "updated", "skipped", "waiting" (left to the catch-up's walk by a walk before
-    it: the catch-up's own count says what became of them), "failed", "deleted_at_source"}. Each row
-    is counted once: skipped and failed as each kind holds them (its phase's and what the catch-up
-    skipped or failed of it after: the ledger's count, as `migrate rows` and `status` say it), not
-    again in the catch-up kind's own figures (the catch-up meets every row still skipped again); the
-    rest as the catch-up kind's tasks and the phases counted them."""
+    "already_here", "updated", "skipped", "waiting" (left to the catch-up's walk and not taken by it
+    yet: none once it ran), "failed", "deleted_at_source"}. Over the kinds each row is counted
+    once (`rollup_totals.run_totals`): a row the catch-up met again - one its phase left waiting,
+    skipped or failed - is counted with the catch-up's outcome, not again in `seen`; so `seen` is
+    the rows served (the source's own count on an unchanging account) and the outcomes add up to it."""
     if kind is not None:
         chosen = [k for k in r.kinds if k.kind == kind]
         return {c: sum(int(getattr(k, c)) for k in chosen) for c in OUTCOMES}
@@ -267,12 +267,7 @@ def outcome_counts(r: rollups.RunRollup, kind: str | None = None) -> dict[str, i
         catchup = getattr(provider_for(r.source), "catchup_kind", None)
     except Exception:  # noqa: BLE001 - a source that no longer loads: no catch-up kind to tell apart
         catchup = None
-    own = [k for k in r.kinds if k.kind != catchup]
-    out = {c: sum(int(getattr(k, c)) for k in r.kinds) for c in OUTCOMES}
-    for c in ("skipped", "failed"):
-        out[c] = sum(int(getattr(k, c)) for k in own)
-    out["seen"] -= sum(int(getattr(k, "added_by_catchup", 0)) for k in own)
-    return out
+    return run_totals(r, catchup)
 
 
 def print_overview(overview: list[dict[str, Any]]) -> None:
