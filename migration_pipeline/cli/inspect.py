@@ -24,6 +24,7 @@ from engine_core.providers.registry import provider_for
 from engine_core.rollup_left import left_lines
 from engine_core.rows import WAITS_FOR_WALK
 from engine_core.source import catchup_kind, progress_weights
+from engine_core.source_retries import source_retries
 from engine_core.target import crm
 from engine_core.verify import ledger_kind_of
 from migration_pipeline.cli import remedy
@@ -53,7 +54,8 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
     "unattended" (idle for longer than `stale_after` seconds, the stale-lock threshold: no worker
     drains it, as `migrate status TENANT` says; also at once when "no_live_worker_since" is set),
     "no_live_worker_since" (UTC, `rollup.no_live_worker_since`: every claimed task's worker process
-    on this host is gone; else None), "skipped", "waiting" (left to the catch-up's walk: a run
+    on this host is gone; else None), "source_failing" (a running run whose source failed every
+    task that asked it since its tasks are retried: `source_retries`), "skipped", "waiting" (left to the catch-up's walk: a run
     stopped before its catch-up), "failed" (the tenant's rows now, as `migrate rows TENANT` counts
     them: a run that succeeded with bad rows is not plain "succeeded"; a dry run, which writes no
     ledger row, its own counts, as its table sums them: `tables.outcome_counts` - it had said 0 and 0
@@ -76,9 +78,17 @@ def tenant_overview(db: dbmod.Database, source: str | None = None,
                          "unattended": dead_since is not None or (stale_after is not None and idle is not None
                                                                   and idle > stale_after),
                          "no_live_worker_since": dead_since,
+                         "source_failing": _source_failing(db, r) if dead_since is None else False,
                          "skipped": sum(b["skipped"] for b in bad), "waiting": sum(b["waiting"] for b in bad),
                          "failed": sum(b["failed"] for b in bad)})
     return overview
+
+
+def _source_failing(db: dbmod.Database, run: Any) -> bool:
+    """Whether a running run's source has failed every task that asked it since its first retry
+    (`source_retries`): the overview says so beside its status."""
+    retrying = source_retries(db, run.id) if run.status == "running" else None
+    return retrying is not None and retrying.failing_all
 
 
 OVERVIEW_TIMES = ("started_at", "finished_at", "no_live_worker_since")
@@ -112,7 +122,10 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
     numbering, `phase_asset` ("9/9") and `phase_assets` (one a phase of `phases`) as the phase assets
     number them (as the table, its title and the progress lines number them),
     `waiting` the tenant's rows left to the catch-up's walk now (a number, 0 when none, as the
-    overview counts them) and `budget_waiting` what the account's budget waits on (or null)."""
+    overview counts them), `budget_waiting` what the account's budget waits on (or null) and
+    `source_retrying` the tasks being retried after the source failed them (`source_retries`, or
+    null): while the source fails every request the status says so, without an ETA, until the
+    engine pauses the run."""
     if tenant is None:
         with open_db(create=False) as db:
             overview = tenant_overview(db, source, check_environment().stale_lock_seconds)
@@ -138,6 +151,10 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         waiting = waiting_state(db, run.source_account, run.source) if run.status == "running" else None
         wait_json = {"reason": waiting.reason, "until": waiting.until.isoformat()} if waiting and waiting.reason else None
         rows_waiting = sum(b["waiting"] for b in bad_row_counts(db, tenant).values())  # as the overview counts them
+        # tasks the source failed, retried before the engine pauses the run: no ETA while it fails everything
+        retrying = source_retries(db, run.id) if run.status == "running" and dead_since is None else None
+        if retrying is not None and retrying.failing_all:
+            done.update(eta_seconds=None)
         unattended = done["unattended"]
 
         left = left_out_of(run, db)  # the kinds the tenant has not: opt-in ones, or not chosen
@@ -153,11 +170,14 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
                               "runs it in the background[/yellow]")
             if wait_json is not None:
                 console.print(f"[yellow]{waiting.reason}, until {waiting.until:%Y-%m-%d %H:%M:%S} UTC[/yellow]")
+            if retrying is not None:
+                console.print(f"[yellow]{retrying.line(tenant)}[/yellow]", highlight=False)
 
         # every phase number from 1, read against the `phases` the JSON lists ("2/2" for a run of users alone)
         progress_doc = {**done, "phases": [{**ph, "phase": ph["phase"] + 1} for ph in done["phases"]]}
         emit(as_json, {**rollup_doc(r), "left_to_catchup": left_lines(r), "left_out": left, "progress": progress_doc,
-                       "waiting": rows_waiting, "budget_waiting": wait_json}, render)
+                       "waiting": rows_waiting, "budget_waiting": wait_json,
+                       "source_retrying": retrying.as_dict() if retrying else None}, render)
 
 
 @click.command()

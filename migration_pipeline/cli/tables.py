@@ -276,7 +276,8 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     ("unattended") has "idle 10m05s" (or "no live worker since 21:10:04", UTC, when its workers'
     processes are gone) beside its
     status and a line under the table says what that means and what resumes it (the overview had
-    shown a dead run as plainly "running")."""
+    shown a dead run as plainly "running"); a running run whose source fails every task that asks
+    it ("source_failing") has "(source failing: retrying)" there, and a line says what follows."""
     if not overview:
         console.print("no tenant has a migration run yet: `migrate run --tenant T` starts one")
         return
@@ -286,6 +287,7 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     rows = [(o["tenant"], o["source"], f"#{o['run_id']}",
              (DRY_RUN_MARK if o["dry_run"] else "") + o["status"] + (f" (no live worker since {o['no_live_worker_since']:%H:%M:%S})" if o.get("no_live_worker_since")
                             else f" (idle {format_seconds(o['idle_seconds'])})" if o.get("unattended") else "")
+             + (" (source failing: retrying)" if o.get("source_failing") else "")
              + (" (sync)" if o["mode"] == "sync" else ""),
              o["phase"], str(o.get("skipped", 0)), str(o.get("waiting", 0)), str(o.get("failed", 0)),
              ", ".join(f"{n} {s}" for s, n in o["tasks"].items()) or "-",
@@ -305,6 +307,11 @@ def print_overview(overview: list[dict[str, Any]]) -> None:
     if any(o["dry_run"] for o in overview):
         console.print("a dry run's skipped and failed are its own counts, as its table says them: the rows a real "
                       "run would skip or fail (it wrote none for `migrate rows`)", highlight=False)
+    failing = [o["tenant"] for o in overview if o.get("source_failing")]
+    if failing:
+        console.print(f"[yellow]source failing: every task that asked it since its retries began failed; the engine pauses "
+                      f"such a run after MIGRATE_SOURCE_DOWN_SECONDS; `migrate status {failing[0] if len(failing) == 1 else 'T'}` "
+                      "says since when and why[/yellow]")
     idle = [o["tenant"] for o in overview if o.get("unattended")]
     if idle:
         who = idle[0] if len(idle) == 1 else "T"
