@@ -15,7 +15,7 @@ from typing import Any
 from psycopg import sql
 
 from engine_core.db import Conn, Database, stream
-from engine_core.rows import WAITS_FOR_WALK
+from engine_core.rows import WAITING, WAITS_FOR_WALK
 
 # -- reads for the run's report (rollup), `explain` and `verify` ------------------------------
 
@@ -56,7 +56,7 @@ def placeholders_of_run(conn: Conn, run: Any, kind: str, ids: Sequence[str], raw
         return {}
     rows = conn.fetch_all("placeholders_of_run", {"r": run.id, "t": run.tenant_id, "s": run.source, "k": kind,
                                                   "ids": list(ids), "raws": list(raw_keys)})
-    return {r["key"]: ("waiting" if r["action"] == "skipped" and WAITS_FOR_WALK in (r["reason"] or "") else r["action"])
+    return {r["key"]: (WAITING if r["action"] == "skipped" and WAITS_FOR_WALK in (r["reason"] or "") else r["action"])
             for r in rows}
 
 
