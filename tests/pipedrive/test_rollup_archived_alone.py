@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from engine_core import rollup, rollup_catchup
 from engine_core.providers.pipedrive import kinds as pipedrive_kinds
-from tests.pipedrive.support import failed_tasks, migrate, sandbox
+from tests.pipedrive.support import failed_tasks, live_op, migrate, sandbox
 
 SIX = ["organizations", "persons", "deals", "leads", "activities", "notes"]
 ARCHIVED = ["deals_archived", "leads_archived"]
@@ -34,6 +34,26 @@ def test_a_run_of_the_archived_lists_alone_adds_up_against_the_ledger_kinds_that
         assert claimed.get(held_under, 0) == k.written and claimed.get(archived, 0) == 0, (archived, claimed)
     phase = next(c for c in r.completeness if set(c["kinds"]) >= set(ARCHIVED))
     assert phase["complete"] and phase["stats_written"] == phase["ledger_written"] > 0, phase
+
+
+def test_a_deal_deleted_before_a_run_of_the_archived_lists_alone_is_counted_under_their_kind(db) -> None:
+    """The run's catch-up walks the active deals too (to settle them) and marks a deal deleted at the
+    source under `deals`: the rollup counts it beside the archived deals, the kind of the plan held
+    under `deals`, not under a `deals` kind of the catch-up's phase (whose add-up check would then
+    count every deal this run claimed: "phase 2 (catchup, deals): 0 imported or matched in the task stats but
+    6 claimed in the ledger by this run")."""
+    with sandbox() as sb:
+        first = migrate(db, sb, "acme", kinds=SIX)
+        gone = next(c for c in (live_op(sb, "delete") for _ in range(60)) if c["kind"] == "deals")
+        second = migrate(db, sb, "acme", kinds=ARCHIVED)
+    assert first.status == second.status == "succeeded", (failed_tasks(db, first.id), failed_tasks(db, second.id))
+    marked = db.sql("SELECT source_id FROM migration_records WHERE tenant_id = 'acme' AND kind = 'deals'"
+                    " AND deleted_at_source IS NOT NULL")
+    assert [r["source_id"] for r in marked] == [str(gone["id"])], (marked, gone)
+    r = rollup.rollup(db, second.id)
+    assert r.complete, r.incomplete
+    kinds = {k.kind: k for k in r.kinds}
+    assert "deals" not in kinds and kinds["deals_archived"].deleted_at_source == 1, kinds.keys()
 
 
 def test_the_engines_name_rule_folds_every_pipedrive_kind_as_pipedrive_does() -> None:
