@@ -23,11 +23,12 @@
   (`engine_core.verify`): the source's ids per kind by the cheapest listing against the ledger and
   the product's rows; every difference named (missing, extra, duplicated, stale version) with the
   requests and tokens it spent. It spends source tokens, so it is opt-in: not blocking, not in the
-  tenant or sync job, and skipped (no result, no request) by any run that materialises assets -
-  "Materialize all" on the asset graph puts every check of the selected assets in its run
-  (`proof_requested`). Run it on its own from the check's page, or through the `verify_tenant`
-  job's launchpad on a tenant partition (every phase; its evaluations land on these checks). Built
-  only for a provider that can list its ids (`Provider.source_ids`).
+  tenant or sync job, and not run (no request) by any run that materialises assets - "Materialize
+  all" on the asset graph puts every check of the selected assets in its run (`proof_requested`);
+  such a run records it not passed (WARN) saying it was not run and how to run it
+  (`proof_not_run`), not Skipped. Run it through the `verify_tenant` job's launchpad on a tenant
+  partition (every phase; its evaluations land on these checks) or `migrate verify`. Built only for
+  a provider that can list its ids (`Provider.source_ids`).
 
 The three ledger checks are evaluated by the phase asset's own op right after it materialises
 (`ledger_check_specs`, phases._phase_asset), and alone when a run selects only them.
@@ -59,6 +60,7 @@ from engine_core.ledger_reads import bad_row_counts, duplicate_claims, ledger_vs
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import left_out_kinds, verify
+from migration_pipeline.assets.proof_not_run import how_to_prove, not_run_here
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.launch.checks import check_tenant
 from migration_pipeline.partitions import tenants
@@ -243,7 +245,8 @@ LEDGER_CHECKS = frozenset({LEDGER_MATCHES_TARGET, NO_DUPLICATE_CLAIMS, KINDS_ADD
 def settle_planned_checks(context: Any, db: Database, source: str) -> int:
     """Evaluate now the ledger checks this Dagster run planned on its tenant partition and has not
     evaluated yet (of every phase), each logged as an AssetCheckEvaluation of the partition's latest
-    materialisation; the number logged. Never raises: the step's own end matters more.
+    materialisation, and a planned `matches_source` whose step will be skipped as not run here
+    (`proof_not_run`); the number logged. Never raises: the step's own end matters more.
 
     For a step that ends without materialising its phase: a launch refused because the tenant's
     latest run succeeded (Dagster then skips every later step), a phase out of the run's plan with
@@ -266,7 +269,7 @@ def settle_planned_checks(context: Any, db: Database, source: str) -> int:
             key = data.asset_check_key
             if event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
                 planned.discard(key)
-            elif key.name in LEDGER_CHECKS:
+            elif key.name in LEDGER_CHECKS or key.name == MATCHES_SOURCE:
                 planned.add(key)
         logged = 0
         for spec in phase_specs(source):
@@ -277,7 +280,11 @@ def settle_planned_checks(context: Any, db: Database, source: str) -> int:
                 continue
             target = AssetCheckEvaluationTargetMaterializationData(
                 storage_id=latest[0].storage_id, run_id=latest[0].run_id, timestamp=latest[0].timestamp)
-            for result in evaluate_ledger_checks(db, tenant, spec, names):
+            # its step runs after a phase this run materialised (and says it did not prove it); after
+            # one it did not, Dagster skips that step: said here instead, not left Skipped
+            not_run = [not_run_here(context.instance, AssetCheckKey(spec.key, MATCHES_SOURCE), tenant, context.run_id)
+                       ] if MATCHES_SOURCE in names and latest[0].run_id != context.run_id else []
+            for result in [*evaluate_ledger_checks(db, tenant, spec, names), *not_run]:
                 context.log_event(AssetCheckEvaluation(
                     asset_key=spec.key, check_name=result.check_name, passed=result.passed, partition=tenant,
                     metadata={**result.metadata, "evaluated_by": MetadataValue.text(
@@ -391,9 +398,8 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PreviewWarning)
 
-        # A subsettable multi-asset check so that its result is optional: in a run that did not ask
-        # for it alone, the op yields nothing and Dagster records the check as skipped (no result,
-        # no tokens spent) instead of a pass or a failure it never evaluated.
+        # A subsettable multi-asset check: a run of the check alone proves the phase; a run that
+        # materialises assets records that it did not (`proof_not_run`: no request, no token).
         @multi_asset_check(
             name=f"{spec.key.to_python_identifier()}_{MATCHES_SOURCE}",
             specs=[AssetCheckSpec(MATCHES_SOURCE, asset=spec.key, blocking=False, partitions_def=tenants,
@@ -401,17 +407,19 @@ def _source_check_for(spec: PhaseSpec) -> AssetChecksDefinition:
                                                "the ledger = the product's rows: names every missing, extra, "
                                                "duplicated and stale row, and the requests and tokens it spent. "
                                                "Spends source tokens, so it runs only when asked for on its own "
-                                               "(the verify_tenant job on a tenant partition): a materialize-all skips it, and "
-                                               "Dagster lists it as skipped after such a run even when an "
-                                               "earlier verify_tenant run passed it (its history shows both)."))],
+                                               "(the verify_tenant job on a tenant partition, or `migrate verify "
+                                               "TENANT`): a run from the asset graph's Materialize records it not "
+                                               "passed (WARN) with `not_run` saying so and `latest_proof` the "
+                                               "tenant's latest real proof; the tenant and sync jobs leave it out."))],
             can_subset=True,
         )
         def matches_source(context: AssetCheckExecutionContext, database: MigrationDatabase, source: SourceResource,
                            lane: LaneSettings):
             require_tenant(context)
-            if not proof_requested(context.run, key):
-                context.log.info(f"{MATCHES_SOURCE} of {spec.key.to_user_string()} skipped: it spends source tokens "
-                                 "and runs only on its own (the verify_tenant job on a tenant partition)")
+            if not proof_requested(context.run, key):  # an asset-graph launch put it in: say so, not Skipped
+                context.log.info(f"{MATCHES_SOURCE} of {spec.key.to_user_string()} not run: it spends source tokens "
+                                 f"and runs only on its own - {how_to_prove(context.partition_key)}")
+                yield not_run_here(context.instance, key, context.partition_key, context.run.run_id)
                 return
             passed, md = source_check(database.database(), source.provider(), context.partition_key, spec,
                                       lane.engine_settings())

@@ -4,8 +4,8 @@ The UI's "Materialize all" launches `__ASSET_JOB` with the selected assets and e
 whose job names include it (dagster-webserver's `getAssetCheckHandleInputs`) - `matches_source`
 included, since the implicit asset job holds every check. Here that launch is replayed on the
 project's own Definitions against a tiny sandbox tenant (one phase: the run is limited to `users`):
-the phase materialises, the cheap checks evaluate, and `matches_source` is skipped - no evaluation,
-no request to the source for it. Asked for on its own (the check's page: the check selected, no
+the phase materialises, the cheap checks evaluate, and `matches_source` is not run - no request to
+the source for it, one evaluation saying so (test_proof_not_skipped.py). Asked for on its own (the check's page: the check selected, no
 asset), it proves the phase and reports the tokens it spent (its verdict is not the point here).
 """
 from __future__ import annotations
@@ -73,7 +73,8 @@ def test_materialize_all_skips_matches_source_and_the_checks_page_runs_it(instan
                                                  raise_on_error=False)
         assert everything.success and everything.dagster_run.asset_selection == {phase}
         got = _evaluations(everything)
-        assert set(got) == {"ledger_matches_target", "no_duplicate_claims", "kinds_add_up", "all_rows_landed"}, got  # no proof
+        assert set(got) == {"ledger_matches_target", "no_duplicate_claims", "kinds_add_up", "all_rows_landed", MATCHES_SOURCE}, got
+        assert not got[MATCHES_SOURCE].passed and got[MATCHES_SOURCE].metadata["tokens"].value == 0  # said not run: no proof
         before = sb.stats()["requests_total"]
 
         alone = implicit.get_subset(asset_selection=set(), asset_check_selection={proof})
