@@ -60,6 +60,7 @@ from engine_core.ledger_reads import bad_row_counts, duplicate_claims, ledger_vs
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import left_out_kinds, verify
+from migration_pipeline.assets.metadata import not_planned_entries
 from migration_pipeline.assets.proof_not_run import how_to_prove, not_run_here
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
 from migration_pipeline.launch.checks import check_tenant
@@ -109,7 +110,8 @@ def completeness_check(db: Database, tenant: str, source: str, spec: PhaseSpec) 
         return True, {"note": MetadataValue.text("no run of this tenant yet")}
     phase = spec.run_phase(run)
     if phase is None:
-        return True, {"note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan")}
+        return True, {**not_planned_entries(spec.kinds, run),
+                      "note": MetadataValue.text(f"{', '.join(spec.kinds)} not in this run's plan")}
     r = rollups.rollup(db, run.id)
     c = r.phase_completeness(phase)
     md: dict[str, Any] = {"engine_run_id": MetadataValue.int(run.id)}
@@ -177,7 +179,8 @@ def landed_check(db: Database, tenant: str, kinds: list[str], catchup: bool = Fa
 LANDED_AT_PHASE = ("Every row of the phase's kinds accounted for: fails (WARN) when the tenant has skipped or failed "
                    "rows of them, as `migrate rows` lists them. A row waiting for the catch-up's walk (its parent "
                    "not known yet) is accounted for and shown as `waiting`: the catch-up settles it, and the "
-                   "catch-up's own all_rows_landed check fails if any row still waits.")
+                   "catch-up's own all_rows_landed check fails if any row still waits. On a phase the tenant's "
+                   "latest run does not plan, `run_kinds` says first that none of its kinds was in the run.")
 LANDED_AT_CATCHUP = ("Nothing still waits: fails (WARN) when any row of the tenant, of any kind, still waits for the "
                      "catch-up's walk after it ran (the phases' all_rows_landed checks counted those rows as "
                      "settled by it), as `migrate rows TENANT --action waiting` lists them.")
@@ -234,9 +237,25 @@ def evaluate_ledger_checks(db: Database, tenant: str, spec: PhaseSpec, selected:
                                             severity=AssetCheckSeverity.ERROR))
         if ALL_ROWS_LANDED in selected:
             passed, md = landed_check(snap, tenant, kinds, catchup=is_catchup(spec))
+            out = out_of_plan(snap, tenant, spec)
+            if out:  # its counts are what earlier runs left: say first that this run took none of its kinds
+                md = {**out, "counts_of": MetadataValue.text(
+                    "the tenant's rows of these kinds that earlier runs left skipped, failed or waiting; this "
+                    "run migrated none of them"), **md}
             results.append(AssetCheckResult(asset_key=spec.key, check_name=ALL_ROWS_LANDED, passed=passed,
-                                            metadata=md, severity=AssetCheckSeverity.WARN))
+                                            metadata=md, severity=AssetCheckSeverity.WARN,
+                                            description=out["run_kinds"].value if out else None))
     return results
+
+
+def out_of_plan(db: Database, tenant: str, spec: PhaseSpec) -> dict[str, Any]:
+    """`not_planned_entries` (run_kinds, phase_status) when the tenant's latest run of the phase's
+    source plans none of its kinds, else {} (no run yet, or the phase is in its plan)."""
+    try:
+        run = runs.latest_run(db, tenant, spec.source)
+    except RunNotFound:
+        return {}
+    return not_planned_entries(spec.kinds, run) if spec.run_phase(run) is None else {}
 
 
 LEDGER_CHECKS = frozenset({LEDGER_MATCHES_TARGET, NO_DUPLICATE_CLAIMS, KINDS_ADD_UP, ALL_ROWS_LANDED})
@@ -290,7 +309,7 @@ def settle_planned_checks(context: Any, db: Database, source: str) -> int:
                     metadata={**result.metadata, "evaluated_by": MetadataValue.text(
                         f"Dagster run {context.run_id[:8]}, which did not materialise the phase: the tenant's "
                         f"rows as they are, checked against its materialisation by run {latest[0].run_id[:8]}")},
-                    severity=result.severity, target_materialization_data=target))
+                    severity=result.severity, description=result.description, target_materialization_data=target))
                 logged += 1
         return logged
     except Exception:  # noqa: BLE001 - the checks stay as Dagster resolves them

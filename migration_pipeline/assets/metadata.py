@@ -448,6 +448,17 @@ def per_kind_table(kinds: list[rollups.KindRollup]) -> MetadataValue:
 NO_KIND_IN_RUN = "no kind of this phase in the run"
 
 
+def not_planned_entries(kinds: Any, run: Any) -> dict[str, Any]:
+    """`run_kinds` (a line that starts with NO_KIND_IN_RUN naming the phase's `kinds` and the engine
+    `run`'s) and `phase_status` ("not in this run's plan"): how a phase `run` does not plan says so,
+    first, in its materialisation (`not_planned_metadata`) and in its checks' evaluations."""
+    return {
+        "run_kinds": MetadataValue.text(f"{NO_KIND_IN_RUN}: {', '.join(kinds)} not among {run.name}'s kinds "
+                                        f"({', '.join(run.kinds)}); nothing of it migrated by this run"),
+        "phase_status": MetadataValue.text("not in this run's plan"),
+    }
+
+
 def not_planned_metadata(kinds: Any, run: Any, left_out: str | None, why: str) -> dict[str, Any]:
     """The metadata of a phase materialised although the engine `run` plans none of its `kinds` (a
     run limited to some kinds, opt-in kinds not taken): first `run_kinds`, one line that starts with
@@ -455,11 +466,10 @@ def not_planned_metadata(kinds: Any, run: Any, left_out: str | None, why: str) -
     migrated phase whose figures are all missing; then `phase_status` ("not in this run's plan"),
     `left_out` (the line `engine_core.plan.left_out_line` gives, when given), the engine run, and a
     `note` ending with `why` it was materialised. No counts: the run migrated nothing of it."""
+    entries = not_planned_entries(kinds, run)
     kinds = ", ".join(kinds)
     return {
-        "run_kinds": MetadataValue.text(f"{NO_KIND_IN_RUN}: {kinds} not among {run.name}'s kinds "
-                                        f"({', '.join(run.kinds)}); nothing of it migrated by this run"),
-        "phase_status": MetadataValue.text("not in this run's plan"),
+        **entries,
         **({"left_out": MetadataValue.text(left_out)} if left_out else {}),
         "engine_run": MetadataValue.text(run.name),
         "engine_run_id": MetadataValue.int(run.id),
