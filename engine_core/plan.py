@@ -121,3 +121,14 @@ def kinds_left_out(provider: object, run: Run) -> dict[str, str]:
     ck = catchup_kind(provider)
     phases = [[k for k in group if k != ck] for group in provider.phases()]  # type: ignore[attr-defined]
     return left_out(phases, run.kinds, opt_in_kinds(provider))
+
+
+def plan_number(phases: Sequence[Sequence[str]], run: Run, phase: int) -> int:
+    """The number (from 1) of `run`'s phase `phase` (its index in the run's plan) in its provider's
+    whole plan (`phases`: the provider's kind groups in order; empty ones are not phases), as the
+    phase assets, `migrate status` and the progress lines number it: a run without the opt-in phase
+    has 8 phases, and its catch-up is phase 9 (phase_9_catchup). `phase + 1` when no phase of
+    `phases` holds its kinds."""
+    kinds = set(run.plan[phase]) if 0 <= phase < len(run.plan) else set()
+    groups = [g for g in phases if g]
+    return next((i + 1 for i, group in enumerate(groups) if kinds & set(group)), phase + 1)

@@ -164,9 +164,12 @@ class PhaseProgress:
         """The figures as a plain dict (Dagster metadata, `migrate status --json`)."""
         return asdict(self)
 
-    def line(self) -> str:
-        """One human line: what the log events and the CLI say."""
-        parts = [f"phase {self.phase + 1} ({', '.join(self.kinds)}): {self.seen} seen, {self.imported} imported,"
+    def line(self, number: int | None = None) -> str:
+        """One human line: what the log events and the CLI say. The phase is called `number` when
+        given (the phase op passes its asset's: the catch-up of a run without the opt-in phase is
+        phase 9 of the provider's plan, its asset phase_9_catchup, but the 8th of the run's), else
+        by its place in the run's plan."""
+        parts = [f"phase {number or self.phase + 1} ({', '.join(self.kinds)}): {self.seen} seen, {self.imported} imported,"
                  f" {self.matched + self.already_here} matched or already here,"
                  + (f" {self.updated} updated," if self.updated else "")
                  + f" {self.skipped} skipped,"

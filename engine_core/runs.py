@@ -31,7 +31,7 @@ from engine_core.db import Database
 from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, NothingToDo, NothingToSync, RunNotFound,
                                 SourceMismatch, TenantSourceMismatch)
 from engine_core.models import Run
-from engine_core.plan import choose_kinds, plan_for
+from engine_core.plan import choose_kinds, plan_for, plan_number
 from engine_core.barrier import advance_phase, seed_phase
 from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
@@ -547,11 +547,12 @@ def prepare(db: Database, run_id: int, provider: Provider, settings: Settings | 
     try:
         if run.status == "stopped":
             run = retry(db, run.id, provider, settings)
-            return Attached(run, "resumed", f"resumed {run.name} from its checkpoints at phase {run.current_phase + 1}")
+            return Attached(run, "resumed", f"resumed {run.name} from its checkpoints at phase "
+                                            f"{plan_number(provider.phases(), run, run.current_phase)}")
         if db.fetch_one("failed_task_reasons", {"run_id": run.id}) is not None:
             run = retry(db, run.id, provider, settings)
             return Attached(run, "retried", f"retrying {run.name}: failed tasks re-armed, barrier at phase "
-                                            f"{run.current_phase + 1}")
+                                            f"{plan_number(provider.phases(), run, run.current_phase)}")
     except NothingToDo:
         if run.status == "stopped":
             new, _ = start_or_join(db, provider, run.tenant_id, options=dict(run.options), dry_run=run.dry_run,

@@ -55,7 +55,7 @@ from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
 from migration_pipeline.assets.metadata import busy_windows, not_planned_metadata, phase_metadata, phase_summary
 from migration_pipeline.assets.phases import cancel_this_run
-from migration_pipeline.assets.specs import phase_specs
+from migration_pipeline.assets.specs import asset_number, phase_specs
 from migration_pipeline.lane.fair import lane_picture
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.partitions import tenants
@@ -206,7 +206,8 @@ def drain_tenant_run(
                                  f"{after.name} was stopped during this drainer's turn")
     if after.status == "failed":
         # the failed phase is the phase asset's to report; the drainer stops working on the run
-        context.log.warning(f"{after.name} failed at phase {after.current_phase + 1}; no drainer works on it")
+        context.log.warning(f"{after.name} failed at phase {asset_number(after, after.current_phase)}; no drainer "
+                            "works on it")
     yield Output(None, metadata={
         "engine_run_id": run.id,
         "executed": executed,

@@ -116,7 +116,7 @@ def completeness_check(db: Database, tenant: str, source: str, spec: PhaseSpec) 
     c = r.phase_completeness(phase)
     md: dict[str, Any] = {"engine_run_id": MetadataValue.int(run.id)}
     if c is None:
-        md["note"] = MetadataValue.text(f"phase {phase + 1} of {run.name} has not closed yet")
+        md["note"] = MetadataValue.text(f"phase {spec.index + 1} of {run.name} has not closed yet")
         return True, md
     for kind, figures in c["kinds"].items():
         md[f"{kind}/seen"] = MetadataValue.int(int(figures["seen"]))

@@ -61,7 +61,7 @@ from migration_pipeline.assets.checks import (evaluate_ledger_checks, ledger_che
                                               settle_planned_checks)
 from migration_pipeline.assets.metadata import (busy_windows, not_planned_metadata, phase_metadata, progress_metadata,
                                                 run_end_metadata)
-from migration_pipeline.assets.specs import PhaseSpec, phase_specs
+from migration_pipeline.assets.specs import PhaseSpec, asset_number, phase_specs
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.slot import drain_in_slot
 from migration_pipeline.lane.terminate import hold_interrupts
@@ -247,7 +247,7 @@ class PhaseReporter:
         every request for MIGRATE_SOURCE_DOWN_SECONDS. The phase's progress as reported."""
         p = self.meter.snapshot()
         waiting = self.waiting()
-        self.context.log.info(f"progress: {p.line()}" + (f"; {waiting}" if waiting else ""))
+        self.context.log.info(f"progress: {p.line(self.spec.index + 1)}" + (f"; {waiting}" if waiting else ""))
         self.context.log_event(AssetObservation(
             asset_key=self.spec.key, partition=self.context.partition_key, metadata=progress_metadata(p),
         ))
@@ -367,8 +367,8 @@ def _materialize_phase(
     run = prepare_run(context, db, source, run, lane, run_tags)
     attached.append(run)
     if run.status == "running" and run.current_phase < phase:
-        context.log.info(f"the barrier of {run.name} is at phase {run.current_phase + 1}; "
-                         f"draining it until phase {phase + 1} ({', '.join(spec.kinds)}) closes")
+        context.log.info(f"the barrier of {run.name} is at phase {asset_number(run, run.current_phase)}; "
+                         f"draining it until phase {spec.index + 1} ({', '.join(spec.kinds)}) closes")
     settings = replace(lane.engine_settings(), launch_last_phase=last_phase_here(context, spec, run))
     reporter = PhaseReporter(context, spec, db, run.id, phase, account=run.source_account, source=run.source)
     extra = LaunchLanes.for_step(context, db, run.id, phase, settings, source.providers(), launch_threads(settings),
@@ -451,16 +451,16 @@ def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, 
     into the materialisation's metadata; Failure when it is still open or closed with failed tasks."""
     run = runs.get_run(db, run.id)
     if run.status == "failed" and run.current_phase < phase:
-        raise Failure(f"{run.name} failed at phase {run.current_phase + 1} before phase {phase + 1} "
+        raise Failure(f"{run.name} failed at phase {asset_number(run, run.current_phase)} before phase {spec.index + 1} "
                       f"({', '.join(spec.kinds)}) could run; rerun the partition to retry", allow_retries=False)
     closed = run.current_phase > phase or run.status in ("succeeded", "failed")
     if not closed:
         if run.status in ("stopping", "stopped"):
             why = (f"paused: {reporter.paused}" if reporter.paused else
                    "a stop from `migrate stop` or another launch")
-            cancel_this_run(context, f"{run.name} was stopped before phase {phase + 1} closed ({why}); launch the "
+            cancel_this_run(context, f"{run.name} was stopped before phase {spec.index + 1} closed ({why}); launch the "
                                      "partition again to resume from the checkpoints")
-        raise Failure(f"phase {phase + 1} of {run.name} is still open (drain ended: {result.reason})")
+        raise Failure(f"phase {spec.index + 1} of {run.name} is still open (drain ended: {result.reason})")
     if on_closed is not None:
         on_closed()
     if reporter.reports:
@@ -473,7 +473,7 @@ def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, 
     failed_tasks = int(metadata["failed_tasks"].value)  # the phase's summary, as phase_metadata read it
     if failed_tasks:
         raise Failure(
-            description=(f"phase {phase + 1} ({', '.join(spec.kinds)}) of {run.name} closed with "
+            description=(f"phase {spec.index + 1} ({', '.join(spec.kinds)}) of {run.name} closed with "
                          f"{failed_tasks} failed task(s); the engine run failed at this phase. Fix the cause, "
                          f"then rerun the partition (re-execute from failure, or backfill failed partitions) "
                          f"to retry.\n\n" + metadata["reasons"].value),

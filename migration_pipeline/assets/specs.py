@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dagster import AssetKey
 
 from engine_core.models import Run
+from engine_core.plan import plan_number
 from engine_core.providers.registry import provider_for
 
 
@@ -46,3 +47,14 @@ def phase_specs(source: str, phases: list[list[str]] | None = None) -> list[Phas
     """One PhaseSpec per phase of `phases` (default: the source's plan, `plan_of`)."""
     phases = plan_of(source) if phases is None else phases
     return [PhaseSpec(source, i, tuple(group)) for i, group in enumerate(phases)]
+
+
+def asset_number(run: Run, phase: int) -> int:
+    """The number (from 1) of the phase asset that stands for `run`'s phase `phase` (its index in
+    the run's plan): `engine_core.plan.plan_number` in the source's whole plan (the catch-up of a run
+    without the opt-in phase is phase_9_catchup); `phase + 1` when the source does not load."""
+    try:
+        plan = plan_of(run.source)
+    except Exception:  # noqa: BLE001 - a source that no longer loads: the run's own numbering
+        plan = []
+    return plan_number(plan, run, phase)

@@ -207,7 +207,7 @@ class LaunchLanes:
         self.next_refresh = time.monotonic() + LANE_REFRESH_SECONDS  # just read
         self._grow()
         if self.allowance > 1:
-            self.context.log.info(f"draining phase {self.phase + 1} with {self.allowance} lane threads "
+            self.context.log.info(f"draining the phase with {self.allowance} lane threads "
                                   f"({LAUNCH_THREADS_ENV}={self.threads})")
 
     def _take(self, take: Any) -> int:
