@@ -84,10 +84,19 @@ def left_out(phases: Sequence[Sequence[str]], taken: Iterable[str], opt_in: Coll
     return {k: (OPT_IN if k in opt_in else NOT_CHOSEN) for group in phases for k in group if k not in have}
 
 
+# The same choice where the Dagster UI takes it: the `migrate_tenant` job's launchpad config (the
+# `new_run` resource's `kinds`, migration_pipeline/resources). Said beside `--kinds`: whoever reads
+# a `left_out` in the UI launches from there, not from a shell.
+LAUNCHPAD_WAY = "or in the Dagster launchpad"
+LAUNCHPAD_KINDS = "resources.new_run.config.kinds"
+
+
 def left_out_lines(left: dict[str, str]) -> list[str]:
-    """`left_out` as lines for people: what was left out, then how to add the opt-in kinds, e.g.
+    """`left_out` as lines for people: what was left out, then how to add the opt-in kinds, from
+    the command line and from the Dagster launchpad (its run config key), e.g.
     ["left out: followers, participants (opt-in: taken only when asked); notes (not chosen)",
-     "to add them: a run of those kinds alone, --kinds followers,participants"];
+     "to add them: a run of those kinds alone, --kinds followers,participants",
+     "or in the Dagster launchpad: resources.new_run.config.kinds: [followers, participants]"];
     [] when nothing was left out.
 
     The lines are read after a run of the tenant, so they name the kinds alone (plain `--kinds`):
@@ -106,11 +115,12 @@ def left_out_lines(left: dict[str, str]) -> list[str]:
     if optional:
         lines.append(f"to add {'it' if len(optional) == 1 else 'them'}: a run of {'that kind' if len(optional) == 1 else 'those kinds'} "
                      f"alone, --kinds {','.join(optional)}")
+        lines.append(f"{LAUNCHPAD_WAY}: {LAUNCHPAD_KINDS}: [{', '.join(optional)}]")
     return lines
 
 
 def left_out_line(left: dict[str, str]) -> str | None:
-    """`left_out_lines` as one text of one or two lines (newline-separated: the command line prints
+    """`left_out_lines` as one text of one to three lines (newline-separated: the command line prints
     it as is, the phase assets' `left_out` metadata holds it); None when nothing was left out."""
     return "\n".join(left_out_lines(left)) or None
 

@@ -190,7 +190,7 @@ def what_now(tenant: str, verdict: str, bad: dict[str, dict[str, int]], ui_addre
     `migrate rows` lists), then where to look - the UI when one serves (`ui_address`), `migrate rows`
     when there are bad rows, `migrate status`, and a psql line counting the tenant's ledger rows
     (the README's "Where the data lands"): the tables alone do not say what to look at next.
-    `left_out` (`engine_core.plan.left_out_line`, one or two lines), when given, follows the verdict:
+    `left_out` (`engine_core.plan.left_out_line`, one to three lines), when given, follows the verdict:
     the kinds the run did not take and how to add them. `again` (`again_line`: the command and what it does),
     when given, comes first of the commands: how a stopped run resumes, a failed one is retried.
     `remedies` (`remedy.remedies`: the command and what it does) follow it: what brings the skipped

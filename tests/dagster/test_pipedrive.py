@@ -156,7 +156,8 @@ def test_the_launchpads_kinds_take_an_opt_in_kind_and_the_phase_says_what_it_lef
     (phase,) = [md for name, md in metadata.items() if name.startswith("phase_8_")]
     assert phase["phase_status"].value == "closed" and phase["deal_history/imported"].value == sum(map(len, history.values()))
     assert phase["left_out"].value == ("left out: file_contents, participants, followers (opt-in: taken only when asked)\n"
-                                       "to add them: a run of those kinds alone, --kinds file_contents,participants,followers"
-                                       ), phase["left_out"].value
+                                       "to add them: a run of those kinds alone, --kinds file_contents,participants,followers\n"
+                                       "or in the Dagster launchpad: resources.new_run.config.kinds: "
+                                       "[file_contents, participants, followers]"), phase["left_out"].value
     checks = {(e.asset_key.path[-1], e.check_name): e.passed for e in result.get_asset_check_evaluations()}
     assert all(v for (name, check), v in checks.items() if name.startswith("phase_8_") and check != "all_rows_landed")

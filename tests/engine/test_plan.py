@@ -41,10 +41,12 @@ def test_no_choice_takes_the_default_kinds_and_leaves_the_opt_in_ones_out() -> N
     assert taken == ["users", "persons", "deals", "catchup"]
     left = left_out(PHASES, taken, OPT_IN)
     assert left == {"files": "opt-in", "deal_history": "opt-in", "participants": "opt-in"}
-    # two short lines, what was left out and how to add it: one had run on past any terminal's width
+    # short lines, what was left out and how to add it: one had run on past any terminal's width
     assert left_out_line(left) == ("left out: files, deal_history, participants (opt-in: taken only when asked)\n"
-                                   "to add them: a run of those kinds alone, --kinds files,deal_history,participants")
-    assert left_out_line({"files": "opt-in"}).endswith("to add it: a run of that kind alone, --kinds files")
+                                   "to add them: a run of those kinds alone, --kinds files,deal_history,participants\n"
+                                   "or in the Dagster launchpad: resources.new_run.config.kinds: "
+                                   "[files, deal_history, participants]")
+    assert "to add it: a run of that kind alone, --kinds files\n" in left_out_line({"files": "opt-in"})
     assert left_out_line({}) is None
 
 
@@ -58,7 +60,8 @@ def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() 
     assert choose_kinds(PHASES, ["all"], OPT_IN) == [k for g in PHASES for k in g]
     left = left_out(PHASES, ["deals", "participants"], OPT_IN)
     assert left_out_line(left) == ("left out: files, deal_history (opt-in: taken only when asked); users, persons, catchup "
-                                   "(not chosen)\nto add them: a run of those kinds alone, --kinds files,deal_history")
+                                   "(not chosen)\nto add them: a run of those kinds alone, --kinds files,deal_history\n"
+                                   "or in the Dagster launchpad: resources.new_run.config.kinds: [files, deal_history]")
 
 
 @pytest.mark.parametrize("choice, needles", [
