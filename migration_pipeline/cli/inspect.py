@@ -162,7 +162,7 @@ def status(tenant: str | None, source: str | None, as_json: bool) -> None:
         def render() -> None:
             print_rollup(r)
             if left:
-                console.print(left_out_line(left), highlight=False)
+                console.print(left_out_line(left), highlight=False, markup=False)  # `kinds: [a, b]` is no markup tag
             console.print(("a dry run (nothing is written): " if run.dry_run else "")
                           + (no_live_worker_line(done) if dead_since is not None else status_line(done, stale_after)))
             if unattended:

@@ -408,7 +408,7 @@ def launch_through_dagster(tenant: str, source: str, run_config: dict, as_json: 
                               f"{cost['tokens']} tokens")
             console.print(f"Dagster run {run_id}: {dagster_run.status.value}")
             for line in now_lines if ends_with_what_now else ():
-                console.print(line, highlight=False)
+                console.print(line, highlight=False, markup=False)  # plain text: `kinds: [a, b]` is no markup tag
 
         code = emit_outcome(as_json, payload, render, f"Dagster run {run_id}: {dagster_run.status.value}", ok)
         if not ok:  # why, on stderr as well: stdout may be piped away or be one --json document

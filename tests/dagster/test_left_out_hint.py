@@ -30,3 +30,21 @@ def test_the_hint_names_the_flag_and_the_launchpad_key_the_job_takes(monkeypatch
         config = {part: config}
     job = build_definitions("pipedrive").resolve_job_def(TENANT_JOB)
     assert validate_run_config(job, config)["resources"]["new_run"]["config"]["kinds"] == ["participants", "followers"]
+
+
+def test_migrate_status_prints_the_launchpad_line_whole(db_url, tmp_path):
+    # the command line prints the hint through rich, which took `[file_contents, ...]` for a markup
+    # tag and printed "kinds: " alone
+    from engine_core import db as dbmod
+    from migration_pipeline.instance import STORAGE_URL_ENV, to_url
+    from tests.dagster.test_cli_errors import _env, _migrate_in_process
+    from tests.pipedrive.support import sandbox, start
+
+    env = _env(DATABASE_URL=to_url(db_url), MIGRATE_HOME=str(tmp_path / "home"), MIGRATE_SOURCE="pipedrive",
+               **{STORAGE_URL_ENV: to_url(db_url, scheme="postgresql+psycopg2")})
+    with sandbox() as sb, dbmod.Database(db_url, max_size=4) as db:
+        start(db, sb, "lean", kinds=["+followers"])
+        out = _migrate_in_process(["status", "lean"], dict(env, PIPEDRIVE_BASE_URL=sb.base_url))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ("or in the Dagster launchpad: resources.new_run.config.kinds: [file_contents, participants, deal_history]"
+            in out.stdout), out.stdout
