@@ -338,6 +338,15 @@ def ledger_kinds(db: Database, tenant: str) -> list[str]:
         "SELECT DISTINCT kind FROM migration_records WHERE tenant_id = %(t)s ORDER BY kind", {"t": tenant})]
 
 
+def kinds_held(conn: Database | Conn, tenant: str, source: str, kinds: Sequence[str]) -> set[str]:
+    """The ledger kinds among `kinds` that `tenant`'s ledger of `source` holds an entry of (any
+    action): the kinds a run of the tenant took (`writers.askable`'s earlier kinds). One index
+    probe per kind."""
+    if not kinds:
+        return set()
+    return {r["kind"] for r in conn.fetch_all("ledger_kinds_held", {"t": tenant, "s": source, "kinds": list(kinds)})}
+
+
 def row_entries(db: Database, tenant: str, kind: str, source_id: str) -> list[dict[str, Any]]:
     """Every ledger entry of one source row (`kind`, `source_id` of `tenant`, from every source),
     with its run's "run_status" and "run_dry_run"; ordered by source."""

@@ -403,6 +403,14 @@ SELECT r.kind, r.source_id, r.action, r.record_id,
     ON r.kind = want.kind AND r.source_id = want.source_id
  WHERE r.tenant_id = %(tenant_id)s AND r.source = %(source)s;
 
+-- name: ledger_kinds_held --
+-- Which of these ledger kinds the tenant's ledger holds an entry of: kinds an earlier run took
+-- (one probe of the `migration_records_once` index per kind, however many rows each holds).
+SELECT k.kind
+  FROM unnest(%(kinds)s::text[]) AS k(kind)
+ WHERE EXISTS (SELECT 1 FROM migration_records r
+                WHERE r.tenant_id = %(t)s AND r.source = %(s)s AND r.kind = k.kind);
+
 -- name: written_record --
 SELECT record_id FROM migration_records
  WHERE tenant_id = %(tenant_id)s AND source = %(source)s AND kind = %(kind)s

@@ -91,6 +91,7 @@ from engine_core.models import Run, Successor, TaskOutcome
 from engine_core.source import snapshot_margin
 from engine_core.providers.pipedrive import compact, contents, lines, owed, record_lists, retake, writers
 from engine_core.providers.pipedrive.catchup_stats import counted_as
+from engine_core.providers.pipedrive.earlier_kinds import earlier_kinds
 from engine_core.providers.pipedrive.client import PipedriveClient
 from engine_core.providers.pipedrive.errors import NotFound
 from engine_core.providers.pipedrive.inventory import ReadAhead, ask_ahead, list_step, path_of, row_id, version_of
@@ -293,7 +294,8 @@ class LastParents:
             return []
         prepared = write.map_page(changed, self.mapper_of(kind), malformed=MalformedRow, raw_id=sound_id,
                                   raw_key=unreadable_key)
-        pairs = writers.askable(self.ctx.run, write.unknown_parents(self.ctx, prepared), {})
+        unknown = write.unknown_parents(self.ctx, prepared)
+        pairs = writers.askable(self.ctx.run, unknown, {}, earlier_kinds(self.ctx, unknown))
         # the parents the walk settles when the page is written are not asked (`walk_proof`)
         settled = settled_by_walk(self.ctx, kind, prepared, pairs, gone=False)
         return [p for p in pairs if p not in settled]

@@ -15,7 +15,7 @@ before the catch-up do not ask: the row waits for the catch-up's walk (`probe_of
 the link empty, no request. Where that proof does not hold (a sync, a dry run, a parent's kind the
 catch-up does not walk first, a row changed since its walk), the proof that a parent does not
 exist is the source itself: for each missing parent the ledger knows nothing about
-(no created, matched, skipped or failed entry) of a kind this run imports, the page asks the
+(no created, matched, skipped or failed entry) of a kind this run or an earlier one imports (`earlier_kinds`), the page asks the
 source once - organizations, persons and deals many at a time through their v2 lists' `ids`
 (absent: does not exist; `ask_source`), many leads through the archived leads' list, leads,
 pipelines and stages by `GET` by id, through the
@@ -25,7 +25,7 @@ dangling reference is kept on the product row (`dangling_refs`) and on its ledge
 (`dangling`, counted per kind by `ledger_reads.dangling_counts`), with a reason `migrate explain` shows
 ("imported; org_id 42 does not exist at the source"). 200: the parent exists but is not
 written (it failed, or its listing missed it), so the row stays a placeholder, saying so. A parent
-that failed or was skipped, and a parent of a kind the run does not import, stay placeholders
+that failed or was skipped, and a parent of a kind no run of the tenant imported, stay placeholders
 without a request. Owners stay soft references.
 
 One identity per source record: the archived lists' tasks write ledger kind
@@ -51,7 +51,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from engine_core import write
@@ -59,6 +59,7 @@ from engine_core.context import TaskContext
 from engine_core.window import PageResult
 from engine_core.models import Run
 from engine_core.providers.pipedrive.errors import NotFound
+from engine_core.providers.pipedrive.earlier_kinds import earlier_kinds
 from engine_core.providers.pipedrive.kinds import BATCH_PATHS, PAGE, PARENT_PATHS, V1_PATHS, ledger_kind
 from engine_core.providers.pipedrive.meter import token_cost
 from engine_core.providers.pipedrive.walk_proof import settled_by_walk, walk_settles
@@ -147,10 +148,11 @@ class SourceAnswers:
 ANSWERS = SourceAnswers()
 
 
-def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str]) -> list[Pair]:
-    """Missing parents worth a request: unknown to the ledger, of a kind the run imports, and of a
-    kind the source can be asked about by id."""
-    imported = {ledger_kind(k) for k in run.kinds}
+def askable(run: Run, pairs: Iterable[Pair], known: Mapping[Pair, str], held: Collection[str] = ()) -> list[Pair]:
+    """Missing parents worth a request: unknown to the ledger, of a kind the run imports or an
+    earlier run of the tenant took (`held`: `earlier_kinds`, whose docstring says why the others
+    are not), and of a kind the source can be asked about by id."""
+    imported = {ledger_kind(k) for k in run.kinds} | set(held)
     return sorted(p for p in pairs if p not in known and p[0] in imported and p[0] in PARENT_PATHS)
 
 
@@ -416,7 +418,7 @@ def probe_of(ctx: TaskContext, client: Getter, *, kind: str | None = None,
     catchup = ctx.task.kind == CATCHUP_KIND
 
     def probe(pairs: list[Pair]) -> dict[Pair, bool | None]:
-        asked = askable(ctx.run, pairs, {})
+        asked = askable(ctx.run, pairs, {}, earlier_kinds(ctx, pairs))
         out: dict[Pair, bool | None] = {}
         if walked is not None:
             out.update(settled_by_walk(ctx, listing, walked, asked))
@@ -533,8 +535,8 @@ def probe_ahead(ctx: TaskContext, client: Getter, rows: Sequence[Any], mapper: M
     if prepared is None:
         return  # mapped (and so asked about) by another arrival of the same page
     listing = kind or ctx.task.kind
-    pairs = [p for p in askable(ctx.run, write.unknown_parents(ctx, prepared), {})
-             if not walk_settles(ctx.run, listing, p[0])]
+    unknown = write.unknown_parents(ctx, prepared)
+    pairs = [p for p in askable(ctx.run, unknown, {}, earlier_kinds(ctx, unknown)) if not walk_settles(ctx.run, listing, p[0])]
     if pairs:
         ask_source(client, pairs, answers_key(ctx))
 
