@@ -18,6 +18,7 @@ from engine_core import ledger
 from engine_core.context import TaskContext
 from engine_core.models import Run
 from engine_core.skip_reason import untaken_lists
+from engine_core.taken_before import taken_before
 from engine_core.write import PageRefs, Pair, Prepared, held_as, ledger_refs, missing_parents
 
 RECORDED = "recorded"  # `seen_before`: this run recorded the row in a window that committed
@@ -73,6 +74,7 @@ def decide_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], *, re
         entries = ledger.entries(conn, run, kind, [p["id"] for p in prepared])
         found, known = ledger.references(conn, run, refs)
         dry = ledger.dry_written(conn, run, refs) if run.dry_run else None
+        earlier = taken_before(conn, run, mapped)
     # a parent left to the catch-up's walk leaves its rows to it too (`write.resolve_page`)
     waiting: dict[Pair, bool | None] = {p: None for p in missing_parents(mapped, found, dry) if known.get(p) == ledger.WAITING}
     outcomes: list[str | None] = []
@@ -87,4 +89,4 @@ def decide_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], *, re
         if outcome is None and entry is not None and entry["action"] in ledger.WRITTEN_ACTIONS:
             held[p["id"]] = ledger.Held(entry["action"], entry["source_version"], entry["deleted_at_source"])
     return Decided(outcomes, fetch, PageRefs(found, dry, held, waiting, held_as(known), 
-                                             untaken=untaken_lists(ctx.lists, run.kinds)))
+                                             untaken=untaken_lists(ctx.lists, run.kinds), earlier=earlier))

@@ -8,7 +8,8 @@ exist at the source, then writes the page in windows with the checkpoint.
 
 References. A row whose parents are not all in the ledger is skipped as "not linked to any
 record": a placeholder that a later write takes over. Soft links are filled when found, empty
-when not; one to a kind the run does not take is recorded as owed (`OWED`) until a run writes it. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
+when not; one to a kind neither the run nor an earlier one took (`taken_before`) is owed (`OWED`)
+until a run writes it. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
 through its budgeted client) is given the missing parents the ledger knows nothing about, before
 the windows open and holding no database connection, and answers which exist: a parent it says
 does not exist (404 by id, or absent from an `ids=` list) leaves the row imported with that link empty, the reference kept on the
@@ -55,6 +56,7 @@ from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref
                               owed_links, unreadable_key)
 from engine_core.skip_reason import (DANGLING, NOT_LINKED, NOT_WRITTEN, OWED, dangling_reason, not_linked,  # noqa: F401
                                      untaken_lists)
+from engine_core.taken_before import taken_before
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -215,7 +217,7 @@ def write_mapped(
         return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(spec.record_type, None))
     values = apply_links(mapped, resolved)
     refs = [ref.dangling() for ref in dangling]
-    owed = owed_links(mapped, [resolved[ref] for ref in mapped.refs()], run.kinds)
+    owed = owed_links(mapped, [resolved[ref] for ref in mapped.refs()], (*run.kinds, *(parents.earlier if parents else ())))
     kept = refs + owed if "dangling_refs" in spec.columns else refs
     if kept:
         values["dangling_refs"] = kept
@@ -264,6 +266,7 @@ class PageRefs:
     held_as: dict[Pair, str] = field(default_factory=dict)  # parents the ledger holds as failed
     kept_apart: dict[str, int] = field(default_factory=dict)  # kind -> rows kept without a readable id (`skip_reason`)
     untaken: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `untaken_lists` (`skip_reason`)
+    earlier: frozenset[str] = frozenset()  # link kinds an earlier run took: not owed (`taken_before`)
 
 
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
@@ -279,6 +282,7 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
         found, known = ledger.references(conn, ctx.run, refs)
         dry = ledger.dry_written(conn, ctx.run, refs) if ctx.run.dry_run else None
         held = ledger.held(conn, ctx.run, kind, [p["id"] for p in prepared if p["mapped"] is not None])
+        earlier = taken_before(conn, ctx.run, mapped)
         if probe is not None:
             unknown = _unknown(mapped, found, dry, known)
     # the connection is back in the pool: the source is asked holding nothing of the database
@@ -286,7 +290,7 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     if probe is not None:
         exists.update((p, None) for p in missing_parents(mapped, found, dry) if known.get(p) == WAITING)
     return PageRefs(found, dry, held, exists, held_as(known), _kept_apart(ctx, exists),
-                    untaken_lists(ctx.lists, ctx.run.kinds))
+                    untaken_lists(ctx.lists, ctx.run.kinds), earlier)
 
 
 def held_as(known: Mapping[Pair, str]) -> dict[Pair, str]:
@@ -491,7 +495,7 @@ def window_batch(ctx: TaskContext, kind: str, page: PageRefs,
 
     def batch(tx: Conn, todo: list[tuple[int, Any]]) -> dict[int, str]:
         counts = Counter(row["id"] for _, row in todo)
-        taken = frozenset(run.kinds)  # (`Run.kinds` builds its tuple at every call)
+        taken = frozenset(run.kinds) | page.earlier  # (`Run.kinds` builds its tuple at every call)
         plain: list[_Plain] = []
         skips: dict[str, tuple[int, str, str | None, str]] = {}  # source id -> (position, reason, version, parents)
         for pos, row in todo:
