@@ -15,7 +15,8 @@ permanently deleted; the sandbox's purged ids answer 404. Pinned here:
   that still ask - a dry run, a sync - ask once per distinct missing parent: test_probe_batch);
 * a parent that exists at the source but failed stays a placeholder: its children are skipped
   "not linked", never imported with an empty link;
-* a run that does not import the parent kind leaves its rows placeholders and asks nothing.
+* a run that does not import the parent kind, of a tenant no run of which did, leaves its rows
+  placeholders and asks nothing (one that an earlier run imported is asked: test_earlier_kinds).
 """
 from __future__ import annotations
 
