@@ -511,7 +511,7 @@ class Budget:
     def _run(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         with self._cond:
             self._statements += 1
-        return self.db.sql(sql, params)
+        return self.db.sql(sql, params, prepare=True)  # the lease and its kin: one text each, every request
 
     # --- what the source said -----------------------------------------------------------------
 

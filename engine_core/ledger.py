@@ -244,7 +244,7 @@ _WINDOW: dict[tuple[tuple[str, str], tuple[str, ...]] | None, str] = {}
 
 
 def _claim_one(tx: Conn, params: dict[str, Any]) -> dict[str, Any] | None:
-    rows = tx.sql(_CLAIM_ONE, params)
+    rows = tx.sql(_CLAIM_ONE, params, prepare=True)
     return rows[0] if rows else None
 
 
@@ -317,7 +317,7 @@ def claim_window(tx: Conn, run: Run, kind: str, claims: Sequence[Claim], new_row
         if not all(tuple(r) == names for r in rows):
             rows = [{n: r[n] for n in names} for r in rows]
         params["rows"] = rows_json(rows)
-    rows = tx.sql(_window_statement(tx, new_rows), params)
+    rows = tx.sql(_window_statement(tx, new_rows), params, prepare=True)
     return {r["source_id"] for r in rows}
 
 

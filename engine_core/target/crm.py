@@ -45,7 +45,7 @@ def insert(tx: Conn, table: str, values: Mapping[str, Any]) -> int:
         raise KeyError(f"a crm.{table} row needs its tenant_id")
     statement = _insert_statement(tx, table, tuple(values))
     params = {n: (Jsonb(v) if n in spec.jsonb and v is not None else v) for n, v in values.items()}
-    return int(tx.sql(statement, params)[0]["id"])
+    return int(tx.sql(statement, params, prepare=True)[0]["id"])
 
 
 _STATEMENTS: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -104,7 +104,7 @@ def update(tx: Conn, table: str, record_id: int, values: Mapping[str, Any]) -> d
     statement = _update_statement(tx, table, names, cleared)
     params: dict[str, Any] = {n: (Jsonb(values[n]) if n in spec.jsonb and values[n] is not None else values[n]) for n in names}
     params["__id"] = record_id
-    rows = tx.sql(statement, params)
+    rows = tx.sql(statement, params, prepare=True)
     if not rows:
         return None
     old, new = rows[0]["old"], rows[0]["new"]
@@ -296,6 +296,7 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             "   ORDER BY (c.domain IS NOT DISTINCT FROM w.domain) DESC, c.id LIMIT 1) m",
             {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "names": array(names),
              "domains": array(domains)},
+            prepare=True,
         )
         return {int(r["k"]): int(r["id"]) for r in found}
     emails: list[str] = []
@@ -316,6 +317,7 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             " GROUP BY w.k"
         ).format(TABLES[table].identifier),
         {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "emails": array(emails)},
+        prepare=True,
     )
     return {int(r["k"]): int(r["id"]) for r in found}
 
