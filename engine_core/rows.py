@@ -170,7 +170,9 @@ class Ref:
             where: list[str | int] = [*self.path, self.into]
         else:
             where = [*self.column.split(".", 1), "record_id"] if "." in self.column else [self.column]
-        return {**self.dangling(), "owed": True, "path": where}
+        # `dangling()`'s keys, in its order, built in one dict (a run not taking users owes a few a row)
+        return {"field": self.source_field or self.column, "parent_kind": (self.lookup or (self.ref,))[0],
+                "parent_id": self.source_id, "owed": True, "path": where}
 
 
 @dataclass

@@ -99,9 +99,19 @@ def not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None], held_
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
 
 
+_OWED_WORDS: dict[str, str] = {}  # OWED said of each kind: a row of a run not taking users owes a few
+
+
+def _owed(kind: str) -> str:
+    words = _OWED_WORDS.get(kind)
+    if words is None:
+        words = _OWED_WORDS[kind] = OWED.format(kind=kind)
+    return words
+
+
 def dangling_reason(refs: list[dict[str, Any]]) -> str | None:
     """An imported row's reason for its dangling and owed references (None: it has none)."""
     if not refs:
         return None
-    return "imported; " + "; ".join(f"{r['field']} {r['parent_id']} "
-                                    f"{OWED.format(kind=r['parent_kind']) if r.get('owed') else DANGLING}" for r in refs)
+    return "imported; " + "; ".join([f"{r['field']} {r['parent_id']} {_owed(r['parent_kind']) if r.get('owed') else DANGLING}"
+                                     for r in refs])
