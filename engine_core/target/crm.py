@@ -296,7 +296,6 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             "   ORDER BY (c.domain IS NOT DISTINCT FROM w.domain) DESC, c.id LIMIT 1) m",
             {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "names": array(names),
              "domains": array(domains)},
-            prepare=True,
         )
         return {int(r["k"]): int(r["id"]) for r in found}
     emails: list[str] = []
@@ -317,7 +316,6 @@ def match_rows(tx: Conn, table: str, rows: Sequence[tuple[int, Mapping[str, Any]
             " GROUP BY w.k"
         ).format(TABLES[table].identifier),
         {"keys": array(keys), "tenants": array(tenants), "sources": array(sources), "emails": array(emails)},
-        prepare=True,
     )
     return {int(r["k"]): int(r["id"]) for r in found}
 

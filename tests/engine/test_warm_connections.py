@@ -2,7 +2,8 @@
 with `prepare=True`) are prepared on a connection's first call, not after psycopg's five, and the
 pool hands out the connection returned last, so a run's statements stay on a few connections
 whose prepared statements and plan caches are already there (engine_core/db.py: the pool cycled
-through every connection it had opened, and most calls were parsed and planned anew).
+through every connection it had opened, and most calls were parsed and planned anew). A query fed
+an array (a page's ids) is left to psycopg's threshold: its plan rests on the array's length.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ def test_a_named_query_is_prepared_on_its_first_call(db_url) -> None:
     with dbmod.Database(db_url, max_size=1) as db, db.connection() as conn:
         assert not any("FROM migrations WHERE id = $1" in s for s in _prepared(conn))
         conn.fetch_one("get_run", {"run_id": -1})
+        assert any("FROM migrations WHERE id = $1" in s for s in _prepared(conn))
+
+
+def test_a_query_fed_an_array_is_left_to_psycopgs_threshold(db_url) -> None:
+    # its plan rests on the array's length, which a generic plan cannot see
+    with dbmod.Database(db_url, max_size=1) as db, db.connection() as conn:
+        conn.fetch_all("ledger_versions", {"tenant_id": "t", "source": "s", "kind": "k", "source_ids": ["1", "2"]})
+        assert not any("source_id = ANY($4::text[])" in s for s in _prepared(conn))
+        conn.fetch_one("get_run", {"run_id": -1})  # the connection prepares what it should
         assert any("FROM migrations WHERE id = $1" in s for s in _prepared(conn))
 
 
