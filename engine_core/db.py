@@ -191,11 +191,12 @@ class RecentFirstPool(ConnectionPool):
     lanes) warms each one separately; the recently used few stay warm. The idle ones stay at the
     far end, where the pool's shrinking closes them first."""
 
-    def _get_ready_connection(self, timeout: float | None) -> Any:
+    def _get_ready_connection(self, *args: Any, **kwargs: Any) -> Any:
         # called under the pool's lock; the parent takes the left end: put the newest there
+        # (psycopg_pool's own method, 3.2 on: a pool without it never calls this, and stays FIFO)
         if self._pool:
             self._pool.rotate(1)
-        return super()._get_ready_connection(timeout)
+        return super()._get_ready_connection(*args, **kwargs)
 
 
 class Database:
