@@ -10,6 +10,9 @@ request to the source - and takes the filled links off the entry and the row. A 
 finished run did not write (deleted at the source since) leaves its link empty and no longer
 owed, as a full run leaves a link to a record it did not find; a run that failed keeps those owed.
 A matched row (the product's own contact) is not written, as a run does not write over it.
+A run also owes itself the soft links to the kinds it takes whose rows it writes after the rows
+naming them (`pending_links`: a later phase's or page's, one left to the catch-up's walk): its own
+end fills them the same way, so a succeeded run leaves none owed.
 Tenants that take every kind owe nothing: one indexed query per finished run (migrations 0020, 0021).
 """
 from __future__ import annotations

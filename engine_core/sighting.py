@@ -19,6 +19,7 @@ from engine_core.context import TaskContext
 from engine_core.models import Run
 from engine_core.skip_reason import untaken_lists
 from engine_core.taken_before import taken_before
+from engine_core.pending_links import pending_links
 from engine_core.write import PageRefs, Pair, Prepared, held_as, ledger_refs, missing_parents
 
 RECORDED = "recorded"  # `seen_before`: this run recorded the row in a window that committed
@@ -88,5 +89,6 @@ def decide_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], *, re
         fetch.append(outcome is None and m is not None and not run.dry_run and not missing_parents([m], found, None))
         if outcome is None and entry is not None and entry["action"] in ledger.WRITTEN_ACTIONS:
             held[p["id"]] = ledger.Held(entry["action"], entry["source_version"], entry["deleted_at_source"])
-    return Decided(outcomes, fetch, PageRefs(found, dry, held, waiting, held_as(known), 
-                                             untaken=untaken_lists(ctx.lists, run.kinds), earlier=earlier))
+    return Decided(outcomes, fetch, PageRefs(found, dry, held, waiting, held_as(known),
+                                             untaken=untaken_lists(ctx.lists, run.kinds), earlier=earlier,
+                                             pending=pending_links(mapped, found, run.kinds)))

@@ -39,6 +39,9 @@ UNTAKEN = "{marks}: a run of `--kinds {kinds}`, then `migrate sync`, links it"
 # Said of a soft link whose parent's kind the run does not take (`rows.owed_links`): the barrier
 # fills it when a run writes that kind (`owed_links.fill`); verify counts the row as owed until then.
 OWED = "is owed: {kind} not taken yet (a run of {kind} fills it)"
+# Said of a soft link to a kind the run takes whose parent is not written as the row is
+# (`pending_links`: a later phase's or page's, one left to the catch-up's walk): the run's end fills it.
+OWED_TO_RUN = "is owed: {kind} not written yet (the run's end fills it)"
 # Said of a parent the ledger holds as failed. Not of a skipped one: a dry run's skipped rows roll
 # back with their savepoints, so its children could not say it, and its reasons must be a real run's.
 HELD_AS = {"failed": "failed at import"}
@@ -99,13 +102,14 @@ def not_linked(missing: Iterable[Ref], exists: Mapping[Pair, bool | None], held_
     return f"{NOT_LINKED}: " + "; ".join(words) if words else NOT_LINKED
 
 
-_OWED_WORDS: dict[str, str] = {}  # OWED said of each kind: a row of a run not taking users owes a few
+# OWED said of each kind (OWED_TO_RUN of a pending link): a row of a run not taking users owes a few
+_OWED_WORDS: dict[tuple[str, bool], str] = {}
 
 
-def _owed(kind: str) -> str:
-    words = _OWED_WORDS.get(kind)
+def _owed(kind: str, pending: bool) -> str:
+    words = _OWED_WORDS.get((kind, pending))
     if words is None:
-        words = _OWED_WORDS[kind] = OWED.format(kind=kind)
+        words = _OWED_WORDS[(kind, pending)] = (OWED_TO_RUN if pending else OWED).format(kind=kind)
     return words
 
 
@@ -113,5 +117,5 @@ def dangling_reason(refs: list[dict[str, Any]]) -> str | None:
     """An imported row's reason for its dangling and owed references (None: it has none)."""
     if not refs:
         return None
-    return "imported; " + "; ".join([f"{r['field']} {r['parent_id']} {_owed(r['parent_kind']) if r.get('owed') else DANGLING}"
-                                     for r in refs])
+    return "imported; " + "; ".join([f"{r['field']} {r['parent_id']} "
+                                     f"{_owed(r['parent_kind'], 'pending' in r) if r.get('owed') else DANGLING}" for r in refs])

@@ -9,7 +9,8 @@ exist at the source, then writes the page in windows with the checkpoint.
 References. A row whose parents are not all in the ledger is skipped as "not linked to any
 record": a placeholder that a later write takes over. Soft links are filled when found, empty
 when not; one to a kind neither the run nor an earlier one took (`taken_before`) is owed (`OWED`)
-until a run writes it. A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
+until a run writes it, one to a kind the run takes until the run ends (`pending_links`: the
+parent may be written later in the run). A `probe` (the provider's: Pipedrive asks `GET /api/v2/organizations/{id}` and the like
 through its budgeted client) is given the missing parents the ledger knows nothing about, before
 the windows open and holding no database connection, and answers which exist: a parent it says
 does not exist (404 by id, or absent from an `ids=` list) leaves the row imported with that link empty, the reference kept on the
@@ -52,11 +53,11 @@ from engine_core.context import TaskContext
 from engine_core.db import Conn
 from engine_core.models import Run
 from engine_core.ledger_reads import tenant_unreadable
-from engine_core.rows import (WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values,
-                              owed_links, unreadable_key)
+from engine_core.rows import WAITING, WAITS_FOR_WALK, MalformedRow, Mapped, Ref, apply_links, link_values, unreadable_key
 from engine_core.skip_reason import (DANGLING, NOT_LINKED, NOT_WRITTEN, OWED, dangling_reason, not_linked,  # noqa: F401
                                      untaken_lists)
 from engine_core.taken_before import taken_before
+from engine_core.pending_links import owed_links, pending_links
 from engine_core.target import crm
 from engine_core.window import PageResult, row_id
 
@@ -217,7 +218,8 @@ def write_mapped(
         return ledger.write_once(tx, run, kind, mapped.source_id, lambda: ledger.Written(spec.record_type, None))
     values = apply_links(mapped, resolved)
     refs = [ref.dangling() for ref in dangling]
-    owed = owed_links(mapped, [resolved[ref] for ref in mapped.refs()], (*run.kinds, *(parents.earlier if parents else ())))
+    owed = owed_links(mapped, [resolved[ref] for ref in mapped.refs()], (*run.kinds, *(parents.earlier if parents else ())),
+                      parents.pending if parents else ())
     kept = refs + owed if "dangling_refs" in spec.columns else refs
     if kept:
         values["dangling_refs"] = kept
@@ -267,6 +269,7 @@ class PageRefs:
     kept_apart: dict[str, int] = field(default_factory=dict)  # kind -> rows kept without a readable id (`skip_reason`)
     untaken: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `untaken_lists` (`skip_reason`)
     earlier: frozenset[str] = frozenset()  # link kinds an earlier run took: not owed (`taken_before`)
+    pending: frozenset[Pair] = frozenset()  # soft links' parents the run takes, not written: owed to its end (`pending_links`)
 
 
 def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], probe: Probe | None = None) -> PageRefs:
@@ -290,7 +293,7 @@ def resolve_page(ctx: TaskContext, kind: str, prepared: Sequence[Prepared], prob
     if probe is not None:
         exists.update((p, None) for p in missing_parents(mapped, found, dry) if known.get(p) == WAITING)
     return PageRefs(found, dry, held, exists, held_as(known), _kept_apart(ctx, exists),
-                    untaken_lists(ctx.lists, ctx.run.kinds), earlier)
+                    untaken_lists(ctx.lists, ctx.run.kinds), earlier, pending_links(mapped, found, ctx.run.kinds))
 
 
 def held_as(known: Mapping[Pair, str]) -> dict[Pair, str]:
@@ -427,7 +430,7 @@ def _plain(row: Any, page: PageRefs, parts: Parts = _prepared_parts, taken: Coll
     if values.get("source_id") != m.source_id:
         return None  # the set-based insert finds its rows by source id
     refs = [ref.dangling() for ref in dangling]
-    owed = owed_links(m, ids, taken)
+    owed = owed_links(m, ids, taken, page.pending)
     kept = refs + owed if "dangling_refs" in crm.TABLES[m.table].columns else refs
     if kept:
         values["dangling_refs"] = kept

@@ -376,8 +376,12 @@ def row_story(db: Database, config: ExplainRowConfig) -> tuple[str, list[dict[st
         owed = [r for r in e.get("dangling") or [] if r.get("owed")]
         if gone:
             lines.append(f"  - references to parents deleted at the source: `{gone}`")
+        later = [r for r in owed if r.get("pending")]  # to rows of the run's kinds not written yet (`pending_links`)
+        owed = [r for r in owed if not r.get("pending")]
         if owed:  # links to a kind the run left out, filled when a run takes it (`owed_links`)
             lines.append(f"  - links owed to kinds not taken yet: `{owed}`")
+        if later:
+            lines.append(f"  - links owed to rows not written yet (the run's end fills them): `{later}`")
     return "\n".join(lines), [dict(e) for e in entries]
 
 
