@@ -97,6 +97,9 @@ FACE_NUMBERS: dict[str, tuple[type, float, float]] = {
     "MIGRATE_LAUNCH_THREADS": (int, 0, 1),  # 0 (unset): the lane width, capped by the fair share
     # migration_pipeline.preload: a launcher server's idle lifetime
     "MIGRATE_PRELOAD_IDLE_SECONDS": (float, 900.0, 1.0),
+    # engine_core.progress.source_down_seconds: read by a phase op or drainer mid-run, where a bad
+    # value failed the run after it had started (0: never pause)
+    "MIGRATE_SOURCE_DOWN_SECONDS": (float, 180.0, 0.0),
 }
 
 

@@ -19,7 +19,6 @@ Units: seconds, rows, requests; rates per second over the last interval. No Dags
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -27,21 +26,19 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from engine_core import config
 from engine_core.db import Database
 from engine_core.runs_reads import active_seconds
 
 DONE = ("succeeded", "failed")
 SOURCE_DOWN_ENV = "MIGRATE_SOURCE_DOWN_SECONDS"
-SOURCE_DOWN_DEFAULT = 180.0  # a source failing every request this long pauses the run
 
 
 def source_down_seconds() -> float:
-    """MIGRATE_SOURCE_DOWN_SECONDS (default 180; 0 turns the pause off). ValueError names the variable."""
-    raw = os.environ.get(SOURCE_DOWN_ENV, "").strip()
-    try:
-        return max(0.0, float(raw)) if raw else SOURCE_DOWN_DEFAULT
-    except ValueError:
-        raise ValueError(f"{SOURCE_DOWN_ENV} must be a number of seconds, got {raw!r}") from None
+    """MIGRATE_SOURCE_DOWN_SECONDS in seconds (default 180; 0 turns the pause off), as
+    `config.number` reads it: every command checks it at start-up (`config.FACE_NUMBERS`); a value
+    that is not a number, or is negative, raises ConfigError naming the variable."""
+    return config.number(SOURCE_DOWN_ENV)
 
 
 class SourceMetrics:

@@ -28,7 +28,8 @@ def test_defaults() -> None:
 
 
 @pytest.mark.parametrize("name,value", [("MIGRATE_RETRY_BACKOFF_SECONDS", "nan"), ("MIGRATE_HEARTBEAT_SECONDS", "inf"),
-                                        ("MIGRATE_LANE_INTERVAL_SECONDS", "0"), ("MIGRATE_QUEUE_TIMEOUT_SECONDS", "soon")])
+                                        ("MIGRATE_LANE_INTERVAL_SECONDS", "0"), ("MIGRATE_QUEUE_TIMEOUT_SECONDS", "soon"),
+                                        ("MIGRATE_SOURCE_DOWN_SECONDS", "abc"), ("MIGRATE_SOURCE_DOWN_SECONDS", "-1")])
 def test_every_migrate_number_is_checked_with_its_name(name: str, value: str) -> None:
     from engine_core.config import check_environment
 
