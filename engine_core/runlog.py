@@ -16,7 +16,8 @@ from engine_core.db import Conn
 
 # A reason's shape (`reason_shape`): what varies from row to row - ids, numbers - as placeholders.
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b")
-_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{12,}\b")  # hashes, mail ids
+# hashes, mail ids, a Dagster run id's first 8 ("Dagster run 01c26c1d terminated": not "{n}c26c1d")
+_HEX_ID = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b")
 # durations as progress.format_seconds writes them ("3m02s", "1h05m", "42s"): one placeholder, not
 # "{n}m02s" (seen in `migrate status`)
 _DURATION = re.compile(r"(?<![A-Za-z_0-9.])\d+(?:h\d\dm|m\d\ds)(?![A-Za-z_0-9])")

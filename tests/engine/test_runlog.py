@@ -74,6 +74,10 @@ def test_names_with_numbers_are_kept_and_a_thousands_separated_number_is_one_pla
         "UnicodeDecodeError: 'utf-8' codec can't decode byte {n} in position {n}"
     assert reason_shape("HTTP/1.1 502 Bad Gateway from the v2 API") == "HTTP/1.1 502 Bad Gateway from the v2 API"
     assert reason_shape("SHA-256 of row 7 differs") == "SHA-256 of row {n} differs"
+    assert reason_shape("stopped from Dagster (Dagster run 01c26c1d terminated)") == \
+        "stopped from Dagster (Dagster run {id} terminated)"
+    assert reason_shape("stopped from Dagster (Dagster run b0f1d123 terminated)") == \
+        "stopped from Dagster (Dagster run {id} terminated)"
     assert reason_shape("1,234 rows over the limit of 1,000,000") == "{n} rows over the limit of {n}"
     assert reason_shape("ids 12,5 and 1,2345") == "ids {n},{n} and {n},{n}"  # not thousands: three digits a group
     # ids stay placeholders, in a path too
