@@ -33,9 +33,11 @@ NOT_THE_SOURCE = ("TransientDatabaseError%", "DatabaseUnavailable%", "released: 
 class SourceRetries:
     """A live run's tasks being retried after the source failed them: how many (`tasks`, not
     finished), the latest one's error (`last_error`, "TransientHTTPError: HTTP 503 ..."), when the
-    first was released (`since`, UTC), the soonest a released one is tried again (`next_try`, UTC,
-    or None: being tried now), and whether any task succeeded since `since` (`failing_all`: none
-    did - every task that asked the source failed)."""
+    source has failed them (`since`, UTC: the later of the run's last task that succeeded and the
+    first start of these tasks, which their retries do not move), the soonest a released one is
+    tried again (`next_try`, UTC, or None: being tried now), and whether any task succeeded since
+    the first of them was released (`failing_all`: none did - every task that asked the source
+    failed)."""
     tasks: int
     last_error: str
     since: datetime
@@ -71,8 +73,13 @@ def source_retries(db: Database, run_id: int) -> SourceRetries | None:
     row = db.fetch_one("run_source_retries", {"run_id": run_id, "not_source": list(NOT_THE_SOURCE)})
     if row is None or not row["tasks"]:
         return None
-    since = row["since"].astimezone(timezone.utc)
     last_success = row["last_success"]
+    # failing since: not the first release, which each retry's release moves on through one outage,
+    # but the first start of the tasks failing now, or the last success when later
+    since = row["first_started"] or row["since"]
+    if last_success is not None and last_success > since:
+        since = last_success
+    since = since.astimezone(timezone.utc)
     next_try = row["next_try"]
     if next_try is not None and next_try <= datetime.now(timezone.utc):
         next_try = None  # due: claimed as soon as a worker is free

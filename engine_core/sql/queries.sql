@@ -837,8 +837,9 @@ SELECT kind, count(*) AS n FROM migration_records
 -- A run's tasks released after a failure of the source and not finished (`source_retries`): how many,
 -- since when, the latest error, the soonest retry, and the run's last task that succeeded (none
 -- since the first of them: every task that asked the source failed). `not_source`: errors that are
--- not the source's (LIKE patterns).
-SELECT count(*) AS tasks, min(t.updated_at) AS since,
+-- not the source's (LIKE patterns). `first_started`: when the first of them first started (a retry's
+-- release moves `updated_at`, not `started_at`).
+SELECT count(*) AS tasks, min(t.updated_at) AS since, min(t.started_at) AS first_started,
        (array_agg(t.error ORDER BY t.updated_at DESC))[1] AS last_error,
        min(t.not_before) FILTER (WHERE t.status = 'pending') AS next_try,
        (SELECT max(o.finished_at) FROM migration_tasks o

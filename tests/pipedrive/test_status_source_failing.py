@@ -30,6 +30,11 @@ def test_status_says_the_source_is_failing_and_being_retried(db, db_url, quick_r
         assert source_retries(db, run.id) is None
         sb.configure(faults="503:1.0")  # ...then every request answers 503
         worker.drain(run.id, max_tasks=1)
+        first = source_retries(db, run.id)
+        # a retry releases the task again (its updated_at moves on): the failing began no later
+        db.sql("UPDATE migration_tasks SET updated_at = updated_at + interval '1 minute' "
+               "WHERE migration_id = %(r)s AND error IS NOT NULL", {"r": run.id})
+        assert source_retries(db, run.id).since == first.since and first.failing_all
         said = CliRunner().invoke(status, [TENANT], env=env)
         overview = CliRunner().invoke(status, [], env=env)
         doc = json.loads(CliRunner().invoke(status, [TENANT, "--json"], env=env).output)
