@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -15,7 +16,7 @@ import click
 from engine_core import db as dbmod
 from engine_core import ledger_reads, runs, runs_reads
 from engine_core.errors import ConfigError
-from engine_core.plan import choose_kinds
+from engine_core.plan import choose_kinds, plan_number
 from engine_core.providers.registry import provider_for
 from engine_core.source import opt_in_kinds
 from migration_pipeline.cli.options import KINDS_HELP, kinds_choice
@@ -111,13 +112,18 @@ def kinds_left(run: Any, skip: tuple[str, ...] = ("catchup",), from_phase: int |
     return list(dict.fromkeys(left))
 
 
-def existing_words(tenant: str, existing: Any, left: list[str]) -> list[str]:
+def existing_words(tenant: str, existing: Any, left: list[str], phases: Sequence[Sequence[str]] = ()) -> list[str]:
     """The plan's headline for a tenant whose next launch works on an existing run (`next_is_existing`):
     which run, what the launch does with it (joins, resumes, retries), that --new-run and --kinds do
-    not change that, and what the figures below are (the kinds of its phases not closed yet)."""
+    not change that, and what the figures below are (the kinds of its phases not closed yet). The
+    phase is numbered in the provider's whole plan (`phases`, `plan.plan_number`), as the phase
+    assets and `migrate status` number it; without `phases`, in the run's own plan."""
     run = existing.run
     command = f"migrate sync {tenant}" if run.is_sync else f"migrate run --tenant {tenant}"
-    at = f"at phase {min(run.current_phase, len(run.plan) - 1) + 1} of {len(run.plan)}"
+    # numbered as the phase assets and `migrate status` number it ("phase 7 of 9", not "7 of 8" for
+    # a run without the opt-in phase)
+    groups = [g for g in phases if g] or run.plan
+    at = f"at phase {plan_number(groups, run, min(run.current_phase, len(run.plan) - 1))} of {len(groups)}"
     does = {"joined": f"joins the running run #{run.id} ({at})",
             "rerun": (f"resumes the stopped run #{run.id} where it stopped ({at}, each task from its checkpoint)"
                       if run.status in ("stopped", "stopping") else
@@ -223,7 +229,7 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
                        f"lists and one walk of every list), more as more changed{said}")
             click.echo(f"a full run again from scratch (`migrate run --tenant {tenant} --new-run`) would be:")
         elif existing is not None:
-            for line in existing_words(tenant, existing, planned):
+            for line in existing_words(tenant, existing, planned, provider.phases()):
                 click.echo(line)
         else:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")

@@ -65,8 +65,11 @@ def test_a_run_stopped_in_its_catch_up_is_priced_by_the_catch_up_of_all_its_kind
         with psycopg.connect(db_url, autocommit=True) as c:
             c.execute("UPDATE migrations SET current_phase = %s WHERE id = %s", (len(run.plan) - 1, run.id))
         stopped = json.loads(_migrate_in_process(["plan", "late", "--json"], env).stdout)
+        said = _migrate_in_process(["plan", "late"], env).stdout.splitlines()[0]
         fresh = json.loads(_migrate_in_process(["plan", "anew", "--kinds", "persons,deals", "--json"], env).stdout)
     assert stopped["next"] == "resume" and stopped["run"]["kinds_left"] == [], stopped
+    # numbered as phase_9_catchup and `migrate status` number it, not in the run's own 3 phases
+    assert "where it stopped (at phase 9 of 9," in said, said
     catchup = {k["kind"]: k for k in stopped["kinds"]}["catchup"]
     assert catchup["requests"] > 0 and catchup["rows"] > 0, stopped
     anew = {k["kind"]: k for k in fresh["kinds"]}["catchup"]
