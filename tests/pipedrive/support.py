@@ -14,7 +14,7 @@ from engine_core import rollup, runs
 from engine_core.config import Settings
 from engine_core.models import Run
 from engine_core.providers.pipedrive.provider import PipedriveProvider
-from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_TOKEN
+from engine_core.providers.pipedrive.settings import ENV_BASE_URL, ENV_BURST_LIMIT, ENV_TOKEN
 from engine_core.worker import Worker, drain_threads
 from engine_core.providers.registry import for_run
 from pipedrive_sandbox.config import SandboxConfig
@@ -81,13 +81,17 @@ TABLE = {
 
 @contextmanager
 def sandbox(**changes: Any) -> Iterator[SandboxServer]:
-    """A sandbox in a thread of this process; env points the provider at it."""
+    """A sandbox in a thread of this process; env points the provider at it, and a provider made
+    without a `burst_limit` option (verify's, say) paces its requests at UNLIMITED, as the
+    runs of `start` and `sync` do: the 80 per 2 s default spaced a tiny account's verify 25 ms a
+    request (6-8 s). A test of pacing passes its `burst_limit` option, which the variable never overrides."""
     options: dict[str, Any] = {"scale": "tiny", "seed": 1, "token": TOKEN, "burst_limit": UNLIMITED}
     options.update(changes)
     with SandboxServer(SandboxConfig(**options)) as sb:
-        old = {k: os.environ.get(k) for k in (ENV_BASE_URL, ENV_TOKEN)}
+        old = {k: os.environ.get(k) for k in (ENV_BASE_URL, ENV_TOKEN, ENV_BURST_LIMIT)}
         os.environ[ENV_BASE_URL] = sb.base_url
         os.environ[ENV_TOKEN] = options["token"]
+        os.environ[ENV_BURST_LIMIT] = str(UNLIMITED)
         try:
             yield sb
         finally:
