@@ -54,7 +54,7 @@ from engine_core.progress import source_down_seconds, source_metrics
 from migration_pipeline import tags
 from migration_pipeline.assets.checks import MATCHES_SOURCE, proof_specs, source_check
 from migration_pipeline.assets.metadata import busy_windows, not_planned_metadata, phase_metadata, phase_summary
-from migration_pipeline.assets.phases import cancel_this_run
+from migration_pipeline.assets.cancel import cancel_this_run
 from migration_pipeline.assets.specs import asset_number, phase_specs
 from migration_pipeline.lane.fair import lane_picture
 from migration_pipeline.lane.slot import drain_in_slot

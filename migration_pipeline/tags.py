@@ -21,6 +21,10 @@ STOPPED_ENGINE = "migration/stopped_engine_run"
 # "true" on a Dagster run whose first phase op joined an engine run another launch had started
 # (two launches of one tenant at once): its results are that run's.
 JOINED = "migration/joined"
+# Set (to the Dagster run's own id) by a step that ends its own run CANCELING because its engine run
+# was stopped or paused (`assets.cancel.cancel_this_run`), before the run goes CANCELING: that
+# CANCELING is no terminate, and an in-process run's watcher delivers no interrupt for it.
+CANCELED_BY_STEP = "migration/canceled_by_step"
 
 
 def read_run_tags(context: Any) -> dict[str, str]:

@@ -29,7 +29,7 @@ Dagster run (`not_in_plan`).
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator, NoReturn
+from typing import Any, Iterator
 
 from dagster import (
     AssetCheckResult,
@@ -57,6 +57,7 @@ from engine_core.plan import kinds_left_out, left_out_line
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
 from migration_pipeline import tags
+from migration_pipeline.assets.cancel import cancel_this_run
 from migration_pipeline.assets.checks import (evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant,
                                               settle_planned_checks)
 from migration_pipeline.assets.metadata import (busy_windows, not_planned_metadata, phase_metadata, progress_metadata,
@@ -144,18 +145,6 @@ def prepare_run(context: AssetExecutionContext, db: Database, source: SourceReso
     _tag_engine_run(context, got.run, source.source, run_tags)
     run_tags.add({ATTACHED_BY: context.run_id})
     return got.run
-
-
-def cancel_this_run(context: Any, message: str) -> NoReturn:
-    """End this Dagster run CANCELED, as a terminate from the UI does: the engine run was stopped
-    from elsewhere (`migrate stop`, another launch's terminate), so Dagster tells the same story
-    (a stop made the run FAILURE from the CLI, CANCELED from the UI). The run is marked
-    CANCELING (what Dagster's own terminate does) and the step ends with a one-line `Failure`: a
-    run with a failed step that is CANCELING ends CANCELED (dagster/_core/execution/api.py,
-    `job_execution_iterator`), and the step's event says why without an interrupt's stack trace."""
-    context.log.warning(message)
-    context.instance.report_run_canceling(context.run, message=message)
-    raise Failure(description=message, allow_retries=False)
 
 
 def terminate_requested(context: Any) -> bool:

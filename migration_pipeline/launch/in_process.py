@@ -18,6 +18,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from engine_core.config import switch
 from migration_pipeline import tags
+from migration_pipeline.assets.cancel import canceled_by_step
 from migration_pipeline.lane import carry
 from migration_pipeline.lane.terminate import stop_engine_run
 from migration_pipeline.launch.checks import LaunchError
@@ -204,7 +205,9 @@ class InProcessRun:
     * delivers an interrupt to the main thread when the run is CANCELING or CANCELED (the UI's
       Terminate: with no gRPC client for the run, DefaultRunLauncher.terminate only marks it
       CANCELING) - what a run worker's interrupt is, SIGINT to the process - until one has raised
-      there (see "Where a delivery lands" below);
+      there (see "Where a delivery lands" below); not when a step of the run marked it so itself
+      (`assets.cancel.canceled_by_step`: its engine run was stopped or paused, the step is ending
+      with its own Failure, as a run worker gets no interrupt for it);
     * acts on a stop signal (SIGINT, SIGTERM, SIGHUP) the command received: announces it on `err`
       ("SIGTERM: stopping what this command started"), tags the run `dagster/max_retries=0`, sets
       the engine run's stop flag, marks the run CANCELING, then delivers the interrupt. The signal
@@ -406,7 +409,8 @@ class InProcessRun:
                         raise
                     except BaseException as e:  # noqa: BLE001 - progress is best effort; SystemExit too
                         self._said_once("progress", e)
-                if run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED) or self._stopping:
+                if self._stopping or (run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
+                                      and not canceled_by_step(run)):  # a step's own end is no terminate
                     self._deliver()
             except KeyboardInterrupt:
                 raise
