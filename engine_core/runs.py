@@ -68,8 +68,13 @@ def get_run(db: Database, run_id: int) -> Run:
 
 
 def live_run(db: Database, tenant_id: str, source: str) -> Run | None:
-    """The tenant's live run (not ended) of `source`, or None."""
+    """The tenant's live run (not ended) of `source`, or None. A `stopping` run with nothing running
+    is settled here (`settle_stop`) and is no longer live: whoever should have settled it is gone
+    (a worker's process ended between its task's release and the settle), and a launch must resume
+    it, not join a run nobody drives."""
     row = db.fetch_one("live_run_for_tenant", {"tenant_id": tenant_id, "source": source})
+    if row and row["status"] == "stopping" and db.fetch_one("settle_stop", {"run_id": row["id"]}):
+        return None
     return Run.from_row(row) if row else None
 
 

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 from engine_core import claim
 from engine_core.config import Settings
 from engine_core.context import TaskContext
-from engine_core.db import Database
+from engine_core.db import Conn, Database
 from engine_core.errors import LockLost, PageFailed, RateLimitParked, SourceMismatch, TaskStopped, TransientError
 from engine_core.models import Run, Stats, Task, TaskOutcome
 from engine_core import statistics
@@ -199,10 +199,12 @@ class Worker:
         current = self.db.fetch_one("get_run", {"run_id": ctx.run.id})
         if current is not None and current["cancel_requested"]:
             with self.db.transaction() as tx:
+                stopping = self._stopping_locked(tx, ctx.run.id)
                 # fenced on the run's stop flag as well: a resume that cleared it meanwhile wins
                 if tx.execute("cancel_running_task", {"task_id": ctx.task.id, "worker": self.worker_id,
                                                       "stats": Jsonb(ctx.stats.values)}) == 1:
                     ctx.log.flush(tx)
+                    self._settle_stop(tx, ctx.run.id, stopping)
                     return "cancelled"
         return self._settle(
             ctx, "release_task",
@@ -213,11 +215,28 @@ class Worker:
 
     def _settle(self, ctx: TaskContext, query: str, params: dict, result: str) -> str:
         with self.db.transaction() as tx:
+            stopping = self._stopping_locked(tx, ctx.run.id)
             n = tx.execute(query, {"task_id": ctx.task.id, "worker": self.worker_id, **params})
             if n != 1:
                 return "lost"
             ctx.log.flush(tx)
+            self._settle_stop(tx, ctx.run.id, stopping)
         return result
+
+    @staticmethod
+    def _stopping_locked(tx: Conn, run_id: int) -> bool:
+        """First in a transaction that ends a task: whether the run is stopping, its row then locked
+        (`lock_stopping_run`) so the stop can settle in the same commit (`_settle_stop`)."""
+        return tx.fetch_one("lock_stopping_run", {"run_id": run_id}) is not None
+
+    @staticmethod
+    def _settle_stop(tx: Conn, run_id: int, stopping: bool) -> None:
+        """A stopping run whose last running task this transaction ends is `stopped` in the same
+        commit. Settled after it (`_after`), a worker gone in between - its process exiting while
+        its thread stopped, kill -9 - left the run `stopping` with nothing running, and every launch
+        then joined a run nobody drove."""
+        if stopping:
+            tx.fetch_one("settle_stop", {"run_id": run_id})
 
     def _finish(self, ctx: TaskContext, status: str, error: str | None, outcome: TaskOutcome | None) -> str:
         """Successors, the final status and the task's log entries commit together."""
@@ -232,6 +251,7 @@ class Worker:
         in one transaction."""
         enqueued: list[int] = []
         with self.db.transaction() as tx:
+            stopping = self._stopping_locked(tx, ctx.run.id)
             if outcome is not None and outcome.successors:
                 insert_tasks(tx, ctx.run, ctx.task.phase, ctx.task.kind, outcome.successors)
             row = tx.fetch_one(
@@ -245,6 +265,7 @@ class Worker:
                 ctx.log.note("error", ctx.task.kind, error, subject=f"task {ctx.task.id}")
             ctx.log.flush(tx)
             enqueued = top_up_in(tx, ctx.run.id, self.settings)
+            self._settle_stop(tx, ctx.run.id, stopping)
         self._refilled.add(ctx.task.id)
         # committed: as many idle lanes may claim them now (an idle lane takes a page's successor
         # while this one does its bookkeeping: `_after`)

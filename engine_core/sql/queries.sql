@@ -248,6 +248,13 @@ UPDATE migration_tasks SET status = 'cancelled', enqueued_at = NULL, updated_at 
  WHERE migration_id = %(run_id)s AND status = 'pending'
    AND EXISTS (SELECT 1 FROM migrations m WHERE m.id = %(run_id)s AND m.cancel_requested);
 
+-- name: lock_stopping_run --
+-- Taken first by a transaction that ends a task (`Worker`: cancel, release, finish) and settles a
+-- stop in the same commit: on a stopping run's row, such transactions take turns, so the last one
+-- sees every other task let go; without it two committing at once each saw the other's task still
+-- running and left the run `stopping` with nothing running. No lock while the run is running.
+SELECT id FROM migrations WHERE id = %(run_id)s AND status = 'stopping' FOR UPDATE;
+
 -- name: settle_stop --
 -- A stopping run becomes stopped once nothing of it runs.
 UPDATE migrations SET status = 'stopped', finished_at = now(), updated_at = now()
