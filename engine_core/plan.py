@@ -125,12 +125,14 @@ def left_out_line(left: dict[str, str]) -> str | None:
     return "\n".join(left_out_lines(left)) or None
 
 
-def kinds_left_out(provider: object, run: Run) -> dict[str, str]:
+def kinds_left_out(provider: object, run: Run, held: Collection[str] = ()) -> dict[str, str]:
     """The kinds of `provider` (its `phases()`) that `run` did not take, each with why (`left_out`);
-    the catch-up kind is never left out."""
+    the catch-up kind is never left out, nor a kind in `held` (the tenant's other succeeded runs
+    took it: `runs_reads.kinds_taken`; a run that took only the kinds its tenant lacked leaves none
+    of them out)."""
     ck = catchup_kind(provider)
     phases = [[k for k in group if k != ck] for group in provider.phases()]  # type: ignore[attr-defined]
-    return left_out(phases, run.kinds, opt_in_kinds(provider))
+    return left_out(phases, [*run.kinds, *held], opt_in_kinds(provider))
 
 
 def plan_number(phases: Sequence[Sequence[str]], run: Run, phase: int) -> int:

@@ -33,6 +33,7 @@ from engine_core.errors import (AdmissionRefused, ConfigError, EngineError, Noth
 from engine_core.models import Run
 from engine_core.plan import choose_kinds, plan_for, plan_number
 from engine_core.barrier import advance_phase, seed_phase
+from engine_core.coverage import coverage
 from engine_core.topup import top_up
 from engine_core.reaper import release_dead_here, release_stale_of_run
 from engine_core.runlog import RunLog
@@ -436,21 +437,10 @@ def migrated_by(db: Database, tenant_id: str, provider: Provider, start_kwargs: 
     leaves the tenant as migrated as the runs before it made it. Full runs only: a sync lists only
     what changed, so a kind a sync alone took never came over whole. A sync (`mode="sync"`) repeats
     nothing: bringing what changed is what it is for. Returns the latest of those runs: the run a
-    refusal names, the one `migrate status` shows."""
-    kw = start_kwargs or {}
-    if (kw.get("mode") or "full") == "sync":
-        return None
-    try:
-        if latest_run(db, tenant_id, provider.source).status != "succeeded":
-            return None
-    except RunNotFound:
-        return None
-    done = [Run.from_row(r) for r in db.fetch_all(
-        "succeeded_full_runs", {"tenant_id": tenant_id, "source": provider.source, "dry": bool(kw.get("dry_run"))})]
-    wanted = {k for group in run_plan(provider, kw.get("kinds")) for k in group}
-    if not done or not wanted <= {k for run in done for k in run.kinds}:
-        return None
-    return max(done, key=lambda run: run.id)
+    refusal names, the one `migrate status` shows. When only some kinds are covered the launch takes
+    the others (`coverage.coverage`), and this is None."""
+    got = coverage(db, tenant_id, provider, start_kwargs)
+    return got.by if got is not None and got.complete else None
 
 
 def existing_attachment(db: Database, tenant_id: str, source: str) -> Attached | None:
@@ -486,10 +476,13 @@ def attach(
        tenant's and this source's;
     2. else the tenant's live run (join);
     3. else the latest run when it failed or was stopped (a rerun: `prepare` retries or resumes it);
-    4. else, when the tenant's succeeded runs already took what `start_kwargs` asks for
+    4. else, when the tenant's succeeded runs already took every kind `start_kwargs` asks for
        (`migrated_by`), AlreadyMigrated naming such a run - unless `new_run` asks for a new run
        explicitly (a sync never repeats one);
-    5. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates).
+    5. else, when `may_start`, a new run (admission as in `start_run`; AdmissionRefused propagates)
+       of the kinds asked for that no succeeded full run took (`coverage.Coverage.lacking`: kinds
+       a run took are never walked again by a launch that does not ask for a new run), its message
+       then opening with the line saying so (`Coverage.line`).
 
     A drainer passes `may_start=False` and gets None-free answers only for runs that exist: it raises
     RunNotFound when there is nothing to join."""
@@ -506,12 +499,16 @@ def attach(
         return existing
     if not may_start:
         raise RunNotFound(f"tenant {tenant_id!r} has no live {source} run to join")
-    done = None if new_run else migrated_by(db, tenant_id, provider, start_kwargs)
-    if done is not None:
-        raise AlreadyMigrated(done)
-    run, started = start_or_join(db, provider, tenant_id, **(start_kwargs or {}))
+    covered = None if new_run else coverage(db, tenant_id, provider, start_kwargs)
+    if covered is not None and covered.complete:
+        raise AlreadyMigrated(covered.by)  # type: ignore[arg-type]  # complete: some run took them
+    narrowed = covered is not None and covered.partial
+    run, started = start_or_join(db, provider, tenant_id,
+                                 **(covered.narrowed(start_kwargs) if narrowed else (start_kwargs or {})))
     plan = " -> ".join("[" + ", ".join(g) + "]" for g in run.plan)
-    return Attached(run, "started" if started else "joined", f"{'started' if started else 'joined'} {run.name}: {plan}")
+    said = f"{covered.line(tenant_id)}; " if narrowed and started else ""  # type: ignore[union-attr]
+    return Attached(run, "started" if started else "joined",
+                    f"{said}{'started' if started else 'joined'} {run.name}: {plan}")
 
 
 def settle_stopping(db: Database, run_id: int, timeout: float = STOP_SETTLE_SECONDS) -> Run:

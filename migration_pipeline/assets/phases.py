@@ -56,6 +56,7 @@ from engine_core.models import Run
 from engine_core.plan import kinds_left_out, left_out_line
 from engine_core.progress import PhaseMeter, PhaseProgress, source_down_seconds
 from engine_core.runs import AlreadyMigrated, RunStillStopping
+from engine_core.runs_reads import kinds_taken
 from migration_pipeline import tags
 from migration_pipeline.assets.cancel import cancel_this_run
 from migration_pipeline.assets.checks import (evaluate_ledger_checks, ledger_check_specs, require_run, require_tenant,
@@ -456,7 +457,7 @@ def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, 
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
     metadata = phase_metadata(db, r, phase, busy_windows(context.instance, run.id))
-    left = left_out_line(kinds_left_out(source.provider(run), run))
+    left = left_out_line(kinds_left_out(source.provider(run), run, kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)))
     if left:  # what the run did not take, on every phase it materialises: the UI's first answer to "is that all?"
         metadata["left_out"] = MetadataValue.text(left)
     failed_tasks = int(metadata["failed_tasks"].value)  # the phase's summary, as phase_metadata read it

@@ -25,6 +25,7 @@ from engine_core import ledger_reads
 from engine_core import rollup as rollups
 from engine_core import runs, runs_reads
 from engine_core.config import check_environment, number
+from engine_core.coverage import coverage
 from engine_core.plan import left_out_line
 from engine_core.providers.registry import provider_for
 from migration_pipeline.cli.output import again_line, console, emit, err_console, fail, open_db, what_now
@@ -61,17 +62,21 @@ def source_for(requested: str | None) -> str:
 
 def check_not_migrated(db: dbmod.Database, tenant: str, source: str, kinds: list[str] | None, dry_run: bool) -> None:
     """Before `migrate run` launches a new full run: a tenant whose succeeded full runs already took
-    what the launch asks for (`runs.migrated_by`: their kinds together, not a dry run unless this
+    every kind the launch asks for (`runs.migrated_by`: their kinds together, not a dry run unless this
     one is) is refused in one line (exit 2, nothing launched) naming the latest such run ("with the
     runs before it" when it alone did not take them all) and saying what to do - the engine's attach
-    policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition."""
+    policy would refuse it anyway (`runs.AlreadyMigrated`), after a Dagster run and a CANCELED partition.
+    When they took only some, the launch goes on and takes the others (`runs.attach`,
+    `coverage.Coverage.lacking`): said first in one line on stderr (`Coverage.line`)."""
     provider = provider_for(source)
-    migrated_by = runs.migrated_by(db, tenant, provider, {"kinds": kinds, "dry_run": dry_run})
-    if migrated_by is None:
+    covered = coverage(db, tenant, provider, {"kinds": kinds, "dry_run": dry_run})
+    if covered is not None and covered.partial:
+        click.echo(covered.line(tenant), err=True)
+    if covered is None or not covered.complete or covered.by is None:
         return
+    migrated_by = covered.by
     latest = runs.latest_run(db, tenant, source)
-    wanted = {k for group in runs.run_plan(provider, kinds) for k in group}
-    before = "" if wanted <= set(migrated_by.kinds) else " with the runs before it"
+    before = "" if set(covered.wanted) <= set(migrated_by.kinds) else " with the runs before it"
     synced = f" and synced by {latest.name}" if latest.mode == "sync" else ""
     fail(f"tenant {tenant!r} is already migrated by {migrated_by.name}"
           f"{' (a dry run)' if migrated_by.dry_run else ''}{before}{synced}: "

@@ -15,6 +15,7 @@ import click
 
 from engine_core import db as dbmod
 from engine_core import ledger_reads, runs, runs_reads
+from engine_core.coverage import coverage
 from engine_core.errors import ConfigError
 from engine_core.plan import choose_kinds, plan_number
 from engine_core.providers.registry import provider_for
@@ -89,6 +90,18 @@ def next_is_sync(tenant: str, provider: Any, chosen: list[str] | None, missing: 
         latest = runs.latest_run(db, tenant, provider.source)
         last = ({"run_id": latest.id, **runs_reads.run_cost(db, latest.id)} if latest.mode == "sync" else None)
         return {"kinds": runs.synced_kinds(db, tenant, provider) or list(by.kinds), "by": by.id, "last_sync": last}
+
+
+def next_covers(tenant: str, provider: Any, chosen: list[str] | None, missing: str | None) -> Any:
+    """When the tenant's succeeded full runs took some of the kinds asked for (`chosen`; None: the
+    defaults) and not all: the `coverage.Coverage` by which `migrate run` takes only the others
+    (`runs.attach`), so the plan prices only those (`Coverage.lacking`); else None. `missing`: as
+    `next_is_sync`'s."""
+    if missing:
+        return None
+    with open_db() as db:
+        covered = coverage(db, tenant, provider, {"kinds": chosen, "dry_run": False})
+    return covered if covered is not None and covered.partial else None
 
 
 def next_is_existing(tenant: str, provider: Any, missing: str | None) -> Any:
@@ -181,6 +194,10 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
         planned = migrated["kinds"]
     # a run the next launch works on (stopped: resumed, failed: retried, running: joined): what is left of it
     existing = next_is_existing(tenant, provider, missing) if migrated is None else None
+    # some kinds asked for are migrated: the run takes only the others, and the plan prices those
+    covers = next_covers(tenant, provider, chosen, missing) if migrated is None and existing is None else None
+    if covers is not None:
+        planned = list(covers.lacking)
     walked = None  # the kinds the catch-up walks: a resumed run's catch-up walks every list of the run
     if existing is not None:
         planned, walked = kinds_left(existing.run), kinds_left(existing.run, from_phase=0)
@@ -212,6 +229,8 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
         floor = est.sync_floor
         payload.update(next="sync", sync={"requests": floor.requests, "tokens": floor.tokens, "days": floor.days,
                                           "last": migrated["last_sync"]}, migrated_by=migrated["by"])
+    if covers is not None:
+        payload.update(covered=list(covers.covered), kinds_lacking=list(covers.lacking))
     if existing is not None:  # the figures are what is left of that run: the kinds of its phases not closed yet
         r = existing.run
         payload.update(next={"joined": "join", "rerun": "resume" if r.status in ("stopped", "stopping") else "retry"}
@@ -231,6 +250,8 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
         elif existing is not None:
             for line in existing_words(tenant, existing, planned, provider.phases()):
                 click.echo(line)
+        elif covers is not None:
+            click.echo(f"plan for {tenant}: {covers.line(tenant)}")
         else:
             click.echo(f"plan for {tenant}: a full run of {run_words(kinds_choice(kinds), planned)}")
         if lonely:  # read before the figures it qualifies, wrapped at a clause, not one long line

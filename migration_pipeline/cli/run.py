@@ -30,16 +30,17 @@ from migration_pipeline.launch.checks import check_tenant, new_run_config
 @click.option("--dry-run", is_flag=True)
 @click.option("--options", "options_json", default=None, help="provider options as JSON (a new run only)")
 @click.option("--timeout", default=None, type=SECONDS, help="give up waiting after this many seconds")
-@click.option("--new-run", is_flag=True, help="migrate a tenant whose latest run succeeded again, from scratch")
+@click.option("--new-run", is_flag=True, help="migrate the kinds asked for again, from scratch, though succeeded runs took them")
 @click.option("--json", "as_json", is_flag=True)
 def run_cmd(tenant: str, source: str | None, kinds: str | None, dry_run: bool, options_json: str | None,
             timeout: float | None, new_run: bool, as_json: bool) -> None:
     """Launch TENANT's partition through Dagster (the instance the UI shows) and wait for it.
 
     Starts the tenant's run, joins it, or - if its last run failed or was stopped - retries or
-    resumes it, exactly as materialising the partition in the UI does. A tenant whose latest run
-    succeeded (and covered these kinds) is not migrated again: refused in one line, pointing to
-    `migrate sync` and `--new-run`. Exit 0 succeeded, 1 failed, 2 refused (or --timeout), 3
+    resumes it, exactly as materialising the partition in the UI does. Kinds a succeeded run of
+    the tenant took are not migrated again: a new run takes the kinds asked for that none took (said
+    in one line), and with none left the launch is refused in one line, pointing to `migrate sync`
+    and `--new-run` (every kind asked for again, from scratch). Exit 0 succeeded, 1 failed, 2 refused (or --timeout), 3
     stopped from elsewhere (`migrate stop`, the UI's Terminate), 130 stopped by Ctrl-C."""
     with before_launch():
         check_tenant(tenant)
