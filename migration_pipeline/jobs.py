@@ -261,7 +261,8 @@ def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by
     for spec in specs:
         phase = spec.run_phase(run)
         if phase is None:
-            mat = _not_planned(instance, run, spec, specs, by)
+            held = runs_reads.kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)
+            mat = _not_planned(instance, run, spec, specs, by, held)
             if mat is not None:
                 yield None, spec, mat
             continue
@@ -278,7 +279,8 @@ def phases_to_materialize(instance: Any, db: Database, run: Run, source: str, by
         yield phase, spec, AssetMaterialization(asset_key=spec.key, partition=run.tenant_id, metadata=metadata)
 
 
-def _not_planned(instance: Any, run: Run, spec: Any, specs: list[Any], by: str) -> AssetMaterialization | None:
+def _not_planned(instance: Any, run: Run, spec: Any, specs: list[Any], by: str,
+                 held: Any = ()) -> AssetMaterialization | None:
     """The empty materialisation of a phase `run` does not plan (`spec`), when a later phase of
     `specs` is planned and closed and the phase has none for this engine run yet; else None. Its
     metadata is the phase op's (`metadata.not_planned_metadata`): "no kind of this phase in the run"
@@ -288,7 +290,7 @@ def _not_planned(instance: Any, run: Run, spec: Any, specs: list[Any], by: str) 
         return None
     if _materialized_since(instance, spec.key, run.tenant_id, run.id, None):
         return None
-    left = kinds_left_out(provider_for(run.source), run)
+    left = kinds_left_out(provider_for(run.source), run, held)  # `held`: kinds the tenant's succeeded runs took
     metadata = not_planned_metadata(spec.kinds, run, left_out_line(left) if left else None,
                                     f"Materialised by {by}: a later phase closed")
     metadata["materialized_by"] = MetadataValue.text(f"{by} (a later phase closed)")

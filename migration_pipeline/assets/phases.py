@@ -273,21 +273,23 @@ def planned_after(context: AssetExecutionContext, spec: PhaseSpec, run: Run) -> 
             if later.run_phase(run) is not None and (selection is None or later.key in selection)]
 
 
-def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run, provider: Any = None) -> MaterializeResult | None:
+def not_in_plan(context: AssetExecutionContext, spec: PhaseSpec, run: Run, provider: Any = None,
+                held: Any = ()) -> MaterializeResult | None:
     """A phase the engine run does not plan (a run limited to some kinds) claims no success
     (every phase went green). It is not materialised - the partition keeps its last real
     materialisation, or stays missing - unless a later phase of this Dagster run is planned: Dagster
     skips every step downstream of an output that was not yielded (`ActiveExecution._should_skip_step`;
     `AssetSpec.skippable`: "causing downstream dependencies to skip"), so there the phase yields a
     materialisation whose first entry says "no kind of this phase in the run" (`not_planned_metadata`)
-    and carries no counts, but `left_out` (`provider`'s kinds the run did not take: opt-in or not chosen)."""
+    and carries no counts, but `left_out` (`provider`'s kinds neither the run nor its tenant's succeeded runs,
+    `held`, took: opt-in or not chosen)."""
     what = f"phase {spec.index + 1} ({', '.join(spec.kinds)}) is not in {run.name}'s plan ({', '.join(run.kinds)})"
     later = planned_after(context, spec, run)
     if not later:
         context.log.info(f"{what}: not materialised")
         return None
     context.log.info(f"{what}: materialised as not planned, for {later[0].key.to_user_string()} after it to run")
-    left = kinds_left_out(provider, run) if provider is not None else {}
+    left = kinds_left_out(provider, run, held) if provider is not None else {}
     return MaterializeResult(metadata=not_planned_metadata(
         spec.kinds, run, left_out_line(left) if left else None,
         f"Materialised only because {later[0].key.to_user_string()} after it is planned (Dagster skips every "
@@ -353,7 +355,8 @@ def _materialize_phase(
     attached.append(run)
     phase = spec.run_phase(run)
     if phase is None:
-        return not_in_plan(context, spec, run, source.provider(run))
+        held = kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)
+        return not_in_plan(context, spec, run, source.provider(run), held)
     run = prepare_run(context, db, source, run, lane, run_tags)
     attached.append(run)
     if run.status == "running" and run.current_phase < phase:
@@ -457,7 +460,8 @@ def _after_drain(context: AssetExecutionContext, spec: PhaseSpec, db: Database, 
         reporter.tick()  # the closing figures, so the plot ends at the phase's end
     r = rollups.rollup(db, run.id)
     metadata = phase_metadata(db, r, phase, busy_windows(context.instance, run.id))
-    left = left_out_line(kinds_left_out(source.provider(run), run, kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)))
+    held = kinds_taken(db, run.tenant_id, run.source, succeeded_only=True)  # kinds the tenant's other runs took
+    left = left_out_line(kinds_left_out(source.provider(run), run, held))
     if left:  # what the run did not take, on every phase it materialises: the UI's first answer to "is that all?"
         metadata["left_out"] = MetadataValue.text(left)
     failed_tasks = int(metadata["failed_tasks"].value)  # the phase's summary, as phase_metadata read it
