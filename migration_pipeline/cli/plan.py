@@ -179,7 +179,9 @@ def plan_cmd(tenant: str, kinds: str | None, as_json: bool) -> None:
     before any run: per kind the rows, requests, tokens and days of the daily budget, the total,
     and the wall time (round trips and burst limit); opt-in kinds with their price. A tenant whose
     next `migrate run` works on an existing run (stopped: resumed, failed: retried, running:
-    joined; --new-run and --kinds alike) gets that run named and what is left of it priced."""
+    joined; --new-run and --kinds alike) gets that run named and what is left of it priced; one
+    migrated for some of the kinds asked for gets the line `migrate run` gives and only the kinds
+    it lacks priced (`next_covers`)."""
     check_tenant(tenant, "TENANT")
     provider = provider_for("pipedrive")
     phases = [k for group in provider.phases() for k in group if k != "catchup"]
