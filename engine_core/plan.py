@@ -93,10 +93,14 @@ LAUNCHPAD_KINDS = "resources.new_run.config.kinds"
 
 def left_out_lines(left: dict[str, str]) -> list[str]:
     """`left_out` as lines for people: what was left out, then how to add the opt-in kinds, from
-    the command line and from the Dagster launchpad (its run config key), e.g.
+    the command line and from the Dagster launchpad (its run config key), then how to add the kinds
+    not chosen (a launch without kinds takes the default kinds the tenant lacks: `coverage`) and
+    that links to them are owed until then (`owed_links`), e.g.
     ["left out: followers, participants (opt-in: taken only when asked); notes (not chosen)",
      "to add them: a run of those kinds alone, --kinds followers,participants",
-     "or in the Dagster launchpad: resources.new_run.config.kinds: [followers, participants]"];
+     "or in the Dagster launchpad: resources.new_run.config.kinds: [followers, participants]",
+     "to add notes: a run without --kinds (or the UI's Materialize) takes the default kinds the
+     tenant lacks; links owed to them are filled by that run"];
     [] when nothing was left out.
 
     The lines are read after a run of the tenant, so they name the kinds alone (plain `--kinds`):
@@ -116,6 +120,10 @@ def left_out_lines(left: dict[str, str]) -> list[str]:
         lines.append(f"to add {'it' if len(optional) == 1 else 'them'}: a run of {'that kind' if len(optional) == 1 else 'those kinds'} "
                      f"alone, --kinds {','.join(optional)}")
         lines.append(f"{LAUNCHPAD_WAY}: {LAUNCHPAD_KINDS}: [{', '.join(optional)}]")
+    if others:  # a launch without kinds takes the default kinds no succeeded run took (`coverage`)
+        lines.append(f"to add {', '.join(others)}: a run without --kinds (or the UI's Materialize) takes the "
+                     "default kinds the tenant lacks; links owed to them are "
+                     "filled by that run")
     return lines
 
 

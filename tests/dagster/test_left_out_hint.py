@@ -21,7 +21,13 @@ def test_the_hint_names_the_flag_and_the_launchpad_key_the_job_takes(monkeypatch
     assert left_out_line({"files": "opt-in"}).splitlines()[1:] == [
         "to add it: a run of that kind alone, --kinds files",
         "or in the Dagster launchpad: resources.new_run.config.kinds: [files]"]
-    assert left_out_line({"notes": "not chosen"}) == "left out: notes (not chosen)"  # nothing opt-in to add
+    # a kind not chosen: a launch without kinds takes the default kinds the tenant lacks
+    # (tests/dagster/test_covered_kinds.py), and the links owed to it are filled by that run
+    assert left_out_line({"notes": "not chosen"}).splitlines() == [
+        "left out: notes (not chosen)",
+        "to add notes: a run without --kinds (or the UI's Materialize) takes the default kinds the tenant lacks; "
+        "links owed to them are filled by that run"]
+    assert lines[3].startswith("to add notes: a run without --kinds"), lines
 
     # the launchpad line, as YAML a user types there, is run config the tenant job accepts
     key, value = lines[2].removeprefix(LAUNCHPAD_WAY + ": ").split(": ", 1)

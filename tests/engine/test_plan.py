@@ -61,7 +61,10 @@ def test_plus_and_minus_adjust_the_defaults_and_plain_names_are_exactly_those() 
     left = left_out(PHASES, ["deals", "participants"], OPT_IN)
     assert left_out_line(left) == ("left out: files, deal_history (opt-in: taken only when asked); users, persons, catchup "
                                    "(not chosen)\nto add them: a run of those kinds alone, --kinds files,deal_history\n"
-                                   "or in the Dagster launchpad: resources.new_run.config.kinds: [files, deal_history]")
+                                   "or in the Dagster launchpad: resources.new_run.config.kinds: [files, deal_history]\n"
+                                   "to add users, persons, catchup: a run without --kinds (or the UI's Materialize) takes "
+                                   "the default kinds the tenant lacks; links owed to them are filled by "
+                                   "that run")
 
 
 @pytest.mark.parametrize("choice, needles", [
