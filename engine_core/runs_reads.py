@@ -80,6 +80,14 @@ def latest_statuses(db: Database, source: str, tenants: list[str]) -> dict[str, 
                                                               {"source": source, "tenants": tenants})}
 
 
+def only_dry_runs(db: Database, tenant: str) -> bool:
+    """Whether every run started for `tenant` (of any source) is a dry run, which writes nothing to
+    the ledger: `explain` and `rows` then have nothing to tell and say why. False for a tenant
+    without runs."""
+    rows = db.sql("SELECT bool_and(dry_run) AS dry FROM migrations WHERE tenant_id = %(t)s", {"t": tenant})
+    return bool(rows and rows[0]["dry"])
+
+
 def kinds_taken(db: Database, tenant: str, source: str, *, succeeded_only: bool = False) -> set[str]:
     """The kinds in the plan of any run of `source` started for `tenant`, dry runs aside (with
     `succeeded_only`, of its succeeded runs and syncs alone); the catch-up kind included. What the

@@ -334,7 +334,9 @@ def explain(tenant: str, kind: str, source_id: str, as_json: bool) -> None:
                 said += (f"; {kind} rows are keyed {form[0]}, not by a bare id (e.g. `migrate explain {tenant} {kind} "
                          f"{raw}:{form[1]}`); {form[2].format(tenant=tenant, id=raw)}")
             # a list no run of the tenant took may serve it alone: said instead of "no run has ..."
-            why = remedy.for_absent(db, tenant, kind, source_id) or "no run has written, skipped or failed it"
+            why = remedy.for_absent(db, tenant, kind, source_id) or (
+                DRY_ONLY.format(tenant=tenant) if runs_reads.only_dry_runs(db, tenant)
+                else "no run has written, skipped or failed it")
             emit(as_json, None, lambda: console.print(
                 f"{kind} {source_id} of tenant {tenant!r} is not in the ledger: {why}{said}", highlight=False))
             sys.exit(1)
@@ -510,6 +512,11 @@ def row_line(row: dict[str, Any]) -> str:
             + (f" ({', '.join(flags)})" if flags else "") + f": {reason}")
 
 
+# What `explain` and `rows` say of a tenant whose runs are all dry runs (nothing in the ledger).
+DRY_ONLY = ("the tenant's runs are dry runs, which write nothing to the ledger (`migrate status {tenant}` has "
+            "their counts; `migrate run --tenant {tenant}` writes the rows explain and rows tell of)")
+
+
 @click.command("rows")
 @click.argument("tenant")
 @click.option("--kind", default=None, help="only this kind's rows")
@@ -541,6 +548,7 @@ def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None,
             if run.tenant_id != tenant:
                 fail(f"run #{run.id} belongs to tenant {run.tenant_id!r}, not to tenant {tenant!r}")
         counts = tenant_row_counts(db, tenant, kind, actions, run_id)
+        dry = runs_reads.only_dry_runs(db, tenant)
         shown = 0
         found = tenant_rows(db, tenant, kind, actions, run_id, limit)
         try:
@@ -563,4 +571,6 @@ def rows_command(tenant: str, kind: str | None, action: str, run_id: int | None,
                + f"{counts['failed']} failed ({counts['unreadable']} without a readable id)")
     if shown < total:
         summary += f"; {shown} shown (--limit {limit})"
+    if not total and dry:
+        summary += f"; {DRY_ONLY.format(tenant=tenant)}"
     click.echo(summary, err=as_json)
