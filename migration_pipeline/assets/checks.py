@@ -60,6 +60,7 @@ from engine_core.ledger_reads import bad_row_counts, duplicate_claims, ledger_vs
 from engine_core.providers.registry import provider_for
 from engine_core.source import catchup_kind
 from engine_core.verify import left_out_kinds, verify
+from migration_pipeline.assets.cancel import cancel_this_run
 from migration_pipeline.assets.metadata import not_planned_entries
 from migration_pipeline.assets.proof_not_run import how_to_prove, not_run_here
 from migration_pipeline.assets.specs import PhaseSpec, phase_specs
@@ -362,16 +363,18 @@ def require_tenant(context: Any) -> None:
                                   "partition), or `migrate verify TENANT`", allow_retries=False)
     try:
         check_tenant(context.partition_key, "the tenant partition")
+        return
     except ConfigError as e:
-        said = "nothing was written"
-        try:  # a partition no run can use: left there, every phase and check of the asset shows it failed
-            context.instance.delete_dynamic_partition(tenants.name, context.partition_key)
-            said += " and the partition is removed"
-        except Exception:  # noqa: BLE001 - the refusal stands either way; the partition can be deleted in the UI
-            pass
-        message = f"{e}; {said} - add the tenant under a valid name"
-        context.instance.report_run_canceling(context.run, message=message)  # a CANCELING run whose step fails ends CANCELED
-        raise Failure(description=message, allow_retries=False) from None
+        refused = str(e)
+    said = "nothing was written"
+    try:  # a partition no run can use: left there, every phase and check of the asset shows it failed
+        context.instance.delete_dynamic_partition(tenants.name, context.partition_key)
+        said += " and the partition is removed"
+    except Exception:  # noqa: BLE001 - the refusal stands either way; the partition can be deleted in the UI
+        pass
+    # a CANCELING run whose step fails ends CANCELED; tagged as the step's own cancel, so the
+    # `migrate` process's watcher does not take it for a terminate (`cancel.cancel_this_run`)
+    cancel_this_run(context, f"{refused}; {said} - add the tenant under a valid name")
 
 
 def require_run(db: Database, tenant: str, spec: PhaseSpec) -> None:

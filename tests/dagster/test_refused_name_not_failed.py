@@ -8,6 +8,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus
 from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
+from migration_pipeline.assets.cancel import canceled_by_step
 from migration_pipeline.partitions import tenants
 from tests.dagster.support import SMALL, materialize_tenant, resources
 
@@ -25,6 +26,8 @@ def test_a_refused_tenant_name_ends_the_run_canceled_and_marks_no_phase_failed(i
     failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert len(failures) == 1 and "not a valid tenant name" in failures[0].event_specific_data.error.message
     assert instance.get_run_by_id(result.run_id).status == DagsterRunStatus.CANCELED
+    # the step's own cancel, which the `migrate` process's watcher does not take for a terminate
+    assert canceled_by_step(instance.get_run_by_id(result.run_id))
     assert db.sql("SELECT id FROM migrations WHERE tenant_id = 'bad name'") == []
     for name in ("phase_1_companies", "phase_3_deals", "phase_5_notes"):
         status = get_and_update_asset_status_cache_value(instance, AssetKey(["example", name]), tenants)
