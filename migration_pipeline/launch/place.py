@@ -51,13 +51,21 @@ def code_location_origin():  # -> ManagedGrpcPythonEnvCodeLocationOrigin
 def _current_definitions() -> None:
     """The definitions module as this process's MIGRATE_SOURCE builds it: `migrate run --source X`
     sets MIGRATE_SOURCE after the module may have been imported with another source (its
-    `resolve_source` ran at import), so it is rebuilt once when the two differ."""
+    `resolve_source` ran at import), so it is rebuilt once when the two differ. Dagster keeps the
+    last job and repository a `ReconstructableJob` loaded, process-wide, keyed by the module's
+    name and the job's (dagster/_core/definitions/reconstruct.py, `lru_cache(maxsize=1)`): a
+    process that executed another source's run (a preloaded launcher, one `migrate` process
+    after another in a test) would build this run from that source's job, so both are dropped."""
     import importlib
     import sys
+
+    from dagster._core.definitions.reconstruct import ReconstructableJob
 
     module = sys.modules.get(stack.DEFS_MODULE)
     if module is not None and module.SOURCE != module.resolve_source():
         importlib.reload(module)
+        ReconstructableJob.get_definition.cache_clear()
+        ReconstructableJob.get_repository_definition.cache_clear()
 
 
 def _job_here(instance: DagsterInstance, origin: Any, location: Any, job: str) -> tuple[Any, Any, Any]:
