@@ -35,6 +35,15 @@ def _killed_backends_gone(db: dbmod.Database, timeout: float = 60.0) -> None:
 
 def _work(url: str, task_id: int) -> None:
     window.SET_WINDOW = WINDOW  # this process is the killed worker's alone
+    # each window waits before it writes: the page may be mapped whole before its first window (the
+    # row delay is the mapper's), and six quick windows then reached the page's end before the kill
+    written = window.Windows._write_window
+
+    def slow_window(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(0.3)
+        return written(self, *args, **kwargs)
+
+    window.Windows._write_window = slow_window  # type: ignore[method-assign]
     database = dbmod.Database(conninfo.make_conninfo(url, application_name=APP), max_size=2)
     Worker(database, settings=FAST, providers=for_run).execute(task_id)
 
