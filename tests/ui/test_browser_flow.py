@@ -123,8 +123,15 @@ def ui_flow(flow: Flow, tenant: str) -> None:
     # 1-2. the asset graph; add the tenant from the Materialize dialog
     dialog = _open_materialize_dialog(flow)
     flow.shot("asset-graph-materialize-dialog")
-    dialog.get_by_text("Add a partition").click()
     add = page.get_by_role("dialog").filter(has_text="Add a partition for tenants")
+    for attempt in range(3):  # a click landing while the dialog still renders opened nothing (CI, once)
+        dialog.get_by_text("Add a partition").click()
+        try:
+            expect(add.get_by_placeholder("name")).to_be_visible(timeout=PAGE / 3)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
     add.get_by_placeholder("name").fill(tenant)
     add.get_by_role("button", name="Save").click()
     expect(add).to_be_hidden(timeout=PAGE)
