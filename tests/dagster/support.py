@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -172,3 +174,24 @@ def step_succeeded(record: Any, step_key: str) -> bool:
     holds interrupts: the held-terminate tests act there)."""
     event = (getattr(record, "dagster_meta", None) or {}).get("dagster_event")
     return event is not None and event.event_type == DagsterEventType.STEP_SUCCESS and event.step_key == step_key
+
+
+@contextmanager
+def source_failing(metrics: Any) -> Iterator[None]:
+    """While the block runs, `metrics` (an engine_core.progress.SourceMetrics) hears what the client
+    records while the source is down: every request failed and retried (HTTP 500), every 50 ms."""
+    done = threading.Event()
+
+    def answers_500() -> None:
+        while not done.is_set():
+            metrics.request(ok=False)
+            metrics.retrying("HTTP 500", 0.5)
+            time.sleep(0.05)
+
+    feeder = threading.Thread(target=answers_500, name="source-failing")
+    feeder.start()
+    try:
+        yield
+    finally:
+        done.set()
+        feeder.join()

@@ -10,6 +10,7 @@ from dagster._core.definitions.partitions.context import partition_loading_conte
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from migration_pipeline.assets.checks import LEDGER_CHECKS
+from migration_pipeline.assets.metadata import NO_KIND_IN_RUN
 from migration_pipeline.assets.phases import build_phase_assets
 from migration_pipeline.partitions import tenants
 from migration_pipeline.resources import NewRunOptions
@@ -60,3 +61,17 @@ def test_phase_out_of_plan_keeps_each_check_its_result(db_url):
         shown = statuses(instance, keys, "acme")
         assert not [k for k, s in shown.items() if s != {"SUCCEEDED"}], shown
         assert all(latest(instance, k).run_id == limited.run_id for k in keys)
+        # all_rows_landed on a phase out of the plan says so first, as kinds_add_up and the phase's
+        # materialisation do (`not_planned_entries`), not a bare pass of 0 skipped, 0 failed
+        got = {(e.event_specific_data.asset_key.path[-1], e.event_specific_data.check_name): e.event_specific_data
+               for e in limited.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+        for name in ("all_rows_landed", "kinds_add_up"):
+            said = got[("phase_3_deals", name)]
+            assert said.passed, said
+            assert list(said.metadata)[:2] == ["run_kinds", "phase_status"], (name, list(said.metadata))
+            assert said.metadata["run_kinds"].value.startswith(f"{NO_KIND_IN_RUN}: deals not among "), said.metadata
+            assert said.metadata["phase_status"].value == "not in this run's plan"
+        landed = got[("phase_3_deals", "all_rows_landed")]
+        assert landed.description.startswith(NO_KIND_IN_RUN) and "earlier runs" in landed.metadata["counts_of"].value
+        planned = got[("phase_1_companies", "all_rows_landed")]  # a phase of the run: no such line
+        assert "run_kinds" not in planned.metadata and planned.description is None, planned

@@ -3,15 +3,12 @@ does) and ends its Dagster run CANCELED with the pause's reason, not a bare "was
 UI's run page then says why the run stopped and that a launch resumes it."""
 from __future__ import annotations
 
-import threading
-import time
-
 from dagster import DagsterRunStatus
 
 from engine_core import progress, runs
 from engine_core.providers.registry import provider_for
 from migration_pipeline import jobs
-from tests.dagster.support import SMALL
+from tests.dagster.support import SMALL, source_failing
 from tests.dagster.test_one_story import _drain_with_a_drainer
 
 
@@ -22,21 +19,8 @@ def test_a_drainer_that_pauses_the_run_says_why_it_was_canceled(instance, engine
     monkeypatch.setattr(jobs, "source_metrics", metrics)  # the drainer's watcher reads its own import
     slow = {**SMALL, "row_delay": 0.02}
     run = runs.attach(db, provider_for("example"), "paused", start_kwargs={"options": slow}).run
-    failing = threading.Event()
-
-    def source_answers_500() -> None:  # what the client records while the source is down
-        while not failing.is_set():
-            metrics.request(ok=False)
-            metrics.retrying("HTTP 500", 0.5)
-            time.sleep(0.05)
-
-    feeder = threading.Thread(target=source_answers_500)
-    feeder.start()
-    try:
+    with source_failing(metrics):
         result = _drain_with_a_drainer(instance, engine_url, "paused", run.id, options=slow)
-    finally:
-        failing.set()
-        feeder.join()
     assert instance.get_run_by_id(result.run_id).status == DagsterRunStatus.CANCELED
     assert runs.get_run(db, run.id).status in ("stopping", "stopped")
     said = [r.user_message for r in instance.all_logs(result.run_id) if "during this drainer's turn" in r.user_message]

@@ -23,7 +23,7 @@ from engine_core.providers.registry import provider_for
 from migration_pipeline import tags
 from migration_pipeline.definitions import build_definitions
 from migration_pipeline.jobs import DRAINER_JOB
-from tests.dagster.support import SMALL, materialize_tenant, resources
+from tests.dagster.support import SMALL, materialize_tenant, resources, source_failing
 from tests.engine.support import FAST
 
 DEFS = build_definitions("example")
@@ -136,21 +136,8 @@ def test_a_source_failing_every_request_pauses_the_run_with_that_reason(instance
     monkeypatch.setattr(phases, "PROGRESS_SECONDS", 0.2)
     metrics = progress.SourceMetrics()
     monkeypatch.setattr(progress, "source_metrics", metrics)
-    failing = threading.Event()
-
-    def source_answers_500() -> None:  # what the client records while the source is down
-        while not failing.is_set():
-            metrics.request(ok=False)
-            metrics.retrying("HTTP 500", 0.5)
-            time.sleep(0.05)
-
-    feeder = threading.Thread(target=source_answers_500)
-    feeder.start()
-    try:
+    with source_failing(metrics):
         result = materialize_tenant(instance, "down", resources(engine_url, options={**SMALL, "row_delay": 0.02}))
-    finally:
-        failing.set()
-        feeder.join()
     assert instance.get_run_by_id(result.run_id).status == DagsterRunStatus.CANCELED
     messages = [r.user_message for r in instance.all_logs(result.run_id)]
     assert any("pausing the run: the source failed every request for" in m and "(last: HTTP 500)" in m for m in messages)

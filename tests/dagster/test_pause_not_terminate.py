@@ -10,16 +10,12 @@ the engine, exit `output.SOURCE_FAILED`."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
 from migration_pipeline.cli import output
-from tests.dagster.support import migrate_env, sandbox_account
-from tests.dagster.test_launch_in_process import MIGRATE, _instance, _started_and_attached, _until
+from tests.dagster.test_source_down_exit import run_while_the_source_goes_down
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -28,21 +24,9 @@ HOOK = Path(__file__).parent / "slow_canceling"
 
 def test_a_pause_whose_cancel_meets_the_watcher_is_still_the_engines_pause(db_url, db, tmp_path):
     tenant = "paused"
-    with sandbox_account(scale="small", latency="realistic") as base_url:
-        env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_SOURCE_DOWN_SECONDS="2",
-                          MIGRATE_RETRY_BACKOFF_SECONDS="0.2", SLOW_CANCELING_SECONDS="1.5",
-                          PYTHONPATH=os.pathsep.join([str(HOOK), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        proc = subprocess.Popen([MIGRATE, "run", "--tenant", tenant, "--timeout", "400"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        instance = _instance(env)
-        try:
-            run = _until("a started run attached to an engine run", _started_and_attached(instance, tenant), proc=proc)
-            httpx.post(f"{base_url}/_sandbox/config", json={"faults": "503:1.0"}, timeout=10).raise_for_status()
-            out, err = proc.communicate(timeout=300)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            instance.dispose()
+    hooked = os.pathsep.join([str(HOOK), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc, run, out, err = run_while_the_source_goes_down(db_url, tmp_path, tenant, SLOW_CANCELING_SECONDS="1.5",
+                                                         PYTHONPATH=hooked)
     said = [ln for ln in (out + err).splitlines() if "resumes it" in ln]
     assert proc.returncode == output.SOURCE_FAILED, (proc.returncode, said, err[-3000:])
     assert len(said) == 1 and "paused by the engine: the source failed every request" in said[0], said

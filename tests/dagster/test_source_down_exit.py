@@ -20,12 +20,15 @@ from tests.dagster.test_launch_in_process import MIGRATE, _instance, _started_an
 pytestmark = pytest.mark.timeout(420)
 
 
-def test_a_run_the_engine_paused_for_a_failing_source_has_its_own_exit_code_and_line(db_url, tmp_path):
-    tenant = "down"
-    # realistic latency: the run is still reading when the source starts failing
+def run_while_the_source_goes_down(db_url: str, tmp_path, tenant: str, **env_extra: str):
+    """`migrate run --tenant TENANT` in its own process over a small sandbox account with realistic
+    latency (the run is still reading when the source starts failing), MIGRATE_SOURCE_DOWN_SECONDS=2;
+    once its Dagster run is attached to an engine run, every request answers 503. Returns the
+    finished process, its Dagster run, stdout and stderr. `env_extra`: more of the command's
+    environment."""
     with sandbox_account(scale="small", latency="realistic") as base_url:
         env = migrate_env(db_url, str(tmp_path / "home"), base_url, MIGRATE_SOURCE_DOWN_SECONDS="2",
-                          MIGRATE_RETRY_BACKOFF_SECONDS="0.2")
+                          MIGRATE_RETRY_BACKOFF_SECONDS="0.2", **env_extra)
         proc = subprocess.Popen([MIGRATE, "run", "--tenant", tenant, "--timeout", "400"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         instance = _instance(env)
@@ -38,6 +41,12 @@ def test_a_run_the_engine_paused_for_a_failing_source_has_its_own_exit_code_and_
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             instance.dispose()
+    return proc, run, out, err
+
+
+def test_a_run_the_engine_paused_for_a_failing_source_has_its_own_exit_code_and_line(db_url, tmp_path):
+    tenant = "down"
+    proc, run, out, err = run_while_the_source_goes_down(db_url, tmp_path, tenant)
     assert proc.returncode == output.SOURCE_FAILED != output.STOPPED_ELSEWHERE, \
         (proc.returncode, out[-2000:], err[-3000:])
     engine = run.tags["migration/run_id"]
